@@ -1,0 +1,287 @@
+"""The PAWS objective, its support label matrix and logging diagnostics.
+
+Pure tensor functions: callers pass already-gathered support tensors. The
+only cross-replica operation is the me-max average, which `dist` reduces
+over replicas when a distribution strategy runs the step.
+"""
+
+import collections
+
+import numpy as np
+import tensorflow as tf
+
+from paws_tf import dist
+
+# Target entries below this are zeroed, as the official PAWS code does.
+TARGET_FLOOR = 1e-4
+# Floor of probabilities inside logarithms: float32's smallest normal number.
+_TINY = float(np.finfo(np.float32).tiny)
+
+PawsTerms = collections.namedtuple(
+    'PawsTerms', ['cross_entropy', 'me_max', 'targets', 'log_probs'])
+
+
+def _normalize(x):
+    return tf.math.l2_normalize(tf.cast(x, tf.float32), axis=-1)
+
+
+def _log_snn_from_logits(logits, labels):
+    """Log of `softmax(logits) @ labels`, without `log(0)`.
+
+    Evaluated as `(e @ Y) / sum(e)` with `e = exp(logits - max)`, so the
+    largest weight is exactly 1. A class whose probability underflows float32
+    gets `log(tiny)` instead of `-inf`.
+    """
+    logits = logits - tf.stop_gradient(
+        tf.reduce_max(logits, axis=1, keepdims=True))
+    weights = tf.exp(logits)  # [N, M], max 1 per row
+    numerator = tf.matmul(weights, tf.cast(labels, tf.float32))  # [N, C]
+    denominator = tf.reduce_sum(weights, axis=1, keepdims=True)  # >= 1
+    return (tf.math.log(tf.maximum(numerator, _TINY)) -
+            tf.math.log(denominator))
+
+
+def _log_snn(query, supports, support_labels, tau):
+    """Log of the soft nearest-neighbour prediction `snn(...)`."""
+    logits = tf.matmul(_normalize(query), _normalize(supports),
+                       transpose_b=True) / tau  # [N, M]
+    return _log_snn_from_logits(logits, support_labels)
+
+
+def snn(query, supports, support_labels, tau):
+    """Soft nearest-neighbour class probabilities.
+
+    PAWS (arXiv 2104.13963) Sec. 3.2: `p = softmax(q̂ Ŝᵀ / tau) Y` with
+    L2-normalised rows of the query and support embeddings.
+
+    Args:
+        query: `[N, D]` query embeddings (any float dtype).
+        supports: `[M, D]` support embeddings.
+        support_labels: `[M, C]` label matrix (rows sum to 1).
+        tau: similarity temperature.
+
+    Returns:
+        `[N, C]` float32 class probabilities.
+    """
+    return tf.exp(_log_snn(query, supports, support_labels, tau))
+
+
+def _sharpen_log(log_p, sharpen_temperature):
+    return tf.nn.softmax(log_p / sharpen_temperature, axis=-1)
+
+
+def sharpen(p, sharpen_temperature):
+    """Sharpens distributions: `p^(1/T) / sum(p^(1/T))` (PAWS Sec. 3.2, rho).
+
+    Computed as `softmax(log(p) / T)`, which stays finite for small `T`.
+
+    Args:
+        p: `[N, C]` probabilities.
+        sharpen_temperature: T > 0.
+
+    Returns:
+        `[N, C]` float32 sharpened probabilities.
+    """
+    log_p = tf.math.log(tf.maximum(tf.cast(p, tf.float32), _TINY))
+    return _sharpen_log(log_p, sharpen_temperature)
+
+
+def paws_targets(target_views, target_supports, target_support_labels, *,
+                 multicrop, tau, sharpen_temperature):
+    """Sharpened targets of all anchor views, without gradient.
+
+    PAWS Appendix A, Eq. (multicrop_objective): the target of global view 1
+    is the sharpened prediction of view 2 and vice versa (the caller passes
+    the target views already swapped); each local view's target is the mean
+    of the two sharpened global targets. Entries below `TARGET_FLOOR` are
+    zeroed (official implementation, for numerical stability).
+
+    Args:
+        target_views: `[2B, D]` swapped global target embeddings.
+        target_supports: `[M, D]` gathered support target embeddings.
+        target_support_labels: `[M, C]` label matrix.
+        multicrop: number m of local views per image.
+        tau: similarity temperature.
+        sharpen_temperature: sharpening temperature T.
+
+    Returns:
+        `[(2 + m) B, C]` float32 targets, rows ordered like the anchors.
+    """
+    target_views = tf.stop_gradient(target_views)
+    target_supports = tf.stop_gradient(target_supports)
+    targets = _sharpen_log(
+        _log_snn(target_views, target_supports, target_support_labels, tau),
+        sharpen_temperature)  # [2B, C]
+    if multicrop > 0:
+        global_1, global_2 = tf.split(targets, 2, axis=0)  # [B, C] each
+        local_target = 0.5 * (global_1 + global_2)
+        targets = tf.concat([targets] + [local_target] * multicrop, axis=0)
+    targets = tf.where(targets < TARGET_FLOOR, tf.zeros_like(targets), targets)
+    return tf.stop_gradient(targets)
+
+
+def paws_terms(anchor_views, anchor_supports, anchor_support_labels,
+               target_views, target_supports, target_support_labels, *,
+               multicrop, tau, sharpen_temperature, me_max=True):
+    """The PAWS objective and its intermediate tensors (see `paws_loss`).
+
+    Returns:
+        `PawsTerms(cross_entropy, me_max, targets, log_probs)`: the two
+        scalar loss terms, the `[(2 + m) B, C]` targets and the anchors'
+        log-probabilities.
+    """
+    # 1. Anchor predictions p = snn(z, z_S), in log space.
+    log_probs = _log_snn(anchor_views, anchor_supports, anchor_support_labels,
+                         tau)  # [(2 + m) B, C]
+    # 2. Targets: sharpened predictions of the positive views, no gradient.
+    targets = paws_targets(
+        target_views, target_supports, target_support_labels,
+        multicrop=multicrop, tau=tau, sharpen_temperature=sharpen_temperature)
+    # 3. Cross-entropy H(targets, p), averaged over all anchor views.
+    cross_entropy = tf.reduce_mean(
+        tf.reduce_sum(-targets * log_probs, axis=1))
+    # 4. me-max: -H(mean over views and replicas of sharpen(p)).
+    me_max_term = tf.constant(0.0)
+    if me_max:
+        mean_prob = dist.all_reduce_mean(tf.reduce_mean(
+            _sharpen_log(log_probs, sharpen_temperature), axis=0))  # [C]
+        me_max_term = tf.reduce_sum(tf.math.xlogy(mean_prob, mean_prob))
+    return PawsTerms(cross_entropy, me_max_term, targets, log_probs)
+
+
+def paws_loss(anchor_views, anchor_supports, anchor_support_labels,
+              target_views, target_supports, target_support_labels, *,
+              multicrop, tau, T, me_max=True):
+    """The multi-crop PAWS objective of Appendix A, Eq. (multicrop_objective).
+
+    `loss = cross_entropy + me_max_term` is what training minimises.
+
+    Args:
+        anchor_views: `[(2 + m) B, D]` anchor embeddings z, ordered
+            `[global_1; global_2; local_1; ...; local_m]` (B rows each).
+        anchor_supports: `[M, D]` support embeddings z_S gathered over
+            replicas.
+        anchor_support_labels: `[M, C]` label matrix (`support_labels`).
+        target_views: `[2B, D]` target embeddings of the global views,
+            already swapped: `[global_2; global_1]`. No gradient flows here.
+        target_supports: `[M, D]` support target embeddings (no gradient).
+        target_support_labels: `[M, C]` label matrix for the targets.
+        multicrop: number m of local views per image (0 for two views).
+        tau: similarity temperature (0.1 in the paper).
+        T: sharpening temperature (0.25 in the paper).
+        me_max: whether to add the mean-entropy maximisation term.
+
+    Returns:
+        `(cross_entropy, me_max_term)` float32 scalars, with
+        `me_max_term = -H(mean_p)` (0 when `me_max` is False) where `mean_p`
+        averages the sharpened anchor predictions over all views and, under
+        a distribution strategy, over all replicas.
+    """
+    terms = paws_terms(
+        anchor_views, anchor_supports, anchor_support_labels, target_views,
+        target_supports, target_support_labels, multicrop=multicrop, tau=tau,
+        sharpen_temperature=T, me_max=me_max)
+    return terms.cross_entropy, terms.me_max
+
+
+def support_labels(classes_per_replica, images_per_class, *, num_views=1,
+                   num_replicas=1, unique_classes_per_replica=False,
+                   smoothing=0.0):
+    """Label matrix of the gathered support batch, with label smoothing.
+
+    Row layout (what the support sampler produces and `all_gather` stacks):
+    replica-major, then view-major, then class-major: the rows
+    `r*V*K*n + v*K*n + k*n ... + n` hold the n images of class slot k of
+    replica r, view v. Columns are the classes sampled in the step: `r*K + k`
+    when replicas sample disjoint classes, `k` when all replicas sample the
+    same K classes. Smoothing spreads `smoothing` uniformly over the C columns:
+    `on = 1 - smoothing + smoothing / C`, `off = smoothing / C`.
+
+    Args:
+        classes_per_replica: K, classes sampled by each replica.
+        images_per_class: n, images per class per replica.
+        num_views: V, augmented views per support image (1 or 2).
+        num_replicas: R, replicas whose supports are gathered.
+        unique_classes_per_replica: replicas sample disjoint classes.
+        smoothing: label smoothing factor in [0, 1).
+
+    Returns:
+        `[R * V * K * n, C]` float32 constant, C = R*K or K.
+
+    Raises:
+        ValueError: non-positive sizes or smoothing outside [0, 1).
+    """
+    for name, value in (('classes_per_replica', classes_per_replica),
+                        ('images_per_class', images_per_class),
+                        ('num_views', num_views),
+                        ('num_replicas', num_replicas)):
+        if int(value) != value or value < 1:
+            raise ValueError(f'{name} must be a positive integer, got {value}.')
+    if not 0.0 <= smoothing < 1.0:
+        raise ValueError(f'smoothing must be in [0, 1), got {smoothing}.')
+    k, n = classes_per_replica, images_per_class
+    columns = num_replicas * k if unique_classes_per_replica else k
+    # Column of every row within one replica's block: class-major per view.
+    slot = np.tile(np.repeat(np.arange(k), n), num_views)  # [V*K*n]
+    if unique_classes_per_replica:
+        column = np.concatenate([r * k + slot for r in range(num_replicas)])
+    else:
+        column = np.tile(slot, num_replicas)  # [R*V*K*n]
+    off = smoothing / columns
+    labels = np.full((column.size, columns), off, dtype=np.float32)
+    labels[np.arange(column.size), column] = 1.0 - smoothing + off
+    return tf.constant(labels)
+
+
+def nt_xent_loss(view_1, view_2, tau):
+    """SimCLR instance-discrimination loss between two views, for logging.
+
+    PAWS Sec. 6 (Fig. 4b) reports it as a diagnostic; no gradient is used.
+
+    Args:
+        view_1: `[B, D]` embeddings of the first global view.
+        view_2: `[B, D]` embeddings of the second global view of the same
+            images.
+        tau: temperature.
+
+    Returns:
+        float32 scalar: mean over the 2B embeddings of the cross-entropy of
+        picking the other view of the same image among the other 2B - 1.
+    """
+    z = tf.stop_gradient(_normalize(tf.concat([view_1, view_2], 0)))  # [2B, D]
+    batch = tf.shape(view_1)[0]
+    logits = tf.matmul(z, z, transpose_b=True) / tau  # [2B, 2B]
+    logits = logits - 1e9 * tf.eye(2 * batch)  # Exclude self-similarity.
+    positives = tf.concat([tf.range(batch, 2 * batch), tf.range(batch)], 0)
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=positives, logits=logits))
+
+
+def suncet_loss(supports, labels, tau):
+    """Supervised contrastive (SuNCEt) classification loss of the supports.
+
+    Each support is classified by the soft nearest-neighbour classifier over
+    all *other* supports: `-sum_c y_c log p_c` with p from the leave-one-out
+    similarity weights (Assran et al. 2020, the classification loss of PAWS
+    Fig. 4b). Differentiable, so it also serves supervised-contrastive
+    fine-tuning (Appendix C).
+
+    Args:
+        supports: `[M, D]` support embeddings.
+        labels: `[M, C]` label matrix.
+        tau: temperature.
+
+    Returns:
+        float32 scalar mean loss.
+    """
+    z = _normalize(supports)
+    logits = tf.matmul(z, z, transpose_b=True) / tau  # [M, M]
+    logits = logits - 1e9 * tf.eye(tf.shape(z)[0])  # Leave each support out.
+    log_probs = _log_snn_from_logits(logits, labels)  # [M, C]
+    return tf.reduce_mean(
+        tf.reduce_sum(-tf.cast(labels, tf.float32) * log_probs, axis=1))
+
+
+def target_confidence(targets):
+    """Mean over rows of the largest target probability (PAWS Fig. 4c)."""
+    return tf.reduce_mean(tf.reduce_max(targets, axis=1))
