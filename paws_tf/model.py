@@ -1,0 +1,210 @@
+"""PAWSModel: the PAWS encoder with its multi-crop train_step and test_step."""
+
+import gin
+import tensorflow as tf
+import tf_keras
+
+from paws_tf import dist
+from paws_tf import losses
+
+
+class LastValue(tf_keras.metrics.Metric):
+    """The most recent value, averaged over replicas (not over steps).
+
+    For values that describe the current step (learning rate, trust ratios,
+    occasional diagnostics): Keras would sum raw per-replica tensors returned
+    by `train_step` (its "auto" reduction), and a `Mean` tracker would
+    average them over the epoch.
+    """
+
+    def __init__(self, name, **kwargs):
+        super().__init__(name=name, **kwargs)
+        self._value = self.add_weight(
+            name='value', initializer='zeros',
+            aggregation=tf.VariableAggregation.MEAN)
+
+    def update_state(self, value):
+        self._value.assign(tf.cast(value, self.dtype))
+
+    def result(self):
+        return tf.identity(self._value)
+
+    def reset_state(self):
+        """Keeps the value: Keras resets metrics at every epoch start, and a
+        value computed every N steps must not read 0 in between."""
+
+
+@gin.configurable(denylist=[
+    'backbone', 'projection_head', 'prediction_head', 'classes_per_replica',
+    'images_per_class', 'support_views', 'num_replicas',
+    'unique_classes_per_replica', 'multicrop'])
+class PAWSModel(tf_keras.Model):
+    """Encoder f (backbone + projection head) and optional prediction head g.
+
+    `train_step` consumes the per-replica batches of `data.py`: a dict with
+    `global_views` `[2B, H, W, C]`, `local_views` `[mB, h, w, C]` (absent
+    when m = 0) and `support_views` `[V K n, H', W', C]` (class-major blocks
+    per view). `call` maps images to inference embeddings.
+
+    The support layout (K, n, V, R, disjoint classes) is fixed when the model
+    is built because it determines the label matrix; the trainer derives the
+    per-replica values from the global configuration.
+    """
+
+    def __init__(self, backbone, projection_head, prediction_head=None, *,
+                 classes_per_replica, images_per_class, support_views=1,
+                 num_replicas=1, unique_classes_per_replica=False,
+                 multicrop=6, tau=0.1, sharpen_temperature=0.25,
+                 me_max_weight=1.0, label_smoothing=0.1,
+                 diagnostics_every=10, **kwargs):
+        """Builds the model.
+
+        Args:
+            backbone: `[B, H, W, C] -> [B, F]` features model.
+            projection_head: `[B, F] -> [B, D]`, its output is h.
+            prediction_head: optional `[B, D] -> [B, D']`, its output is z
+                (z = h without it).
+            classes_per_replica: K, support classes sampled per replica.
+            images_per_class: n, support images per class per replica.
+            support_views: V, augmented views per support image.
+            num_replicas: R, replicas whose supports are gathered.
+            unique_classes_per_replica: replicas sample disjoint classes.
+            multicrop: m, local views per unlabeled image.
+            tau: similarity temperature (paper: 0.1).
+            sharpen_temperature: target sharpening temperature T (0.25).
+            me_max_weight: weight of the me-max term (1 in the paper, 0 in
+                the small-batch setting of Table 7).
+            label_smoothing: support label smoothing (0.1).
+            diagnostics_every: compute the NT-Xent and SuNCEt diagnostics
+                every this many steps (0: never).
+            **kwargs: passed to `tf_keras.Model`.
+        """
+        super().__init__(**kwargs)
+        self.backbone = backbone
+        self.projection_head = projection_head
+        self.prediction_head = prediction_head
+        self.multicrop = multicrop
+        self.tau = tau
+        self.sharpen_temperature = sharpen_temperature
+        self.me_max_weight = me_max_weight
+        self.diagnostics_every = diagnostics_every
+        self.num_replicas = num_replicas
+        self.label_matrix = losses.support_labels(
+            classes_per_replica, images_per_class, num_views=support_views,
+            num_replicas=num_replicas,
+            unique_classes_per_replica=unique_classes_per_replica,
+            smoothing=label_smoothing)  # [R V K n, C]
+        self._means = {name: tf_keras.metrics.Mean(name=name) for name in (
+            'loss', 'cross_entropy', 'me_max', 'target_confidence')}
+        self._last = {name: LastValue(name=name) for name in (
+            'learning_rate', 'trust_ratio_mean', 'trust_ratio_min',
+            'trust_ratio_max', 'nt_xent', 'suncet')}
+
+    @property
+    def metrics(self):
+        return list(self._means.values()) + list(self._last.values())
+
+    def call(self, images, training=False):
+        """Inference embeddings.
+
+        Args:
+            images: `[N, H, W, C]` preprocessed images.
+            training: batch-norm mode.
+
+        Returns:
+            dict with `features` `[N, F]` (backbone output) and `embeddings`
+            `[N, D]` (projection output h, what PAWS-NN compares), float32.
+        """
+        features = self.backbone(images, training=training)
+        embeddings = self.projection_head(features, training=training)
+        return {'features': tf.cast(features, tf.float32),
+                'embeddings': tf.cast(embeddings, tf.float32)}
+
+    def _encode(self, images, training):
+        """Returns (h, z) in float32: projection and prediction outputs."""
+        h = self.projection_head(self.backbone(images, training=training),
+                                 training=training)
+        z = h
+        if self.prediction_head is not None:
+            z = self.prediction_head(h, training=training)
+        return tf.cast(h, tf.float32), tf.cast(z, tf.float32)
+
+    def _forward(self, data, training):
+        """Encodes a step's views and evaluates the objective."""
+        supports = data['support_views']  # [V K n, Hs, Ws, C]
+        global_views = data['global_views']  # [2B, Hg, Wg, C]
+        num_support = tf.shape(supports)[0]
+        # Same-resolution views share one forward pass (and its BN moments),
+        # as in the official code; other resolutions get their own.
+        if supports.shape[1:] == global_views.shape[1:]:
+            h, z = self._encode(tf.concat([supports, global_views], 0),
+                                training)
+            h_support, h_global = h[:num_support], h[num_support:]
+            z_support, z_global = z[:num_support], z[num_support:]
+        else:
+            h_support, z_support = self._encode(supports, training)
+            h_global, z_global = self._encode(global_views, training)
+        anchors = z_global  # [2B, D]
+        if self.multicrop > 0:
+            _, z_local = self._encode(data['local_views'], training)
+            anchors = tf.concat([z_global, z_local], 0)  # [(2 + m) B, D]
+        # Support embeddings of all replicas, replica-major (label layout).
+        z_support = dist.all_gather(z_support)  # [R V K n, D]
+        h_support = dist.all_gather(tf.stop_gradient(h_support))
+        view_1, view_2 = tf.split(h_global, 2, axis=0)
+        targets = tf.concat([view_2, view_1], 0)  # Swapped: view 1 <- 2.
+        terms = losses.paws_terms(
+            anchors, z_support, self.label_matrix, targets, h_support,
+            self.label_matrix, multicrop=self.multicrop, tau=self.tau,
+            sharpen_temperature=self.sharpen_temperature,
+            me_max=self.me_max_weight > 0)
+        loss = terms.cross_entropy + self.me_max_weight * terms.me_max
+        return loss, terms, z_global, z_support
+
+    def _update_means(self, loss, terms):
+        self._means['loss'].update_state(loss)
+        self._means['cross_entropy'].update_state(terms.cross_entropy)
+        self._means['me_max'].update_state(terms.me_max)
+        global_targets = terms.targets[:2 * tf.shape(terms.targets)[0] //
+                                       (2 + self.multicrop)]
+        self._means['target_confidence'].update_state(
+            losses.target_confidence(global_targets))
+
+    def train_step(self, data):
+        optimizer = self.optimizer
+        # The learning rate of this step (before the update moves iterations).
+        self._last['learning_rate'].update_state(optimizer.learning_rate)
+        with tf.GradientTape() as tape:
+            loss, terms, z_global, z_support = self._forward(data, True)
+            # The optimizer sums replica gradients: scale so that the sum is
+            # the gradient of the global-batch loss (PITFALLS 2).
+            scaled_loss = loss / dist.num_replicas()
+        optimizer.minimize(scaled_loss, self.trainable_variables, tape=tape)
+
+        self._update_means(loss, terms)
+        lars = getattr(optimizer, 'inner_optimizer', optimizer)
+        if hasattr(lars, 'trust_ratio_stats'):
+            stats = lars.trust_ratio_stats()
+            for name in ('mean', 'min', 'max'):
+                self._last['trust_ratio_' + name].update_state(stats[name])
+        if self.diagnostics_every:
+            tf.cond(
+                optimizer.iterations % self.diagnostics_every == 1,
+                lambda: self._update_diagnostics(z_global, z_support),
+                lambda: None)
+        return {m.name: m.result() for m in self.metrics}
+
+    def _update_diagnostics(self, z_global, z_support):
+        """PAWS Fig. 4b: NT-Xent of the two global views, SuNCEt of the
+        supports; logged only, no gradient."""
+        view_1, view_2 = tf.split(tf.stop_gradient(z_global), 2, axis=0)
+        self._last['nt_xent'].update_state(
+            losses.nt_xent_loss(view_1, view_2, self.tau))
+        self._last['suncet'].update_state(losses.suncet_loss(
+            tf.stop_gradient(z_support), self.label_matrix, self.tau))
+
+    def test_step(self, data):
+        """The PAWS loss on held-out data, without updating anything."""
+        loss, terms, _, _ = self._forward(data, training=False)
+        self._update_means(loss, terms)
+        return {name: self._means[name].result() for name in self._means}

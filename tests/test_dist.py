@@ -1,0 +1,75 @@
+"""Strategy construction and the replica helpers."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from paws_tf import dist
+
+
+def test_auto_is_one_device_on_a_cpu_machine(monkeypatch):
+    monkeypatch.delenv('TF_CONFIG', raising=False)
+    monkeypatch.delenv('SLURM_NTASKS', raising=False)
+    strategy = dist.make_strategy('auto')
+    assert isinstance(strategy, tf.distribute.OneDeviceStrategy)
+
+
+def test_mirrored_on_logical_cpus():
+    strategy = dist.make_strategy('mirrored', devices=['CPU:0', 'CPU:1'])
+    assert strategy.num_replicas_in_sync == 2
+
+
+def test_unknown_kind_names_the_choices():
+    with pytest.raises(ValueError, match='one_device, mirrored'):
+        dist.make_strategy('tpu')
+
+
+def test_multi_worker_without_cluster_says_how_to_fix(monkeypatch):
+    monkeypatch.delenv('TF_CONFIG', raising=False)
+    monkeypatch.delenv('SLURM_JOB_ID', raising=False)
+    with pytest.raises(ValueError, match='TF_CONFIG'):
+        dist.make_strategy('multi_worker')
+
+
+@pytest.mark.parametrize('env,expected', [
+    ({'TF_CONFIG': json.dumps({'cluster': {'worker': ['a:1', 'b:2']},
+                               'task': {'type': 'worker', 'index': 0}})},
+     True),
+    ({'TF_CONFIG': json.dumps({'cluster': {'worker': ['a:1']},
+                               'task': {'type': 'worker', 'index': 0}})},
+     False),
+    ({'SLURM_NTASKS': '4'}, True),
+    ({}, False),
+])
+def test_cluster_detection(monkeypatch, env, expected):
+    monkeypatch.delenv('TF_CONFIG', raising=False)
+    monkeypatch.delenv('SLURM_NTASKS', raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert dist._cluster_in_environment() is expected
+
+
+def test_helpers_are_identity_with_one_replica():
+    x = tf.constant([[1.0, 2.0]])
+    assert dist.num_replicas() == 1
+    np.testing.assert_array_equal(dist.all_gather(x), x)
+    np.testing.assert_array_equal(dist.all_reduce_mean(x), x)
+
+
+def test_gather_and_mean_across_two_replicas():
+    strategy = dist.make_strategy('mirrored', devices=['CPU:0', 'CPU:1'])
+
+    @tf.function
+    def step():
+        rid = tf.distribute.get_replica_context().replica_id_in_sync_group
+        x = tf.fill([2, 1], tf.cast(rid, tf.float32) + 1.0)
+        return dist.all_gather(x), dist.all_reduce_mean(x), dist.num_replicas()
+
+    gathered, mean, count = strategy.run(step)
+    for value in strategy.experimental_local_results(gathered):
+        np.testing.assert_array_equal(value, [[1.0], [1.0], [2.0], [2.0]])
+    for value in strategy.experimental_local_results(mean):
+        np.testing.assert_array_equal(value, [[1.5], [1.5]])
+    assert all(int(c) == 2 for c in strategy.experimental_local_results(count))
