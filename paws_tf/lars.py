@@ -1,0 +1,226 @@
+"""LARS optimizer with classical (heavy-ball) momentum."""
+
+import re
+
+import gin
+import tensorflow as tf
+import tf_keras
+
+# Last name components of tf_keras Dense/Conv biases and Batch/Layer-norm
+# scale and offset, e.g. `encoder/conv1/bias:0`, `bn/gamma:0`.
+BIAS_AND_NORM_NAMES = ('bias', 'beta', 'gamma')
+
+
+def is_bias_or_norm(name):
+    """Whether a variable is a bias or a normalisation-layer parameter.
+
+    PAWS (arXiv 2104.13963) Sec. 5 excludes "the bias and batch-norm
+    parameters from weight decay and LARS adaptation". This is the default
+    exclusion predicate of `LARS`; compose it in your own predicate to extend
+    it.
+
+    Args:
+        name: str, a variable name such as `encoder/conv1/bias:0`.
+
+    Returns:
+        True iff the last `/`-separated component of `name`, without its
+        `:<n>` suffix, is one of `BIAS_AND_NORM_NAMES`.
+    """
+    return name.split('/')[-1].split(':')[0] in BIAS_AND_NORM_NAMES
+
+
+def _as_predicate(exclude_from_adaptation):
+    """Turns a predicate, a regex string or None into a `str -> bool`."""
+    if exclude_from_adaptation is None:
+        return is_bias_or_norm
+    if isinstance(exclude_from_adaptation, str):
+        pattern = re.compile(exclude_from_adaptation)
+        return lambda name: pattern.search(name) is not None
+    if callable(exclude_from_adaptation):
+        return exclude_from_adaptation
+    raise TypeError(
+        'exclude_from_adaptation must be None, a regex string or a callable '
+        f'str -> bool, got {exclude_from_adaptation!r}.')
+
+
+@tf_keras.saving.register_keras_serializable(package='paws_tf')
+@gin.configurable
+class LARS(tf_keras.optimizers.Optimizer):
+    """Layer-wise adaptive rate scaling with classical momentum.
+
+    For a variable `theta` with gradient `g` (already summed over replicas by
+    `apply_gradients`) and learning rate `lr_t`:
+
+        adapted:  d = g + weight_decay * theta
+                  lambda = trust_coefficient * |theta|
+                           / (|g| + weight_decay * |theta| + eps)
+                  (lambda = 1 unless |theta| > 0 and |g| > 0)
+        excluded: d = g, lambda = 1 (no weight decay either)
+        v <- momentum * v - lr_t * lambda * d
+        theta <- theta + v
+
+    The learning rate enters the velocity (PAWS Appendix A, Eq. (mom)), unlike
+    `v <- momentum * v + g; theta <- theta - lr_t * v` (Eq. (pytorch-mom):
+    PyTorch SGD, TF1 `MomentumOptimizer`), which amounts to a momentum of
+    `momentum * lr_t / lr_{t-1}` while the learning rate changes.
+
+    Sparse gradients (`tf.IndexedSlices`) are converted to dense tensors: the
+    trust ratio needs the norm of the whole gradient and the whole variable
+    is decayed, so a sparse update would not be cheaper.
+
+    Weight decay is the L2 term inside `d` above. The base class's decoupled
+    decay is disabled: `self.weight_decay` stays None and the LARS value is
+    `self.l2_weight_decay`.
+    """
+
+    def __init__(self, learning_rate, momentum=0.9, weight_decay=1e-6,
+                 trust_coefficient=0.001, eps=1e-8,
+                 exclude_from_adaptation=None, name='LARS', **kwargs):
+        """Creates the optimizer.
+
+        Args:
+            learning_rate: float, or a
+                `tf_keras.optimizers.schedules.LearningRateSchedule` called
+                with the number of updates already applied.
+            momentum: float in [0, 1), the heavy-ball coefficient beta.
+            weight_decay: float >= 0, L2 coefficient for adapted variables.
+            trust_coefficient: float > 0, eta of the trust ratio (0.001 in
+                the official PAWS code).
+            eps: float >= 0, added to the trust-ratio denominator.
+            exclude_from_adaptation: None (use `is_bias_or_norm`), a regex
+                string searched in the variable name, or a callable
+                `str -> bool` on the variable name. Excluded variables get
+                neither adaptation nor weight decay.
+            name: str, name scope of the optimizer's variables.
+            **kwargs: passed to `tf_keras.optimizers.Optimizer` (`clipnorm`,
+                `global_clipnorm`, `jit_compile`, ...), except
+                `weight_decay`, which is ours.
+
+        Raises:
+            ValueError: if a hyperparameter is out of range.
+            TypeError: if `exclude_from_adaptation` has the wrong type.
+        """
+        super().__init__(name=name, weight_decay=None, **kwargs)
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f'momentum must be in [0, 1), got {momentum!r}.')
+        if weight_decay < 0.0 or eps < 0.0:
+            raise ValueError('weight_decay and eps must be >= 0, got '
+                             f'{weight_decay!r} and {eps!r}.')
+        if trust_coefficient <= 0.0:
+            raise ValueError('trust_coefficient must be > 0, got '
+                             f'{trust_coefficient!r}.')
+        self._learning_rate = self._build_learning_rate(learning_rate)
+        self.momentum = momentum
+        self.l2_weight_decay = weight_decay
+        self.trust_coefficient = trust_coefficient
+        self.eps = eps
+        self._exclude_from_adaptation_arg = exclude_from_adaptation
+        self.exclude_from_adaptation = _as_predicate(exclude_from_adaptation)
+
+    def build(self, var_list):
+        """Creates the momentum and trust-ratio variables.
+
+        Args:
+            var_list: list of model variables the optimizer will update.
+        """
+        super().build(var_list)
+        if getattr(self, '_built', False):
+            return
+        self.momentums = [
+            self.add_variable_from_reference(var, 'm') for var in var_list]
+        # Exclusion is decided here, on the variable's own name: in
+        # update_step, MirroredStrategy passes per-device components named
+        # like `dense/bias/replica_1:0`.
+        slots = []
+        for var in var_list:
+            if self.exclude_from_adaptation(var.name):
+                slots.append(None)
+            else:
+                dtype = getattr(var, 'true_dtype', var.dtype)
+                slots.append(self.add_variable_from_reference(
+                    var, 'trust_ratio', initial_value=tf.ones([], dtype)))
+        # Aligned with var_list (None = excluded); not tracked twice.
+        self._trust_ratio_slots = self._no_dependency(slots)
+        self.trust_ratios = [slot for slot in slots if slot is not None]
+        self._built = True
+
+    def _trust_ratio(self, gradient, variable):
+        """Returns the scalar LARS trust ratio of one adapted variable."""
+        # Local learning rate of You et al. (arXiv 1708.03888), Algorithm 1.
+        # It falls back to 1 when a norm is zero: a zero-initialised variable
+        # would otherwise get ratio 0 and never move.
+        param_norm = tf.norm(variable)
+        grad_norm = tf.norm(gradient)
+        weight_decay = tf.cast(self.l2_weight_decay, variable.dtype)
+        ratio = self.trust_coefficient * param_norm / (
+            grad_norm + weight_decay * param_norm + self.eps)
+        return tf.where((param_norm > 0.0) & (grad_norm > 0.0), ratio,
+                        tf.ones_like(ratio))
+
+    def update_step(self, gradient, variable):
+        """Applies one LARS update to `variable`.
+
+        Args:
+            gradient: dense tensor or `tf.IndexedSlices` shaped like
+                `variable`, already aggregated across replicas.
+            variable: the model variable (its per-device component under a
+                distribution strategy).
+        """
+        if isinstance(gradient, tf.IndexedSlices):
+            gradient = tf.convert_to_tensor(gradient)
+        index = self._index_dict[self._var_key(variable)]
+        velocity = self.momentums[index]
+        trust_ratio_slot = self._trust_ratio_slots[index]
+        lr = tf.cast(self.learning_rate, variable.dtype)
+        if trust_ratio_slot is None:
+            update = gradient
+        else:
+            trust_ratio = self._trust_ratio(gradient, variable)
+            trust_ratio_slot.assign(trust_ratio)
+            weight_decay = tf.cast(self.l2_weight_decay, variable.dtype)
+            update = trust_ratio * (gradient + weight_decay * variable)
+        # PAWS (arXiv 2104.13963) Appendix A, Eq. (mom): classical momentum,
+        # the (adapted) learning rate enters the velocity.
+        velocity.assign(self.momentum * velocity - lr * update)
+        variable.assign_add(velocity)
+
+    def trust_ratio_stats(self):
+        """Mean, min and max trust ratio of the adapted variables.
+
+        Reads the ratios written by the latest `update_step` of each adapted
+        variable. Works eagerly, in a `tf.function` (call it after
+        `apply_gradients` in the same function, so that the optimizer is
+        built when it is traced) and in replica or cross-replica context.
+
+        Returns:
+            Dict with keys `mean`, `min`, `max` of scalar float32 tensors;
+            all 1.0 before the optimizer is built or when every variable is
+            excluded.
+        """
+        if not getattr(self, '_built', False) or not self.trust_ratios:
+            one = tf.constant(1.0, tf.float32)
+            return {'mean': one, 'min': one, 'max': one}
+        ratios = tf.stack([tf.cast(slot, tf.float32)
+                           for slot in self.trust_ratios])  # [num_adapted]
+        return {'mean': tf.reduce_mean(ratios),
+                'min': tf.reduce_min(ratios),
+                'max': tf.reduce_max(ratios)}
+
+    def get_config(self):
+        """Returns the constructor arguments, for `from_config`.
+
+        A callable `exclude_from_adaptation` is returned as is, so the config
+        round-trips in process but is not JSON-serialisable; use None or a
+        regex string when the config must be written out.
+        """
+        config = super().get_config()
+        config.update({
+            'learning_rate': self._serialize_hyperparameter(
+                self._learning_rate),
+            'momentum': self.momentum,
+            'weight_decay': self.l2_weight_decay,
+            'trust_coefficient': self.trust_coefficient,
+            'eps': self.eps,
+            'exclude_from_adaptation': self._exclude_from_adaptation_arg,
+        })
+        return config

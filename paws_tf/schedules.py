@@ -1,0 +1,118 @@
+"""Learning-rate schedules: linear warm-up followed by cosine decay."""
+
+import math
+
+import gin
+import tensorflow as tf
+import tf_keras
+
+
+@tf_keras.saving.register_keras_serializable(package='paws_tf')
+@gin.configurable(denylist=['steps_per_epoch', 'num_epochs'])
+class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up from `start_lr` to `ref_lr`, then cosine decay.
+
+    PAWS (arXiv 2104.13963) Sec. 5 "Implementation Details": "We linearly
+    warm-up the learning-rate from 0.3 to 6.4 during the first 10 epochs of
+    pre-training, and decay it following a cosine schedule thereafter." As a
+    function of the number of optimizer updates already applied (tf_keras
+    passes `optimizer.iterations`):
+
+    * `step < warmup_steps`: linear, `start_lr -> ref_lr`;
+    * `warmup_steps <= step <= total_steps`: half a cosine, `ref_lr ->
+      final_lr`;
+    * `step > total_steps`: constant `final_lr`.
+
+    So `lr(0) = start_lr`, `lr(warmup_steps) = ref_lr` and
+    `lr(total_steps) = final_lr`, except that when the warm-up spans the whole
+    run (`warmup_steps == total_steps`) `lr(total_steps) = ref_lr`: step
+    `total_steps` is never used for an update, and `final_lr` follows it.
+
+    `steps_per_epoch` and `num_epochs` are injected by the training code (gin
+    must not bind them); gin binds the learning rates and `warmup_epochs`.
+
+    Attributes:
+        warmup_steps: int, `round(warmup_epochs * steps_per_epoch)`.
+        total_steps: int, `num_epochs * steps_per_epoch`.
+    """
+
+    def __init__(self, steps_per_epoch, num_epochs, start_lr, ref_lr,
+                 final_lr=0.0, warmup_epochs=10):
+        """Validates the arguments and converts epochs to steps.
+
+        Args:
+            steps_per_epoch: int > 0, optimizer updates per epoch.
+            num_epochs: int > 0, length of training in epochs.
+            start_lr: float >= 0, learning rate at step 0.
+            ref_lr: float >= 0, peak learning rate, reached at the end of
+                warm-up.
+            final_lr: float >= 0, learning rate at and after `total_steps`.
+            warmup_epochs: float >= 0, warm-up length in epochs (may be
+                fractional); at most `num_epochs`.
+
+        Raises:
+            ValueError: if a step count is not positive, the warm-up is
+                negative or longer than training, or a learning rate is
+                negative.
+        """
+        super().__init__()
+        for arg_name, value in (('steps_per_epoch', steps_per_epoch),
+                                ('num_epochs', num_epochs)):
+            if int(value) != value or value <= 0:
+                raise ValueError(
+                    f'{arg_name} must be a positive integer, got {value!r}.')
+        for arg_name, value in (('start_lr', start_lr), ('ref_lr', ref_lr),
+                                ('final_lr', final_lr)):
+            if value < 0:
+                raise ValueError(f'{arg_name} must be >= 0, got {value!r}.')
+        if not 0 <= warmup_epochs <= num_epochs:
+            raise ValueError(
+                f'warmup_epochs must be in [0, num_epochs={num_epochs}], got '
+                f'{warmup_epochs!r}.')
+        self.steps_per_epoch = int(steps_per_epoch)
+        self.num_epochs = int(num_epochs)
+        self.start_lr = float(start_lr)
+        self.ref_lr = float(ref_lr)
+        self.final_lr = float(final_lr)
+        self.warmup_epochs = warmup_epochs
+        self.warmup_steps = round(warmup_epochs * self.steps_per_epoch)
+        self.total_steps = self.num_epochs * self.steps_per_epoch
+
+    def __call__(self, step):
+        """Returns the learning rate after `step` updates.
+
+        Args:
+            step: scalar int or float tensor (or Python number), the number of
+                optimizer updates already applied.
+
+        Returns:
+            Scalar float32 tensor.
+        """
+        step = tf.cast(step, tf.float32)
+        warmup_steps = float(self.warmup_steps)
+        # max(., 1) only guards the unused branch of tf.where: with
+        # warmup_steps = 0 the warm-up branch is never selected, and with
+        # warmup_steps = total_steps the cosine branch is only selected at
+        # step = total_steps, where its progress is 0/1 = 0 and lr = ref_lr
+        # = lr(warmup_steps).
+        warmup_progress = step / max(warmup_steps, 1.0)
+        warmup_lr = self.start_lr + (self.ref_lr - self.start_lr) * (
+            warmup_progress)
+        decay_progress = (step - warmup_steps) / max(
+            self.total_steps - warmup_steps, 1.0)
+        cosine_lr = self.final_lr + (self.ref_lr - self.final_lr) * 0.5 * (
+            1.0 + tf.cos(math.pi * decay_progress))
+        lr = tf.where(step < warmup_steps, warmup_lr, cosine_lr)
+        return tf.where(step > float(self.total_steps),
+                        tf.constant(self.final_lr, tf.float32), lr)
+
+    def get_config(self):
+        """Returns the constructor arguments, for `from_config`."""
+        return {
+            'steps_per_epoch': self.steps_per_epoch,
+            'num_epochs': self.num_epochs,
+            'start_lr': self.start_lr,
+            'ref_lr': self.ref_lr,
+            'final_lr': self.final_lr,
+            'warmup_epochs': self.warmup_epochs,
+        }
