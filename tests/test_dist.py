@@ -58,8 +58,8 @@ def test_helpers_are_identity_with_one_replica():
     np.testing.assert_array_equal(dist.all_reduce_mean(x), x)
 
 
-def test_gather_and_mean_across_two_replicas():
-    strategy = dist.make_strategy('mirrored', devices=['CPU:0', 'CPU:1'])
+def test_gather_and_mean_across_two_replicas(two_replicas):
+    strategy = two_replicas
 
     @tf.function
     def step():

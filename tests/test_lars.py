@@ -298,8 +298,8 @@ def test_sparse_gradient_matches_dense():
     assert np.abs(results[0] - table).max() > 0
 
 
-def test_mirrored_strategy_sums_replica_gradients_once():
-    strategy = tf.distribute.MirroredStrategy(['CPU:0', 'CPU:1'])
+def test_mirrored_strategy_sums_replica_gradients_once(two_replicas):
+    strategy = two_replicas
     values = _initial_values()
     grads = _gradients(values, 3)
     names = list(values)

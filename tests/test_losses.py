@@ -316,7 +316,7 @@ def test_support_labels_rejects_bad_sizes(kwargs, match):
 
 
 # --- me-max and gathering across replicas ------------------------------------
-def test_loss_under_two_replicas_equals_global_batch():
+def test_loss_under_two_replicas_equals_global_batch(two_replicas):
     """Per-replica anchors, gathered supports, all-reduced me-max."""
     batch, k, n, dim, multicrop = 2, 3, 2, 5, 2
     rng = np.random.default_rng(21)
@@ -339,7 +339,7 @@ def test_loss_under_two_replicas_equals_global_batch():
                    labels.numpy(), regroup('t', 2),
                    np.concatenate([r['s'] for r in per_replica]), multicrop)
 
-    strategy = tf.distribute.MirroredStrategy(['CPU:0', 'CPU:1'])
+    strategy = two_replicas
 
     def step():
         rid = tf.distribute.get_replica_context().replica_id_in_sync_group
