@@ -1,0 +1,345 @@
+"""ResNet feature extractors: images [B, H, W, C] -> features [B, F]."""
+
+import collections
+import functools
+import inspect
+import os
+
+import gin
+import tensorflow as tf
+import tf_keras
+
+RESNET50_STAGE_BLOCKS = (3, 4, 6, 3)
+RESNET50_WIDTH_MULTIPLIERS = (1, 2, 4)
+BOTTLENECK_EXPANSION = 4
+WIDE_RESNET_STEM_WIDTH = 16
+_MAX_NAMES_SHOWN = 20
+
+
+def batch_norm(name, *, sync_bn, momentum, epsilon, zero_init=False):
+    """Returns a BatchNormalization layer over the last (channel) axis.
+
+    Args:
+        name: layer name; its variables end in `gamma`, `beta`,
+            `moving_mean` and `moving_variance`.
+        sync_bn: if True, normalise with the statistics of the global batch
+            across all replicas (`synchronized=True`, never fused). Outside a
+            replica context it falls back to the local batch.
+        momentum: moving-average decay (Keras convention: 0.9 keeps 90% of
+            the old statistic, i.e. PyTorch momentum 0.1).
+        epsilon: added to the variance.
+        zero_init: initialise gamma to zero instead of one.
+
+    Returns:
+        A `tf_keras.layers.BatchNormalization`.
+    """
+    return tf_keras.layers.BatchNormalization(
+        momentum=momentum, epsilon=epsilon, synchronized=sync_bn,
+        gamma_initializer='zeros' if zero_init else 'ones', name=name)
+
+
+def _conv(x, filters, kernel_size, stride, name, use_bias=False):
+    """Conv2D with PyTorch's symmetric `kernel_size // 2` padding."""
+    padding = 'same'
+    if stride > 1:
+        # Keras 'same' pads asymmetrically for strided convs on even sizes;
+        # explicit padding keeps the torchvision output grid and sizes.
+        if kernel_size > 1:
+            x = tf_keras.layers.ZeroPadding2D(kernel_size // 2,
+                                              name=name + '_pad')(x)
+        padding = 'valid'
+    # torchvision's ResNet init (kaiming_normal_, fan_out). A fresh instance
+    # per layer: an unseeded initializer instance repeats its values.
+    initializer = tf_keras.initializers.VarianceScaling(
+        scale=2.0, mode='fan_out', distribution='untruncated_normal')
+    return tf_keras.layers.Conv2D(
+        filters, kernel_size, strides=stride, padding=padding,
+        use_bias=use_bias, kernel_initializer=initializer, name=name)(x)
+
+
+def _relu(name):
+    return tf_keras.layers.ReLU(name=name)
+
+
+def _features_model(inputs, x, name):
+    """Pools [B, h, w, F] to [B, F] and wraps the graph into a Model."""
+    features = tf_keras.layers.GlobalAveragePooling2D(name='avg_pool')(x)
+    model = tf_keras.Model(inputs, features, name=name)  # [B, F]
+    model.output_dim = int(features.shape[-1])
+    return model
+
+
+def _bottleneck_block(x, planes, stride, name, norm, zero_init_residual):
+    """ResNet v1.5 bottleneck: stride on the 3x3 conv, expansion 4."""
+    out_channels = planes * BOTTLENECK_EXPANSION
+    shortcut = x
+    if stride != 1 or x.shape[-1] != out_channels:
+        shortcut = _conv(x, out_channels, 1, stride, name + '_proj_conv')
+        shortcut = norm(name + '_proj_bn')(shortcut)
+    y = _conv(x, planes, 1, 1, name + '_conv1')
+    y = _relu(name + '_relu1')(norm(name + '_bn1')(y))
+    y = _conv(y, planes, 3, stride, name + '_conv2')  # [B, h/s, w/s, P]
+    y = _relu(name + '_relu2')(norm(name + '_bn2')(y))
+    y = _conv(y, out_channels, 1, 1, name + '_conv3')
+    y = norm(name + '_bn3', zero_init=zero_init_residual)(y)
+    y = tf_keras.layers.Add(name=name + '_add')([y, shortcut])
+    return _relu(name + '_out')(y)  # [B, h/s, w/s, 4P]
+
+
+def _resnet50(inputs, norm, width_multiplier=1, zero_init_residual=False):
+    """ResNet-50 (torchvision / SimCLR layout), F = 2048 * width_multiplier.
+
+    `zero_init_residual` defaults to False because the official PAWS code
+    (and torchvision) leave it off; SimCLR's TF code turns it on.
+    """
+    if width_multiplier not in RESNET50_WIDTH_MULTIPLIERS:
+        raise ValueError(
+            f'resnet50 width_multiplier must be one of '
+            f'{RESNET50_WIDTH_MULTIPLIERS}, got {width_multiplier!r}')
+    width = 64 * width_multiplier
+    x = _conv(inputs, width, 7, 2, 'stem_conv')  # [B, H/2, W/2, 64w]
+    x = _relu('stem_relu')(norm('stem_bn')(x))
+    x = tf_keras.layers.ZeroPadding2D(1, name='stem_pool_pad')(x)
+    # Zero padding equals PyTorch's -inf padding here: inputs are >= 0.
+    x = tf_keras.layers.MaxPool2D(3, 2, name='stem_pool')(x)  # [B, H/4, ...]
+    for stage, num_blocks in enumerate(RESNET50_STAGE_BLOCKS, start=1):
+        planes = width * 2 ** (stage - 1)
+        for block in range(1, num_blocks + 1):
+            stride = 2 if stage > 1 and block == 1 else 1
+            x = _bottleneck_block(x, planes, stride,
+                                  f'stage{stage}_block{block}', norm,
+                                  zero_init_residual)
+    return _features_model(inputs, x, f'resnet50_{width_multiplier}x')
+
+
+def _wide_block(x, filters, stride, name, norm):
+    """Pre-activation wide block of the official PAWS WideResNet."""
+    shortcut = x
+    if stride != 1 or x.shape[-1] != filters:
+        # The official code projects the raw block input, not the
+        # pre-activated one (suncet src/wide_resnet.py).
+        shortcut = _conv(x, filters, 1, stride, name + '_proj_conv',
+                         use_bias=True)
+    y = _relu(name + '_relu1')(norm(name + '_bn1')(x))
+    y = _conv(y, filters, 3, 1, name + '_conv1', use_bias=True)
+    y = _relu(name + '_relu2')(norm(name + '_bn2')(y))
+    y = _conv(y, filters, 3, stride, name + '_conv2', use_bias=True)
+    return tf_keras.layers.Add(name=name + '_add')([y, shortcut])
+
+
+def _wide_resnet(inputs, norm, depth=28, width=2):
+    """WideResNet-depth-width without dropout, F = 64 * width."""
+    if depth < 10 or (depth - 4) % 6:
+        raise ValueError(f'wide_resnet depth must be 6n + 4 with n >= 1, '
+                         f'got {depth!r}')
+    if width < 1:
+        raise ValueError(f'wide_resnet width must be >= 1, got {width!r}')
+    x = _conv(inputs, WIDE_RESNET_STEM_WIDTH, 3, 1, 'stem_conv',
+              use_bias=True)
+    for group, stride in enumerate((1, 2, 2), start=1):
+        filters = WIDE_RESNET_STEM_WIDTH * 2 ** (group - 1) * width
+        for block in range(1, (depth - 4) // 6 + 1):
+            x = _wide_block(x, filters, stride if block == 1 else 1,
+                            f'group{group}_block{block}', norm)
+    x = _relu('final_relu')(norm('final_bn')(x))  # [B, H/4, W/4, 64k]
+    return _features_model(inputs, x, f'wide_resnet{depth}_{width}')
+
+
+def _basic_block(x, filters, stride, name, norm):
+    """Post-activation basic block: two 3x3 convs."""
+    shortcut = x
+    if stride != 1 or x.shape[-1] != filters:
+        shortcut = _conv(x, filters, 1, stride, name + '_proj_conv')
+        shortcut = norm(name + '_proj_bn')(shortcut)
+    y = _conv(x, filters, 3, stride, name + '_conv1')
+    y = _relu(name + '_relu1')(norm(name + '_bn1')(y))
+    y = norm(name + '_bn2')(_conv(y, filters, 3, 1, name + '_conv2'))
+    y = tf_keras.layers.Add(name=name + '_add')([y, shortcut])
+    return _relu(name + '_out')(y)
+
+
+def _small_resnet(inputs, norm, widths=(32, 64, 128),
+                  blocks_per_stage=(1, 1, 1), stem_stride=1,
+                  stage_strides=(2, 2, 2)):
+    """Small ResNet for CPU runs; the first stage may already downsample."""
+    widths, blocks_per_stage = tuple(widths), tuple(blocks_per_stage)
+    stage_strides = tuple(stage_strides)
+    if not (len(widths) == len(blocks_per_stage) == len(stage_strides) > 0):
+        raise ValueError(
+            f'small_resnet widths, blocks_per_stage and stage_strides must be '
+            f'non-empty and of equal length, got {widths!r}, '
+            f'{blocks_per_stage!r}, {stage_strides!r}')
+    if stem_stride < 1 or min(widths + blocks_per_stage + stage_strides) < 1:
+        raise ValueError(
+            f'small_resnet sizes and strides must be >= 1, got widths='
+            f'{widths!r}, blocks_per_stage={blocks_per_stage!r}, '
+            f'stem_stride={stem_stride!r}, stage_strides={stage_strides!r}')
+    x = _conv(inputs, widths[0], 3, stem_stride, 'stem_conv')
+    x = _relu('stem_relu')(norm('stem_bn')(x))
+    stages = zip(widths, blocks_per_stage, stage_strides)
+    for stage, (filters, num_blocks, stride) in enumerate(stages, start=1):
+        for block in range(1, num_blocks + 1):
+            x = _basic_block(x, filters, stride if block == 1 else 1,
+                             f'stage{stage}_block{block}', norm)
+    return _features_model(inputs, x, 'small_resnet')  # F = widths[-1]
+
+
+_BUILDERS = {
+    'resnet50': _resnet50,
+    'wide_resnet': _wide_resnet,
+    'small_resnet': _small_resnet,
+}
+
+
+@gin.configurable
+def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
+                   bn_epsilon=1e-5, **kwargs):
+    """Builds a channels-last feature extractor that accepts any image size.
+
+    Args:
+        name: one of
+            'resnet50': torchvision ResNet-50 v1.5, F = 2048 * w. kwargs:
+                `width_multiplier` w in {1, 2, 4} (default 1; PAWS Table 2),
+                `zero_init_residual` (default False, as in the official
+                PAWS code: zero gamma in the last BN of each block).
+            'wide_resnet': pre-activation WideResNet of the official PAWS
+                code, no dropout, F = 64 * width. kwargs: `depth` (6n + 4,
+                default 28), `width` (default 2; App. C, 1.47M params).
+            'small_resnet': basic-block ResNet for CPU runs, F =
+                widths[-1]. kwargs: `widths` (default (32, 64, 128)),
+                `blocks_per_stage` ((1, 1, 1)), `stem_stride` (1),
+                `stage_strides` ((2, 2, 2)); all tuples of equal length.
+        input_channels: C of the [B, H, W, C] input images.
+        sync_bn: synchronise batch-norm statistics across replicas (global
+            BN, PAWS Sec. 5); use False with a single replica (fusable BN).
+        bn_momentum: batch-norm moving-average decay (Keras convention).
+        bn_epsilon: batch-norm epsilon.
+        **kwargs: architecture arguments of the chosen backbone.
+
+    Returns:
+        A `tf_keras.Model` mapping [B, H, W, C] float images to [B, F]
+        features (in the compute dtype of the global mixed-precision
+        policy), with the int attribute `output_dim` = F.
+
+    Raises:
+        ValueError: unknown `name` or architecture argument, or a bad value.
+    """
+    if name not in _BUILDERS:
+        raise ValueError(f'unknown backbone {name!r}; valid choices: '
+                         f'{sorted(_BUILDERS)}')
+    builder = _BUILDERS[name]
+    valid = list(inspect.signature(builder).parameters)[2:]
+    unknown = sorted(set(kwargs) - set(valid))
+    if unknown:
+        raise ValueError(f'unknown argument(s) {unknown} for backbone '
+                         f'{name!r}; valid choices: {valid}')
+    if input_channels < 1:
+        raise ValueError(
+            f'input_channels must be >= 1, got {input_channels!r}')
+    if not 0.0 <= bn_momentum < 1.0:
+        raise ValueError(f'bn_momentum must be in [0, 1), got {bn_momentum!r}')
+    norm = functools.partial(batch_norm, sync_bn=sync_bn,
+                             momentum=bn_momentum, epsilon=bn_epsilon)
+    inputs = tf_keras.Input(shape=(None, None, input_channels), name='images')
+    return builder(inputs, norm, **kwargs)
+
+
+def _checkpoint_prefix(path):
+    """Resolves a checkpoint directory or prefix to an existing prefix."""
+    prefix = path
+    if tf.io.gfile.isdir(path):
+        prefix = tf.train.latest_checkpoint(path)
+        if prefix is None:
+            raise FileNotFoundError(
+                f'no TF checkpoint in directory {path!r} (it has no '
+                f'"checkpoint" state file, as Checkpoint.save and '
+                f'CheckpointManager write; pass the prefix instead)')
+    if not tf.io.gfile.exists(prefix + '.index'):
+        raise FileNotFoundError(
+            f'{path!r} is neither a weights file (.h5, .weights.h5), a TF '
+            f'checkpoint prefix ({prefix + ".index"!r} is missing) nor a '
+            f'directory holding a checkpoint')
+    return prefix
+
+
+def _unmatched_checkpoint_variables(root, prefix):
+    """Names of the variables under `root` that have no value at `prefix`.
+
+    Follows the breadth-first, first-path-wins naming that TF's object-based
+    checkpoints use for their keys.
+    """
+    stored = {key for key, _ in tf.train.list_variables(prefix)}
+    view = tf.train.TrackableView(root)
+    seen = {id(root)}
+    queue = collections.deque([(root, ())])
+    missing = []
+    while queue:
+        parent, path = queue.popleft()
+        for child_name, child in view.children(parent).items():
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            child_path = path + (child_name,)
+            if isinstance(child, tf.Variable):
+                key = '/'.join(child_path + ('.ATTRIBUTES', 'VARIABLE_VALUE'))
+                if key not in stored:
+                    missing.append(child.name)
+            else:
+                queue.append((child, child_path))
+    return missing
+
+
+def _restore_checkpoint(backbone, prefix):
+    root = tf.train.Checkpoint(backbone=backbone)
+    missing = _unmatched_checkpoint_variables(root, prefix)
+    if missing:
+        shown = ', '.join(missing[:_MAX_NAMES_SHOWN])
+        more = len(missing) - _MAX_NAMES_SHOWN
+        raise ValueError(
+            f'{len(missing)} of {len(backbone.variables)} variables have no '
+            f'value under the "backbone" key of the checkpoint (written by '
+            f'another architecture, or not with tf.train.Checkpoint('
+            f'backbone=...)?): {shown}' + (f' and {more} more' if more > 0
+                                          else ''))
+    # Extra stored values (heads, optimizer slots) are fine.
+    root.read(prefix).assert_existing_objects_matched()
+
+
+def load_backbone_weights(backbone, path):
+    """Loads pretrained weights into a backbone, all or nothing.
+
+    Args:
+        backbone: a built model from `build_backbone`.
+        path: a weights file written by `backbone.save_weights` (`.h5`:
+            matched by layer order; `.weights.h5`: matched by object
+            structure), or a TF checkpoint prefix or directory written by
+            `tf.train.Checkpoint(backbone=backbone)` (matched by the object
+            graph under the `backbone` key).
+
+    Raises:
+        FileNotFoundError: `path` does not exist or holds no checkpoint.
+        ValueError: the stored weights do not fit the backbone (a variable
+            without a stored value, a shape or layer-count mismatch). The
+            message names the unrestored variables as far as the loader
+            reports them; the backbone is left unchanged.
+    """
+    path = os.fspath(path)
+    if path.endswith('.h5'):
+        if not tf.io.gfile.exists(path):
+            raise FileNotFoundError(f'weights file {path!r} does not exist')
+        load = functools.partial(backbone.load_weights, path)
+    else:
+        load = functools.partial(_restore_checkpoint, backbone,
+                                 _checkpoint_prefix(path))
+    snapshot = [variable.numpy() for variable in backbone.variables]
+    try:
+        load()
+    except (AssertionError, KeyError, ValueError,
+            tf.errors.OpError) as error:
+        for variable, value in zip(backbone.variables, snapshot):
+            variable.assign(value)
+        raise ValueError(
+            f'could not load {path!r} into backbone {backbone.name!r} '
+            f'({len(snapshot)} variables); none were restored, the backbone '
+            f'is unchanged. Architecture mismatch? Cause: '
+            f'{type(error).__name__}: {error}') from error

@@ -1,0 +1,137 @@
+"""Projection and prediction MLP heads on [B, F] backbone features."""
+
+import gin
+import tf_keras
+
+from paws_tf import backbones
+
+
+def _check_positive(**values):
+    for arg, value in values.items():
+        if value < 1:
+            raise ValueError(f'{arg} must be >= 1, got {value!r}')
+
+
+class _MLPHead(tf_keras.layers.Layer):
+    """Runs `mlp_layers` in order; `training` selects the BN statistics."""
+
+    def __init__(self, *, sync_bn, bn_momentum, bn_epsilon, **kwargs):
+        super().__init__(**kwargs)
+        self.sync_bn = sync_bn
+        self.bn_momentum = bn_momentum
+        self.bn_epsilon = bn_epsilon
+
+    def _batch_norm(self, name):
+        return backbones.batch_norm(name, sync_bn=self.sync_bn,
+                                    momentum=self.bn_momentum,
+                                    epsilon=self.bn_epsilon)
+
+    def call(self, inputs, training=None):
+        x = inputs  # [B, F]
+        for layer in self.mlp_layers:
+            # Keras drops `training` for layers whose call does not take it.
+            x = layer(x, training=training)
+        return x  # [B, output_dim]
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(sync_bn=self.sync_bn, bn_momentum=self.bn_momentum,
+                      bn_epsilon=self.bn_epsilon)
+        return config
+
+
+@gin.configurable
+class ProjectionHead(_MLPHead):
+    """PAWS projection head: `num_layers`-layer MLP with BN on hidden layers.
+
+    Hidden layers are Dense(hidden_dim, bias) -> BN -> ReLU; the last layer is
+    Dense(output_dim, bias) without BN or ReLU (PAWS Sec. 5 and App. A: three
+    layers of 2048 for ResNet-50, of 128 for WideResNet-28-2 in App. C). The
+    official code sets hidden_dim to the backbone's F (4096 / 8192 for the
+    2x / 4x ResNet-50).
+    """
+
+    def __init__(self, num_layers=3, hidden_dim=2048, output_dim=2048, *,
+                 sync_bn=False, bn_momentum=0.9, bn_epsilon=1e-5,
+                 name='projection_head', **kwargs):
+        """Creates the layers; they are built on the first call.
+
+        Args:
+            num_layers: number of Dense layers (>= 1).
+            hidden_dim: width of the hidden layers.
+            output_dim: width of the output representation h.
+            sync_bn: synchronise BN statistics across replicas (global BN).
+            bn_momentum: BN moving-average decay (Keras convention).
+            bn_epsilon: BN epsilon.
+            name: layer name.
+            **kwargs: passed to `tf_keras.layers.Layer`.
+
+        Raises:
+            ValueError: a size is < 1.
+        """
+        super().__init__(sync_bn=sync_bn, bn_momentum=bn_momentum,
+                         bn_epsilon=bn_epsilon, name=name, **kwargs)
+        _check_positive(num_layers=num_layers, hidden_dim=hidden_dim,
+                        output_dim=output_dim)
+        self.num_layers = num_layers
+        self.hidden_dim = hidden_dim
+        self.output_dim = output_dim
+        self.mlp_layers = []
+        for i in range(1, num_layers):
+            self.mlp_layers.extend([
+                tf_keras.layers.Dense(hidden_dim, name=f'fc{i}'),
+                self._batch_norm(f'bn{i}'),
+                tf_keras.layers.ReLU(name=f'relu{i}'),
+            ])
+        self.mlp_layers.append(
+            tf_keras.layers.Dense(output_dim, name=f'fc{num_layers}'))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_layers=self.num_layers, hidden_dim=self.hidden_dim,
+                      output_dim=self.output_dim)
+        return config
+
+
+@gin.configurable
+class PredictionHead(_MLPHead):
+    """PAWS prediction head: BN -> Dense -> BN -> ReLU -> Dense (App. A).
+
+    Maps the projection h to z; the official code uses a 4x bottleneck,
+    hidden_dim = output_dim / 4 (512 for 2048).
+    """
+
+    def __init__(self, hidden_dim=512, output_dim=2048, *, sync_bn=False,
+                 bn_momentum=0.9, bn_epsilon=1e-5, name='prediction_head',
+                 **kwargs):
+        """Creates the layers; they are built on the first call.
+
+        Args:
+            hidden_dim: width of the hidden layer.
+            output_dim: width of the output z.
+            sync_bn: synchronise BN statistics across replicas (global BN).
+            bn_momentum: BN moving-average decay (Keras convention).
+            bn_epsilon: BN epsilon.
+            name: layer name.
+            **kwargs: passed to `tf_keras.layers.Layer`.
+
+        Raises:
+            ValueError: a size is < 1.
+        """
+        super().__init__(sync_bn=sync_bn, bn_momentum=bn_momentum,
+                         bn_epsilon=bn_epsilon, name=name, **kwargs)
+        _check_positive(hidden_dim=hidden_dim, output_dim=output_dim)
+        self.hidden_dim = hidden_dim
+        self.output_dim = output_dim
+        self.mlp_layers = [
+            self._batch_norm('bn0'),
+            tf_keras.layers.Dense(hidden_dim, name='fc1'),
+            self._batch_norm('bn1'),
+            tf_keras.layers.ReLU(name='relu1'),
+            tf_keras.layers.Dense(output_dim, name='fc2'),
+        ]
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(hidden_dim=self.hidden_dim, output_dim=self.output_dim)
+        return config
