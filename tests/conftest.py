@@ -14,12 +14,27 @@ tf.config.set_logical_device_configuration(
     _CPUS[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 
 
-@pytest.fixture(scope='session')
-def two_replicas():
-    """The session's one 2-replica MirroredStrategy on the logical CPUs.
 
-    Several MirroredStrategy objects in one process reuse collective
-    instance keys, so collectives of one can be matched with another's
-    ("Collective instance N expected type ..."): tests share this one.
+def _offset_collective_keys():
+    """Gives strategies created from now on collective keys of their own.
+
+    Every MirroredStrategy numbers its collectives from group key
+    1 + `_collective_key_base`, so a second strategy in one process reuses
+    the first one's keys and their collectives get matched with each other
+    ("Collective instance N expected type ..."). TF's own tests offset the
+    base this way; a program creates one strategy and never needs it.
     """
-    return tf.distribute.MirroredStrategy(['CPU:0', 'CPU:1'])
+    tf.distribute.MirroredStrategy._collective_key_base += 1000
+
+
+@pytest.fixture(autouse=True)
+def fresh_collective_keys():
+    _offset_collective_keys()
+
+
+@pytest.fixture
+def two_replicas():
+    """A fresh 2-replica MirroredStrategy on the two logical CPUs."""
+    strategy = tf.distribute.MirroredStrategy(['CPU:0', 'CPU:1'])
+    _offset_collective_keys()
+    return strategy

@@ -25,20 +25,6 @@ def _short_name(variable):
     return variable.name.split('/')[-1].split(':')[0]
 
 
-def _mirrored_strategy():
-    """Two CPU replicas whose collective keys no other strategy shares.
-
-    Every MirroredStrategy numbers its collectives from group key
-    1 + `_collective_key_base`, so a second strategy in the same process
-    reuses the first one's keys and its collectives can fail with a shape
-    mismatch. TF's own tests offset the base ("only set this in tests").
-    """
-    tf.distribute.MirroredStrategy._collective_key_base += 1000
-    strategy = tf.distribute.MirroredStrategy(['CPU:0', 'CPU:1'])
-    tf.distribute.MirroredStrategy._collective_key_base += 1000
-    return strategy
-
-
 def _resnet50_trunk_params(w):
     """torchvision ResNet-50 without fc, all widths times w (BN: 2 per ch)."""
     stem = 64 * w
@@ -215,8 +201,8 @@ def test_batch_norm_train_vs_inference():
 
 
 @pytest.mark.parametrize('sync_bn', [True, False])
-def test_sync_bn_uses_global_batch_statistics(sync_bn):
-    strategy = _mirrored_strategy()
+def test_sync_bn_uses_global_batch_statistics(sync_bn, two_replicas):
+    strategy = two_replicas
     images = np.random.RandomState(0).normal(
         size=(8, 6, 6, 1)).astype(np.float32)
     images[4:] = 2.0 * images[4:] + 1.0  # the two halves differ in stats

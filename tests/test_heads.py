@@ -20,20 +20,6 @@ def _short_name(variable):
     return variable.name.split('/')[-1].split(':')[0]
 
 
-def _mirrored_strategy():
-    """Two CPU replicas whose collective keys no other strategy shares.
-
-    Every MirroredStrategy numbers its collectives from group key
-    1 + `_collective_key_base`, so a second strategy in the same process
-    reuses the first one's keys and its collectives can fail with a shape
-    mismatch. TF's own tests offset the base ("only set this in tests").
-    """
-    tf.distribute.MirroredStrategy._collective_key_base += 1000
-    strategy = tf.distribute.MirroredStrategy(['CPU:0', 'CPU:1'])
-    tf.distribute.MirroredStrategy._collective_key_base += 1000
-    return strategy
-
-
 def _randomise(head, rng):
     """Random kernels, biases, BN affine and moving statistics."""
     for variable in head.variables:
@@ -131,8 +117,8 @@ def test_training_mode_uses_batch_stats_and_updates_moving_stats():
     assert not np.allclose(inference, want, atol=1e-3)
 
 
-def test_sync_bn_heads_use_global_batch_statistics():
-    strategy = _mirrored_strategy()
+def test_sync_bn_heads_use_global_batch_statistics(two_replicas):
+    strategy = two_replicas
     features = np.random.RandomState(3).normal(
         size=(8, 6)).astype(np.float32)
     features[4:] = 3.0 * features[4:] - 1.0
