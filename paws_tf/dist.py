@@ -1,8 +1,10 @@
 """Distribution strategies, and cross-replica helpers that are the identity
 with one replica."""
 
+import contextlib
 import json
 import os
+import shutil
 
 import gin
 import tensorflow as tf
@@ -106,3 +108,45 @@ def all_reduce_mean(x):
     if ctx is None or ctx.num_replicas_in_sync == 1:
         return x
     return ctx.all_reduce(tf.distribute.ReduceOp.MEAN, x)
+
+
+def is_chief(strategy):
+    """Whether this process is the chief: the `chief` task if the cluster
+    has one, else worker 0; always True outside a multi-worker cluster."""
+    resolver = getattr(strategy, 'cluster_resolver', None)
+    if resolver is None or not resolver.task_type:
+        return True
+    if resolver.task_type == 'chief':
+        return True
+    has_chief = 'chief' in resolver.cluster_spec().as_dict()
+    return (not has_chief and resolver.task_type == 'worker' and
+            resolver.task_id == 0)
+
+
+@contextlib.contextmanager
+def save_dir(strategy, directory):
+    """Yields the directory this process writes a save of `directory` to.
+
+    Under MultiWorkerMirroredStrategy every worker must take part in a save
+    (reading mirrored and sync-on-read variables runs collectives), but only
+    the chief's copy is kept: the others write into a private temporary
+    directory that is deleted on exit (TF "Multi-worker training with Keras").
+
+    Args:
+        strategy: the running `tf.distribute.Strategy`.
+        directory: where the chief writes.
+
+    Yields:
+        `directory` on the chief, `directory/.worker_tmp_<type>_<id>`
+        elsewhere.
+    """
+    if is_chief(strategy):
+        yield directory
+        return
+    resolver = strategy.cluster_resolver
+    temp = os.path.join(directory,
+                        f'.worker_tmp_{resolver.task_type}_{resolver.task_id}')
+    try:
+        yield temp
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)

@@ -94,6 +94,11 @@ class PAWSModel(tf_keras.Model):
             num_replicas=num_replicas,
             unique_classes_per_replica=unique_classes_per_replica,
             smoothing=label_smoothing)  # [R V K n, C]
+        self._create_metrics()
+
+    @tf.__internal__.tracking.no_automatic_dependency_tracking
+    def _create_metrics(self):
+        """Metric trackers, kept out of `weights` and checkpoints."""
         self._means = {name: tf_keras.metrics.Mean(name=name) for name in (
             'loss', 'cross_entropy', 'me_max', 'target_confidence')}
         self._last = {name: LastValue(name=name) for name in (
@@ -188,8 +193,9 @@ class PAWSModel(tf_keras.Model):
             for name in ('mean', 'min', 'max'):
                 self._last['trust_ratio_' + name].update_state(stats[name])
         if self.diagnostics_every:
+            step = optimizer.iterations - 1  # This step's index, from 0.
             tf.cond(
-                optimizer.iterations % self.diagnostics_every == 1,
+                step % self.diagnostics_every == 0,
                 lambda: self._update_diagnostics(z_global, z_support),
                 lambda: None)
         return {m.name: m.result() for m in self.metrics}

@@ -1,0 +1,64 @@
+"""One worker of a two-process MultiWorkerMirroredStrategy fit (TF_CONFIG).
+
+Run by tests/test_multiworker.py: trains the tiny PAWS model for a few steps
+on worker-specific synthetic views, saves weights the multi-worker way, and
+dumps this worker's final weights to OUT/<task_index>.npz for comparison.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+
+import paws_tf  # noqa: F401  (selects tf_keras)
+import tensorflow as tf
+import tf_keras
+
+from paws_tf import backbones
+from paws_tf import dist
+from paws_tf import heads
+from paws_tf import lars
+from paws_tf import model as model_lib
+
+TINY = dict(widths=(4, 8), blocks_per_stage=(1, 1), stage_strides=(2, 2))
+BATCH, CLASSES, IMAGES, LOCAL = 2, 2, 2, 2
+
+
+def dataset_fn(ctx):
+    """Different views on every worker: the all-reduce must reconcile them."""
+    def element(step):
+        seed = tf.stack([tf.cast(ctx.input_pipeline_id, tf.int64), step])
+        normal = lambda shape, k: tf.random.stateless_normal(  # noqa: E731
+            shape, seed + [0, 1000 * k])
+        return {'global_views': normal([2 * BATCH, 8, 8, 3], 1),
+                'local_views': normal([LOCAL * BATCH, 4, 4, 3], 2),
+                'support_views': normal([CLASSES * IMAGES, 8, 8, 3], 3)}
+    return tf.data.Dataset.range(1_000_000).map(element)
+
+
+def main(model_dir, out_dir):
+    strategy = dist.make_strategy('multi_worker')
+    task = json.loads(os.environ['TF_CONFIG'])['task']
+    tf_keras.utils.set_random_seed(0)  # Same initial weights on every worker.
+    with strategy.scope():
+        model = model_lib.PAWSModel(
+            backbones.build_backbone('small_resnet', sync_bn=True, **TINY),
+            heads.ProjectionHead(hidden_dim=8, output_dim=6, sync_bn=True),
+            classes_per_replica=CLASSES, images_per_class=IMAGES,
+            num_replicas=strategy.num_replicas_in_sync,
+            unique_classes_per_replica=True, multicrop=LOCAL)
+        model.compile(optimizer=lars.LARS(learning_rate=0.5))
+    model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn),
+              epochs=2, steps_per_epoch=2, verbose=2)
+    with dist.save_dir(strategy, model_dir) as directory:
+        os.makedirs(directory, exist_ok=True)
+        model.save_weights(os.path.join(directory, 'weights.h5'))
+    np.savez(os.path.join(out_dir, f'{task["index"]}.npz'),
+             *model.get_weights())
+    print('chief' if dist.is_chief(strategy) else 'worker', 'done',
+          int(model.optimizer.iterations.numpy()))
+
+
+if __name__ == '__main__':
+    main(sys.argv[1], sys.argv[2])

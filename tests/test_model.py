@@ -1,0 +1,233 @@
+"""PAWSModel: distributed equivalence, collapse, learning, inference."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from paws_tf import backbones
+from paws_tf import heads
+from paws_tf import lars
+from paws_tf import losses
+from paws_tf import model as model_lib
+
+TINY = dict(widths=(4, 8), blocks_per_stage=(1, 1), stage_strides=(2, 2))
+
+
+def build(num_replicas, classes, images, views=1, unique=False, sync_bn=False,
+          multicrop=2, prediction_head=True, **kwargs):
+    backbone = backbones.build_backbone('small_resnet', sync_bn=sync_bn,
+                                        **TINY)
+    projection = heads.ProjectionHead(hidden_dim=8, output_dim=6,
+                                      sync_bn=sync_bn)
+    prediction = (heads.PredictionHead(hidden_dim=4, output_dim=6,
+                                       sync_bn=sync_bn)
+                  if prediction_head else None)
+    kwargs.setdefault('diagnostics_every', 0)
+    return model_lib.PAWSModel(
+        backbone, projection, prediction, classes_per_replica=classes,
+        images_per_class=images, support_views=views,
+        num_replicas=num_replicas, unique_classes_per_replica=unique,
+        multicrop=multicrop, **kwargs)
+
+
+def compile_and_build(model, size=8, optimizer=None, **lars_kwargs):
+    lars_kwargs.setdefault('learning_rate', 0.1)
+    model._encode(tf.zeros([2, size, size, 3]), training=False)
+    model.compile(optimizer=optimizer or lars.LARS(**lars_kwargs))
+    model.optimizer.build(model.trainable_variables)
+
+
+def random_step(rng, batch, classes, images, views, multicrop, size=8):
+    f32 = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa
+    return {'global_views': f32(2 * batch, size, size, 3),
+            'local_views': f32(multicrop * batch, size // 2, size // 2, 3),
+            'support_views': f32(views * classes * images, size, size, 3)}
+
+
+def single_device_batch(per_replica, views, classes, images, unique,
+                        multicrop):
+    """The global batch laid out as one replica would receive it."""
+    def by_blocks(key, blocks):
+        parts = [np.split(r[key], blocks) for r in per_replica]
+        return np.concatenate([p[b] for b in range(blocks) for p in parts])
+
+    supports = [r['support_views'].reshape(
+        (views, classes, images) + r['support_views'].shape[1:])
+        for r in per_replica]
+    # Disjoint classes: replica r's slots become slots r*K..; shared classes:
+    # the replicas' images of a class become one class block of 2n images.
+    supports = np.concatenate(supports, axis=1 if unique else 2)
+    return {'global_views': by_blocks('global_views', 2),
+            'local_views': by_blocks('local_views', multicrop),
+            'support_views': supports.reshape((-1,) + supports.shape[3:])}
+
+
+def _one_step_each(two_replicas, views, unique, optimizer_fn):
+    """One train_step on 2 replicas and on one device, same global batch.
+
+    Returns (names, before, distributed_after, single_after) weight lists.
+    """
+    batch, classes, images, multicrop = 2, 2, 2, 2
+    rng = np.random.default_rng(0)
+    per_replica = [random_step(rng, batch, classes, images, views, multicrop)
+                   for _ in range(2)]
+    with two_replicas.scope():
+        distributed = build(2, classes, images, views, unique, sync_bn=True)
+        compile_and_build(distributed, optimizer=optimizer_fn())
+    # Same BN math on one device (fused BN would apply Bessel's correction
+    # to the moving variance, synchronised BN does not).
+    single = build(1, 2 * classes if unique else classes,
+                   images if unique else 2 * images, views, False,
+                   sync_bn=True)
+    compile_and_build(single, optimizer=optimizer_fn())
+    single.set_weights(distributed.get_weights())
+    before = [w.copy() for w in single.get_weights()]
+
+    data = two_replicas.experimental_distribute_values_from_function(
+        lambda ctx: per_replica[ctx.replica_id_in_sync_group])
+    tf.function(lambda d: two_replicas.run(distributed.train_step,
+                                           args=(d,)))(data)
+    tf.function(single.train_step)(single_device_batch(
+        per_replica, views, classes, images, unique, multicrop))
+    return ([w.name for w in single.weights], before,
+            distributed.get_weights(), single.get_weights())
+
+
+@pytest.mark.parametrize('views,unique', [(1, True), (2, False)])
+def test_mirrored_gradient_equals_single_device_gradient(two_replicas, views,
+                                                         unique):
+    """Sync BN + gathered supports + all-reduced me-max + loss / R: the
+    summed replica gradients equal the one-device gradient of the global
+    batch. Plain SGD (update = -lr * gradient) so a scale error shows."""
+    names, before, got, want = _one_step_each(
+        two_replicas, views, unique,
+        lambda: tf_keras.optimizers.SGD(learning_rate=1.0))
+    for name, old, new_d, new_s in zip(names, before, got, want):
+        step_d, step_s = new_d - old, new_s - old
+        scale = np.abs(step_s).max()
+        # float32 sums in a different order: ~1e-5 of the step, up to 1e-4
+        # through the BN backward passes.
+        np.testing.assert_allclose(step_d, step_s, rtol=0,
+                                   atol=2e-4 * scale + 1e-6, err_msg=name)
+        if 'moving' not in name and name.endswith(('kernel:0', 'gamma:0')):
+            assert scale > 1e-3, name  # Every layer got a real gradient.
+
+
+@pytest.mark.parametrize('views,unique', [(2, False)])
+def test_mirrored_lars_update_equals_single_device_update(two_replicas, views,
+                                                          unique):
+    names, _, got, want = _one_step_each(
+        two_replicas, views, unique,
+        lambda: lars.LARS(learning_rate=0.05, trust_coefficient=0.1,
+                          weight_decay=1e-3))
+    # Most weights agree to 1e-6; the last bias before the L2 normalisation
+    # has gradients of ~1e4 at initialisation (|z| is small) and its update
+    # carries float32 reduction-order noise of up to ~1e-4 relative.
+    for name, new_d, new_s in zip(names, got, want):
+        np.testing.assert_allclose(new_d, new_s, rtol=2e-4, atol=1e-5,
+                                   err_msg=name)
+
+
+def test_collapsed_encoder_gives_uniform_predictions_and_near_collapse_escapes():
+    """Prop. 1 at the model level.
+
+    With the prediction head's output collapsed to a constant vector b, every
+    anchor prediction is exactly uniform while the (projection-based) targets
+    are sharpened and not uniform. Exactly at collapse every cosine
+    similarity is 1, where its derivative vanishes, so the gradient w.r.t.
+    the representations is zero (measured: < 1e-5); Prop. 1's non-zero
+    gradient is w.r.t. the predictions (tests/test_losses.py). From a nearly
+    collapsed state (b plus 1e-3 of the input-dependent part) the gradient is
+    non-zero, and descending it spreads the representations and lowers the
+    loss: collapse is not an attractor.
+    """
+    batch, classes, images = 4, 3, 2
+    tf_keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(1)
+    data = random_step(rng, batch, classes, images, 1, 0)
+    model = build(1, classes, images, multicrop=0, label_smoothing=0.0,
+                  me_max_weight=0.0)
+    compile_and_build(model)
+    final = model.prediction_head.mlp_layers[-1]
+    kernel = final.kernel.numpy()
+    final.bias.assign(rng.normal(size=final.bias.shape))
+
+    def loss_and_grad():
+        with tf.GradientTape() as tape:
+            loss, terms, z_global, _ = model._forward(data, training=True)
+        return loss, terms, z_global, tape.gradient(loss, final.kernel)
+
+    def min_cosine(z):
+        z = tf.math.l2_normalize(z, axis=1)
+        return float(tf.reduce_min(tf.matmul(z, z, transpose_b=True)))
+
+    final.kernel.assign(tf.zeros_like(kernel))  # Exact collapse: z = b.
+    _, terms, _, grad = loss_and_grad()
+    np.testing.assert_allclose(tf.exp(terms.log_probs), 1.0 / classes,
+                               rtol=1e-5)
+    global_targets = terms.targets[:2 * batch].numpy()
+    assert global_targets.max() > 1.0 / classes + 0.05  # Sharpened, not flat.
+    assert float(tf.norm(grad)) < 1e-5
+
+    final.kernel.assign(1e-3 * kernel)  # Nearly collapsed.
+    start_loss, _, z_global, grad = loss_and_grad()
+    assert min_cosine(z_global) > 0.9999
+    assert float(tf.norm(grad)) > 1e-4
+    step = 0.05 * float(tf.norm(kernel))
+    for _ in range(30):
+        loss, _, z_global, grad = loss_and_grad()
+        final.kernel.assign_sub(step * grad / tf.norm(grad))
+    loss, _, z_global, _ = loss_and_grad()
+    # Over initialisation seeds 0-4: min cosine 0.94 .. -0.99, loss falls by
+    # 0.02 .. 0.75 (from 1.0986 = log 3).
+    assert min_cosine(z_global) < 0.99
+    assert float(loss) < float(start_loss) - 0.01
+
+
+def test_call_returns_features_and_projection_embeddings():
+    model = build(1, 2, 2)
+    compile_and_build(model)
+    images = np.random.default_rng(2).normal(size=(3, 8, 8, 3))
+    out = model(images)
+    assert set(out) == {'features', 'embeddings'}
+    assert out['features'].shape == (3, 8) and out['embeddings'].shape == (3, 6)
+    np.testing.assert_allclose(
+        out['embeddings'],
+        model.projection_head(model.backbone(images, training=False),
+                              training=False), rtol=1e-6)
+
+
+def test_test_step_does_not_update_anything():
+    model = build(1, 2, 2)
+    compile_and_build(model)
+    data = random_step(np.random.default_rng(3), 2, 2, 2, 1, 2)
+    before = [w.copy() for w in model.get_weights()]
+    logs = model.test_step(data)
+    assert {'loss', 'cross_entropy', 'me_max', 'target_confidence'} <= set(logs)
+    for old, new in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(old, new)
+    assert int(model.optimizer.iterations) == 0
+
+
+def test_train_step_metrics_match_the_objective():
+    model = build(1, 2, 2, diagnostics_every=1)
+    compile_and_build(model, learning_rate=0.3)
+    data = random_step(np.random.default_rng(4), 2, 2, 2, 1, 2)
+    loss, terms, z_global, z_support = model._forward(data, training=True)
+    stats_names = ('trust_ratio_mean', 'trust_ratio_min', 'trust_ratio_max')
+    logs = tf.function(model.train_step)(data)
+    np.testing.assert_allclose(logs['loss'], loss, rtol=1e-5)
+    np.testing.assert_allclose(logs['cross_entropy'], terms.cross_entropy,
+                               rtol=1e-5)
+    np.testing.assert_allclose(logs['learning_rate'], 0.3)
+    view_1, view_2 = tf.split(z_global, 2)
+    np.testing.assert_allclose(
+        logs['nt_xent'], losses.nt_xent_loss(view_1, view_2, 0.1), rtol=1e-5)
+    np.testing.assert_allclose(
+        logs['suncet'], losses.suncet_loss(z_support, model.label_matrix, 0.1),
+        rtol=1e-5)
+    stats = model.optimizer.trust_ratio_stats()
+    for name in stats_names:
+        np.testing.assert_allclose(logs[name], stats[name.split('_')[-1]])
+    assert logs['trust_ratio_min'] <= logs['trust_ratio_max']
