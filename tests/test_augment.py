@@ -1,0 +1,516 @@
+"""Tests for paws_tf.augment against NumPy references and distributions."""
+
+import colorsys
+import dataclasses
+import itertools
+import math
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from paws_tf import augment
+
+RATIO = (3 / 4, 4 / 3)
+LUMA = np.array([0.2989, 0.587, 0.114])
+_IMAGE = np.random.default_rng(15).integers(0, 256, (48, 40, 3), np.uint8)
+_FLOAT = (_IMAGE / 255).astype(np.float32)
+# Fewer local views than CIFAR-10's 6 keep tracing fast; blur is exercised.
+_SMALL_MULTICROP = dataclasses.replace(augment.CIFAR10_MULTICROP, num_local=2,
+                                       blur_prob=0.5)
+
+
+def _seeds(n, salt=1234):
+    return np.stack([np.arange(n), np.full(n, salt)], 1).astype(np.int64)
+
+
+def _map(fn, seeds):
+    """Runs fn(seed) for every seed inside Dataset.map; returns NumPy."""
+    ds = tf.data.Dataset.from_tensor_slices(seeds).map(fn)
+    return next(iter(ds.batch(len(seeds)))).numpy()
+
+
+def _ks_uniform(samples, low, high):
+    """Kolmogorov-Smirnov distance between samples and U(low, high)."""
+    x = np.sort((np.asarray(samples) - low) / (high - low))
+    n = len(x)
+    steps = np.arange(n + 1) / n
+    return max(np.max(steps[1:] - x), np.max(x - steps[:-1]))
+
+
+def _ks_two_sample(a, b):
+    grid = np.sort(np.concatenate([a, b]))
+    cdf_a = np.searchsorted(np.sort(a), grid, side='right') / len(a)
+    cdf_b = np.searchsorted(np.sort(b), grid, side='right') / len(b)
+    return np.max(np.abs(cdf_a - cdf_b))
+
+
+def _ks_critical(n, m=None, alpha=1e-3):
+    """Asymptotic KS critical value; fixed seeds make the tests repeatable,
+    alpha = 1e-3 makes a false failure after a TF RNG change unlikely."""
+    c = math.sqrt(-0.5 * math.log(alpha / 2))
+    return c * math.sqrt(1 / n + (1 / m if m else 0))
+
+
+def _boxes(height, width, n, scale):
+    return _map(lambda s: tf.stack(augment.sample_crop_box(
+        height, width, s, scale, RATIO)), _seeds(n))  # [n, 4]
+
+
+# --- random resized crop ---
+
+def test_crop_box_area_and_aspect_are_uniform():
+    # With scale <= 0.5 on 3000x4000 no candidate is ever rejected (largest
+    # side sqrt(0.5 * 12e6 * 4/3) = 2828 < 3000), so the first candidate is
+    # taken and area fraction / log aspect are uniform up to rounding w and
+    # h: sides >= sqrt(0.05 * 12e6 * 3/4) = 670, so the relative error is
+    # <= 0.5 / 670 + 0.5 / 894 = 0.0013, i.e. < 0.003 of either range.
+    height, width, n, scale = 3000, 4000, 2000, (0.05, 0.5)
+    oy, ox, h, w = _boxes(height, width, n, scale).T
+    assert np.all((oy >= 0) & (ox >= 0) & (h > 0) & (w > 0))
+    assert np.all((oy + h <= height) & (ox + w <= width))
+    tol = _ks_critical(n) + 3e-3
+    assert _ks_uniform(h * w / (height * width), *scale) < tol
+    assert _ks_uniform(np.log(w / h), *np.log(RATIO)) < tol
+    # Offsets are uniform integers in [0, H - h] (torch.randint): as a
+    # fraction of H - h they are U(0, 1) up to 1 / (H - h).
+    assert _ks_uniform(oy / (height - h), 0, 1) < (
+        _ks_critical(n) + 1 / np.min(height - h))
+    assert _ks_uniform(ox / (width - w), 0, 1) < (
+        _ks_critical(n) + 1 / np.min(width - w))
+
+
+def _torchvision_boxes(height, width, n, scale, rng):
+    """NumPy transcription of torchvision RandomResizedCrop.get_params."""
+    boxes = []
+    for _ in range(n):
+        for _ in range(10):
+            area = height * width * rng.uniform(*scale)
+            aspect = math.exp(rng.uniform(*np.log(RATIO)))
+            w = int(round(math.sqrt(area * aspect)))
+            h = int(round(math.sqrt(area / aspect)))
+            if 0 < w <= width and 0 < h <= height:
+                boxes.append((h, w))
+                break
+        else:
+            boxes.append((height, width))
+    return np.array(boxes)
+
+
+def test_crop_box_matches_torchvision_with_rejections():
+    # scale (0.14, 1) on 300x400 rejects often; compare with the sequential
+    # torchvision loop by two-sample KS on area fraction and log aspect.
+    height, width, n, scale = 300, 400, 2000, (0.14, 1.0)
+    _, _, h, w = _boxes(height, width, n, scale).T
+    ref_h, ref_w = _torchvision_boxes(
+        height, width, n, scale, np.random.default_rng(0)).T
+    tol = _ks_critical(n, n)
+    assert _ks_two_sample(h * w, ref_h * ref_w) < tol
+    assert _ks_two_sample(np.log(w / h), np.log(ref_w / ref_h)) < tol
+    assert np.all((h <= height) & (w <= width))
+
+
+@pytest.mark.parametrize('height, width, scale, expected', [
+    # W/H = 100 > 4/3: h = H = 10, w = round(10 * 4/3) = 13,
+    # left = (1000 - 13) // 2 = 493.
+    (10, 1000, (0.9, 1.0), (0, 493, 10, 13)),
+    # W/H = 0.01 < 3/4: w = W = 10, h = round(10 / 0.75) = 13.
+    (1000, 10, (0.9, 1.0), (493, 0, 13, 10)),
+    # Aspect within RATIO, target area > image area: the whole image.
+    (50, 60, (1.5, 2.0), (0, 0, 50, 60)),
+])
+def test_crop_box_fallback(height, width, scale, expected):
+    for seed in _seeds(3):
+        box = augment.sample_crop_box(height, width, seed, scale, RATIO)
+        assert tuple(int(v) for v in box) == expected
+
+
+def test_fallback_crop_pixels():
+    image = np.random.default_rng(0).integers(0, 256, (10, 1000, 3), np.uint8)
+    view = augment.random_resized_crop(image, _seeds(1)[0], (10, 13),
+                                       (0.9, 1.0))
+    np.testing.assert_allclose(view, image[:, 493:506] / 255.0, atol=1e-6)
+
+
+def _np_bilinear(x, out_h, out_w):
+    """Bilinear resize with half-pixel centres and edge clamping."""
+    def matrix(n_in, n_out):
+        src = np.clip((np.arange(n_out) + 0.5) * n_in / n_out - 0.5, 0,
+                      n_in - 1)
+        lo = np.floor(src).astype(int)
+        hi = np.minimum(lo + 1, n_in - 1)
+        m = np.zeros((n_out, n_in))
+        m[np.arange(n_out), lo] += 1 - (src - lo)
+        m[np.arange(n_out), hi] += src - lo
+        return m
+    return np.einsum('hy,yxc,wx->hwc', matrix(x.shape[0], out_h), x,
+                     matrix(x.shape[1], out_w))
+
+
+@pytest.mark.parametrize('size', [20, 12, 31, (16, 25)])
+def test_random_resized_crop_resizes_the_sampled_box(size):
+    # Area 0.2 of 40x50 at ratio 1 forces a 20x20 box at a random offset.
+    image = np.random.default_rng(1).integers(0, 256, (40, 50, 3), np.uint8)
+    out_h, out_w = (size, size) if isinstance(size, int) else size
+    offsets = set()
+    for seed in _seeds(4):
+        oy, ox, h, w = (int(v) for v in augment.sample_crop_box(
+            40, 50, seed, (0.2, 0.2), (1.0, 1.0)))
+        assert (h, w) == (20, 20)
+        offsets.add((oy, ox))
+        view = augment.random_resized_crop(image, seed, size, (0.2, 0.2),
+                                           (1.0, 1.0))
+        assert view.shape == (out_h, out_w, 3) and view.dtype == tf.float32
+        crop = image[oy:oy + 20, ox:ox + 20] / 255.0
+        np.testing.assert_allclose(view, _np_bilinear(crop, out_h, out_w),
+                                   atol=1e-5)
+    assert len(offsets) > 1
+
+
+# --- colour distortion ---
+
+def _np_gray(x):
+    return x @ LUMA if x.shape[-1] == 3 else x[..., 0]
+
+
+def _np_hue(x, factor):
+    flat = x.reshape(-1, 3)
+    out = []
+    for r, g, b in flat:
+        h, s, v = colorsys.rgb_to_hsv(r, g, b)
+        out.append(colorsys.hsv_to_rgb((h + factor) % 1.0, s, v))
+    return np.array(out).reshape(x.shape)
+
+
+def _np_jitter_op(index, x, factor):
+    """torchvision ColorJitter ops on float tensors (fn_idx order)."""
+    if index == 0:
+        return np.clip(factor * x, 0, 1)
+    if index == 1:
+        return np.clip(factor * x + (1 - factor) * _np_gray(x).mean(), 0, 1)
+    if x.shape[-1] == 1:
+        return x
+    if index == 2:
+        return np.clip(factor * x + (1 - factor) * _np_gray(x)[..., None],
+                       0, 1)
+    return _np_hue(x, factor)
+
+
+def _image(shape, seed=0):
+    return np.random.default_rng(seed).random(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize('index, fn', enumerate(augment._JITTER_OPS))
+@pytest.mark.parametrize('factor', [0.0, 0.4, 1.0, 1.7])
+@pytest.mark.parametrize('channels', [3, 1])
+def test_jitter_op_matches_numpy(index, fn, factor, channels):
+    image = _image((6, 5, channels))
+    if index == 3:
+        factor = factor / 4 - 0.2  # hue shifts in [-0.2, 0.225]
+    np.testing.assert_allclose(fn(tf.constant(image), factor),
+                               _np_jitter_op(index, image, factor), atol=2e-6)
+
+
+def test_jitter_params_ranges_and_orders():
+    n = 500
+    for strength in (1.0, 2.0):
+        params = _map(lambda s: tf.concat([
+            tf.cast(p, tf.float32) for p in augment.jitter_params(
+                s, strength)], 0), _seeds(n))
+        order, factors = params[:, :4].astype(int), params[:, 4:]
+        low, high = max(0, 1 - 0.8 * strength), 1 + 0.8 * strength
+        for i in range(3):
+            assert _ks_uniform(factors[:, i], low, high) < _ks_critical(n)
+        assert _ks_uniform(factors[:, 3], -0.2 * strength,
+                           0.2 * strength) < _ks_critical(n)
+        # All 24 orders occur (each is missed by 500 uniform draws with
+        # probability (23/24)^500 < 1e-9).
+        assert {tuple(o) for o in order} == set(
+            itertools.permutations(range(4)))
+
+
+@pytest.mark.parametrize('channels', [3, 1])
+def test_color_jitter_matches_numpy_in_random_order(channels):
+    image = _image((7, 6, channels), seed=2)
+    orders = set()
+    for seed in _seeds(8):
+        order, factors = (p.numpy() for p in augment.jitter_params(seed, 1.0))
+        orders.add(tuple(order))
+        expected = image
+        for index in order:
+            expected = _np_jitter_op(index, expected, factors[index])
+        out = augment.color_jitter(tf.constant(image), seed, 1.0)
+        np.testing.assert_allclose(out, expected, atol=1e-5)
+    assert len(orders) > 1
+
+
+def test_color_distortion_probabilities():
+    # 400 coin flips per case: a frequency within 4 binomial standard
+    # deviations (<= 0.08) of p holds for these fixed seeds.
+    image = tf.constant(_image((8, 8, 3), seed=3))
+    n = 400
+    jittered = _map(lambda s: augment.color_distortion(
+        image, s, 1.0, jitter_prob=0.8, grayscale_prob=0.0), _seeds(n))
+    changed = np.any(jittered != image.numpy(), axis=(1, 2, 3))
+    assert abs(changed.mean() - 0.8) < 0.08
+    grayed = _map(lambda s: augment.color_distortion(
+        image, s, 1.0, jitter_prob=0.0, grayscale_prob=0.2), _seeds(n))
+    is_gray = np.any(grayed != image.numpy(), axis=(1, 2, 3))
+    assert abs(is_gray.mean() - 0.2) < 0.08
+    gray = np.repeat(_np_gray(image.numpy())[..., None], 3, -1)
+    np.testing.assert_allclose(grayed[is_gray],
+                               np.broadcast_to(gray, grayed[is_gray].shape),
+                               atol=1e-6)
+    np.testing.assert_array_equal(grayed[~is_gray][0], image)
+
+
+def test_color_distortion_grayscale_output_has_equal_channels():
+    image = tf.constant(_image((8, 8, 3), seed=4))
+    out = augment.color_distortion(image, _seeds(1)[0], 1.0, jitter_prob=1.0,
+                                   grayscale_prob=1.0).numpy()
+    np.testing.assert_array_equal(out[..., 0], out[..., 1])
+    np.testing.assert_array_equal(out[..., 0], out[..., 2])
+    assert out.min() >= 0 and out.max() <= 1
+
+
+def test_color_distortion_one_channel():
+    image = tf.constant(_image((8, 8, 1), seed=5))
+    outs = [augment.color_distortion(image, s, 1.0, jitter_prob=1.0)
+            for s in _seeds(4)]
+    assert all(o.shape == (8, 8, 1) for o in outs)
+    assert not np.allclose(outs[0], image)
+
+
+@pytest.mark.parametrize('channels', [3, 1])
+def test_color_distortion_strength_zero_is_identity(channels):
+    image = tf.constant(_image((8, 8, channels), seed=6))
+    out = augment.color_distortion(image, _seeds(1)[0], 0.0, jitter_prob=1.0,
+                                   grayscale_prob=1.0)
+    np.testing.assert_array_equal(out, image)
+
+
+# --- Gaussian blur ---
+
+def _np_blur(x, sigma, radius):
+    taps = np.exp(-np.arange(-radius, radius + 1) ** 2 / (2 * sigma ** 2))
+    taps /= taps.sum()
+    pad = np.pad(x, [(radius, radius), (radius, radius), (0, 0)], 'reflect')
+    h, w = x.shape[:2]
+    rows = sum(t * pad[i:i + h] for i, t in enumerate(taps))
+    return sum(t * rows[:, i:i + w] for i, t in enumerate(taps))
+
+
+@pytest.mark.parametrize('shape, fraction, sigma, radius', [
+    ((24, 20, 3), 0.4, 1.5, 4),  # int(0.4 * 20) // 2 = 4: min side counts
+    ((32, 32, 1), 0.1, 0.7, 1),  # SimCLR: 32 // 10 = 3 taps
+    ((40, 36, 3), 0.3, 2.0, 5),
+])
+def test_gaussian_blur_matches_numpy(shape, fraction, sigma, radius):
+    image = _image(shape, seed=7)
+    out = augment.gaussian_blur(image, _seeds(1)[0], prob=1.0,
+                                sigma_range=(sigma, sigma),
+                                kernel_fraction=fraction)
+    np.testing.assert_allclose(out, _np_blur(image, sigma, radius), atol=1e-5)
+
+
+def test_gaussian_blur_preserves_sums_and_constants():
+    blob = np.zeros((32, 32, 3), np.float32)
+    # 12 px from the border > radius int(0.5 * 32) // 2 = 8: no reflection.
+    blob[12:20, 12:20] = _image((8, 8, 3), seed=8)
+    constant = np.full((32, 32, 3), 0.3, np.float32)
+    for seed in _seeds(3):
+        out = augment.gaussian_blur(blob, seed, prob=1.0, kernel_fraction=0.5)
+        np.testing.assert_allclose(out.numpy().sum((0, 1)), blob.sum((0, 1)),
+                                   rtol=1e-5)
+        assert not np.allclose(out, blob)
+        out = augment.gaussian_blur(constant, seed, prob=1.0)
+        np.testing.assert_allclose(out, constant, rtol=1e-6)
+
+
+def test_gaussian_blur_probability():
+    image = tf.constant(_image((12, 12, 3), seed=9))
+    np.testing.assert_array_equal(
+        _map(lambda s: augment.gaussian_blur(image, s, prob=0.0), _seeds(20)),
+        np.broadcast_to(image, (20, 12, 12, 3)))
+    out = _map(lambda s: augment.gaussian_blur(image, s, prob=0.5,
+                                               kernel_fraction=0.3),
+               _seeds(400))
+    blurred = np.any(out != image.numpy(), axis=(1, 2, 3))
+    assert abs(blurred.mean() - 0.5) < 0.1  # 4 binomial std devs
+
+
+# --- flip, normalize, views ---
+
+def test_random_flip():
+    image = tf.constant(_image((5, 7, 3), seed=10))
+    out = _map(lambda s: augment.random_flip(image, s), _seeds(400))
+    flipped = np.all(out == image.numpy()[:, ::-1], axis=(1, 2, 3))
+    assert np.all(flipped | np.all(out == image.numpy(), axis=(1, 2, 3)))
+    assert abs(flipped.mean() - 0.5) < 0.1  # 4 binomial std devs
+
+
+@pytest.mark.parametrize('channels', [3, 1])
+def test_normalize_matches_numpy(channels):
+    image = _image((9, 7, channels), seed=11)
+    mean, std = augment.CIFAR10_MEAN[:channels], augment.CIFAR10_STD[:channels]
+    expected = (image - np.float32(mean)) / np.float32(std)
+    np.testing.assert_allclose(augment.normalize(image, mean, std), expected,
+                               rtol=1e-6)
+    with pytest.raises(ValueError):
+        augment.normalize(image, (0.5, 0.5), (0.5, 0.5))
+
+
+@pytest.mark.parametrize('shape, mean, std', [
+    ((32, 32, 3), augment.CIFAR10_MEAN, augment.CIFAR10_STD),
+    ((28, 28, 1), (0.286,), (0.353,)),
+])
+@pytest.mark.parametrize('dtype', [np.uint8, np.float32])
+def test_center_view_does_not_crop_small_images(shape, mean, std, dtype):
+    # An earlier port evaluated CIFAR-10 on tf.image.central_crop(x, 0.5),
+    # i.e. the 16x16 centre; at crop_fraction 1 the view is the whole image.
+    image = np.random.default_rng(12).integers(0, 256, shape).astype(dtype)
+    if dtype == np.float32:
+        image /= 255
+    expected = ((image / 255 if dtype == np.uint8 else image) - np.array(mean)
+                ) / np.array(std)
+    out = augment.center_view(image, shape[0], crop_fraction=1.0, mean=mean,
+                              std=std)
+    np.testing.assert_allclose(out, expected, atol=1e-5)
+
+
+def _np_resize_antialias(x, out_h, out_w):
+    """PIL-style bilinear: triangle filter widened by 1 / scale, renormed."""
+    def matrix(n_in, n_out):
+        scale = n_out / n_in
+        centres = (np.arange(n_out) + 0.5) / scale
+        dist = np.abs(np.arange(n_in) + 0.5 - centres[:, None])
+        m = np.maximum(0, 1 - dist / max(1.0, 1 / scale))
+        return m / m.sum(1, keepdims=True)
+    return np.einsum('hy,yxc,wx->hwc', matrix(x.shape[0], out_h), x,
+                     matrix(x.shape[1], out_w))
+
+
+@pytest.mark.parametrize('shape, size, fraction, resized, top, left', [
+    # No resize: torchvision CenterCrop top/left = int(round(diff / 2)),
+    # with Python's half-to-even rounding: 17 / 2 = 8.5 -> 8.
+    ((40, 56, 3), 40, 1.0, (40, 56), 0, 8),
+    ((40, 57, 3), 40, 1.0, (40, 57), 0, 8),
+    ((59, 40, 3), 40, 1.0, (59, 40), 10, 0),
+    # Shorter side to round(28 / 0.875) = 32, longer int(32 * 96 / 64) = 48.
+    ((64, 96, 3), 28, 0.875, (32, 48), 2, 10),
+    # Upsampling: shorter side 30 -> 50, longer int(50 * 45 / 30) = 75.
+    ((45, 30, 3), 40, 0.8, (75, 50), 18, 5),
+])
+def test_center_view_non_square(shape, size, fraction, resized, top, left):
+    image = _image(shape, seed=13)
+    out = augment.center_view(image, size, crop_fraction=fraction,
+                              mean=augment.IMAGENET_MEAN,
+                              std=augment.IMAGENET_STD)
+    expected = _np_resize_antialias(image, *resized)
+    expected = expected[top:top + size, left:left + size]
+    expected = (expected - np.array(augment.IMAGENET_MEAN)) / np.array(
+        augment.IMAGENET_STD)
+    np.testing.assert_allclose(out, expected, atol=5e-5)
+
+
+@pytest.mark.parametrize('config', [augment.IMAGENET_MULTICROP,
+                                    augment.CIFAR10_MULTICROP])
+def test_multicrop_static_shapes(config):
+    # Input H, W unknown at trace time, as for decoded JPEGs.
+    traced = tf.function(lambda x, s: augment.multicrop_views(x, s, config))
+    global_views, local_views = traced.get_concrete_function(
+        tf.TensorSpec([None, None, 3], tf.uint8),
+        tf.TensorSpec([2], tf.int64)).structured_outputs
+    assert len(global_views) == 2 and len(local_views) == config.num_local
+    for view in global_views:
+        assert view.shape == (config.global_size, config.global_size, 3)
+        assert view.dtype == tf.float32
+    for view in local_views:
+        assert view.shape == (config.local_size, config.local_size, 3)
+        assert view.dtype == tf.float32
+
+
+def test_make_view_grayscale_image():
+    image = np.random.default_rng(14).integers(0, 256, (28, 28, 1), np.uint8)
+    view = augment.make_view(image, _seeds(1)[0], size=24, scale=(0.5, 1.0),
+                             color_strength=0.5, blur_prob=0.5, mean=(0.3,),
+                             std=(0.35,))
+    assert view.shape == (24, 24, 1) and view.dtype == tf.float32
+
+
+def test_multicrop_views_are_independent():
+    global_views, local_views = augment.multicrop_views(
+        _IMAGE, _seeds(1)[0], augment.CIFAR10_MULTICROP)
+    for views in (global_views, local_views):
+        for a, b in itertools.combinations(views, 2):
+            assert not np.allclose(a, b)
+
+
+def test_paper_multicrop_settings():
+    imagenet, cifar = augment.IMAGENET_MULTICROP, augment.CIFAR10_MULTICROP
+    assert (imagenet.global_size, imagenet.global_scale) == (224, (0.14, 1.0))
+    assert (imagenet.local_size, imagenet.local_scale) == (96, (0.05, 0.14))
+    assert (imagenet.num_local, imagenet.color_strength,
+            imagenet.blur_prob) == (6, 1.0, 0.5)
+    assert (cifar.global_size, cifar.global_scale) == (32, (0.75, 1.0))
+    assert (cifar.local_size, cifar.local_scale) == (18, (0.3, 0.75))
+    assert (cifar.num_local, cifar.color_strength, cifar.blur_prob) == (
+        6, 0.5, 0.0)
+    assert cifar.mean == (0.4914, 0.4822, 0.4465)
+
+
+def test_multicrop_gin_bindings():
+    try:
+        gin.parse_config('imagenet_multicrop.num_local = 10\n'
+                         'cifar10_multicrop.global_scale = [0.5, 1.0]\n')
+        assert augment.imagenet_multicrop().num_local == 10
+        cifar = augment.cifar10_multicrop()
+        assert cifar == dataclasses.replace(augment.CIFAR10_MULTICROP,
+                                            global_scale=(0.5, 1.0))
+    finally:
+        gin.clear_config()
+    assert augment.imagenet_multicrop() == augment.IMAGENET_MULTICROP
+
+
+# --- determinism: eager == Dataset.map == tf.function, seeds matter ---
+
+# (name, fn(seed) -> nested tensors, always differs for another seed).
+_RANDOM_OPS = [
+    ('sample_crop_box', lambda s: augment.sample_crop_box(48, 40, s, (0.1, 1)),
+     False),
+    ('random_resized_crop', lambda s: augment.random_resized_crop(
+        _IMAGE, s, 16, (0.1, 1.0)), True),
+    ('color_jitter', lambda s: augment.color_jitter(_FLOAT, s, 1.0), True),
+    ('color_distortion', lambda s: augment.color_distortion(_FLOAT, s), False),
+    ('gaussian_blur', lambda s: augment.gaussian_blur(_FLOAT, s), False),
+    ('random_flip', lambda s: augment.random_flip(_FLOAT, s), False),
+    ('make_view', lambda s: augment.make_view(
+        _IMAGE, s, size=24, scale=(0.2, 1.0), blur_prob=0.5,
+        mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD), True),
+    ('multicrop_views', lambda s: augment.multicrop_views(
+        _IMAGE, s, _SMALL_MULTICROP), True),
+]
+
+
+@pytest.mark.parametrize('name, fn, always_differs', _RANDOM_OPS,
+                         ids=[op[0] for op in _RANDOM_OPS])
+def test_same_seed_same_output_everywhere(name, fn, always_differs):
+    del name
+    seeds = _seeds(6, salt=99)
+    eager = [[np.asarray(t) for t in tf.nest.flatten(fn(s))] for s in seeds]
+    mapped = tf.data.Dataset.from_tensor_slices(seeds).map(fn)
+    traced = tf.function(fn)
+    for seed, expected, from_map in zip(seeds, eager, mapped):
+        for a, b in zip(expected, tf.nest.flatten(from_map)):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(expected, tf.nest.flatten(traced(seed))):
+            np.testing.assert_array_equal(a, b)
+    distinct = {b''.join(t.tobytes() for t in out) for out in eager}
+    if always_differs:
+        assert len(distinct) == len(seeds)
+    else:  # coin flips (p = 0.5) or integer boxes may repeat
+        assert len(distinct) > 1
+    # int32 seeds are accepted and give the same stream as int64 ones.
+    for a, b in zip(eager[0], tf.nest.flatten(fn(seeds[0].astype(np.int32)))):
+        np.testing.assert_array_equal(a, b)
