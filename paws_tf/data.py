@@ -99,10 +99,10 @@ def unlabeled_indices(step, replica_id, *, num_examples, global_batch_size,
     return order[start:start + batch]  # [B]
 
 
-def _check_divisible(value, name, num_replicas, fix):
-    if value % num_replicas:
+def _check_divisible(value, name, divisor, divisor_name, fix):
+    if value % divisor:
         raise ValueError(f'{name}={value} is not divisible by the '
-                         f'{num_replicas} replicas: {fix}.')
+                         f'{divisor} {divisor_name}: {fix}.')
 
 
 def _concat(views):
@@ -186,9 +186,12 @@ def _support(labeled, layout, seed, start_step, first_replica,
             for v in range(layout.support_views)), class_id
 
     rows = sampler.classes_per_replica * sampler.images_per_class
+    # Always in order, even for deterministic=False: the model reads the
+    # class of a support row from its position.
     return (tf.data.Dataset.counter(start_step * local_replicas)
             .flat_map(step_items)
-            .map(views, num_parallel_calls=tf.data.AUTOTUNE)
+            .map(views, num_parallel_calls=tf.data.AUTOTUNE,
+                 deterministic=True)
             .batch(rows, drop_remainder=True))
 
 
@@ -236,7 +239,9 @@ def make_pretrain_dataset_fn(
         support_scale: support crop scale range; default the global one.
         seed: int seed of every random choice.
         start_step: first global step to produce (resume).
-        deterministic: tf.data determinism; False only for throughput runs.
+        deterministic: tf.data determinism of the unlabeled stream; False
+            only for throughput runs (it breaks exact resume). The support
+            stream stays ordered, as its layout is positional.
         prefetch: prefetch depth (elements).
 
     Returns:
@@ -249,7 +254,7 @@ def make_pretrain_dataset_fn(
             `sampling.SupportSampler`), checked here, before training.
     """
     _check_divisible(global_batch_size, 'global_batch_size', num_replicas,
-                     'make it a multiple of the replica count')
+                     'replicas', 'make it a multiple of the replica count')
     if unlabeled.num_examples < global_batch_size:
         raise ValueError(
             f'The unlabeled set has {unlabeled.num_examples} images, fewer '
@@ -284,7 +289,7 @@ def make_pretrain_dataset_fn(
                 f'The input was built for num_replicas={num_replicas} but the '
                 f'strategy has {context.num_replicas_in_sync} replicas.')
         _check_divisible(num_replicas, 'num_replicas',
-                         context.num_input_pipelines,
+                         context.num_input_pipelines, 'input pipelines',
                          'every worker must hold as many replicas')
         local_replicas = num_replicas // context.num_input_pipelines
         first_replica = context.input_pipeline_id * local_replicas

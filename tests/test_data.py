@@ -1,5 +1,6 @@
 """Input pipelines: support sampler, unlabeled stream, distribution, eval."""
 
+import gin
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -100,6 +101,14 @@ def test_pipeline_support_labels_follow_sampler_round_robin():
         _, class_ids = sampler(i // 2, i % 2)
         np.testing.assert_array_equal(element['support_labels'],
                                       np.tile(class_ids.numpy(), 2))
+
+
+def test_support_layout_survives_nondeterministic_runs():
+    pretrain = _build(deterministic=False, images_per_class=4)
+    for element in _elements(pretrain, 8):
+        slots = element['support_labels'].reshape(2, 2, 4)  # [V, K, n]
+        assert (slots == slots[:, :, :1]).all()
+        np.testing.assert_array_equal(slots[0], slots[1])
 
 
 def _assert_same(elements, others):
@@ -214,3 +223,29 @@ def test_eval_dataset_in_order_with_remainder():
                                           image_size=5, **kwargs))
     np.testing.assert_array_equal(
         np.concatenate([labels for _, labels in batches]), [7, 2, 9])
+
+
+def test_builders_take_sizes_from_gin():
+    gin.clear_config()
+    try:
+        gin.parse_config([
+            'make_pretrain_dataset_fn.global_batch_size = 16',
+            'make_pretrain_dataset_fn.classes_per_step = 3',
+            'make_pretrain_dataset_fn.images_per_class = 2',
+            'make_eval_dataset.batch_size = 5',
+            'make_eval_dataset.image_size = 4',
+            'make_eval_dataset.crop_fraction = 1.0',
+            f'make_eval_dataset.mean = {MEAN}',
+            f'make_eval_dataset.std = {STD}',
+        ])
+        source = _source()
+        pretrain = data.make_pretrain_dataset_fn(
+            source, source, num_replicas=1, multicrop=_multicrop())
+        spec = pretrain.dataset_fn(None).element_spec
+        evaluation = data.make_eval_dataset(source)
+    finally:
+        gin.clear_config()
+    assert pretrain.steps_per_epoch == 3
+    assert spec['support_labels'].shape == (6,)
+    assert evaluation.element_spec[0].shape.as_list() == [None, 4, 4, 3]
+
