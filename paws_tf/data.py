@@ -105,8 +105,10 @@ def _check_divisible(value, name, divisor, divisor_name, fix):
                          f'{divisor} {divisor_name}: {fix}.')
 
 
-def _concat(views):
-    return tf.concat(views, axis=0)
+def _concat(views, size, channels):
+    """Stacks per-view batches; pins the static shape the model relies on."""
+    return tf.ensure_shape(tf.concat(views, axis=0),
+                           [None, size, size, channels])
 
 
 def _indexed_unlabeled(source, layout, seed, start_step, first_replica,
@@ -263,6 +265,10 @@ def make_pretrain_dataset_fn(
         raise ValueError(f'support_views must be 1 or 2, got {support_views}.')
     if labeled.labels is None:
         raise ValueError('The labeled source has no labels.')
+    if labeled.channels != unlabeled.channels:
+        raise ValueError(
+            f'The labeled images have {labeled.channels} channels, the '
+            f'unlabeled ones {unlabeled.channels}: decode both to the same.')
     sampler = sampling.SupportSampler(
         labeled.labels,
         classes_per_step=classes_per_step, images_per_class=images_per_class,
@@ -305,10 +311,14 @@ def make_pretrain_dataset_fn(
         def element(views, support):
             (global_views, local_views), (support_views_, class_ids) = (
                 views, support)
-            out = {'global_views': _concat(global_views)}  # [2*B, ...]
+            mc = layout.multicrop
+            out = {'global_views': _concat(  # [2*B, Hg, Wg, C]
+                global_views, mc.global_size, unlabeled.channels)}
             if local_views:
-                out['local_views'] = _concat(local_views)  # [m*B, ...]
-            out['support_views'] = _concat(support_views_)  # [V*K*n, ...]
+                out['local_views'] = _concat(  # [m*B, Hl, Wl, C]
+                    local_views, mc.local_size, unlabeled.channels)
+            out['support_views'] = _concat(  # [V*K*n, Hs, Ws, C]
+                support_views_, layout.support_view_size, labeled.channels)
             out['support_labels'] = tf.tile(  # [V*K*n]
                 tf.cast(class_ids, tf.int32), [layout.support_views])
             return out

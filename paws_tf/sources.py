@@ -81,6 +81,18 @@ class ImageSource:
     """
 
     def __init__(self, store, rows, names, *, labels=None, class_names=()):
+        """Initialises the source; use `from_arrays` or `from_files`.
+
+        Args:
+            store: `_PixelStore` or `_FileStore` holding the images.
+            rows: int [N], the store row of each position.
+            names: N item names.
+            labels: int [N] class ids, or None.
+            class_names: names indexed by class id.
+
+        Raises:
+            ValueError: if names or labels do not match the image count.
+        """
         self._store = store
         self._rows = np.asarray(rows, np.int64)
         self._rows_tensor = None

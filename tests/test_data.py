@@ -52,6 +52,10 @@ def test_pipeline_errors():
         _build(global_batch_size=64)
     with pytest.raises(ValueError, match='labeled set is empty'):
         _build(labeled=_source().subset([]), unlabeled=_source())
+    gray = sources.from_arrays(np.zeros([48, 4, 4], np.uint8))
+    with pytest.raises(ValueError, match='labeled images have 3 channels, '
+                       'the unlabeled ones 1'):
+        _build(unlabeled=gray)
     with pytest.raises(ValueError, match='strategy has 4 replicas'):
         _build().dataset_fn(tf.distribute.InputContext(1, 0, 4))
 
