@@ -1,0 +1,185 @@
+"""Stateless seeds and permutations, and the class-balanced support sampler."""
+
+import numpy as np
+import tensorflow as tf
+
+# Tags that keep the random streams derived from one user seed apart.
+UNLABELED_ORDER = 1
+UNLABELED_VIEWS = 2
+SUPPORT_CLASSES = 3
+SUPPORT_IMAGES = 4
+SUPPORT_VIEWS = 5
+STREAM_VIEWS = 6
+# Listed when classes are too small; longer lists are cut.
+_MAX_LISTED = 5
+
+
+def derive_seed(seed, tag, *data):
+    """Stateless seed for `tf.random.stateless_*` from (seed, tag, *data).
+
+    Args:
+        seed: int, the user's seed.
+        tag: int, one of the stream tags above.
+        *data: int scalars (tensors allowed): step, epoch, index, view...
+
+    Returns:
+        int64 [2].
+    """
+    key = tf.constant([seed, tag], tf.int64)
+    for value in data:
+        key = tf.random.experimental.stateless_fold_in(
+            key, tf.cast(value, tf.int64))
+    return key
+
+
+def permutation(n, key):
+    """A uniform random permutation of range(n) drawn from `key`.
+
+    Argsort of uniform noise rather than `tf.random.experimental.
+    index_shuffle`: in TF 2.21 the latter yields only 256 distinct
+    permutations of 64 or 400 items, whatever the seed.
+
+    Returns:
+        int64 [n].
+    """
+    noise = tf.random.stateless_uniform([n], key)
+    return tf.cast(tf.argsort(noise, stable=True), tf.int64)
+
+
+class SupportSampler:
+    """Class-balanced support indices per (step, replica), PAWS Appendix A.
+
+    Each step draws a permutation of the labeled classes from (seed, step),
+    identical on every worker. With `unique_classes_per_replica`, global
+    replica r takes classes perm[r*K:(r+1)*K] as its slots 0..K-1 (K =
+    classes_per_step / R); otherwise every replica takes perm[0:K] (K =
+    classes_per_step), so slot k is the same class everywhere. A class's n
+    images come from a permutation of its images drawn from (seed, step,
+    class): replica r takes entries [r*n:(r+1)*n] in the shared mode,
+    [0:n] in the disjoint mode. Images are thus unique in the global
+    support batch of a step, and drawn with replacement across steps.
+
+    Attributes:
+        classes_per_step: global number of support classes per step.
+        classes_per_replica: K, class slots per replica.
+        images_per_class: n.
+        num_replicas: R.
+        unique_classes_per_replica: bool.
+        num_labeled: labeled images.
+        num_classes: classes present in the labeled set.
+    """
+
+    def __init__(self, labels, *, classes_per_step, images_per_class,
+                 num_replicas, unique_classes_per_replica, seed,
+                 class_names=()):
+        """Checks the sizes against the labeled set.
+
+        Args:
+            labels: int [M] class id of each labeled image, by position.
+            classes_per_step: global number of support classes per step.
+            images_per_class: n, images per class slot on each replica.
+            num_replicas: R, replicas in sync over all workers.
+            unique_classes_per_replica: disjoint classes across replicas.
+            seed: int.
+            class_names: names indexed by class id, for error messages.
+
+        Raises:
+            ValueError: empty labeled set; too many classes per step; a
+                class with too few images; sizes that do not divide.
+        """
+        labels = np.asarray(labels, np.int64)
+        if labels.size == 0:
+            raise ValueError(
+                'The labeled set is empty: PAWS needs labeled support images. '
+                'Check labels_per_class / the split file of the labeled set.')
+        if classes_per_step < 1 or images_per_class < 1:
+            raise ValueError('classes_per_step and images_per_class must be '
+                             f'>= 1, got {classes_per_step} and '
+                             f'{images_per_class}.')
+        class_ids, counts = np.unique(labels, return_counts=True)
+        if unique_classes_per_replica:
+            if classes_per_step % num_replicas:
+                raise ValueError(
+                    f'classes_per_step={classes_per_step} (global) is not '
+                    f'divisible by the {num_replicas} replicas: with '
+                    'unique_classes_per_replica=True each replica samples '
+                    'classes_per_step / num_replicas classes. Use a multiple '
+                    f'of {num_replicas} or unique_classes_per_replica=False.')
+            per_replica = classes_per_step // num_replicas
+            needed = images_per_class
+        else:
+            per_replica = classes_per_step
+            needed = images_per_class * num_replicas
+        if classes_per_step > len(class_ids):
+            raise ValueError(
+                f'classes_per_step={classes_per_step} (global'
+                + (f' = {per_replica} per replica x {num_replicas} replicas'
+                   if unique_classes_per_replica else '')
+                + f') exceeds the {len(class_ids)} classes of the labeled '
+                f'set: use classes_per_step <= {len(class_ids)}.')
+        small = [(c, k) for c, k in zip(class_ids, counts) if k < needed]
+        if small:
+            names = ', '.join(
+                f'{class_names[c] if c < len(class_names) else c!r} (id {c}) '
+                f'has {k}' for c, k in small[:_MAX_LISTED])
+            raise ValueError(
+                f'{len(small)} class(es) have fewer labeled images than a step '
+                f'draws without replacement ({needed} = images_per_class '
+                f'{images_per_class}'
+                + ('' if unique_classes_per_replica else
+                   f' x {num_replicas} replicas sharing the classes')
+                + f'): {names}. Lower images_per_class, label more images'
+                + ('' if unique_classes_per_replica else
+                   ', or use unique_classes_per_replica=True') + '.')
+        self.classes_per_step = classes_per_step
+        self.classes_per_replica = per_replica
+        self.images_per_class = images_per_class
+        self.num_replicas = num_replicas
+        self.unique_classes_per_replica = unique_classes_per_replica
+        self.num_labeled = len(labels)
+        self.num_classes = len(class_ids)
+        self._seed = seed
+        # Row c: positions of class_ids[c]'s images, padded with -1.
+        table = np.full([len(class_ids), counts.max()], -1, np.int64)
+        for row, class_id in enumerate(class_ids):
+            members = np.flatnonzero(labels == class_id)
+            table[row, :len(members)] = members
+        self._arrays = (table, counts, class_ids.astype(np.int32))
+        self._tensors = None
+
+    def __call__(self, step, replica_id):
+        """Support positions of one replica at one step.
+
+        Args:
+            step: int scalar (tensor allowed), global step.
+            replica_id: int scalar (tensor allowed), global replica id.
+
+        Returns:
+            `(positions, class_ids)`: int64 [K*n] positions in the labeled
+            source and their int32 [K*n] class ids, class-major (rows
+            k*n:(k+1)*n belong to slot k).
+        """
+        if self._tensors is None:
+            with tf.init_scope(), tf.device('CPU:0'):
+                self._tensors = tuple(tf.constant(a) for a in self._arrays)
+        table, counts, class_ids = self._tensors
+        k, n = self.classes_per_replica, self.images_per_class
+        step = tf.cast(step, tf.int64)
+        replica_id = tf.cast(replica_id, tf.int64)
+        classes = permutation(self.num_classes, derive_seed(
+            self._seed, SUPPORT_CLASSES, step))
+        first_slot = replica_id * k if self.unique_classes_per_replica else 0
+        slots = classes[first_slot:first_slot + k]  # [K] rows of the table
+        # One draw over all classes from (seed, step): row c is class c's
+        # permutation, identical on every replica.
+        noise = tf.random.stateless_uniform(
+            tf.shape(table), derive_seed(self._seed, SUPPORT_IMAGES, step))
+        noise = tf.gather(noise, slots)  # [K, max_count]
+        valid = (tf.range(tf.shape(table, out_type=tf.int64)[1])[None, :]
+                 < tf.cast(tf.gather(counts, slots), tf.int64)[:, None])
+        order = tf.argsort(tf.where(valid, noise, 2.0), axis=1, stable=True)
+        first_image = 0 if self.unique_classes_per_replica else replica_id * n
+        order = order[:, first_image:first_image + n]  # [K, n]
+        positions = tf.gather(tf.gather(table, slots), order, batch_dims=1)
+        return (tf.reshape(positions, [k * n]),
+                tf.repeat(tf.gather(class_ids, slots), n))

@@ -1,0 +1,429 @@
+"""Image sources: uint8 images and labels, by position or as a stream."""
+
+import gzip
+import os
+import pathlib
+
+import gin
+import numpy as np
+import tensorflow as tf
+
+IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif')
+# The file in `record_dir` that records which images a run used as labeled.
+SPLIT_FILENAME = 'labeled_split.txt'
+FASHION_MNIST_CLASS_NAMES = (
+    'T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt',
+    'Sneaker', 'Bag', 'Ankle boot')
+_IDX_UBYTE = 0x08  # The only IDX element type MNIST-style files use.
+
+
+def _eager_constant(array, dtype):
+    """Builds a CPU tensor outside any trace, so graphs capture it by handle.
+
+    A NumPy array captured by a `Dataset.map` function would be embedded in
+    the graph as a constant (150 MB for CIFAR-10); an eager tensor is not.
+    """
+    with tf.init_scope(), tf.device('CPU:0'):
+        return tf.constant(array, dtype)
+
+
+def decode_image(encoded, channels):
+    """Decodes JPEG/PNG/BMP/GIF bytes to uint8 [H, W, channels].
+
+    Grayscale and RGBA files are converted to `channels`; a GIF gives its
+    first frame.
+    """
+    image = tf.io.decode_image(encoded, channels=channels,
+                               expand_animations=False)
+    image.set_shape([None, None, channels])
+    return image
+
+
+class _PixelStore:
+    """Decoded uint8 images [N, H, W, C] held in memory."""
+
+    def __init__(self, images):
+        self.channels = images.shape[-1]
+        self._images = images
+        self._tensor = None
+
+    def read(self, row):
+        if self._tensor is None:
+            self._tensor = _eager_constant(self._images, tf.uint8)
+        return tf.gather(self._tensor, row)  # [H, W, C]
+
+
+class _FileStore:
+    """Encoded image files read by path, decoded to `channels`."""
+
+    def __init__(self, paths, channels):
+        self.channels = channels
+        self._paths = paths
+        self._tensor = None
+
+    def read(self, row):
+        if self._tensor is None:
+            self._tensor = _eager_constant(self._paths, tf.string)
+        encoded = tf.io.read_file(tf.gather(self._tensor, row))
+        return decode_image(encoded, self.channels)  # [H, W, C]
+
+
+class ImageSource:
+    """Images addressable by position, with optional integer class labels.
+
+    Attributes:
+        labels: int32 [N] class ids, or None for an unlabeled source.
+        class_names: tuple of str indexed by class id (empty if unlabeled).
+        names: tuple of N str, each item's identity in split files: a path
+            relative to the folder root, a TFDS file name, or the item's
+            index in its dataset's canonical order.
+        channels: int, channel count of every image.
+    """
+
+    def __init__(self, store, rows, names, *, labels=None, class_names=()):
+        """Initialises the source; use `from_arrays` or `from_files`.
+
+        Args:
+            store: `_PixelStore` or `_FileStore` holding the images.
+            rows: int [N], the store row of each position.
+            names: N item names.
+            labels: int [N] class ids, or None.
+            class_names: names indexed by class id.
+
+        Raises:
+            ValueError: if names or labels do not match the image count.
+        """
+        self._store = store
+        self._rows = np.asarray(rows, np.int64)
+        self._rows_tensor = None
+        self.names = tuple(names)
+        self.labels = None if labels is None else np.asarray(labels, np.int32)
+        self.class_names = tuple(class_names)
+        self.channels = store.channels
+        num_labels = len(self._rows) if labels is None else len(self.labels)
+        if len(self.names) != len(self._rows) or num_labels != len(self._rows):
+            raise ValueError(
+                f'{len(self._rows)} images but {len(self.names)} names and '
+                f'{num_labels} labels.')
+
+    @property
+    def num_examples(self):
+        return len(self._rows)
+
+    def read(self, position):
+        """Returns image `position` (an int tensor) as uint8 [H, W, C].
+
+        Traceable: call it inside `tf.data.Dataset.map`.
+        """
+        if self._rows_tensor is None:
+            self._rows_tensor = _eager_constant(self._rows, tf.int64)
+        return self._store.read(tf.gather(self._rows_tensor, position))
+
+    def subset(self, positions):
+        """Returns the images at `positions` (int array) as a new source."""
+        positions = np.asarray(positions, np.int64)
+        return ImageSource(
+            self._store, self._rows[positions],
+            [self.names[p] for p in positions],
+            labels=None if self.labels is None else self.labels[positions],
+            class_names=self.class_names)
+
+    def ordered_dataset(self):
+        """Returns `(uint8 [H, W, C], int32 label)` pairs in source order.
+
+        Raises:
+            ValueError: if the source has no labels.
+        """
+        if self.labels is None:
+            raise ValueError('This source has no labels to evaluate against.')
+        labels = tf.data.Dataset.from_tensor_slices(self.labels)
+        positions = tf.data.Dataset.range(self.num_examples)
+        return tf.data.Dataset.zip((positions, labels)).map(
+            lambda position, label: (self.read(position), label),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+class StreamSource:
+    """Images readable only in sequence, e.g. ImageNet's 1.28M from TFDS.
+
+    Items stay encoded until `decode`, so a shuffle buffer holds bytes.
+
+    Attributes:
+        num_examples: int, items in one pass.
+        channels: int, channel count after decoding.
+        class_names: tuple of str indexed by class id.
+        shuffle_buffer: int, items in the seeded shuffle buffer.
+    """
+
+    def __init__(self, open_fn, *, num_examples, channels, class_names,
+                 shuffle_buffer):
+        """Initialises the source.
+
+        Args:
+            open_fn: callable `(shuffle_seed, input_context) -> Dataset` of
+                `(encoded string, int32 label)` making one pass. With
+                `shuffle_seed=None`: every item in source order; otherwise
+                the shard of `input_context` (may be None) with its file
+                order shuffled by `shuffle_seed` (reshuffled every pass).
+            num_examples: items in one pass.
+            channels: channel count after decoding.
+            class_names: class names indexed by class id.
+            shuffle_buffer: size of the seeded shuffle buffer.
+        """
+        self._open_fn = open_fn
+        self.num_examples = num_examples
+        self.channels = channels
+        self.class_names = tuple(class_names)
+        self.shuffle_buffer = shuffle_buffer
+
+    def decode(self, encoded):
+        """Decodes one item to uint8 [H, W, C]."""
+        return decode_image(encoded, self.channels)
+
+    def shuffled_dataset(self, seed, input_context=None):
+        """Returns an endless, seeded shuffle of `(encoded, label)` items."""
+        dataset = self._open_fn(seed, input_context)
+        return dataset.shuffle(self.shuffle_buffer, seed=seed,
+                               reshuffle_each_iteration=True).repeat()
+
+    def ordered_dataset(self):
+        """Returns `(uint8 [H, W, C], int32 label)` pairs in source order."""
+        return self._open_fn(None, None).map(
+            lambda encoded, label: (self.decode(encoded), label),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def from_arrays(images, labels=None, class_names=None):
+    """Wraps in-memory images as a source; names are the indices.
+
+    Args:
+        images: uint8 [N, H, W, C] or [N, H, W] (one channel).
+        labels: int [N] class ids, or None.
+        class_names: names indexed by class id; default `'0'`, `'1'`, ...
+
+    Returns:
+        An `ImageSource`.
+    """
+    images = np.asarray(images)
+    if images.dtype != np.uint8 or images.ndim not in (3, 4):
+        raise ValueError('images must be uint8 [N, H, W, C] or [N, H, W]; got '
+                         f'{images.dtype} {images.shape}.')
+    if images.ndim == 3:
+        images = images[..., None]
+    if labels is not None and class_names is None:
+        num_classes = int(np.max(labels)) + 1 if len(labels) else 0
+        class_names = [str(c) for c in range(num_classes)]
+    return ImageSource(_PixelStore(images), np.arange(len(images)),
+                       [str(i) for i in range(len(images))], labels=labels,
+                       class_names=class_names or ())
+
+
+def from_files(paths, names, *, labels=None, class_names=(), channels=3):
+    """Wraps image files as a source, decoded to `channels` on read.
+
+    Args:
+        paths: N file paths (JPEG, PNG, BMP or GIF; the format is sniffed).
+        names: N item names for split files.
+        labels: int [N] class ids, or None.
+        class_names: names indexed by class id.
+        channels: channels to decode to.
+
+    Returns:
+        An `ImageSource`.
+    """
+    store = _FileStore(np.array(paths, object), channels)
+    return ImageSource(store, np.arange(len(paths)), names, labels=labels,
+                       class_names=class_names)
+
+
+def read_idx(path):
+    """Reads an IDX file (MNIST format, gzipped or not) into a uint8 array.
+
+    Raises:
+        ValueError: on a bad magic number or a size that does not match.
+    """
+    opener = gzip.open if str(path).endswith('.gz') else open
+    with opener(path, 'rb') as f:
+        data = f.read()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != _IDX_UBYTE:
+        raise ValueError(
+            f'{path}: bad IDX magic number {data[:4].hex()}; expected '
+            '0000 08 NN (unsigned bytes, NN dimensions). Is it an MNIST-style '
+            'file (and gzipped only if the name ends in .gz)?')
+    ndim = data[3]
+    shape = tuple(int(d) for d in np.frombuffer(data, '>u4', ndim, offset=4))
+    offset = 4 + 4 * ndim
+    if len(data) - offset != int(np.prod(shape)):
+        raise ValueError(f'{path}: header says shape {shape} '
+                         f'({int(np.prod(shape))} bytes) but the file holds '
+                         f'{len(data) - offset} bytes of data.')
+    return np.frombuffer(data, np.uint8, offset=offset).reshape(shape)
+
+
+@gin.configurable
+def load_idx(images_path, labels_path=None, class_names=None):
+    """Loads MNIST-style IDX files, e.g. Fashion-MNIST's, into memory.
+
+    Args:
+        images_path: IDX file of uint8 [N, H, W] images (`.gz` allowed).
+        labels_path: IDX file of uint8 [N] labels, or None (unlabeled).
+        class_names: names indexed by class id; default `'0'`, `'1'`, ...
+
+    Returns:
+        An `ImageSource` of one-channel images.
+
+    Raises:
+        ValueError: on malformed files or different image and label counts.
+    """
+    images = read_idx(images_path)
+    labels = None if labels_path is None else read_idx(labels_path)
+    if images.ndim != 3:
+        raise ValueError(f'{images_path}: expected [N, H, W] images, got '
+                         f'shape {images.shape}.')
+    if labels is not None and labels.shape != images.shape[:1]:
+        raise ValueError(f'{labels_path} holds labels of shape {labels.shape} '
+                         f'but {images_path} holds {len(images)} images.')
+    return from_arrays(images, labels, class_names)
+
+
+def _image_files(directory):
+    """Sorted image files under `directory`, recursively."""
+    return sorted(p for p in pathlib.Path(directory).rglob('*')
+                  if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+
+
+@gin.configurable
+def image_folder(root, *, labeled=True, channels=3):
+    """Lists the image files under `root` (decoded on read).
+
+    Args:
+        root: folder. Labeled: `root/<class_name>/**/*.{jpg,png,...}` with
+            class ids given by sorted class name. Unlabeled: every image
+            under `root`, recursively.
+        labeled: whether subfolders are classes.
+        channels: channels to decode to (grayscale/RGBA files converted).
+
+    Returns:
+        An `ImageSource` whose names are paths relative to `root`.
+
+    Raises:
+        ValueError: if `root` holds no images (or no class folders).
+    """
+    root = pathlib.Path(root)
+    if not root.is_dir():
+        raise ValueError(f'Image folder {root} does not exist.')
+    if labeled:
+        class_names = sorted(d.name for d in root.iterdir() if d.is_dir())
+        files, labels = [], []
+        for class_id, name in enumerate(class_names):
+            class_files = _image_files(root / name)
+            files += class_files
+            labels += [class_id] * len(class_files)
+    else:
+        class_names, files, labels = [], _image_files(root), None
+    if not files:
+        raise ValueError(
+            f'No {"/".join(IMAGE_EXTENSIONS)} images under {root}' +
+            (' in class subfolders.' if labeled else '.'))
+    return from_files([str(p) for p in files],
+                      [p.relative_to(root).as_posix() for p in files],
+                      labels=labels, class_names=class_names,
+                      channels=channels)
+
+
+def read_split_file(path):
+    """Reads item names, one per line; blank and `#` lines are skipped."""
+    with open(path) as f:
+        lines = (line.strip() for line in f)
+        return [line for line in lines if line and not line.startswith('#')]
+
+
+def _write_split_file(path, names, header):
+    tmp = f'{path}.tmp{os.getpid()}'
+    with open(tmp, 'w') as f:
+        f.write(f'# {header}\n' + ''.join(f'{name}\n' for name in names))
+    os.replace(tmp, path)
+
+
+def _positions_of(source, names, split_file):
+    position = {name: i for i, name in enumerate(source.names)}
+    unknown = [name for name in names if name not in position]
+    if unknown:
+        raise ValueError(
+            f'{split_file}: {len(unknown)} names are not in the source, e.g. '
+            f'{unknown[:3]} (source names look like {list(source.names[:3])}).')
+    if len(set(names)) != len(names):
+        raise ValueError(f'{split_file} lists some images more than once.')
+    return np.array([position[name] for name in names], np.int64)
+
+
+def _sample_per_class(source, labels_per_class, fraction, seed):
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for class_id, class_name in enumerate(source.class_names):
+        members = np.flatnonzero(source.labels == class_id)
+        count = (labels_per_class if labels_per_class is not None
+                 else int(round(fraction * len(members))))
+        if count > len(members):
+            raise ValueError(
+                f'Class {class_name!r} (id {class_id}) has {len(members)} '
+                f'images, fewer than labels_per_class={count}: lower it.')
+        # Without replacement: an earlier TF port drew duplicates here.
+        chosen.append(rng.choice(members, size=count, replace=False))
+    return np.sort(np.concatenate(chosen)) if chosen else np.zeros([0], int)
+
+
+@gin.configurable(denylist=['source'])
+def select_labeled(source, *, labels_per_class=None, fraction=None, seed=0,
+                   split_file=None, record_dir=None,
+                   include_labeled_in_unlabeled=True):
+    """Splits a labeled source into the labeled subset and the unlabeled set.
+
+    Give exactly one of `labels_per_class`, `fraction` or `split_file`.
+
+    Args:
+        source: `ImageSource` with labels.
+        labels_per_class: images drawn per class without replacement
+            (CIFAR-10 with 4000 labels: 400).
+        fraction: share of each class drawn (rounded per class).
+        seed: seed of the draw.
+        split_file: text file of item names, one per line (paths relative
+            to the folder root, or indices for array and TFDS sources:
+            suncet's `cifar10_subsets/*.txt` work as they are).
+        record_dir: if set, the chosen names are written to
+            `record_dir/SPLIT_FILENAME`, so that the run records its split.
+        include_labeled_in_unlabeled: keep the labeled images in the
+            unlabeled set (paper footnote 1: they may overlap).
+
+    Returns:
+        `(labeled, unlabeled)` `ImageSource`s, both in source order.
+
+    Raises:
+        ValueError: if the arguments conflict, a class is too small, or the
+            split file names unknown or repeated images.
+    """
+    if sum(x is not None for x in (labels_per_class, fraction,
+                                   split_file)) != 1:
+        raise ValueError('Give exactly one of labels_per_class, fraction and '
+                         'split_file.')
+    if source.labels is None:
+        raise ValueError('select_labeled needs a source with labels.')
+    if split_file is not None:
+        positions = np.sort(_positions_of(
+            source, read_split_file(split_file), split_file))
+        how = f'from {split_file}'
+    else:
+        positions = _sample_per_class(source, labels_per_class, fraction, seed)
+        how = (f'{labels_per_class} per class' if fraction is None
+               else f'fraction {fraction} per class') + f', seed {seed}'
+    if record_dir is not None:
+        os.makedirs(record_dir, exist_ok=True)
+        _write_split_file(
+            os.path.join(record_dir, SPLIT_FILENAME),
+            [source.names[p] for p in positions],
+            f'{len(positions)} labeled of {source.num_examples} ({how})')
+    labeled = source.subset(positions)
+    if include_labeled_in_unlabeled:
+        return labeled, source
+    rest = np.setdiff1d(np.arange(source.num_examples), positions)
+    return labeled, source.subset(rest)

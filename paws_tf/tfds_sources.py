@@ -1,0 +1,197 @@
+"""TFDS datasets as sources: small ones in memory, ImageNet streamed."""
+
+import os
+import re
+
+import gin
+import numpy as np
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from paws_tf import sources
+
+IMAGENET_SUBSETS = ('1pct', '10pct')
+_MANIFEST = 'manifest.tsv'
+_LOAD_CHUNK = 4096  # images per batch when loading a dataset into memory
+
+
+def _canonical_order(ids, split):
+    """Order that sorts TFDS ids like 'train_00042' by their number, or None.
+
+    TFDS stores CIFAR shuffled; its `id` feature keeps each image's index in
+    the original binary files (torchvision's order), so after sorting, index
+    i is the same image as in suncet's split files.
+    """
+    if ids is None:
+        return None
+    numbers = []
+    for item in ids:
+        match = re.fullmatch(rf'{split}_(\d+)', item.decode())
+        if match is None:
+            return None
+        numbers.append(int(match.group(1)))
+    numbers = np.array(numbers)
+    if not np.array_equal(np.sort(numbers), np.arange(len(numbers))):
+        return None
+    return np.argsort(numbers)
+
+
+@gin.configurable
+def load_tfds(name, *, split='train', data_dir=None, download=True):
+    """Loads a small TFDS image dataset (cifar10, fashion_mnist) into memory.
+
+    CIFAR images are put back in their original order (see
+    `_canonical_order`); other datasets keep TFDS's order. Names are the
+    indices in that order.
+
+    Args:
+        name: TFDS name, e.g. `'cifar10'` or `'fashion_mnist'`.
+        split: TFDS split.
+        data_dir: TFDS data directory (None: TFDS default).
+        download: let TFDS download and prepare the dataset if missing.
+
+    Returns:
+        An `ImageSource` of uint8 images with labels and class names.
+    """
+    dataset, info = tfds.load(name, split=split, data_dir=data_dir,
+                              download=download, with_info=True)
+    # Chunks rather than batch_size=-1, which aborts under tfds.testing.
+    chunks = list(tfds.as_numpy(dataset.batch(_LOAD_CHUNK)))
+    data = {key: np.concatenate([chunk[key] for chunk in chunks])
+            for key in chunks[0]}
+    images, labels = data['image'], data['label']
+    order = _canonical_order(data.get('id'), split)
+    if order is not None:
+        images, labels = images[order], labels[order]
+    return sources.from_arrays(images, labels,
+                               info.features['label'].names)
+
+
+def _open_tfds(name, split, data_dir, shuffle_seed, input_context):
+    """One pass over a TFDS split, images left encoded, as dicts."""
+    read_config = tfds.ReadConfig(
+        shuffle_seed=shuffle_seed, input_context=input_context,
+        shuffle_reshuffle_each_iteration=True)
+    return tfds.load(name, split=split, data_dir=data_dir,
+                     shuffle_files=shuffle_seed is not None,
+                     read_config=read_config, download=False,
+                     decoders={'image': tfds.decode.SkipDecoding()})
+
+
+@gin.configurable
+def tfds_stream(name, *, split='train', data_dir=None, channels=3,
+                shuffle_buffer=10_000, exclude_file_names=()):
+    """Streams a large TFDS split (e.g. `imagenet2012`), decoding on use.
+
+    Resume is epoch-granular, not exact: a pipeline built with `start_step`
+    starts a fresh seeded pass instead of replaying the rest of the
+    interrupted epoch image for image (TFDS can only skip by reading).
+
+    Args:
+        name: TFDS name.
+        split: TFDS split.
+        data_dir: TFDS data directory (None: TFDS default).
+        channels: channels to decode to.
+        shuffle_buffer: encoded items in the seeded shuffle buffer.
+        exclude_file_names: `file_name`s to leave out (the labeled subset,
+            when it must not appear in the unlabeled stream).
+
+    Returns:
+        A `StreamSource`.
+    """
+    info = tfds.builder(name, data_dir=data_dir).info
+    num_examples = int(_open_tfds(name, split, data_dir, None,
+                                  None).cardinality())
+    excluded = None
+    if exclude_file_names:
+        keys = tf.constant(sorted(set(exclude_file_names)))
+        excluded = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(
+                keys, tf.ones_like(keys, tf.int32)),
+            default_value=0)
+        num_examples -= len(set(exclude_file_names))
+
+    def open_fn(shuffle_seed, input_context):
+        dataset = _open_tfds(name, split, data_dir, shuffle_seed,
+                             input_context)
+        if excluded is not None:
+            dataset = dataset.filter(
+                lambda ex: excluded.lookup(ex['file_name']) == 0)
+        return dataset.map(
+            lambda ex: (ex['image'], tf.cast(ex['label'], tf.int32)))
+
+    return sources.StreamSource(
+        open_fn, num_examples=num_examples, channels=channels,
+        class_names=info.features['label'].names,
+        shuffle_buffer=shuffle_buffer)
+
+
+def _cache_imagenet_subset(subset, cache_dir, data_dir):
+    """Writes the subset's JPEG bytes as files once; returns the manifest."""
+    folder = os.path.join(cache_dir, f'imagenet2012_subset_{subset}')
+    manifest = os.path.join(folder, _MANIFEST)
+    if not os.path.exists(manifest):
+        os.makedirs(os.path.join(folder, 'images'), exist_ok=True)
+        rows = []
+        dataset = _open_tfds(f'imagenet2012_subset/{subset}', 'train',
+                             data_dir, None, None)
+        for i, example in enumerate(tfds.as_numpy(dataset)):
+            # decode_image sniffs the format; the extension is a label only.
+            path = os.path.join('images', f'{i:07d}.jpeg')
+            with open(os.path.join(folder, path), 'wb') as f:
+                f.write(example['image'])
+            rows.append(f'{path}\t{example["label"]}\t'
+                        f'{example["file_name"].decode()}\n')
+        # Written last and renamed, so a complete manifest means a complete
+        # cache; concurrent writers produce identical files.
+        tmp = f'{manifest}.tmp{os.getpid()}'
+        with open(tmp, 'w') as f:
+            f.writelines(rows)
+        os.replace(tmp, manifest)
+    with open(manifest) as f:
+        rows = [line.rstrip('\n').split('\t') for line in f]
+    return folder, rows
+
+
+@gin.configurable
+def imagenet_sources(*, labeled_subset='10pct', cache_dir=gin.REQUIRED,
+                     data_dir=None, include_labeled_in_unlabeled=True,
+                     shuffle_buffer=10_000):
+    """ImageNet: a SimCLR labeled subset and the streamed training set.
+
+    The labeled subset must be random-access for class-balanced support
+    sampling, but 10pct is 128k JPEGs (~14 GB): too much to keep in memory
+    on every worker. Its encoded bytes are therefore written once into
+    `cache_dir` as files and read by path, like an image folder (one
+    uniform code path for 1pct and 10pct; the OS page cache keeps the hot
+    files in memory). The 1.28M unlabeled images are streamed from TFDS.
+
+    Args:
+        labeled_subset: `'1pct'` or `'10pct'` (`imagenet2012_subset`,
+            images identified by `file_name`).
+        cache_dir: directory for the materialised labeled subset.
+        data_dir: TFDS data directory (None: TFDS default).
+        include_labeled_in_unlabeled: keep the labeled images in the
+            unlabeled stream (paper footnote 1).
+        shuffle_buffer: encoded images in the unlabeled shuffle buffer.
+
+    Returns:
+        `(labeled ImageSource, unlabeled StreamSource)`.
+
+    Raises:
+        ValueError: for an unknown `labeled_subset`.
+    """
+    if labeled_subset not in IMAGENET_SUBSETS:
+        raise ValueError(f'labeled_subset must be one of {IMAGENET_SUBSETS}, '
+                         f'got {labeled_subset!r}.')
+    folder, rows = _cache_imagenet_subset(labeled_subset, cache_dir, data_dir)
+    file_names = [row[2] for row in rows]
+    unlabeled = tfds_stream(
+        'imagenet2012', split='train', data_dir=data_dir, channels=3,
+        shuffle_buffer=shuffle_buffer,
+        exclude_file_names=() if include_labeled_in_unlabeled else file_names)
+    labeled = sources.from_files(
+        [os.path.join(folder, row[0]) for row in rows], file_names,
+        labels=[int(row[1]) for row in rows],
+        class_names=unlabeled.class_names, channels=3)
+    return labeled, unlabeled

@@ -1,0 +1,255 @@
+"""Input pipelines: support sampler, unlabeled stream, distribution, eval."""
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from paws_tf import augment
+from paws_tf import data
+from paws_tf import sampling
+from paws_tf import sources
+from paws_tf import tfds_sources
+
+MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+
+
+def _multicrop(num_local=2):
+    return augment.MultiCropConfig(
+        global_size=12, global_scale=(0.5, 1.0), local_size=6,
+        local_scale=(0.2, 0.5), num_local=num_local, color_strength=0.5,
+        blur_prob=0.5, mean=MEAN, std=STD)
+
+
+def _source(num_images=48, num_classes=6, seed=0):
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, [num_images, 16, 16, 3], np.uint8)
+    return sources.from_arrays(images, np.arange(num_images) % num_classes)
+
+
+def _build(num_replicas=2, unlabeled=None, labeled=None, **kwargs):
+    kwargs = {'global_batch_size': 8, 'classes_per_step': 2,
+              'images_per_class': 3, 'multicrop': _multicrop(),
+              'support_views': 2, **kwargs}
+    labeled = labeled or _source()
+    return data.make_pretrain_dataset_fn(
+        unlabeled or labeled, labeled, num_replicas=num_replicas, **kwargs)
+
+
+def _elements(pretrain, count, pipelines=1, pipeline_id=0, replicas=2):
+    context = tf.distribute.InputContext(pipelines, pipeline_id, replicas)
+    dataset = pretrain.dataset_fn(context).take(count)
+    return [{k: v.numpy() for k, v in element.items()} for element in dataset]
+
+
+def test_pipeline_errors():
+    with pytest.raises(ValueError, match='global_batch_size=9 is not '
+                       'divisible by the 2 replicas'):
+        _build(global_batch_size=9)
+    with pytest.raises(ValueError, match='48 images, fewer than '
+                       'global_batch_size=64'):
+        _build(global_batch_size=64)
+    with pytest.raises(ValueError, match='labeled set is empty'):
+        _build(labeled=_source().subset([]), unlabeled=_source())
+    gray = sources.from_arrays(np.zeros([48, 4, 4], np.uint8))
+    with pytest.raises(ValueError, match='labeled images have 3 channels, '
+                       'the unlabeled ones 1'):
+        _build(unlabeled=gray)
+    with pytest.raises(ValueError, match='strategy has 4 replicas'):
+        _build().dataset_fn(tf.distribute.InputContext(1, 0, 4))
+
+
+def test_unlabeled_indices_partition_epochs_and_ignore_replica_count():
+    kwargs = {'num_examples': 50, 'global_batch_size': 8, 'seed': 3}
+    for epoch in range(2):
+        steps = range(epoch * 6, epoch * 6 + 6)  # 50 // 8 = 6 steps/epoch
+        whole = [data.unlabeled_indices(s, 0, num_replicas=1,
+                                        **kwargs).numpy() for s in steps]
+        assert len(set(np.concatenate(whole))) == 48
+        for s, expected in zip(steps, whole):
+            split = [data.unlabeled_indices(s, r, num_replicas=4,
+                                            **kwargs).numpy()
+                     for r in range(4)]
+            np.testing.assert_array_equal(np.concatenate(split), expected)
+    first = data.unlabeled_indices(0, 0, num_replicas=1, **kwargs).numpy()
+    later = data.unlabeled_indices(6, 0, num_replicas=1, **kwargs).numpy()
+    assert (first != later).any()  # each epoch is reshuffled
+
+
+def test_element_spec_and_summary():
+    pretrain = _build(unique_classes_per_replica=True)
+    spec = pretrain.dataset_fn(None).element_spec
+    assert spec == {
+        'global_views': tf.TensorSpec([8, 12, 12, 3], tf.float32),
+        'local_views': tf.TensorSpec([8, 6, 6, 3], tf.float32),
+        'support_views': tf.TensorSpec([6, 12, 12, 3], tf.float32),
+        'support_labels': tf.TensorSpec([6], tf.int32)}
+    assert pretrain.steps_per_epoch == 6
+    assert '2 label columns' in pretrain.summary
+    assert '1 classes x 3 images x 2 view(s)' in pretrain.summary
+    no_local = _build(multicrop=_multicrop(num_local=0), support_views=1,
+                      support_view_size=8)
+    spec = no_local.dataset_fn(None).element_spec
+    assert 'local_views' not in spec
+    assert spec['support_views'].shape == (6, 8, 8, 3)
+
+
+def test_pipeline_support_labels_follow_sampler_round_robin():
+    pretrain = _build(unique_classes_per_replica=True, classes_per_step=4,
+                      images_per_class=2)
+    sampler = sampling.SupportSampler(
+        np.arange(48) % 6, classes_per_step=4, images_per_class=2,
+        num_replicas=2, unique_classes_per_replica=True, seed=0)
+    for i, element in enumerate(_elements(pretrain, 6)):
+        _, class_ids = sampler(i // 2, i % 2)
+        np.testing.assert_array_equal(element['support_labels'],
+                                      np.tile(class_ids.numpy(), 2))
+
+
+def test_support_layout_survives_nondeterministic_runs():
+    pretrain = _build(deterministic=False, images_per_class=4)
+    for element in _elements(pretrain, 8):
+        slots = element['support_labels'].reshape(2, 2, 4)  # [V, K, n]
+        assert (slots == slots[:, :, :1]).all()
+        np.testing.assert_array_equal(slots[0], slots[1])
+
+
+def _assert_same(elements, others):
+    assert len(elements) == len(others)
+    for element, other in zip(elements, others):
+        assert element.keys() == other.keys()
+        for key in element:
+            np.testing.assert_array_equal(element[key], other[key])
+
+
+def test_same_seed_same_stream_other_seed_differs():
+    first, again = _elements(_build(), 4), _elements(_build(), 4)
+    _assert_same(first, again)
+    other = _elements(_build(seed=1), 4)
+    for key in ('global_views', 'local_views', 'support_views'):
+        assert not np.array_equal(first[0][key], other[0][key])
+
+
+def test_start_step_resumes_exactly_across_an_epoch_boundary():
+    # 48 images / 8 = 6 steps per epoch; steps 4..7 cross into epoch 1.
+    whole = _elements(_build(), 16)
+    resumed = _elements(_build(start_step=4), 8)
+    _assert_same(resumed, whole[8:])
+
+
+def _global_batch(elements, step, replicas):
+    """Step's global views as [2, G, ...] from its per-replica elements."""
+    parts = [elements[step * replicas + r]['global_views']
+             for r in range(replicas)]
+    return np.concatenate([np.stack(np.split(p, 2)) for p in parts], axis=1)
+
+
+def test_global_unlabeled_batch_is_replica_count_invariant():
+    one = _elements(_build(num_replicas=1, classes_per_step=2), 3, replicas=1)
+    two = _elements(_build(num_replicas=2), 6)
+    four = _elements(_build(num_replicas=4, images_per_class=2), 12,
+                     replicas=4)
+    for step in range(3):
+        expected = _global_batch(one, step, 1)
+        np.testing.assert_array_equal(_global_batch(two, step, 2), expected)
+        np.testing.assert_array_equal(_global_batch(four, step, 4), expected)
+
+
+def test_each_pipeline_serves_its_own_replicas():
+    pretrain = _build(num_replicas=4, unique_classes_per_replica=True,
+                      classes_per_step=4, images_per_class=2)
+    single = _elements(pretrain, 8, replicas=4)
+    second = _elements(pretrain, 4, pipelines=2, pipeline_id=1, replicas=4)
+    _assert_same(second, [single[i] for i in (2, 3, 6, 7)])
+
+
+def test_mirrored_strategy_hands_elements_round_robin():
+    strategy = tf.distribute.MirroredStrategy(['CPU:0', 'CPU:1'])
+    pretrain = _build(unique_classes_per_replica=True, classes_per_step=4,
+                      images_per_class=2)
+    expected = _elements(pretrain, 6)
+    iterator = iter(strategy.distribute_datasets_from_function(
+        pretrain.dataset_fn))
+
+    @tf.function
+    def step(batch):
+        return strategy.run(
+            lambda x: (x['support_labels'], x['global_views']), args=(batch,))
+
+    for s in range(3):
+        labels, views = step(next(iterator))
+        labels = strategy.experimental_local_results(labels)
+        views = strategy.experimental_local_results(views)
+        for replica in range(2):
+            element = expected[2 * s + replica]
+            np.testing.assert_array_equal(labels[replica],
+                                          element['support_labels'])
+            np.testing.assert_array_equal(views[replica],
+                                          element['global_views'])
+
+
+def test_streamed_unlabeled_source(tmp_path):
+    data_dir = str(tmp_path / 'tfds')
+    with tfds.testing.mock_data(num_examples=20, data_dir=data_dir):
+        labeled, unlabeled = tfds_sources.imagenet_sources(
+            labeled_subset='1pct', cache_dir=str(tmp_path / 'cache'),
+            data_dir=data_dir, shuffle_buffer=8)
+        pretrain = data.make_pretrain_dataset_fn(
+            unlabeled, labeled, num_replicas=2, global_batch_size=4,
+            classes_per_step=2, images_per_class=1, multicrop=_multicrop(),
+            unique_classes_per_replica=True)
+        first = _elements(pretrain, 4)
+        again = _elements(pretrain, 4)
+    assert pretrain.steps_per_epoch == 5
+    assert first[0]['global_views'].shape == (4, 12, 12, 3)
+    assert first[0]['support_views'].shape == (1, 12, 12, 3)
+    _assert_same(first, again)
+
+
+def test_eval_dataset_in_order_with_remainder():
+    images = np.random.default_rng(0).integers(0, 256, [10, 9, 7, 3],
+                                                np.uint8)
+    source = sources.from_arrays(images, labels=np.arange(10))
+    kwargs = {'crop_fraction': 0.875, 'mean': MEAN, 'std': STD}
+    batches = list(data.make_eval_dataset(source, batch_size=4, image_size=5,
+                                          **kwargs))
+    assert [len(labels) for _, labels in batches] == [4, 4, 2]
+    labels = np.concatenate([labels for _, labels in batches])
+    np.testing.assert_array_equal(labels, np.arange(10))
+    views = np.concatenate([views for views, _ in batches])
+    assert views.shape == (10, 5, 5, 3) and views.dtype == np.float32
+    for image, view in zip(images, views):
+        np.testing.assert_allclose(
+            augment.center_view(image, 5, **kwargs), view, atol=1e-6)
+    labeled = source.subset([7, 2, 9])
+    batches = list(data.make_eval_dataset(labeled, batch_size=2,
+                                          image_size=5, **kwargs))
+    np.testing.assert_array_equal(
+        np.concatenate([labels for _, labels in batches]), [7, 2, 9])
+
+
+def test_builders_take_sizes_from_gin():
+    gin.clear_config()
+    try:
+        gin.parse_config([
+            'make_pretrain_dataset_fn.global_batch_size = 16',
+            'make_pretrain_dataset_fn.classes_per_step = 3',
+            'make_pretrain_dataset_fn.images_per_class = 2',
+            'make_eval_dataset.batch_size = 5',
+            'make_eval_dataset.image_size = 4',
+            'make_eval_dataset.crop_fraction = 1.0',
+            f'make_eval_dataset.mean = {MEAN}',
+            f'make_eval_dataset.std = {STD}',
+        ])
+        source = _source()
+        pretrain = data.make_pretrain_dataset_fn(
+            source, source, num_replicas=1, multicrop=_multicrop())
+        spec = pretrain.dataset_fn(None).element_spec
+        evaluation = data.make_eval_dataset(source)
+    finally:
+        gin.clear_config()
+    assert pretrain.steps_per_epoch == 3
+    assert spec['support_labels'].shape == (6,)
+    assert evaluation.element_spec[0].shape.as_list() == [None, 4, 4, 3]
+

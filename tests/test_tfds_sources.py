@@ -1,0 +1,85 @@
+"""TFDS sources on tfds.testing.mock_data: in memory and ImageNet."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from paws_tf import sources
+from paws_tf import tfds_sources
+
+
+def _read_all(source):
+    """Every image of `source`, read inside tf.data, in order."""
+    dataset = tf.data.Dataset.range(source.num_examples).map(source.read)
+    return [image.numpy() for image in dataset]
+
+
+def test_canonical_cifar_order():
+    ids = np.array([b'train_00002', b'train_00000', b'train_00001'])
+    np.testing.assert_array_equal(
+        tfds_sources._canonical_order(ids, 'train'), [1, 2, 0])
+    assert tfds_sources._canonical_order(ids, 'test') is None
+    assert tfds_sources._canonical_order(None, 'train') is None
+
+
+@pytest.mark.parametrize('name,shape,num_classes', [
+    ('cifar10', (32, 32, 3), 10), ('fashion_mnist', (28, 28, 1), 10)])
+def test_tfds_in_memory(tmp_path, name, shape, num_classes):
+    with tfds.testing.mock_data(num_examples=40, data_dir=str(tmp_path)):
+        source = tfds_sources.load_tfds(name, data_dir=str(tmp_path))
+    assert source.num_examples == 40 and source.channels == shape[-1]
+    assert len(source.class_names) == num_classes
+    assert _read_all(source.subset([0]))[0].shape == shape
+    labeled, _ = sources.select_labeled(source, fraction=0.5, seed=0,
+                                        record_dir=tmp_path / 'run')
+    assert len(set(labeled.names)) == labeled.num_examples > 0
+    reloaded, _ = sources.select_labeled(
+        source, split_file=tmp_path / 'run' / sources.SPLIT_FILENAME)
+    assert reloaded.names == labeled.names
+
+
+def test_imagenet_subset_cached_as_files(tmp_path):
+    data_dir, cache = str(tmp_path / 'tfds'), str(tmp_path / 'cache')
+    with tfds.testing.mock_data(num_examples=6, data_dir=data_dir):
+        labeled, unlabeled = tfds_sources.imagenet_sources(
+            labeled_subset='1pct', cache_dir=cache, data_dir=data_dir)
+        stream_labels = [label for _, label in unlabeled.ordered_dataset()]
+        manifest = os.path.join(cache, 'imagenet2012_subset_1pct',
+                                'manifest.tsv')
+        written = os.stat(manifest).st_mtime_ns
+        again, _ = tfds_sources.imagenet_sources(
+            labeled_subset='1pct', cache_dir=cache, data_dir=data_dir)
+    assert os.stat(manifest).st_mtime_ns == written  # the cache is reused
+    assert again.names == labeled.names
+    assert unlabeled.num_examples == 6 and len(unlabeled.class_names) == 1000
+    files = os.listdir(os.path.join(cache, 'imagenet2012_subset_1pct',
+                                    'images'))
+    assert len(files) == labeled.num_examples == 6
+    images = _read_all(labeled)
+    assert all(image.ndim == 3 and image.shape[-1] == 3 for image in images)
+    np.testing.assert_array_equal(labeled.labels, stream_labels)
+
+
+def test_imagenet_unlabeled_can_exclude_labeled(tmp_path):
+    data_dir, cache = str(tmp_path / 'tfds'), str(tmp_path / 'cache')
+    with tfds.testing.mock_data(num_examples=3, data_dir=data_dir):
+        labeled, _ = tfds_sources.imagenet_sources(
+            labeled_subset='10pct', cache_dir=cache, data_dir=data_dir)
+    # Mocked TFDS draws the same first examples for every dataset, so the
+    # 3 labeled images are the first 3 of the 8 training images.
+    with tfds.testing.mock_data(num_examples=8, data_dir=data_dir):
+        _, unlabeled = tfds_sources.imagenet_sources(
+            labeled_subset='10pct', cache_dir=cache, data_dir=data_dir,
+            include_labeled_in_unlabeled=False)
+        stream = [encoded.numpy() for encoded, _ in
+                  unlabeled.shuffled_dataset(seed=1).take(5)]
+    folder = os.path.join(cache, 'imagenet2012_subset_10pct', 'images')
+    labeled_bytes = {open(os.path.join(folder, name), 'rb').read()
+                     for name in os.listdir(folder)}
+    assert unlabeled.num_examples == 5 and len(labeled_bytes) == 3
+    assert len(set(stream)) == 5 and not set(stream) & labeled_bytes
+    with pytest.raises(ValueError, match="one of \\('1pct', '10pct'\\)"):
+        tfds_sources.imagenet_sources(labeled_subset='5pct', cache_dir=cache)
