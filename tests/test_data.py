@@ -164,8 +164,8 @@ def test_each_pipeline_serves_its_own_replicas():
     _assert_same(second, [single[i] for i in (2, 3, 6, 7)])
 
 
-def test_mirrored_strategy_hands_elements_round_robin():
-    strategy = tf.distribute.MirroredStrategy(['CPU:0', 'CPU:1'])
+def test_mirrored_strategy_hands_elements_round_robin(two_replicas):
+    strategy = two_replicas
     pretrain = _build(unique_classes_per_replica=True, classes_per_step=4,
                       images_per_class=2)
     expected = _elements(pretrain, 6)
