@@ -4,7 +4,9 @@ import gin
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import backbones
 from paws_tf import dist
+from paws_tf import heads
 from paws_tf import losses
 
 
@@ -214,3 +216,31 @@ class PAWSModel(tf_keras.Model):
         loss, terms, _, _ = self._forward(data, training=False)
         self._update_means(loss, terms)
         return {name: self._means[name].result() for name in self._means}
+
+
+@gin.configurable(denylist=['input_channels', 'sync_bn', 'layout'])
+def build_model(*, input_channels, sync_bn, layout, prediction_head=True):
+    """The PAWS model from gin-configured parts.
+
+    The backbone comes from `backbones.build_backbone` and the heads from
+    `heads.ProjectionHead` / `heads.PredictionHead`, each configured in gin.
+
+    Args:
+        input_channels: image channels (3 RGB, 1 grayscale).
+        sync_bn: synchronise batch norm across replicas (global BN).
+        layout: dict of the support layout arguments of `PAWSModel`
+            (`classes_per_replica`, `images_per_class`, `support_views`,
+            `num_replicas`, `unique_classes_per_replica`, `multicrop`).
+        prediction_head: add the prediction head (the paper's ImageNet
+            default; CIFAR-10 runs without).
+
+    Returns:
+        An unbuilt `PAWSModel`.
+    """
+    backbone = backbones.build_backbone(input_channels=input_channels,
+                                        sync_bn=sync_bn)
+    projection = heads.ProjectionHead(sync_bn=sync_bn)
+    prediction = (heads.PredictionHead(output_dim=projection.output_dim,
+                                       sync_bn=sync_bn)
+                  if prediction_head else None)
+    return PAWSModel(backbone, projection, prediction, **layout)

@@ -1,5 +1,6 @@
 """PAWSModel: distributed equivalence, collapse, learning, inference."""
 
+import gin
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -231,3 +232,29 @@ def test_train_step_metrics_match_the_objective():
     for name in stats_names:
         np.testing.assert_allclose(logs[name], stats[name.split('_')[-1]])
     assert logs['trust_ratio_min'] <= logs['trust_ratio_max']
+
+
+def test_build_model_from_gin():
+    gin.clear_config()
+    try:
+        gin.parse_config([
+            "build_backbone.name = 'small_resnet'",
+            'build_backbone.widths = (4, 8)',
+            'build_backbone.blocks_per_stage = (1, 1)',
+            'build_backbone.stage_strides = (2, 2)',
+            'ProjectionHead.hidden_dim = 8',
+            'ProjectionHead.output_dim = 6',
+            'PredictionHead.hidden_dim = 3',
+            'PAWSModel.tau = 0.2',
+        ])
+        layout = dict(classes_per_replica=2, images_per_class=2,
+                      support_views=1, num_replicas=1,
+                      unique_classes_per_replica=False, multicrop=0)
+        model = model_lib.build_model(input_channels=1, sync_bn=False,
+                                      layout=layout)
+        h, z = model._encode(tf.zeros([2, 8, 8, 1]), training=False)
+    finally:
+        gin.clear_config()
+    assert model.tau == 0.2
+    assert h.shape == (2, 6) and z.shape == (2, 6)
+    assert model.prediction_head.mlp_layers[1].units == 3
