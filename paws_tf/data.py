@@ -35,6 +35,22 @@ class _Layout:
     def batch_per_replica(self):
         return self.global_batch_size // self.num_replicas
 
+    @property
+    def views_per_step(self):
+        s = self.sampler
+        return (self.global_batch_size * (2 + self.multicrop.num_local) +
+                self.support_views * s.classes_per_replica *
+                s.images_per_class * self.num_replicas)
+
+    def model_layout(self):
+        s = self.sampler
+        return dict(classes_per_replica=s.classes_per_replica,
+                    images_per_class=s.images_per_class,
+                    support_views=self.support_views,
+                    num_replicas=self.num_replicas,
+                    unique_classes_per_replica=s.unique_classes_per_replica,
+                    multicrop=self.multicrop.num_local)
+
     def describe(self):
         s, m, r = self.sampler, self.multicrop, self.num_replicas
         k, n, v = s.classes_per_replica, s.images_per_class, self.support_views
@@ -42,7 +58,6 @@ class _Layout:
         mode = ('disjoint classes per replica'
                 if s.unique_classes_per_replica else
                 'the same classes on every replica')
-        views = self.global_batch_size * (2 + m.num_local) + v * k * n * r
         return '\n'.join([
             f'PAWS input on {r} replica(s), {mode}:',
             f'  unlabeled: {self.num_unlabeled} images, global batch '
@@ -57,7 +72,7 @@ class _Layout:
             f'  support per step (global): classes_per_step='
             f'{s.classes_per_step} -> {columns} label columns, '
             f'{k * n * r} distinct images, {v * k * n * r} views',
-            f'  views per step (global): {views}',
+            f'  views per step (global): {self.views_per_step}',
         ])
 
 
@@ -67,6 +82,8 @@ class PretrainInput(typing.NamedTuple):
     dataset_fn: typing.Callable  # InputContext or None -> tf.data.Dataset
     steps_per_epoch: int
     summary: str  # effective global sizes, for the trainer to log
+    model_layout: dict  # the support layout arguments of model.PAWSModel
+    views_per_step: int  # images forwarded per step, over all replicas
 
 
 def unlabeled_indices(step, replica_id, *, num_examples, global_batch_size,
@@ -247,9 +264,11 @@ def make_pretrain_dataset_fn(
         prefetch: prefetch depth (elements).
 
     Returns:
-        `PretrainInput(dataset_fn, steps_per_epoch, summary)`: the function
-        takes a `tf.distribute.InputContext` (None: one pipeline), the
-        summary is a human-readable account of the effective sizes.
+        `PretrainInput(dataset_fn, steps_per_epoch, summary, model_layout,
+        views_per_step)`: the function takes a `tf.distribute.InputContext`
+        (None: one pipeline), the summary is a human-readable account of the
+        effective sizes, `model_layout` the matching support-layout keyword
+        arguments of `model.PAWSModel`.
 
     Raises:
         ValueError: sizes that do not divide or do not fit the data (see
@@ -326,7 +345,8 @@ def make_pretrain_dataset_fn(
         return (tf.data.Dataset.zip((views, support)).map(element)
                 .prefetch(prefetch).with_options(options))
 
-    return PretrainInput(dataset_fn, layout.steps_per_epoch, layout.describe())
+    return PretrainInput(dataset_fn, layout.steps_per_epoch, layout.describe(),
+                         layout.model_layout(), layout.views_per_step)
 
 
 @gin.configurable(denylist=['source'])

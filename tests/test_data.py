@@ -88,6 +88,15 @@ def test_element_spec_and_summary():
     assert pretrain.steps_per_epoch == 6
     assert '2 label columns' in pretrain.summary
     assert '1 classes x 3 images x 2 view(s)' in pretrain.summary
+    # The model's label layout matches the rows the pipeline yields.
+    assert pretrain.model_layout == dict(
+        classes_per_replica=1, images_per_class=3, support_views=2,
+        num_replicas=2, unique_classes_per_replica=True, multicrop=2)
+    layout = pretrain.model_layout
+    assert spec['support_views'].shape[0] == (
+        layout['support_views'] * layout['classes_per_replica'] *
+        layout['images_per_class'])
+    assert pretrain.views_per_step == 8 * (2 + 2) + 2 * (2 * 1 * 3)
     no_local = _build(multicrop=_multicrop(num_local=0), support_views=1,
                       support_view_size=8)
     spec = no_local.dataset_fn(None).element_spec
