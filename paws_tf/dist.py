@@ -40,7 +40,8 @@ def make_strategy(kind='auto', devices=None):
     Args:
         kind: one of `STRATEGY_KINDS`. `auto` picks `multi_worker` when
             TF_CONFIG or Slurm describes several processes, `mirrored` when
-            several GPUs are visible, else `one_device`.
+            several GPUs are visible, else `one_device` (TF's default
+            strategy: one replica on the first GPU, or the CPU).
         devices: explicit device list for `mirrored` (e.g. logical CPUs
             `['CPU:0', 'CPU:1']`); default all GPUs (or the CPU).
 
@@ -62,7 +63,10 @@ def make_strategy(kind='auto', devices=None):
         else:
             kind = 'one_device'
     if kind == 'one_device':
-        return tf.distribute.OneDeviceStrategy('/gpu:0' if gpus else '/cpu:0')
+        # TF's default strategy: one replica on the first visible device (a
+        # GPU if there is one). OneDeviceStrategy would do the same, but
+        # tf_keras' BackupAndRestore refuses it.
+        return tf.distribute.get_strategy()
     if kind == 'mirrored':
         return tf.distribute.MirroredStrategy(devices)
     return tf.distribute.MultiWorkerMirroredStrategy(
@@ -123,30 +127,35 @@ def is_chief(strategy):
             resolver.task_id == 0)
 
 
+def write_dir(strategy, directory):
+    """Where this process writes a save of `directory`: `directory` itself
+    on the chief, a private `directory/.worker_tmp_<type>_<id>` elsewhere."""
+    if is_chief(strategy):
+        return directory
+    resolver = strategy.cluster_resolver
+    return os.path.join(
+        directory, f'.worker_tmp_{resolver.task_type}_{resolver.task_id}')
+
+
 @contextlib.contextmanager
 def save_dir(strategy, directory):
-    """Yields the directory this process writes a save of `directory` to.
+    """Yields `write_dir(strategy, directory)`, deleting it on exit unless
+    this process is the chief.
 
     Under MultiWorkerMirroredStrategy every worker must take part in a save
     (reading mirrored and sync-on-read variables runs collectives), but only
-    the chief's copy is kept: the others write into a private temporary
-    directory that is deleted on exit (TF "Multi-worker training with Keras").
+    the chief's copy is kept (TF "Multi-worker training with Keras").
 
     Args:
         strategy: the running `tf.distribute.Strategy`.
         directory: where the chief writes.
 
     Yields:
-        `directory` on the chief, `directory/.worker_tmp_<type>_<id>`
-        elsewhere.
+        The directory to write to.
     """
-    if is_chief(strategy):
-        yield directory
-        return
-    resolver = strategy.cluster_resolver
-    temp = os.path.join(directory,
-                        f'.worker_tmp_{resolver.task_type}_{resolver.task_id}')
+    target = write_dir(strategy, directory)
     try:
-        yield temp
+        yield target
     finally:
-        shutil.rmtree(temp, ignore_errors=True)
+        if target != directory:
+            shutil.rmtree(target, ignore_errors=True)

@@ -13,7 +13,8 @@ def test_auto_is_one_device_on_a_cpu_machine(monkeypatch):
     monkeypatch.delenv('TF_CONFIG', raising=False)
     monkeypatch.delenv('SLURM_NTASKS', raising=False)
     strategy = dist.make_strategy('auto')
-    assert isinstance(strategy, tf.distribute.OneDeviceStrategy)
+    assert strategy is tf.distribute.get_strategy()  # The default strategy.
+    assert strategy.num_replicas_in_sync == 1
 
 
 def test_mirrored_on_logical_cpus():

@@ -1,0 +1,194 @@
+"""Training callbacks: checkpoints, non-finite loss guard, progress, images."""
+
+import math
+import os
+import re
+import shutil
+import time
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from paws_tf import dist
+
+CHECKPOINT_PREFIX = 'ckpt'
+
+
+def global_step(model):
+    """Optimizer updates applied so far, as a Python int."""
+    return int(model.optimizer.iterations.numpy())
+
+
+def latest_checkpoint(directory):
+    """(path, step) of the newest `ckpt-<step>` in `directory`, or
+    (None, 0)."""
+    path = tf.train.latest_checkpoint(directory) if directory else None
+    if path is None:
+        return None, 0
+    return path, int(path.rsplit('-', 1)[1])
+
+
+class StopOnNonFiniteLoss(tf_keras.callbacks.Callback):
+    """Stops training with a clear error when the loss is NaN or infinite.
+
+    Listed before every callback that saves, so the non-finite state is never
+    written over a good checkpoint or backup.
+    """
+
+    def __init__(self, checkpoint_dir):
+        super().__init__()
+        self._checkpoint_dir = checkpoint_dir
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get('loss')
+        if loss is None or math.isfinite(float(loss)):
+            return
+        path, step = latest_checkpoint(self._checkpoint_dir)
+        raise FloatingPointError(
+            f'The loss became {float(loss)} at step {global_step(self.model)}'
+            f' (batch {batch} of this epoch). Training stopped without saving'
+            ' this state; the last good checkpoint is '
+            f'{path or "none yet"}' + (f' (step {step})' if path else '') +
+            '. Lower the learning rate or check the inputs, then run again: '
+            'the run resumes from its last backup.')
+
+
+class Checkpointer(tf_keras.callbacks.Callback):
+    """Keeps the last checkpoints of model and optimizer, every N steps and
+    at epoch ends, as `ckpt-<global step>`.
+
+    Under MultiWorkerMirroredStrategy every worker saves (reading mirrored
+    variables needs collectives); only the chief's files are kept.
+    """
+
+    def __init__(self, directory, strategy, *, every_steps, keep):
+        super().__init__()
+        self._directory = directory
+        self._strategy = strategy
+        self._every_steps = every_steps
+        self._keep = keep
+        self._manager = None
+        self._last_saved = None
+
+    def on_train_begin(self, logs=None):
+        checkpoint = tf.train.Checkpoint(model=self.model,
+                                         optimizer=self.model.optimizer)
+        self._write_dir = dist.write_dir(self._strategy, self._directory)
+        self._manager = tf.train.CheckpointManager(
+            checkpoint, self._write_dir, max_to_keep=self._keep,
+            checkpoint_name=CHECKPOINT_PREFIX)
+
+    def _save(self):
+        step = global_step(self.model)
+        if step == self._last_saved:
+            return
+        self._manager.save(checkpoint_number=step)
+        self._last_saved = step
+        if self._write_dir != self._directory:  # Not the chief.
+            shutil.rmtree(self._write_dir, ignore_errors=True)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._every_steps and global_step(self.model) % self._every_steps \
+                == 0:
+            self._save()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._save()
+
+
+class ProgressLog(tf_keras.callbacks.Callback):
+    """Throughput to TensorBoard every N steps, one log line per epoch.
+
+    Throughput counts every view forwarded (unlabeled views and support
+    views), as the benchmarks do.
+    """
+
+    def __init__(self, log_dir, *, views_per_step, every_steps, num_epochs,
+                 is_chief):
+        super().__init__()
+        self._writer = (tf.summary.create_file_writer(log_dir) if is_chief
+                        else tf.summary.create_noop_writer())
+        self._views_per_step = views_per_step
+        self._every_steps = every_steps
+        self._num_epochs = num_epochs
+
+    def _mark(self):
+        return time.perf_counter(), global_step(self.model)
+
+    def on_train_begin(self, logs=None):
+        self._interval_start = self._mark()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = self._mark()
+
+    def _rate(self, start):
+        """(views per second, seconds per step, seconds) since `start`."""
+        seconds = time.perf_counter() - start[0]
+        steps = max(global_step(self.model) - start[1], 1)
+        return steps * self._views_per_step / seconds, seconds / steps, seconds
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = global_step(self.model)
+        if not self._every_steps or step % self._every_steps:
+            return
+        views_per_second, seconds_per_step, _ = self._rate(
+            self._interval_start)
+        with self._writer.as_default(step=step):
+            tf.summary.scalar('throughput/views_per_second', views_per_second)
+            tf.summary.scalar('throughput/seconds_per_step', seconds_per_step)
+        self._interval_start = self._mark()
+
+    def on_epoch_end(self, epoch, logs=None):
+        views_per_second, _, seconds = self._rate(self._epoch_start)
+        logs = logs or {}
+        shown = ' '.join(f'{k}={float(logs[k]):.4g}' for k in (
+            'loss', 'cross_entropy', 'me_max', 'target_confidence',
+            'learning_rate') if k in logs)
+        logging.info('epoch %d/%d: %s | %.0f views/s, %.1f s', epoch + 1,
+                     self._num_epochs, shown, views_per_second, seconds)
+        self._writer.flush()
+
+
+class ViewImages(tf_keras.callbacks.Callback):
+    """Writes a few augmented views of the first step to TensorBoard."""
+
+    def __init__(self, log_dir, dataset_fn, *, mean, std, count=4):
+        super().__init__()
+        self._log_dir, self._dataset_fn = log_dir, dataset_fn
+        self._mean, self._std, self._count = mean, std, count
+
+    def on_train_begin(self, logs=None):
+        element = next(iter(self._dataset_fn(None)))
+        mean = np.reshape(self._mean, [1, 1, 1, -1])
+        std = np.reshape(self._std, [1, 1, 1, -1])
+        with tf.summary.create_file_writer(self._log_dir).as_default(step=0):
+            for key in ('global_views', 'local_views', 'support_views'):
+                if key in element:
+                    images = element[key][:self._count].numpy() * std + mean
+                    tf.summary.image(f'views/{key}', np.clip(images, 0, 1),
+                                     max_outputs=self._count)
+
+
+_ITERATIONS = re.compile(
+    r'^model/optimizer/(.+/)?_iterations/\.ATTRIBUTES/VARIABLE_VALUE$')
+
+
+def backup_step(backup_dir):
+    """The global step (optimizer updates) saved in a BackupAndRestore
+    backup, 0 if there is none.
+
+    The input pipeline is built before BackupAndRestore restores the model,
+    and Keras does not restore the iterator, so the trainer starts the input
+    at this step to continue the exact stream (PITFALLS item 5).
+    """
+    path = tf.train.latest_checkpoint(os.path.join(backup_dir, 'chief'))
+    if path is None:
+        return 0
+    names = [name for name, _ in tf.train.list_variables(path)
+             if _ITERATIONS.match(name)]
+    if not names:
+        raise ValueError(f'The backup {path} holds no optimizer step counter: '
+                         'was it written by this trainer?')
+    return int(tf.train.load_variable(path, min(names, key=len)))

@@ -1,0 +1,16 @@
+"""Registers every gin configurable of paws_tf (run.py imports it), so gin
+files need no `import` lines."""
+
+# pylint: disable=unused-import
+from paws_tf import augment  # noqa: F401
+from paws_tf import backbones  # noqa: F401
+from paws_tf import data  # noqa: F401
+from paws_tf import dist  # noqa: F401
+from paws_tf import experiment  # noqa: F401
+from paws_tf import heads  # noqa: F401
+from paws_tf import lars  # noqa: F401
+from paws_tf import model  # noqa: F401
+from paws_tf import schedules  # noqa: F401
+from paws_tf import sources  # noqa: F401
+from paws_tf import tfds_sources  # noqa: F401
+from paws_tf import train  # noqa: F401

@@ -1,0 +1,141 @@
+"""An experiment's data: labeled, unlabeled and test sources, and the
+evaluation preprocessing shared by PAWS-NN, export and fine-tuning."""
+
+import collections
+import os
+
+import gin
+import numpy as np
+
+from paws_tf import sources
+
+DataBundle = collections.namedtuple('DataBundle',
+                                    ['labeled', 'unlabeled', 'test'])
+
+
+@gin.configurable(denylist=['record_dir'])
+def load_data(record_dir, *, train=gin.REQUIRED, test=None):
+    """Loads the sources of an experiment.
+
+    Args:
+        record_dir: where `sources.select_labeled` records the labeled
+            split (the run's `model_dir`).
+        train: zero-argument callable (a gin reference such as
+            `@train/load_idx`) returning either one labeled `ImageSource`,
+            which `sources.select_labeled` (configured in gin) splits into
+            labeled and unlabeled, or a ready `(labeled, unlabeled)` pair
+            (`tfds_sources.imagenet_sources`, `image_folders`).
+        test: zero-argument callable returning the labeled test
+            `ImageSource`, or None.
+
+    Returns:
+        `DataBundle(labeled, unlabeled, test)`; `test` may be None.
+
+    Raises:
+        ValueError: if the test classes or channels differ from the labeled
+            ones.
+    """
+    loaded = train()
+    if isinstance(loaded, tuple):
+        labeled, unlabeled = loaded
+    else:
+        labeled, unlabeled = sources.select_labeled(loaded,
+                                                    record_dir=record_dir)
+    test_source = test() if test is not None else None
+    if test_source is not None:
+        if tuple(test_source.class_names) != tuple(labeled.class_names):
+            raise ValueError(
+                f'The test set has classes {list(test_source.class_names)[:5]}'
+                f'... but the labeled set {list(labeled.class_names)[:5]}...: '
+                'both must list the same classes in the same order.')
+        if test_source.channels != labeled.channels:
+            raise ValueError(
+                f'The test images have {test_source.channels} channels, the '
+                f'labeled ones {labeled.channels}: decode both to the same.')
+    return DataBundle(labeled, unlabeled, test_source)
+
+
+@gin.configurable
+def image_folders(labeled_root, unlabeled_root, *, channels=3,
+                  include_labeled_in_unlabeled=True):
+    """A labeled folder of class subfolders and a folder of unlabeled images.
+
+    Args:
+        labeled_root: `labeled_root/<class_name>/*.jpg|png|...`.
+        unlabeled_root: any folder of images (searched recursively).
+        channels: channels to decode to.
+        include_labeled_in_unlabeled: also stream the labeled images as
+            unlabeled ones (paper footnote 1).
+
+    Returns:
+        `(labeled, unlabeled)` `ImageSource`s.
+    """
+    labeled = sources.image_folder(labeled_root, labeled=True,
+                                   channels=channels)
+    unlabeled = sources.image_folder(unlabeled_root, labeled=False,
+                                     channels=channels)
+    if include_labeled_in_unlabeled:
+        paths = ([os.path.join(unlabeled_root, n) for n in unlabeled.names] +
+                 [os.path.join(labeled_root, n) for n in labeled.names])
+        unlabeled = sources.from_files(paths, paths, channels=channels)
+    return labeled, unlabeled
+
+
+@gin.configurable
+def eval_preprocessing(*, image_size=gin.REQUIRED, crop_fraction=1.0,
+                       mean=gin.REQUIRED, std=gin.REQUIRED):
+    """Single centre-crop evaluation preprocessing (PAWS Appendix A).
+
+    Args:
+        image_size: side S of the evaluated crop.
+        crop_fraction: the shorter side is resized to S / crop_fraction
+            before the centre crop (0.875 for ImageNet; 1.0 keeps CIFAR-10
+            and Fashion-MNIST images whole).
+        mean: per-channel normalisation mean.
+        std: per-channel normalisation std.
+
+    Returns:
+        dict with those four keys, as `data.make_eval_dataset` and
+        `export` take them.
+    """
+    return dict(image_size=image_size, crop_fraction=crop_fraction,
+                mean=tuple(mean), std=tuple(std))
+
+
+@gin.configurable
+def synthetic_source(*, num_images=512, num_classes=4, image_size=16,
+                     channels=3, noise=0.25, seed=0, class_seed=0):
+    """Clustered synthetic images for smoke tests and `debug.gin`.
+
+    Each class is a coarse random luminance pattern (the same in every
+    channel, so colour augmentations keep classes apart); an image is its
+    class pattern, randomly shifted, plus pixel noise, so classes are
+    learnable but views of one image differ.
+
+    Args:
+        num_images: images, classes taking turns.
+        num_classes: classes.
+        image_size: side of the square images.
+        channels: channels.
+        noise: pixel noise std (pixel values in [0, 1]).
+        seed: seed of the shifts and noise (use another one for a test set).
+        class_seed: seed of the class patterns (keep it equal across the
+            train and test sets, so that they share classes).
+
+    Returns:
+        A labeled in-memory `ImageSource` of uint8 images.
+    """
+    coarse = np.random.default_rng(class_seed).uniform(
+        size=(num_classes, 4, 4, 1)).repeat(channels, axis=-1)
+    rng = np.random.default_rng(seed)
+    patterns = np.kron(coarse, np.ones((1, image_size // 4 + 1,
+                                        image_size // 4 + 1, 1)))
+    labels = np.arange(num_images) % num_classes
+    images = []
+    for label in labels:
+        dy, dx = rng.integers(0, patterns.shape[1] - image_size + 1, size=2)
+        image = patterns[label, dy:dy + image_size, dx:dx + image_size]
+        image = image + noise * rng.normal(size=image.shape)
+        images.append(np.clip(image * 255.0, 0, 255).astype(np.uint8))
+    return sources.from_arrays(np.stack(images), labels,
+                               [f'class_{c}' for c in range(num_classes)])

@@ -1,0 +1,191 @@
+"""PAWS pre-training: strategy, data, model, fit, checkpoints, resume."""
+
+import os
+
+from absl import logging
+import gin
+import tensorflow as tf
+import tf_keras
+
+from paws_tf import backbones
+from paws_tf import callbacks
+from paws_tf import data
+from paws_tf import dist
+from paws_tf import experiment
+from paws_tf import lars
+from paws_tf import model as model_lib
+from paws_tf import schedules
+
+PRECISIONS = ('float32', 'mixed_bfloat16', 'mixed_float16')
+CHECKPOINT_DIR = 'checkpoints'
+BACKUP_DIR = 'backup'
+TENSORBOARD_DIR = 'tensorboard'
+
+
+def set_precision(precision):
+    """Sets the global tf_keras mixed-precision policy by name."""
+    if precision not in PRECISIONS:
+        raise ValueError(f'precision must be one of {PRECISIONS}, got '
+                         f'{precision!r}.')
+    tf_keras.mixed_precision.set_global_policy(precision)
+
+
+def build_compiled_model(strategy, pretrain, *, input_channels, num_epochs,
+                         optimizer_cls, schedule_cls, precision, jit_compile,
+                         steps_per_execution, pretrained_backbone=None):
+    """Builds the PAWS model and its optimizer in the strategy's scope.
+
+    Batch norm is synchronised across replicas when there are several
+    (global BN, PAWS Sec. 5) and fused otherwise.
+
+    Returns:
+        The compiled, built `PAWSModel`.
+    """
+    set_precision(precision)
+    with strategy.scope():
+        model = model_lib.build_model(
+            input_channels=input_channels,
+            sync_bn=strategy.num_replicas_in_sync > 1,
+            layout=pretrain.model_layout)
+        model._encode(tf.zeros([1, 8, 8, input_channels]), training=False)
+        if pretrained_backbone:
+            backbones.load_backbone_weights(model.backbone,
+                                            pretrained_backbone)
+        schedule = schedule_cls(steps_per_epoch=pretrain.steps_per_epoch,
+                                num_epochs=num_epochs)
+        optimizer = optimizer_cls(learning_rate=schedule)
+        if precision == 'mixed_float16':
+            optimizer = tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
+        model.compile(optimizer=optimizer, jit_compile=jit_compile,
+                      steps_per_execution=steps_per_execution)
+        optimizer.build(model.trainable_variables)
+    return model
+
+
+def restore_latest(model, model_dir):
+    """Restores the newest training checkpoint into `model` (and its
+    optimizer); returns its step, 0 if there is none."""
+    path, step = callbacks.latest_checkpoint(
+        os.path.join(model_dir, CHECKPOINT_DIR))
+    if path:
+        tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(
+            path).assert_existing_objects_matched()
+    return step
+
+
+@gin.configurable(denylist=['model_dir', 'strategy'])
+def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
+          optimizer_cls=lars.LARS, schedule_cls=schedules.WarmupCosineDecay,
+          precision='float32', jit_compile=False, steps_per_execution=1,
+          seed=0, deterministic_ops=False, checkpoint_every_steps=1000,
+          keep_checkpoints=3, backup_every_steps=100, log_every_steps=50,
+          view_images=True, pretrained_backbone=None, verbose='auto'):
+    """PAWS pre-training into `model_dir`; resumes an unfinished run.
+
+    Running it again on the same `model_dir` continues an interrupted run
+    from its last backup (the same global step, the same input stream), and
+    returns a finished run's model without training it again.
+
+    Args:
+        model_dir: the run's directory (checkpoints, backup, TensorBoard
+            logs, recorded labeled split).
+        strategy: the `tf.distribute.Strategy` to train under.
+        num_epochs: epochs, one pass over the unlabeled set each.
+        optimizer_cls: optimizer class called with `learning_rate=schedule`
+            (gin: `@LARS`, configured in gin).
+        schedule_cls: schedule class called with `steps_per_epoch` and
+            `num_epochs` (gin: `@WarmupCosineDecay`).
+        precision: one of `PRECISIONS` (`mixed_float16` adds dynamic loss
+            scaling).
+        jit_compile: compile the train step with XLA.
+        steps_per_execution: train steps per `tf.function` call.
+        seed: seed of initialisation, data order and augmentations.
+        deterministic_ops: enable TF op determinism (bit-identical reruns on
+            CPU; slower).
+        checkpoint_every_steps: also checkpoint every this many steps (0:
+            epoch ends only).
+        keep_checkpoints: checkpoints kept in `model_dir/checkpoints`.
+        backup_every_steps: BackupAndRestore interval, the most work a
+            preemption can lose.
+        log_every_steps: TensorBoard scalar interval.
+        view_images: write augmented views of the first step to TensorBoard.
+        pretrained_backbone: tf_keras weights file or checkpoint to start
+            the backbone from.
+        verbose: Keras progress bar verbosity.
+
+    Returns:
+        The trained `PAWSModel`.
+    """
+    if checkpoint_every_steps and checkpoint_every_steps < backup_every_steps:
+        raise ValueError(
+            f'checkpoint_every_steps={checkpoint_every_steps} is smaller than '
+            f'backup_every_steps={backup_every_steps}: back up at least as '
+            'often as you checkpoint, so that a resumed run always starts '
+            'from the newest state.')
+    tf_keras.utils.set_random_seed(seed)
+    if deterministic_ops:
+        tf.config.experimental.enable_op_determinism()
+    bundle = experiment.load_data(model_dir)
+    backup_dir = os.path.join(model_dir, BACKUP_DIR)
+    checkpoint_dir = os.path.join(model_dir, CHECKPOINT_DIR)
+    start_step = callbacks.backup_step(backup_dir)
+    pretrain = data.make_pretrain_dataset_fn(
+        bundle.unlabeled, bundle.labeled,
+        num_replicas=strategy.num_replicas_in_sync, start_step=start_step,
+        seed=seed)
+    logging.info('%s', pretrain.summary)
+    steps_per_epoch = pretrain.steps_per_epoch
+    total_steps = num_epochs * steps_per_epoch
+    model = build_compiled_model(
+        strategy, pretrain, input_channels=bundle.labeled.channels,
+        num_epochs=num_epochs, optimizer_cls=optimizer_cls,
+        schedule_cls=schedule_cls, precision=precision,
+        jit_compile=jit_compile, steps_per_execution=steps_per_execution,
+        pretrained_backbone=pretrained_backbone)
+
+    initial_epoch = 0
+    if not start_step:
+        # No backup: a finished run (BackupAndRestore deletes its backup at
+        # the end), a new one, or one stopped before its first backup, whose
+        # newest checkpoint is then an epoch end (checkpoints are never more
+        # frequent than backups).
+        done = restore_latest(model, model_dir)
+        if done >= total_steps:
+            logging.info('%s holds a finished run (%d steps): not training '
+                         'it again.', model_dir, done)
+            return model
+        if done:
+            initial_epoch, start_step = done // steps_per_epoch, done
+            pretrain = data.make_pretrain_dataset_fn(
+                bundle.unlabeled, bundle.labeled,
+                num_replicas=strategy.num_replicas_in_sync,
+                start_step=start_step, seed=seed)
+    logging.info('Training steps %d..%d: %d epochs of %d steps.', start_step,
+                 total_steps, num_epochs, steps_per_epoch)
+
+    log_dir = os.path.join(model_dir, TENSORBOARD_DIR)
+    chief = dist.is_chief(strategy)
+    fit_callbacks = [
+        callbacks.StopOnNonFiniteLoss(checkpoint_dir),  # Before any save.
+        tf_keras.callbacks.BackupAndRestore(backup_dir,
+                                            save_freq=backup_every_steps),
+        callbacks.Checkpointer(checkpoint_dir, strategy,
+                               every_steps=checkpoint_every_steps,
+                               keep=keep_checkpoints),
+        tf_keras.callbacks.TensorBoard(log_dir, update_freq=log_every_steps,
+                                       write_graph=False, profile_batch=0),
+        callbacks.ProgressLog(os.path.join(log_dir, 'train'),
+                              views_per_step=pretrain.views_per_step,
+                              every_steps=log_every_steps,
+                              num_epochs=num_epochs, is_chief=chief),
+    ]
+    if view_images and chief and start_step == 0:
+        preprocessing = experiment.eval_preprocessing()
+        fit_callbacks.append(callbacks.ViewImages(
+            os.path.join(log_dir, 'train'), pretrain.dataset_fn,
+            mean=preprocessing['mean'], std=preprocessing['std']))
+    model.fit(tf_keras.utils.experimental.DatasetCreator(pretrain.dataset_fn),
+              epochs=num_epochs, initial_epoch=initial_epoch,
+              steps_per_epoch=steps_per_epoch, callbacks=fit_callbacks,
+              verbose=verbose)
+    return model
