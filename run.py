@@ -84,6 +84,20 @@ class _QuietTensorFlow:
                 f'{os.sep}tensorflow{os.sep}' not in record.pathname)
 
 
+def _parse_gin(files, bindings):
+    """Parses the gin files, then each binding, naming the one that fails
+    (gin's own message does not say which --gin_bindings was wrong)."""
+    gin.parse_config_files_and_bindings(files, None, finalize_config=False)
+    for binding in bindings:
+        try:
+            gin.parse_config(binding)
+        except (SyntaxError, ValueError) as error:
+            raise app.UsageError(
+                f'--gin_bindings={binding!r} is not valid gin: {error}') \
+                from error
+    gin.finalize()
+
+
 def _write_text(path, text):
     tmp = f'{path}.tmp'
     with open(tmp, 'w') as f:
@@ -98,7 +112,7 @@ def main(argv):
     gin.add_config_file_search_path(_REPO_ROOT)
     # Parsing first: a typo fails here, with gin's message, before any data
     # is read or any TensorFlow device is set up.
-    gin.parse_config_files_and_bindings(_GIN_FILES.value, _GIN_BINDINGS.value)
+    _parse_gin(_GIN_FILES.value, _GIN_BINDINGS.value)
     model_dir = _MODEL_DIR.value
     config = gin.config_str()
     training = _MODE.value in ('train', 'train_and_evaluate')

@@ -14,3 +14,10 @@ from paws_tf import schedules  # noqa: F401
 from paws_tf import sources  # noqa: F401
 from paws_tf import tfds_sources  # noqa: F401
 from paws_tf import train  # noqa: F401
+
+import gin  # noqa: E402
+
+# Normalisation statistics, so gin files write %IMAGENET_MEAN instead of
+# copying numbers.
+for _name in ('IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR10_MEAN', 'CIFAR10_STD'):
+    gin.constant(_name, getattr(augment, _name))

@@ -1,0 +1,147 @@
+"""Every shipped gin file parses, builds its model and holds the paper's
+hyper-parameters."""
+
+import pathlib
+import subprocess
+import sys
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from paws_tf import configurables  # noqa: F401
+from paws_tf import model as model_lib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+GIN_FILES = sorted((REPO / 'gin_configs').glob('*.gin'))
+LAYOUT = dict(classes_per_replica=2, images_per_class=2, support_views=1,
+              num_replicas=1, unique_classes_per_replica=False, multicrop=2)
+
+
+@pytest.fixture
+def clean_gin():
+    gin.clear_config()
+    gin.add_config_file_search_path(str(REPO))
+    yield
+    gin.clear_config()
+
+
+def parse(name, bindings=()):
+    gin.parse_config_files_and_bindings(
+        [str(REPO / 'gin_configs' / name)], list(bindings))
+
+
+def trainable_parameters(channels=3):
+    """Builds the configured model in a throwaway graph (no initialisation,
+    so even ResNet-50 4x is cheap) and counts its trainable parameters."""
+    with tf.Graph().as_default():
+        model = model_lib.build_model(input_channels=channels, sync_bn=False,
+                                      layout=LAYOUT)
+        model._encode(tf.zeros([2, 32, 32, channels]), training=False)
+        return model, sum(int(np.prod(v.shape))
+                          for v in model.trainable_variables)
+
+
+def test_there_are_configs():
+    names = {path.name for path in GIN_FILES}
+    assert {'base.gin', 'debug.gin', 'imagenet_rn50_10pct.gin',
+            'imagenet_rn50_1pct.gin', 'imagenet_rn50x2_10pct.gin',
+            'imagenet_rn50x4_10pct.gin', 'imagenet_rn50_10pct_8gpu.gin',
+            'cifar10_wrn28_2_4000.gin'} <= names
+
+
+@pytest.mark.parametrize('path', GIN_FILES, ids=lambda p: p.name)
+def test_every_config_parses_and_builds_its_model(clean_gin, path):
+    parse(path.name)
+    if path.name == 'base.gin':  # Shared values only, no model.
+        assert gin.query_parameter('PAWSModel.tau') == 0.1
+        return
+    model, params = trainable_parameters()
+    assert params > 0
+    assert model.tau == 0.1 and model.sharpen_temperature == 0.25
+
+
+def q(name):
+    return gin.query_parameter(name)
+
+
+@pytest.mark.parametrize('name,width,params', [
+    ('imagenet_rn50_10pct.gin', 1, 23_508_032),
+    ('imagenet_rn50x2_10pct.gin', 2, 93_907_072),
+    ('imagenet_rn50x4_10pct.gin', 4, 375_378_176),
+])
+def test_imagenet_configs_hold_the_paper_settings(clean_gin, name, width,
+                                                  params):
+    parse(name)
+    # Sec. 5: batch 4096, support 960 classes x 7, multi-crop 2x224 + 6x96,
+    # LARS lr 0.3 -> 6.4 over 10 epochs then cosine, wd 1e-6, tau 0.1,
+    # T 0.25, smoothing 0.1, prediction head on.
+    assert q('make_pretrain_dataset_fn.global_batch_size') == 4096
+    assert q('make_pretrain_dataset_fn.classes_per_step') == 960
+    assert q('make_pretrain_dataset_fn.images_per_class') == 7
+    assert q('make_pretrain_dataset_fn.unique_classes_per_replica')
+    assert (q('WarmupCosineDecay.start_lr'), q('WarmupCosineDecay.ref_lr'),
+            q('WarmupCosineDecay.warmup_epochs')) == (0.3, 6.4, 10)
+    assert q('LARS.weight_decay') == 1e-6 and q('LARS.momentum') == 0.9
+    assert q('PAWSModel.label_smoothing') == 0.1
+    assert q('build_model.prediction_head')
+    assert q('train.num_epochs') == 100
+    model, count = trainable_parameters()
+    trunk = sum(int(np.prod(v.shape))
+                for v in model.backbone.trainable_variables)
+    assert trunk == params  # ResNet-50 at this width (Table 2).
+    assert model.projection_head.output_dim == 2048
+
+
+def test_small_batch_config_is_table_7(clean_gin):
+    parse('imagenet_rn50_10pct_8gpu.gin')
+    assert q('make_pretrain_dataset_fn.global_batch_size') == 256
+    assert q('make_pretrain_dataset_fn.classes_per_step') == 560
+    assert q('make_pretrain_dataset_fn.images_per_class') == 3
+    assert q('WarmupCosineDecay.ref_lr') == 1.2
+    assert q('PAWSModel.me_max_weight') == 0.0
+    assert q('imagenet_sources.labeled_subset') == '10pct'
+
+
+def test_one_percent_config(clean_gin):
+    parse('imagenet_rn50_1pct.gin')
+    assert q('imagenet_sources.labeled_subset') == '1pct'
+
+
+def test_cifar10_config_is_appendix_c(clean_gin):
+    parse('cifar10_wrn28_2_4000.gin')
+    assert q('select_labeled.labels_per_class') == 400
+    assert q('make_pretrain_dataset_fn.global_batch_size') == 256
+    assert q('make_pretrain_dataset_fn.classes_per_step') == 10
+    assert q('make_pretrain_dataset_fn.images_per_class') == 64
+    assert q('make_pretrain_dataset_fn.support_views') == 2
+    assert (q('WarmupCosineDecay.start_lr'),
+            q('WarmupCosineDecay.ref_lr')) == (0.8, 3.2)
+    assert q('train.num_epochs') == 600
+    assert not q('build_model.prediction_head')
+    multicrop = gin.query_parameter(
+        'make_pretrain_dataset_fn.multicrop').scoped_configurable_fn()
+    assert (multicrop.global_size, multicrop.global_scale,
+            multicrop.local_size, multicrop.local_scale,
+            multicrop.num_local) == (32, (0.75, 1.0), 18, (0.3, 0.75), 6)
+    assert multicrop.color_strength == 0.5 and multicrop.blur_prob == 0.0
+    _, count = trainable_parameters()
+    assert 1_450_000 < count < 1_550_000  # "1.5M" with its 128-d head.
+
+
+@pytest.mark.parametrize('binding,message', [
+    ('train.num_epochz = 3', 'num_epochz'),
+    ('PAWSModel.tau = ', 'PAWSModel.tau'),
+    ('nonexistent_fn.x = 1', 'nonexistent_fn'),
+])
+def test_bad_gin_fails_before_any_data_is_read(tmp_path, binding, message):
+    model_dir = tmp_path / 'run'
+    proc = subprocess.run(
+        [sys.executable, str(REPO / 'run.py'),
+         '--gin_file=gin_configs/debug.gin', f'--gin_bindings={binding}',
+         f'--model_dir={model_dir}', '--mode=train'],
+        cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert not model_dir.exists()  # Nothing was written or read.
