@@ -1,0 +1,119 @@
+"""The trainer: checkpoints, TensorBoard logs, finished runs, run.py checks."""
+
+import glob
+import os
+import pathlib
+import subprocess
+import sys
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing import event_accumulator
+
+from paws_tf import callbacks
+from paws_tf import configurables  # noqa: F401
+from paws_tf import train
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# debug.gin: 512 images / batch 32 = 16 steps per epoch.
+TWO_EPOCHS = ['train.num_epochs = 2', 'train.verbose = 0',
+              'train.checkpoint_every_steps = 8', 'train.keep_checkpoints = 2',
+              'train.log_every_steps = 4']
+
+
+@pytest.fixture
+def debug_config():
+    gin.clear_config()
+    gin.add_config_file_search_path(str(REPO))
+    gin.parse_config_files_and_bindings(
+        [str(REPO / 'gin_configs' / 'debug.gin')], TWO_EPOCHS)
+    yield
+    gin.clear_config()
+
+
+def tags(log_dir, kind):
+    found = set()
+    for path in glob.glob(os.path.join(log_dir, 'events.out.tfevents.*')):
+        acc = event_accumulator.EventAccumulator(
+            path, size_guidance={event_accumulator.TENSORS: 0})
+        acc.Reload()
+        found |= set(acc.Tags()[kind])
+    return found
+
+
+def test_train_checkpoints_logs_and_does_not_retrain(debug_config, tmp_path):
+    model = train.train(str(tmp_path), tf.distribute.get_strategy())
+    assert int(model.optimizer.iterations.numpy()) == 32
+
+    # Checkpoints every 8 steps and at epoch ends, named by step, last 2 kept.
+    checkpoints = sorted(
+        int(p.split('-')[-1].split('.')[0]) for p in
+        glob.glob(str(tmp_path / 'checkpoints' / 'ckpt-*.index')))
+    assert checkpoints == [24, 32]
+    assert callbacks.latest_checkpoint(str(tmp_path / 'checkpoints'))[1] == 32
+    # BackupAndRestore removes its backup once the run finished.
+    assert not glob.glob(str(tmp_path / 'backup' / '**' / '*.index'),
+                         recursive=True)
+    # The labeled split is recorded: 16 images of each of 4 classes.
+    assert len((tmp_path / 'labeled_split.txt').read_text().split('\n')) >= 64
+
+    train_logs = str(tmp_path / 'tensorboard' / 'train')
+    scalars = tags(train_logs, 'tensors')
+    assert {'throughput/views_per_second', 'epoch_loss',
+            'epoch_cross_entropy', 'epoch_me_max', 'epoch_learning_rate',
+            'epoch_trust_ratio_mean', 'epoch_target_confidence',
+            'batch_loss'} <= scalars
+    assert {'views/global_views', 'views/local_views',
+            'views/support_views'} <= scalars
+
+    # Running it again restores the finished run instead of training.
+    weights = [w.copy() for w in model.get_weights()]
+    again = train.train(str(tmp_path), tf.distribute.get_strategy())
+    assert int(again.optimizer.iterations.numpy()) == 32
+    for want, got in zip(weights, again.get_weights()):
+        np.testing.assert_array_equal(want, got)
+    assert len(glob.glob(str(tmp_path / 'checkpoints' / '*.index'))) == 2
+
+
+def test_backups_must_be_at_least_as_frequent_as_checkpoints(debug_config,
+                                                             tmp_path):
+    with gin.unlock_config():
+        gin.bind_parameter('train.checkpoint_every_steps', 4)
+    with pytest.raises(ValueError, match='back up at least as often'):
+        train.train(str(tmp_path), tf.distribute.get_strategy())
+    assert not (tmp_path / 'checkpoints').exists()
+
+
+def run_py(model_dir, *extra):
+    return subprocess.run(
+        [sys.executable, str(REPO / 'run.py'),
+         '--gin_file=gin_configs/debug.gin', f'--model_dir={model_dir}',
+         '--gin_bindings=train.num_epochs = 1',
+         '--gin_bindings=train.verbose = 0'] + list(extra),
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_run_py_refuses_another_config_unless_overwrite(tmp_path):
+    first = run_py(tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert (tmp_path / 'operative_config.gin').exists()
+    assert 'train.num_epochs = 1' in (tmp_path / 'config.gin').read_text()
+    assert '--mode=train' in (tmp_path / 'flags.txt').read_text()
+
+    changed = run_py(tmp_path, '--gin_bindings=PAWSModel.tau = 0.2')
+    assert changed.returncode != 0
+    assert 'different gin config' in changed.stderr
+    assert '+ PAWSModel.tau = 0.2' in changed.stderr
+    assert (tmp_path / 'checkpoints').exists()  # Nothing was lost.
+
+    same = run_py(tmp_path)  # Same config: the finished run is kept.
+    assert same.returncode == 0
+    assert 'holds a finished run' in same.stderr
+
+    overwritten = run_py(tmp_path, '--gin_bindings=PAWSModel.tau = 0.2',
+                         '--overwrite')
+    assert overwritten.returncode == 0, overwritten.stderr[-2000:]
+    assert 'PAWSModel.tau = 0.2' in (tmp_path / 'config.gin').read_text()
