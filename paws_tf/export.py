@@ -1,0 +1,279 @@
+"""SavedModel export: the embedder and a ready PAWS-NN classifier."""
+
+import json
+import os
+
+import tensorflow as tf
+
+from paws_tf import augment
+from paws_tf import dist
+from paws_tf import losses
+
+# Where run.py puts the two exports, relative to the model directory.
+EMBEDDER_DIR = os.path.join('export', 'embedder')
+CLASSIFIER_DIR = os.path.join('export', 'classifier')
+PREPROCESSING_FILENAME = 'preprocessing.json'
+# Dtypes a caller may pass by mistake. `__call__` gets a trace for each that
+# fails with our message: without one, the loaded function casts NumPy
+# floats to uint8 silently (0.7 -> 0, 300.7 -> 44).
+_REJECTED_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
+
+
+def _checked_images(images, expected, description):
+    """Returns `images` with static shape `[None, *expected]`, or fails with
+    `description` if it is not `[N, *expected]` (None: any size).
+
+    The check runs before any op that needs the shape. The result goes
+    through a `tf.cond`, whose output shape is fixed when traced: a loaded
+    function called with a static shape of another rank would otherwise
+    fail shape inference inside a later op, before the check could run.
+    """
+    shape = tf.shape(images)
+    padded = tf.concat([shape, tf.zeros([4], tf.int32)], 0)
+    conditions = [tf.equal(tf.rank(images), 4)] + [
+        tf.equal(padded[1 + axis], size)
+        for axis, size in enumerate(expected) if size is not None]
+
+    def fail():
+        failure = tf.debugging.Assert(
+            False, [f'{description}; got shape', shape], summarize=8)
+        with tf.control_dependencies([failure]):
+            return tf.identity(images)
+
+    images = tf.cond(tf.reduce_all(tf.stack(conditions)),
+                     lambda: tf.identity(images), fail)
+    return tf.ensure_shape(images, [None] + list(expected))
+
+
+class _SNNHead(tf.Module):
+    """PAWS-NN over bundled supports (PAWS Appendix A, no label smoothing)."""
+
+    def __init__(self, support_embeddings, support_labels, class_names, tau):
+        super().__init__(name='snn_head')
+        self.support_embeddings = tf.Variable(
+            support_embeddings, trainable=False,
+            name='support_embeddings')  # [M, D]
+        self.support_labels = tf.Variable(
+            support_labels, trainable=False, name='support_labels')  # [M]
+        self.class_names = tf.Variable(list(class_names), trainable=False,
+                                       name='class_names')  # [K]
+        self.tau = tf.Variable(float(tau), trainable=False, name='tau')
+        self._num_classes = len(class_names)
+
+    def __call__(self, model_outputs):
+        label_matrix = tf.one_hot(self.support_labels,
+                                  self._num_classes)  # [M, K]
+        probabilities = losses.snn(model_outputs['embeddings'],
+                                   self.support_embeddings, label_matrix,
+                                   self.tau)  # [N, K]
+        top = tf.math.top_k(probabilities, k=min(5, self._num_classes))
+        class_ids = top.indices[:, 0]
+        return {'probabilities': probabilities,
+                'class_ids': class_ids,
+                'class_names': tf.gather(self.class_names, class_ids),
+                'top5_class_ids': top.indices,
+                'top5_probabilities': top.values}
+
+
+class _Servable(tf.Module):
+    """The model with its evaluation preprocessing and an optional head.
+
+    `__call__` takes raw uint8 images, `call_preprocessed` float32 images
+    already preprocessed as `data.make_eval_dataset` does; both return the
+    model's `{'features', 'embeddings'}`, or `head` of them.
+    """
+
+    def __init__(self, model, head, *, image_size, crop_fraction, mean, std,
+                 channels):
+        super().__init__(name='paws_servable')
+        if len(mean) != channels or len(std) != channels:
+            raise ValueError(f'mean {mean} and std {std} need {channels} '
+                             f'values (one per channel).')
+        if not 0 < crop_fraction <= 1:
+            raise ValueError(f'crop_fraction must be in (0, 1], got '
+                             f'{crop_fraction}.')
+        self._set_untracked(model=model, preprocessing=dict(
+            image_size=int(image_size), crop_fraction=float(crop_fraction),
+            mean=[float(m) for m in mean], std=[float(s) for s in std],
+            channels=int(channels)))
+        # Only the variables are saved: tracking the Keras model would make
+        # the save trace and store every layer's Keras call functions too.
+        self.model_variables = list(model.variables)
+        self.head = head
+        # Saved with the model, readable as `loaded.image_size` etc.
+        for key, value in self.preprocessing.items():
+            setattr(self, key, tf.Variable(value, trainable=False, name=key))
+        self._raw_description = (
+            f'images must be uint8 [N, H, W, C={channels}]: a batch of raw '
+            f'images with pixel values 0-255')
+        self._preprocessed_description = (
+            f'images must be float32 [N, {image_size}, {image_size}, '
+            f'C={channels}], preprocessed like data.make_eval_dataset')
+        self.__call__ = tf.function(self._serve_raw)
+        self.call_preprocessed = tf.function(
+            self._serve_preprocessed,
+            input_signature=[tf.TensorSpec(None, tf.float32, name='images')])
+
+    @tf.__internal__.tracking.no_automatic_dependency_tracking
+    def _set_untracked(self, *, model, preprocessing):
+        """Attributes kept out of the SavedModel's object graph."""
+        self.model = model
+        self.preprocessing = preprocessing
+
+    def _outputs(self, images):
+        outputs = self.model(images, training=False)
+        return outputs if self.head is None else self.head(outputs)
+
+    def _serve_raw(self, images):
+        if images.dtype != tf.uint8:
+            failure = tf.debugging.Assert(
+                False, [f'{self._raw_description}; got {images.dtype.name}'])
+            with tf.control_dependencies([failure]):
+                return {'error': tf.constant('unreachable')}
+        p = self.preprocessing
+        images = _checked_images(images, [None, None, p['channels']],
+                                 self._raw_description)
+        size = p['image_size']
+
+        def preprocess(image):
+            return augment.center_view(
+                image, size, crop_fraction=p['crop_fraction'],
+                mean=p['mean'], std=p['std'])
+
+        # augment.center_view takes one [H, W, C] image.
+        views = tf.map_fn(preprocess, images, fn_output_signature=(
+            tf.TensorSpec([size, size, p['channels']], tf.float32)))
+        return self._outputs(views)
+
+    def _serve_preprocessed(self, images):
+        p = self.preprocessing
+        return self._outputs(_checked_images(
+            images, [p['image_size'], p['image_size'], p['channels']],
+            self._preprocessed_description))
+
+    def save(self, export_dir, preprocessed_signature, strategy, extra_info):
+        """Saves the module the multi-worker way (PITFALLS 6) and writes
+        preprocessing.json beside it."""
+        raw = self.__call__.get_concrete_function(
+            tf.TensorSpec(None, tf.uint8, name='images'))
+        for dtype in _REJECTED_DTYPES:
+            self.__call__.get_concrete_function(
+                tf.TensorSpec(None, dtype, name='images'))
+        signatures = {'serving_default': raw, preprocessed_signature:
+                      self.call_preprocessed.get_concrete_function()}
+        info = dict(self.preprocessing, input='uint8 [N, H, W, C]',
+                    signatures=sorted(signatures), **extra_info)
+        with dist.save_dir(strategy or tf.distribute.get_strategy(),
+                           export_dir) as target:
+            tf.saved_model.save(self, target, signatures=signatures)
+            with tf.io.gfile.GFile(
+                    os.path.join(target, PREPROCESSING_FILENAME), 'w') as f:
+                json.dump(info, f, indent=2)
+
+
+def read_preprocessing(export_dir):
+    """Returns the preprocessing parameters stored beside an export.
+
+    Raises:
+        FileNotFoundError: if `export_dir` holds no preprocessing.json.
+    """
+    path = os.path.join(export_dir, PREPROCESSING_FILENAME)
+    if not tf.io.gfile.exists(path):
+        raise FileNotFoundError(
+            f'{path} does not exist: {export_dir} is not a paws_tf export.')
+    with tf.io.gfile.GFile(path) as f:
+        return json.load(f)
+
+
+def export_embedder(model, export_dir, *, image_size, crop_fraction, mean,
+                    std, channels, strategy=None):
+    """Writes the encoder as a SavedModel that takes raw images.
+
+    Signatures (also callable as `loaded(images)` and
+    `loaded.call_preprocessed(images)`):
+      `serving_default`: `images` uint8 `[N, H, W, C]` (any N, H, W) ->
+          `{'features': [N, F], 'embeddings': [N, D]}` float32, after the
+          evaluation preprocessing of `augment.center_view` (resize the
+          shorter side to `image_size / crop_fraction`, centre crop,
+          normalise) and the model in inference mode.
+      `embed_preprocessed`: `images` float32 `[N, S, S, C]` already
+          preprocessed (what `data.make_eval_dataset` yields) -> same dict.
+    The preprocessing parameters are stored as variables
+    (`loaded.image_size`, ...) and in `preprocessing.json` beside
+    `saved_model.pb`. Loading needs only TensorFlow.
+
+    Under MultiWorkerMirroredStrategy every worker must call this; only the
+    chief's copy is kept.
+
+    Args:
+        model: `model.PAWSModel` (or any model whose call returns
+            `features` and `embeddings`), built.
+        export_dir: output directory.
+        image_size: S, side of the model input.
+        crop_fraction: centre crop as a fraction of the resized image.
+        mean: length-C channel means of the normalisation.
+        std: length-C channel standard deviations.
+        channels: C, image channels (3 RGB, 1 grayscale).
+        strategy: the running strategy (default: the current one).
+
+    Raises:
+        ValueError: on inconsistent preprocessing parameters.
+    """
+    module = _Servable(model, None, image_size=image_size,
+                       crop_fraction=crop_fraction, mean=mean, std=std,
+                       channels=channels)
+    module.save(export_dir, 'embed_preprocessed', strategy, {})
+
+
+def export_classifier(model, export_dir, *, support_embeddings,
+                      support_labels, class_names, tau, image_size,
+                      crop_fraction, mean, std, channels, strategy=None):
+    """Writes a self-contained PAWS-NN classifier SavedModel.
+
+    The labeled support embeddings, their labels and the class names are
+    stored inside, so `serving_default` (`images` uint8 `[N, H, W, C]`, the
+    preprocessing of `export_embedder` inside) returns:
+      `probabilities` float32 `[N, K]`: `softmax(q Sᵀ / tau) Y` over the
+          L2-normalised embeddings (PAWS Appendix A, no label smoothing);
+      `class_ids` int32 `[N]`: the argmax; `class_names` string `[N]`;
+      `top5_class_ids` int32 `[N, min(5, K)]` and `top5_probabilities`.
+    `classify_preprocessed` takes float32 `[N, S, S, C]` preprocessed images.
+
+    Args:
+        model: the built encoder, as for `export_embedder`.
+        export_dir: output directory.
+        support_embeddings: `[M, D]` embeddings of every labeled image.
+        support_labels: int `[M]` class ids in `[0, K)`.
+        class_names: K class names indexed by class id.
+        tau: similarity temperature.
+        image_size: S, side of the model input.
+        crop_fraction: centre crop as a fraction of the resized image.
+        mean: length-C channel means.
+        std: length-C channel standard deviations.
+        channels: C.
+        strategy: the running strategy (default: the current one).
+
+    Raises:
+        ValueError: on inconsistent supports, labels or class names.
+    """
+    support_embeddings = tf.convert_to_tensor(support_embeddings, tf.float32)
+    support_labels = tf.convert_to_tensor(support_labels, tf.int32)
+    if support_embeddings.shape.rank != 2 or not support_embeddings.shape[0]:
+        raise ValueError(f'support_embeddings must be a non-empty [M, D] '
+                         f'matrix, got shape {support_embeddings.shape}.')
+    num_support = int(support_embeddings.shape[0])
+    if support_labels.shape != [num_support]:
+        raise ValueError(f'support_labels has shape {support_labels.shape} '
+                         f'for {num_support} support embeddings.')
+    labels = support_labels.numpy()
+    if labels.min() < 0 or labels.max() >= len(class_names):
+        raise ValueError(f'support_labels must be in [0, {len(class_names)}) '
+                         f'(one per class name), got [{labels.min()}, '
+                         f'{labels.max()}].')
+    head = _SNNHead(support_embeddings, support_labels, class_names, tau)
+    module = _Servable(model, head, image_size=image_size,
+                       crop_fraction=crop_fraction, mean=mean, std=std,
+                       channels=channels)
+    module.save(export_dir, 'classify_preprocessed', strategy,
+                dict(num_support=num_support, num_classes=len(class_names),
+                     tau=float(tau)))

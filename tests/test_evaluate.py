@@ -1,0 +1,204 @@
+"""PAWS-NN: the chunked classifier against NumPy; evaluate_nn end to end."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from helpers import tiny_model
+from paws_tf import augment
+from paws_tf import data
+from paws_tf import evaluate
+from paws_tf import export
+from paws_tf import sources
+
+SIZE = 16
+EVAL = dict(image_size=SIZE, crop_fraction=0.875, mean=augment.CIFAR10_MEAN,
+            std=augment.CIFAR10_STD)
+
+
+def numpy_top_ids(queries, supports, labels, num_classes, tau):
+    """Brute-force SNN in float64; ties broken towards the lower class id."""
+    q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    s = supports / np.linalg.norm(supports, axis=1, keepdims=True)
+    logits = q @ s.T / tau
+    weights = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probabilities = weights @ np.eye(num_classes)[labels]
+    return np.argsort(-probabilities, axis=1, kind='stable')
+
+
+def random_problem(seed, num_queries=37, num_supports=23, dim=5,
+                   num_classes=7):
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=[num_queries, dim]).astype(np.float32),
+            rng.integers(0, num_classes, num_queries),
+            rng.normal(size=[num_supports, dim]).astype(np.float32),
+            rng.integers(0, num_classes, num_supports), num_classes)
+
+
+@pytest.mark.parametrize('tau', [0.1, 0.5])
+def test_classify_matches_numpy_for_every_chunk_size(tau):
+    queries, _, supports, labels, num_classes = random_problem(0)
+    expected = numpy_top_ids(queries, supports, labels, num_classes, tau)
+    for chunk in (1, 5, 8, 36, 37, 100):  # 37 queries: most do not divide.
+        top_ids = evaluate.classify(queries, supports, labels,
+                                    num_classes=num_classes, tau=tau, k=5,
+                                    query_chunk=chunk)
+        np.testing.assert_array_equal(top_ids, expected[:, :5])
+
+
+def as_dataset(embeddings, labels, batch):
+    """Embeddings as 'images', so that the identity embeds them."""
+    return tf.data.Dataset.from_tensor_slices(
+        (embeddings, labels.astype(np.int32))).batch(batch)
+
+
+def test_paws_nn_accuracies_match_numpy():
+    queries, query_labels, supports, labels, num_classes = random_problem(1)
+    top = numpy_top_ids(queries, supports, labels, num_classes, 0.1)
+    hits = top == query_labels[:, None]
+    results = evaluate.paws_nn(
+        tf.identity, as_dataset(supports, labels, 4),
+        as_dataset(queries, query_labels, 10), num_classes=num_classes,
+        query_chunk=6)
+    assert results['top1'] == pytest.approx(hits[:, 0].mean())
+    assert results['top5'] == pytest.approx(hits[:, :5].any(axis=1).mean())
+    assert results['num_support'] == 23 and results['num_queries'] == 37
+    for c, accuracy in enumerate(results['per_class_accuracy']):
+        members = query_labels == c
+        if members.any():
+            assert accuracy == pytest.approx(hits[members, 0].mean())
+        else:
+            assert accuracy is None
+
+
+def test_top5_is_left_out_with_fewer_classes():
+    queries, query_labels, supports, labels, _ = random_problem(
+        2, num_classes=3)
+    results = evaluate.paws_nn(
+        tf.identity, as_dataset(supports, labels, 8),
+        as_dataset(queries, query_labels, 8), num_classes=3)
+    assert 'top1' in results and 'top5' not in results
+    assert len(results['per_class_accuracy']) == 3
+
+
+def test_queries_at_support_points_are_all_right():
+    rng = np.random.default_rng(3)
+    supports = rng.normal(size=[20, 8]).astype(np.float32)
+    labels = np.arange(20) % 4
+    results = evaluate.paws_nn(
+        tf.identity, as_dataset(supports, labels, 6),
+        as_dataset(supports[::-1], labels[::-1], 7), num_classes=4,
+        tau=0.01, query_chunk=3)
+    assert results['top1'] == 1.0
+    assert results['per_class_accuracy'] == [1.0] * 4
+
+
+def test_labels_outside_the_classes_are_rejected():
+    queries, query_labels, supports, labels, _ = random_problem(4)
+    with pytest.raises(ValueError, match=r'Query labels must be in \[0, 7\)'):
+        evaluate.paws_nn(tf.identity, as_dataset(supports, labels, 8),
+                         as_dataset(queries, query_labels + 7, 8),
+                         num_classes=7)
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+    """A tiny run: 400 training images of which 40 labeled, 60 test images,
+    the recorded split and an embedder export."""
+    model_dir = str(tmp_path_factory.mktemp('run'))
+    rng = np.random.default_rng(5)
+    images = rng.integers(0, 256, [460, 20, 18, 3], np.uint8)
+    classes = rng.integers(0, 8, 460)
+    train = sources.from_arrays(images[:400], classes[:400])
+    test = sources.from_arrays(images[400:], classes[400:])
+    labeled, _ = sources.select_labeled(train, labels_per_class=5,
+                                        record_dir=model_dir)
+    model = tiny_model.build(size=SIZE)
+    export.export_embedder(model, os.path.join(model_dir,
+                                               export.EMBEDDER_DIR),
+                           channels=3, **EVAL)
+    return dict(model_dir=model_dir, train=train, labeled=labeled, test=test,
+                model=model)
+
+
+def reference_results(model, labeled, test):
+    def dataset(source):
+        return data.make_eval_dataset(source, batch_size=64, **EVAL)
+
+    return evaluate.paws_nn(evaluate.embedder_from_model(model),
+                            dataset(labeled), dataset(test), num_classes=8)
+
+
+def test_evaluate_nn_with_the_saved_model(run, capsys):
+    results = evaluate.evaluate_nn(run['model_dir'], labeled=run['labeled'],
+                                   test=run['test'], batch_size=16, **EVAL)
+    path = os.path.join(run['model_dir'], 'eval', 'paws_nn.json')
+    assert results['results_file'] == path
+    with open(path) as f:
+        stored = json.load(f)
+    assert stored['num_support'] == 40 and stored['num_queries'] == 60
+    assert stored['source'] == 'saved_model'
+    assert stored['source_path'] == os.path.join(run['model_dir'],
+                                                 export.EMBEDDER_DIR)
+    assert stored['split_file'] == os.path.join(run['model_dir'],
+                                                sources.SPLIT_FILENAME)
+    expected = reference_results(run['model'], run['labeled'], run['test'])
+    for key in ('top1', 'top5', 'per_class_accuracy'):
+        assert stored[key] == pytest.approx(expected[key])
+    assert 'support = the 40 labeled images' in capsys.readouterr().out
+    events = tf.io.gfile.glob(os.path.join(run['model_dir'], 'eval',
+                                           'events.out.tfevents.*'))
+    assert events
+
+
+def test_evaluate_nn_refuses_a_support_other_than_the_split(run):
+    with pytest.raises(ValueError, match='has 400 images but the split file'):
+        evaluate.evaluate_nn(run['model_dir'], labeled=run['train'],
+                             test=run['test'], **EVAL)
+
+
+def test_evaluate_nn_refuses_an_export_with_other_preprocessing(run):
+    with pytest.raises(ValueError, match='image_size: export 16, '
+                                         'evaluation 12'):
+        evaluate.evaluate_nn(run['model_dir'], labeled=run['labeled'],
+                             test=run['test'], **dict(EVAL, image_size=12))
+
+
+def test_evaluate_nn_from_a_training_checkpoint(run, tmp_path):
+    optimizer = tf_keras.optimizers.SGD(momentum=0.9)
+    optimizer.build(run['model'].trainable_variables)
+    manager = tf.train.CheckpointManager(
+        tf.train.Checkpoint(model=run['model'], optimizer=optimizer),
+        str(tmp_path), max_to_keep=1)
+    prefix = manager.save()
+    fresh = tiny_model.build(size=SIZE, seed=1)
+    model_dir = str(tmp_path / 'eval_run')
+    results = evaluate.evaluate_nn(
+        model_dir, labeled=run['labeled'], test=run['test'],
+        source='checkpoint', model=fresh, checkpoint_path=str(tmp_path),
+        **EVAL)
+    for restored, original in zip(fresh.variables, run['model'].variables):
+        np.testing.assert_array_equal(restored, original)
+    assert results['source_path'] == prefix
+    assert results['split_file'] is None
+    with open(os.path.join(model_dir, 'eval', 'paws_nn.json')) as f:
+        stored = json.load(f)
+    assert stored['source'] == 'checkpoint' and stored['num_support'] == 40
+    expected = reference_results(run['model'], run['labeled'], run['test'])
+    assert stored['top1'] == pytest.approx(expected['top1'])
+
+
+def test_missing_or_foreign_checkpoints_are_reported(tmp_path):
+    model = tiny_model.build(size=SIZE)
+    for path in (tmp_path, tmp_path / 'ckpt-7'):
+        with pytest.raises(FileNotFoundError, match=str(path)):
+            evaluate.restore_model(model, path, input_shape=(SIZE, SIZE, 3))
+    prefix = tf.train.Checkpoint(step=tf.Variable(3)).save(
+        str(tmp_path / 'other'))
+    with pytest.raises(ValueError, match='does not hold this model.s weights '
+                                         r'.*: Found \d+ Python objects'):
+        evaluate.restore_model(model, prefix, input_shape=(SIZE, SIZE, 3))
