@@ -8,6 +8,7 @@ Modes: train (PAWS pre-training; resumes an unfinished run), evaluate_nn
 train_and_evaluate (train, export, evaluate_nn).
 """
 
+import logging as pylogging
 import os
 import shutil
 
@@ -19,9 +20,9 @@ import gin
 import paws_tf  # noqa: F401  (selects tf_keras before TensorFlow is used)
 from paws_tf import configurables  # noqa: F401  (registers configurables)
 from paws_tf import dist
+from paws_tf import modes
 from paws_tf import train
 
-MODES = ('train', 'evaluate_nn', 'fine_tune', 'export', 'train_and_evaluate')
 CONFIG_FILE = 'config.gin'
 OPERATIVE_CONFIG_FILE = 'operative_config.gin'
 FLAGS_FILE = 'flags.txt'
@@ -38,7 +39,7 @@ _GIN_BINDINGS = flags.DEFINE_multi_string(
     '(repeatable; applied after the files).')
 _MODEL_DIR = flags.DEFINE_string('model_dir', None, 'Run directory.',
                                  required=True)
-_MODE = flags.DEFINE_enum('mode', 'train', MODES, 'What to run.')
+_MODE = flags.DEFINE_enum('mode', 'train', modes.MODES, 'What to run.')
 _STRATEGY = flags.DEFINE_enum('strategy', 'auto', dist.STRATEGY_KINDS,
                               'Distribution strategy.')
 _OVERWRITE = flags.DEFINE_bool(
@@ -80,7 +81,7 @@ class _QuietTensorFlow:
     the like) from absl's log; its warnings and errors still show."""
 
     def filter(self, record):
-        return (record.levelno >= logging.WARNING or
+        return (record.levelno >= pylogging.WARNING or
                 f'{os.sep}tensorflow{os.sep}' not in record.pathname)
 
 
@@ -108,7 +109,10 @@ def _write_text(path, text):
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-    logging.get_absl_handler().addFilter(_QuietTensorFlow())
+    # absl's handler delegates to its python_handler, which applies filters;
+    # TensorFlow's own INFO records go through the 'tensorflow' logger.
+    logging.get_absl_handler().python_handler.addFilter(_QuietTensorFlow())
+    pylogging.getLogger('tensorflow').setLevel(pylogging.WARNING)
     gin.add_config_file_search_path(_REPO_ROOT)
     # Parsing first: a typo fails here, with gin's message, before any data
     # is read or any TensorFlow device is set up.
@@ -127,11 +131,10 @@ def main(argv):
             _write_text(os.path.join(model_dir, CONFIG_FILE), config)
     logging.info('gin config:\n%s', config)
 
-    if training:
-        train.train(model_dir, strategy)
-        if dist.is_chief(strategy):
-            _write_text(os.path.join(model_dir, OPERATIVE_CONFIG_FILE),
-                        gin.operative_config_str())
+    modes.run(model_dir, strategy, _MODE.value)
+    if training and dist.is_chief(strategy):
+        _write_text(os.path.join(model_dir, OPERATIVE_CONFIG_FILE),
+                    gin.operative_config_str())
 
 
 if __name__ == '__main__':

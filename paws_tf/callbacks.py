@@ -11,7 +11,9 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import data
 from paws_tf import dist
+from paws_tf import evaluate
 
 CHECKPOINT_PREFIX = 'ckpt'
 
@@ -123,13 +125,18 @@ class ProgressLog(tf_keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = self._mark()
 
-    def _rate(self, start):
-        """(views per second, seconds per step, seconds) since `start`."""
-        seconds = time.perf_counter() - start[0]
-        steps = max(global_step(self.model) - start[1], 1)
+    def _rate(self, start, end=None):
+        """(views per second, seconds per step, seconds) from `start` to
+        `end` (default now), both `_mark()`s."""
+        end = end or self._mark()
+        seconds = end[0] - start[0]
+        steps = max(end[1] - start[1], 1)
         return steps * self._views_per_step / seconds, seconds / steps, seconds
 
     def on_train_batch_end(self, batch, logs=None):
+        # Epoch throughput ends at the last step, not after the epoch-end
+        # evaluation and saves.
+        self._last_batch_end = self._mark()
         step = global_step(self.model)
         if not self._every_steps or step % self._every_steps:
             return
@@ -141,11 +148,12 @@ class ProgressLog(tf_keras.callbacks.Callback):
         self._interval_start = self._mark()
 
     def on_epoch_end(self, epoch, logs=None):
-        views_per_second, _, seconds = self._rate(self._epoch_start)
+        views_per_second, _, seconds = self._rate(self._epoch_start,
+                                                  self._last_batch_end)
         logs = logs or {}
         shown = ' '.join(f'{k}={float(logs[k]):.4g}' for k in (
             'loss', 'cross_entropy', 'me_max', 'target_confidence',
-            'learning_rate') if k in logs)
+            'learning_rate', 'paws_nn_top1') if k in logs)
         logging.info('epoch %d/%d: %s | %.0f views/s, %.1f s', epoch + 1,
                      self._num_epochs, shown, views_per_second, seconds)
         self._writer.flush()
@@ -173,6 +181,47 @@ class ViewImages(tf_keras.callbacks.Callback):
 
 _ITERATIONS = re.compile(
     r'^model/optimizer/(.+/)?_iterations/\.ATTRIBUTES/VARIABLE_VALUE$')
+
+
+class PawsNNEvaluation(tf_keras.callbacks.Callback):
+    """PAWS-NN top-1/top-5 on the held-out split at epoch ends.
+
+    The support is the whole labeled set; the queries are the first
+    `max_queries` test images (all of them when None), so the curve is
+    cheap enough to follow during training.
+    """
+
+    def __init__(self, log_dir, *, labeled, test, preprocessing, tau,
+                 every_epochs=1, max_queries=None, batch_size=256):
+        super().__init__()
+        self._writer = tf.summary.create_file_writer(log_dir)
+        self._every_epochs = every_epochs
+        self._tau = tau
+        self._num_classes = len(labeled.class_names)
+        self._support = data.make_eval_dataset(
+            labeled, batch_size=batch_size, **preprocessing)
+        queries = data.make_eval_dataset(test, batch_size=batch_size,
+                                         **preprocessing)
+        if max_queries is not None:
+            queries = queries.unbatch().take(max_queries).batch(batch_size)
+        self._queries = queries
+
+    def on_epoch_end(self, epoch, logs=None):
+        if (epoch + 1) % self._every_epochs:
+            return
+        results = evaluate.paws_nn(
+            evaluate.embedder_from_model(self.model), self._support,
+            self._queries, num_classes=self._num_classes, tau=self._tau)
+        with self._writer.as_default(step=global_step(self.model)):
+            for key in ('top1', 'top5'):
+                if key in results:
+                    tf.summary.scalar(f'paws_nn/{key}', results[key])
+        self._writer.flush()
+        if logs is not None:
+            logs['paws_nn_top1'] = results['top1']
+        logging.info('epoch %d: PAWS-NN top-1 %.2f%% (%d queries, %d '
+                     'supports)', epoch + 1, 100 * results['top1'],
+                     results['num_queries'], results['num_support'])
 
 
 def backup_step(backup_dir):

@@ -6,6 +6,7 @@ from paws_tf import augment  # noqa: F401
 from paws_tf import backbones  # noqa: F401
 from paws_tf import data  # noqa: F401
 from paws_tf import dist  # noqa: F401
+from paws_tf import evaluate  # noqa: F401
 from paws_tf import experiment  # noqa: F401
 from paws_tf import heads  # noqa: F401
 from paws_tf import lars  # noqa: F401

@@ -30,24 +30,32 @@ def set_precision(precision):
     tf_keras.mixed_precision.set_global_policy(precision)
 
 
-def build_compiled_model(strategy, pretrain, *, input_channels, num_epochs,
-                         optimizer_cls, schedule_cls, precision, jit_compile,
-                         steps_per_execution, pretrained_backbone=None):
-    """Builds the PAWS model and its optimizer in the strategy's scope.
+def build_model(strategy, pretrain, *, input_channels):
+    """Builds the PAWS model's variables in the strategy's scope.
 
     Batch norm is synchronised across replicas when there are several
     (global BN, PAWS Sec. 5) and fused otherwise.
-
-    Returns:
-        The compiled, built `PAWSModel`.
     """
-    set_precision(precision)
     with strategy.scope():
         model = model_lib.build_model(
             input_channels=input_channels,
             sync_bn=strategy.num_replicas_in_sync > 1,
             layout=pretrain.model_layout)
         model._encode(tf.zeros([1, 8, 8, input_channels]), training=False)
+    return model
+
+
+def build_compiled_model(strategy, pretrain, *, input_channels, num_epochs,
+                         optimizer_cls, schedule_cls, precision, jit_compile,
+                         steps_per_execution, pretrained_backbone=None):
+    """Builds the PAWS model and its optimizer in the strategy's scope.
+
+    Returns:
+        The compiled, built `PAWSModel`.
+    """
+    set_precision(precision)
+    model = build_model(strategy, pretrain, input_channels=input_channels)
+    with strategy.scope():
         if pretrained_backbone:
             backbones.load_backbone_weights(model.backbone,
                                             pretrained_backbone)
@@ -79,7 +87,8 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
           precision='float32', jit_compile=False, steps_per_execution=1,
           seed=0, deterministic_ops=False, checkpoint_every_steps=1000,
           keep_checkpoints=3, backup_every_steps=100, log_every_steps=50,
-          view_images=True, pretrained_backbone=None, verbose='auto'):
+          view_images=True, eval_every_epochs=1, eval_max_queries=10_000,
+          pretrained_backbone=None, verbose='auto'):
     """PAWS pre-training into `model_dir`; resumes an unfinished run.
 
     Running it again on the same `model_dir` continues an interrupted run
@@ -109,6 +118,9 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
             preemption can lose.
         log_every_steps: TensorBoard scalar interval.
         view_images: write augmented views of the first step to TensorBoard.
+        eval_every_epochs: PAWS-NN on the test split every this many epochs
+            when one is configured (0: never).
+        eval_max_queries: test images used by that evaluation (None: all).
         pretrained_backbone: tf_keras weights file or checkpoint to start
             the backbone from.
         verbose: Keras progress bar verbosity.
@@ -179,11 +191,16 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
                               every_steps=log_every_steps,
                               num_epochs=num_epochs, is_chief=chief),
     ]
+    preprocessing = experiment.eval_preprocessing()
     if view_images and chief and start_step == 0:
-        preprocessing = experiment.eval_preprocessing()
         fit_callbacks.append(callbacks.ViewImages(
             os.path.join(log_dir, 'train'), pretrain.dataset_fn,
             mean=preprocessing['mean'], std=preprocessing['std']))
+    if eval_every_epochs and chief and bundle.test is not None:
+        fit_callbacks.insert(1, callbacks.PawsNNEvaluation(  # Before saves.
+            os.path.join(log_dir, 'eval'), labeled=bundle.labeled,
+            test=bundle.test, preprocessing=preprocessing, tau=model.tau,
+            every_epochs=eval_every_epochs, max_queries=eval_max_queries))
     model.fit(tf_keras.utils.experimental.DatasetCreator(pretrain.dataset_fn),
               epochs=num_epochs, initial_epoch=initial_epoch,
               steps_per_epoch=steps_per_epoch, callbacks=fit_callbacks,
