@@ -4,8 +4,10 @@ r"""Runs a paws_tf experiment described by gin files.
       --mode=train_and_evaluate
 
 Modes: train (PAWS pre-training; resumes an unfinished run), evaluate_nn
-(PAWS-NN top-1/top-5 on the test split), fine_tune, export (SavedModels),
-train_and_evaluate (train, export, evaluate_nn).
+(PAWS-NN top-1/top-5 on the test split), export (SavedModels),
+train_and_evaluate (train, export, evaluate_nn), demo (train_and_evaluate,
+then a supervised-only baseline on the same labels, results.json, a figure
+and a table).
 """
 
 import logging as pylogging
@@ -119,7 +121,7 @@ def main(argv):
     _parse_gin(_GIN_FILES.value, _GIN_BINDINGS.value)
     model_dir = _MODEL_DIR.value
     config = gin.config_str()
-    training = _MODE.value in ('train', 'train_and_evaluate')
+    training = _MODE.value in ('train', 'train_and_evaluate', 'demo')
     if training:
         _check_model_dir(model_dir, config, _OVERWRITE.value)
     strategy = dist.make_strategy(_STRATEGY.value)

@@ -206,11 +206,15 @@ class PawsNNEvaluation(tf_keras.callbacks.Callback):
             queries = queries.unbatch().take(max_queries).batch(batch_size)
         self._queries = queries
 
+    def set_model(self, model):
+        super().set_model(model)
+        self._embed_fn = evaluate.embedder_from_model(model)  # Traced once.
+
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self._every_epochs:
             return
         results = evaluate.paws_nn(
-            evaluate.embedder_from_model(self.model), self._support,
+            self._embed_fn, self._support,
             self._queries, num_classes=self._num_classes, tau=self._tau)
         with self._writer.as_default(step=global_step(self.model)):
             for key in ('top1', 'top5'):

@@ -13,6 +13,7 @@ from paws_tf import lars  # noqa: F401
 from paws_tf import model  # noqa: F401
 from paws_tf import schedules  # noqa: F401
 from paws_tf import sources  # noqa: F401
+from paws_tf import supervised  # noqa: F401
 from paws_tf import tfds_sources  # noqa: F401
 from paws_tf import train  # noqa: F401
 

@@ -14,7 +14,8 @@ DataBundle = collections.namedtuple('DataBundle',
 
 
 @gin.configurable(denylist=['record_dir'])
-def load_data(record_dir, *, train=gin.REQUIRED, test=None):
+def load_data(record_dir, *, train=gin.REQUIRED, test=None,
+              max_unlabeled=None, seed=0):
     """Loads the sources of an experiment.
 
     Args:
@@ -27,6 +28,9 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None):
             (`tfds_sources.imagenet_sources`, `image_folders`).
         test: zero-argument callable returning the labeled test
             `ImageSource`, or None.
+        max_unlabeled: keep a random subset of this many unlabeled images
+            (short runs); None keeps them all.
+        seed: seed of that subset.
 
     Returns:
         `DataBundle(labeled, unlabeled, test)`; `test` may be None.
@@ -41,6 +45,10 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None):
     else:
         labeled, unlabeled = sources.select_labeled(loaded,
                                                     record_dir=record_dir)
+    if max_unlabeled is not None and max_unlabeled < unlabeled.num_examples:
+        keep = np.random.default_rng(seed).choice(
+            unlabeled.num_examples, max_unlabeled, replace=False)
+        unlabeled = unlabeled.subset(np.sort(keep))
     test_source = test() if test is not None else None
     if test_source is not None:
         if tuple(test_source.class_names) != tuple(labeled.class_names):

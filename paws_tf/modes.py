@@ -1,8 +1,11 @@
 """What each run.py mode does after training: restore, export, evaluate."""
 
 import os
+import time
 
 from absl import logging
+import gin
+import numpy as np
 
 from paws_tf import callbacks
 from paws_tf import data
@@ -10,9 +13,11 @@ from paws_tf import dist
 from paws_tf import evaluate
 from paws_tf import experiment
 from paws_tf import export
+from paws_tf import report
+from paws_tf import supervised
 from paws_tf import train
 
-MODES = ('train', 'evaluate_nn', 'export', 'train_and_evaluate')
+MODES = ('train', 'evaluate_nn', 'export', 'train_and_evaluate', 'demo')
 EMBED_BATCH_SIZE = 256
 
 
@@ -91,6 +96,81 @@ def evaluate_run(model_dir, strategy, bundle, *, model, step=0):
                                 **kwargs, **experiment.eval_preprocessing())
 
 
+def _bound(name, default):
+    try:
+        return gin.query_parameter(name)
+    except ValueError:
+        return default
+
+
+def demo(model_dir, strategy):
+    """PAWS against a supervised-only baseline on the same labels.
+
+    Trains, exports and evaluates PAWS (PAWS-NN), trains the baseline
+    (`supervised.train_supervised`, same backbone and augmentations, only
+    the labeled images), then writes `results.json`, `results.png` and
+    prints a table.
+
+    Returns:
+        The results dict (also in `model_dir/results.json`).
+    """
+    start = time.perf_counter()
+    train.train(model_dir, strategy)
+    paws_seconds = time.perf_counter() - start
+    model, bundle, step = load_trained_model(model_dir, strategy)
+    export_run(model_dir, strategy, model, bundle)
+    paws = evaluate_run(model_dir, strategy, bundle, model=model, step=step)
+    if not dist.is_chief(strategy):
+        return None
+    preprocessing = experiment.eval_preprocessing()
+    baseline = supervised.train_supervised(
+        model_dir, labeled=bundle.labeled, test=bundle.test,
+        preprocessing=preprocessing)
+    embeddings, labels = evaluate.embed_dataset(
+        evaluate.embedder_from_saved_model(
+            os.path.join(model_dir, export.EMBEDDER_DIR)),
+        data.make_eval_dataset(bundle.test, batch_size=EMBED_BATCH_SIZE,
+                               **preprocessing), description='test images')
+    log_dir = os.path.join(model_dir, train.TENSORBOARD_DIR)
+    _, views_per_second = report.read_scalars(
+        os.path.join(log_dir, 'train'), 'throughput/views_per_second')
+    per_class = np.bincount(bundle.labeled.labels)
+    results = dict(
+        paws_nn_top1=paws['top1'], paws_nn_top5=paws.get('top5'),
+        supervised_top1=baseline['top1'],
+        labels_per_class=(int(per_class[0]) if np.all(per_class ==
+                                                      per_class[0])
+                          else per_class.tolist()),
+        num_labeled=bundle.labeled.num_examples,
+        num_unlabeled=bundle.unlabeled.num_examples,
+        num_test=paws['num_queries'], seed=_bound('train.seed', 0),
+        paws_train_seconds=paws_seconds,
+        supervised_seconds=baseline['wall_seconds'],
+        images_per_second=float(np.median(views_per_second))
+        if len(views_per_second) else None,
+        wall_seconds=time.perf_counter() - start)
+    results_path = report.write_results(model_dir, results)
+    report.write_figure(
+        os.path.join(model_dir, report.FIGURE_FILENAME), log_dir=log_dir,
+        embeddings=embeddings.numpy(), labels=labels,
+        class_names=bundle.labeled.class_names,
+        title=f'PAWS-NN {100 * results["paws_nn_top1"]:.1f}% vs supervised '
+        f'{100 * results["supervised_top1"]:.1f}% top-1 '
+        f'({results["num_labeled"]} labels)')
+    print(report.table([
+        {'method': 'PAWS-NN', 'top-1': f'{100 * paws["top1"]:.2f}%',
+         'wall time': f'{paws_seconds:.0f} s (pre-training)',
+         'images/s': f'{results["images_per_second"] or 0:.0f} views/s'},
+        {'method': 'supervised only', 'top-1': f'{100 * baseline["top1"]:.2f}%',
+         'wall time': f'{baseline["wall_seconds"]:.0f} s',
+         'images/s': f'{baseline["images_per_second"]:.0f} images/s'},
+    ]))
+    print(f'total wall time {results["wall_seconds"]:.0f} s; results in '
+          f'{results_path}, figure in '
+          f'{os.path.join(model_dir, report.FIGURE_FILENAME)}')
+    return results
+
+
 def run(model_dir, strategy, mode):
     """Runs one of run.py's modes (`MODES`, see run.py).
 
@@ -99,6 +179,8 @@ def run(model_dir, strategy, mode):
     """
     if mode not in MODES:
         raise ValueError(f'Unknown mode {mode!r}; choose one of {MODES}.')
+    if mode == 'demo':
+        return demo(model_dir, strategy)
     if mode in ('train', 'train_and_evaluate'):
         train.train(model_dir, strategy)
         if mode == 'train':

@@ -41,7 +41,11 @@ def build_model(strategy, pretrain, *, input_channels):
             input_channels=input_channels,
             sync_bn=strategy.num_replicas_in_sync > 1,
             layout=pretrain.model_layout)
-        model._encode(tf.zeros([1, 8, 8, input_channels]), training=False)
+        images = tf.zeros([1, 8, 8, input_channels])
+        # `model(...)` sets Keras' `built` (BackupAndRestore checks it);
+        # `_encode` also builds the prediction head, which `call` skips.
+        model(images)
+        model._encode(images, training=False)
     return model
 
 

@@ -1,0 +1,84 @@
+"""The comparison report of `run.py --mode=demo`: a table, results.json and
+a figure (training curves, 2-D projection of the test embeddings)."""
+
+import glob
+import json
+import os
+
+import matplotlib
+matplotlib.use('Agg')  # Files only; no display needed.
+from matplotlib import pyplot  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from tensorboard.backend.event_processing import event_accumulator  # noqa
+
+RESULTS_FILENAME = 'results.json'
+FIGURE_FILENAME = 'results.png'
+
+
+def read_scalars(log_dir, tag):
+    """(steps, values) of a TensorBoard scalar under `log_dir`, by step."""
+    points = {}
+    for path in glob.glob(os.path.join(log_dir, 'events.out.tfevents.*')):
+        events = event_accumulator.EventAccumulator(
+            path, size_guidance={event_accumulator.TENSORS: 0})
+        events.Reload()
+        if tag in events.Tags()['tensors']:
+            for event in events.Tensors(tag):
+                points[event.step] = float(tf.make_ndarray(
+                    event.tensor_proto))
+    steps = sorted(points)
+    return np.array(steps), np.array([points[s] for s in steps])
+
+
+def project_2d(embeddings):
+    """Principal-component projection of `[N, D]` embeddings to `[N, 2]`."""
+    centred = embeddings - embeddings.mean(axis=0)
+    _, _, components = np.linalg.svd(centred, full_matrices=False)
+    return centred @ components[:2].T
+
+
+def write_figure(path, *, log_dir, embeddings, labels, class_names, title):
+    """Training curves and the embedding projection, as one PNG."""
+    figure, axes = pyplot.subplots(1, 3, figsize=(16, 4.8))
+    for tag, label in (('epoch_loss', 'loss'),
+                       ('epoch_cross_entropy', 'cross-entropy')):
+        steps, values = read_scalars(os.path.join(log_dir, 'train'), tag)
+        axes[0].plot(np.arange(1, len(values) + 1), values, marker='o',
+                     label=label)
+    axes[0].set(xlabel='epoch', title='PAWS training loss')
+    axes[0].legend()
+    steps, top1 = read_scalars(os.path.join(log_dir, 'eval'), 'paws_nn/top1')
+    axes[1].plot(np.arange(1, len(top1) + 1), 100 * top1, marker='o')
+    axes[1].set(xlabel='epoch', ylabel='top-1 (%)',
+                title='PAWS-NN on the test split')
+    points = project_2d(embeddings)
+    for class_id, name in enumerate(class_names):
+        mask = labels == class_id
+        axes[2].scatter(points[mask, 0], points[mask, 1], s=2, label=name)
+    axes[2].set(title='test embeddings (PCA)', xticks=[], yticks=[])
+    axes[2].legend(markerscale=5, fontsize=7, loc='best')
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    pyplot.close(figure)
+
+
+def table(rows):
+    """A plain-text table of `rows` (dicts with the same keys)."""
+    keys = list(rows[0])
+    widths = [max(len(k), *(len(str(r[k])) for r in rows)) for k in keys]
+    line = lambda cells: '  '.join(  # noqa: E731
+        str(c).ljust(w) for c, w in zip(cells, widths))
+    return '\n'.join([line(keys), line('-' * w for w in widths)] +
+                     [line(r[k] for k in keys) for r in rows])
+
+
+def write_results(model_dir, results):
+    """Writes `results` to `model_dir/results.json`; returns the path."""
+    path = os.path.join(model_dir, RESULTS_FILENAME)
+    tmp = f'{path}.tmp'
+    with open(tmp, 'w') as f:
+        json.dump(results, f, indent=2)
+    os.replace(tmp, path)
+    return path

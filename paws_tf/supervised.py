@@ -1,0 +1,118 @@
+"""Supervised-only baseline: the same backbone trained on the labeled images
+alone, with the same augmentations as PAWS' global views."""
+
+import json
+import os
+import time
+
+from absl import logging
+import gin
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from paws_tf import augment
+from paws_tf import backbones
+from paws_tf import data
+from paws_tf import sampling
+
+RESULTS_SUBDIR = 'supervised'
+RESULTS_FILENAME = 'results.json'
+# Stream tag of the baseline's own shuffling and views (see sampling).
+_SUPERVISED = 100
+
+
+def _training_dataset(labeled, multicrop, batch_size, seed):
+    """Endless shuffled batches of augmented labeled views and labels."""
+    labels = tf.constant(labeled.labels, tf.int32)
+
+    def epoch_positions(epoch):
+        order = sampling.permutation(
+            labeled.num_examples,
+            sampling.derive_seed(seed, _SUPERVISED, epoch))
+        return tf.data.Dataset.from_tensor_slices(
+            (tf.fill(tf.shape(order), epoch), order))
+
+    def view(epoch, position):
+        image = augment.make_view(
+            labeled.read(position),
+            sampling.derive_seed(seed, _SUPERVISED + 1, epoch, position),
+            size=multicrop.global_size, scale=multicrop.global_scale,
+            color_strength=multicrop.color_strength,
+            blur_prob=multicrop.blur_prob, mean=multicrop.mean,
+            std=multicrop.std)
+        return image, tf.gather(labels, position)
+
+    return (tf.data.Dataset.counter().flat_map(epoch_positions)
+            .map(view, num_parallel_calls=tf.data.AUTOTUNE)
+            .batch(batch_size, drop_remainder=True)
+            .prefetch(tf.data.AUTOTUNE))
+
+
+def build_classifier(num_classes, input_channels):
+    """The gin-configured backbone with a linear softmax classifier."""
+    backbone = backbones.build_backbone(input_channels=input_channels)
+    images = tf_keras.Input([None, None, input_channels])
+    logits = tf_keras.layers.Dense(num_classes, name='classifier')(
+        backbone(images))
+    return tf_keras.Model(images, logits, name='supervised_classifier')
+
+
+@gin.configurable(denylist=['model_dir', 'labeled', 'test', 'preprocessing'])
+def train_supervised(model_dir, *, labeled, test, preprocessing,
+                     multicrop=gin.REQUIRED, steps=2000, batch_size=128,
+                     learning_rate=0.1, weight_decay=5e-4, seed=0):
+    """Trains and evaluates the supervised-only baseline.
+
+    SGD with Nesterov momentum 0.9, a cosine learning-rate decay over
+    `steps`, decoupled weight decay, softmax cross-entropy; augmented views
+    as PAWS' global views (`multicrop.global_*`, colour, blur). Evaluated
+    with the single centre crop of PAWS-NN.
+
+    Args:
+        model_dir: results go to `model_dir/supervised/`.
+        labeled: `sources.ImageSource`, the labeled images.
+        test: `sources.ImageSource`, the evaluation split.
+        preprocessing: `experiment.eval_preprocessing()` dict.
+        multicrop: the PAWS run's `augment.MultiCropConfig`.
+        steps: optimizer steps.
+        batch_size: labeled images per step.
+        learning_rate: peak learning rate.
+        weight_decay: decoupled weight decay.
+        seed: seed of initialisation, order and views.
+
+    Returns:
+        dict with `top1`, `wall_seconds`, `images_per_second`, `steps`.
+    """
+    tf_keras.utils.set_random_seed(seed)
+    num_classes = len(labeled.class_names)
+    model = build_classifier(num_classes, labeled.channels)
+    schedule = tf_keras.optimizers.schedules.CosineDecay(learning_rate, steps)
+    model.compile(
+        optimizer=tf_keras.optimizers.SGD(
+            schedule, momentum=0.9, nesterov=True, weight_decay=weight_decay),
+        loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=['accuracy'])
+    start = time.perf_counter()
+    model.fit(_training_dataset(labeled, multicrop, batch_size, seed),
+              epochs=1, steps_per_epoch=steps, verbose=2)
+    train_seconds = time.perf_counter() - start
+    correct = total = 0
+    for images, labels in data.make_eval_dataset(test, batch_size=256,
+                                                 **preprocessing):
+        predicted = np.argmax(model(images, training=False), axis=1)
+        correct += int(np.sum(predicted == labels.numpy()))
+        total += len(labels)
+    results = dict(top1=correct / total, num_test=total,
+                   num_labeled=labeled.num_examples, steps=steps,
+                   wall_seconds=time.perf_counter() - start,
+                   images_per_second=steps * batch_size / train_seconds)
+    directory = os.path.join(model_dir, RESULTS_SUBDIR)
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, RESULTS_FILENAME), 'w') as f:
+        json.dump(results, f, indent=2)
+    logging.info('Supervised baseline: top-1 %.2f%% on %d test images, '
+                 'trained on %d labeled images in %.0f s.',
+                 100 * results['top1'], total, labeled.num_examples,
+                 train_seconds)
+    return results

@@ -1,0 +1,79 @@
+"""The supervised-only baseline and the demo report."""
+
+import json
+
+import gin
+import numpy as np
+import pytest
+
+from paws_tf import augment
+from paws_tf import experiment
+from paws_tf import report
+from paws_tf import supervised
+
+TINY = ["build_backbone.name = 'small_resnet'",
+        'build_backbone.widths = (8, 16)',
+        'build_backbone.blocks_per_stage = (1, 1)',
+        'build_backbone.stage_strides = (2, 2)']
+
+
+@pytest.fixture
+def tiny_backbone():
+    gin.clear_config()
+    gin.parse_config(TINY)
+    yield
+    gin.clear_config()
+
+
+def test_baseline_learns_the_labeled_classes(tiny_backbone, tmp_path):
+    labeled = experiment.synthetic_source(num_images=64, seed=0)
+    test = experiment.synthetic_source(num_images=64, seed=1)
+    multicrop = augment.cifar10_multicrop(global_size=16, local_size=8,
+                                          mean=(0.5,) * 3, std=(0.25,) * 3)
+    results = supervised.train_supervised(
+        str(tmp_path), labeled=labeled, test=test,
+        preprocessing=experiment.eval_preprocessing(
+            image_size=16, mean=(0.5,) * 3, std=(0.25,) * 3),
+        multicrop=multicrop, steps=60, batch_size=16, learning_rate=0.05)
+    assert results['top1'] > 0.6  # 4 classes: chance is 0.25.
+    assert results['num_test'] == 64 and results['num_labeled'] == 64
+    written = json.loads((tmp_path / 'supervised' / 'results.json')
+                         .read_text())
+    assert written['top1'] == results['top1']
+
+
+def test_augmented_training_views_are_deterministic(tiny_backbone):
+    labeled = experiment.synthetic_source(num_images=8)
+    multicrop = augment.cifar10_multicrop(global_size=16)
+    first = [b[0].numpy() for b in supervised._training_dataset(
+        labeled, multicrop, 4, seed=3).take(3)]
+    again = [b[0].numpy() for b in supervised._training_dataset(
+        labeled, multicrop, 4, seed=3).take(3)]
+    other = next(iter(supervised._training_dataset(labeled, multicrop, 4,
+                                                   seed=4)))[0].numpy()
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    assert not np.allclose(first[0], other)
+    assert first[0].shape == (4, 16, 16, 3)
+
+
+def test_project_2d_is_the_top_principal_components():
+    rng = np.random.default_rng(0)
+    # Variance 9 along e0, 4 along e1, tiny elsewhere.
+    points = rng.normal(size=(500, 5)) * [3.0, 2.0, 0.01, 0.01, 0.01]
+    projected = report.project_2d(points)
+    np.testing.assert_allclose(np.var(projected, axis=0),
+                               np.var(points[:, :2], axis=0), rtol=0.02)
+    np.testing.assert_allclose(np.abs(np.corrcoef(projected[:, 0],
+                                                  points[:, 0])[0, 1]), 1.0,
+                               atol=1e-3)
+
+
+def test_table_and_results(tmp_path):
+    text = report.table([{'method': 'PAWS-NN', 'top-1': '84.00%'},
+                         {'method': 'supervised only', 'top-1': '80.10%'}])
+    lines = text.splitlines()
+    assert lines[0].split() == ['method', 'top-1']
+    assert lines[2].startswith('PAWS-NN ') and lines[3].endswith('80.10%')
+    path = report.write_results(str(tmp_path), {'paws_nn_top1': 0.84})
+    assert json.loads(open(path).read()) == {'paws_nn_top1': 0.84}
