@@ -4,10 +4,14 @@ evaluation preprocessing shared by PAWS-NN, export and fine-tuning."""
 import collections
 import os
 
+from absl import logging
 import gin
 import numpy as np
 
 from paws_tf import sources
+from paws_tf import tfds_sources
+
+FASHION_MNIST_IDX_DIR = '/usr/share/datasets/fashion-mnist'
 
 DataBundle = collections.namedtuple('DataBundle',
                                     ['labeled', 'unlabeled', 'test'])
@@ -46,6 +50,9 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None,
         labeled, unlabeled = sources.select_labeled(loaded,
                                                     record_dir=record_dir)
     if max_unlabeled is not None and max_unlabeled < unlabeled.num_examples:
+        if not isinstance(unlabeled, sources.ImageSource):
+            raise ValueError('max_unlabeled needs a random-access unlabeled '
+                             'source, not a stream.')
         keep = np.random.default_rng(seed).choice(
             unlabeled.num_examples, max_unlabeled, replace=False)
         unlabeled = unlabeled.subset(np.sort(keep))
@@ -147,3 +154,55 @@ def synthetic_source(*, num_images=512, num_classes=4, image_size=16,
         images.append(np.clip(image * 255.0, 0, 255).astype(np.uint8))
     return sources.from_arrays(np.stack(images), labels,
                                [f'class_{c}' for c in range(num_classes)])
+
+
+@gin.configurable
+def fashion_mnist(*, split='train', idx_dir=FASHION_MNIST_IDX_DIR,
+                  data_dir=None):
+    """Fashion-MNIST from its IDX files, or from TFDS when they are absent.
+
+    Debian's `dataset-fashion-mnist` package installs the IDX files under
+    `FASHION_MNIST_IDX_DIR`; without them TFDS `fashion_mnist` is used
+    (which downloads on first use).
+
+    Args:
+        split: `'train'` (60,000 images) or `'test'` (10,000).
+        idx_dir: folder of the `*-idx?-ubyte.gz` files.
+        data_dir: TFDS data directory for the fallback.
+
+    Returns:
+        A labeled one-channel `ImageSource` with the class names.
+    """
+    prefix = {'train': 'train', 'test': 't10k'}[split]
+    images = os.path.join(idx_dir, f'{prefix}-images-idx3-ubyte.gz')
+    if os.path.exists(images):
+        return sources.load_idx(
+            images, os.path.join(idx_dir, f'{prefix}-labels-idx1-ubyte.gz'),
+            class_names=sources.FASHION_MNIST_CLASS_NAMES)
+    logging.warning('%s is missing (Debian package dataset-fashion-mnist): '
+                    'loading TFDS fashion_mnist instead.', images)
+    return tfds_sources.load_tfds('fashion_mnist', split=split,
+                                  data_dir=data_dir)
+
+
+@gin.configurable
+def held_out(*, source=gin.REQUIRED, part='train', size=5000, seed=0):
+    """One part of a labeled source split into training and validation.
+
+    For tuning without the test split: bind the training part as
+    `load_data.train` and the validation part as `load_data.test`.
+
+    Args:
+        source: zero-argument callable returning the labeled `ImageSource`.
+        part: `'train'` (everything else) or `'validation'` (`size` images
+            chosen by `seed`).
+        size: images held out for validation.
+        seed: seed of the choice.
+
+    Returns:
+        The requested part, an `ImageSource`.
+    """
+    full = source()
+    order = np.random.default_rng(seed).permutation(full.num_examples)
+    chosen = order[:size] if part == 'validation' else order[size:]
+    return full.subset(np.sort(chosen))
