@@ -211,7 +211,8 @@ def _tensorboard(log_dir, update_freq='epoch'):
         log_dir, update_freq=update_freq, write_graph=False, profile_batch=0)
 
 
-def _check_labeled(labeled):
+def _num_classes(labeled):
+    """Class count of a labeled set; raises ValueError when it is empty."""
     if labeled.labels is None or labeled.num_examples == 0:
         raise ValueError('The labeled set is empty (or has no labels): '
                          'fine-tuning needs labeled images.')
@@ -303,7 +304,7 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
             divisible by the replicas; raised before any training.
     """
     strategy = strategy or tf.distribute.get_strategy()
-    num_classes = _check_labeled(labeled)
+    num_classes = _num_classes(labeled)
     if global_batch_size % strategy.num_replicas_in_sync:
         raise ValueError(
             f'global_batch_size={global_batch_size} is not divisible by the '
@@ -311,6 +312,7 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
     if not learning_rates or not epochs:
         raise ValueError('Give at least one learning rate and epoch count.')
     train_positions, held = split_holdout(labeled.labels, holdout, seed)
+    train_source = labeled.subset(train_positions)
     evaluation = dict(batch_size=eval_batch_size, image_size=image_size,
                       crop_fraction=crop_fraction, mean=mean, std=std)
     held_dataset = data.make_eval_dataset(labeled.subset(held), **evaluation)
@@ -328,8 +330,8 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
     for learning_rate in learning_rates:
         for num_epochs in epochs:
             classifier = _train_classifier(
-                model, labeled.subset(train_positions),
-                learning_rate=learning_rate, epochs=num_epochs,
+                model, train_source, learning_rate=learning_rate,
+                epochs=num_epochs,
                 log_dir=os.path.join(output_dir, 'sweep',
                                      f'lr{learning_rate:g}_ep{num_epochs}'),
                 **train)
@@ -460,7 +462,7 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
             raised before any training.
     """
     strategy = strategy or tf.distribute.get_strategy()
-    num_classes = _check_labeled(labeled)
+    num_classes = _num_classes(labeled)
     if num_steps < 1:
         raise ValueError(f'num_steps must be >= 1, got {num_steps}.')
     dataset_fn = _suncet_dataset_fn(
