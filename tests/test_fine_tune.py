@@ -1,0 +1,339 @@
+"""fine_tune: classifier, Nesterov SGD, sweep, SuNCEt protocol, outputs."""
+
+import json
+import math
+import os
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from paws_tf import backbones
+from paws_tf import fine_tune
+from paws_tf import heads
+from paws_tf import model as model_lib
+from paws_tf import sources
+
+TINY = dict(widths=(4, 8), blocks_per_stage=(1, 1), stage_strides=(2, 2))
+SIZE = 8
+HID = 16  # Projection width: narrower heads often collapse under SuNCEt.
+PRE = dict(image_size=SIZE, crop_fraction=1.0, mean=(0.5,) * 3,
+           std=(0.25,) * 3)
+
+
+def build_model(sync_bn=False, seed=None, init_seed=0):
+    """A tiny PAWSModel: Keras' seeded initialisation, or with `seed`, every
+    weight random (BN statistics too)."""
+    tf_keras.utils.set_random_seed(init_seed)
+    backbone = backbones.build_backbone('small_resnet', sync_bn=sync_bn,
+                                        **TINY)
+    head = heads.ProjectionHead(hidden_dim=HID, output_dim=HID,
+                                sync_bn=sync_bn)
+    model = model_lib.PAWSModel(backbone, head, heads.PredictionHead(
+        hidden_dim=4, output_dim=HID), classes_per_replica=1,
+        images_per_class=1, multicrop=0)
+    model._encode(tf.zeros([1, SIZE, SIZE, 3]), training=False)
+    if seed is None:
+        return model
+    rng = np.random.default_rng(seed)
+    model.set_weights([
+        rng.uniform(0.5, 2.0, w.shape) if 'variance' in v.name
+        else rng.normal(0.0, 0.5, w.shape)
+        for v, w in zip(model.weights, model.get_weights())])
+    return model
+
+
+def clustered(num_classes, per_class, seed, noise=40):
+    """Images of one noisy colour per class: flip and crop invariant."""
+    rng = np.random.default_rng(seed)
+    colours = np.random.default_rng(123).uniform(
+        40, 215, (num_classes, 1, 1, 3))
+    labels = np.repeat(np.arange(num_classes), per_class)
+    images = colours[labels] + rng.normal(
+        0, noise, (len(labels), SIZE, SIZE, 3))
+    return sources.from_arrays(np.clip(images, 0, 255).astype(np.uint8),
+                               labels)
+
+
+def calibrate_batch_norm(model, source, passes=40):
+    """Moving statistics of the data, as pre-training would leave them."""
+    images = np.stack([source.read(i) for i in range(source.num_examples)])
+    images = (images / 255 - PRE['mean'][0]) / PRE['std'][0]
+    encode = tf.function(lambda x: model._encode(x, training=True))
+    for _ in range(passes):
+        encode(tf.constant(images, tf.float32))
+
+
+def weights_by_name(network):
+    return {v.name: v.numpy() for v in network.weights}
+
+
+def test_classifier_is_zero_initialised_on_fc1_bn1_relu():
+    model = build_model(seed=0)
+    classifier = fine_tune.build_classifier(model, 3)
+    images = tf.random.stateless_normal([5, SIZE, SIZE, 3], [1, 2])
+    logits = classifier(images, training=False)
+    np.testing.assert_array_equal(logits, np.zeros([5, 3]))
+    np.testing.assert_allclose(tf.nn.softmax(logits), 1 / 3, rtol=1e-7)
+
+    # Its input is fc1 -> bn1 -> ReLU of the backbone features, by hand.
+    fc1, bn1 = model.projection_head.mlp_layers[:2]
+    kernel, bias = fc1.get_weights()
+    gamma, beta, mean, variance = bn1.get_weights()
+    features = model.backbone(images, training=False).numpy()
+    hidden = np.maximum(gamma * (features @ kernel + bias - mean) /
+                        np.sqrt(variance + bn1.epsilon) + beta, 0)
+    rng = np.random.default_rng(0)
+    head = [rng.normal(size=(HID, 3)), rng.normal(size=3)]
+    classifier.get_layer('classifier').set_weights(head)
+    np.testing.assert_allclose(classifier(images, training=False),
+                               hidden @ head[0] + head[1],
+                               rtol=1e-4, atol=1e-5)
+
+    # Everything is trainable; the rest of the heads is not part of it.
+    trainable = [v.name for v in classifier.trainable_weights]
+    assert all('moving' in v.name for v in classifier.non_trainable_weights)
+    assert trainable == [v.name for v in model.backbone.trainable_weights] + [
+        'fc1/kernel:0', 'fc1/bias:0', 'bn1/gamma:0', 'bn1/beta:0',
+        'classifier/kernel:0', 'classifier/bias:0']
+    model_vars = {id(v) for v in model.weights}
+    assert not any(id(v) in model_vars for v in classifier.weights)
+
+
+def test_nesterov_step_matches_numpy_formula():
+    """tf_keras SGD(nesterov=True) documents v <- mu v - lr g, w <- w + mu v
+    - lr g; the optimizer has no weight decay; lr follows the cosine."""
+    model = build_model()
+    classifier = fine_tune.build_classifier(model, 3)
+    total, lr0, mu = 4, 0.1, 0.9
+    optimizer = fine_tune._optimizer(lr0, total, momentum=mu)
+    assert optimizer.weight_decay is None and optimizer.nesterov
+    loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    classifier.compile(optimizer=optimizer, loss=loss_fn)
+    rng = np.random.default_rng(1)
+    images = rng.normal(size=(6, SIZE, SIZE, 3)).astype(np.float32)
+    labels = np.array([0, 1, 2, 0, 1, 2])
+    weights = [v.numpy() for v in classifier.trainable_variables]
+    velocity = [np.zeros_like(w) for w in weights]
+    for step in range(2):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, classifier(images, training=True))
+        grads = tape.gradient(loss, classifier.trainable_variables)
+        lr = lr0 * 0.5 * (1 + math.cos(math.pi * step / total))
+        for i, g in enumerate(grads):
+            velocity[i] = mu * velocity[i] - lr * g.numpy()
+            weights[i] = weights[i] + mu * velocity[i] - lr * g.numpy()
+        classifier.fit(images, labels, batch_size=6, epochs=1, shuffle=False,
+                       verbose=0)
+        for w, v in zip(weights, classifier.trainable_variables):
+            np.testing.assert_allclose(v.numpy(), w, rtol=1e-5, atol=1e-6,
+                                       err_msg=f'step {step} {v.name}')
+    # Step 0 moves only the zero-initialised layer; step 1 moves the rest.
+    assert not np.allclose(classifier.trainable_variables[0].numpy(),
+                           model.backbone.trainable_variables[0].numpy())
+
+
+def test_split_holdout_is_stratified_disjoint_seeded():
+    labels = np.repeat([0, 1, 2], [10, 20, 30])
+    train, held = fine_tune.split_holdout(labels, 12, seed=3)
+    np.testing.assert_array_equal(np.bincount(labels[held]), [2, 4, 6])
+    assert not set(train) & set(held)
+    np.testing.assert_array_equal(np.sort(np.concatenate([train, held])),
+                                  np.arange(60))
+    _, again = fine_tune.split_holdout(labels, 12, seed=3)
+    _, other = fine_tune.split_holdout(labels, 12, seed=4)
+    np.testing.assert_array_equal(held, again)
+    assert not np.array_equal(held, other)
+    _, half = fine_tune.split_holdout(labels, 0.5, seed=0)
+    np.testing.assert_array_equal(np.bincount(labels[half]), [5, 10, 15])
+    for bad in (0, 60, 1.0):
+        with pytest.raises(ValueError, match='held-out images'):
+            fine_tune.split_holdout(labels, bad, seed=0)
+    # Class 0 has one image; rounding would hold it out.
+    with pytest.raises(ValueError, match=r'class\(es\) \[0\]'):
+        fine_tune.split_holdout(np.repeat([0, 1], [1, 9]), 5, seed=0)
+
+
+def test_sweep_selects_best_setting_and_writes_outputs(tmp_path):
+    model = build_model()
+    labeled, test = clustered(2, 16, seed=0), clustered(2, 6, seed=1)
+    calibrate_batch_norm(model, labeled)
+    before = weights_by_name(model)
+    output_dir = str(tmp_path / 'fine_tune')
+    classifier, results = fine_tune.fine_tune_linear(
+        model, labeled, test, output_dir=output_dir, seed=5,
+        learning_rates=(0.0, 0.1), epochs=(4,), holdout=0.25,
+        global_batch_size=8, eval_batch_size=16, **PRE)
+    # lr 0 keeps the zero classifier: every prediction is class 0.
+    lr0, lr_pos = results['sweep']
+    held = fine_tune.split_holdout(labeled.labels, 0.25, seed=5)[1]
+    assert lr0['top1'] == np.mean(labeled.labels[held] == 0) == 0.5
+    assert lr_pos['top1'] >= 0.875
+    assert results['best'] == {'learning_rate': 0.1, 'epochs': 4}
+    assert results['top1'] >= 0.875 and results['num_train'] == 24
+    assert results['holdout']['per_class'].tolist() == [4, 4]
+    with open(os.path.join(output_dir, fine_tune.HOLDOUT_FILENAME)) as f:
+        assert f.read().split() == [labeled.names[p] for p in held]
+    with open(os.path.join(output_dir, fine_tune.RESULTS_FILENAME)) as f:
+        written = json.load(f)
+    assert written['sweep'] == results['sweep']
+    assert written['top1'] == results['top1']
+    assert written['holdout']['per_class'] == [4, 4]
+    assert os.path.isdir(os.path.join(output_dir, 'final', 'train'))
+    restored = fine_tune.build_classifier(model, 2)
+    restored.load_weights(os.path.join(output_dir,
+                                       fine_tune.CLASSIFIER_WEIGHTS))
+    images = tf.random.stateless_normal([4, SIZE, SIZE, 3], [0, 1])
+    np.testing.assert_allclose(restored(images), classifier(images),
+                               rtol=1e-6)
+    for name, value in weights_by_name(model).items():
+        np.testing.assert_array_equal(value, before[name])
+
+
+def test_two_replica_steps_match_one_device(two_replicas):
+    """Sync BN, global batch split over 2 replicas, Keras loss scaling."""
+    model = build_model(sync_bn=True)
+    source = clustered(2, 4, seed=2)
+    train = dict(num_classes=2, learning_rate=0.2, epochs=2,
+                 global_batch_size=8, image_size=SIZE, mean=PRE['mean'],
+                 std=PRE['std'], crop_scale=(0.08, 1.0), momentum=0.9,
+                 cosine_decay=True, seed=1)
+    one = fine_tune._train_classifier(
+        model, source, strategy=tf.distribute.get_strategy(), **train)
+    two = fine_tune._train_classifier(model, source, strategy=two_replicas,
+                                     **train)
+    assert two.optimizer.iterations.numpy() == 2
+    start = fine_tune.build_classifier(model, 2).get_weights()
+    for v, w1, w2, w0 in zip(one.weights, one.get_weights(),
+                             two.get_weights(), start):
+        # Two steps, so the backbone moves too (step 0 has zero gradients
+        # below the zero classifier). Same global batch, but float32 sums
+        # in another order (two halves + all-reduce, in the sync-BN moments
+        # and the gradients): measured differences are <= 2.4e-7, 2 ulp at
+        # 1.0; the tolerance leaves 4x room.
+        np.testing.assert_allclose(w2, w1, rtol=1e-5, atol=1e-6,
+                                   err_msg=v.name)
+        if v.trainable and v.name.endswith('kernel:0'):
+            assert np.abs(w1 - w0).max() > 1e-4, v.name
+
+
+def _identity_source(num_classes, per_class):
+    """Image i is filled with value i, so a batch tells which images it has."""
+    count = num_classes * per_class
+    images = np.broadcast_to(np.arange(count, dtype=np.uint8)[:, None, None,
+                                                               None],
+                             (count, SIZE, SIZE, 3))
+    labels = np.random.default_rng(0).permutation(
+        np.repeat(np.arange(num_classes), per_class))
+    return sources.from_arrays(np.ascontiguousarray(images), labels)
+
+
+def test_suncet_batches_are_class_balanced_and_unique_within_a_step():
+    labeled = _identity_source(5, 6)
+    common = dict(num_steps=6, classes_per_step=3, images_per_class=4,
+                  image_size=SIZE, crop_fraction=1.0, mean=(0.0,) * 3,
+                  std=(1.0,) * 3, seed=0)
+
+    def batches(num_replicas):
+        dataset_fn = fine_tune._suncet_dataset_fn(
+            labeled, num_replicas=num_replicas, **common)
+        return [(np.round(x[:, 0, 0, 0] * 255).astype(int), y)
+                for x, y in dataset_fn(tf.distribute.InputContext(
+                    num_replicas_in_sync=num_replicas)).as_numpy_iterator()]
+
+    seen = []
+    for ids, classes in batches(1):
+        assert len(ids) == 12 and len(set(ids)) == 12  # 3 classes x 4
+        np.testing.assert_array_equal(classes, labeled.labels[ids])
+        np.testing.assert_array_equal(classes, np.repeat(classes[::4], 4))
+        assert len(set(classes)) == 3
+        seen.extend(ids)
+    assert len(set(seen)) < len(seen)  # With replacement across steps.
+    # Two replicas: the same 3 classes, 2 images each per replica.
+    per_replica = batches(2)
+    assert len(per_replica) == 12
+    for (ids_0, classes_0), (ids_1, classes_1) in zip(per_replica[::2],
+                                                      per_replica[1::2]):
+        np.testing.assert_array_equal(classes_0, classes_1)
+        assert len(set(ids_0) | set(ids_1)) == 12
+    with pytest.raises(ValueError, match='not divisible by the 2 replicas'):
+        fine_tune._suncet_dataset_fn(
+            labeled, num_replicas=2, **dict(common, images_per_class=3))
+
+
+def test_suncet_protocol_through_the_entry_point(tmp_path):
+    model = build_model()
+    before = weights_by_name(model)
+    labeled = clustered(3, 8, seed=3)
+    test = clustered(3, 8, seed=4)
+    steps = 12
+    with gin.unlock_config():
+        gin.parse_config([
+            f'fine_tune_suncet.num_steps = {steps}',
+            'fine_tune_suncet.classes_per_step = 3',
+            'fine_tune_suncet.images_per_class = 4',
+            'fine_tune_suncet.eval_batch_size = 16'])
+    try:
+        results = fine_tune.fine_tune(str(tmp_path), model, labeled=labeled,
+                                      test=test, protocol='cifar10', **PRE)
+    finally:
+        gin.clear_config()
+    assert results['steps'] == steps == len(results['loss'])
+    np.testing.assert_allclose(
+        results['learning_rate'],
+        [0.1 * 0.5 * (1 + math.cos(math.pi * i / steps))
+         for i in range(steps)], rtol=1e-5)  # float32 cosine
+    loss = results['loss']
+    assert np.mean(loss[-3:]) < np.mean(loss[:3])
+    # Noisy clusters that SuNCEt tightens: 0.42-0.75 -> 1.0 measured for
+    # init seeds 0-5.
+    assert (results['paws_nn_after']['top1']
+            > results['paws_nn_before']['top1'])
+    output_dir = tmp_path / 'fine_tune'
+    with open(output_dir / fine_tune.RESULTS_FILENAME) as f:
+        assert json.load(f)['paws_nn_after'] == results['paws_nn_after']
+    trunk = fine_tune.build_trunk(model)
+    trunk.load_weights(str(output_dir / fine_tune.TRUNK_WEIGHTS))
+    _, backbone, head = trunk.layers
+    pairs = (list(zip(model.backbone.layers, backbone.layers)) +
+             list(zip(model.projection_head.mlp_layers, head.mlp_layers)))
+    changed = []
+    for original, tuned in pairs:
+        for w0, w1 in zip(original.get_weights(), tuned.get_weights()):
+            if isinstance(tuned, tf_keras.layers.BatchNormalization):
+                np.testing.assert_array_equal(w1, w0)  # Frozen BN.
+            else:
+                changed.append(not np.allclose(w1, w0))
+    assert len(changed) > 4 and all(changed)
+    for name, value in weights_by_name(model).items():
+        np.testing.assert_array_equal(value, before[name])
+
+
+def test_clear_errors_before_training(tmp_path, two_replicas):
+    model = build_model()
+    empty = sources.from_arrays(np.zeros([0, SIZE, SIZE, 3], np.uint8),
+                                np.zeros([0], np.int64))
+    labeled, test = clustered(2, 4, seed=0), clustered(2, 2, seed=1)
+    kwargs = dict(model=model, test=test, **PRE)
+    with pytest.raises(ValueError, match='labeled set is empty'):
+        fine_tune.fine_tune(str(tmp_path), labeled=empty, **kwargs)
+    with pytest.raises(ValueError, match='labeled set is empty'):
+        fine_tune.fine_tune(str(tmp_path), labeled=empty, protocol='cifar10',
+                            **kwargs)
+    with pytest.raises(ValueError, match='Unknown fine-tuning protocol'):
+        fine_tune.fine_tune(str(tmp_path), labeled=labeled, protocol='x',
+                            **kwargs)
+    with pytest.raises(ValueError, match='held-out images'):
+        fine_tune.fine_tune_linear(model, labeled, test, holdout=8,
+                                   output_dir=str(tmp_path), **PRE)
+    with pytest.raises(ValueError, match='not divisible by the 2 replicas'):
+        fine_tune.fine_tune_linear(model, labeled, test, holdout=2,
+                                   global_batch_size=3, strategy=two_replicas,
+                                   output_dir=str(tmp_path), **PRE)
+    with pytest.raises(ValueError, match='fewer labeled images'):
+        fine_tune.fine_tune_suncet(model, labeled, test, classes_per_step=2,
+                                   images_per_class=8,
+                                   output_dir=str(tmp_path), **PRE)
+    assert not os.listdir(tmp_path)
