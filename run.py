@@ -4,7 +4,8 @@ r"""Runs a paws_tf experiment described by gin files.
       --mode=train_and_evaluate
 
 Modes: train (PAWS pre-training; resumes an unfinished run), evaluate_nn
-(PAWS-NN top-1/top-5 on the test split), export (SavedModels),
+(PAWS-NN top-1/top-5 on the test split), fine_tune (the paper's ImageNet or
+CIFAR-10 fine-tuning protocol, by gin), export (SavedModels),
 train_and_evaluate (train, export, evaluate_nn), demo (train_and_evaluate,
 then a supervised-only baseline on the same labels, results.json, a figure
 and a table).

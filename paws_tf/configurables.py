@@ -8,6 +8,7 @@ from paws_tf import data  # noqa: F401
 from paws_tf import dist  # noqa: F401
 from paws_tf import evaluate  # noqa: F401
 from paws_tf import experiment  # noqa: F401
+from paws_tf import fine_tune  # noqa: F401
 from paws_tf import export  # noqa: F401
 from paws_tf import heads  # noqa: F401
 from paws_tf import lars  # noqa: F401

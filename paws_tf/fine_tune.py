@@ -347,7 +347,8 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
     logging.info('Fine-tuned with %s: test %s', best, scores)
     results = {
         'protocol': 'imagenet', 'top1': scores['top1'],
-        'top5': scores['top5'], 'test': scores, 'best': best, 'sweep': sweep,
+        'top5': scores.get('top5'), 'test': scores, 'best': best,
+        'sweep': sweep,
         'num_train': len(train_positions), 'weights': CLASSIFIER_WEIGHTS,
         'holdout': {'count': len(held), 'seed': seed, 'file': holdout_file,
                     'per_class': np.bincount(labeled.labels[held],
@@ -497,7 +498,7 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
     after = paws_nn(lambda x: tf.cast(trunk(x, training=False), tf.float32))
     logging.info('PAWS-NN after fine-tuning: %s', after)
     results = {
-        'protocol': 'cifar10', 'top1': after['top1'], 'top5': after['top5'],
+        'protocol': 'cifar10', 'top1': after['top1'], 'top5': after.get('top5'),
         'paws_nn_before': before, 'paws_nn_after': after,
         'steps': int(trainer.optimizer.iterations.numpy()),
         'loss': [step['loss'] for step in steps],

@@ -179,14 +179,15 @@ class PAWSModel(tf_keras.Model):
 
     def train_step(self, data):
         optimizer = self.optimizer
-        # The learning rate of this step (before the update moves iterations).
-        self._last['learning_rate'].update_state(optimizer.learning_rate)
         with tf.GradientTape() as tape:
             loss, terms, z_global, z_support = self._forward(data, True)
             # The optimizer sums replica gradients: scale so that the sum is
             # the gradient of the global-batch loss (PITFALLS 2).
             scaled_loss = loss / dist.num_replicas()
         optimizer.minimize(scaled_loss, self.trainable_variables, tape=tape)
+        # With a schedule, `learning_rate` is the value computed for the
+        # update just applied (read before `minimize`, the previous one's).
+        self._last['learning_rate'].update_state(optimizer.learning_rate)
 
         self._update_means(loss, terms)
         lars = getattr(optimizer, 'inner_optimizer', optimizer)

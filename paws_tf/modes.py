@@ -13,11 +13,13 @@ from paws_tf import dist
 from paws_tf import evaluate
 from paws_tf import experiment
 from paws_tf import export
+from paws_tf import fine_tune
 from paws_tf import report
 from paws_tf import supervised
 from paws_tf import train
 
-MODES = ('train', 'evaluate_nn', 'export', 'train_and_evaluate', 'demo')
+MODES = ('train', 'evaluate_nn', 'fine_tune', 'export', 'train_and_evaluate',
+         'demo')
 EMBED_BATCH_SIZE = 256
 
 
@@ -186,6 +188,10 @@ def run(model_dir, strategy, mode):
         if mode == 'train':
             return None
     model, bundle, step = load_trained_model(model_dir, strategy)
+    if mode == 'fine_tune':
+        return fine_tune.fine_tune(model_dir, model, labeled=bundle.labeled,
+                                   test=bundle.test, strategy=strategy,
+                                   **experiment.eval_preprocessing())
     if mode in ('export', 'train_and_evaluate'):
         export_run(model_dir, strategy, model, bundle)
     if mode in ('evaluate_nn', 'train_and_evaluate'):

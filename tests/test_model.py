@@ -11,6 +11,7 @@ from paws_tf import heads
 from paws_tf import lars
 from paws_tf import losses
 from paws_tf import model as model_lib
+from paws_tf import schedules
 
 TINY = dict(widths=(4, 8), blocks_per_stage=(1, 1), stage_strides=(2, 2))
 
@@ -258,3 +259,19 @@ def test_build_model_from_gin():
     assert model.tau == 0.2
     assert h.shape == (2, 6) and z.shape == (2, 6)
     assert model.prediction_head.mlp_layers[1].units == 3
+
+
+def test_logged_learning_rate_is_the_one_each_step_used():
+    model = build(1, 2, 2)
+    schedule = schedules.WarmupCosineDecay(steps_per_epoch=2, num_epochs=3,
+                                           start_lr=0.1, ref_lr=1.0,
+                                           final_lr=0.0, warmup_epochs=1)
+    compile_and_build(model, learning_rate=schedule)
+    data = random_step(np.random.default_rng(5), 2, 2, 2, 1, 2)
+    step = tf.function(model.train_step)
+    # Warm-up over 2 steps, then cosine over 4: closed-form values.
+    want = [0.1, 0.55, 1.0, 0.5 * (1 + np.cos(np.pi / 4)),
+            0.5 * (1 + np.cos(np.pi / 2))]
+    for value in want:
+        np.testing.assert_allclose(step(data)['learning_rate'], value,
+                                   rtol=1e-5, atol=1e-7)
