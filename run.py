@@ -14,6 +14,7 @@ and a table).
 import logging as pylogging
 import os
 import shutil
+import sys
 
 from absl import app
 from absl import flags
@@ -29,6 +30,8 @@ from paws_tf import train
 CONFIG_FILE = 'config.gin'
 OPERATIVE_CONFIG_FILE = 'operative_config.gin'
 FLAGS_FILE = 'flags.txt'
+# 128 + SIGTERM: what a job killed by SIGTERM would report.
+PREEMPTED_EXIT_CODE = 143
 # What a training run writes; --overwrite removes these.
 _RUN_STATE = (train.CHECKPOINT_DIR, train.BACKUP_DIR, train.TENSORBOARD_DIR,
               'export', 'eval', 'fine_tune', CONFIG_FILE,
@@ -134,7 +137,11 @@ def main(argv):
             _write_text(os.path.join(model_dir, CONFIG_FILE), config)
     logging.info('gin config:\n%s', config)
 
-    modes.run(model_dir, strategy, _MODE.value)
+    try:
+        modes.run(model_dir, strategy, _MODE.value)
+    except train.Preempted as stopped:
+        logging.warning('%s', stopped)
+        sys.exit(PREEMPTED_EXIT_CODE)
     if training and dist.is_chief(strategy):
         _write_text(os.path.join(model_dir, OPERATIVE_CONFIG_FILE),
                     gin.operative_config_str())

@@ -4,6 +4,8 @@ import math
 import os
 import re
 import shutil
+import signal
+import threading
 import time
 
 from absl import logging
@@ -32,6 +34,29 @@ def latest_checkpoint(directory):
     return path, int(path.rsplit('-', 1)[1])
 
 
+def _non_finite_error(what, model, checkpoint_dir):
+    path, step = latest_checkpoint(checkpoint_dir)
+    return FloatingPointError(
+        f'{what} at step {global_step(model)}. Training stopped without '
+        'saving this state; the last good checkpoint is '
+        f'{path or "none yet"}' + (f' (step {step})' if path else '') +
+        '. Lower the learning rate or check the inputs, then run again: the '
+        'run resumes from its last backup.')
+
+
+def check_finite(model, checkpoint_dir):
+    """Raises `FloatingPointError` if a weight of `model` is NaN or infinite.
+
+    Called before every save: an update can break the weights while the
+    step's loss, computed before it, is still finite.
+    """
+    for variable in model.variables:
+        if not np.all(np.isfinite(variable.numpy())):
+            raise _non_finite_error(
+                f'The weight {variable.name} became NaN or infinite', model,
+                checkpoint_dir)
+
+
 class StopOnNonFiniteLoss(tf_keras.callbacks.Callback):
     """Stops training with a clear error when the loss is NaN or infinite.
 
@@ -45,16 +70,59 @@ class StopOnNonFiniteLoss(tf_keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         loss = (logs or {}).get('loss')
-        if loss is None or math.isfinite(float(loss)):
-            return
-        path, step = latest_checkpoint(self._checkpoint_dir)
-        raise FloatingPointError(
-            f'The loss became {float(loss)} at step {global_step(self.model)}'
-            f' (batch {batch} of this epoch). Training stopped without saving'
-            ' this state; the last good checkpoint is '
-            f'{path or "none yet"}' + (f' (step {step})' if path else '') +
-            '. Lower the learning rate or check the inputs, then run again: '
-            'the run resumes from its last backup.')
+        if loss is not None and not math.isfinite(float(loss)):
+            raise _non_finite_error(
+                f'The loss became {float(loss)} (batch {batch} of this '
+                'epoch)', self.model, self._checkpoint_dir)
+
+
+class BackupAndRestore(tf_keras.callbacks.BackupAndRestore):
+    """tf_keras' BackupAndRestore that also backs up when told to stop.
+
+    On SIGTERM (what Slurm and most schedulers send before killing a job) a
+    single-process run backs up at the end of the current step, stops, and
+    keeps its backup; `preempted_at` then holds the step. Rerunning the same
+    command resumes there. Under MultiWorkerMirroredStrategy one worker
+    cannot save alone (saves are collective), so there SIGTERM keeps its
+    default effect and the run resumes from the last periodic backup.
+    """
+
+    def __init__(self, backup_dir, *, save_freq, on_sigterm, checkpoint_dir):
+        super().__init__(backup_dir, save_freq=save_freq)
+        self._on_sigterm = on_sigterm
+        self._checkpoint_dir = checkpoint_dir
+        self._stop_requested = False
+        self._previous_handler = None
+        self.preempted_at = None
+
+    def _request_stop(self, signum, frame):
+        del signum, frame  # Unused.
+        self._stop_requested = True
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)
+        if (self._on_sigterm and
+                threading.current_thread() is threading.main_thread()):
+            self._previous_handler = signal.signal(signal.SIGTERM,
+                                                   self._request_stop)
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
+        if self._stop_requested and self.preempted_at is None:
+            self._backup(epoch=self._current_epoch, batch=batch)
+            self.preempted_at = global_step(self.model)
+            self.model.stop_training = True
+
+    def _backup(self, epoch, batch=0):
+        check_finite(self.model, self._checkpoint_dir)
+        super()._backup(epoch, batch)
+
+    def on_train_end(self, logs=None):
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+        if self.preempted_at is not None:
+            self.delete_checkpoint = False  # Keep it to resume from.
+        super().on_train_end(logs)
 
 
 class Checkpointer(tf_keras.callbacks.Callback):
@@ -86,6 +154,7 @@ class Checkpointer(tf_keras.callbacks.Callback):
         step = global_step(self.model)
         if step == self._last_saved:
             return
+        check_finite(self.model, self._directory)
         self._manager.save(checkpoint_number=step)
         self._last_saved = step
         if self._write_dir != self._directory:  # Not the chief.
@@ -211,8 +280,8 @@ class PawsNNEvaluation(tf_keras.callbacks.Callback):
         self._embed_fn = evaluate.embedder_from_model(model)  # Traced once.
 
     def on_epoch_end(self, epoch, logs=None):
-        if (epoch + 1) % self._every_epochs:
-            return
+        if (epoch + 1) % self._every_epochs or self.model.stop_training:
+            return  # Not due, or stopping (a preemption's grace period).
         results = evaluate.paws_nn(
             self._embed_fn, self._support,
             self._queries, num_classes=self._num_classes, tau=self._tau)

@@ -22,6 +22,11 @@ BACKUP_DIR = 'backup'
 TENSORBOARD_DIR = 'tensorboard'
 
 
+class Preempted(RuntimeError):
+    """Training stopped on SIGTERM after backing up (see `run.py`'s exit
+    code 143)."""
+
+
 def set_precision(precision):
     """Sets the global tf_keras mixed-precision policy by name."""
     if precision not in PRECISIONS:
@@ -181,10 +186,13 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
 
     log_dir = os.path.join(model_dir, TENSORBOARD_DIR)
     chief = dist.is_chief(strategy)
+    backup = callbacks.BackupAndRestore(
+        backup_dir, save_freq=backup_every_steps, on_sigterm=not isinstance(
+            strategy, tf.distribute.MultiWorkerMirroredStrategy),
+        checkpoint_dir=checkpoint_dir)
     fit_callbacks = [
         callbacks.StopOnNonFiniteLoss(checkpoint_dir),  # Before any save.
-        tf_keras.callbacks.BackupAndRestore(backup_dir,
-                                            save_freq=backup_every_steps),
+        backup,
         callbacks.Checkpointer(checkpoint_dir, strategy,
                                every_steps=checkpoint_every_steps,
                                keep=keep_checkpoints),
@@ -209,4 +217,9 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
               epochs=num_epochs, initial_epoch=initial_epoch,
               steps_per_epoch=steps_per_epoch, callbacks=fit_callbacks,
               verbose=verbose)
+    if backup.preempted_at is not None:
+        raise Preempted(
+            f'Stopped by SIGTERM after step {backup.preempted_at} of '
+            f'{total_steps}, backed up in {backup_dir}: run the same command '
+            'again to resume.')
     return model

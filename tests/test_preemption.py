@@ -1,0 +1,157 @@
+"""Faults survived: a killed run resumes to the uninterrupted result; a
+non-finite loss stops before anything bad is saved."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from paws_tf import callbacks
+from paws_tf import configurables  # noqa: F401
+from paws_tf import train
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# debug.gin: 16 steps per epoch; 3 epochs, backups every 4 steps, op
+# determinism so that reruns are bit-identical on CPU.
+BINDINGS = ['train.num_epochs = 3', 'train.backup_every_steps = 4',
+            'train.checkpoint_every_steps = 8', 'train.deterministic_ops = True',
+            'train.eval_every_epochs = 0', 'train.view_images = False',
+            'train.verbose = 0']
+TOTAL_STEPS = 48
+
+
+def start_run(model_dir):
+    return subprocess.Popen(
+        [sys.executable, str(REPO / 'run.py'),
+         '--gin_file=gin_configs/debug.gin', f'--model_dir={model_dir}',
+         '--mode=train'] + [f'--gin_bindings={b}' for b in BINDINGS],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+
+
+def finish(proc, timeout=600):
+    output = proc.communicate(timeout=timeout)[0]
+    return proc.returncode, output
+
+
+def final_state(model_dir):
+    """Every variable of the run's last checkpoint, by name."""
+    path, step = callbacks.latest_checkpoint(
+        os.path.join(model_dir, train.CHECKPOINT_DIR))
+    assert step == TOTAL_STEPS
+    reader = tf.train.load_checkpoint(path)
+    # All of the model and optimizer; not the count of saves this process
+    # made (bookkeeping that differs after a restart).
+    return {name: reader.get_tensor(name)
+            for name in reader.get_variable_to_shape_map()
+            if not name.startswith(('_CHECKPOINTABLE_OBJECT_GRAPH',
+                                    'save_counter'))}
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp('uninterrupted')
+    code, output = finish(start_run(model_dir))
+    assert code == 0, output[-3000:]
+    return final_state(model_dir)
+
+
+def wait_for_backup(model_dir, proc, min_step, timeout=600):
+    deadline = time.time() + timeout
+    backup_dir = os.path.join(model_dir, train.BACKUP_DIR)
+    while time.time() < deadline:
+        assert proc.poll() is None, 'the run ended before it was interrupted'
+        try:
+            step = callbacks.backup_step(backup_dir)
+        except (tf.errors.OpError, ValueError):  # Being written right now.
+            step = 0
+        if step >= min_step:
+            return step
+        time.sleep(0.2)
+    raise TimeoutError('no backup appeared')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGKILL],
+                         ids=['SIGTERM', 'SIGKILL'])
+def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, sig,
+                                                         uninterrupted):
+    proc = start_run(tmp_path)
+    # Mid-epoch: a backup of step 20 or later lies inside epoch 2 (16..31).
+    wait_for_backup(tmp_path, proc, 20)
+    proc.send_signal(sig)
+    code, output = finish(proc)
+    stopped_at = callbacks.backup_step(os.path.join(tmp_path,
+                                                    train.BACKUP_DIR))
+    if sig == signal.SIGTERM:
+        # Backed up at the end of the step running when the signal came.
+        assert code == 143, output[-3000:]
+        assert f'after step {stopped_at} of {TOTAL_STEPS}' in output
+    else:
+        assert code == -signal.SIGKILL
+    assert 20 <= stopped_at < TOTAL_STEPS
+
+    code, output = finish(start_run(tmp_path))
+    assert code == 0, output[-3000:]
+    assert f'Training steps {stopped_at}..{TOTAL_STEPS}' in output
+    resumed = final_state(tmp_path)
+    assert resumed.keys() == uninterrupted.keys()
+    for name, value in uninterrupted.items():
+        np.testing.assert_array_equal(resumed[name], value, err_msg=name)
+
+
+class ExplodingSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
+    """Learning rate 0.1, then 1e30 from step `explode_at` on."""
+
+    def __init__(self, steps_per_epoch, num_epochs, explode_at=12):
+        super().__init__()
+        del steps_per_epoch, num_epochs  # Unused.
+        self._explode_at = explode_at
+
+    def __call__(self, step):
+        return tf.where(step < self._explode_at, 0.1, 1e30)
+
+    def get_config(self):
+        return {'explode_at': self._explode_at}
+
+
+def test_non_finite_training_stops_before_saving_it(tmp_path):
+    gin.clear_config()
+    gin.add_config_file_search_path(str(REPO))
+    gin.parse_config_files_and_bindings(
+        [str(REPO / 'gin_configs' / 'debug.gin')],
+        ['train.num_epochs = 2', 'train.backup_every_steps = 4',
+         'train.checkpoint_every_steps = 8', 'train.eval_every_epochs = 0',
+         'train.view_images = False', 'train.verbose = 0'])
+    try:
+        with gin.unlock_config():
+            gin.bind_parameter('train.schedule_cls', ExplodingSchedule)
+        with pytest.raises(FloatingPointError) as error:
+            train.train(str(tmp_path), tf.distribute.get_strategy())
+    finally:
+        gin.clear_config()
+    message = str(error.value)
+    assert 'NaN or infinite' in message or 'loss became' in message
+    assert 'ckpt-8 (step 8)' in message  # The last good checkpoint.
+    assert 'at step 1' in message  # The step where it broke: 12..15.
+    # Nothing non-finite was written: checkpoints and the backup are finite
+    # and none is newer than the breakdown.
+    for directory in (train.CHECKPOINT_DIR, os.path.join(train.BACKUP_DIR,
+                                                         'chief')):
+        path = tf.train.latest_checkpoint(str(tmp_path / directory))
+        reader = tf.train.load_checkpoint(path)
+        for name in reader.get_variable_to_shape_map():
+            value = reader.get_tensor(name)
+            if np.issubdtype(np.asarray(value).dtype, np.floating):
+                assert np.all(np.isfinite(value)), (path, name)
+    assert callbacks.latest_checkpoint(
+        str(tmp_path / train.CHECKPOINT_DIR))[1] == 8
+    assert callbacks.backup_step(str(tmp_path / train.BACKUP_DIR)) <= 12
