@@ -105,13 +105,17 @@ def test_mirrored_gradient_equals_single_device_gradient(two_replicas, views,
     names, before, got, want = _one_step_each(
         two_replicas, views, unique,
         lambda: tf_keras.optimizers.SGD(learning_rate=1.0))
-    for name, old, new_d, new_s in zip(names, before, got, want):
-        step_d, step_s = new_d - old, new_s - old
+    steps = [(new_d - old, new_s - old)
+             for old, new_d, new_s in zip(before, got, want)]
+    largest = max(np.abs(step_s).max() for _, step_s in steps)
+    for name, (step_d, step_s) in zip(names, steps):
         scale = np.abs(step_s).max()
-        # float32 sums in a different order: ~1e-5 of the step, up to 1e-4
-        # through the BN backward passes.
+        # float32 sums in another order: ~1e-5 of a variable's step, up to
+        # 1e-4 through the BN backward passes, and, for biases right before
+        # a BN (true gradient 0), noise of ~1e-6 of the model's largest step.
         np.testing.assert_allclose(step_d, step_s, rtol=0,
-                                   atol=2e-4 * scale + 1e-6, err_msg=name)
+                                   atol=2e-4 * scale + 1e-5 * largest,
+                                   err_msg=name)
         if 'moving' not in name and name.endswith(('kernel:0', 'gamma:0')):
             assert scale > 1e-3, name  # Every layer got a real gradient.
 
