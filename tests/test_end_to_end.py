@@ -1,0 +1,98 @@
+"""train -> checkpoint -> resume -> export -> reload -> evaluate_nn ->
+fine_tune, through run.py subprocesses with gin files and bindings."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from paws_tf import callbacks
+from paws_tf import configurables  # noqa: F401
+from paws_tf import data
+from paws_tf import experiment
+from paws_tf import modes
+from paws_tf import train
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+BINDINGS = ['train.num_epochs = 2', 'train.backup_every_steps = 4',
+            'train.checkpoint_every_steps = 8', 'train.verbose = 0']
+
+
+def run_py(model_dir, mode, wait=True):
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / 'run.py'),
+         '--gin_file=gin_configs/debug.gin', f'--model_dir={model_dir}',
+         f'--mode={mode}'] + [f'--gin_bindings={b}' for b in BINDINGS],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
+    if not wait:
+        return proc
+    output = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, output[-3000:]
+    return output
+
+
+@pytest.mark.slow
+def test_the_whole_workflow_through_run_py(tmp_path):
+    # 1. Train, preempted after its first backup, then resumed.
+    proc = run_py(tmp_path, 'train', wait=False)
+    backup_dir = str(tmp_path / train.BACKUP_DIR)
+    deadline = time.time() + 600
+    while callbacks.backup_step(backup_dir) < 4:
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=600)
+    assert proc.returncode == 143
+    resumed_from = callbacks.backup_step(backup_dir)
+    output = run_py(tmp_path, 'train')
+    assert f'Training steps {resumed_from}..32' in output
+    assert callbacks.latest_checkpoint(
+        str(tmp_path / train.CHECKPOINT_DIR))[1] == 32
+
+    # 2. Export, and reload the SavedModel in this process.
+    run_py(tmp_path, 'export')
+    embedder = tf.saved_model.load(str(tmp_path / 'export' / 'embedder'))
+    classifier = tf.saved_model.load(str(tmp_path / 'export' / 'classifier'))
+    gin.clear_config()
+    gin.add_config_file_search_path(str(REPO))
+    gin.parse_config_files_and_bindings(
+        [str(REPO / 'gin_configs' / 'debug.gin')], BINDINGS)
+    try:
+        model, bundle, step = modes.load_trained_model(
+            str(tmp_path), tf.distribute.get_strategy())
+        preprocessing = experiment.eval_preprocessing()
+    finally:
+        gin.clear_config()
+    assert step == 32
+    images = np.stack([bundle.test.read(i).numpy() for i in range(10)])
+    preprocessed, _ = next(iter(data.make_eval_dataset(
+        bundle.test, batch_size=10, **preprocessing)))
+    np.testing.assert_allclose(
+        embedder(images)['embeddings'],
+        model(preprocessed, training=False)['embeddings'], rtol=1e-4,
+        atol=1e-5)
+    predicted = classifier(images)['class_ids'].numpy()
+    assert np.mean(predicted == bundle.test.labels[:10]) >= 0.5
+
+    # 3. PAWS-NN from the export: exactly the 64 labeled images as support.
+    run_py(tmp_path, 'evaluate_nn')
+    results = json.loads((tmp_path / 'eval' / 'paws_nn.json').read_text())
+    assert results['num_support'] == 64 == bundle.labeled.num_examples
+    assert results['num_queries'] == 128
+    assert results['top1'] > 0.5  # 4 classes: chance is 0.25.
+
+    # 4. Fine-tuning (debug.gin: the CIFAR-10 protocol, shortened).
+    run_py(tmp_path, 'fine_tune')
+    tuned = json.loads(
+        (tmp_path / 'fine_tune' / 'results.json').read_text())
+    assert tuned['protocol'] == 'cifar10' and tuned['steps'] == 10
+    assert tuned['paws_nn_before']['num_support'] == 64
