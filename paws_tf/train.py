@@ -1,9 +1,11 @@
 """PAWS pre-training: strategy, data, model, fit, checkpoints, resume."""
 
+import hashlib
 import os
 
 from absl import logging
 import gin
+import numpy as np
 import tensorflow as tf
 import tf_keras
 
@@ -25,6 +27,14 @@ TENSORBOARD_DIR = 'tensorboard'
 class Preempted(RuntimeError):
     """Training stopped on SIGTERM after backing up (see `run.py`'s exit
     code 143)."""
+
+
+def weights_fingerprint(model):
+    """SHA-256 of the model's weights: equal fingerprints, equal weights."""
+    digest = hashlib.sha256()
+    for weight in model.get_weights():
+        digest.update(np.ascontiguousarray(weight).tobytes())
+    return digest.hexdigest()
 
 
 def set_precision(precision):
@@ -217,6 +227,8 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
               epochs=num_epochs, initial_epoch=initial_epoch,
               steps_per_epoch=steps_per_epoch, callbacks=fit_callbacks,
               verbose=verbose)
+    logging.info('Final weights fingerprint (SHA-256): %s',
+                 weights_fingerprint(model))
     if backup.preempted_at is not None:
         raise Preempted(
             f'Stopped by SIGTERM after step {backup.preempted_at} of '

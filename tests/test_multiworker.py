@@ -6,9 +6,13 @@ import pathlib
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
+
+from paws_tf import callbacks
+from paws_tf import train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORKER = REPO / 'tests' / 'helpers' / 'mwms_worker.py'
@@ -24,21 +28,25 @@ def free_ports(count):
     return ports
 
 
-def launch_cluster(script, args, timeout=300, env_extra=None):
-    """Runs `script args` as worker 0 and 1 of a local cluster; returns the
-    completed processes (stdout and stderr captured)."""
-    workers = [f'127.0.0.1:{p}' for p in free_ports(2)]
+def start_cluster(workers, argv):
+    """Starts `python argv` as every worker of a local TF_CONFIG cluster."""
     procs = []
-    for index in range(2):
+    for index in range(len(workers)):
         env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL='2',
                    TF_CONFIG=json.dumps({
                        'cluster': {'worker': workers},
-                       'task': {'type': 'worker', 'index': index}}),
-                   **(env_extra or {}))
+                       'task': {'type': 'worker', 'index': index}}))
         procs.append(subprocess.Popen(
-            [sys.executable, str(script)] + [str(a) for a in args],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True))
+            [sys.executable] + [str(a) for a in argv], cwd=REPO, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def launch_cluster(script, args, timeout=300):
+    """Runs `script args` as worker 0 and 1 of a local cluster; returns
+    (returncode, output) of each."""
+    procs = start_cluster([f'127.0.0.1:{p}' for p in free_ports(2)],
+                          [script] + list(args))
     outputs = []
     try:
         for proc in procs:
@@ -66,3 +74,52 @@ def test_two_workers_fit_to_identical_weights_and_only_chief_saves(tmp_path):
         np.testing.assert_array_equal(weights[0][key], weights[1][key])
     # The chief's save is the only one left; the worker's temp dir is gone.
     assert sorted(os.listdir(model_dir)) == ['weights.h5']
+
+
+def run_py_args(model_dir):
+    return [REPO / 'run.py', '--gin_file=gin_configs/debug.gin',
+            f'--model_dir={model_dir}', '--mode=train',
+            '--strategy=multi_worker',
+            '--gin_bindings=train.num_epochs = 2',
+            '--gin_bindings=train.backup_every_steps = 4',
+            '--gin_bindings=train.checkpoint_every_steps = 8',
+            '--gin_bindings=train.eval_every_epochs = 0',
+            '--gin_bindings=train.verbose = 0']
+
+
+def fingerprints(outputs):
+    return [line.rsplit(' ', 1)[1] for out in outputs
+            for line in out.splitlines() if 'Final weights fingerprint' in line]
+
+
+@pytest.mark.slow
+def test_killed_worker_cluster_resumes_from_backup_and_agrees(tmp_path):
+    """Kill one of two workers mid-run; the scheduler restarts the job;
+    it resumes from the shared backup and both workers finish agreeing."""
+    workers = [f'127.0.0.1:{p}' for p in free_ports(2)]
+    procs = start_cluster(workers, run_py_args(tmp_path))
+    backup_dir = str(tmp_path / train.BACKUP_DIR)
+    deadline = time.time() + 600
+    while callbacks.backup_step(backup_dir) < 8:
+        assert all(p.poll() is None for p in procs), 'ended too early'
+        assert time.time() < deadline
+        time.sleep(0.2)
+    procs[1].kill()  # One worker dies mid-run (an epoch has 16 steps)...
+    procs[1].wait()
+    procs[0].kill()  # ...and the scheduler stops the job to restart it.
+    procs[0].wait()
+    stopped_at = callbacks.backup_step(backup_dir)
+    assert 8 <= stopped_at < 32
+
+    restarted = start_cluster([f'127.0.0.1:{p}' for p in free_ports(2)],
+                              run_py_args(tmp_path))
+    outputs = [p.communicate(timeout=600)[0] for p in restarted]
+    for proc, output in zip(restarted, outputs):
+        assert proc.returncode == 0, output[-3000:]
+        assert f'Training steps {stopped_at}..32' in output
+    prints = fingerprints(outputs)
+    assert len(prints) == 2 and prints[0] == prints[1]
+    assert callbacks.latest_checkpoint(
+        str(tmp_path / train.CHECKPOINT_DIR))[1] == 32
+    # Only the chief's files: no worker temp directories are left.
+    assert not list(tmp_path.rglob('.worker_tmp_*'))
