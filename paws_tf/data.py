@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from paws_tf import augment
+from paws_tf import checks
 from paws_tf import sampling
 from paws_tf import sources
 
@@ -274,6 +275,11 @@ def make_pretrain_dataset_fn(
         ValueError: sizes that do not divide or do not fit the data (see
             `sampling.SupportSampler`), checked here, before training.
     """
+    for name, value in (('global_batch_size', global_batch_size),
+                        ('classes_per_step', classes_per_step),
+                        ('images_per_class', images_per_class)):
+        checks.integer(name, value)
+    checks.integer('start_step', start_step, minimum=0)
     _check_divisible(global_batch_size, 'global_batch_size', num_replicas,
                      'replicas', 'make it a multiple of the replica count')
     if unlabeled.num_examples < global_batch_size:

@@ -6,6 +6,8 @@ import gin
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import checks
+
 # Last name components of tf_keras Dense/Conv biases and Batch/Layer-norm
 # scale and offset, e.g. `encoder/conv1/bias:0`, `bn/gamma:0`.
 BIAS_AND_NORM_NAMES = ('bias', 'beta', 'gamma')
@@ -101,14 +103,10 @@ class LARS(tf_keras.optimizers.Optimizer):
             TypeError: if `exclude_from_adaptation` has the wrong type.
         """
         super().__init__(name=name, weight_decay=None, **kwargs)
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f'momentum must be in [0, 1), got {momentum!r}.')
-        if weight_decay < 0.0 or eps < 0.0:
-            raise ValueError('weight_decay and eps must be >= 0, got '
-                             f'{weight_decay!r} and {eps!r}.')
-        if trust_coefficient <= 0.0:
-            raise ValueError('trust_coefficient must be > 0, got '
-                             f'{trust_coefficient!r}.')
+        checks.number('momentum', momentum, low=0.0, high=1.0)
+        checks.number('weight_decay', weight_decay, low=0.0)
+        checks.number('eps', eps, low=0.0)
+        checks.number('trust_coefficient', trust_coefficient, positive=True)
         self._learning_rate = self._build_learning_rate(learning_rate)
         self.momentum = momentum
         self.l2_weight_decay = weight_decay

@@ -10,6 +10,7 @@ import collections
 import numpy as np
 import tensorflow as tf
 
+from paws_tf import checks
 from paws_tf import dist
 
 # Target entries below this are zeroed, as the official PAWS code does.
@@ -215,10 +216,8 @@ def support_labels(classes_per_replica, images_per_class, *, num_views=1,
                         ('images_per_class', images_per_class),
                         ('num_views', num_views),
                         ('num_replicas', num_replicas)):
-        if int(value) != value or value < 1:
-            raise ValueError(f'{name} must be a positive integer, got {value}.')
-    if not 0.0 <= smoothing < 1.0:
-        raise ValueError(f'smoothing must be in [0, 1), got {smoothing}.')
+        checks.integer(name, value)
+    checks.number('smoothing', smoothing, low=0.0, high=1.0)
     k, n = classes_per_replica, images_per_class
     columns = num_replicas * k if unique_classes_per_replica else k
     # Column of every row within one replica's block: class-major per view.

@@ -5,6 +5,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import backbones
+from paws_tf import checks
 from paws_tf import dist
 from paws_tf import heads
 from paws_tf import losses
@@ -82,6 +83,12 @@ class PAWSModel(tf_keras.Model):
             **kwargs: passed to `tf_keras.Model`.
         """
         super().__init__(**kwargs)
+        checks.number('tau', tau, positive=True)
+        checks.number('sharpen_temperature', sharpen_temperature,
+                      positive=True)
+        checks.number('me_max_weight', me_max_weight, low=0.0)
+        checks.integer('multicrop', multicrop, minimum=0)
+        checks.integer('diagnostics_every', diagnostics_every, minimum=0)
         self.backbone = backbone
         self.projection_head = projection_head
         self.prediction_head = prediction_head

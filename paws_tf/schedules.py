@@ -6,6 +6,8 @@ import gin
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import checks
+
 
 @tf_keras.saving.register_keras_serializable(package='paws_tf')
 @gin.configurable(denylist=['steps_per_epoch', 'num_epochs'])
@@ -56,15 +58,12 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
                 negative.
         """
         super().__init__()
-        for arg_name, value in (('steps_per_epoch', steps_per_epoch),
-                                ('num_epochs', num_epochs)):
-            if int(value) != value or value <= 0:
-                raise ValueError(
-                    f'{arg_name} must be a positive integer, got {value!r}.')
+        checks.integer('steps_per_epoch', steps_per_epoch)
+        checks.integer('num_epochs', num_epochs)
         for arg_name, value in (('start_lr', start_lr), ('ref_lr', ref_lr),
                                 ('final_lr', final_lr)):
-            if value < 0:
-                raise ValueError(f'{arg_name} must be >= 0, got {value!r}.')
+            checks.number(arg_name, value, low=0)
+        checks.number('warmup_epochs', warmup_epochs)
         if not 0 <= warmup_epochs <= num_epochs:
             raise ValueError(
                 f'warmup_epochs must be in [0, num_epochs={num_epochs}], got '

@@ -11,6 +11,7 @@ import tf_keras
 
 from paws_tf import backbones
 from paws_tf import callbacks
+from paws_tf import checks
 from paws_tf import data
 from paws_tf import dist
 from paws_tf import experiment
@@ -37,11 +38,15 @@ def weights_fingerprint(model):
     return digest.hexdigest()
 
 
-def set_precision(precision):
-    """Sets the global tf_keras mixed-precision policy by name."""
+def check_precision(precision):
     if precision not in PRECISIONS:
         raise ValueError(f'precision must be one of {PRECISIONS}, got '
                          f'{precision!r}.')
+
+
+def set_precision(precision):
+    """Sets the global tf_keras mixed-precision policy by name."""
+    check_precision(precision)
     tf_keras.mixed_precision.set_global_policy(precision)
 
 
@@ -147,6 +152,17 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
     Returns:
         The trained `PAWSModel`.
     """
+    num_epochs = checks.integer('num_epochs', num_epochs)
+    for name, value in (('keep_checkpoints', keep_checkpoints),
+                        ('backup_every_steps', backup_every_steps),
+                        ('steps_per_execution', steps_per_execution)):
+        checks.integer(name, value)
+    for name, value in (('checkpoint_every_steps', checkpoint_every_steps),
+                        ('log_every_steps', log_every_steps),
+                        ('eval_every_epochs', eval_every_epochs),
+                        ('seed', seed)):
+        checks.integer(name, value, minimum=0)
+    check_precision(precision)
     if checkpoint_every_steps and checkpoint_every_steps < backup_every_steps:
         raise ValueError(
             f'checkpoint_every_steps={checkpoint_every_steps} is smaller than '

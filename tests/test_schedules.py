@@ -99,9 +99,11 @@ def test_increases_during_warmup_and_decreases_after(config):
     (dict(num_epochs=0), 'num_epochs must be a positive integer'),
     (dict(warmup_epochs=11), r'warmup_epochs must be in \[0, num_epochs=10'),
     (dict(warmup_epochs=-1), r'warmup_epochs must be in \[0, num_epochs=10'),
-    (dict(start_lr=-0.1), 'start_lr must be >= 0'),
-    (dict(ref_lr=-1.0), 'ref_lr must be >= 0'),
-    (dict(final_lr=-1e-3), 'final_lr must be >= 0'),
+    (dict(start_lr=-0.1), 'start_lr must be a number >= 0'),
+    (dict(ref_lr=-1.0), 'ref_lr must be a number >= 0'),
+    (dict(final_lr=-1e-3), 'final_lr must be a number >= 0'),
+    (dict(num_epochs='ten'), "num_epochs must be a positive integer, got 'ten'"),
+    (dict(ref_lr='6.4'), "ref_lr must be a number >= 0, got '6.4'"),
 ])
 def test_invalid_arguments_raise(kwargs, message):
     args = dict(steps_per_epoch=5, num_epochs=10, start_lr=0.3, ref_lr=6.4,

@@ -1,0 +1,32 @@
+"""Argument checks that name the bad value (gin does not check types)."""
+
+import numbers
+
+
+def integer(name, value, minimum=1):
+    """Returns `value` as an int, or raises if it is not an integer >=
+    `minimum` (`'ten'`, 32.5, True and 0 for a positive size all fail)."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
+            or value < minimum):
+        kind = ('a positive integer' if minimum == 1 else
+                'a non-negative integer' if minimum == 0 else
+                f'an integer >= {minimum}')
+        raise ValueError(f'{name} must be {kind}, got {value!r}.')
+    return int(value)
+
+
+def number(name, value, *, positive=False, low=None, high=None):
+    """Returns `value` as a float, or raises if it is not a real number in
+    range: > 0 with `positive`, >= `low`, < `high`."""
+    bad = (isinstance(value, bool) or not isinstance(value, numbers.Real) or
+           (positive and not value > 0) or
+           (low is not None and not value >= low) or
+           (high is not None and not value < high))
+    if bad:
+        if positive:
+            kind = 'positive'
+        else:
+            kind = 'a number' + (f' >= {low}' if low is not None else '') + (
+                f' and < {high}' if high is not None else '')
+        raise ValueError(f'{name} must be {kind}, got {value!r}.')
+    return float(value)

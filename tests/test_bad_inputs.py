@@ -1,0 +1,164 @@
+"""Bad inputs get a clear error before training, or a counted skip, and
+nothing already written is lost."""
+
+import logging
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+from PIL import Image
+import pytest
+
+from paws_tf import data
+from paws_tf import experiment
+from paws_tf import sources
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def write_image(path, channels=3, mode=None, size=(20, 24)):
+    rng = np.random.default_rng(abs(hash(str(path))) % 2**32)
+    pixels = (rng.uniform(size=size + (channels,)) * 255).astype(np.uint8)
+    if channels == 1:
+        pixels = pixels[..., 0]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels, mode).save(path)
+
+
+def broken_folder(root):
+    """A class folder with every kind of problem file a real folder has."""
+    good = root / 'cat'
+    write_image(good / 'rgb.jpg')
+    write_image(good / 'gray.png', channels=1)
+    write_image(good / 'rgba.png', channels=4, mode='RGBA')
+    write_image(good / 'cmyk.jpg', channels=4, mode='CMYK')
+    write_image(good / 'ok.bmp')
+    encoded = (good / 'rgb.jpg').read_bytes()
+    (good / 'truncated.jpg').write_bytes(encoded[:len(encoded) // 2])
+    (good / 'zero.jpg').write_bytes(b'')
+    (good / 'notes.png').write_text('not an image')
+    (good / 'readme.txt').write_text('ignored: not an image extension')
+    for i in range(3):
+        write_image(root / 'dog' / f'{i}.jpg')
+    return {'decodable': 5, 'broken': 3}
+
+
+def test_broken_files_are_skipped_and_counted(tmp_path, caplog):
+    counts = broken_folder(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        source = sources.image_folder(tmp_path, channels=3)
+    assert source.num_examples == counts['decodable'] + 3
+    assert 'Skipping 3 of 11 files' in caplog.text
+    for name in ('truncated.jpg', 'zero.jpg', 'notes.png'):
+        assert name in caplog.text
+    # Every kept image decodes to 3 channels, grayscale/RGBA/CMYK included.
+    for position in range(source.num_examples):
+        assert source.read(position).shape[-1] == 3
+
+
+def test_broken_files_can_stop_the_run_instead(tmp_path):
+    broken_folder(tmp_path)
+    with pytest.raises(ValueError, match=r"3 of 11 files .* cannot be "
+                       r"decoded.*on_bad_image='skip'"):
+        sources.image_folder(tmp_path, on_bad_image='fail')
+    with pytest.raises(ValueError, match='on_bad_image must be one of'):
+        sources.image_folder(tmp_path, on_bad_image='ignore')
+
+
+def test_training_input_reads_a_folder_that_had_broken_files(tmp_path):
+    broken_folder(tmp_path / 'labeled')
+    for i in range(6):
+        write_image(tmp_path / 'unlabeled' / f'u{i}.jpg')
+    (tmp_path / 'unlabeled' / 'bad.jpg').write_bytes(b'\xff\xd8garbage')
+    labeled, unlabeled = experiment.image_folders(
+        tmp_path / 'labeled', tmp_path / 'unlabeled')
+    assert unlabeled.num_examples == 6 + labeled.num_examples
+    pretrain = data.make_pretrain_dataset_fn(
+        unlabeled, labeled, num_replicas=1, global_batch_size=4,
+        classes_per_step=2, images_per_class=3,
+        multicrop=experiment_multicrop())
+    # A whole epoch of views decodes: nothing broken reaches training.
+    for element in pretrain.dataset_fn(None).take(pretrain.steps_per_epoch):
+        assert np.all(np.isfinite(element['global_views'].numpy()))
+
+
+def experiment_multicrop():
+    from paws_tf import augment
+    return augment.cifar10_multicrop(global_size=16, local_size=8,
+                                     num_local=1)
+
+
+def test_empty_class_folder_is_named(tmp_path):
+    write_image(tmp_path / 'cat' / 'a.jpg')
+    (tmp_path / 'dog').mkdir()
+    (tmp_path / 'eel').mkdir()
+    (tmp_path / 'eel' / 'broken.jpg').write_bytes(b'')
+    with pytest.raises(ValueError, match=r"no usable images: \['dog', 'eel'\]"):
+        sources.image_folder(tmp_path)
+
+
+def test_too_few_labeled_images_for_the_support(tmp_path):
+    for name, count in (('cat', 5), ('dog', 2)):
+        for i in range(count):
+            write_image(tmp_path / name / f'{i}.jpg')
+    labeled = sources.image_folder(tmp_path)
+    with pytest.raises(ValueError, match="'dog'.* 2"):
+        data.make_pretrain_dataset_fn(
+            labeled, labeled, num_replicas=1, global_batch_size=4,
+            classes_per_step=2, images_per_class=3,
+            multicrop=experiment_multicrop())
+    with pytest.raises(ValueError, match='classes'):
+        data.make_pretrain_dataset_fn(
+            labeled, labeled, num_replicas=1, global_batch_size=4,
+            classes_per_step=3, images_per_class=1,
+            multicrop=experiment_multicrop())
+
+
+def test_label_files_naming_missing_or_duplicate_images(tmp_path):
+    for i in range(4):
+        write_image(tmp_path / 'images' / 'cat' / f'{i}.jpg')
+    source = sources.image_folder(tmp_path / 'images')
+    missing = tmp_path / 'missing.txt'
+    missing.write_text('cat/0.jpg\ncat/9.jpg\n')
+    with pytest.raises(ValueError, match=r"cat/9\.jpg"):
+        sources.select_labeled(source, split_file=str(missing))
+    duplicated = tmp_path / 'duplicated.txt'
+    duplicated.write_text('cat/0.jpg\ncat/1.jpg\ncat/0.jpg\n')
+    with pytest.raises(ValueError, match='more than once'):
+        sources.select_labeled(source, split_file=str(duplicated))
+
+
+def test_batch_sizes_that_do_not_divide_across_replicas():
+    labeled = experiment.synthetic_source(num_images=64)
+    with pytest.raises(ValueError, match='not divisible by the 3 replicas'):
+        data.make_pretrain_dataset_fn(
+            labeled, labeled, num_replicas=3, global_batch_size=32,
+            classes_per_step=3, images_per_class=2,
+            unique_classes_per_replica=True,
+            multicrop=experiment_multicrop())
+
+
+def run_py(model_dir, *bindings):
+    return subprocess.run(
+        [sys.executable, str(REPO / 'run.py'),
+         '--gin_file=gin_configs/debug.gin', f'--model_dir={model_dir}',
+         '--mode=train', '--gin_bindings=train.verbose = 0'] +
+        [f'--gin_bindings={b}' for b in bindings],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('binding,message', [
+    ("train.num_epochs = 'ten'", 'num_epochs must be a positive integer'),
+    ('make_pretrain_dataset_fn.global_batch_size = 32.5',
+     'global_batch_size must be a positive integer'),
+    ('PAWSModel.tau = -0.1', 'tau must be positive'),
+    ('load_data.train = %gin.REQUIRED', 'load_data'),
+])
+def test_wrong_gin_values_fail_before_training(tmp_path, binding, message):
+    proc = run_py(tmp_path, binding)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / 'checkpoints').exists()
