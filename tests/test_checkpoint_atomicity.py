@@ -1,0 +1,95 @@
+"""A crash while saving never leaves a checkpoint that restores half-written
+state; the previous good checkpoint stays."""
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from paws_tf import callbacks
+from paws_tf import configurables  # noqa: F401
+from paws_tf import train
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def checkpoint_values(path):
+    reader = tf.train.load_checkpoint(path)
+    values = {}
+    for name in reader.get_variable_to_shape_map():
+        # Bookkeeping and the (constant) learning rate are not per-save.
+        if name.startswith(('_CHECKPOINTABLE', 'save_counter')) or (
+                'learning_rate' in name):
+            continue
+        value = np.asarray(reader.get_tensor(name))
+        if np.issubdtype(value.dtype, np.floating) or 'iter' in name:
+            values[name] = value
+    return values
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('delay', [0.0, 0.07, 0.15, 0.3])
+def test_killed_during_a_save_the_latest_checkpoint_is_whole(tmp_path, delay):
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / 'tests' / 'helpers' / 'save_loop.py'),
+         str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        saved = 0
+        while saved < 3:  # Wait until saves are under way...
+            line = proc.stdout.readline()
+            assert line, 'the saving process died'
+            saved = int(line.split()[1])
+        time.sleep(delay)  # ...then kill at varying points of one.
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    finally:
+        proc.kill()
+    path, step = callbacks.latest_checkpoint(str(tmp_path))
+    assert step >= 3
+    values = checkpoint_values(path)
+    assert len(values) >= 5  # Kernels, biases, momenta, iterations.
+    for name, value in values.items():
+        assert np.all(value == step), (path, name)  # One save, whole.
+
+
+def test_leftovers_of_a_crashed_save_do_not_break_resuming(tmp_path):
+    """Files a crash can leave mid-save (a data shard with no index, a
+    temporary directory) are ignored: the run resumes from the last whole
+    checkpoint and saves over them."""
+    gin.clear_config()
+    gin.add_config_file_search_path(str(REPO))
+    bindings = ['train.num_epochs = 1', 'train.checkpoint_every_steps = 8',
+                'train.backup_every_steps = 4', 'train.eval_every_epochs = 0',
+                'train.view_images = False', 'train.verbose = 0']
+    try:
+        gin.parse_config_files_and_bindings(
+            [str(REPO / 'gin_configs' / 'debug.gin')], bindings)
+        train.train(str(tmp_path), tf.distribute.get_strategy())
+        checkpoints = tmp_path / train.CHECKPOINT_DIR
+        assert callbacks.latest_checkpoint(str(checkpoints))[1] == 16
+        # What a crash while writing ckpt-24 can leave behind.
+        (checkpoints / 'ckpt-24.data-00000-of-00001').write_bytes(b'\0' * 99)
+        (checkpoints / 'ckpt-24_temp').mkdir()
+        (checkpoints / 'ckpt-24_temp' / 'part-00000-of-00001.index'
+         ).write_bytes(b'partial')
+        assert callbacks.latest_checkpoint(str(checkpoints))[1] == 16
+        gin.clear_config()
+        gin.parse_config_files_and_bindings(
+            [str(REPO / 'gin_configs' / 'debug.gin')],
+            bindings[1:] + ['train.num_epochs = 2'])
+        model = train.train(str(tmp_path), tf.distribute.get_strategy())
+    finally:
+        gin.clear_config()
+    assert int(model.optimizer.iterations.numpy()) == 32
+    path, step = callbacks.latest_checkpoint(str(checkpoints))
+    assert step == 32
+    tf.train.Checkpoint(model=model).read(path).expect_partial() \
+        .assert_existing_objects_matched()
