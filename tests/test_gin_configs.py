@@ -48,12 +48,19 @@ def test_there_are_configs():
     assert {'base.gin', 'debug.gin', 'imagenet_rn50_10pct.gin',
             'imagenet_rn50_1pct.gin', 'imagenet_rn50x2_10pct.gin',
             'imagenet_rn50x4_10pct.gin', 'imagenet_rn50_10pct_8gpu.gin',
-            'cifar10_wrn28_2_4000.gin'} <= names
+            'cifar10_wrn28_2_4000.gin', 'demo_fashion_mnist.gin',
+            'demo_fashion_mnist_quick.gin', 'image_folders.gin'} <= names
+
+
+# What a file needs bound by the user (its documented command line).
+USER_BINDINGS = {'image_folders.gin': ["LABELED_DIR = '/data/labeled'",
+                                       "UNLABELED_DIR = '/data/unlabeled'",
+                                       "TEST_DIR = '/data/test'"]}
 
 
 @pytest.mark.parametrize('path', GIN_FILES, ids=lambda p: p.name)
 def test_every_config_parses_and_builds_its_model(clean_gin, path):
-    parse(path.name)
+    parse(path.name, USER_BINDINGS.get(path.name, ()))
     if path.name == 'base.gin':  # Shared values only, no model.
         assert gin.query_parameter('PAWSModel.tau') == 0.1
         return
