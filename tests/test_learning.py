@@ -1,0 +1,41 @@
+"""A short PAWS fit on clustered synthetic data learns the classes."""
+
+import pathlib
+
+import gin
+import pytest
+import tensorflow as tf
+
+from paws_tf import configurables  # noqa: F401
+from paws_tf import report
+from paws_tf import train
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_short_fit_lowers_the_loss_and_learns_the_classes(tmp_path):
+    gin.clear_config()
+    gin.add_config_file_search_path(str(REPO))
+    # debug.gin: 4 synthetic classes, 16 labels each, 8 epochs of 16 steps.
+    gin.parse_config_files_and_bindings(
+        [str(REPO / 'gin_configs' / 'debug.gin')],
+        ['train.verbose = 0', 'train.view_images = False'])
+    try:
+        train.train(str(tmp_path), tf.distribute.get_strategy())
+    finally:
+        gin.clear_config()
+    logs = tmp_path / train.TENSORBOARD_DIR
+    _, loss = report.read_scalars(str(logs / 'train'), 'epoch_loss')
+    _, top1 = report.read_scalars(str(logs / 'eval'), 'paws_nn/top1')
+    _, views_per_second = report.read_scalars(
+        str(logs / 'train'), 'throughput/views_per_second')
+    print(f'PAWS-NN top-1 by epoch {[round(float(t), 3) for t in top1]}, loss '
+          f'{[round(float(x), 3) for x in loss]}, '
+          f'{views_per_second.mean():.0f} '
+          f'views/s = {views_per_second.mean() / 160:.1f} steps/s')
+    assert len(loss) == len(top1) == 8
+    assert loss[-1] < loss[0] - 0.2
+    # Chance is 0.25 with 4 classes; 128 test images.
+    assert top1[-1] > 0.75
+    assert top1[-1] > top1[0]
