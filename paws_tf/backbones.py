@@ -9,6 +9,8 @@ import gin
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import checkpoints
+
 RESNET50_STAGE_BLOCKS = (3, 4, 6, 3)
 RESNET50_WIDTH_MULTIPLIERS = (1, 2, 4)
 BOTTLENECK_EXPANSION = 4
@@ -244,24 +246,6 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
     return builder(inputs, norm, **kwargs)
 
 
-def _checkpoint_prefix(path):
-    """Resolves a checkpoint directory or prefix to an existing prefix."""
-    prefix = path
-    if tf.io.gfile.isdir(path):
-        prefix = tf.train.latest_checkpoint(path)
-        if prefix is None:
-            raise FileNotFoundError(
-                f'no TF checkpoint in directory {path!r} (it has no '
-                f'"checkpoint" state file, as Checkpoint.save and '
-                f'CheckpointManager write; pass the prefix instead)')
-    if not tf.io.gfile.exists(prefix + '.index'):
-        raise FileNotFoundError(
-            f'{path!r} is neither a weights file (.h5, .weights.h5), a TF '
-            f'checkpoint prefix ({prefix + ".index"!r} is missing) nor a '
-            f'directory holding a checkpoint')
-    return prefix
-
-
 def _unmatched_checkpoint_variables(root, prefix):
     """Names of the variables under `root` that have no value at `prefix`.
 
@@ -330,7 +314,7 @@ def load_backbone_weights(backbone, path):
         load = functools.partial(backbone.load_weights, path)
     else:
         load = functools.partial(_restore_checkpoint, backbone,
-                                 _checkpoint_prefix(path))
+                                 checkpoints.resolve_prefix(path))
     snapshot = [variable.numpy() for variable in backbone.variables]
     try:
         load()

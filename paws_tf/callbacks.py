@@ -13,29 +13,18 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import checkpoints
 from paws_tf import data
 from paws_tf import dist
 from paws_tf import evaluate
-
-CHECKPOINT_PREFIX = 'ckpt'
-
 
 def global_step(model):
     """Optimizer updates applied so far, as a Python int."""
     return int(model.optimizer.iterations.numpy())
 
 
-def latest_checkpoint(directory):
-    """(path, step) of the newest `ckpt-<step>` in `directory`, or
-    (None, 0)."""
-    path = tf.train.latest_checkpoint(directory) if directory else None
-    if path is None:
-        return None, 0
-    return path, int(path.rsplit('-', 1)[1])
-
-
 def _non_finite_error(what, model, checkpoint_dir):
-    path, step = latest_checkpoint(checkpoint_dir)
+    path, step = checkpoints.latest(checkpoint_dir)
     return FloatingPointError(
         f'{what} at step {global_step(model)}. Training stopped without '
         'saving this state; the last good checkpoint is '
@@ -148,7 +137,7 @@ class Checkpointer(tf_keras.callbacks.Callback):
         self._write_dir = dist.write_dir(self._strategy, self._directory)
         self._manager = tf.train.CheckpointManager(
             checkpoint, self._write_dir, max_to_keep=self._keep,
-            checkpoint_name=CHECKPOINT_PREFIX)
+            checkpoint_name=checkpoints.CHECKPOINT_PREFIX)
 
     def _save(self):
         step = global_step(self.model)

@@ -10,6 +10,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from paws_tf import checkpoints
 from paws_tf import data
 from paws_tf import export
 from paws_tf import losses
@@ -70,23 +71,6 @@ def embedder_from_saved_model(export_dir):
     return embed_fn
 
 
-def _checkpoint_prefix(path):
-    """Resolves a checkpoint prefix, or a directory's latest checkpoint.
-
-    Raises:
-        FileNotFoundError: naming `path`, when no checkpoint is there.
-    """
-    path = os.fspath(path)
-    prefix = (tf.train.latest_checkpoint(path) if tf.io.gfile.isdir(path)
-              else path)
-    if prefix is None or not tf.io.gfile.exists(prefix + '.index'):
-        raise FileNotFoundError(
-            f'No TF checkpoint at {path!r}: expected a directory holding a '
-            f'"checkpoint" state file (tf.train.CheckpointManager writes '
-            f'one) or a checkpoint prefix with a .index file.')
-    return prefix
-
-
 def restore_model(model, checkpoint_path, *, input_shape):
     """Restores a training checkpoint's model weights into `model`.
 
@@ -108,7 +92,7 @@ def restore_model(model, checkpoint_path, *, input_shape):
         ValueError: the checkpoint lacks some of the model's variables
             (another architecture).
     """
-    prefix = _checkpoint_prefix(checkpoint_path)
+    prefix = checkpoints.resolve_prefix(checkpoint_path)
     model(tf.zeros([1, *input_shape]), training=False)
     status = tf.train.Checkpoint(model=model).read(prefix).expect_partial()
     try:

@@ -4,12 +4,7 @@ import gin
 import tf_keras
 
 from paws_tf import backbones
-
-
-def _check_positive(**values):
-    for arg, value in values.items():
-        if value < 1:
-            raise ValueError(f'{arg} must be >= 1, got {value!r}')
+from paws_tf import checks
 
 
 class _MLPHead(tf_keras.layers.Layer):
@@ -71,8 +66,10 @@ class ProjectionHead(_MLPHead):
         """
         super().__init__(sync_bn=sync_bn, bn_momentum=bn_momentum,
                          bn_epsilon=bn_epsilon, name=name, **kwargs)
-        _check_positive(num_layers=num_layers, hidden_dim=hidden_dim,
-                        output_dim=output_dim)
+        for arg, value in (('num_layers', num_layers),
+                           ('hidden_dim', hidden_dim),
+                           ('output_dim', output_dim)):
+            checks.integer(arg, value)
         self.num_layers = num_layers
         self.hidden_dim = hidden_dim
         self.output_dim = output_dim
@@ -120,7 +117,8 @@ class PredictionHead(_MLPHead):
         """
         super().__init__(sync_bn=sync_bn, bn_momentum=bn_momentum,
                          bn_epsilon=bn_epsilon, name=name, **kwargs)
-        _check_positive(hidden_dim=hidden_dim, output_dim=output_dim)
+        checks.integer('hidden_dim', hidden_dim)
+        checks.integer('output_dim', output_dim)
         self.hidden_dim = hidden_dim
         self.output_dim = output_dim
         self.mlp_layers = [

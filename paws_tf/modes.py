@@ -7,7 +7,7 @@ from absl import logging
 import gin
 import numpy as np
 
-from paws_tf import callbacks
+from paws_tf import checkpoints
 from paws_tf import data
 from paws_tf import dist
 from paws_tf import evaluate
@@ -47,7 +47,7 @@ def load_trained_model(model_dir, strategy):
         checkpoint_dir = os.path.join(model_dir, train.CHECKPOINT_DIR)
         evaluate.restore_model(model, checkpoint_dir, input_shape=(
             size, size, bundle.labeled.channels))
-    _, step = callbacks.latest_checkpoint(checkpoint_dir)
+    _, step = checkpoints.latest(checkpoint_dir)
     return model, bundle, step
 
 

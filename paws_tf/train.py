@@ -11,6 +11,7 @@ import tf_keras
 
 from paws_tf import backbones
 from paws_tf import callbacks
+from paws_tf import checkpoints
 from paws_tf import checks
 from paws_tf import data
 from paws_tf import dist
@@ -97,7 +98,7 @@ def build_compiled_model(strategy, pretrain, *, input_channels, num_epochs,
 def restore_latest(model, model_dir):
     """Restores the newest training checkpoint into `model` (and its
     optimizer); returns its step, 0 if there is none."""
-    path, step = callbacks.latest_checkpoint(
+    path, step = checkpoints.latest(
         os.path.join(model_dir, CHECKPOINT_DIR))
     if path:
         tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(

@@ -2,7 +2,6 @@
 nothing already written is lost."""
 
 import logging
-import os
 import pathlib
 import subprocess
 import sys

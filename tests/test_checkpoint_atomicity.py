@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from paws_tf import callbacks
+from paws_tf import checkpoints
 from paws_tf import configurables  # noqa: F401
 from paws_tf import train
 
@@ -52,7 +52,7 @@ def test_killed_during_a_save_the_latest_checkpoint_is_whole(tmp_path, delay):
         proc.wait()
     finally:
         proc.kill()
-    path, step = callbacks.latest_checkpoint(str(tmp_path))
+    path, step = checkpoints.latest(str(tmp_path))
     assert step >= 3
     values = checkpoint_values(path)
     assert len(values) >= 5  # Kernels, biases, momenta, iterations.
@@ -73,14 +73,14 @@ def test_leftovers_of_a_crashed_save_do_not_break_resuming(tmp_path):
         gin.parse_config_files_and_bindings(
             [str(REPO / 'gin_configs' / 'debug.gin')], bindings)
         train.train(str(tmp_path), tf.distribute.get_strategy())
-        checkpoints = tmp_path / train.CHECKPOINT_DIR
-        assert callbacks.latest_checkpoint(str(checkpoints))[1] == 16
+        checkpoint_dir = tmp_path / train.CHECKPOINT_DIR
+        assert checkpoints.latest(str(checkpoint_dir))[1] == 16
         # What a crash while writing ckpt-24 can leave behind.
-        (checkpoints / 'ckpt-24.data-00000-of-00001').write_bytes(b'\0' * 99)
-        (checkpoints / 'ckpt-24_temp').mkdir()
-        (checkpoints / 'ckpt-24_temp' / 'part-00000-of-00001.index'
+        (checkpoint_dir / 'ckpt-24.data-00000-of-00001').write_bytes(b'\0' * 99)
+        (checkpoint_dir / 'ckpt-24_temp').mkdir()
+        (checkpoint_dir / 'ckpt-24_temp' / 'part-00000-of-00001.index'
          ).write_bytes(b'partial')
-        assert callbacks.latest_checkpoint(str(checkpoints))[1] == 16
+        assert checkpoints.latest(str(checkpoint_dir))[1] == 16
         gin.clear_config()
         gin.parse_config_files_and_bindings(
             [str(REPO / 'gin_configs' / 'debug.gin')],
@@ -89,7 +89,7 @@ def test_leftovers_of_a_crashed_save_do_not_break_resuming(tmp_path):
     finally:
         gin.clear_config()
     assert int(model.optimizer.iterations.numpy()) == 32
-    path, step = callbacks.latest_checkpoint(str(checkpoints))
+    path, step = checkpoints.latest(str(checkpoint_dir))
     assert step == 32
     tf.train.Checkpoint(model=model).read(path).expect_partial() \
         .assert_existing_objects_matched()

@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 from paws_tf import callbacks
+from paws_tf import checkpoints
 from paws_tf import configurables  # noqa: F401
 from paws_tf import data
 from paws_tf import experiment
@@ -55,7 +56,7 @@ def test_the_whole_workflow_through_run_py(tmp_path):
     resumed_from = callbacks.backup_step(backup_dir)
     output = run_py(tmp_path, 'train')
     assert f'Training steps {resumed_from}..32' in output
-    assert callbacks.latest_checkpoint(
+    assert checkpoints.latest(
         str(tmp_path / train.CHECKPOINT_DIR))[1] == 32
 
     # 2. Export, and reload the SavedModel in this process.

@@ -216,11 +216,13 @@ def test_gin_configures_heads():
     assert prediction.hidden_dim == 32
 
 
-@pytest.mark.parametrize('make', [
-    lambda: heads.ProjectionHead(num_layers=0),
-    lambda: heads.ProjectionHead(hidden_dim=0),
-    lambda: heads.PredictionHead(output_dim=0),
+@pytest.mark.parametrize('make,message', [
+    (lambda: heads.ProjectionHead(num_layers=0), 'num_layers'),
+    (lambda: heads.ProjectionHead(hidden_dim=0), 'hidden_dim'),
+    (lambda: heads.PredictionHead(output_dim=0), 'output_dim'),
+    (lambda: heads.PredictionHead(output_dim='2048'), 'output_dim'),
 ])
-def test_bad_sizes(make):
-    with pytest.raises(ValueError, match='must be >= 1, got 0'):
+def test_bad_sizes(make, message):
+    with pytest.raises(ValueError,
+                       match=f'{message} must be a positive integer, got'):
         make()

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from paws_tf import callbacks
+from paws_tf import checkpoints
 from paws_tf import train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -119,7 +120,7 @@ def test_killed_worker_cluster_resumes_from_backup_and_agrees(tmp_path):
         assert f'Training steps {stopped_at}..32' in output
     prints = fingerprints(outputs)
     assert len(prints) == 2 and prints[0] == prints[1]
-    assert callbacks.latest_checkpoint(
+    assert checkpoints.latest(
         str(tmp_path / train.CHECKPOINT_DIR))[1] == 32
     # Only the chief's files: no worker temp directories are left.
     assert not list(tmp_path.rglob('.worker_tmp_*'))

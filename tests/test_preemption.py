@@ -15,6 +15,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import callbacks
+from paws_tf import checkpoints
 from paws_tf import configurables  # noqa: F401
 from paws_tf import train
 
@@ -44,7 +45,7 @@ def finish(proc, timeout=600):
 
 def final_state(model_dir):
     """Every variable of the run's last checkpoint, by name."""
-    path, step = callbacks.latest_checkpoint(
+    path, step = checkpoints.latest(
         os.path.join(model_dir, train.CHECKPOINT_DIR))
     assert step == TOTAL_STEPS
     reader = tf.train.load_checkpoint(path)
@@ -152,6 +153,6 @@ def test_non_finite_training_stops_before_saving_it(tmp_path):
             value = reader.get_tensor(name)
             if np.issubdtype(np.asarray(value).dtype, np.floating):
                 assert np.all(np.isfinite(value)), (path, name)
-    assert callbacks.latest_checkpoint(
+    assert checkpoints.latest(
         str(tmp_path / train.CHECKPOINT_DIR))[1] == 8
     assert callbacks.backup_step(str(tmp_path / train.BACKUP_DIR)) <= 12

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
-from paws_tf import callbacks
+from paws_tf import checkpoints
 from paws_tf import configurables  # noqa: F401
 from paws_tf import train
 
@@ -48,11 +48,11 @@ def test_train_checkpoints_logs_and_does_not_retrain(debug_config, tmp_path):
     assert int(model.optimizer.iterations.numpy()) == 32
 
     # Checkpoints every 8 steps and at epoch ends, named by step, last 2 kept.
-    checkpoints = sorted(
+    steps = sorted(
         int(p.split('-')[-1].split('.')[0]) for p in
         glob.glob(str(tmp_path / 'checkpoints' / 'ckpt-*.index')))
-    assert checkpoints == [24, 32]
-    assert callbacks.latest_checkpoint(str(tmp_path / 'checkpoints'))[1] == 32
+    assert steps == [24, 32]
+    assert checkpoints.latest(str(tmp_path / 'checkpoints'))[1] == 32
     # BackupAndRestore removes its backup once the run finished.
     assert not glob.glob(str(tmp_path / 'backup' / '**' / '*.index'),
                          recursive=True)
