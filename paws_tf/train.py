@@ -95,17 +95,6 @@ def build_compiled_model(strategy, pretrain, *, input_channels, num_epochs,
     return model
 
 
-def restore_latest(model, model_dir):
-    """Restores the newest training checkpoint into `model` (and its
-    optimizer); returns its step, 0 if there is none."""
-    path, step = checkpoints.latest(
-        os.path.join(model_dir, CHECKPOINT_DIR))
-    if path:
-        tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(
-            path).assert_existing_objects_matched()
-    return step
-
-
 @gin.configurable(denylist=['model_dir', 'strategy'])
 def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
           optimizer_cls=lars.LARS, schedule_cls=schedules.WarmupCosineDecay,
@@ -176,7 +165,14 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
     bundle = experiment.load_data(model_dir)
     backup_dir = os.path.join(model_dir, BACKUP_DIR)
     checkpoint_dir = os.path.join(model_dir, CHECKPOINT_DIR)
+    # Where this run stands: its backup (an interrupted run), else its newest
+    # checkpoint (a finished run, whose backup BackupAndRestore deleted, or
+    # one stopped before its first backup: then an epoch end, checkpoints
+    # being never more frequent than backups), else nothing (a new run).
     start_step = callbacks.backup_step(backup_dir)
+    from_checkpoint = not start_step
+    if from_checkpoint:
+        _, start_step = checkpoints.latest(checkpoint_dir)
     pretrain = data.make_pretrain_dataset_fn(
         bundle.unlabeled, bundle.labeled,
         num_replicas=strategy.num_replicas_in_sync, start_step=start_step,
@@ -192,22 +188,15 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
         pretrained_backbone=pretrained_backbone)
 
     initial_epoch = 0
-    if not start_step:
-        # No backup: a finished run (BackupAndRestore deletes its backup at
-        # the end), a new one, or one stopped before its first backup, whose
-        # newest checkpoint is then an epoch end (checkpoints are never more
-        # frequent than backups).
-        done = restore_latest(model, model_dir)
-        if done >= total_steps:
+    if from_checkpoint and start_step:
+        tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(
+            checkpoints.latest(checkpoint_dir)[0]
+        ).assert_existing_objects_matched()
+        if start_step >= total_steps:
             logging.info('%s holds a finished run (%d steps): not training '
-                         'it again.', model_dir, done)
+                         'it again.', model_dir, start_step)
             return model
-        if done:
-            initial_epoch, start_step = done // steps_per_epoch, done
-            pretrain = data.make_pretrain_dataset_fn(
-                bundle.unlabeled, bundle.labeled,
-                num_replicas=strategy.num_replicas_in_sync,
-                start_step=start_step, seed=seed)
+        initial_epoch = start_step // steps_per_epoch
     logging.info('Training steps %d..%d: %d epochs of %d steps.', start_step,
                  total_steps, num_epochs, steps_per_epoch)
 
