@@ -161,8 +161,9 @@ def _reset_peak_rss():
 
 
 def views_per_step(config):
-    return (config['batch'] * (2 + config['multicrop']) + config['support_views']
-            * config['classes'] * config['images_per_class'])
+    return (config['batch'] * (2 + config['multicrop']) +
+            config['support_views'] * config['classes'] *
+            config['images_per_class'])
 
 
 def main():
