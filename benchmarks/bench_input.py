@@ -2,15 +2,21 @@
 
 Prints one JSON object per setting: multi-crop views per second (every view
 produced counts: the support views plus 2 + m views per unlabeled image) and
-unlabeled images per second, measured for `--seconds` after a warm-up.
+unlabeled images per second, measured for `--seconds` after a warm-up, with
+the paper's augmentations (`augment.CIFAR10_MULTICROP`,
+`augment.IMAGENET_MULTICROP`). With `--against_step CONFIG` it then runs
+`bench_step.py --config CONFIG` and prints the ratio of views produced to
+views the train step consumes per second (each measured alone on the whole
+machine; in training both share the cores).
 
-    python benchmarks/bench_input.py --seconds 30
+    python benchmarks/bench_input.py --seconds 30 --against_step cifar_small
 """
 
 import argparse
 import json
 import os
 import pathlib
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,8 +31,7 @@ from paws_tf import augment  # noqa: E402
 from paws_tf import data  # noqa: E402
 from paws_tf import sources  # noqa: E402
 
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-CIFAR_MEAN, CIFAR_STD = (0.491, 0.482, 0.447), (0.247, 0.243, 0.262)
+_STEP_SCRIPT = pathlib.Path(__file__).resolve().parent / 'bench_step.py'
 
 
 def cifar10_setting():
@@ -35,11 +40,7 @@ def cifar10_setting():
     images = rng.integers(0, 256, [50000, 32, 32, 3], np.uint8)
     source = sources.from_arrays(images, np.arange(50000) % 10)
     labeled, unlabeled = sources.select_labeled(source, labels_per_class=400)
-    multicrop = augment.MultiCropConfig(
-        global_size=32, global_scale=(0.75, 1.0), local_size=18,
-        local_scale=(0.3, 0.75), num_local=6, color_strength=0.5,
-        blur_prob=0.0, mean=CIFAR_MEAN, std=CIFAR_STD)
-    return unlabeled, labeled, multicrop, {
+    return unlabeled, labeled, augment.CIFAR10_MULTICROP, {
         'global_batch_size': 256, 'classes_per_step': 10,
         'images_per_class': 64, 'support_views': 2}
 
@@ -63,11 +64,7 @@ def imagenet_setting(root):
     """JPEG files, 2x224^2 + 6x96^2 with blur, support 16 x 7, batch 64."""
     _write_jpegs(root, num_classes=16, per_class=24)
     labeled = sources.image_folder(root)
-    multicrop = augment.MultiCropConfig(
-        global_size=224, global_scale=(0.14, 1.0), local_size=96,
-        local_scale=(0.05, 0.14), num_local=6, color_strength=1.0,
-        blur_prob=0.5, mean=IMAGENET_MEAN, std=IMAGENET_STD)
-    return labeled, labeled, multicrop, {
+    return labeled, labeled, augment.IMAGENET_MULTICROP, {
         'global_batch_size': 64, 'classes_per_step': 16,
         'images_per_class': 7, 'support_views': 1}
 
@@ -104,7 +101,11 @@ def main():
     parser.add_argument('--warmup_steps', type=int, default=3)
     parser.add_argument('--settings', default='cifar10,imagenet')
     parser.add_argument('--nondeterministic', action='store_true')
+    parser.add_argument('--against_step', default='',
+                        help='bench_step.py config to compare with, e.g. '
+                             'cifar_small (empty: no comparison)')
     args = parser.parse_args()
+    results = {}
     for name in args.settings.split(','):
         with tempfile.TemporaryDirectory() as tmp:
             if name == 'cifar10':
@@ -113,7 +114,27 @@ def main():
                 setting = imagenet_setting(pathlib.Path(tmp))
             else:
                 raise SystemExit(f'unknown setting {name!r}')
-            print(json.dumps(measure(name, *setting, args)), flush=True)
+            results[name] = measure(name, *setting, args)
+            print(json.dumps(results[name]), flush=True)
+    if args.against_step:
+        compare_with_step(args.against_step, results)
+
+
+def compare_with_step(config, results):
+    """Runs the train-step benchmark and prints input/step throughput."""
+    out = subprocess.run(
+        [sys.executable, str(_STEP_SCRIPT), '--config', config],
+        check=True, capture_output=True, text=True).stdout
+    step = json.loads(out.strip().splitlines()[-1])
+    print(json.dumps(step), flush=True)
+    print(json.dumps({
+        'benchmark': 'input_over_step', 'step_config': config,
+        'step_images_per_s': step['images_per_s'],
+        **{f'{name}_views_per_s_over_step': round(
+            result['views_per_s'] / step['images_per_s'], 2)
+           for name, result in results.items()},
+        'cpus': os.cpu_count(), 'load_avg_1min': os.getloadavg()[0]}),
+        flush=True)
 
 
 if __name__ == '__main__':

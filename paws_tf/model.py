@@ -164,7 +164,10 @@ class PAWSModel(tf_keras.Model):
             anchors = tf.concat([z_global, z_local], 0)  # [(2 + m) B, D]
         # Support embeddings of all replicas, replica-major (label layout).
         z_support = dist.all_gather(z_support)  # [R V K n, D]
-        h_support = dist.all_gather(tf.stop_gradient(h_support))
+        if self.prediction_head is None:  # h = z: one collective, not two.
+            h_support = tf.stop_gradient(z_support)
+        else:
+            h_support = dist.all_gather(tf.stop_gradient(h_support))
         view_1, view_2 = tf.split(h_global, 2, axis=0)
         targets = tf.concat([view_2, view_1], 0)  # Swapped: view 1 <- 2.
         terms = losses.paws_terms(

@@ -1,0 +1,249 @@
+"""Time of the full PAWS train step on synthetic data (not a test).
+
+Times `PAWSModel.train_step` as `fit` runs it: `model.make_train_function()`
+(so `compile(jit_compile=...)` and the distribution strategy apply) fed from
+an iterator over one constant synthetic batch, which tf.data repeats without
+copying, so the figure is the step itself and not the input pipeline
+(`bench_input.py` measures that). Every step is synchronised by fetching its
+logs. Prints one JSON object:
+
+    python benchmarks/bench_step.py --config cifar_small
+    python benchmarks/bench_step.py --config rn50_tiny --xla
+    python benchmarks/bench_step.py --config cifar_small --replicas 2
+    # GPU: python benchmarks/bench_step.py --config rn50_tiny --xla \
+    #          --precision bf16   (or fp16: loss scaling is added)
+
+`images_per_s` counts every view forwarded: the support views plus 2 + m
+views per unlabeled image, over all replicas.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import resource
+import statistics
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import paws_tf  # noqa: E402,F401  (selects tf_keras before TF is used)
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tf_keras  # noqa: E402
+
+from paws_tf import backbones  # noqa: E402
+from paws_tf import heads  # noqa: E402
+from paws_tf import lars  # noqa: E402
+from paws_tf import model as model_lib  # noqa: E402
+
+# Global sizes: B unlabeled images, m local views, K classes x n images x V
+# support views (per replica; with R replicas every replica gets B / R
+# images and the same K classes with n / R images each).
+CONFIGS = {
+    'cifar_small': dict(
+        backbone=dict(name='wide_resnet', depth=28, width=2),
+        projection=dict(hidden_dim=128, output_dim=128), prediction=None,
+        batch=64, global_size=32, local_size=18, multicrop=6,
+        classes=10, images_per_class=6, support_views=2),
+    'cifar_paper': dict(
+        backbone=dict(name='wide_resnet', depth=28, width=2),
+        projection=dict(hidden_dim=128, output_dim=128), prediction=None,
+        batch=256, global_size=32, local_size=18, multicrop=6,
+        classes=10, images_per_class=64, support_views=2),
+    'rn50_tiny': dict(
+        backbone=dict(name='resnet50'),
+        projection=dict(hidden_dim=2048, output_dim=2048),
+        prediction=dict(hidden_dim=512, output_dim=2048),
+        batch=8, global_size=96, local_size=48, multicrop=6,
+        classes=16, images_per_class=2, support_views=1),
+}
+# Environment variables that change CPU performance, echoed in the output.
+_ENV_KNOBS = ('TF_ENABLE_ONEDNN_OPTS', 'TF_CPU_ALLOCATOR_USE_BFC',
+              'OMP_NUM_THREADS', 'MALLOC_ARENA_MAX', 'TF_XLA_FLAGS')
+POLICIES = {'fp32': 'float32', 'bf16': 'mixed_bfloat16',
+            'fp16': 'mixed_float16'}
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--config', required=True, choices=sorted(CONFIGS))
+    parser.add_argument('--steps', type=int, default=5,
+                        help='timed steps (the median is reported)')
+    parser.add_argument('--warmup', type=int, default=2,
+                        help='untimed steps first (tracing, XLA compile)')
+    parser.add_argument('--xla', action='store_true',
+                        help='model.compile(jit_compile=True)')
+    parser.add_argument('--precision', default='fp32', choices=POLICIES)
+    parser.add_argument('--replicas', type=int, default=1, choices=(1, 2))
+    parser.add_argument('--sync_bn', choices=('auto', 'on', 'off'),
+                        default='auto',
+                        help='synchronised (unfused) BN; auto: on iff '
+                             'replicas > 1, as the trainer does')
+    parser.add_argument('--intra_op_threads', type=int, default=0,
+                        help='0: TensorFlow default (all cores)')
+    parser.add_argument('--inter_op_threads', type=int, default=0)
+    parser.add_argument('--profile_dir', default='',
+                        help='write a TF profiler trace of 2 timed steps')
+    return parser.parse_args()
+
+
+def configure_devices(args):
+    """Thread pools, logical CPUs and the strategy; runs before TF starts.
+
+    One replica runs under TF's default strategy, as `dist.make_strategy`
+    gives the trainer; two run under MirroredStrategy on two GPUs, or on two
+    logical devices that split the CPU.
+    """
+    if args.intra_op_threads:
+        tf.config.threading.set_intra_op_parallelism_threads(
+            args.intra_op_threads)
+    if args.inter_op_threads:
+        tf.config.threading.set_inter_op_parallelism_threads(
+            args.inter_op_threads)
+    if args.replicas == 1:
+        return tf.distribute.get_strategy()
+    if tf.config.list_physical_devices('GPU'):
+        return tf.distribute.MirroredStrategy(
+            [f'GPU:{i}' for i in range(args.replicas)])
+    cpu = tf.config.list_physical_devices('CPU')[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * args.replicas)
+    return tf.distribute.MirroredStrategy(
+        [f'CPU:{i}' for i in range(args.replicas)])
+
+
+def build(config, replicas, sync_bn):
+    """The PAWS model of a config, per-replica support layout."""
+    backbone = backbones.build_backbone(sync_bn=sync_bn, **config['backbone'])
+    projection = heads.ProjectionHead(sync_bn=sync_bn, **config['projection'])
+    prediction = (heads.PredictionHead(sync_bn=sync_bn,
+                                       **config['prediction'])
+                  if config['prediction'] else None)
+    return model_lib.PAWSModel(
+        backbone, projection, prediction,
+        classes_per_replica=config['classes'],
+        images_per_class=config['images_per_class'] // replicas,
+        support_views=config['support_views'], num_replicas=replicas,
+        multicrop=config['multicrop'])
+
+
+def synthetic_batch(config, replicas, rng):
+    """One replica's batch of normalised-looking random views."""
+    batch = config['batch'] // replicas
+    support = (config['support_views'] * config['classes']
+               * config['images_per_class'] // replicas)
+
+    def views(count, size):
+        return rng.normal(size=(count, size, size, 3)).astype(np.float32)
+
+    return {'global_views': views(2 * batch, config['global_size']),
+            'local_views': views(config['multicrop'] * batch,
+                                 config['local_size']),
+            'support_views': views(support, config['global_size'])}
+
+
+def _status_mib(field):
+    """A memory field of /proc/self/status (Linux) in MiB."""
+    with open('/proc/self/status') as f:
+        for line in f:
+            if line.startswith(field + ':'):
+                return round(int(line.split()[1]) / 1024)
+    return None
+
+
+def _reset_peak_rss():
+    """Restarts VmHWM from the current RSS (Linux >= 4.0)."""
+    with open('/proc/self/clear_refs', 'w') as f:
+        f.write('5')
+
+
+def views_per_step(config):
+    return (config['batch'] * (2 + config['multicrop']) +
+            config['support_views'] * config['classes'] *
+            config['images_per_class'])
+
+
+def main():
+    args = parse_args()
+    strategy = configure_devices(args)
+    config = CONFIGS[args.config]
+    sync_bn = {'auto': args.replicas > 1, 'on': True,
+               'off': False}[args.sync_bn]
+    tf_keras.mixed_precision.set_global_policy(POLICIES[args.precision])
+    rng = np.random.default_rng(0)
+    batches = [synthetic_batch(config, args.replicas, rng)
+               for _ in range(args.replicas)]
+    with strategy.scope():
+        model = build(config, args.replicas, sync_bn)
+        # LARS as in training; the learning rate only keeps the synthetic
+        # run finite. mixed_float16 makes compile add loss scaling.
+        model.compile(optimizer=lars.LARS(learning_rate=0.1),
+                      jit_compile=args.xla)
+    dataset = strategy.distribute_datasets_from_function(
+        lambda ctx: tf.data.Dataset.from_tensors(
+            batches[ctx.input_pipeline_id]).repeat())
+    iterator = iter(dataset)
+    train_function = model.make_train_function()
+
+    rss_built_mib = _status_mib('VmRSS')
+
+    def step():
+        start, cpu_start = time.perf_counter(), time.process_time()
+        logs = train_function(iterator)
+        loss = float(logs['loss'])  # Waits for the step to finish.
+        return (time.perf_counter() - start, time.process_time() - cpu_start,
+                loss)
+
+    first_step_s = [step()[0] for _ in range(args.warmup)]
+    # Tracing and graph rewrites of the first step have their own peak.
+    _reset_peak_rss()
+    times, cpu_times, losses = [], [], []
+    for _ in range(args.steps):
+        seconds, cpu_seconds, loss = step()
+        times.append(seconds)
+        cpu_times.append(cpu_seconds)
+        losses.append(loss)
+    if args.profile_dir:
+        tf.profiler.experimental.start(args.profile_dir)
+        for _ in range(2):
+            step()
+        tf.profiler.experimental.stop()
+    median = statistics.median(times)
+    views = views_per_step(config)
+    print(json.dumps({
+        'benchmark': 'step', 'config': args.config,
+        'images_per_s': round(views / median, 1),
+        'step_s': {'median': round(median, 3), 'min': round(min(times), 3),
+                   'max': round(max(times), 3)},
+        # Process CPU time (all threads) per step: less sensitive than wall
+        # time to other processes on a shared machine.
+        'cpu_s_per_step': round(statistics.median(cpu_times), 3),
+        'warmup_step_s': [round(t, 2) for t in first_step_s],
+        'views_per_step': views, 'steps': args.steps,
+        'loss_first_last': [round(losses[0], 4), round(losses[-1], 4)],
+        'peak_rss_mib': round(resource.getrusage(
+            resource.RUSAGE_SELF).ru_maxrss / 1024),  # KiB on Linux
+        'peak_rss_timed_steps_mib': _status_mib('VmHWM'),
+        'rss_before_first_step_mib': rss_built_mib,
+        'xla': args.xla, 'precision': args.precision,
+        'replicas': args.replicas, 'sync_bn': sync_bn,
+        'intra_op_threads': tf.config.threading
+        .get_intra_op_parallelism_threads(),
+        'inter_op_threads': tf.config.threading
+        .get_inter_op_parallelism_threads(),
+        'env': {k: os.environ[k] for k in _ENV_KNOBS if k in os.environ},
+        'device': 'GPU' if tf.config.list_physical_devices('GPU') else 'CPU',
+        'tf': tf.__version__, 'python': platform.python_version(),
+        'cpus': os.cpu_count(),
+        'load_avg': [round(v, 2) for v in os.getloadavg()],
+        'config_sizes': {k: v for k, v in config.items()
+                         if k in ('batch', 'classes', 'images_per_class',
+                                  'support_views', 'multicrop')},
+    }), flush=True)
+
+
+if __name__ == '__main__':
+    main()
