@@ -8,8 +8,13 @@ import os
 import gin
 import tensorflow as tf
 import tf_keras
+# The query tf.sysconfig does not offer: are oneDNN kernels on?
+from tensorflow.python.util import _pywrap_util_port
 
 from paws_tf import checkpoints
+
+# Input channels a strided 1x1 convolution needs under oneDNN (see below).
+_ONEDNN_MIN_CHANNELS = 8
 
 RESNET50_STAGE_BLOCKS = (3, 4, 6, 3)
 RESNET50_WIDTH_MULTIPLIERS = (1, 2, 4)
@@ -40,8 +45,33 @@ def batch_norm(name, *, sync_bn, momentum, epsilon, zero_init=False):
         gamma_initializer='zeros' if zero_init else 'ones', name=name)
 
 
+def onednn_enabled():
+    """Whether TensorFlow runs its oneDNN CPU kernels in this process."""
+    return _pywrap_util_port.IsMklEnabled()
+
+
+def _check_onednn_safe(x, kernel_size, stride, name):
+    """Refuses a layer shape whose gradient oneDNN computes wrongly.
+
+    On AVX2 CPUs oneDNN's weight gradient of a strided 1x1 convolution with
+    fewer than 8 input channels is wrong by 30-140% (uxlfoundation/oneDNN
+    #6035; reproduced here for every C in 1..7). GPUs do not run it.
+    """
+    channels = x.shape[-1]
+    if (kernel_size == 1 and stride > 1 and channels < _ONEDNN_MIN_CHANNELS
+            and onednn_enabled()
+            and not tf.config.list_physical_devices('GPU')):
+        raise ValueError(
+            f'{name}: a strided 1x1 convolution on {channels} input channels '
+            "gets wrong weight gradients from TensorFlow's oneDNN CPU "
+            'kernels (oneDNN issue #6035). Give the layer at least '
+            f'{_ONEDNN_MIN_CHANNELS} input channels (e.g. wider widths), or '
+            'set TF_ENABLE_ONEDNN_OPTS=0 before importing paws_tf.')
+
+
 def _conv(x, filters, kernel_size, stride, name, use_bias=False):
     """Conv2D with PyTorch's symmetric `kernel_size // 2` padding."""
+    _check_onednn_safe(x, kernel_size, stride, name)
     padding = 'same'
     if stride > 1:
         # Keras 'same' pads asymmetrically for strided convs on even sizes;

@@ -11,9 +11,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from helpers import tiny_model
 from paws_tf import backbones
 
-TINY = dict(widths=(4, 8), blocks_per_stage=(1, 1), stage_strides=(2, 2))
 EXCLUDED_SUFFIXES = ('bias', 'beta', 'gamma')
 
 
@@ -174,19 +174,19 @@ def test_gin_binds_builder_arguments():
         gin.parse_config("""
             build_backbone.name = 'small_resnet'
             build_backbone.input_channels = 1
-            build_backbone.widths = (4, 6)
+            build_backbone.widths = (8, 12)
             build_backbone.blocks_per_stage = (1, 2)
             build_backbone.stage_strides = (1, 2)
         """)
         model = backbones.build_backbone()
     finally:
         gin.clear_config()
-    assert model.output_dim == 6
+    assert model.output_dim == 12
     assert model.get_layer('stage2_block2_conv1') is not None
 
 
 def test_batch_norm_train_vs_inference():
-    model = backbones.build_backbone('small_resnet', input_channels=1, **TINY)
+    model = backbones.build_backbone('small_resnet', input_channels=1, **tiny_model.TINY)
     images = tf.random.normal([4, 8, 8, 1], mean=3.0)
     stem_bn = model.get_layer('stem_bn')
     before = stem_bn.moving_mean.numpy()
@@ -208,9 +208,9 @@ def test_sync_bn_uses_global_batch_statistics(sync_bn, two_replicas):
     images[4:] = 2.0 * images[4:] + 1.0  # the two halves differ in stats
     with strategy.scope():
         distributed = backbones.build_backbone(
-            'small_resnet', input_channels=1, sync_bn=sync_bn, **TINY)
+            'small_resnet', input_channels=1, sync_bn=sync_bn, **tiny_model.TINY)
     reference = backbones.build_backbone('small_resnet', input_channels=1,
-                                         **TINY)
+                                         **tiny_model.TINY)
     reference.set_weights(distributed.get_weights())
     halves = strategy.experimental_distribute_values_from_function(
         lambda ctx: images[4 * ctx.replica_id_in_sync_group:][:4])
@@ -233,12 +233,12 @@ def test_sync_bn_uses_global_batch_statistics(sync_bn, two_replicas):
 def test_mixed_precision_forward(policy):
     images = tf.random.normal([2, 12, 12, 1])
     reference = backbones.build_backbone('small_resnet', input_channels=1,
-                                         **TINY)
+                                         **tiny_model.TINY)
     want = reference(images, training=True).numpy()
     tf_keras.mixed_precision.set_global_policy(policy)
     try:
         model = backbones.build_backbone('small_resnet', input_channels=1,
-                                         **TINY)
+                                         **tiny_model.TINY)
     finally:
         tf_keras.mixed_precision.set_global_policy('float32')
     assert all(v.dtype == tf.float32 for v in model.variables)
@@ -251,7 +251,7 @@ def test_mixed_precision_forward(policy):
 
 
 def test_xla_forward_and_backward_match_eager():
-    model = backbones.build_backbone('small_resnet', input_channels=1, **TINY)
+    model = backbones.build_backbone('small_resnet', input_channels=1, **tiny_model.TINY)
     images = tf.random.normal([2, 10, 10, 1])
 
     def loss_and_grads(x):
@@ -268,7 +268,7 @@ def test_xla_forward_and_backward_match_eager():
 
 
 @pytest.mark.parametrize('name,kwargs', [
-    ('small_resnet', TINY),
+    ('small_resnet', tiny_model.TINY),
     ('wide_resnet', {'depth': 10, 'width': 1}),
     ('resnet50', None),
 ])
@@ -296,7 +296,7 @@ def test_lars_exclusion_names(name, kwargs, resnet50):
 
 def _trained_tiny_backbone(**kwargs):
     model = backbones.build_backbone('small_resnet', input_channels=1,
-                                     **dict(TINY, **kwargs))
+                                     **dict(tiny_model.TINY, **kwargs))
     model(tf.random.normal([4, 8, 8, 1]), training=True)  # moving stats != 0
     return model
 
@@ -329,7 +329,7 @@ def test_load_weights_round_trip(tmp_path, fmt):
 @pytest.mark.parametrize(
     'fmt', ['h5', 'weights.h5', 'ckpt_prefix', 'ckpt_dir'])
 @pytest.mark.parametrize('other', [
-    {'widths': (4, 6)},               # shape mismatch
+    {'widths': (8, 12)},              # shape mismatch
     {'blocks_per_stage': (1, 2)},     # variables missing from the file
 ])
 def test_load_weights_mismatch_leaves_backbone_unchanged(tmp_path, fmt,
@@ -376,3 +376,32 @@ def test_block_wiring(resnet50):
     assert wrn.get_layer('group2_block1_proj_conv').input is block_input
     assert wrn.get_layer('group2_block1_bn1').input is block_input
     assert wrn.get_layer('group2_block1_conv2').strides == (2, 2)
+
+
+@pytest.mark.skipif(not backbones.onednn_enabled(),
+                    reason='the guard only applies when oneDNN is on')
+def test_strided_1x1_convolutions_on_few_channels_are_refused_under_onednn():
+    """oneDNN #6035: wrong weight gradients for these; see BUILD.md."""
+    with pytest.raises(ValueError, match=r'stage2_block1_proj_conv: a strided '
+                       r'1x1 convolution on 4 input channels.*'
+                       r'TF_ENABLE_ONEDNN_OPTS=0'):
+        backbones.build_backbone('small_resnet', widths=(4, 8),
+                                 blocks_per_stage=(1, 1),
+                                 stage_strides=(1, 2))
+    # 8 input channels are computed correctly, so they are allowed.
+    backbones.build_backbone('small_resnet', widths=(8, 8),
+                             blocks_per_stage=(1, 1), stage_strides=(1, 2))
+
+
+def test_importing_paws_tf_turns_onednn_on_unless_told_not_to():
+    code = ('import paws_tf; from paws_tf import backbones; '
+            'print(backbones.onednn_enabled())')
+    for setting, expected in ((None, 'True'), ('0', 'False')):
+        env = {k: v for k, v in os.environ.items()
+               if k != 'TF_ENABLE_ONEDNN_OPTS'}
+        if setting is not None:
+            env['TF_ENABLE_ONEDNN_OPTS'] = setting
+        env['PYTHONPATH'] = str(pathlib.Path(__file__).resolve().parents[1])
+        out = subprocess.run([sys.executable, '-c', code], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.stdout.strip().splitlines()[-1] == expected, out.stderr

@@ -69,7 +69,7 @@ def test_embedder_takes_raw_images_of_any_size(exported):
         for key in ('features', 'embeddings'):
             np.testing.assert_allclose(outputs[key], expected[key],
                                        rtol=1e-5, atol=1e-5)
-    assert outputs['features'].shape == [3, 8]
+    assert outputs['features'].shape == [3, 16]
     assert outputs['embeddings'].shape == [3, 6]
 
 

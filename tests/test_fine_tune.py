@@ -10,13 +10,13 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from helpers import tiny_model
 from paws_tf import backbones
 from paws_tf import fine_tune
 from paws_tf import heads
 from paws_tf import model as model_lib
 from paws_tf import sources
 
-TINY = dict(widths=(4, 8), blocks_per_stage=(1, 1), stage_strides=(2, 2))
 SIZE = 8
 HID = 16  # Projection width: narrower heads often collapse under SuNCEt.
 PRE = dict(image_size=SIZE, crop_fraction=1.0, mean=(0.5,) * 3,
@@ -28,7 +28,7 @@ def build_model(sync_bn=False, seed=None, init_seed=0):
     weight random (BN statistics too)."""
     tf_keras.utils.set_random_seed(init_seed)
     backbone = backbones.build_backbone('small_resnet', sync_bn=sync_bn,
-                                        **TINY)
+                                        **tiny_model.TINY)
     head = heads.ProjectionHead(hidden_dim=HID, output_dim=HID,
                                 sync_bn=sync_bn)
     model = model_lib.PAWSModel(backbone, head, heads.PredictionHead(

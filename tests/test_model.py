@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from helpers import tiny_model
 from paws_tf import backbones
 from paws_tf import heads
 from paws_tf import lars
@@ -13,13 +14,12 @@ from paws_tf import losses
 from paws_tf import model as model_lib
 from paws_tf import schedules
 
-TINY = dict(widths=(4, 8), blocks_per_stage=(1, 1), stage_strides=(2, 2))
 
 
 def build(num_replicas, classes, images, views=1, unique=False, sync_bn=False,
           multicrop=2, prediction_head=True, **kwargs):
     backbone = backbones.build_backbone('small_resnet', sync_bn=sync_bn,
-                                        **TINY)
+                                        **tiny_model.TINY)
     projection = heads.ProjectionHead(hidden_dim=8, output_dim=6,
                                       sync_bn=sync_bn)
     prediction = (heads.PredictionHead(hidden_dim=4, output_dim=6,
@@ -197,7 +197,7 @@ def test_call_returns_features_and_projection_embeddings():
     images = np.random.default_rng(2).normal(size=(3, 8, 8, 3))
     out = model(images)
     assert set(out) == {'features', 'embeddings'}
-    assert out['features'].shape == (3, 8) and out['embeddings'].shape == (3, 6)
+    assert out['features'].shape == (3, 16) and out['embeddings'].shape == (3, 6)
     np.testing.assert_allclose(
         out['embeddings'],
         model.projection_head(model.backbone(images, training=False),
@@ -244,7 +244,7 @@ def test_build_model_from_gin():
     try:
         gin.parse_config([
             "build_backbone.name = 'small_resnet'",
-            'build_backbone.widths = (4, 8)',
+            'build_backbone.widths = (8, 16)',
             'build_backbone.blocks_per_stage = (1, 1)',
             'build_backbone.stage_strides = (2, 2)',
             'ProjectionHead.hidden_dim = 8',

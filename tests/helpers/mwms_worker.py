@@ -20,8 +20,8 @@ from paws_tf import dist
 from paws_tf import heads
 from paws_tf import lars
 from paws_tf import model as model_lib
+from tests.helpers import tiny_model
 
-TINY = dict(widths=(4, 8), blocks_per_stage=(1, 1), stage_strides=(2, 2))
 BATCH, CLASSES, IMAGES, LOCAL = 2, 2, 2, 2
 
 
@@ -43,7 +43,8 @@ def main(model_dir, out_dir):
     tf_keras.utils.set_random_seed(0)  # Same initial weights on every worker.
     with strategy.scope():
         model = model_lib.PAWSModel(
-            backbones.build_backbone('small_resnet', sync_bn=True, **TINY),
+            backbones.build_backbone('small_resnet', sync_bn=True,
+                                     **tiny_model.TINY),
             heads.ProjectionHead(hidden_dim=8, output_dim=6, sync_bn=True),
             classes_per_replica=CLASSES, images_per_class=IMAGES,
             num_replicas=strategy.num_replicas_in_sync,
