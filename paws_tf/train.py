@@ -78,6 +78,12 @@ def build_compiled_model(strategy, pretrain, *, input_channels, num_epochs,
     Returns:
         The compiled, built `PAWSModel`.
     """
+    if (jit_compile and strategy.num_replicas_in_sync > 1 and
+            not tf.config.list_physical_devices('GPU')):
+        raise ValueError(
+            'jit_compile=True with several replicas on CPU devices fails in '
+            'TensorFlow 2.21 (XLA cannot read the mirrored variables of the '
+            'other CPU devices); use XLA with GPUs or with one replica.')
     set_precision(precision)
     model = build_model(strategy, pretrain, input_channels=input_channels)
     with strategy.scope():

@@ -117,3 +117,13 @@ def test_run_py_refuses_another_config_unless_overwrite(tmp_path):
                          '--overwrite')
     assert overwritten.returncode == 0, overwritten.stderr[-2000:]
     assert 'PAWSModel.tau = 0.2' in (tmp_path / 'config.gin').read_text()
+
+
+def test_xla_with_several_cpu_replicas_is_refused(debug_config, tmp_path,
+                                                  two_replicas):
+    with gin.unlock_config():
+        gin.bind_parameter('train.jit_compile', True)
+    with pytest.raises(ValueError, match='jit_compile=True with several '
+                       'replicas on CPU devices'):
+        train.train(str(tmp_path), two_replicas)
+    assert not (tmp_path / 'checkpoints').exists()
