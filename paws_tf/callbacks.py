@@ -274,7 +274,10 @@ class PawsNNEvaluation(tf_keras.callbacks.Callback):
         results = evaluate.paws_nn(
             self._embed_fn, self._support,
             self._queries, num_classes=self._num_classes, tau=self._tau)
-        with self._writer.as_default(step=global_step(self.model)):
+        # During fit, Keras' TensorBoard callback records summaries only on
+        # steps that are multiples of its update_freq; an epoch end is not.
+        with self._writer.as_default(step=global_step(self.model)), \
+                tf.summary.record_if(True):
             for key in ('top1', 'top5'):
                 if key in results:
                     tf.summary.scalar(f'paws_nn/{key}', results[key])
