@@ -61,7 +61,8 @@ def build_classifier(num_classes, input_channels):
 @gin.configurable(denylist=['model_dir', 'labeled', 'test', 'preprocessing'])
 def train_supervised(model_dir, *, labeled, test, preprocessing,
                      multicrop=gin.REQUIRED, steps=2000, batch_size=128,
-                     learning_rate=0.1, weight_decay=5e-4, seed=0):
+                     learning_rate=0.1, weight_decay=5e-4, seed=0,
+                     verbose='auto'):
     """Trains and evaluates the supervised-only baseline.
 
     SGD with Nesterov momentum 0.9, a cosine learning-rate decay over
@@ -80,6 +81,7 @@ def train_supervised(model_dir, *, labeled, test, preprocessing,
         learning_rate: peak learning rate.
         weight_decay: decoupled weight decay.
         seed: seed of initialisation, order and views.
+        verbose: Keras `fit` verbosity ('auto': a progress bar).
 
     Returns:
         dict with `top1`, `wall_seconds`, `images_per_second`, `steps`.
@@ -95,7 +97,7 @@ def train_supervised(model_dir, *, labeled, test, preprocessing,
         metrics=['accuracy'])
     start = time.perf_counter()
     model.fit(_training_dataset(labeled, multicrop, batch_size, seed),
-              epochs=1, steps_per_epoch=steps, verbose=2)
+              epochs=1, steps_per_epoch=steps, verbose=verbose)
     train_seconds = time.perf_counter() - start
     correct = total = 0
     for images, labels in data.make_eval_dataset(test, batch_size=256,
