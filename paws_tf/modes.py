@@ -99,10 +99,15 @@ def evaluate_run(model_dir, strategy, bundle, *, model, step=0):
 
 
 def _bound(name, default):
+    """The value gin binds to `name` with macros resolved, else `default`."""
     try:
-        return gin.query_parameter(name)
+        value = gin.query_parameter(name)
     except ValueError:
         return default
+    while (isinstance(value, gin.config.ConfigurableReference)
+           and str(value).startswith('%')):
+        value = gin.query_parameter(str(value))
+    return value
 
 
 def demo(model_dir, strategy):

@@ -49,7 +49,8 @@ def test_demo_on_image_folders(tmp_path):
     (tmp_path / 'unlabeled' / 'broken.jpg').write_bytes(b'')
     bindings = SMALL + [f"LABELED_DIR = '{tmp_path / 'labeled'}'",
                         f"UNLABELED_DIR = '{tmp_path / 'unlabeled'}'",
-                        f"TEST_DIR = '{tmp_path / 'test'}'"]
+                        f"TEST_DIR = '{tmp_path / 'test'}'",
+                        'SEED = 5', 'train.seed = %SEED']
     proc = subprocess.run(
         [sys.executable, str(REPO / 'run.py'),
          '--gin_file=gin_configs/image_folders.gin',
@@ -61,6 +62,7 @@ def test_demo_on_image_folders(tmp_path):
     results = json.loads((tmp_path / 'run' / 'results.json').read_text())
     assert results['num_labeled'] == 12 and results['num_test'] == 15
     assert results['num_unlabeled'] == 60 + 12  # Labeled ones included.
+    assert results['seed'] == 5  # Through a macro.
     assert 0 <= results['paws_nn_top1'] <= 1
     assert (tmp_path / 'run' / 'results.png').stat().st_size > 10_000
     assert (tmp_path / 'run' / 'export' / 'classifier' / 'saved_model.pb'
