@@ -21,22 +21,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import paws_tf  # noqa: E402,F401  (selects tf_keras before TF is used)
 import tensorflow as tf  # noqa: E402
 
+from benchmarks import memory  # noqa: E402
 from paws_tf import evaluate  # noqa: E402
 
 
 def _status_gib(field):
-    """A memory figure of /proc/self/status (Linux), in GiB."""
-    with open('/proc/self/status') as f:
-        for line in f:
-            if line.startswith(field + ':'):
-                return int(line.split()[1]) / 2**20
-    raise KeyError(field)
-
-
-def _reset_peak_rss():
-    """Sets the peak resident memory (VmHWM) to the current one."""
-    with open('/proc/self/clear_refs', 'w') as f:
-        f.write('5')
+    return memory.status_kib(field) / 2**20
 
 
 def main():
@@ -61,7 +51,7 @@ def main():
     evaluate.classify(queries[:1], supports, labels,
                       num_classes=args.classes)
     before = _status_gib('VmRSS')
-    _reset_peak_rss()
+    memory.reset_peak_rss()
     start = time.perf_counter()
     evaluate.classify(queries, supports, labels, num_classes=args.classes,
                       query_chunk=args.query_chunk)

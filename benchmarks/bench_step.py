@@ -34,6 +34,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
+from benchmarks import memory  # noqa: E402
 from paws_tf import backbones  # noqa: E402
 from paws_tf import heads  # noqa: E402
 from paws_tf import lars  # noqa: E402
@@ -146,18 +147,7 @@ def synthetic_batch(config, replicas, rng):
 
 
 def _status_mib(field):
-    """A memory field of /proc/self/status (Linux) in MiB."""
-    with open('/proc/self/status') as f:
-        for line in f:
-            if line.startswith(field + ':'):
-                return round(int(line.split()[1]) / 1024)
-    return None
-
-
-def _reset_peak_rss():
-    """Restarts VmHWM from the current RSS (Linux >= 4.0)."""
-    with open('/proc/self/clear_refs', 'w') as f:
-        f.write('5')
+    return round(memory.status_kib(field) / 1024)
 
 
 def views_per_step(config):
@@ -199,7 +189,7 @@ def main():
 
     first_step_s = [step()[0] for _ in range(args.warmup)]
     # Tracing and graph rewrites of the first step have their own peak.
-    _reset_peak_rss()
+    memory.reset_peak_rss()
     times, cpu_times, losses = [], [], []
     for _ in range(args.steps):
         seconds, cpu_seconds, loss = step()
