@@ -8,13 +8,12 @@ import subprocess
 import sys
 import time
 
-import gin
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from helpers import debug_gin
 from paws_tf import checkpoints
-from paws_tf import configurables  # noqa: F401
 from paws_tf import train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -64,30 +63,21 @@ def test_leftovers_of_a_crashed_save_do_not_break_resuming(tmp_path):
     """Files a crash can leave mid-save (a data shard with no index, a
     temporary directory) are ignored: the run resumes from the last whole
     checkpoint and saves over them."""
-    gin.clear_config()
-    gin.add_config_file_search_path(str(REPO))
     bindings = ['train.num_epochs = 1', 'train.checkpoint_every_steps = 8',
                 'train.backup_every_steps = 4', 'train.eval_every_epochs = 0',
                 'train.view_images = False', 'train.verbose = 0']
-    try:
-        gin.parse_config_files_and_bindings(
-            [str(REPO / 'gin_configs' / 'debug.gin')], bindings)
+    with debug_gin.parsed(bindings):
         train.train(str(tmp_path), tf.distribute.get_strategy())
-        checkpoint_dir = tmp_path / train.CHECKPOINT_DIR
-        assert checkpoints.latest(str(checkpoint_dir))[1] == 16
-        # What a crash while writing ckpt-24 can leave behind.
-        (checkpoint_dir / 'ckpt-24.data-00000-of-00001').write_bytes(b'\0' * 99)
-        (checkpoint_dir / 'ckpt-24_temp').mkdir()
-        (checkpoint_dir / 'ckpt-24_temp' / 'part-00000-of-00001.index'
-         ).write_bytes(b'partial')
-        assert checkpoints.latest(str(checkpoint_dir))[1] == 16
-        gin.clear_config()
-        gin.parse_config_files_and_bindings(
-            [str(REPO / 'gin_configs' / 'debug.gin')],
-            bindings[1:] + ['train.num_epochs = 2'])
+    checkpoint_dir = tmp_path / train.CHECKPOINT_DIR
+    assert checkpoints.latest(str(checkpoint_dir))[1] == 16
+    # What a crash while writing ckpt-24 can leave behind.
+    (checkpoint_dir / 'ckpt-24.data-00000-of-00001').write_bytes(b'\0' * 99)
+    (checkpoint_dir / 'ckpt-24_temp').mkdir()
+    (checkpoint_dir / 'ckpt-24_temp' / 'part-00000-of-00001.index'
+     ).write_bytes(b'partial')
+    assert checkpoints.latest(str(checkpoint_dir))[1] == 16
+    with debug_gin.parsed(bindings[1:] + ['train.num_epochs = 2']):
         model = train.train(str(tmp_path), tf.distribute.get_strategy())
-    finally:
-        gin.clear_config()
     assert int(model.optimizer.iterations.numpy()) == 32
     path, step = checkpoints.latest(str(checkpoint_dir))
     assert step == 32

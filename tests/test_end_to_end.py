@@ -9,14 +9,13 @@ import subprocess
 import sys
 import time
 
-import gin
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from helpers import debug_gin
 from paws_tf import callbacks
 from paws_tf import checkpoints
-from paws_tf import configurables  # noqa: F401
 from paws_tf import data
 from paws_tf import experiment
 from paws_tf import modes
@@ -63,16 +62,10 @@ def test_the_whole_workflow_through_run_py(tmp_path):
     run_py(tmp_path, 'export')
     embedder = tf.saved_model.load(str(tmp_path / 'export' / 'embedder'))
     classifier = tf.saved_model.load(str(tmp_path / 'export' / 'classifier'))
-    gin.clear_config()
-    gin.add_config_file_search_path(str(REPO))
-    gin.parse_config_files_and_bindings(
-        [str(REPO / 'gin_configs' / 'debug.gin')], BINDINGS)
-    try:
+    with debug_gin.parsed(BINDINGS):
         model, bundle, step = modes.load_trained_model(
             str(tmp_path), tf.distribute.get_strategy())
         preprocessing = experiment.eval_preprocessing()
-    finally:
-        gin.clear_config()
     assert step == 32
     images = np.stack([bundle.test.read(i).numpy() for i in range(10)])
     preprocessed, _ = next(iter(data.make_eval_dataset(

@@ -1,33 +1,21 @@
 """A short PAWS fit on clustered synthetic data learns the classes."""
 
-import pathlib
-
-import gin
 import pytest
 import tensorflow as tf
 
-from paws_tf import configurables  # noqa: F401
+from helpers import debug_gin
 from paws_tf import report
 from paws_tf import train
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
 def test_short_fit_lowers_the_loss_and_learns_the_classes(tmp_path):
-    gin.clear_config()
-    gin.add_config_file_search_path(str(REPO))
     # debug.gin: 4 synthetic classes, 16 labels each, 8 epochs of 16 steps.
-    gin.parse_config_files_and_bindings(
-        [str(REPO / 'gin_configs' / 'debug.gin')],
-        # 16 steps per epoch: epoch ends are not multiples of the TensorBoard
-        # update frequency, and PAWS-NN must still be recorded at each.
-        ['train.verbose = 0', 'train.view_images = False',
-         'train.log_every_steps = 5'])
-    try:
+    # 16 steps per epoch: epoch ends are not multiples of the TensorBoard
+    # update frequency, and PAWS-NN must still be recorded at each.
+    with debug_gin.parsed(['train.verbose = 0', 'train.view_images = False',
+                              'train.log_every_steps = 5']):
         train.train(str(tmp_path), tf.distribute.get_strategy())
-    finally:
-        gin.clear_config()
     logs = tmp_path / train.TENSORBOARD_DIR
     _, loss = report.read_scalars(str(logs / 'train'), 'epoch_loss')
     _, top1 = report.read_scalars(str(logs / 'eval'), 'paws_nn/top1')

@@ -14,9 +14,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from helpers import debug_gin
 from paws_tf import callbacks
 from paws_tf import checkpoints
-from paws_tf import configurables  # noqa: F401
 from paws_tf import train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -125,20 +125,14 @@ class ExplodingSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
 
 
 def test_non_finite_training_stops_before_saving_it(tmp_path):
-    gin.clear_config()
-    gin.add_config_file_search_path(str(REPO))
-    gin.parse_config_files_and_bindings(
-        [str(REPO / 'gin_configs' / 'debug.gin')],
-        ['train.num_epochs = 2', 'train.backup_every_steps = 4',
-         'train.checkpoint_every_steps = 8', 'train.eval_every_epochs = 0',
-         'train.view_images = False', 'train.verbose = 0'])
-    try:
+    with debug_gin.parsed(
+            ['train.num_epochs = 2', 'train.backup_every_steps = 4',
+             'train.checkpoint_every_steps = 8', 'train.eval_every_epochs = 0',
+             'train.view_images = False', 'train.verbose = 0']):
         with gin.unlock_config():
             gin.bind_parameter('train.schedule_cls', ExplodingSchedule)
         with pytest.raises(FloatingPointError) as error:
             train.train(str(tmp_path), tf.distribute.get_strategy())
-    finally:
-        gin.clear_config()
     message = str(error.value)
     assert 'NaN or infinite' in message or 'loss became' in message
     assert 'ckpt-8 (step 8)' in message  # The last good checkpoint.

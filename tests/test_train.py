@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
+from helpers import debug_gin
 from paws_tf import checkpoints
-from paws_tf import configurables  # noqa: F401
 from paws_tf import train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -25,12 +25,8 @@ TWO_EPOCHS = ['train.num_epochs = 2', 'train.verbose = 0',
 
 @pytest.fixture
 def debug_config():
-    gin.clear_config()
-    gin.add_config_file_search_path(str(REPO))
-    gin.parse_config_files_and_bindings(
-        [str(REPO / 'gin_configs' / 'debug.gin')], TWO_EPOCHS)
-    yield
-    gin.clear_config()
+    with debug_gin.parsed(TWO_EPOCHS):
+        yield
 
 
 def tags(log_dir, kind):
