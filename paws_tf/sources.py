@@ -383,8 +383,9 @@ def image_folder(root, *, labeled=True, channels=3, check_images=True,
             files = [files[i] for i in keep]
             labels = None if labels is None else [labels[i] for i in keep]
     if labeled:
+        present = set(labels)
         empty = [name for class_id, name in enumerate(class_names)
-                 if class_id not in set(labels)]
+                 if class_id not in present]
         if empty:
             raise ValueError(
                 f'Class folders under {root} hold no usable images: '

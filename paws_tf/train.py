@@ -176,9 +176,9 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
     # one stopped before its first backup: then an epoch end, checkpoints
     # being never more frequent than backups), else nothing (a new run).
     start_step = callbacks.backup_step(backup_dir)
-    from_checkpoint = not start_step
-    if from_checkpoint:
-        _, start_step = checkpoints.latest(checkpoint_dir)
+    checkpoint_path = None
+    if not start_step:
+        checkpoint_path, start_step = checkpoints.latest(checkpoint_dir)
     pretrain = data.make_pretrain_dataset_fn(
         bundle.unlabeled, bundle.labeled,
         num_replicas=strategy.num_replicas_in_sync, start_step=start_step,
@@ -194,10 +194,9 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
         pretrained_backbone=pretrained_backbone)
 
     initial_epoch = 0
-    if from_checkpoint and start_step:
+    if checkpoint_path:
         tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(
-            checkpoints.latest(checkpoint_dir)[0]
-        ).assert_existing_objects_matched()
+            checkpoint_path).assert_existing_objects_matched()
         if start_step >= total_steps:
             logging.info('%s holds a finished run (%d steps): not training '
                          'it again.', model_dir, start_step)
