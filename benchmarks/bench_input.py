@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,11 +26,10 @@ import paws_tf  # noqa: E402,F401  (selects tf_keras before TF is used)
 import numpy as np  # noqa: E402
 import PIL.Image  # noqa: E402
 
+from benchmarks import bench_step  # noqa: E402
 from paws_tf import augment  # noqa: E402
 from paws_tf import data  # noqa: E402
 from paws_tf import sources  # noqa: E402
-
-_STEP_SCRIPT = pathlib.Path(__file__).resolve().parent / 'bench_step.py'
 
 
 def cifar10_setting():
@@ -122,10 +120,7 @@ def main():
 
 def compare_with_step(config, results):
     """Runs the train-step benchmark and prints input/step throughput."""
-    out = subprocess.run(
-        [sys.executable, str(_STEP_SCRIPT), '--config', config],
-        check=True, capture_output=True, text=True).stdout
-    step = json.loads(out.strip().splitlines()[-1])
+    step = bench_step.run_in_subprocess(['--config', config])
     print(json.dumps(step), flush=True)
     print(json.dumps({
         'benchmark': 'input_over_step', 'step_config': config,

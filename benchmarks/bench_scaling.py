@@ -24,7 +24,6 @@ import json
 import os
 import pathlib
 import statistics
-import subprocess
 import sys
 import time
 
@@ -34,6 +33,7 @@ import paws_tf  # noqa: E402,F401  (selects tf_keras before TF is used)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from benchmarks import bench_step  # noqa: E402
 from paws_tf import dist  # noqa: E402
 from paws_tf import losses  # noqa: E402
 
@@ -47,7 +47,6 @@ SUPPORT_SIZES = ((640, 10), (1344, 192), (2688, 384), (4032, 576),
 # synchronised batch norm from that of replication.
 REPLICA_RUNS = ((1, 'off', 0, 0), (1, 'on', 0, 0), (2, 'on', 0, 0),
                 (2, 'on', 0, 1), (2, 'on', 1, 2))
-_STEP_SCRIPT = pathlib.Path(__file__).resolve().parent / 'bench_step.py'
 
 
 def _context():
@@ -128,15 +127,11 @@ def replica_scaling(args):
     """Full train step on 1 and 2 replicas, via bench_step.py."""
     results = []
     for replicas, sync_bn, intra, inter in REPLICA_RUNS:
-        command = [
-            sys.executable, str(_STEP_SCRIPT), '--config', args.config,
-            '--replicas', str(replicas), '--sync_bn', sync_bn,
-            '--steps', str(args.steps), '--warmup', str(args.warmup),
-            '--intra_op_threads', str(intra), '--inter_op_threads',
-            str(inter)]
-        out = subprocess.run(command, check=True, capture_output=True,
-                             text=True).stdout
-        result = json.loads(out.strip().splitlines()[-1])
+        result = bench_step.run_in_subprocess([
+            '--config', args.config, '--replicas', str(replicas),
+            '--sync_bn', sync_bn, '--steps', str(args.steps),
+            '--warmup', str(args.warmup), '--intra_op_threads', str(intra),
+            '--inter_op_threads', str(inter)])
         result['benchmark'] = 'replica_scaling'
         result['images_per_s_per_core'] = round(
             result['images_per_s'] / os.cpu_count(), 1)

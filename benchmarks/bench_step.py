@@ -24,6 +24,7 @@ import pathlib
 import platform
 import resource
 import statistics
+import subprocess
 import sys
 import time
 
@@ -144,6 +145,14 @@ def synthetic_batch(config, replicas, rng):
             'local_views': views(config['multicrop'] * batch,
                                  config['local_size']),
             'support_views': views(support, config['global_size'])}
+
+
+def run_in_subprocess(arguments):
+    """Runs this benchmark in a fresh process (its own device and thread
+    set-up) with command-line `arguments`; returns its JSON result."""
+    out = subprocess.run([sys.executable, __file__, *arguments], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def _status_mib(field):
