@@ -31,6 +31,12 @@ def is_bias_or_norm(name):
     return name.split('/')[-1].split(':')[0] in BIAS_AND_NORM_NAMES
 
 
+def _norm(x):
+    """Euclidean norm of all of `x` from `L2Loss` (sum of squares / 2), which
+    reduces in one pass: `tf.norm` would allocate a variable-sized square."""
+    return tf.sqrt(2.0 * tf.nn.l2_loss(x))
+
+
 def _as_predicate(exclude_from_adaptation):
     """Turns a predicate, a regex string or None into a `str -> bool`."""
     if exclude_from_adaptation is None:
@@ -147,8 +153,8 @@ class LARS(tf_keras.optimizers.Optimizer):
         # Local learning rate of You et al. (arXiv 1708.03888), Algorithm 1.
         # It falls back to 1 when a norm is zero: a zero-initialised variable
         # would otherwise get ratio 0 and never move.
-        param_norm = tf.norm(variable)
-        grad_norm = tf.norm(gradient)
+        param_norm = _norm(variable)
+        grad_norm = _norm(gradient)
         weight_decay = tf.cast(self.l2_weight_decay, variable.dtype)
         ratio = self.trust_coefficient * param_norm / (
             grad_norm + weight_decay * param_norm + self.eps)
@@ -171,16 +177,28 @@ class LARS(tf_keras.optimizers.Optimizer):
         trust_ratio_slot = self._trust_ratio_slots[index]
         lr = tf.cast(self.learning_rate, variable.dtype)
         if trust_ratio_slot is None:
-            update = gradient
+            direction = gradient
         else:
             trust_ratio = self._trust_ratio(gradient, variable)
             trust_ratio_slot.assign(trust_ratio)
             weight_decay = tf.cast(self.l2_weight_decay, variable.dtype)
-            update = trust_ratio * (gradient + weight_decay * variable)
+            # Only once the gradient exists: a decay term that depends on the
+            # variable alone would be computed at the start of the step and
+            # held through the backward pass.
+            with tf.control_dependencies([gradient]):
+                decay = weight_decay * variable
+            direction = gradient + decay
+            lr = lr * trust_ratio
         # PAWS (arXiv 2104.13963) Appendix A, Eq. (mom): classical momentum,
-        # the (adapted) learning rate enters the velocity.
-        velocity.assign(self.momentum * velocity - lr * update)
-        variable.assign_add(velocity)
+        # the (adapted) learning rate enters the velocity. The fused op
+        # updates v and theta in place (v <- momentum v - lr d;
+        # theta <- theta + v): a step of ResNet-50 otherwise holds several
+        # variable-sized temporaries per variable at once.
+        tf.raw_ops.ResourceApplyKerasMomentum(
+            var=variable.handle, accum=velocity.handle, lr=lr,
+            grad=direction,
+            momentum=tf.cast(self.momentum, variable.dtype),
+            use_locking=False, use_nesterov=False)
 
     def trust_ratio_stats(self):
         """Mean, min and max trust ratio of the adapted variables.
