@@ -69,24 +69,137 @@ def _check_onednn_safe(x, kernel_size, stride, name):
             'set TF_ENABLE_ONEDNN_OPTS=0 before importing paws_tf.')
 
 
+def _symmetric_padding(pad):
+    """`tf.nn` explicit padding of `pad` pixels on each side of H and W."""
+    return [[0, 0], [pad, pad], [pad, pad], [0, 0]]
+
+
+def _padded_shape(input_shape, pad):
+    """[B, H, W, C] grown by `pad` pixels on each side of H and W."""
+    shape = tf.TensorShape(input_shape).as_list()
+    for axis in (1, 2):
+        if shape[axis] is not None:
+            shape[axis] += 2 * pad
+    return tf.TensorShape(shape)
+
+
+@tf_keras.saving.register_keras_serializable(package='paws_tf')
+class PaddedConv2D(tf_keras.layers.Conv2D):
+    """Conv2D with PyTorch's symmetric zero padding (channels-last).
+
+    The same values as a `ZeroPadding2D` layer in front of a 'valid'
+    convolution, but the padded copy of the input is made again in the
+    backward pass instead of being held from the forward pass to the weight
+    gradient (169 MiB of a `cifar_small` step). Both passes run the 'valid'
+    convolution kernels, which oneDNN accelerates; TensorFlow's kernels for
+    explicit padding compute the input gradient of a strided convolution
+    several times slower.
+    """
+
+    def __init__(self, filters, kernel_size, *, pad, **kwargs):
+        kwargs.pop('padding', None)  # From get_config: always 'valid' here.
+        super().__init__(filters, kernel_size, padding='valid', **kwargs)
+        if self.data_format != 'channels_last':
+            raise ValueError('PaddedConv2D is channels-last only.')
+        self.pad = pad
+
+    def convolution_op(self, inputs, kernel):
+        paddings = _symmetric_padding(self.pad)
+        pad = self.pad
+        conv_args = dict(strides=[1, *self.strides, 1], padding='VALID',
+                         dilations=[1, *self.dilation_rate, 1])
+
+        @tf.custom_gradient
+        def conv(x, k):
+            y = tf.nn.conv2d(tf.pad(x, paddings), k, **conv_args)
+
+            def grad(dy):
+                # Made after dy exists, so that graph optimisation cannot
+                # merge it with the forward pass's copy and keep that alive.
+                with tf.control_dependencies([dy]):
+                    padded = tf.pad(x, paddings)
+                dk = tf.raw_ops.Conv2DBackpropFilter(
+                    input=padded, filter_sizes=tf.shape(k), out_backprop=dy,
+                    **conv_args)
+                dpadded = tf.raw_ops.Conv2DBackpropInput(
+                    input_sizes=tf.shape(padded), filter=k, out_backprop=dy,
+                    **conv_args)
+                return dpadded[:, pad:-pad, pad:-pad, :], dk
+
+            return y, grad
+
+        return conv(inputs, tf.convert_to_tensor(kernel))
+
+    def compute_output_shape(self, input_shape):
+        return super().compute_output_shape(
+            _padded_shape(input_shape, self.pad))
+
+    def get_config(self):
+        return {**super().get_config(), 'pad': self.pad}
+
+
+@tf_keras.saving.register_keras_serializable(package='paws_tf')
+class PaddedMaxPool2D(tf_keras.layers.MaxPool2D):
+    """MaxPool2D over PyTorch's symmetric -inf padding (channels-last); the
+    padded input is made again for the backward pass (see `PaddedConv2D`)."""
+
+    def __init__(self, pool_size, strides, *, pad, **kwargs):
+        kwargs.pop('padding', None)
+        super().__init__(pool_size, strides, padding='valid', **kwargs)
+        if self.data_format != 'channels_last':
+            raise ValueError('PaddedMaxPool2D is channels-last only.')
+        self.pad = pad
+
+    def call(self, inputs):
+        paddings = _symmetric_padding(self.pad)
+        pad = self.pad
+        pool_args = dict(ksize=[1, *self.pool_size, 1],
+                         strides=[1, *self.strides, 1], padding='VALID')
+
+        def padded(x):
+            return tf.pad(x, paddings, constant_values=float('-inf'))
+
+        @tf.custom_gradient
+        def pool(x):
+            y = tf.nn.max_pool2d(padded(x), **pool_args)
+
+            def grad(dy):
+                with tf.control_dependencies([dy]):  # See PaddedConv2D.
+                    orig_input = padded(x)
+                dpadded = tf.raw_ops.MaxPoolGrad(
+                    orig_input=orig_input, orig_output=y, grad=dy,
+                    **pool_args)
+                return dpadded[:, pad:-pad, pad:-pad, :]
+
+            return y, grad
+
+        return pool(inputs)
+
+    def compute_output_shape(self, input_shape):
+        return super().compute_output_shape(
+            _padded_shape(input_shape, self.pad))
+
+    def get_config(self):
+        return {**super().get_config(), 'pad': self.pad}
+
+
 def _conv(x, filters, kernel_size, stride, name, use_bias=False):
     """Conv2D with PyTorch's symmetric `kernel_size // 2` padding."""
     _check_onednn_safe(x, kernel_size, stride, name)
-    padding = 'same'
-    if stride > 1:
-        # Keras 'same' pads asymmetrically for strided convs on even sizes;
-        # explicit padding keeps the torchvision output grid and sizes.
-        if kernel_size > 1:
-            x = tf_keras.layers.ZeroPadding2D(kernel_size // 2,
-                                              name=name + '_pad')(x)
-        padding = 'valid'
     # torchvision's ResNet init (kaiming_normal_, fan_out). A fresh instance
     # per layer: an unseeded initializer instance repeats its values.
     initializer = tf_keras.initializers.VarianceScaling(
         scale=2.0, mode='fan_out', distribution='untruncated_normal')
-    return tf_keras.layers.Conv2D(
-        filters, kernel_size, strides=stride, padding=padding,
-        use_bias=use_bias, kernel_initializer=initializer, name=name)(x)
+    kwargs = dict(strides=stride, use_bias=use_bias,
+                  kernel_initializer=initializer, name=name)
+    if stride > 1 and kernel_size > 1:
+        # Keras 'same' pads asymmetrically for strided convs on even sizes;
+        # explicit padding keeps the torchvision output grid and sizes.
+        return PaddedConv2D(filters, kernel_size, pad=kernel_size // 2,
+                            **kwargs)(x)
+    padding = 'same' if stride == 1 else 'valid'  # 1x1: no padding.
+    return tf_keras.layers.Conv2D(filters, kernel_size, padding=padding,
+                                  **kwargs)(x)
 
 
 def _relu(name):
@@ -131,9 +244,7 @@ def _resnet50(inputs, norm, width_multiplier=1, zero_init_residual=False):
     width = 64 * width_multiplier
     x = _conv(inputs, width, 7, 2, 'stem_conv')  # [B, H/2, W/2, 64w]
     x = _relu('stem_relu')(norm('stem_bn')(x))
-    x = tf_keras.layers.ZeroPadding2D(1, name='stem_pool_pad')(x)
-    # Zero padding equals PyTorch's -inf padding here: inputs are >= 0.
-    x = tf_keras.layers.MaxPool2D(3, 2, name='stem_pool')(x)  # [B, H/4, ...]
+    x = PaddedMaxPool2D(3, 2, pad=1, name='stem_pool')(x)  # [B, H/4, ...]
     for stage, num_blocks in enumerate(RESNET50_STAGE_BLOCKS, start=1):
         planes = width * 2 ** (stage - 1)
         for block in range(1, num_blocks + 1):
