@@ -22,7 +22,6 @@ import json
 import os
 import pathlib
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -198,6 +197,8 @@ def main():
 
     first_step_s = [step()[0] for _ in range(args.warmup)]
     # Tracing and graph rewrites of the first step have their own peak.
+    # Resetting the peak resets ru_maxrss too, so keep this one first.
+    peak_warmup_mib = _status_mib('VmHWM')
     memory.reset_peak_rss()
     times, cpu_times, losses = [], [], []
     for _ in range(args.steps):
@@ -223,8 +224,7 @@ def main():
         'warmup_step_s': [round(t, 2) for t in first_step_s],
         'views_per_step': views, 'steps': args.steps,
         'loss_first_last': [round(losses[0], 4), round(losses[-1], 4)],
-        'peak_rss_mib': round(resource.getrusage(
-            resource.RUSAGE_SELF).ru_maxrss / 1024),  # KiB on Linux
+        'peak_rss_mib': max(peak_warmup_mib, _status_mib('VmHWM')),
         'peak_rss_timed_steps_mib': _status_mib('VmHWM'),
         'rss_before_first_step_mib': rss_built_mib,
         'xla': args.xla, 'precision': args.precision,
