@@ -83,8 +83,26 @@ def _padded_shape(input_shape, pad):
     return tf.TensorShape(shape)
 
 
+class _InLayerPadding:
+    """What `PaddedConv2D` and `PaddedMaxPool2D` share: their base layer is
+    built 'valid' and they pad their input by `pad` on each side of H and W
+    themselves."""
+
+    def _init_padding(self, pad):
+        if self.data_format != 'channels_last':
+            raise ValueError(f'{type(self).__name__} is channels-last only.')
+        self.pad = pad
+
+    def compute_output_shape(self, input_shape):
+        return super().compute_output_shape(
+            _padded_shape(input_shape, self.pad))
+
+    def get_config(self):
+        return {**super().get_config(), 'pad': self.pad}
+
+
 @tf_keras.saving.register_keras_serializable(package='paws_tf')
-class PaddedConv2D(tf_keras.layers.Conv2D):
+class PaddedConv2D(_InLayerPadding, tf_keras.layers.Conv2D):
     """Conv2D with PyTorch's symmetric zero padding (channels-last).
 
     The same values as a `ZeroPadding2D` layer in front of a 'valid'
@@ -99,9 +117,7 @@ class PaddedConv2D(tf_keras.layers.Conv2D):
     def __init__(self, filters, kernel_size, *, pad, **kwargs):
         kwargs.pop('padding', None)  # From get_config: always 'valid' here.
         super().__init__(filters, kernel_size, padding='valid', **kwargs)
-        if self.data_format != 'channels_last':
-            raise ValueError('PaddedConv2D is channels-last only.')
-        self.pad = pad
+        self._init_padding(pad)
 
     def convolution_op(self, inputs, kernel):
         paddings = _symmetric_padding(self.pad)
@@ -130,25 +146,16 @@ class PaddedConv2D(tf_keras.layers.Conv2D):
 
         return conv(inputs, tf.convert_to_tensor(kernel))
 
-    def compute_output_shape(self, input_shape):
-        return super().compute_output_shape(
-            _padded_shape(input_shape, self.pad))
-
-    def get_config(self):
-        return {**super().get_config(), 'pad': self.pad}
-
 
 @tf_keras.saving.register_keras_serializable(package='paws_tf')
-class PaddedMaxPool2D(tf_keras.layers.MaxPool2D):
+class PaddedMaxPool2D(_InLayerPadding, tf_keras.layers.MaxPool2D):
     """MaxPool2D over PyTorch's symmetric -inf padding (channels-last); the
     padded input is made again for the backward pass (see `PaddedConv2D`)."""
 
     def __init__(self, pool_size, strides, *, pad, **kwargs):
         kwargs.pop('padding', None)
         super().__init__(pool_size, strides, padding='valid', **kwargs)
-        if self.data_format != 'channels_last':
-            raise ValueError('PaddedMaxPool2D is channels-last only.')
-        self.pad = pad
+        self._init_padding(pad)
 
     def call(self, inputs):
         paddings = _symmetric_padding(self.pad)
@@ -174,13 +181,6 @@ class PaddedMaxPool2D(tf_keras.layers.MaxPool2D):
             return y, grad
 
         return pool(inputs)
-
-    def compute_output_shape(self, input_shape):
-        return super().compute_output_shape(
-            _padded_shape(input_shape, self.pad))
-
-    def get_config(self):
-        return {**super().get_config(), 'pad': self.pad}
 
 
 def _conv(x, filters, kernel_size, stride, name, use_bias=False):
