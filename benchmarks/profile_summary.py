@@ -7,6 +7,14 @@ the same time on different inter-op threads are both counted, so the shares
 are of summed op time, not of the step.
 
     python benchmarks/profile_summary.py /tmp/prof [--top 25]
+
+With `--memory` it replays the trace's allocator events instead (the BFC
+allocators, `mklcpu` under oneDNN, record each allocation and free with its
+op, shape and the bytes in use) and prints the tensors live at the peak of
+bytes in use, by phase and by op. Tensors allocated before the trace started
+(the weights, the optimizer's slots) count in the peak but are not listed.
+
+    python benchmarks/profile_summary.py /tmp/prof --memory
 """
 
 import argparse
@@ -41,10 +49,15 @@ def _phase(name):
     return 'forward+loss'
 
 
-def summarise(path, top):
+def _read_space(path):
     space = xplane_pb2.XSpace()
     with open(_trace_file(path), 'rb') as f:
         space.ParseFromString(f.read())
+    return space
+
+
+def summarise(path, top):
+    space = _read_space(path)
     by_type, by_layer, by_phase = (collections.Counter() for _ in range(3))
     count = collections.Counter()
     for plane in space.planes:
@@ -75,12 +88,72 @@ def summarise(path, top):
             'top_layers': rows(by_layer)}
 
 
+def _allocator_events(space):
+    """(time ps, is_allocation, stats) of every allocator event, in order."""
+    events = []
+    for plane in space.planes:
+        for line in plane.lines:
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                if name not in ('MemoryAllocation', 'MemoryDeallocation'):
+                    continue
+                stats = {}
+                for stat in event.stats:
+                    key = plane.stat_metadata[stat.metadata_id].name
+                    stats[key] = (
+                        plane.stat_metadata[stat.ref_value].name
+                        if stat.ref_value else stat.str_value
+                        or stat.int64_value or stat.uint64_value)
+                events.append((line.timestamp_ns * 1000 + event.offset_ps,
+                               name == 'MemoryAllocation', stats))
+    return sorted(events, key=lambda e: e[0])
+
+
+def memory_at_peak(path, top):
+    """The tensors live when the allocator's bytes in use peaked."""
+    events = _allocator_events(_read_space(path))
+    if not events:
+        raise SystemExit('no allocator events in the trace (is the tensor '
+                         'allocator a BFC one? TF_ENABLE_ONEDNN_OPTS=1 or '
+                         'TF_CPU_ALLOCATOR_USE_BFC=true)')
+    live, peak, at_peak = {}, -1, {}
+    for _, is_allocation, stats in events:
+        if is_allocation:
+            live[stats['addr']] = stats
+        else:
+            live.pop(stats['addr'], None)
+        in_use = int(stats['bytes_allocated'])
+        if in_use > peak:
+            peak, at_peak = in_use, dict(live)
+    by_phase, by_op, shapes = collections.Counter(), collections.Counter(), {}
+    for stats in at_peak.values():
+        op = str(stats.get('tf_op') or '?')
+        size = int(stats['allocation_bytes'])
+        by_phase[_phase(op)] += size
+        by_op[op] += size
+        shapes[op] = stats.get('shape', '')
+    mib = 2 ** 20
+    return {
+        'trace': _trace_file(path),
+        'allocators': sorted({str(e[2].get('allocator_name'))
+                              for e in events}),
+        'peak_in_use_mib': round(peak / mib, 1),
+        'listed_at_peak_mib': round(sum(by_op.values()) / mib, 1),
+        'by_phase_mib': {k: round(v / mib, 1)
+                         for k, v in by_phase.most_common()},
+        'top_ops': [dict(op=k, mib=round(v / mib, 1), shape=shapes[k])
+                    for k, v in by_op.most_common(top)]}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('path', help='profile dir or .xplane.pb file')
     parser.add_argument('--top', type=int, default=25)
+    parser.add_argument('--memory', action='store_true',
+                        help='tensors live at the peak instead of op time')
     args = parser.parse_args()
-    print(json.dumps(summarise(args.path, args.top), indent=1))
+    report = memory_at_peak if args.memory else summarise
+    print(json.dumps(report(args.path, args.top), indent=1))
 
 
 if __name__ == '__main__':
