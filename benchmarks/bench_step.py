@@ -211,6 +211,7 @@ def main():
         for _ in range(2):
             step()
         tf.profiler.experimental.stop()
+    peak_timed_mib = _status_mib('VmHWM')
     median = statistics.median(times)
     views = views_per_step(config)
     print(json.dumps({
@@ -224,8 +225,8 @@ def main():
         'warmup_step_s': [round(t, 2) for t in first_step_s],
         'views_per_step': views, 'steps': args.steps,
         'loss_first_last': [round(losses[0], 4), round(losses[-1], 4)],
-        'peak_rss_mib': max(peak_warmup_mib, _status_mib('VmHWM')),
-        'peak_rss_timed_steps_mib': _status_mib('VmHWM'),
+        'peak_rss_mib': max(peak_warmup_mib, peak_timed_mib),
+        'peak_rss_timed_steps_mib': peak_timed_mib,
         'rss_before_first_step_mib': rss_built_mib,
         'xla': args.xla, 'precision': args.precision,
         'replicas': args.replicas, 'sync_bn': sync_bn,

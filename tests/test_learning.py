@@ -14,7 +14,7 @@ def test_short_fit_lowers_the_loss_and_learns_the_classes(tmp_path):
     # 16 steps per epoch: epoch ends are not multiples of the TensorBoard
     # update frequency, and PAWS-NN must still be recorded at each.
     with debug_gin.parsed(['train.verbose = 0', 'train.view_images = False',
-                              'train.log_every_steps = 5']):
+                           'train.log_every_steps = 5']):
         train.train(str(tmp_path), tf.distribute.get_strategy())
     logs = tmp_path / train.TENSORBOARD_DIR
     _, loss = report.read_scalars(str(logs / 'train'), 'epoch_loss')
