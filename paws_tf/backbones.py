@@ -100,6 +100,42 @@ class _InLayerPadding:
     def get_config(self):
         return {**super().get_config(), 'pad': self.pad}
 
+    def _padded_op(self, forward, backward, x, *weights, pad_value=0.0):
+        """`forward(padded x, *weights)`, with the padded copy of `x` made
+        again for the backward pass rather than held until it.
+
+        Args:
+            forward: `(padded, *weights) -> y`, a 'valid' op.
+            backward: `(padded, y, dy, *weights) -> (d padded, *d weights)`.
+            x: [B, H, W, C] input.
+            *weights: tensors `forward` also differentiates.
+            pad_value: what the border holds.
+
+        Returns:
+            y.
+        """
+        pad = self.pad
+
+        def padded(t):
+            return tf.pad(t, _symmetric_padding(pad),
+                          constant_values=pad_value)
+
+        @tf.custom_gradient
+        def op(x, *weights):
+            y = forward(padded(x), *weights)
+
+            def grad(dy):
+                # Made after dy exists, so that graph optimisation cannot
+                # merge it with the forward pass's copy and keep that alive.
+                with tf.control_dependencies([dy]):
+                    padded_again = padded(x)
+                d_padded, *d_weights = backward(padded_again, y, dy, *weights)
+                return (d_padded[:, pad:-pad, pad:-pad, :], *d_weights)
+
+            return y, grad
+
+        return op(x, *weights)
+
 
 @tf_keras.saving.register_keras_serializable(package='paws_tf')
 class PaddedConv2D(_InLayerPadding, tf_keras.layers.Conv2D):
@@ -120,31 +156,23 @@ class PaddedConv2D(_InLayerPadding, tf_keras.layers.Conv2D):
         self._init_padding(pad)
 
     def convolution_op(self, inputs, kernel):
-        paddings = _symmetric_padding(self.pad)
-        pad = self.pad
         conv_args = dict(strides=[1, *self.strides, 1], padding='VALID',
                          dilations=[1, *self.dilation_rate, 1])
 
-        @tf.custom_gradient
-        def conv(x, k):
-            y = tf.nn.conv2d(tf.pad(x, paddings), k, **conv_args)
+        def forward(padded, k):
+            return tf.nn.conv2d(padded, k, **conv_args)
 
-            def grad(dy):
-                # Made after dy exists, so that graph optimisation cannot
-                # merge it with the forward pass's copy and keep that alive.
-                with tf.control_dependencies([dy]):
-                    padded = tf.pad(x, paddings)
-                dk = tf.raw_ops.Conv2DBackpropFilter(
-                    input=padded, filter_sizes=tf.shape(k), out_backprop=dy,
-                    **conv_args)
-                dpadded = tf.raw_ops.Conv2DBackpropInput(
-                    input_sizes=tf.shape(padded), filter=k, out_backprop=dy,
-                    **conv_args)
-                return dpadded[:, pad:-pad, pad:-pad, :], dk
+        def backward(padded, y, dy, k):
+            del y  # A convolution's gradients do not need its output.
+            return (tf.raw_ops.Conv2DBackpropInput(
+                        input_sizes=tf.shape(padded), filter=k,
+                        out_backprop=dy, **conv_args),
+                    tf.raw_ops.Conv2DBackpropFilter(
+                        input=padded, filter_sizes=tf.shape(k),
+                        out_backprop=dy, **conv_args))
 
-            return y, grad
-
-        return conv(inputs, tf.convert_to_tensor(kernel))
+        return self._padded_op(forward, backward, inputs,
+                               tf.convert_to_tensor(kernel))
 
 
 @tf_keras.saving.register_keras_serializable(package='paws_tf')
@@ -158,29 +186,18 @@ class PaddedMaxPool2D(_InLayerPadding, tf_keras.layers.MaxPool2D):
         self._init_padding(pad)
 
     def call(self, inputs):
-        paddings = _symmetric_padding(self.pad)
-        pad = self.pad
         pool_args = dict(ksize=[1, *self.pool_size, 1],
                          strides=[1, *self.strides, 1], padding='VALID')
 
-        def padded(x):
-            return tf.pad(x, paddings, constant_values=float('-inf'))
+        def forward(padded):
+            return tf.nn.max_pool2d(padded, **pool_args)
 
-        @tf.custom_gradient
-        def pool(x):
-            y = tf.nn.max_pool2d(padded(x), **pool_args)
+        def backward(padded, y, dy):
+            return (tf.raw_ops.MaxPoolGrad(orig_input=padded, orig_output=y,
+                                           grad=dy, **pool_args),)
 
-            def grad(dy):
-                with tf.control_dependencies([dy]):  # See PaddedConv2D.
-                    orig_input = padded(x)
-                dpadded = tf.raw_ops.MaxPoolGrad(
-                    orig_input=orig_input, orig_output=y, grad=dy,
-                    **pool_args)
-                return dpadded[:, pad:-pad, pad:-pad, :]
-
-            return y, grad
-
-        return pool(inputs)
+        return self._padded_op(forward, backward, inputs,
+                               pad_value=float('-inf'))
 
 
 def _conv(x, filters, kernel_size, stride, name, use_bias=False):
