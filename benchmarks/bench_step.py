@@ -158,6 +158,19 @@ def _status_mib(field):
     return round(memory.status_kib(field) / 1024)
 
 
+def _tensor_peak_mib():
+    """Peak bytes in use of TensorFlow's tensor allocator on the first device
+    over the whole run, in MiB: the tensors alone, without the libraries,
+    heap and free chunks that RSS also counts. On a CPU that allocator is
+    oneDNN's BFC allocator; None when it keeps no statistics (oneDNN off)."""
+    device = 'GPU:0' if tf.config.list_physical_devices('GPU') else 'CPU:0'
+    try:
+        info = tf.config.experimental.get_memory_info(device)
+    except ValueError:
+        return None
+    return round(info['peak'] / 2**20)
+
+
 def views_per_step(config):
     return (config['batch'] * (2 + config['multicrop']) +
             config['support_views'] * config['classes'] *
@@ -227,6 +240,7 @@ def main():
         'loss_first_last': [round(losses[0], 4), round(losses[-1], 4)],
         'peak_rss_mib': max(peak_warmup_mib, peak_timed_mib),
         'peak_rss_timed_steps_mib': peak_timed_mib,
+        'tensor_peak_mib': _tensor_peak_mib(),
         'rss_before_first_step_mib': rss_built_mib,
         'xla': args.xla, 'precision': args.precision,
         'replicas': args.replicas, 'sync_bn': sync_bn,
