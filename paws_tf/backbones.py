@@ -85,12 +85,18 @@ def _padded_shape(input_shape, pad):
 
 class _InLayerPadding:
     """What `PaddedConv2D` and `PaddedMaxPool2D` share: their base layer is
-    built 'valid' and they pad their input by `pad` on each side of H and W
-    themselves."""
+    built 'valid' and they pad their input by `pad` (>= 1) on each side of H
+    and W themselves."""
 
-    def _init_padding(self, pad):
+    def __init__(self, *args, pad, **kwargs):
+        kwargs.pop('padding', None)  # From get_config: always 'valid' here.
+        super().__init__(*args, padding='valid', **kwargs)
         if self.data_format != 'channels_last':
             raise ValueError(f'{type(self).__name__} is channels-last only.')
+        if pad < 1:
+            raise ValueError(
+                f'{type(self).__name__} needs pad >= 1, got {pad}; without '
+                f"padding use the tf_keras layer with padding='valid'.")
         self.pad = pad
 
     def compute_output_shape(self, input_shape):
@@ -148,12 +154,10 @@ class PaddedConv2D(_InLayerPadding, tf_keras.layers.Conv2D):
     convolution kernels, which oneDNN accelerates; TensorFlow's kernels for
     explicit padding compute the input gradient of a strided convolution
     several times slower.
-    """
 
-    def __init__(self, filters, kernel_size, *, pad, **kwargs):
-        kwargs.pop('padding', None)  # From get_config: always 'valid' here.
-        super().__init__(filters, kernel_size, padding='valid', **kwargs)
-        self._init_padding(pad)
+    Takes Conv2D's arguments and `pad` (keyword): zero pixels on each side
+    of H and W, >= 1.
+    """
 
     def convolution_op(self, inputs, kernel):
         conv_args = dict(strides=[1, *self.strides, 1], padding='VALID',
@@ -178,12 +182,11 @@ class PaddedConv2D(_InLayerPadding, tf_keras.layers.Conv2D):
 @tf_keras.saving.register_keras_serializable(package='paws_tf')
 class PaddedMaxPool2D(_InLayerPadding, tf_keras.layers.MaxPool2D):
     """MaxPool2D over PyTorch's symmetric -inf padding (channels-last); the
-    padded input is made again for the backward pass (see `PaddedConv2D`)."""
+    padded input is made again for the backward pass (see `PaddedConv2D`).
 
-    def __init__(self, pool_size, strides, *, pad, **kwargs):
-        kwargs.pop('padding', None)
-        super().__init__(pool_size, strides, padding='valid', **kwargs)
-        self._init_padding(pad)
+    Takes MaxPool2D's arguments and `pad` (keyword): -inf pixels on each side
+    of H and W, >= 1.
+    """
 
     def call(self, inputs):
         pool_args = dict(ksize=[1, *self.pool_size, 1],

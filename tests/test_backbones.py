@@ -494,3 +494,11 @@ def test_padded_layers_round_trip_their_config():
         clone = type(layer).from_config(layer.get_config())
         assert clone.get_config() == layer.get_config()
         assert clone.pad == 1
+
+
+@pytest.mark.parametrize('layer_cls, args', [
+    (backbones.PaddedConv2D, (4, 3)), (backbones.PaddedMaxPool2D, (3, 2))])
+def test_padded_layers_reject_no_padding(layer_cls, args):
+    """pad=0 would slice the input gradient to nothing: refused up front."""
+    with pytest.raises(ValueError, match='needs pad >= 1, got 0'):
+        layer_cls(*args, pad=0)
