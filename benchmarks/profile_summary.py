@@ -49,15 +49,16 @@ def _phase(name):
     return 'forward+loss'
 
 
-def _read_space(path):
+def _read_space(trace):
     space = xplane_pb2.XSpace()
-    with open(_trace_file(path), 'rb') as f:
+    with open(trace, 'rb') as f:
         space.ParseFromString(f.read())
     return space
 
 
 def summarise(path, top):
-    space = _read_space(path)
+    trace = _trace_file(path)
+    space = _read_space(trace)
     by_type, by_layer, by_phase = (collections.Counter() for _ in range(3))
     count = collections.Counter()
     for plane in space.planes:
@@ -83,7 +84,7 @@ def summarise(path, top):
                      **({'count': count[k]} if with_count else {}))
                 for k, v in counter.most_common(top)]
 
-    return {'trace': _trace_file(path), 'op_seconds_total': round(total, 3),
+    return {'trace': trace, 'op_seconds_total': round(total, 3),
             'by_phase': rows(by_phase), 'top_op_types': rows(by_type, True),
             'top_layers': rows(by_layer)}
 
@@ -111,22 +112,23 @@ def _allocator_events(space):
 
 def memory_at_peak(path, top):
     """The tensors live when the allocator's bytes in use peaked."""
-    events = _allocator_events(_read_space(path))
+    trace = _trace_file(path)
+    events = _allocator_events(_read_space(trace))
     if not events:
         raise SystemExit('no allocator events in the trace (is the tensor '
                          'allocator a BFC one? TF_ENABLE_ONEDNN_OPTS=1 or '
                          'TF_CPU_ALLOCATOR_USE_BFC=true)')
-    live, peak, at_peak = {}, -1, {}
-    for _, is_allocation, stats in events:
+    in_use = [int(stats['bytes_allocated']) for _, _, stats in events]
+    peak_index = max(range(len(events)), key=in_use.__getitem__)  # First.
+    live = {}
+    for _, is_allocation, stats in events[:peak_index + 1]:
         if is_allocation:
             live[stats['addr']] = stats
         else:
             live.pop(stats['addr'], None)
-        in_use = int(stats['bytes_allocated'])
-        if in_use > peak:
-            peak, at_peak = in_use, dict(live)
+    peak = in_use[peak_index]
     by_phase, by_op, shapes = collections.Counter(), collections.Counter(), {}
-    for stats in at_peak.values():
+    for stats in live.values():
         op = str(stats.get('tf_op') or '?')
         size = int(stats['allocation_bytes'])
         by_phase[_phase(op)] += size
@@ -134,7 +136,7 @@ def memory_at_peak(path, top):
         shapes[op] = stats.get('shape', '')
     mib = 2 ** 20
     return {
-        'trace': _trace_file(path),
+        'trace': trace,
         'allocators': sorted({str(e[2].get('allocator_name'))
                               for e in events}),
         'peak_in_use_mib': round(peak / mib, 1),
