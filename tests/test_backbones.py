@@ -112,7 +112,7 @@ def test_zero_init_residual(resnet50, resnet50_2x_zero_init):
         assert len(gammas) == 16
         for gamma in gammas:
             np.testing.assert_array_equal(gamma.numpy(), want)
-    stem_gamma = resnet50_2x_zero_init.get_layer('stem_bn').gamma
+    stem_gamma = resnet50_2x_zero_init.get_layer('stem_bn_pool').norm.gamma
     np.testing.assert_array_equal(stem_gamma.numpy(), 1.0)
 
 
@@ -276,7 +276,7 @@ def test_lars_exclusion_names(name, kwargs, resnet50):
     model = (resnet50 if kwargs is None
              else backbones.build_backbone(name, **kwargs))
     excluded, kernels = set(), set()
-    for layer in model.layers:
+    for layer in model.submodules:  # NormReLUThen holds BN and conv
         if isinstance(layer, tf_keras.layers.BatchNormalization):
             excluded.update({id(layer.gamma), id(layer.beta)})
         elif hasattr(layer, 'kernel'):
@@ -368,14 +368,17 @@ def test_load_weights_missing_path(tmp_path, name):
 def test_block_wiring(resnet50):
     # ResNet v1.5: the stride sits on the 3x3 conv, not on the first 1x1.
     assert resnet50.get_layer('stage2_block1_conv1').strides == (1, 1)
-    assert resnet50.get_layer('stage2_block1_conv2').strides == (2, 2)
+    unit = resnet50.get_layer('stage2_block1_bn1_conv2')  # BN, ReLU, conv
+    assert (unit.norm.name, unit.layer.name) == ('stage2_block1_bn1',
+                                                 'stage2_block1_conv2')
+    assert unit.layer.strides == (2, 2)
     assert resnet50.get_layer('stage2_block1_proj_conv').strides == (2, 2)
     wrn = backbones.build_backbone('wide_resnet', depth=10, width=2)
     # The projection shortcut reads the raw block input, as in suncet.
     block_input = wrn.get_layer('group1_block1_add').output
     assert wrn.get_layer('group2_block1_proj_conv').input is block_input
-    assert wrn.get_layer('group2_block1_bn1').input is block_input
-    assert wrn.get_layer('group2_block1_conv2').strides == (2, 2)
+    assert wrn.get_layer('group2_block1_bn1_conv1').input is block_input
+    assert wrn.get_layer('group2_block1_bn2_conv2').layer.strides == (2, 2)
 
 
 @pytest.mark.skipif(not backbones.onednn_enabled(),
@@ -502,3 +505,228 @@ def test_padded_layers_reject_no_padding(layer_cls, args):
     """pad=0 would slice the input gradient to nothing: refused up front."""
     with pytest.raises(ValueError, match='needs pad >= 1, got 0'):
         layer_cls(*args, pad=0)
+
+
+def _numpy_norm_relu(x, gamma, beta, mean, variance, epsilon):
+    """Batch norm with the given statistics, then ReLU: (z, relu(z))."""
+    z = gamma * (x - mean) / np.sqrt(variance + epsilon) + beta
+    return z, np.maximum(z, 0.0)
+
+
+def _norm_relu_then(layer, epsilon=1e-3, recompute=True):
+    rng = np.random.default_rng(3)
+    norm = backbones.batch_norm('bn', sync_bn=False, momentum=0.9,
+                                epsilon=epsilon)
+    unit = backbones.NormReLUThen(norm, layer, recompute=recompute)
+    unit.build((None, None, None, 6))
+    for variable in unit.weights:
+        value = rng.normal(size=variable.shape)
+        if 'moving_variance' in variable.name:
+            value = np.abs(value) + 0.5
+        variable.assign(value.astype(np.float32))
+    return unit
+
+
+@pytest.mark.parametrize('kernel_size, stride, use_bias, recompute', [
+    (3, 1, True, True), (3, 2, False, True), (1, 1, False, True),
+    (3, 2, True, False)])
+def test_norm_relu_then_conv_trains_like_numpy(kernel_size, stride,
+                                               use_bias, recompute):
+    """Training, NormReLUThen holds only its input and recomputes the ReLU
+    output for the backward pass; output, gradients and moving statistics
+    are still those of batch norm -> ReLU -> conv, by hand (and with
+    recompute=False, which composes the tf_keras layers)."""
+    pad = kernel_size // 2
+    if stride > 1:
+        conv = backbones.PaddedConv2D(5, kernel_size, strides=stride,
+                                      pad=pad, use_bias=use_bias)
+    else:
+        conv = tf_keras.layers.Conv2D(5, kernel_size, padding='same',
+                                      use_bias=use_bias)
+    unit = _norm_relu_then(conv, recompute=recompute)
+    norm = unit.norm
+    rng = np.random.default_rng(4)
+    x = (2.0 * rng.normal(size=(3, 7, 7, 6)) + 1.0).astype(np.float32)
+    out = (7 + 2 * pad - kernel_size) // stride + 1
+    upstream = rng.normal(size=(3, out, out, 5))
+    gamma, beta, moving_mean, moving_variance, kernel = [
+        v.numpy().astype(np.float64) for v in (
+            norm.gamma, norm.beta, norm.moving_mean, norm.moving_variance,
+            conv.kernel)]
+
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        y = tf.function(unit)(xt, training=True)
+        loss = tf.reduce_sum(y * upstream)
+    sources = [xt, norm.gamma, norm.beta, *conv.trainable_weights]
+    got = tape.gradient(loss, sources)
+
+    x64 = x.astype(np.float64)
+    mean, variance = x64.mean((0, 1, 2)), x64.var((0, 1, 2))
+    z, a = _numpy_norm_relu(x64, gamma, beta, mean, variance, norm.epsilon)
+    want_y, d_a, d_kernel = _numpy_conv_and_grads(a, kernel, stride, pad,
+                                                  upstream)
+    if use_bias:
+        want_y = want_y + conv.bias.numpy()
+    d_z = d_a * (z > 0)
+    x_hat = (x64 - mean) / np.sqrt(variance + norm.epsilon)
+    d_gamma, d_beta = (d_z * x_hat).sum((0, 1, 2)), d_z.sum((0, 1, 2))
+    d_x = gamma / np.sqrt(variance + norm.epsilon) * (
+        d_z - d_z.mean((0, 1, 2)) - x_hat * (d_z * x_hat).mean((0, 1, 2)))
+    want = [d_x, d_gamma, d_beta, d_kernel] + (
+        [upstream.sum((0, 1, 2))] if use_bias else [])
+    np.testing.assert_allclose(y, want_y, rtol=1e-4, atol=1e-4)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+    # Moving averages as tf_keras' fused batch norm (and PyTorch) keep them:
+    # the variance with Bessel's correction.
+    np.testing.assert_allclose(norm.moving_mean,
+                               0.9 * moving_mean + 0.1 * mean, rtol=1e-5)
+    np.testing.assert_allclose(
+        norm.moving_variance,
+        0.9 * moving_variance + 0.1 * x64.var((0, 1, 2), ddof=1), rtol=1e-5)
+
+
+def test_norm_relu_then_max_pool_trains_like_numpy():
+    """The ResNet-50 stem: batch norm -> ReLU -> max pool, recomputed."""
+    unit = _norm_relu_then(backbones.PaddedMaxPool2D(3, 2, pad=1))
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(2, 5, 5, 6)).astype(np.float32)
+    upstream = rng.normal(size=(2, 3, 3, 6))
+    gamma, beta = unit.norm.gamma.numpy(), unit.norm.beta.numpy()
+    xt = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(xt)
+        y = tf.function(unit)(xt, training=True)
+        loss = tf.reduce_sum(y * upstream)
+    dx = tape.gradient(loss, xt)
+    x64 = x.astype(np.float64)
+    mean, variance = x64.mean((0, 1, 2)), x64.var((0, 1, 2))
+    z, a = _numpy_norm_relu(x64, gamma, beta, mean, variance, 1e-3)
+    ap = np.pad(a, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=-np.inf)
+    d_a = np.zeros_like(ap)
+    want_y = np.zeros((2, 3, 3, 6))
+    for n, i, j, c in np.ndindex(*want_y.shape):
+        window = ap[n, 2 * i:2 * i + 3, 2 * j:2 * j + 3, c]
+        r, s = np.unravel_index(np.argmax(window), window.shape)
+        want_y[n, i, j, c] = window[r, s]
+        d_a[n, 2 * i + r, 2 * j + s, c] += upstream[n, i, j, c]
+    d_z = d_a[:, 1:-1, 1:-1] * (z > 0)
+    x_hat = (x64 - mean) / np.sqrt(variance + 1e-3)
+    want_dx = gamma / np.sqrt(variance + 1e-3) * (
+        d_z - d_z.mean((0, 1, 2)) - x_hat * (d_z * x_hat).mean((0, 1, 2)))
+    np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('frozen', [False, True])
+def test_norm_relu_then_inference_and_frozen_use_moving_statistics(frozen):
+    """Inference, or training with the batch norm frozen (fine-tuning's
+    trunk), normalises with the moving statistics and leaves them be."""
+    unit = _norm_relu_then(tf_keras.layers.Conv2D(5, 1, use_bias=False))
+    unit.norm.trainable = not frozen
+    x = np.random.default_rng(6).normal(size=(2, 4, 4, 6)).astype(np.float32)
+    before = [v.numpy() for v in unit.weights]
+    norm = unit.norm
+    gamma, beta, moving_mean, moving_variance, kernel = [
+        v.numpy().astype(np.float64) for v in (
+            norm.gamma, norm.beta, norm.moving_mean, norm.moving_variance,
+            unit.layer.kernel)]
+    y = unit(x, training=frozen)
+    _, a = _numpy_norm_relu(x.astype(np.float64), gamma, beta, moving_mean,
+                            moving_variance, 1e-3)
+    np.testing.assert_allclose(y, a @ kernel[0, 0], rtol=1e-4, atol=1e-4)
+    for variable, value in zip(unit.weights, before):
+        np.testing.assert_array_equal(variable.numpy(), value)
+
+
+def test_norm_relu_then_does_not_hold_the_relu_output():
+    """A chain of four units reaches a lower tensor peak than the same
+    tf_keras layers composed, by about the ReLU outputs they do not hold
+    (graph optimisation could otherwise merge the recomputed ReLU output
+    with the forward one and keep it)."""
+    try:
+        tf.config.experimental.reset_memory_stats('CPU:0')
+    except ValueError:
+        pytest.skip('the CPU allocator keeps no statistics (oneDNN off)')
+    x = tf.random.normal([32, 32, 32, 64])  # 8 MiB
+
+    def conv():
+        return tf_keras.layers.Conv2D(64, 3, padding='same', use_bias=False)
+
+    def norm():
+        return backbones.batch_norm('bn', sync_bn=False, momentum=0.9,
+                                    epsilon=1e-5)
+
+    def peak_mib(layer):
+        @tf.function
+        def step(t):
+            with tf.GradientTape() as tape:
+                tape.watch(t)
+                y = t
+                for _ in range(4):
+                    y = layer(y)
+                loss = tf.reduce_sum(tf.square(y))
+            return tape.gradient(loss, t)
+
+        step(x)  # Traces and builds the layers.
+        tf.config.experimental.reset_memory_stats('CPU:0')
+        step(x)
+        return tf.config.experimental.get_memory_info('CPU:0')['peak'] / 2**20
+
+    units = [backbones.NormReLUThen(norm(), conv()) for _ in range(4)]
+    composed = [(norm(), conv()) for _ in range(4)]
+    unit_iter, composed_iter = iter(units * 2), iter(composed * 2)
+    recomputed = peak_mib(lambda y: next(unit_iter)(y, training=True))
+    held = peak_mib(lambda y: (lambda bn, c: c(tf.nn.relu(bn(
+        y, training=True))))(*next(composed_iter)))
+    assert recomputed <= held - 2 * 8, (recomputed, held)
+
+
+def test_norm_relu_then_round_trips_its_config():
+    unit = backbones.NormReLUThen(
+        backbones.batch_norm('b', sync_bn=True, momentum=0.8, epsilon=1e-4),
+        backbones.PaddedConv2D(4, 3, strides=2, pad=1, name='c'),
+        recompute=False, name='u')
+    clone = backbones.NormReLUThen.from_config(unit.get_config())
+    assert clone.get_config() == unit.get_config()
+    assert clone.norm.synchronized and clone.norm.momentum == 0.8
+    assert not clone.recompute
+    assert isinstance(clone.layer, backbones.PaddedConv2D)
+
+
+@pytest.mark.parametrize('norm, layer, match', [
+    (tf_keras.layers.BatchNormalization(axis=1), tf_keras.layers.Conv2D(4, 1),
+     'channels-last batch norm'),
+    (tf_keras.layers.BatchNormalization(),
+     tf_keras.layers.Conv2D(4, 1, activation='relu'), 'without activation'),
+    (tf_keras.layers.BatchNormalization(), tf_keras.layers.Dense(4),
+     'Conv2D .* or a MaxPool2D')])
+def test_norm_relu_then_refuses_other_layers(norm, layer, match):
+    with pytest.raises(ValueError, match=match):
+        backbones.NormReLUThen(norm, layer)
+
+
+def test_recompute_bn_relu_switch_keeps_variables_and_values():
+    """`build_backbone.recompute_bn_relu = False` (gin) builds the same
+    variables, so checkpoints move between the settings, and trains to the
+    same values: only what the backward pass holds differs."""
+    images = tf.random.normal([4, 12, 12, 1], mean=1.0)
+    on, off = [backbones.build_backbone(
+        'small_resnet', input_channels=1, recompute_bn_relu=recompute,
+        **tiny_model.TINY) for recompute in (True, False)]
+    off.set_weights(on.get_weights())
+    results = []
+    for model in (on, off):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.sin(model(images, training=True)))
+        grads = tape.gradient(loss, model.trainable_variables)
+        results.append([loss] + grads + [v.numpy() for v in model.variables])
+    assert [v.name for v in on.variables] == [v.name for v in off.variables]
+    units = [layer for layer in off.layers
+             if isinstance(layer, backbones.NormReLUThen)]
+    assert units and not any(unit.recompute for unit in units)
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
