@@ -45,6 +45,16 @@ def batch_norm(name, *, sync_bn, momentum, epsilon, zero_init=False):
         gamma_initializer='zeros' if zero_init else 'ones', name=name)
 
 
+def layer_config(layer):
+    """`layer.get_config()`, with what tf_keras 2.21 leaves out of a
+    BatchNormalization's config (`synchronized`), so that `from_config`
+    rebuilds the same layer."""
+    config = layer.get_config()
+    if isinstance(layer, tf_keras.layers.BatchNormalization):
+        config['synchronized'] = layer.synchronized
+    return config
+
+
 def onednn_enabled():
     """Whether TensorFlow runs its oneDNN CPU kernels in this process."""
     return _pywrap_util_port.IsMklEnabled()
@@ -261,9 +271,8 @@ class NormReLUThen(tf_keras.layers.Layer):
         return self.layer.compute_output_shape(input_shape)
 
     def get_config(self):
-        norm = tf_keras.layers.serialize(self.norm)
-        # tf_keras 2.21 leaves `synchronized` out of the config.
-        norm['config']['synchronized'] = self.norm.synchronized
+        norm = {**tf_keras.layers.serialize(self.norm),
+                'config': layer_config(self.norm)}
         return {**super().get_config(), 'norm': norm,
                 'layer': tf_keras.layers.serialize(self.layer),
                 'recompute': self.recompute}

@@ -11,6 +11,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import augment
+from paws_tf import backbones
 from paws_tf import data
 from paws_tf import dist
 from paws_tf import evaluate
@@ -34,11 +35,7 @@ _PASSED = ['model', 'labeled', 'test', 'output_dir', 'strategy',
 
 
 def _clone_layer(layer):
-    config = layer.get_config()
-    if isinstance(layer, tf_keras.layers.BatchNormalization):
-        # tf_keras 2.21 leaves `synchronized` out of the config.
-        config['synchronized'] = layer.synchronized
-    return layer.__class__.from_config(config)
+    return layer.__class__.from_config(backbones.layer_config(layer))
 
 
 def _copy_into(inputs, originals):
