@@ -189,13 +189,13 @@ def main():
     config = CONFIGS[args.config]
     sync_bn = {'auto': args.replicas > 1, 'on': True,
                'off': False}[args.sync_bn]
+    recompute_bn_relu = args.recompute_bn_relu == 'on'
     tf_keras.mixed_precision.set_global_policy(POLICIES[args.precision])
     rng = np.random.default_rng(0)
     batches = [synthetic_batch(config, args.replicas, rng)
                for _ in range(args.replicas)]
     with strategy.scope():
-        model = build(config, args.replicas, sync_bn,
-                      args.recompute_bn_relu == 'on')
+        model = build(config, args.replicas, sync_bn, recompute_bn_relu)
         # LARS as in training; the learning rate only keeps the synthetic
         # run finite. mixed_float16 makes compile add loss scaling.
         model.compile(optimizer=lars.LARS(learning_rate=0.1),
@@ -251,7 +251,7 @@ def main():
         'rss_before_first_step_mib': rss_built_mib,
         'xla': args.xla, 'precision': args.precision,
         'replicas': args.replicas, 'sync_bn': sync_bn,
-        'recompute_bn_relu': args.recompute_bn_relu == 'on',
+        'recompute_bn_relu': recompute_bn_relu,
         'intra_op_threads': tf.config.threading
         .get_intra_op_parallelism_threads(),
         'inter_op_threads': tf.config.threading
