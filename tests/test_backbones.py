@@ -1,5 +1,6 @@
 """Tests for paws_tf.backbones."""
 
+import functools
 import os
 import pathlib
 import subprocess
@@ -513,6 +514,16 @@ def _numpy_norm_relu(x, gamma, beta, mean, variance, epsilon):
     return z, np.maximum(z, 0.0)
 
 
+def _numpy_training_norm_grads(x, gamma, d_z, epsilon):
+    """Gradients (x, gamma, beta) of batch norm on the batch's own statistics
+    (over N, H, W), given the gradient d_z of its output."""
+    mean, variance = x.mean((0, 1, 2)), x.var((0, 1, 2))
+    x_hat = (x - mean) / np.sqrt(variance + epsilon)
+    d_x = gamma / np.sqrt(variance + epsilon) * (
+        d_z - d_z.mean((0, 1, 2)) - x_hat * (d_z * x_hat).mean((0, 1, 2)))
+    return d_x, (d_z * x_hat).sum((0, 1, 2)), d_z.sum((0, 1, 2))
+
+
 def _norm_relu_then(layer, epsilon=1e-3, recompute=True):
     rng = np.random.default_rng(3)
     norm = backbones.batch_norm('bn', sync_bn=False, momentum=0.9,
@@ -569,12 +580,8 @@ def test_norm_relu_then_conv_trains_like_numpy(kernel_size, stride,
                                                   upstream)
     if use_bias:
         want_y = want_y + conv.bias.numpy()
-    d_z = d_a * (z > 0)
-    x_hat = (x64 - mean) / np.sqrt(variance + norm.epsilon)
-    d_gamma, d_beta = (d_z * x_hat).sum((0, 1, 2)), d_z.sum((0, 1, 2))
-    d_x = gamma / np.sqrt(variance + norm.epsilon) * (
-        d_z - d_z.mean((0, 1, 2)) - x_hat * (d_z * x_hat).mean((0, 1, 2)))
-    want = [d_x, d_gamma, d_beta, d_kernel] + (
+    want = [*_numpy_training_norm_grads(x64, gamma, d_a * (z > 0),
+                                        norm.epsilon), d_kernel] + (
         [upstream.sum((0, 1, 2))] if use_bias else [])
     np.testing.assert_allclose(y, want_y, rtol=1e-4, atol=1e-4)
     assert len(got) == len(want)
@@ -613,10 +620,8 @@ def test_norm_relu_then_max_pool_trains_like_numpy():
         r, s = np.unravel_index(np.argmax(window), window.shape)
         want_y[n, i, j, c] = window[r, s]
         d_a[n, 2 * i + r, 2 * j + s, c] += upstream[n, i, j, c]
-    d_z = d_a[:, 1:-1, 1:-1] * (z > 0)
-    x_hat = (x64 - mean) / np.sqrt(variance + 1e-3)
-    want_dx = gamma / np.sqrt(variance + 1e-3) * (
-        d_z - d_z.mean((0, 1, 2)) - x_hat * (d_z * x_hat).mean((0, 1, 2)))
+    want_dx, _, _ = _numpy_training_norm_grads(
+        x64, gamma, d_a[:, 1:-1, 1:-1] * (z > 0), 1e-3)
     np.testing.assert_allclose(y, want_y, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(dx, want_dx, rtol=1e-4, atol=1e-4)
 
@@ -660,13 +665,16 @@ def test_norm_relu_then_does_not_hold_the_relu_output():
         return backbones.batch_norm('bn', sync_bn=False, momentum=0.9,
                                     epsilon=1e-5)
 
-    def peak_mib(layer):
+    def composed(y, bn, conv):
+        return conv(tf.nn.relu(bn(y, training=True)))
+
+    def peak_mib(layers):
         @tf.function
         def step(t):
             with tf.GradientTape() as tape:
                 tape.watch(t)
                 y = t
-                for _ in range(4):
+                for layer in layers:
                     y = layer(y)
                 loss = tf.reduce_sum(tf.square(y))
             return tape.gradient(loss, t)
@@ -676,12 +684,11 @@ def test_norm_relu_then_does_not_hold_the_relu_output():
         step(x)
         return tf.config.experimental.get_memory_info('CPU:0')['peak'] / 2**20
 
-    units = [backbones.NormReLUThen(norm(), conv()) for _ in range(4)]
-    composed = [(norm(), conv()) for _ in range(4)]
-    unit_iter, composed_iter = iter(units * 2), iter(composed * 2)
-    recomputed = peak_mib(lambda y: next(unit_iter)(y, training=True))
-    held = peak_mib(lambda y: (lambda bn, c: c(tf.nn.relu(bn(
-        y, training=True))))(*next(composed_iter)))
+    recomputed = peak_mib([functools.partial(
+        backbones.NormReLUThen(norm(), conv()), training=True)
+        for _ in range(4)])
+    held = peak_mib([functools.partial(composed, bn=norm(), conv=conv())
+                     for _ in range(4)])
     assert recomputed <= held - 2 * 8, (recomputed, held)
 
 
