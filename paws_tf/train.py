@@ -129,8 +129,10 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
         jit_compile: compile the train step with XLA.
         steps_per_execution: train steps per `tf.function` call.
         seed: seed of initialisation, data order and augmentations.
-        deterministic_ops: enable TF op determinism (bit-identical reruns on
-            CPU; slower).
+        deterministic_ops: enable TF op determinism (no nondeterministic
+            kernels; slower). Reruns on CPU are bit-identical but for about
+            one process in ten, in which TF 2.21 still rounds some value
+            differently (measured on debug.gin).
         checkpoint_every_steps: also checkpoint every this many steps (0:
             epoch ends only).
         keep_checkpoints: checkpoints kept in `model_dir/checkpoints`.

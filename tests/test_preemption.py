@@ -21,12 +21,20 @@ from paws_tf import train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # debug.gin: 16 steps per epoch; 3 epochs, backups every 4 steps, op
-# determinism so that reruns are bit-identical on CPU.
+# determinism (no nondeterministic kernels).
 BINDINGS = ['train.num_epochs = 3', 'train.backup_every_steps = 4',
             'train.checkpoint_every_steps = 8', 'train.deterministic_ops = True',
             'train.eval_every_epochs = 0', 'train.view_images = False',
             'train.verbose = 0']
 TOTAL_STEPS = 48
+# Even with op determinism, TF 2.21 on CPU rounds some value differently in
+# about one process in ten (measured on this run: 6 of ~60 with the default
+# intra-op threads, 2 of 24 with one), and 48 steps amplify it (one such run
+# ended 5e-4 away; one intra-op thread against two, rounding differently
+# throughout, 0.19). No tolerance separates that from a wrong restore, so an
+# attempt that differs is repeated with fresh runs: a wrong restore differs
+# every time, while one bit-identical pair proves the resume exact.
+ATTEMPTS = 4
 
 
 def start_run(model_dir):
@@ -57,12 +65,15 @@ def final_state(model_dir):
                                     'save_counter'))}
 
 
-@pytest.fixture(scope='module')
-def uninterrupted(tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp('uninterrupted')
+def uninterrupted_state(model_dir):
     code, output = finish(start_run(model_dir))
     assert code == 0, output[-3000:]
     return final_state(model_dir)
+
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory):
+    return uninterrupted_state(tmp_path_factory.mktemp('uninterrupted'))
 
 
 def wait_for_backup(model_dir, proc, min_step, timeout=600):
@@ -83,14 +94,14 @@ def wait_for_backup(model_dir, proc, min_step, timeout=600):
 @pytest.mark.slow
 @pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGKILL],
                          ids=['SIGTERM', 'SIGKILL'])
-def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, sig,
-                                                         uninterrupted):
-    proc = start_run(tmp_path)
+def killed_and_resumed_state(model_dir, sig):
+    """Kills a run mid-epoch with `sig`, resumes it; its final variables."""
+    proc = start_run(model_dir)
     # Mid-epoch: a backup of step 20 or later lies inside epoch 2 (16..31).
-    wait_for_backup(tmp_path, proc, 20)
+    wait_for_backup(model_dir, proc, 20)
     proc.send_signal(sig)
     code, output = finish(proc)
-    stopped_at = callbacks.backup_step(os.path.join(tmp_path,
+    stopped_at = callbacks.backup_step(os.path.join(model_dir,
                                                     train.BACKUP_DIR))
     if sig == signal.SIGTERM:
         # Backed up at the end of the step running when the signal came.
@@ -100,19 +111,37 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, sig,
         assert code == -signal.SIGKILL
     assert 20 <= stopped_at < TOTAL_STEPS
 
-    code, output = finish(start_run(tmp_path))
+    code, output = finish(start_run(model_dir))
     assert code == 0, output[-3000:]
     assert f'Training steps {stopped_at}..{TOTAL_STEPS}' in output
-    resumed = final_state(tmp_path)
-    assert resumed.keys() == uninterrupted.keys()
-    # Every variable that differs, with by how much: one name alone does not
-    # tell a wrong restore (large, everywhere) from a reordered sum (an ulp).
-    differing = {name: np.max(np.abs(np.subtract(resumed[name], value,
-                                                 dtype=np.float64)))
-                 for name, value in uninterrupted.items()
-                 if not np.array_equal(resumed[name], value)}
-    assert not differing, (f'{len(differing)} of {len(uninterrupted)} '
-                           f'variables differ (max abs): {differing}')
+    return final_state(model_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGKILL],
+                         ids=['SIGTERM', 'SIGKILL'])
+def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, sig,
+                                                         uninterrupted):
+    reference, attempts = uninterrupted, []
+    for attempt in range(ATTEMPTS):
+        if attempt:
+            reference = uninterrupted_state(
+                tmp_path / f'uninterrupted{attempt}')
+        resumed = killed_and_resumed_state(tmp_path / f'killed{attempt}', sig)
+        assert resumed.keys() == reference.keys()
+        # Every variable that differs, with by how much: one name alone does
+        # not tell a wrong restore (large, everywhere) from a reordered sum.
+        differing = {name: np.max(np.abs(np.subtract(resumed[name], value,
+                                                     dtype=np.float64)))
+                     for name, value in reference.items()
+                     if not np.array_equal(resumed[name], value)}
+        if not differing:
+            return
+        attempts.append(f'{len(differing)} of {len(reference)} variables '
+                        f'differ (max abs {max(differing.values()):.3g}): '
+                        f'{differing}')
+    pytest.fail(f'No attempt of {ATTEMPTS} resumed to the uninterrupted '
+                'weights:\n' + '\n'.join(attempts))
 
 
 class ExplodingSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
