@@ -129,8 +129,7 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, sig,
                 tmp_path / f'uninterrupted{attempt}')
         resumed = killed_and_resumed_state(tmp_path / f'killed{attempt}', sig)
         assert resumed.keys() == reference.keys()
-        # Every variable that differs, with by how much: one name alone does
-        # not tell a wrong restore (large, everywhere) from a reordered sum.
+        # Every variable that differs, with by how much, for the report.
         differing = {name: np.max(np.abs(np.subtract(resumed[name], value,
                                                      dtype=np.float64)))
                      for name, value in reference.items()
