@@ -30,8 +30,9 @@ def batch_norm(name, *, sync_bn, momentum, epsilon, zero_init=False):
         name: layer name; its variables end in `gamma`, `beta`,
             `moving_mean` and `moving_variance`.
         sync_bn: if True, normalise with the statistics of the global batch
-            across all replicas (`synchronized=True`, never fused). Outside a
-            replica context it falls back to the local batch.
+            across all replicas (a `GlobalBatchNormalization`). Outside a
+            replica context it falls back to the local batch. If False, a
+            tf_keras layer on the local batch (fused kernels).
         momentum: moving-average decay (Keras convention: 0.9 keeps 90% of
             the old statistic, i.e. PyTorch momentum 0.1).
         epsilon: added to the variance.
@@ -40,9 +41,149 @@ def batch_norm(name, *, sync_bn, momentum, epsilon, zero_init=False):
     Returns:
         A `tf_keras.layers.BatchNormalization`.
     """
-    return tf_keras.layers.BatchNormalization(
-        momentum=momentum, epsilon=epsilon, synchronized=sync_bn,
-        gamma_initializer='zeros' if zero_init else 'ones', name=name)
+    layer_cls = (GlobalBatchNormalization if sync_bn
+                 else tf_keras.layers.BatchNormalization)
+    return layer_cls(momentum=momentum, epsilon=epsilon,
+                     gamma_initializer='zeros' if zero_init else 'ones',
+                     name=name)
+
+
+_CHANNEL_SUM_AXES = (0, 1, 2)
+
+
+def _global_moments(x, replica_context):
+    """Mean and variance (without Bessel's correction) of `x` [B, H, W, C]
+    per channel over the batches of all replicas, in float32, with one
+    all-reduce.
+
+    Returns:
+        (mean [C], variance [C], count): count is the global number of
+        values per channel.
+    """
+    x = tf.cast(x, tf.float32)
+    count = tf.cast(tf.size(x) // tf.shape(x)[-1], tf.float32)
+    sums = replica_context.all_reduce(tf.distribute.ReduceOp.SUM, tf.concat([
+        tf.reduce_sum(x, _CHANNEL_SUM_AXES),
+        tf.reduce_sum(tf.square(x), _CHANNEL_SUM_AXES), count[None]], 0))
+    total, squares, count = tf.split(sums, [x.shape[-1], x.shape[-1], 1])
+    count = count[0]
+    mean = total / count
+    # E[x^2] - E[x]^2 can round below zero.
+    variance = tf.maximum(squares / count - tf.square(mean), 0.0)
+    return mean, variance, count
+
+
+def _normalise(x, gamma, beta, mean, variance, epsilon):
+    """Batch norm of `x` [B, H, W, C] with the given statistics (the fused
+    inference kernel): (output, the kernel's reserve space for
+    `_global_norm_grads`)."""
+    z, _, _, _, _, reserve = tf.raw_ops.FusedBatchNormV3(
+        x=x, scale=gamma, offset=beta, mean=mean, variance=variance,
+        epsilon=epsilon, data_format='NHWC', is_training=False)
+    return z, reserve
+
+
+def _global_norm_grads(dz, x, gamma, mean, variance, reserve, count,
+                       epsilon, replica_context):
+    """Gradients (x, gamma, beta) of `_normalise` on the global batch's
+    statistics (from `_global_moments`), given this replica's `x` and the
+    gradient `dz` of its output, with one all-reduce.
+
+    The fused kernel gives them with the statistics held constant:
+    dz * gamma * inv_std, and this replica's dgamma = sum of dz * x_hat and
+    dbeta = sum of dz (x_hat = (x - mean) * inv_std). The statistics' share
+    of x's gradient reads these sums over all replicas (one all-reduce):
+
+        - gamma * inv_std / count * (sum dbeta + x_hat * sum dgamma),
+
+    computed as -(x * k + c) with k and c per channel. Gamma's and beta's
+    gradients stay this replica's sums (the optimizer sums the replicas').
+    """
+    dx, dgamma, dbeta, _, _ = tf.raw_ops.FusedBatchNormGradV3(
+        y_backprop=dz, x=x, scale=gamma, reserve_space_1=mean,
+        reserve_space_2=variance, reserve_space_3=reserve, epsilon=epsilon,
+        data_format='NHWC', is_training=False)
+    global_dbeta, global_dgamma = tf.split(replica_context.all_reduce(
+        tf.distribute.ReduceOp.SUM, tf.concat([dbeta, dgamma], 0)), 2)
+    inv_std = tf.math.rsqrt(variance + epsilon)
+    scale = gamma * inv_std / count
+    k = scale * global_dgamma * inv_std
+    c = scale * global_dbeta - k * mean
+    dx = tf.cast(dx, tf.float32) - (tf.cast(x, tf.float32) * k + c)
+    return tf.cast(dx, x.dtype), dgamma, dbeta
+
+
+@tf_keras.saving.register_keras_serializable(package='paws_tf')
+class GlobalBatchNormalization(tf_keras.layers.BatchNormalization):
+    """Batch norm on the statistics of the global batch across replicas,
+    with one all-reduce each way.
+
+    tf_keras' `BatchNormalization(synchronized=True)` makes three
+    all-reduces in the forward pass (sum, sum of squares, count) and two in
+    the backward pass, and runs unfused ops. Training in a replica context,
+    this layer all-reduces [sum, sum of squares, count] per channel as one
+    vector, normalises with TensorFlow's fused kernel, and in the backward
+    pass all-reduces [sum of dz, sum of dz * x_hat] once (z the output,
+    x_hat the normalised input) and takes the rest from the fused gradient
+    kernel. Values, gradients and moving statistics are tf_keras': the
+    moving variance takes the global batch's variance without Bessel's
+    correction. Inference, a frozen layer, a cross-replica context, a mask
+    and the options it does not implement (no center or scale, renorm,
+    virtual batches, adjustment) run tf_keras' layer. Channels-last only;
+    inputs of rank 2 or 4.
+
+    Takes `BatchNormalization`'s arguments; `synchronized` is always True.
+    """
+
+    def __init__(self, **kwargs):
+        kwargs.pop('synchronized', None)  # From `layer_config`.
+        super().__init__(synchronized=True, **kwargs)
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        if self.axis != [len(input_shape) - 1] or len(input_shape) not in (
+                2, 4):
+            raise ValueError(
+                f'{self.name}: GlobalBatchNormalization needs [B, C] or '
+                f'[B, H, W, C] inputs normalised over C, got shape '
+                f'{tuple(input_shape)} and axis {self.axis}.')
+
+    def call(self, inputs, training=None, mask=None):
+        replica_context = tf.distribute.get_replica_context()
+        if (training is not True or not self.trainable
+                or replica_context is None or mask is not None
+                or not (self.center and self.scale) or self.renorm
+                or self.virtual_batch_size or self.adjustment):
+            return super().call(inputs, training=training, mask=mask)
+        shape = tf.shape(inputs)
+        x = tf.reshape(inputs, [-1, 1, 1, inputs.shape[-1]]) if (
+            inputs.shape.rank == 2) else inputs
+        epsilon = self.epsilon
+
+        @tf.custom_gradient
+        def op(x, gamma, beta):
+            mean, variance, count = _global_moments(x, replica_context)
+            z, reserve = _normalise(x, gamma, beta, mean, variance, epsilon)
+
+            def grad(dz, *unused):
+                del unused  # The statistics take no gradient.
+                return _global_norm_grads(dz, x, gamma, mean, variance,
+                                          reserve, count, epsilon,
+                                          replica_context)
+
+            return (z, mean, variance), grad
+
+        z, mean, variance = op(x, self.gamma, self.beta)
+        self.update_moving_statistics(mean, variance)
+        return tf.reshape(z, shape)
+
+    def update_moving_statistics(self, mean, variance):
+        """Moves the moving statistics towards the global batch's `mean`
+        and `variance` (without Bessel's correction), as tf_keras'
+        synchronised layer does."""
+        for moving, value in ((self.moving_mean, mean),
+                              (self.moving_variance, variance)):
+            moving.assign_sub((moving - value) * (1.0 - self.momentum))
 
 
 def layer_config(layer):
@@ -224,10 +365,15 @@ class NormReLUThen(tf_keras.layers.Layer):
     local batch, the three run inside one custom gradient that recomputes
     `a` from `x` in the backward pass, at the cost of one more batch-norm
     pass over `x`: ResNet-50's bottleneck blocks hold 10 activations of P
-    channels instead of 12, the WideResNet blocks 2 of 4. Values, gradients
-    and moving statistics are those of the composition, which runs instead
-    when `recompute` is False, or the batch norm is synchronised across
-    replicas, frozen or in inference mode.
+    channels instead of 12, the WideResNet blocks 2 of 4.
+
+    A `GlobalBatchNormalization` (synchronised across replicas) is
+    recomputed too, with its one all-reduce each way.
+
+    Values, gradients and moving statistics are those of the composition,
+    which runs instead when `recompute` is False, or the batch norm is
+    frozen or in inference mode, or synchronised outside a replica context
+    or as tf_keras' `synchronized=True` layer.
 
     Args:
         norm: a `tf_keras.layers.BatchNormalization` over the last axis,
@@ -293,9 +439,14 @@ class NormReLUThen(tf_keras.layers.Layer):
 
     def call(self, inputs, training=None):
         norm = self.norm
-        if (not self.recompute or training is not True or norm.synchronized
-                or not norm.trainable):
+        replica_context = tf.distribute.get_replica_context()
+        global_norm = (isinstance(norm, GlobalBatchNormalization)
+                       and replica_context is not None)
+        if (not self.recompute or training is not True or not norm.trainable
+                or (norm.synchronized and not global_norm)):
             return self.layer(tf.nn.relu(norm(inputs, training=training)))
+        if global_norm:
+            return self._global_call(inputs, replica_context)
 
         def norm_relu(x, gamma, beta, moving_mean, moving_variance):
             # As tf_keras' fused batch norm: the moving statistics come back
@@ -336,6 +487,41 @@ class NormReLUThen(tf_keras.layers.Layer):
                                *map(tf.convert_to_tensor, self.layer.weights))
         norm.moving_mean.assign(mean)
         norm.moving_variance.assign(variance)
+        return y
+
+    def _global_call(self, inputs, replica_context):
+        """The training call with a `GlobalBatchNormalization`: its one
+        all-reduce each way, and `a` recomputed as in `call`."""
+        norm = self.norm
+        epsilon = norm.epsilon
+
+        @tf.custom_gradient
+        def op(x, gamma, beta, *weights):
+            mean, variance, count = _global_moments(x, replica_context)
+            z, _ = _normalise(x, gamma, beta, mean, variance, epsilon)
+
+            def grad(dy, *unused):
+                del unused  # The statistics take no gradient.
+                # Made after dy exists, so that graph optimisation cannot
+                # merge it with the forward pass's (see `op` in `call`).
+                with tf.control_dependencies([dy]):
+                    z, reserve = _normalise(x, gamma, beta, mean, variance,
+                                            epsilon)
+                with tf.GradientTape() as tape:
+                    tape.watch([z, *weights])
+                    y_again = self._apply_layer(tf.nn.relu(z), *weights)
+                dz, *dweights = tape.gradient(y_again, [z, *weights],
+                                              output_gradients=dy)
+                return (*_global_norm_grads(dz, x, gamma, mean, variance,
+                                            reserve, count, epsilon,
+                                            replica_context), *dweights)
+
+            return (self._apply_layer(tf.nn.relu(z), *weights), mean,
+                    variance), grad
+
+        y, mean, variance = op(inputs, norm.gamma, norm.beta,
+                               *map(tf.convert_to_tensor, self.layer.weights))
+        norm.update_moving_statistics(mean, variance)
         return y
 
 

@@ -524,12 +524,29 @@ def _numpy_training_norm_grads(x, gamma, d_z, epsilon):
     return d_x, (d_z * x_hat).sum((0, 1, 2)), d_z.sum((0, 1, 2))
 
 
-def _norm_relu_then(layer, epsilon=1e-3, recompute=True):
+def _numpy_norm_relu_conv(x, gamma, beta, conv, stride, pad, upstream,
+                          epsilon):
+    """Batch norm on x's own statistics -> ReLU -> `conv`, by hand: the
+    output y, and the gradients of sum(y * upstream) w.r.t. x, gamma, beta,
+    the kernel (and the bias)."""
+    z, a = _numpy_norm_relu(x, gamma, beta, x.mean((0, 1, 2)),
+                            x.var((0, 1, 2)), epsilon)
+    y, d_a, d_kernel = _numpy_conv_and_grads(
+        a, conv.kernel.numpy().astype(np.float64), stride, pad, upstream)
+    grads = [*_numpy_training_norm_grads(x, gamma, d_a * (z > 0), epsilon),
+             d_kernel]
+    if conv.use_bias:
+        return y + conv.bias.numpy(), grads + [upstream.sum((0, 1, 2))]
+    return y, grads
+
+
+def _norm_relu_then(layer, epsilon=1e-3, recompute=True, strategy=None):
     rng = np.random.default_rng(3)
-    norm = backbones.batch_norm('bn', sync_bn=False, momentum=0.9,
-                                epsilon=epsilon)
-    unit = backbones.NormReLUThen(norm, layer, recompute=recompute)
-    unit.build((None, None, None, 6))
+    with (strategy or tf.distribute.get_strategy()).scope():
+        norm = backbones.batch_norm('bn', sync_bn=strategy is not None,
+                                    momentum=0.9, epsilon=epsilon)
+        unit = backbones.NormReLUThen(norm, layer, recompute=recompute)
+        unit.build((None, None, None, 6))
     for variable in unit.weights:
         value = rng.normal(size=variable.shape)
         if 'moving_variance' in variable.name:
@@ -560,10 +577,9 @@ def test_norm_relu_then_conv_trains_like_numpy(kernel_size, stride,
     x = (2.0 * rng.normal(size=(3, 7, 7, 6)) + 1.0).astype(np.float32)
     out = (7 + 2 * pad - kernel_size) // stride + 1
     upstream = rng.normal(size=(3, out, out, 5))
-    gamma, beta, moving_mean, moving_variance, kernel = [
+    gamma, beta, moving_mean, moving_variance = [
         v.numpy().astype(np.float64) for v in (
-            norm.gamma, norm.beta, norm.moving_mean, norm.moving_variance,
-            conv.kernel)]
+            norm.gamma, norm.beta, norm.moving_mean, norm.moving_variance)]
 
     xt = tf.constant(x)
     with tf.GradientTape() as tape:
@@ -574,15 +590,9 @@ def test_norm_relu_then_conv_trains_like_numpy(kernel_size, stride,
     got = tape.gradient(loss, sources)
 
     x64 = x.astype(np.float64)
-    mean, variance = x64.mean((0, 1, 2)), x64.var((0, 1, 2))
-    z, a = _numpy_norm_relu(x64, gamma, beta, mean, variance, norm.epsilon)
-    want_y, d_a, d_kernel = _numpy_conv_and_grads(a, kernel, stride, pad,
-                                                  upstream)
-    if use_bias:
-        want_y = want_y + conv.bias.numpy()
-    want = [*_numpy_training_norm_grads(x64, gamma, d_a * (z > 0),
-                                        norm.epsilon), d_kernel] + (
-        [upstream.sum((0, 1, 2))] if use_bias else [])
+    mean = x64.mean((0, 1, 2))
+    want_y, want = _numpy_norm_relu_conv(x64, gamma, beta, conv, stride, pad,
+                                         upstream, norm.epsilon)
     np.testing.assert_allclose(y, want_y, rtol=1e-4, atol=1e-4)
     assert len(got) == len(want)
     for g, w in zip(got, want):
@@ -626,6 +636,191 @@ def test_norm_relu_then_max_pool_trains_like_numpy():
     np.testing.assert_allclose(dx, want_dx, rtol=1e-4, atol=1e-4)
 
 
+def _train_on_two_replicas(strategy, layer, x, upstream, weights):
+    """Trains `layer` on two replicas, each on its half of `x`: the
+    replicas' outputs y, and the gradients of sum(y * upstream) w.r.t. their
+    inputs and `weights`, each as the tuple of the replicas' values."""
+    half = len(x) // 2
+
+    def halves(array):
+        return strategy.experimental_distribute_values_from_function(
+            lambda ctx: array[half * ctx.replica_id_in_sync_group:][:half])
+
+    @tf.function
+    def step(x, upstream):
+        def replica_step(x, upstream):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = layer(x, training=True)
+                loss = tf.reduce_sum(y * upstream)
+            return y, *tape.gradient(loss, [x, *weights])
+
+        return strategy.run(replica_step, args=(x, upstream))
+
+    return [strategy.experimental_local_results(t)
+            for t in step(halves(x), halves(upstream))]
+
+
+@pytest.mark.parametrize('kernel_size, stride, use_bias, recompute', [
+    (3, 2, False, True), (1, 1, True, True), (3, 2, False, False)])
+def test_synchronized_norm_relu_then_trains_like_numpy(
+        kernel_size, stride, use_bias, recompute, two_replicas):
+    """With a synchronised batch norm on two replicas, each replica's output
+    and input gradient, the replicas' summed weight gradients and the moving
+    statistics are those of batch norm -> ReLU -> conv over the two
+    replicas' batches concatenated, by hand: recomputed with one all-reduce
+    each way, and (recompute=False) as tf_keras' synchronised layer."""
+    strategy = two_replicas
+    pad = kernel_size // 2
+    with strategy.scope():
+        conv = (backbones.PaddedConv2D(5, kernel_size, strides=stride,
+                                       pad=pad, use_bias=use_bias)
+                if stride > 1 else tf_keras.layers.Conv2D(
+                    5, kernel_size, use_bias=use_bias))
+    unit = _norm_relu_then(conv, recompute=recompute, strategy=strategy)
+    norm = unit.norm
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(4, 7, 7, 6)).astype(np.float32)
+    x[2:] = 3.0 * x[2:] - 2.0  # The replicas' statistics differ.
+    out = (7 + 2 * pad - kernel_size) // stride + 1
+    upstream = rng.normal(size=(4, out, out, 5)).astype(np.float32)
+    gamma, beta, moving_mean, moving_variance = [
+        v.numpy().astype(np.float64) for v in (
+            norm.gamma, norm.beta, norm.moving_mean, norm.moving_variance)]
+
+    y, dx, *d_weights = _train_on_two_replicas(
+        strategy, unit, x, upstream,
+        [norm.gamma, norm.beta, *conv.trainable_weights])
+
+    x64 = x.astype(np.float64)
+    mean, variance = x64.mean((0, 1, 2)), x64.var((0, 1, 2))
+    want_y, (want_dx, *want) = _numpy_norm_relu_conv(
+        x64, gamma, beta, conv, stride, pad, upstream, norm.epsilon)
+    np.testing.assert_allclose(np.concatenate(y), want_y, rtol=1e-4,
+                               atol=1e-4)
+    np.testing.assert_allclose(np.concatenate(dx), want_dx, rtol=1e-4,
+                               atol=1e-4)
+    assert len(d_weights) == len(want)
+    for per_replica, w in zip(d_weights, want):
+        np.testing.assert_allclose(sum(per_replica), w, rtol=1e-4, atol=1e-4)
+    # As tf_keras' synchronised layer keeps them: the variance without
+    # Bessel's correction.
+    for replica_mean, replica_variance in zip(
+            strategy.experimental_local_results(norm.moving_mean),
+            strategy.experimental_local_results(norm.moving_variance)):
+        np.testing.assert_allclose(replica_mean,
+                                   0.9 * moving_mean + 0.1 * mean, rtol=1e-5)
+        np.testing.assert_allclose(
+            replica_variance, 0.9 * moving_variance + 0.1 * variance,
+            rtol=1e-5)
+
+
+def _numpy_training_norm(x, gamma, beta, epsilon):
+    """Batch norm of x [N, H, W, C] on its own statistics."""
+    return gamma * (x - x.mean((0, 1, 2))) / np.sqrt(
+        x.var((0, 1, 2)) + epsilon) + beta
+
+
+@pytest.mark.parametrize('shape', [(4, 5, 5, 6), (6, 6)])
+def test_global_batch_norm_trains_like_numpy(shape, two_replicas):
+    """GlobalBatchNormalization on two replicas: each replica's output and
+    input gradient, the summed gamma and beta gradients and the moving
+    statistics are those of batch norm over the replicas' batches
+    concatenated, by hand (images, and the heads' [B, C] features)."""
+    strategy = two_replicas
+    with strategy.scope():
+        norm = backbones.batch_norm('bn', sync_bn=True, momentum=0.9,
+                                    epsilon=1e-3)
+        norm.build((None, *shape[1:]))
+    assert isinstance(norm, backbones.GlobalBatchNormalization)
+    rng = np.random.default_rng(8)
+    for variable in norm.weights:
+        variable.assign(rng.uniform(0.5, 1.5, size=variable.shape))
+    x = rng.normal(size=shape).astype(np.float32)
+    x[shape[0] // 2:] = 3.0 * x[shape[0] // 2:] - 2.0
+    upstream = rng.normal(size=shape).astype(np.float32)
+    moving_mean, moving_variance = (norm.moving_mean.numpy(),
+                                    norm.moving_variance.numpy())
+
+    y, dx, d_gamma, d_beta = _train_on_two_replicas(
+        strategy, norm, x, upstream, [norm.gamma, norm.beta])
+    image = (-1, 1, 1, shape[-1])  # [B, C] as [B, 1, 1, C].
+    x64 = x.astype(np.float64).reshape(image)
+    gamma = norm.gamma.numpy().astype(np.float64)
+    want_y = _numpy_training_norm(x64, gamma, norm.beta.numpy(), 1e-3)
+    want = _numpy_training_norm_grads(x64, gamma, upstream.reshape(image),
+                                      1e-3)
+    np.testing.assert_allclose(np.concatenate(y).reshape(image), want_y,
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.concatenate(dx).reshape(image), want[0],
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(sum(d_gamma), want[1], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(sum(d_beta), want[2], rtol=1e-4, atol=1e-4)
+    for variable, before, batch in (
+            (norm.moving_mean, moving_mean, x64.mean((0, 1, 2))),
+            (norm.moving_variance, moving_variance, x64.var((0, 1, 2)))):
+        for replica_value in strategy.experimental_local_results(variable):
+            np.testing.assert_allclose(replica_value,
+                                       0.9 * before + 0.1 * batch, rtol=1e-5)
+
+
+def test_global_batch_norm_all_reduces_once_each_way(two_replicas):
+    """One collective per replica forward and one backward, for the layer
+    and inside NormReLUThen; tf_keras' synchronised layer makes five."""
+    strategy = two_replicas
+
+    def collectives_per_replica(make_layer):
+        with strategy.scope():
+            layer = make_layer()
+
+        @tf.function
+        def step(x):
+            def replica_step(x):
+                with tf.GradientTape() as tape:
+                    tape.watch(x)
+                    loss = tf.reduce_sum(tf.square(layer(x, training=True)))
+                return tape.gradient(loss, x)
+
+            return strategy.run(replica_step, args=(x,))
+
+        graph = step.get_concrete_function(tf.zeros([2, 5, 5, 8])).graph
+        return sum(op.type == 'CollectiveReduceV2'
+                   for op in graph.get_operations()) / 2
+
+    def norm():
+        return backbones.batch_norm('bn', sync_bn=True, momentum=0.9,
+                                    epsilon=1e-3)
+
+    assert collectives_per_replica(norm) == 2
+    assert collectives_per_replica(lambda: backbones.NormReLUThen(
+        norm(), tf_keras.layers.Conv2D(4, 3))) == 2
+    assert collectives_per_replica(
+        lambda: tf_keras.layers.BatchNormalization(synchronized=True)) == 5
+
+
+def test_global_batch_norm_elsewhere_runs_tf_keras_layer(two_replicas):
+    """Inference uses the moving statistics; training outside a replica
+    context normalises the local batch, as tf_keras' synchronised layer
+    does; the config round-trips; other ranks are refused at build."""
+    x = np.random.default_rng(9).normal(size=(4, 3, 3, 2)).astype(np.float32)
+    with two_replicas.scope():
+        norm = backbones.batch_norm('bn', sync_bn=True, momentum=0.9,
+                                    epsilon=1e-3)
+        np.testing.assert_allclose(
+            norm(x, training=True),
+            _numpy_training_norm(x.astype(np.float64), 1.0, 0.0, 1e-3),
+            rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        norm(x, training=False),
+        (x - norm.moving_mean) / np.sqrt(norm.moving_variance + 1e-3),
+        rtol=1e-5, atol=1e-5)
+    clone = backbones.GlobalBatchNormalization.from_config(
+        backbones.layer_config(norm))
+    assert clone.get_config() == norm.get_config() and clone.synchronized
+    with pytest.raises(ValueError, match=r'needs \[B, C\] or \[B, H, W, C\]'):
+        backbones.GlobalBatchNormalization()(tf.zeros([2, 3, 4]))
+
+
 @pytest.mark.parametrize('frozen', [False, True])
 def test_norm_relu_then_inference_and_frozen_use_moving_statistics(frozen):
     """Inference, or training with the batch norm frozen (fine-tuning's
@@ -647,49 +842,56 @@ def test_norm_relu_then_inference_and_frozen_use_moving_statistics(frozen):
         np.testing.assert_array_equal(variable.numpy(), value)
 
 
-def test_norm_relu_then_does_not_hold_the_relu_output():
+@pytest.mark.parametrize('synchronized', [False, True])
+def test_norm_relu_then_does_not_hold_the_relu_output(synchronized, request):
     """A chain of four units reaches a lower tensor peak than the same
     tf_keras layers composed, by about the ReLU outputs they do not hold
     (graph optimisation could otherwise merge the recomputed ReLU output
-    with the forward one and keep it)."""
+    with the forward one and keep it), on one replica and with the batch
+    norm synchronised across two (where the executor could also compute
+    the backward pass's normalised input in the forward pass)."""
     try:
         tf.config.experimental.reset_memory_stats('CPU:0')
     except ValueError:
         pytest.skip('the CPU allocator keeps no statistics (oneDNN off)')
-    x = tf.random.normal([32, 32, 32, 64])  # 8 MiB
+    strategy = (request.getfixturevalue('two_replicas') if synchronized
+                else tf.distribute.get_strategy())
+    x = tf.random.normal([32, 32, 32, 64])  # 8 MiB per replica
 
     def conv():
         return tf_keras.layers.Conv2D(64, 3, padding='same', use_bias=False)
 
     def norm():
-        return backbones.batch_norm('bn', sync_bn=False, momentum=0.9,
+        return backbones.batch_norm('bn', sync_bn=synchronized, momentum=0.9,
                                     epsilon=1e-5)
 
     def composed(y, bn, conv):
         return conv(tf.nn.relu(bn(y, training=True)))
 
     def peak_mib(layers):
-        @tf.function
-        def step(t):
+        def replica_step():
             with tf.GradientTape() as tape:
-                tape.watch(t)
-                y = t
+                tape.watch(x)
+                y = x
                 for layer in layers:
                     y = layer(y)
                 loss = tf.reduce_sum(tf.square(y))
-            return tape.gradient(loss, t)
+            return tape.gradient(loss, x)
 
-        step(x)  # Traces and builds the layers.
+        step = tf.function(lambda: strategy.run(replica_step))
+        step()  # Traces and builds the layers.
         tf.config.experimental.reset_memory_stats('CPU:0')
-        step(x)
+        step()
         return tf.config.experimental.get_memory_info('CPU:0')['peak'] / 2**20
 
-    recomputed = peak_mib([functools.partial(
-        backbones.NormReLUThen(norm(), conv()), training=True)
-        for _ in range(4)])
-    held = peak_mib([functools.partial(composed, bn=norm(), conv=conv())
-                     for _ in range(4)])
-    assert recomputed <= held - 2 * 8, (recomputed, held)
+    with strategy.scope():
+        recomputed = peak_mib([functools.partial(
+            backbones.NormReLUThen(norm(), conv()), training=True)
+            for _ in range(4)])
+        held = peak_mib([functools.partial(composed, bn=norm(), conv=conv())
+                         for _ in range(4)])
+    replicas = strategy.num_replicas_in_sync
+    assert recomputed <= held - 2 * 8 * replicas, (recomputed, held)
 
 
 def test_norm_relu_then_round_trips_its_config():
