@@ -67,9 +67,10 @@ def _global_moments(x, replica_context):
         tf.reduce_sum(tf.square(x), _CHANNEL_SUM_AXES), count[None]], 0))
     total, squares, count = tf.split(sums, [x.shape[-1], x.shape[-1], 1])
     count = count[0]
-    mean = total / count
+    mean = tf.math.divide_no_nan(total, count)
     # E[x^2] - E[x]^2 can round below zero.
-    variance = tf.maximum(squares / count - tf.square(mean), 0.0)
+    variance = tf.maximum(
+        tf.math.divide_no_nan(squares, count) - tf.square(mean), 0.0)
     return mean, variance, count
 
 
@@ -127,12 +128,11 @@ class GlobalBatchNormalization(tf_keras.layers.BatchNormalization):
     x_hat the normalised input) and takes the rest from the fused gradient
     kernel. Values, gradients and moving statistics are tf_keras': the
     moving variance takes the global batch's variance without Bessel's
-    correction. Inference, a frozen layer, a cross-replica context, a mask
-    and the options it does not implement (no center or scale, renorm,
-    virtual batches, adjustment) run tf_keras' layer. Channels-last only;
-    inputs of rank 2 or 4.
+    correction. Where `global_replica_context` says so, tf_keras' layer
+    runs instead. Channels-last only; inputs of rank 2 or 4.
 
-    Takes `BatchNormalization`'s arguments; `synchronized` is always True.
+    Takes `BatchNormalization`'s keyword arguments; `synchronized` is
+    always True.
     """
 
     def __init__(self, **kwargs):
@@ -148,12 +148,26 @@ class GlobalBatchNormalization(tf_keras.layers.BatchNormalization):
                 f'[B, H, W, C] inputs normalised over C, got shape '
                 f'{tuple(input_shape)} and axis {self.axis}.')
 
-    def call(self, inputs, training=None, mask=None):
+    def global_replica_context(self, training, mask=None):
+        """The replica context whose replicas this layer's own path (one
+        all-reduce each way) synchronises, or None where tf_keras' layer
+        runs: not training, frozen, a cross-replica context, a mask, a
+        compute dtype the fused kernels lack (float64), and the options the
+        path does not implement (no center or scale, renorm, virtual
+        batches, adjustment)."""
         replica_context = tf.distribute.get_replica_context()
         if (training is not True or not self.trainable
                 or replica_context is None or mask is not None
+                or self.compute_dtype not in ('float16', 'bfloat16',
+                                              'float32')
                 or not (self.center and self.scale) or self.renorm
                 or self.virtual_batch_size or self.adjustment):
+            return None
+        return replica_context
+
+    def call(self, inputs, training=None, mask=None):
+        replica_context = self.global_replica_context(training, mask)
+        if replica_context is None:
             return super().call(inputs, training=training, mask=mask)
         shape = tf.shape(inputs)
         x = tf.reshape(inputs, [-1, 1, 1, inputs.shape[-1]]) if (
@@ -171,19 +185,21 @@ class GlobalBatchNormalization(tf_keras.layers.BatchNormalization):
                                           reserve, count, epsilon,
                                           replica_context)
 
-            return (z, mean, variance), grad
+            return (z, mean, variance, count), grad
 
-        z, mean, variance = op(x, self.gamma, self.beta)
-        self.update_moving_statistics(mean, variance)
+        z, mean, variance, count = op(x, self.gamma, self.beta)
+        self.update_moving_statistics(mean, variance, count)
         return tf.reshape(z, shape)
 
-    def update_moving_statistics(self, mean, variance):
+    def update_moving_statistics(self, mean, variance, count):
         """Moves the moving statistics towards the global batch's `mean`
         and `variance` (without Bessel's correction), as tf_keras'
-        synchronised layer does."""
+        synchronised layer does; not when the global batch is empty
+        (`count` 0)."""
+        decay = (1.0 - self.momentum) * tf.cast(count > 0, tf.float32)
         for moving, value in ((self.moving_mean, mean),
                               (self.moving_variance, variance)):
-            moving.assign_sub((moving - value) * (1.0 - self.momentum))
+            moving.assign_sub((moving - value) * decay)
 
 
 def layer_config(layer):
@@ -372,8 +388,9 @@ class NormReLUThen(tf_keras.layers.Layer):
 
     Values, gradients and moving statistics are those of the composition,
     which runs instead when `recompute` is False, or the batch norm is
-    frozen or in inference mode, or synchronised outside a replica context
-    or as tf_keras' `synchronized=True` layer.
+    frozen or in inference mode, or synchronised where
+    `GlobalBatchNormalization.global_replica_context` refuses, or is
+    tf_keras' `synchronized=True` layer.
 
     Args:
         norm: a `tf_keras.layers.BatchNormalization` over the last axis,
@@ -439,13 +456,13 @@ class NormReLUThen(tf_keras.layers.Layer):
 
     def call(self, inputs, training=None):
         norm = self.norm
-        replica_context = tf.distribute.get_replica_context()
-        global_norm = (isinstance(norm, GlobalBatchNormalization)
-                       and replica_context is not None)
+        replica_context = (norm.global_replica_context(training)
+                           if isinstance(norm, GlobalBatchNormalization)
+                           else None)
         if (not self.recompute or training is not True or not norm.trainable
-                or (norm.synchronized and not global_norm)):
+                or (norm.synchronized and replica_context is None)):
             return self.layer(tf.nn.relu(norm(inputs, training=training)))
-        if global_norm:
+        if replica_context is not None:
             return self._global_call(inputs, replica_context)
 
         def norm_relu(x, gamma, beta, moving_mean, moving_variance):
@@ -517,11 +534,12 @@ class NormReLUThen(tf_keras.layers.Layer):
                                             replica_context), *dweights)
 
             return (self._apply_layer(tf.nn.relu(z), *weights), mean,
-                    variance), grad
+                    variance, count), grad
 
-        y, mean, variance = op(inputs, norm.gamma, norm.beta,
-                               *map(tf.convert_to_tensor, self.layer.weights))
-        norm.update_moving_statistics(mean, variance)
+        y, mean, variance, count = op(
+            inputs, norm.gamma, norm.beta,
+            *map(tf.convert_to_tensor, self.layer.weights))
+        norm.update_moving_statistics(mean, variance, count)
         return y
 
 

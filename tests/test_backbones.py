@@ -652,7 +652,7 @@ def _train_on_two_replicas(strategy, layer, x, upstream, weights):
             with tf.GradientTape() as tape:
                 tape.watch(x)
                 y = layer(x, training=True)
-                loss = tf.reduce_sum(y * upstream)
+                loss = tf.reduce_sum(tf.cast(y, tf.float32) * upstream)
             return y, *tape.gradient(loss, [x, *weights])
 
         return strategy.run(replica_step, args=(x, upstream))
@@ -669,7 +669,8 @@ def test_synchronized_norm_relu_then_trains_like_numpy(
     and input gradient, the replicas' summed weight gradients and the moving
     statistics are those of batch norm -> ReLU -> conv over the two
     replicas' batches concatenated, by hand: recomputed with one all-reduce
-    each way, and (recompute=False) as tf_keras' synchronised layer."""
+    each way, and (recompute=False) through GlobalBatchNormalization's
+    own call."""
     strategy = two_replicas
     pad = kernel_size // 2
     with strategy.scope():
@@ -721,18 +722,21 @@ def _numpy_training_norm(x, gamma, beta, epsilon):
         x.var((0, 1, 2)) + epsilon) + beta
 
 
+@pytest.mark.parametrize('policy, tolerance', [
+    ('float32', 1e-4), ('mixed_float16', 1e-2), ('mixed_bfloat16', 5e-2)])
 @pytest.mark.parametrize('shape', [(4, 5, 5, 6), (6, 6)])
-def test_global_batch_norm_trains_like_numpy(shape, two_replicas):
+def test_global_batch_norm_trains_like_numpy(shape, policy, tolerance,
+                                             two_replicas):
     """GlobalBatchNormalization on two replicas: each replica's output and
     input gradient, the summed gamma and beta gradients and the moving
     statistics are those of batch norm over the replicas' batches
-    concatenated, by hand (images, and the heads' [B, C] features)."""
+    concatenated, by hand (images, and the heads' [B, C] features), in
+    float32 and within the precision of mixed float16 and bfloat16."""
     strategy = two_replicas
     with strategy.scope():
-        norm = backbones.batch_norm('bn', sync_bn=True, momentum=0.9,
-                                    epsilon=1e-3)
+        norm = backbones.GlobalBatchNormalization(momentum=0.9, epsilon=1e-3,
+                                                  dtype=policy)
         norm.build((None, *shape[1:]))
-    assert isinstance(norm, backbones.GlobalBatchNormalization)
     rng = np.random.default_rng(8)
     for variable in norm.weights:
         variable.assign(rng.uniform(0.5, 1.5, size=variable.shape))
@@ -750,18 +754,18 @@ def test_global_batch_norm_trains_like_numpy(shape, two_replicas):
     want_y = _numpy_training_norm(x64, gamma, norm.beta.numpy(), 1e-3)
     want = _numpy_training_norm_grads(x64, gamma, upstream.reshape(image),
                                       1e-3)
-    np.testing.assert_allclose(np.concatenate(y).reshape(image), want_y,
-                               rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(np.concatenate(dx).reshape(image), want[0],
-                               rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(sum(d_gamma), want[1], rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(sum(d_beta), want[2], rtol=1e-4, atol=1e-4)
+    assert y[0].dtype == norm.compute_dtype
+    close = functools.partial(np.testing.assert_allclose, rtol=tolerance,
+                              atol=tolerance)
+    close(np.concatenate(y).astype(np.float64).reshape(image), want_y)
+    close(np.concatenate(dx).reshape(image), want[0])
+    close(sum(d_gamma), want[1])
+    close(sum(d_beta), want[2])
     for variable, before, batch in (
             (norm.moving_mean, moving_mean, x64.mean((0, 1, 2))),
             (norm.moving_variance, moving_variance, x64.var((0, 1, 2)))):
         for replica_value in strategy.experimental_local_results(variable):
-            np.testing.assert_allclose(replica_value,
-                                       0.9 * before + 0.1 * batch, rtol=1e-5)
+            close(replica_value, 0.9 * before + 0.1 * batch)
 
 
 def test_global_batch_norm_all_reduces_once_each_way(two_replicas):
@@ -800,12 +804,15 @@ def test_global_batch_norm_all_reduces_once_each_way(two_replicas):
 
 def test_global_batch_norm_elsewhere_runs_tf_keras_layer(two_replicas):
     """Inference uses the moving statistics; training outside a replica
-    context normalises the local batch, as tf_keras' synchronised layer
-    does; the config round-trips; other ranks are refused at build."""
+    context normalises the local batch, and a float64 layer the global
+    batch, as tf_keras' synchronised layer does; the config round-trips;
+    an empty batch leaves the moving statistics; other ranks are refused
+    at build."""
     x = np.random.default_rng(9).normal(size=(4, 3, 3, 2)).astype(np.float32)
     with two_replicas.scope():
         norm = backbones.batch_norm('bn', sync_bn=True, momentum=0.9,
                                     epsilon=1e-3)
+        assert isinstance(norm, backbones.GlobalBatchNormalization)
         np.testing.assert_allclose(
             norm(x, training=True),
             _numpy_training_norm(x.astype(np.float64), 1.0, 0.0, 1e-3),
@@ -817,6 +824,28 @@ def test_global_batch_norm_elsewhere_runs_tf_keras_layer(two_replicas):
     clone = backbones.GlobalBatchNormalization.from_config(
         backbones.layer_config(norm))
     assert clone.get_config() == norm.get_config() and clone.synchronized
+    # A float64 layer (no fused kernels) trains as tf_keras' layer, on the
+    # global batch; an empty global batch leaves the moving statistics be.
+    halves = [x[:2] * 3.0, x[2:]]
+    with two_replicas.scope():
+        wide = backbones.GlobalBatchNormalization(epsilon=1e-3,
+                                                  dtype='float64')
+        wide.build((None, 3, 3, 2))
+    for layer, images, want in (
+            (wide, halves, _numpy_training_norm(
+                np.concatenate(halves).astype(np.float64), 1.0, 0.0, 1e-3)),
+            (norm, [x[:0], x[:0]], np.zeros((0, 3, 3, 2)))):
+        before = layer.moving_mean.numpy()
+        step = tf.function(lambda v, layer=layer: two_replicas.run(
+            functools.partial(layer, training=True), args=(v,)))
+        got = step(two_replicas.experimental_distribute_values_from_function(
+            lambda ctx, images=images: images[ctx.replica_id_in_sync_group]))
+        np.testing.assert_allclose(
+            np.concatenate(two_replicas.experimental_local_results(got)),
+            want, rtol=1e-6, atol=1e-6)
+        assert np.all(np.isfinite(layer.moving_mean.numpy()))
+        if not len(want):
+            np.testing.assert_array_equal(layer.moving_mean.numpy(), before)
     with pytest.raises(ValueError, match=r'needs \[B, C\] or \[B, H, W, C\]'):
         backbones.GlobalBatchNormalization()(tf.zeros([2, 3, 4]))
 
