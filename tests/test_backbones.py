@@ -718,8 +718,9 @@ def test_synchronized_norm_relu_then_trains_like_numpy(
 
 def _numpy_training_norm(x, gamma, beta, epsilon):
     """Batch norm of x [N, H, W, C] on its own statistics."""
-    return gamma * (x - x.mean((0, 1, 2))) / np.sqrt(
-        x.var((0, 1, 2)) + epsilon) + beta
+    z, _ = _numpy_norm_relu(x, gamma, beta, x.mean((0, 1, 2)),
+                            x.var((0, 1, 2)), epsilon)
+    return z
 
 
 @pytest.mark.parametrize('policy, tolerance', [
@@ -826,23 +827,20 @@ def test_global_batch_norm_elsewhere_runs_tf_keras_layer(two_replicas):
     assert clone.get_config() == norm.get_config() and clone.synchronized
     # A float64 layer (no fused kernels) trains as tf_keras' layer, on the
     # global batch; an empty global batch leaves the moving statistics be.
-    halves = [x[:2] * 3.0, x[2:]]
+    skewed = np.concatenate([x[:2] * 3.0, x[2:]])
     with two_replicas.scope():
         wide = backbones.GlobalBatchNormalization(epsilon=1e-3,
                                                   dtype='float64')
         wide.build((None, 3, 3, 2))
     for layer, images, want in (
-            (wide, halves, _numpy_training_norm(
-                np.concatenate(halves).astype(np.float64), 1.0, 0.0, 1e-3)),
-            (norm, [x[:0], x[:0]], np.zeros((0, 3, 3, 2)))):
+            (wide, skewed, _numpy_training_norm(
+                skewed.astype(np.float64), 1.0, 0.0, 1e-3)),
+            (norm, x[:0], np.zeros((0, 3, 3, 2)))):
         before = layer.moving_mean.numpy()
-        step = tf.function(lambda v, layer=layer: two_replicas.run(
-            functools.partial(layer, training=True), args=(v,)))
-        got = step(two_replicas.experimental_distribute_values_from_function(
-            lambda ctx, images=images: images[ctx.replica_id_in_sync_group]))
-        np.testing.assert_allclose(
-            np.concatenate(two_replicas.experimental_local_results(got)),
-            want, rtol=1e-6, atol=1e-6)
+        got, *_ = _train_on_two_replicas(two_replicas, layer, images,
+                                         np.zeros_like(images), [])
+        np.testing.assert_allclose(np.concatenate(got), want, rtol=1e-6,
+                                   atol=1e-6)
         assert np.all(np.isfinite(layer.moving_mean.numpy()))
         if not len(want):
             np.testing.assert_array_equal(layer.moving_mean.numpy(), before)
