@@ -12,8 +12,13 @@ Two parts, each printing one JSON object per measurement:
 2. `replicas`: the full train step (`bench_step.py` in a subprocess, so
    that each run configures its own devices) on 1 and 2 replicas with the
    same global batch, with several intra/inter-op thread settings
-   (`REPLICA_RUNS`); the summary gives the 2-replica/1-replica ratio of
-   the best settings (per core: both use all cores).
+   (`REPLICA_RUNS`); then two references with one thread per process:
+   two independent processes, each one replica on half the batch at the
+   same time (what the machine does for 2 replicas without their
+   communication), and two workers of MultiWorkerMirroredStrategy on
+   127.0.0.1 (gRPC collectives). The summary gives the 2-replica/1-replica
+   ratio of the best settings (per core: all use all cores) and of the two
+   references.
 
     python benchmarks/bench_scaling.py --part support
     python benchmarks/bench_scaling.py --part replicas --config cifar_small
@@ -125,13 +130,14 @@ def support_scaling(args, strategy):
 
 def replica_scaling(args):
     """Full train step on 1 and 2 replicas, via bench_step.py."""
+    steps = ['--config', args.config, '--steps', str(args.steps),
+             '--warmup', str(args.warmup)]
     results = []
     for replicas, sync_bn, intra, inter in REPLICA_RUNS:
-        result = bench_step.run_in_subprocess([
-            '--config', args.config, '--replicas', str(replicas),
-            '--sync_bn', sync_bn, '--steps', str(args.steps),
-            '--warmup', str(args.warmup), '--intra_op_threads', str(intra),
-            '--inter_op_threads', str(inter)])
+        [result] = bench_step.run_in_subprocesses([(steps + [
+            '--replicas', str(replicas), '--sync_bn', sync_bn,
+            '--intra_op_threads', str(intra),
+            '--inter_op_threads', str(inter)], {})])
         result['benchmark'] = 'replica_scaling'
         result['images_per_s_per_core'] = round(
             result['images_per_s'] / os.cpu_count(), 1)
@@ -141,6 +147,22 @@ def replica_scaling(args):
                     and not r['sync_bn']), key=lambda r: r['images_per_s'])
     best = max((r for r in results if r['replicas'] == 2),
                key=lambda r: r['images_per_s'])
+    one_thread = steps + ['--intra_op_threads', '1', '--inter_op_threads', '1']
+    halves = bench_step.run_in_subprocesses(
+        [(one_thread + ['--per_replica_of', '2'], {})] * 2)
+    workers = bench_step.run_in_subprocesses(
+        [(one_thread, {'TF_CONFIG': tf_config})
+         for tf_config in dist.loopback_tf_configs(2)])
+    references = {'independent_halves': {
+        'images_per_s': round(sum(r['images_per_s'] for r in halves), 1),
+        'processes_images_per_s': [r['images_per_s'] for r in halves]},
+        'two_workers': {  # Every worker reports the same global step.
+            'images_per_s': workers[0]['images_per_s'],
+            'step_s': workers[0]['step_s'],
+            'sync_bn': workers[0]['sync_bn']}}
+    print(json.dumps({'benchmark': 'replica_scaling_references',
+                      'config': args.config, **references, **_context()}),
+          flush=True)
     print(json.dumps({
         'benchmark': 'replica_scaling_summary', 'config': args.config,
         'best_1_replica_images_per_s': baseline['images_per_s'],
@@ -151,6 +173,9 @@ def replica_scaling(args):
                                     best['inter_op_threads']],
         'ratio_2_over_1': round(best['images_per_s'] /
                                 baseline['images_per_s'], 3),
+        **{f'ratio_{name}_over_1': round(
+            reference['images_per_s'] / baseline['images_per_s'], 3)
+           for name, reference in references.items()},
         **_context()}), flush=True)
 
 

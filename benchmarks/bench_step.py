@@ -10,11 +10,16 @@ logs. Prints one JSON object:
     python benchmarks/bench_step.py --config cifar_small
     python benchmarks/bench_step.py --config rn50_tiny --xla
     python benchmarks/bench_step.py --config cifar_small --replicas 2
+    # Several workers: run it in every worker's process with TF_CONFIG set
+    # (MultiWorkerMirroredStrategy over the workers' GPUs, or their CPUs).
     # GPU: python benchmarks/bench_step.py --config rn50_tiny --xla \
     #          --precision bf16   (or fp16: loss scaling is added)
 
 `images_per_s` counts every view forwarded: the support views plus 2 + m
-views per unlabeled image, over all replicas.
+views per unlabeled image, over all replicas. `--per_replica_of N` times one
+replica on what each of N replicas gets (1/N of the unlabeled images and
+of the images per class); N such processes at once give what the machine
+does for N replicas without their communication (`bench_scaling.py`).
 """
 
 import argparse
@@ -25,6 +30,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -36,6 +42,7 @@ import tf_keras  # noqa: E402
 
 from benchmarks import memory  # noqa: E402
 from paws_tf import backbones  # noqa: E402
+from paws_tf import dist  # noqa: E402
 from paws_tf import heads  # noqa: E402
 from paws_tf import lars  # noqa: E402
 from paws_tf import model as model_lib  # noqa: E402
@@ -78,7 +85,11 @@ def parse_args():
     parser.add_argument('--xla', action='store_true',
                         help='model.compile(jit_compile=True)')
     parser.add_argument('--precision', default='fp32', choices=POLICIES)
-    parser.add_argument('--replicas', type=int, default=1, choices=(1, 2))
+    parser.add_argument('--replicas', type=int, default=1, choices=(1, 2),
+                        help='replicas in this process, without TF_CONFIG')
+    parser.add_argument('--per_replica_of', type=int, default=1,
+                        help='time one replica on the batch each of N '
+                        'replicas gets')
     parser.add_argument('--sync_bn', choices=('auto', 'on', 'off'),
                         default='auto',
                         help='synchronised (unfused) BN; auto: on iff '
@@ -92,7 +103,26 @@ def parse_args():
     parser.add_argument('--inter_op_threads', type=int, default=0)
     parser.add_argument('--profile_dir', default='',
                         help='write a TF profiler trace of 2 timed steps')
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.replicas > 1 and os.environ.get('TF_CONFIG'):
+        parser.error('with TF_CONFIG the replicas are the cluster\'s (every '
+                     'GPU of every worker, or one per CPU worker): drop '
+                     '--replicas, or unset TF_CONFIG for one process')
+    if args.per_replica_of < 1:
+        parser.error(f'--per_replica_of must be 1 or more, got '
+                     f'{args.per_replica_of}')
+    if args.per_replica_of > 1:
+        config = CONFIGS[args.config]
+        if args.replicas > 1 or os.environ.get('TF_CONFIG'):
+            parser.error('--per_replica_of times one replica alone: drop '
+                         '--replicas and TF_CONFIG')
+        if (config['batch'] % args.per_replica_of
+                or config['images_per_class'] % args.per_replica_of):
+            parser.error(
+                f'--per_replica_of {args.per_replica_of} does not divide '
+                f'{args.config}\'s {config["batch"]} unlabeled images and '
+                f'{config["images_per_class"]} images per class')
+    return args
 
 
 def configure_devices(args):
@@ -100,7 +130,8 @@ def configure_devices(args):
 
     One replica runs under TF's default strategy, as `dist.make_strategy`
     gives the trainer; two run under MirroredStrategy on two GPUs, or on two
-    logical devices that split the CPU.
+    logical devices that split the CPU. With TF_CONFIG set, this process is
+    one worker of a MultiWorkerMirroredStrategy cluster, as in training.
     """
     if args.intra_op_threads:
         tf.config.threading.set_intra_op_parallelism_threads(
@@ -108,6 +139,8 @@ def configure_devices(args):
     if args.inter_op_threads:
         tf.config.threading.set_inter_op_parallelism_threads(
             args.inter_op_threads)
+    if os.environ.get('TF_CONFIG'):
+        return dist.make_strategy('multi_worker')
     if args.replicas == 1:
         return tf.distribute.get_strategy()
     if tf.config.list_physical_devices('GPU'):
@@ -152,12 +185,38 @@ def synthetic_batch(config, replicas, rng):
             'support_views': views(support, config['global_size'])}
 
 
-def run_in_subprocess(arguments):
-    """Runs this benchmark in a fresh process (its own device and thread
-    set-up) with command-line `arguments`; returns its JSON result."""
-    out = subprocess.run([sys.executable, __file__, *arguments], check=True,
-                         capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+def run_in_subprocesses(runs):
+    """Runs this benchmark in fresh processes at once (each its own device
+    and thread set-up), one per (command-line arguments, environment
+    variables to set) pair of `runs`; returns their JSON results."""
+    procs = []
+    for arguments, environment in runs:
+        # Files, not pipes: a process that fills a pipe nobody reads yet
+        # would stall, and its cluster peers with it.
+        out, err = tempfile.TemporaryFile('w+'), tempfile.TemporaryFile('w+')
+        procs.append((subprocess.Popen(
+            [sys.executable, __file__, *arguments], stdout=out, stderr=err,
+            env=dict(os.environ, **environment), text=True), out, err))
+    # One that fails would leave its cluster peers waiting in a collective.
+    failed = None
+    while failed is None and any(p.poll() is None for p, _, _ in procs):
+        failed = next((run for run in procs if run[0].poll()), None)
+        time.sleep(0.5)
+    for proc, _, _ in procs:
+        proc.kill()
+        proc.wait()
+    failed = failed or next((run for run in procs if run[0].returncode), None)
+    if failed:
+        proc, _, err = failed
+        err.seek(0)
+        raise RuntimeError(
+            f'bench_step.py {" ".join(proc.args[2:])} exited with '
+            f'{proc.returncode}:\n{err.read()[-3000:]}')
+    results = []
+    for _, out, _ in procs:
+        out.seek(0)
+        results.append(json.loads(out.read().strip().splitlines()[-1]))
+    return results
 
 
 def _status_mib(field):
@@ -186,16 +245,18 @@ def views_per_step(config):
 def main():
     args = parse_args()
     strategy = configure_devices(args)
-    config = CONFIGS[args.config]
-    sync_bn = {'auto': args.replicas > 1, 'on': True,
-               'off': False}[args.sync_bn]
+    replicas = strategy.num_replicas_in_sync
+    config = dict(CONFIGS[args.config])
+    for size in ('batch', 'images_per_class'):
+        config[size] //= args.per_replica_of
+    sync_bn = {'auto': replicas > 1, 'on': True, 'off': False}[args.sync_bn]
     recompute_bn_relu = args.recompute_bn_relu == 'on'
     tf_keras.mixed_precision.set_global_policy(POLICIES[args.precision])
     rng = np.random.default_rng(0)
-    batches = [synthetic_batch(config, args.replicas, rng)
-               for _ in range(args.replicas)]
+    batches = [synthetic_batch(config, replicas, rng)
+               for _ in range(replicas)]
     with strategy.scope():
-        model = build(config, args.replicas, sync_bn, recompute_bn_relu)
+        model = build(config, replicas, sync_bn, recompute_bn_relu)
         # LARS as in training; the learning rate only keeps the synthetic
         # run finite. mixed_float16 makes compile add loss scaling.
         model.compile(optimizer=lars.LARS(learning_rate=0.1),
@@ -250,7 +311,8 @@ def main():
         'tensor_peak_mib': _tensor_peak_mib(),
         'rss_before_first_step_mib': rss_built_mib,
         'xla': args.xla, 'precision': args.precision,
-        'replicas': args.replicas, 'sync_bn': sync_bn,
+        'replicas': replicas, 'strategy': type(strategy).__name__,
+        'per_replica_of': args.per_replica_of, 'sync_bn': sync_bn,
         'recompute_bn_relu': recompute_bn_relu,
         'intra_op_threads': tf.config.threading
         .get_intra_op_parallelism_threads(),

@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 
 import gin
 import tensorflow as tf
@@ -71,6 +72,36 @@ def make_strategy(kind='auto', devices=None):
         return tf.distribute.MirroredStrategy(devices)
     return tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=_cluster_resolver())
+
+
+def loopback_tf_configs(workers):
+    """TF_CONFIG values of a cluster of `workers` processes on this machine.
+
+    For trying multi-worker training, and for tests and benchmarks, on one
+    machine: start worker i's process with the environment variable
+    `TF_CONFIG` set to the i-th string, and `make_strategy` builds their
+    `MultiWorkerMirroredStrategy` (collectives over gRPC on 127.0.0.1).
+
+    Args:
+        workers: number of worker processes, at least 1.
+
+    Returns:
+        A list of `workers` JSON strings, one per task index, naming ports
+        that were free when this ran.
+    """
+    if workers < 1:
+        raise ValueError(f'A cluster needs at least 1 worker, got {workers}.')
+    sockets = [socket.socket() for _ in range(workers)]
+    try:
+        for s in sockets:
+            s.bind(('127.0.0.1', 0))
+        addresses = [f'127.0.0.1:{s.getsockname()[1]}' for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+    return [json.dumps({'cluster': {'worker': addresses},
+                        'task': {'type': 'worker', 'index': index}})
+            for index in range(workers)]
 
 
 def num_replicas():

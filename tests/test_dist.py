@@ -52,6 +52,24 @@ def test_cluster_detection(monkeypatch, env, expected):
     assert dist._cluster_in_environment() is expected
 
 
+def test_loopback_tf_configs_describe_one_cluster(monkeypatch):
+    configs = [json.loads(c) for c in dist.loopback_tf_configs(3)]
+    addresses = configs[0]['cluster']['worker']
+    assert [c['task'] for c in configs] == [
+        {'type': 'worker', 'index': i} for i in range(3)]
+    assert all(c['cluster'] == {'worker': addresses} for c in configs)
+    hosts, ports = zip(*(a.split(':') for a in addresses))
+    assert set(hosts) == {'127.0.0.1'} and len(set(ports)) == 3
+    # What every worker's process then sees: a resolver of its own task.
+    monkeypatch.setenv('TF_CONFIG', json.dumps(configs[2]))
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    assert resolver.task_id == 2
+    assert resolver.cluster_spec().as_dict() == {'worker': addresses}
+    assert dist._cluster_in_environment()
+    with pytest.raises(ValueError, match='at least 1 worker'):
+        dist.loopback_tf_configs(0)
+
+
 def test_helpers_are_identity_with_one_replica():
     x = tf.constant([[1.0, 2.0]])
     assert dist.num_replicas() == 1

@@ -1,9 +1,7 @@
 """A real two-process MultiWorkerMirroredStrategy cluster on 127.0.0.1."""
 
-import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import time
@@ -13,30 +11,19 @@ import pytest
 
 from paws_tf import callbacks
 from paws_tf import checkpoints
+from paws_tf import dist
 from paws_tf import train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORKER = REPO / 'tests' / 'helpers' / 'mwms_worker.py'
 
 
-def free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(('127.0.0.1', 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def start_cluster(workers, argv):
-    """Starts `python argv` as every worker of a local TF_CONFIG cluster."""
+def start_cluster(argv):
+    """Starts `python argv` as both workers of a cluster on 127.0.0.1."""
     procs = []
-    for index in range(len(workers)):
+    for tf_config in dist.loopback_tf_configs(2):
         env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL='2',
-                   TF_CONFIG=json.dumps({
-                       'cluster': {'worker': workers},
-                       'task': {'type': 'worker', 'index': index}}))
+                   TF_CONFIG=tf_config)
         procs.append(subprocess.Popen(
             [sys.executable] + [str(a) for a in argv], cwd=REPO, env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
@@ -46,8 +33,7 @@ def start_cluster(workers, argv):
 def launch_cluster(script, args, timeout=300):
     """Runs `script args` as worker 0 and 1 of a local cluster; returns
     (returncode, output) of each."""
-    procs = start_cluster([f'127.0.0.1:{p}' for p in free_ports(2)],
-                          [script] + list(args))
+    procs = start_cluster([script] + list(args))
     outputs = []
     try:
         for proc in procs:
@@ -97,8 +83,7 @@ def fingerprints(outputs):
 def test_killed_worker_cluster_resumes_from_backup_and_agrees(tmp_path):
     """Kill one of two workers mid-run; the scheduler restarts the job;
     it resumes from the shared backup and both workers finish agreeing."""
-    workers = [f'127.0.0.1:{p}' for p in free_ports(2)]
-    procs = start_cluster(workers, run_py_args(tmp_path))
+    procs = start_cluster(run_py_args(tmp_path))
     backup_dir = str(tmp_path / train.BACKUP_DIR)
     deadline = time.time() + 600
     while callbacks.backup_step(backup_dir) < 8:
@@ -112,8 +97,7 @@ def test_killed_worker_cluster_resumes_from_backup_and_agrees(tmp_path):
     stopped_at = callbacks.backup_step(backup_dir)
     assert 8 <= stopped_at < 32
 
-    restarted = start_cluster([f'127.0.0.1:{p}' for p in free_ports(2)],
-                              run_py_args(tmp_path))
+    restarted = start_cluster(run_py_args(tmp_path))
     outputs = [p.communicate(timeout=600)[0] for p in restarted]
     for proc, output in zip(restarted, outputs):
         assert proc.returncode == 0, output[-3000:]
