@@ -6,6 +6,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.requirements-stamp
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist): most of a test's time is single-threaded
+# (tracing, process start-up), so two processes fill 2 cores better than one
+# (460 tests: 570 s against 865 s). 0 runs them in this process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: venv test test-fast demo demo-quick fashion-mnist clean
 
@@ -20,11 +24,11 @@ $(STAMP): requirements.txt
 	touch $@
 
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # Everything except the runs marked slow (multi-worker, end-to-end).
 test-fast: $(STAMP)
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 # The demo reads Debian's Fashion-MNIST IDX files; when they are missing it
 # installs the package if apt can, else the run falls back to TFDS.
