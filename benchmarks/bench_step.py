@@ -10,8 +10,9 @@ logs. Prints one JSON object:
     python benchmarks/bench_step.py --config cifar_small
     python benchmarks/bench_step.py --config rn50_tiny --xla
     python benchmarks/bench_step.py --config cifar_small --replicas 2
-    # Several workers: run it in every worker's process with TF_CONFIG set
-    # (MultiWorkerMirroredStrategy over the workers' GPUs, or their CPUs).
+    # Several workers: run it in every worker's process with TF_CONFIG set,
+    # or under Slurm's srun (MultiWorkerMirroredStrategy over the workers'
+    # GPUs, or their CPUs).
     # GPU: python benchmarks/bench_step.py --config rn50_tiny --xla \
     #          --precision bf16   (or fp16: loss scaling is added)
 
@@ -86,7 +87,7 @@ def parse_args():
                         help='model.compile(jit_compile=True)')
     parser.add_argument('--precision', default='fp32', choices=POLICIES)
     parser.add_argument('--replicas', type=int, default=1, choices=(1, 2),
-                        help='replicas in this process, without TF_CONFIG')
+                        help='replicas in this process, outside a cluster')
     parser.add_argument('--per_replica_of', type=int, default=1,
                         help='time one replica on the batch each of N '
                         'replicas gets')
@@ -104,18 +105,22 @@ def parse_args():
     parser.add_argument('--profile_dir', default='',
                         help='write a TF profiler trace of 2 timed steps')
     args = parser.parse_args()
-    if args.replicas > 1 and os.environ.get('TF_CONFIG'):
-        parser.error('with TF_CONFIG the replicas are the cluster\'s (every '
-                     'GPU of every worker, or one per CPU worker): drop '
-                     '--replicas, or unset TF_CONFIG for one process')
+    # As the trainer's `--strategy=auto`: TF_CONFIG or Slurm.
+    args.cluster = dist.cluster_in_environment()
+    if args.replicas > 1 and args.cluster:
+        parser.error('in a cluster (TF_CONFIG or Slurm) the replicas are the '
+                     'cluster\'s (every GPU of every worker, or one per CPU '
+                     'worker): drop --replicas, or run outside the cluster '
+                     'for one process')
     if args.per_replica_of < 1:
         parser.error(f'--per_replica_of must be 1 or more, got '
                      f'{args.per_replica_of}')
     if args.per_replica_of > 1:
         config = CONFIGS[args.config]
-        if args.replicas > 1 or os.environ.get('TF_CONFIG'):
+        if args.replicas > 1 or args.cluster:
             parser.error('--per_replica_of times one replica alone: drop '
-                         '--replicas and TF_CONFIG')
+                         '--replicas, and run outside a cluster (TF_CONFIG, '
+                         'Slurm)')
         if (config['batch'] % args.per_replica_of
                 or config['images_per_class'] % args.per_replica_of):
             parser.error(
@@ -130,8 +135,9 @@ def configure_devices(args):
 
     One replica runs under TF's default strategy, as `dist.make_strategy`
     gives the trainer; two run under MirroredStrategy on two GPUs, or on two
-    logical devices that split the CPU. With TF_CONFIG set, this process is
-    one worker of a MultiWorkerMirroredStrategy cluster, as in training.
+    logical devices that split the CPU. Where TF_CONFIG or Slurm describes
+    a cluster, this process is one worker of its
+    MultiWorkerMirroredStrategy, as in training.
     """
     if args.intra_op_threads:
         tf.config.threading.set_intra_op_parallelism_threads(
@@ -139,7 +145,7 @@ def configure_devices(args):
     if args.inter_op_threads:
         tf.config.threading.set_inter_op_parallelism_threads(
             args.inter_op_threads)
-    if os.environ.get('TF_CONFIG'):
+    if args.cluster:
         return dist.make_strategy('multi_worker')
     if args.replicas == 1:
         return tf.distribute.get_strategy()

@@ -13,8 +13,9 @@ import tensorflow as tf
 STRATEGY_KINDS = ('auto', 'one_device', 'mirrored', 'multi_worker')
 
 
-def _cluster_in_environment():
-    """True when TF_CONFIG or Slurm describes a job of several processes."""
+def cluster_in_environment():
+    """True when TF_CONFIG or Slurm describes a job of several processes
+    (then `make_strategy('auto')` builds `MultiWorkerMirroredStrategy`)."""
     tf_config = json.loads(os.environ.get('TF_CONFIG') or '{}')
     workers = sum(len(tasks) for tasks in tf_config.get('cluster', {}).values())
     slurm_tasks = int(os.environ.get('SLURM_NTASKS', '1'))
@@ -57,7 +58,7 @@ def make_strategy(kind='auto', devices=None):
                          f'{", ".join(STRATEGY_KINDS)}.')
     gpus = tf.config.list_physical_devices('GPU')
     if kind == 'auto':
-        if _cluster_in_environment():
+        if cluster_in_environment():
             kind = 'multi_worker'
         elif len(gpus) > 1:
             kind = 'mirrored'

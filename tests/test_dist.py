@@ -49,7 +49,7 @@ def test_cluster_detection(monkeypatch, env, expected):
     monkeypatch.delenv('SLURM_NTASKS', raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    assert dist._cluster_in_environment() is expected
+    assert dist.cluster_in_environment() is expected
 
 
 def test_loopback_tf_configs_describe_one_cluster(monkeypatch):
@@ -65,7 +65,7 @@ def test_loopback_tf_configs_describe_one_cluster(monkeypatch):
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     assert resolver.task_id == 2
     assert resolver.cluster_spec().as_dict() == {'worker': addresses}
-    assert dist._cluster_in_environment()
+    assert dist.cluster_in_environment()
     with pytest.raises(ValueError, match='at least 1 worker'):
         dist.loopback_tf_configs(0)
 
