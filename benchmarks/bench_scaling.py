@@ -11,8 +11,8 @@ Two parts, each printing one JSON object per measurement:
    encoder.
 2. `replicas`: the full train step (`bench_step.py` in a subprocess, so
    that each run configures its own devices) on 1 and 2 replicas with the
-   same global batch, with several intra/inter-op thread settings
-   (`REPLICA_RUNS`); then two references with one thread per process:
+   same global batch, with several intra/inter-op thread settings and
+   glibc malloc arenas (`REPLICA_RUNS`); then two references with one thread per process:
    two independent processes, each one replica on half the batch at the
    same time (what the machine does for 2 replicas without their
    communication), and two workers of MultiWorkerMirroredStrategy on
@@ -46,12 +46,20 @@ from paws_tf import losses  # noqa: E402
 # 7 images per class up to the paper's 960 x 7 = 6720.
 SUPPORT_SIZES = ((640, 10), (1344, 192), (2688, 384), (4032, 576),
                  (6720, 960))
-# (replicas, sync_bn, intra_op, inter_op) runs of the replica part; 0 is
-# TensorFlow's default thread count (the number of cores). One replica with
-# fused BN is what the trainer runs; with sync BN it separates the cost of
-# synchronised batch norm from that of replication.
-REPLICA_RUNS = ((1, 'off', 0, 0), (1, 'on', 0, 0), (2, 'on', 0, 0),
-                (2, 'on', 0, 1), (2, 'on', 1, 2))
+# (replicas, sync_bn, intra_op, inter_op, environment) runs of the replica
+# part; 0 is TensorFlow's default thread count (the number of cores). One
+# replica with fused BN is what the trainer runs; with sync BN it separates
+# the cost of synchronised batch norm from that of replication. With
+# MALLOC_ARENA_MAX=1 every thread allocates from glibc's main heap, which
+# keeps freed memory, instead of per-thread heaps, which return it: oneDNN's
+# reorder buffers (malloc'd, not from TensorFlow's allocator) then stop
+# faulting their pages in again at every op when two replicas' ops run on
+# two threads (BUILD.md, Scaling).
+_ONE_ARENA = {'MALLOC_ARENA_MAX': '1'}
+REPLICA_RUNS = ((1, 'off', 0, 0, {}), (1, 'off', 0, 0, _ONE_ARENA),
+                (1, 'on', 0, 0, {}), (2, 'on', 0, 0, {}),
+                (2, 'on', 0, 1, {}), (2, 'on', 1, 2, {}),
+                (2, 'on', 0, 0, _ONE_ARENA))
 
 
 def _context():
@@ -133,11 +141,11 @@ def replica_scaling(args):
     steps = ['--config', args.config, '--steps', str(args.steps),
              '--warmup', str(args.warmup)]
     results = []
-    for replicas, sync_bn, intra, inter in REPLICA_RUNS:
+    for replicas, sync_bn, intra, inter, env in REPLICA_RUNS:
         [result] = bench_step.run_in_subprocesses([(steps + [
             '--replicas', str(replicas), '--sync_bn', sync_bn,
             '--intra_op_threads', str(intra),
-            '--inter_op_threads', str(inter)], {})])
+            '--inter_op_threads', str(inter)], env)])
         result['benchmark'] = 'replica_scaling'
         result['images_per_s_per_core'] = round(
             result['images_per_s'] / os.cpu_count(), 1)
@@ -168,9 +176,11 @@ def replica_scaling(args):
         'best_1_replica_images_per_s': baseline['images_per_s'],
         'best_1_replica_threads': [baseline['intra_op_threads'],
                                    baseline['inter_op_threads']],
+        'best_1_replica_env': baseline['env'],
         'best_2_replicas_images_per_s': best['images_per_s'],
         'best_2_replicas_threads': [best['intra_op_threads'],
                                     best['inter_op_threads']],
+        'best_2_replicas_env': best['env'],
         'ratio_2_over_1': round(best['images_per_s'] /
                                 baseline['images_per_s'], 3),
         **{f'ratio_{name}_over_1': round(

@@ -28,6 +28,7 @@ import json
 import os
 import pathlib
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -242,6 +243,10 @@ def _tensor_peak_mib():
     return round(info['peak'] / 2**20)
 
 
+def _median(usages, key, digits):
+    return round(statistics.median(u[key] for u in usages), digits)
+
+
 def views_per_step(config):
     return (config['batch'] * (2 + config['multicrop']) +
             config['support_views'] * config['classes'] *
@@ -276,22 +281,28 @@ def main():
     rss_built_mib = _status_mib('VmRSS')
 
     def step():
-        start, cpu_start = time.perf_counter(), time.process_time()
+        start, usage = time.perf_counter(), resource.getrusage(
+            resource.RUSAGE_SELF)
         logs = train_function(iterator)
         loss = float(logs['loss'])  # Waits for the step to finish.
-        return (time.perf_counter() - start, time.process_time() - cpu_start,
-                loss)
+        seconds = time.perf_counter() - start
+        end = resource.getrusage(resource.RUSAGE_SELF)
+        return (seconds, {
+            'cpu': end.ru_utime + end.ru_stime - usage.ru_utime -
+            usage.ru_stime,
+            'sys': end.ru_stime - usage.ru_stime,
+            'faults': end.ru_minflt - usage.ru_minflt}, loss)
 
     first_step_s = [step()[0] for _ in range(args.warmup)]
     # Tracing and graph rewrites of the first step have their own peak.
     # Resetting the peak resets ru_maxrss too, so keep this one first.
     peak_warmup_mib = _status_mib('VmHWM')
     memory.reset_peak_rss()
-    times, cpu_times, losses = [], [], []
+    times, usages, losses = [], [], []
     for _ in range(args.steps):
-        seconds, cpu_seconds, loss = step()
+        seconds, usage, loss = step()
         times.append(seconds)
-        cpu_times.append(cpu_seconds)
+        usages.append(usage)
         losses.append(loss)
     if args.profile_dir:
         tf.profiler.experimental.start(args.profile_dir)
@@ -307,8 +318,13 @@ def main():
         'step_s': {'median': round(median, 3), 'min': round(min(times), 3),
                    'max': round(max(times), 3)},
         # Process CPU time (all threads) per step: less sensitive than wall
-        # time to other processes on a shared machine.
-        'cpu_s_per_step': round(statistics.median(cpu_times), 3),
+        # time to other processes on a shared machine. Of it, the kernel's
+        # share, mostly the minor page faults (first touches of memory the
+        # allocators took from the system since the last step).
+        'cpu_s_per_step': _median(usages, 'cpu', 3),
+        'sys_s_per_step': _median(usages, 'sys', 3),
+        'page_faults_per_step': round(
+            statistics.median(u['faults'] for u in usages)),
         'warmup_step_s': [round(t, 2) for t in first_step_s],
         'views_per_step': views, 'steps': args.steps,
         'loss_first_last': [round(losses[0], 4), round(losses[-1], 4)],
