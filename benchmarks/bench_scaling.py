@@ -12,10 +12,10 @@ Two parts, each printing one JSON object per measurement:
 2. `replicas`: the full train step (`bench_step.py` in a subprocess, so
    that each run configures its own devices) on 1 and 2 replicas with the
    same global batch, with several intra/inter-op thread settings and
-   glibc malloc arenas (`REPLICA_RUNS`); then two references with one thread per process:
-   two independent processes, each one replica on half the batch at the
-   same time (what the machine does for 2 replicas without their
-   communication), and two workers of MultiWorkerMirroredStrategy on
+   glibc malloc arenas (`REPLICA_RUNS`); then two references with one
+   thread per process: two independent processes, each one replica on half
+   the batch at the same time (what the machine does for 2 replicas without
+   their communication), and two workers of MultiWorkerMirroredStrategy on
    127.0.0.1 (gRPC collectives). The summary gives the 2-replica/1-replica
    ratio of the best settings (per core: all use all cores) and of the two
    references.
