@@ -1,6 +1,6 @@
 """Scaling of the PAWS step with support size and replica count (not a test).
 
-Two parts, each printing one JSON object per measurement:
+Three parts, each printing one JSON object per measurement:
 
 1. `support`: the objective alone (`losses.paws_terms` forward and backward
    under a `tf.function`) on random embeddings, against the support size M
@@ -19,9 +19,13 @@ Two parts, each printing one JSON object per measurement:
    127.0.0.1 (gRPC collectives). The summary gives the 2-replica/1-replica
    ratio of the best settings (per core: all use all cores) and of the two
    references.
+3. `interleaved`: 1 and 2 replicas (with and without synchronised BN) in
+   one process, one step of each in turn (`interleaved_replicas`): the
+   2-replica/1-replica ratio of every round, under the same load.
 
     python benchmarks/bench_scaling.py --part support
     python benchmarks/bench_scaling.py --part replicas --config cifar_small
+    python benchmarks/bench_scaling.py --part interleaved --config rn50_tiny
 """
 
 import argparse
@@ -60,11 +64,18 @@ REPLICA_RUNS = ((1, 'off', 0, 0, {}), (1, 'off', 0, 0, _ONE_ARENA),
                 (1, 'on', 0, 0, {}), (2, 'on', 0, 0, {}),
                 (2, 'on', 0, 1, {}), (2, 'on', 1, 2, {}),
                 (2, 'on', 0, 0, _ONE_ARENA))
+# (name, replicas, sync_bn) of the interleaved part, the first the baseline:
+# one replica as the trainer runs it (fused BN), two as the trainer runs
+# them (synchronised BN), and two without it (its cost).
+INTERLEAVED_RUNS = (('1_replica', 1, False), ('2_replicas', 2, True),
+                    ('2_replicas_no_sync_bn', 2, False))
 
 
 def _context():
     return {'cpus': os.cpu_count(),
             'load_avg': [round(v, 2) for v in os.getloadavg()],
+            'env': {k: os.environ[k] for k in bench_step.ENV_KNOBS
+                    if k in os.environ},
             'tf': tf.__version__}
 
 
@@ -189,28 +200,79 @@ def replica_scaling(args):
         **_context()}), flush=True)
 
 
+def interleaved_replicas(args, strategies):
+    """1 and 2 replicas in one process, one step of each in turn.
+
+    On a shared machine the speed of separate runs drifts by more than the
+    difference between them; steps taken in turn see the same load. Each
+    round runs one step of every model of `INTERLEAVED_RUNS` (the order
+    rotating from round to round) and gives a 2-replica/1-replica ratio of
+    its own; the summary is their median. Thread pools and the malloc
+    environment are the process's, the same for all.
+    """
+    config = bench_step.CONFIGS[args.config]
+    steps = {name: bench_step.make_step(
+        config, strategies[replicas], sync_bn, recompute_bn_relu=True,
+        xla=False) for name, replicas, sync_bn in INTERLEAVED_RUNS}
+    for step in steps.values():
+        for _ in range(args.warmup):
+            step()
+    names = [name for name, _, _ in INTERLEAVED_RUNS]
+    seconds = {name: [] for name in names}
+    cpu = {name: [] for name in names}
+    for round_ in range(args.steps):
+        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
+            took, usage, _ = steps[name]()
+            seconds[name].append(took)
+            cpu[name].append(usage['cpu'])
+    views = bench_step.views_per_step(config)
+    runs = {name: {
+        'images_per_s': round(views / statistics.median(seconds[name]), 1),
+        'step_s': [round(t, 3) for t in seconds[name]],
+        'cpu_s_per_step': round(statistics.median(cpu[name]), 3)}
+        for name in names}
+    base = seconds[names[0]]
+    ratios = {f'ratio_{name}_over_1': [
+        round(b / t, 3) for b, t in zip(base, seconds[name])]
+        for name in names[1:]}
+    print(json.dumps({
+        'benchmark': 'replica_scaling_interleaved', 'config': args.config,
+        'rounds': args.steps, 'runs': runs, 'ratios_per_round': ratios,
+        **{f'{key}_median': statistics.median(values)
+           for key, values in ratios.items()},
+        **_context()}), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--part', choices=('support', 'replicas', 'all'),
+    parser.add_argument('--part', choices=('support', 'replicas',
+                                           'interleaved', 'all'),
                         default='all')
     parser.add_argument('--config', default='cifar_small',
-                        help='bench_step.py config of the replica part')
+                        help='bench_step.py config of the replica parts')
     parser.add_argument('--anchors', type=int, default=512,
                         help='anchor views (2 + m) B over all replicas')
     parser.add_argument('--multicrop', type=int, default=6)
     parser.add_argument('--dim', type=int, default=2048)
-    parser.add_argument('--steps', type=int, default=5)
+    parser.add_argument('--steps', type=int, default=5,
+                        help='timed steps per run (interleaved: rounds)')
     parser.add_argument('--warmup', type=int, default=2)
     args = parser.parse_args()
-    if args.part in ('support', 'all'):
+    parts = (('support', 'replicas', 'interleaved') if args.part == 'all'
+             else (args.part,))
+    if 'support' in parts or 'interleaved' in parts:
         cpu = tf.config.list_physical_devices('CPU')[0]
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        support_scaling(args, tf.distribute.get_strategy())
-        support_scaling(args, tf.distribute.MirroredStrategy(
-            ['CPU:0', 'CPU:1']))
-    if args.part in ('replicas', 'all'):
+        strategies = {1: tf.distribute.get_strategy(),
+                      2: tf.distribute.MirroredStrategy(['CPU:0', 'CPU:1'])}
+    if 'support' in parts:
+        for strategy in strategies.values():
+            support_scaling(args, strategy)
+    if 'replicas' in parts:
         replica_scaling(args)
+    if 'interleaved' in parts:
+        interleaved_replicas(args, strategies)
 
 
 if __name__ == '__main__':

@@ -71,7 +71,7 @@ CONFIGS = {
         classes=16, images_per_class=2, support_views=1),
 }
 # Environment variables that change CPU performance, echoed in the output.
-_ENV_KNOBS = ('TF_ENABLE_ONEDNN_OPTS', 'TF_CPU_ALLOCATOR_USE_BFC',
+ENV_KNOBS = ('TF_ENABLE_ONEDNN_OPTS', 'TF_CPU_ALLOCATOR_USE_BFC',
               'OMP_NUM_THREADS', 'MALLOC_ARENA_MAX', 'TF_XLA_FLAGS')
 POLICIES = {'fp32': 'float32', 'bf16': 'mixed_bfloat16',
             'fp16': 'mixed_float16'}
@@ -253,16 +253,11 @@ def views_per_step(config):
             config['images_per_class'])
 
 
-def main():
-    args = parse_args()
-    strategy = configure_devices(args)
+def make_step(config, strategy, sync_bn, recompute_bn_relu, xla):
+    """The train step of `config` under `strategy`, as a function that runs
+    one step and returns (seconds, {'cpu', 'sys', 'faults'} of the process
+    in that time, loss)."""
     replicas = strategy.num_replicas_in_sync
-    config = dict(CONFIGS[args.config])
-    for size in ('batch', 'images_per_class'):
-        config[size] //= args.per_replica_of
-    sync_bn = {'auto': replicas > 1, 'on': True, 'off': False}[args.sync_bn]
-    recompute_bn_relu = args.recompute_bn_relu == 'on'
-    tf_keras.mixed_precision.set_global_policy(POLICIES[args.precision])
     rng = np.random.default_rng(0)
     batches = [synthetic_batch(config, replicas, rng)
                for _ in range(replicas)]
@@ -271,14 +266,12 @@ def main():
         # LARS as in training; the learning rate only keeps the synthetic
         # run finite. mixed_float16 makes compile add loss scaling.
         model.compile(optimizer=lars.LARS(learning_rate=0.1),
-                      jit_compile=args.xla)
+                      jit_compile=xla)
     dataset = strategy.distribute_datasets_from_function(
         lambda ctx: tf.data.Dataset.from_tensors(
             batches[ctx.input_pipeline_id]).repeat())
     iterator = iter(dataset)
     train_function = model.make_train_function()
-
-    rss_built_mib = _status_mib('VmRSS')
 
     def step():
         start, usage = time.perf_counter(), resource.getrusage(
@@ -292,6 +285,22 @@ def main():
             usage.ru_stime,
             'sys': end.ru_stime - usage.ru_stime,
             'faults': end.ru_minflt - usage.ru_minflt}, loss)
+
+    return step
+
+
+def main():
+    args = parse_args()
+    strategy = configure_devices(args)
+    replicas = strategy.num_replicas_in_sync
+    config = dict(CONFIGS[args.config])
+    for size in ('batch', 'images_per_class'):
+        config[size] //= args.per_replica_of
+    sync_bn = {'auto': replicas > 1, 'on': True, 'off': False}[args.sync_bn]
+    recompute_bn_relu = args.recompute_bn_relu == 'on'
+    tf_keras.mixed_precision.set_global_policy(POLICIES[args.precision])
+    step = make_step(config, strategy, sync_bn, recompute_bn_relu, args.xla)
+    rss_built_mib = _status_mib('VmRSS')
 
     first_step_s = [step()[0] for _ in range(args.warmup)]
     # Tracing and graph rewrites of the first step have their own peak.
@@ -340,7 +349,7 @@ def main():
         .get_intra_op_parallelism_threads(),
         'inter_op_threads': tf.config.threading
         .get_inter_op_parallelism_threads(),
-        'env': {k: os.environ[k] for k in _ENV_KNOBS if k in os.environ},
+        'env': {k: os.environ[k] for k in ENV_KNOBS if k in os.environ},
         'device': 'GPU' if tf.config.list_physical_devices('GPU') else 'CPU',
         'tf': tf.__version__, 'python': platform.python_version(),
         'cpus': os.cpu_count(),
