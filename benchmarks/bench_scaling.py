@@ -74,8 +74,7 @@ INTERLEAVED_RUNS = (('1_replica', 1, False), ('2_replicas', 2, True),
 def _context():
     return {'cpus': os.cpu_count(),
             'load_avg': [round(v, 2) for v in os.getloadavg()],
-            'env': {k: os.environ[k] for k in bench_step.ENV_KNOBS
-                    if k in os.environ},
+            'env': bench_step.env_knobs(),
             'tf': tf.__version__}
 
 
@@ -238,7 +237,7 @@ def interleaved_replicas(args, strategies):
     print(json.dumps({
         'benchmark': 'replica_scaling_interleaved', 'config': args.config,
         'rounds': args.steps, 'runs': runs, 'ratios_per_round': ratios,
-        **{f'{key}_median': statistics.median(values)
+        **{f'{key}_median': round(statistics.median(values), 3)
            for key, values in ratios.items()},
         **_context()}), flush=True)
 

@@ -72,7 +72,14 @@ CONFIGS = {
 }
 # Environment variables that change CPU performance, echoed in the output.
 ENV_KNOBS = ('TF_ENABLE_ONEDNN_OPTS', 'TF_CPU_ALLOCATOR_USE_BFC',
-              'OMP_NUM_THREADS', 'MALLOC_ARENA_MAX', 'TF_XLA_FLAGS')
+             'OMP_NUM_THREADS', 'MALLOC_ARENA_MAX', 'TF_XLA_FLAGS')
+
+
+def env_knobs():
+    """The variables of `ENV_KNOBS` set in this process's environment."""
+    return {k: os.environ[k] for k in ENV_KNOBS if k in os.environ}
+
+
 POLICIES = {'fp32': 'float32', 'bf16': 'mixed_bfloat16',
             'fp16': 'mixed_float16'}
 
@@ -349,7 +356,7 @@ def main():
         .get_intra_op_parallelism_threads(),
         'inter_op_threads': tf.config.threading
         .get_inter_op_parallelism_threads(),
-        'env': {k: os.environ[k] for k in ENV_KNOBS if k in os.environ},
+        'env': env_knobs(),
         'device': 'GPU' if tf.config.list_physical_devices('GPU') else 'CPU',
         'tf': tf.__version__, 'python': platform.python_version(),
         'cpus': os.cpu_count(),
