@@ -48,47 +48,55 @@ def batch_norm(name, *, sync_bn, momentum, epsilon, zero_init=False):
                      name=name)
 
 
-def _global_moments(x, replica_context):
-    """Mean and variance (without Bessel's correction) of `x` [B, H, W, C]
-    per channel over the batches of all replicas, in float32, with one
-    all-reduce.
+def _global_normalise(x, gamma, beta, epsilon, replica_context):
+    """Batch norm of this replica's `x` [B, H, W, C] on the statistics of
+    the global batch across replicas, with one all-reduce.
+
+    TensorFlow's fused training kernel normalises `x` on its own statistics
+    (as one replica's layer does); the replicas' counts, sums and sums of
+    squares per channel, all-reduced as one vector, give the global mean
+    and variance (without Bessel's correction), and one XLA-compiled pass
+    turns the local normalisation into the global one, a per-channel affine
+    map. A replica with an empty batch adds nothing.
 
     Returns:
-        (mean [C], variance [C], count): count is the global number of
-        values per channel.
+        (output in x's dtype, mean [C], variance [C], count): float32
+        statistics; count is the global number of values per channel.
     """
-    # [B * H * W, C]: TensorFlow's CPU kernels sum over the first axis of a
-    # matrix faster than over the first three of the 4-d tensor.
-    x = tf.reshape(tf.cast(x, tf.float32), [-1, x.shape[-1]])
-    count = tf.cast(tf.shape(x)[0], tf.float32)
+    channels = x.shape[-1]
+    x_hat, local_mean, corrected, _, _, _ = tf.raw_ops.FusedBatchNormV3(
+        x=x, scale=tf.ones([channels]), offset=tf.zeros([channels]),
+        mean=tf.zeros([0]), variance=tf.zeros([0]), epsilon=epsilon,
+        data_format='NHWC', is_training=True)
+    local_count = tf.cast(tf.reduce_prod(tf.shape(x)[:-1]), tf.float32)
+    # The kernel's batch variance has Bessel's correction; the statistics
+    # of fewer than two values may be NaN, and are weighed by zero.
+    local_variance = tf.math.multiply_no_nan(corrected, tf.maximum(
+        local_count - 1.0, 0.0) / tf.maximum(local_count, 1.0))
     sums = replica_context.all_reduce(tf.distribute.ReduceOp.SUM, tf.concat([
-        tf.reduce_sum(x, 0), tf.reduce_sum(tf.square(x), 0), count[None]], 0))
-    total, squares, count = tf.split(sums, [x.shape[-1], x.shape[-1], 1])
+        tf.math.multiply_no_nan(local_mean, local_count),
+        tf.math.multiply_no_nan(local_variance + tf.square(local_mean),
+                                local_count),
+        local_count[None]], 0))
+    total, squares, count = tf.split(sums, [channels, channels, 1])
     count = count[0]
     mean = tf.math.divide_no_nan(total, count)
     # E[x^2] - E[x]^2 can round below zero.
     variance = tf.maximum(
         tf.math.divide_no_nan(squares, count) - tf.square(mean), 0.0)
-    return mean, variance, count
+    scale = gamma * tf.math.rsqrt(variance + epsilon)
+    z = _scale_shift(x_hat, scale * tf.sqrt(local_variance + epsilon),
+                     scale * (local_mean - mean) + beta)
+    return z, mean, variance, count
 
 
-def _normalise(x, gamma, beta, mean, variance, epsilon):
-    """Batch norm of `x` [B, H, W, C] with the given statistics (the fused
-    inference kernel): (output, the kernel's reserve space for
-    `_global_norm_grads`)."""
-    z, _, _, _, _, reserve = tf.raw_ops.FusedBatchNormV3(
-        x=x, scale=gamma, offset=beta, mean=mean, variance=variance,
-        epsilon=epsilon, data_format='NHWC', is_training=False)
-    return z, reserve
-
-
-def _global_norm_grads(dz, x, gamma, mean, variance, reserve, count,
-                       epsilon, replica_context):
-    """Gradients (x, gamma, beta) of `_normalise` on the global batch's
-    statistics (from `_global_moments`), given this replica's `x` and the
+def _global_norm_grads(dz, x, gamma, mean, variance, count, epsilon,
+                       replica_context):
+    """Gradients (x, gamma, beta) of batch norm on the global batch's
+    statistics (from `_global_normalise`), given this replica's `x` and the
     gradient `dz` of its output, with one all-reduce.
 
-    The fused kernel gives them with the statistics held constant:
+    The fused gradient kernel gives them with the statistics held constant:
     dz * gamma * inv_std, and this replica's dgamma = sum of dz * x_hat and
     dbeta = sum of dz (x_hat = (x - mean) * inv_std). The statistics' share
     of x's gradient reads these sums over all replicas (one all-reduce):
@@ -100,8 +108,10 @@ def _global_norm_grads(dz, x, gamma, mean, variance, reserve, count,
     """
     dx, dgamma, dbeta, _, _ = tf.raw_ops.FusedBatchNormGradV3(
         y_backprop=dz, x=x, scale=gamma, reserve_space_1=mean,
-        reserve_space_2=variance, reserve_space_3=reserve, epsilon=epsilon,
-        data_format='NHWC', is_training=False)
+        reserve_space_2=variance,
+        # Read by the training-mode gradient only.
+        reserve_space_3=tf.zeros([0]), epsilon=epsilon, data_format='NHWC',
+        is_training=False)
     global_dbeta, global_dgamma = tf.split(replica_context.all_reduce(
         tf.distribute.ReduceOp.SUM, tf.concat([dbeta, dgamma], 0)), 2)
     inv_std = tf.math.rsqrt(variance + epsilon)
@@ -109,6 +119,16 @@ def _global_norm_grads(dz, x, gamma, mean, variance, reserve, count,
     k = scale * global_dgamma * inv_std
     c = scale * global_dbeta - k * mean
     return _minus_affine(dx, x, k, c), dgamma, dbeta
+
+
+@tf.function(jit_compile=True)
+def _scale_shift(x, scale, shift):
+    """x * scale + shift per channel, in float32, returned in x's dtype.
+
+    Compiled with XLA: one pass (`_global_normalise`'s map from the local
+    normalisation to the global one; `NormReLUThen`'s recomputation).
+    """
+    return tf.cast(tf.cast(x, tf.float32) * scale + shift, x.dtype)
 
 
 @tf.function(jit_compile=True)
@@ -132,12 +152,15 @@ class GlobalBatchNormalization(tf_keras.layers.BatchNormalization):
     tf_keras' `BatchNormalization(synchronized=True)` makes three
     all-reduces in the forward pass (sum, sum of squares, count) and two in
     the backward pass, and runs unfused ops. Training in a replica context,
-    this layer all-reduces [sum, sum of squares, count] per channel as one
-    vector, normalises with TensorFlow's fused kernel, and in the backward
-    pass all-reduces [sum of dz, sum of dz * x_hat] once (z the output,
-    x_hat the normalised input) and takes the rest from the fused gradient
-    kernel. Values, gradients and moving statistics are tf_keras': the
-    moving variance takes the global batch's variance without Bessel's
+    this layer normalises the local batch with TensorFlow's fused kernel,
+    all-reduces [sum, sum of squares, count] per channel as one vector and
+    maps the local normalisation to the global one in one XLA-compiled
+    pass (`_global_normalise`); in the backward pass it all-reduces [sum of
+    dz, sum of dz * x_hat] once (z the output, x_hat the normalised input)
+    and takes the rest from the fused gradient kernel and one XLA-compiled
+    pass (`_global_norm_grads`).
+    Values, gradients and moving statistics are tf_keras': the moving
+    variance takes the global batch's variance without Bessel's
     correction. Where `global_replica_context` says so, tf_keras' layer
     runs instead. Channels-last only; inputs of rank 2 or 4.
 
@@ -186,14 +209,13 @@ class GlobalBatchNormalization(tf_keras.layers.BatchNormalization):
 
         @tf.custom_gradient
         def op(x, gamma, beta):
-            mean, variance, count = _global_moments(x, replica_context)
-            z, reserve = _normalise(x, gamma, beta, mean, variance, epsilon)
+            z, mean, variance, count = _global_normalise(
+                x, gamma, beta, epsilon, replica_context)
 
             def grad(dz, *unused):
                 del unused  # The statistics take no gradient.
                 return _global_norm_grads(dz, x, gamma, mean, variance,
-                                          reserve, count, epsilon,
-                                          replica_context)
+                                          count, epsilon, replica_context)
 
             return (z, mean, variance, count), grad
 
@@ -524,24 +546,24 @@ class NormReLUThen(tf_keras.layers.Layer):
 
         @tf.custom_gradient
         def op(x, gamma, beta, *weights):
-            mean, variance, count = _global_moments(x, replica_context)
-            z, _ = _normalise(x, gamma, beta, mean, variance, epsilon)
+            z, mean, variance, count = _global_normalise(
+                x, gamma, beta, epsilon, replica_context)
 
             def grad(dy, *unused):
                 del unused  # The statistics take no gradient.
+                scale = gamma * tf.math.rsqrt(variance + epsilon)
                 # Made after dy exists, so that graph optimisation cannot
                 # merge it with the forward pass's (see `op` in `call`).
                 with tf.control_dependencies([dy]):
-                    z, reserve = _normalise(x, gamma, beta, mean, variance,
-                                            epsilon)
+                    z = _scale_shift(x, scale, beta - mean * scale)
                 with tf.GradientTape() as tape:
                     tape.watch([z, *weights])
                     y_again = self._apply_layer(tf.nn.relu(z), *weights)
                 dz, *dweights = tape.gradient(y_again, [z, *weights],
                                               output_gradients=dy)
                 return (*_global_norm_grads(dz, x, gamma, mean, variance,
-                                            reserve, count, epsilon,
-                                            replica_context), *dweights)
+                                            count, epsilon, replica_context),
+                        *dweights)
 
             return (self._apply_layer(tf.nn.relu(z), *weights), mean,
                     variance, count), grad

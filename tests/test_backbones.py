@@ -636,15 +636,18 @@ def test_norm_relu_then_max_pool_trains_like_numpy():
     np.testing.assert_allclose(dx, want_dx, rtol=1e-4, atol=1e-4)
 
 
-def _train_on_two_replicas(strategy, layer, x, upstream, weights):
-    """Trains `layer` on two replicas, each on its half of `x`: the
-    replicas' outputs y, and the gradients of sum(y * upstream) w.r.t. their
-    inputs and `weights`, each as the tuple of the replicas' values."""
-    half = len(x) // 2
+def _train_on_two_replicas(strategy, layer, x, upstream, weights,
+                           first=None):
+    """Trains `layer` on two replicas, the first on the first `first` rows
+    of `x` (default: half), the second on the rest: the replicas' outputs
+    y, and the gradients of sum(y * upstream) w.r.t. their inputs and
+    `weights`, each as the tuple of the replicas' values."""
+    bounds = (0, len(x) // 2 if first is None else first, len(x))
 
     def halves(array):
         return strategy.experimental_distribute_values_from_function(
-            lambda ctx: array[half * ctx.replica_id_in_sync_group:][:half])
+            lambda ctx: array[bounds[ctx.replica_id_in_sync_group]:
+                              bounds[ctx.replica_id_in_sync_group + 1]])
 
     @tf.function
     def step(x, upstream):
@@ -767,6 +770,44 @@ def test_global_batch_norm_trains_like_numpy(shape, policy, tolerance,
             (norm.moving_variance, moving_variance, x64.var((0, 1, 2)))):
         for replica_value in strategy.experimental_local_results(variable):
             close(replica_value, 0.9 * before + 0.1 * batch)
+
+
+@pytest.mark.parametrize('first', [0, 1])
+def test_global_batch_norm_uneven_replica_batches(first, two_replicas):
+    """Replicas with batches of 0 or 1 rows (whose own statistics are NaN
+    or without spread) beside a larger one: outputs, input gradients, the
+    summed gamma and beta gradients and the moving statistics are those of
+    batch norm over the global batch, by hand."""
+    strategy = two_replicas
+    with strategy.scope():
+        norm = backbones.GlobalBatchNormalization(momentum=0.9, epsilon=1e-3)
+        norm.build((None, 4))
+    rng = np.random.default_rng(10)
+    norm.gamma.assign(rng.uniform(0.5, 1.5, size=4))
+    norm.beta.assign(rng.uniform(-1.0, 1.0, size=4))
+    x = rng.normal(size=(4, 4)).astype(np.float32) * 2.0 + 1.0
+    upstream = rng.normal(size=(4, 4)).astype(np.float32)
+
+    y, dx, d_gamma, d_beta = _train_on_two_replicas(
+        strategy, norm, x, upstream, [norm.gamma, norm.beta], first=first)
+    assert [len(t) for t in y] == [first, 4 - first]
+    image = (-1, 1, 1, 4)
+    x64 = x.astype(np.float64).reshape(image)
+    gamma = norm.gamma.numpy().astype(np.float64)
+    want = _numpy_training_norm_grads(x64, gamma, upstream.reshape(image),
+                                      1e-3)
+    close = functools.partial(np.testing.assert_allclose, rtol=1e-4,
+                              atol=1e-4)
+    close(np.concatenate(y).reshape(image),
+          _numpy_training_norm(x64, gamma, norm.beta.numpy(), 1e-3))
+    close(np.concatenate(dx).reshape(image), want[0])
+    close(sum(d_gamma), want[1])
+    close(sum(d_beta), want[2])
+    for variable, batch in ((norm.moving_mean, x64.mean((0, 1, 2))),
+                            (norm.moving_variance, x64.var((0, 1, 2)))):
+        initial = 1.0 if variable is norm.moving_variance else 0.0
+        for replica_value in strategy.experimental_local_results(variable):
+            close(replica_value, 0.9 * initial + 0.1 * batch)
 
 
 def test_global_batch_norm_all_reduces_once_each_way(two_replicas):
