@@ -644,7 +644,7 @@ def _train_on_two_replicas(strategy, layer, x, upstream, weights,
     `weights`, each as the tuple of the replicas' values."""
     bounds = (0, len(x) // 2 if first is None else first, len(x))
 
-    def halves(array):
+    def per_replica(array):
         return strategy.experimental_distribute_values_from_function(
             lambda ctx: array[bounds[ctx.replica_id_in_sync_group]:
                               bounds[ctx.replica_id_in_sync_group + 1]])
@@ -661,7 +661,7 @@ def _train_on_two_replicas(strategy, layer, x, upstream, weights,
         return strategy.run(replica_step, args=(x, upstream))
 
     return [strategy.experimental_local_results(t)
-            for t in step(halves(x), halves(upstream))]
+            for t in step(per_replica(x), per_replica(upstream))]
 
 
 @pytest.mark.parametrize('kernel_size, stride, use_bias, recompute', [
