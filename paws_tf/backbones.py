@@ -48,9 +48,11 @@ def batch_norm(name, *, sync_bn, momentum, epsilon, zero_init=False):
                      name=name)
 
 
-def _global_normalise(x, gamma, beta, epsilon, replica_context):
+def _global_normalise(x, gamma, beta, epsilon, replica_context,
+                      relu=False):
     """Batch norm of this replica's `x` [B, H, W, C] on the statistics of
-    the global batch across replicas, with one all-reduce.
+    the global batch across replicas, with one all-reduce (and the ReLU of
+    it if `relu`).
 
     TensorFlow's fused training kernel normalises `x` on its own statistics
     (as one replica's layer does); the replicas' counts, sums and sums of
@@ -86,7 +88,7 @@ def _global_normalise(x, gamma, beta, epsilon, replica_context):
         tf.math.divide_no_nan(squares, count) - tf.square(mean), 0.0)
     scale = gamma * tf.math.rsqrt(variance + epsilon)
     z = _scale_shift(x_hat, scale * tf.sqrt(local_variance + epsilon),
-                     scale * (local_mean - mean) + beta)
+                     scale * (local_mean - mean) + beta, relu)
     return z, mean, variance, count
 
 
@@ -122,13 +124,15 @@ def _global_norm_grads(dz, x, gamma, mean, variance, count, epsilon,
 
 
 @tf.function(jit_compile=True)
-def _scale_shift(x, scale, shift):
-    """x * scale + shift per channel, in float32, returned in x's dtype.
+def _scale_shift(x, scale, shift, relu=False):
+    """x * scale + shift per channel (and its ReLU if `relu`), in float32,
+    returned in x's dtype.
 
     Compiled with XLA: one pass (`_global_normalise`'s map from the local
     normalisation to the global one; `NormReLUThen`'s recomputation).
     """
-    return tf.cast(tf.cast(x, tf.float32) * scale + shift, x.dtype)
+    y = tf.cast(x, tf.float32) * scale + shift
+    return tf.cast(tf.nn.relu(y) if relu else y, x.dtype)
 
 
 @tf.function(jit_compile=True)
@@ -546,8 +550,9 @@ class NormReLUThen(tf_keras.layers.Layer):
 
         @tf.custom_gradient
         def op(x, gamma, beta, *weights):
-            z, mean, variance, count = _global_normalise(
-                x, gamma, beta, epsilon, replica_context)
+            # The ReLU in the normalisation's pass.
+            a, mean, variance, count = _global_normalise(
+                x, gamma, beta, epsilon, replica_context, relu=True)
 
             def grad(dy, *unused):
                 del unused  # The statistics take no gradient.
@@ -555,18 +560,20 @@ class NormReLUThen(tf_keras.layers.Layer):
                 # Made after dy exists, so that graph optimisation cannot
                 # merge it with the forward pass's (see `op` in `call`).
                 with tf.control_dependencies([dy]):
-                    z = _scale_shift(x, scale, beta - mean * scale)
+                    a = _scale_shift(x, scale, beta - mean * scale, True)
                 with tf.GradientTape() as tape:
-                    tape.watch([z, *weights])
-                    y_again = self._apply_layer(tf.nn.relu(z), *weights)
-                dz, *dweights = tape.gradient(y_again, [z, *weights],
+                    tape.watch([a, *weights])
+                    y_again = self._apply_layer(a, *weights)
+                da, *dweights = tape.gradient(y_again, [a, *weights],
                                               output_gradients=dy)
+                # a > 0 where the normalised x is.
+                dz = tf.raw_ops.ReluGrad(gradients=da, features=a)
                 return (*_global_norm_grads(dz, x, gamma, mean, variance,
                                             count, epsilon, replica_context),
                         *dweights)
 
-            return (self._apply_layer(tf.nn.relu(z), *weights), mean,
-                    variance, count), grad
+            return (self._apply_layer(a, *weights), mean, variance,
+                    count), grad
 
         y, mean, variance, count = op(
             inputs, norm.gamma, norm.beta,
