@@ -158,15 +158,14 @@ class GlobalBatchNormalization(tf_keras.layers.BatchNormalization):
     the backward pass, and runs unfused ops. Training in a replica context,
     this layer normalises the local batch with TensorFlow's fused kernel,
     all-reduces [sum, sum of squares, count] per channel as one vector and
-    maps the local normalisation to the global one in one XLA-compiled
-    pass (`_global_normalise`); in the backward pass it all-reduces [sum of
-    dz, sum of dz * x_hat] once (z the output, x_hat the normalised input)
-    and takes the rest from the fused gradient kernel and one XLA-compiled
-    pass (`_global_norm_grads`).
-    Values, gradients and moving statistics are tf_keras': the moving
-    variance takes the global batch's variance without Bessel's
-    correction. Where `global_replica_context` says so, tf_keras' layer
-    runs instead. Channels-last only; inputs of rank 2 or 4.
+    maps the local normalisation to the global one in one XLA-compiled pass
+    (`_global_normalise`); in the backward pass it all-reduces [sum of dz,
+    sum of dz * x_hat] once (z the output, x_hat the normalised input) and
+    takes the rest from the fused gradient kernel and one XLA-compiled pass
+    (`_global_norm_grads`). Values, gradients and moving statistics are
+    tf_keras': the moving variance takes the global batch's variance without
+    Bessel's correction. Where `global_replica_context` says so, tf_keras'
+    layer runs instead. Channels-last only; inputs of rank 2 or 4.
 
     Takes `BatchNormalization`'s keyword arguments; `synchronized` is
     always True.
@@ -560,7 +559,8 @@ class NormReLUThen(tf_keras.layers.Layer):
                 # Made after dy exists, so that graph optimisation cannot
                 # merge it with the forward pass's (see `op` in `call`).
                 with tf.control_dependencies([dy]):
-                    a = _scale_shift(x, scale, beta - mean * scale, True)
+                    a = _scale_shift(x, scale, beta - mean * scale,
+                                     relu=True)
                 with tf.GradientTape() as tape:
                     tape.watch([a, *weights])
                     y_again = self._apply_layer(a, *weights)
