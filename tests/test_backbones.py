@@ -726,33 +726,18 @@ def _numpy_training_norm(x, gamma, beta, epsilon):
     return z
 
 
-@pytest.mark.parametrize('policy, tolerance', [
-    ('float32', 1e-4), ('mixed_float16', 1e-2), ('mixed_bfloat16', 5e-2)])
-@pytest.mark.parametrize('shape', [(4, 5, 5, 6), (6, 6)])
-def test_global_batch_norm_trains_like_numpy(shape, policy, tolerance,
-                                             two_replicas):
-    """GlobalBatchNormalization on two replicas: each replica's output and
+def _check_global_norm_trains_like_numpy(strategy, norm, x, upstream,
+                                         tolerance, first=None):
+    """Trains `norm` (a GlobalBatchNormalization) on two replicas, split as
+    `_train_on_two_replicas` does, and checks each replica's output and
     input gradient, the summed gamma and beta gradients and the moving
-    statistics are those of batch norm over the replicas' batches
-    concatenated, by hand (images, and the heads' [B, C] features), in
-    float32 and within the precision of mixed float16 and bfloat16."""
-    strategy = two_replicas
-    with strategy.scope():
-        norm = backbones.GlobalBatchNormalization(momentum=0.9, epsilon=1e-3,
-                                                  dtype=policy)
-        norm.build((None, *shape[1:]))
-    rng = np.random.default_rng(8)
-    for variable in norm.weights:
-        variable.assign(rng.uniform(0.5, 1.5, size=variable.shape))
-    x = rng.normal(size=shape).astype(np.float32)
-    x[shape[0] // 2:] = 3.0 * x[shape[0] // 2:] - 2.0
-    upstream = rng.normal(size=shape).astype(np.float32)
+    statistics against batch norm over the global batch, by hand: the
+    replicas' outputs."""
     moving_mean, moving_variance = (norm.moving_mean.numpy(),
                                     norm.moving_variance.numpy())
-
     y, dx, d_gamma, d_beta = _train_on_two_replicas(
-        strategy, norm, x, upstream, [norm.gamma, norm.beta])
-    image = (-1, 1, 1, shape[-1])  # [B, C] as [B, 1, 1, C].
+        strategy, norm, x, upstream, [norm.gamma, norm.beta], first=first)
+    image = (-1, 1, 1, x.shape[-1])  # [B, C] as [B, 1, 1, C].
     x64 = x.astype(np.float64).reshape(image)
     gamma = norm.gamma.numpy().astype(np.float64)
     want_y = _numpy_training_norm(x64, gamma, norm.beta.numpy(), 1e-3)
@@ -770,44 +755,53 @@ def test_global_batch_norm_trains_like_numpy(shape, policy, tolerance,
             (norm.moving_variance, moving_variance, x64.var((0, 1, 2)))):
         for replica_value in strategy.experimental_local_results(variable):
             close(replica_value, 0.9 * before + 0.1 * batch)
+    return y
+
+
+@pytest.mark.parametrize('policy, tolerance', [
+    ('float32', 1e-4), ('mixed_float16', 1e-2), ('mixed_bfloat16', 5e-2)])
+@pytest.mark.parametrize('shape', [(4, 5, 5, 6), (6, 6)])
+def test_global_batch_norm_trains_like_numpy(shape, policy, tolerance,
+                                             two_replicas):
+    """GlobalBatchNormalization on two replicas: each replica's output and
+    input gradient, the summed gamma and beta gradients and the moving
+    statistics are those of batch norm over the replicas' batches
+    concatenated, by hand (images, and the heads' [B, C] features), in
+    float32 and within the precision of mixed float16 and bfloat16."""
+    with two_replicas.scope():
+        norm = backbones.GlobalBatchNormalization(momentum=0.9, epsilon=1e-3,
+                                                  dtype=policy)
+        norm.build((None, *shape[1:]))
+    rng = np.random.default_rng(8)
+    for variable in norm.weights:
+        variable.assign(rng.uniform(0.5, 1.5, size=variable.shape))
+    x = rng.normal(size=shape).astype(np.float32)
+    x[shape[0] // 2:] = 3.0 * x[shape[0] // 2:] - 2.0
+    upstream = rng.normal(size=shape).astype(np.float32)
+    _check_global_norm_trains_like_numpy(two_replicas, norm, x, upstream,
+                                         tolerance)
 
 
 @pytest.mark.parametrize('first', [0, 1])
 def test_global_batch_norm_uneven_replica_batches(first, two_replicas):
     """Replicas with batches of 0 or 1 rows (whose own statistics are NaN
     or without spread) beside a larger one: outputs, input gradients, the
-    summed gamma and beta gradients and the moving statistics are those of
-    batch norm over the global batch, by hand."""
-    strategy = two_replicas
-    with strategy.scope():
+    summed gamma and beta gradients and the moving statistics (from their
+    initial 0 and 1) are those of batch norm over the global batch, by
+    hand."""
+    with two_replicas.scope():
         norm = backbones.GlobalBatchNormalization(momentum=0.9, epsilon=1e-3)
         norm.build((None, 4))
+    np.testing.assert_array_equal(norm.moving_mean.numpy(), 0.0)
+    np.testing.assert_array_equal(norm.moving_variance.numpy(), 1.0)
     rng = np.random.default_rng(10)
     norm.gamma.assign(rng.uniform(0.5, 1.5, size=4))
     norm.beta.assign(rng.uniform(-1.0, 1.0, size=4))
     x = rng.normal(size=(4, 4)).astype(np.float32) * 2.0 + 1.0
     upstream = rng.normal(size=(4, 4)).astype(np.float32)
-
-    y, dx, d_gamma, d_beta = _train_on_two_replicas(
-        strategy, norm, x, upstream, [norm.gamma, norm.beta], first=first)
+    y = _check_global_norm_trains_like_numpy(two_replicas, norm, x, upstream,
+                                             1e-4, first=first)
     assert [len(t) for t in y] == [first, 4 - first]
-    image = (-1, 1, 1, 4)
-    x64 = x.astype(np.float64).reshape(image)
-    gamma = norm.gamma.numpy().astype(np.float64)
-    want = _numpy_training_norm_grads(x64, gamma, upstream.reshape(image),
-                                      1e-3)
-    close = functools.partial(np.testing.assert_allclose, rtol=1e-4,
-                              atol=1e-4)
-    close(np.concatenate(y).reshape(image),
-          _numpy_training_norm(x64, gamma, norm.beta.numpy(), 1e-3))
-    close(np.concatenate(dx).reshape(image), want[0])
-    close(sum(d_gamma), want[1])
-    close(sum(d_beta), want[2])
-    for variable, batch in ((norm.moving_mean, x64.mean((0, 1, 2))),
-                            (norm.moving_variance, x64.var((0, 1, 2)))):
-        initial = 1.0 if variable is norm.moving_variance else 0.0
-        for replica_value in strategy.experimental_local_results(variable):
-            close(replica_value, 0.9 * initial + 0.1 * batch)
 
 
 def test_global_batch_norm_all_reduces_once_each_way(two_replicas):
