@@ -72,7 +72,8 @@ CONFIGS = {
 }
 # Environment variables that change CPU performance, echoed in the output.
 ENV_KNOBS = ('TF_ENABLE_ONEDNN_OPTS', 'TF_CPU_ALLOCATOR_USE_BFC',
-             'OMP_NUM_THREADS', 'MALLOC_ARENA_MAX', 'TF_XLA_FLAGS')
+             'OMP_NUM_THREADS', 'MALLOC_ARENA_MAX', 'LD_PRELOAD',
+             'TF_XLA_FLAGS')
 
 
 def env_knobs():
