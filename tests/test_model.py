@@ -69,11 +69,11 @@ def _one_step_each(two_replicas, views, unique, optimizer_fn):
     """One train_step on 2 replicas and on one device, same global batch.
 
     Returns (names, before, distributed_after, single_after) weight lists.
-    The weights are seeded: their float32 error against the tolerances below
-    depends on the draw (the summed bias gradients before the L2
-    normalisation cancel for some draws). One support view, unique
-    classes: over seeds 0-29 the worst error was 0.49 of the tolerance,
-    0.03 with seed 0; an unseeded run once reached 1.8.
+    The weights are seeded: the float32 error against the callers'
+    tolerances depends on the draw, most of all for the last bias before
+    the L2 normalisation. One support view, unique classes: over seeds 0-29
+    the worst error was 0.49 of the tolerance, 0.03 with seed 0; an unseeded
+    run once reached 1.8.
     """
     tf_keras.utils.set_random_seed(0)
     batch, classes, images, multicrop = 2, 2, 2, 2
