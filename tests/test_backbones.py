@@ -731,8 +731,8 @@ def _check_global_norm_trains_like_numpy(strategy, norm, x, upstream,
     """Trains `norm` (a GlobalBatchNormalization) on two replicas, split as
     `_train_on_two_replicas` does, and checks each replica's output and
     input gradient, the summed gamma and beta gradients and the moving
-    statistics against batch norm over the global batch, by hand: the
-    replicas' outputs."""
+    statistics against batch norm over the global batch, by hand. Returns
+    the replicas' outputs."""
     moving_mean, moving_variance = (norm.moving_mean.numpy(),
                                     norm.moving_variance.numpy())
     y, dx, d_gamma, d_beta = _train_on_two_replicas(
