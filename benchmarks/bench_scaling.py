@@ -264,7 +264,7 @@ def main():
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
         strategies = {1: tf.distribute.get_strategy(),
-                      2: tf.distribute.MirroredStrategy(['CPU:0', 'CPU:1'])}
+                      2: dist.make_strategy('mirrored', ['CPU:0', 'CPU:1'])}
     if 'support' in parts:
         for strategy in strategies.values():
             support_scaling(args, strategy)

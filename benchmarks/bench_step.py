@@ -159,13 +159,13 @@ def configure_devices(args):
     if args.replicas == 1:
         return tf.distribute.get_strategy()
     if tf.config.list_physical_devices('GPU'):
-        return tf.distribute.MirroredStrategy(
-            [f'GPU:{i}' for i in range(args.replicas)])
+        return dist.make_strategy(
+            'mirrored', [f'GPU:{i}' for i in range(args.replicas)])
     cpu = tf.config.list_physical_devices('CPU')[0]
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * args.replicas)
-    return tf.distribute.MirroredStrategy(
-        [f'CPU:{i}' for i in range(args.replicas)])
+    return dist.make_strategy(
+        'mirrored', [f'CPU:{i}' for i in range(args.replicas)])
 
 
 def build(config, replicas, sync_bn, recompute_bn_relu):

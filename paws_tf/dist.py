@@ -45,7 +45,8 @@ def make_strategy(kind='auto', devices=None):
             several GPUs are visible, else `one_device` (TF's default
             strategy: one replica on the first GPU, or the CPU).
         devices: explicit device list for `mirrored` (e.g. logical CPUs
-            `['CPU:0', 'CPU:1']`); default all GPUs (or the CPU).
+            `['CPU:0', 'CPU:1']`, whose replicas then sum on one device
+            instead of running collectives); default all GPUs (or the CPU).
 
     Returns:
         A `tf.distribute.Strategy`.
@@ -70,9 +71,33 @@ def make_strategy(kind='auto', devices=None):
         # tf_keras' BackupAndRestore refuses it.
         return tf.distribute.get_strategy()
     if kind == 'mirrored':
-        return tf.distribute.MirroredStrategy(devices)
+        return tf.distribute.MirroredStrategy(
+            devices, cross_device_ops=_cross_device_ops(devices))
     return tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=_cluster_resolver())
+
+
+def _cross_device_ops(devices):
+    """How `MirroredStrategy` on `devices` reduces across replicas.
+
+    Logical devices that split one CPU share its memory, so summing on the
+    first device hands every replica the same buffer: one pass over the
+    gradients instead of the collective all-reduce's copies into and out of
+    one packed buffer per replica (BUILD.md, Scaling, stop 20). GPUs keep
+    TensorFlow's default (collective all-reduces, NCCL's on GPUs).
+
+    Returns:
+        `tf.distribute.ReductionToOneDevice` when every device is a CPU,
+        else None (the strategy's default).
+    """
+    if devices is None:
+        devices = [device.name for device in tf.config.list_logical_devices()
+                   if device.device_type == 'GPU'] or ['CPU:0']
+    types = {tf.DeviceSpec.from_string(device).device_type
+             for device in devices}
+    if types == {'CPU'}:
+        return tf.distribute.ReductionToOneDevice()
+    return None
 
 
 def loopback_tf_configs(workers):

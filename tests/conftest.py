@@ -8,6 +8,8 @@ import paws_tf  # noqa: F401,E402  (selects tf_keras before TF is used)
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from paws_tf import dist  # noqa: E402
+
 # Must run before TF initialises its devices, i.e. before any op executes.
 _CPUS = tf.config.list_physical_devices('CPU')
 tf.config.set_logical_device_configuration(
@@ -34,7 +36,17 @@ def fresh_collective_keys():
 
 @pytest.fixture
 def two_replicas():
-    """A fresh 2-replica MirroredStrategy on the two logical CPUs."""
+    """A fresh 2-replica MirroredStrategy on the two logical CPUs, as
+    `dist.make_strategy` builds it."""
+    strategy = dist.make_strategy('mirrored', ['CPU:0', 'CPU:1'])
+    _offset_collective_keys()
+    return strategy
+
+
+@pytest.fixture
+def two_replicas_collective():
+    """A fresh 2-replica MirroredStrategy on the two logical CPUs that
+    all-reduces with collective ops, as on GPUs and across workers."""
     strategy = tf.distribute.MirroredStrategy(['CPU:0', 'CPU:1'])
     _offset_collective_keys()
     return strategy

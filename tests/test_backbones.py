@@ -804,10 +804,12 @@ def test_global_batch_norm_uneven_replica_batches(first, two_replicas):
     assert [len(t) for t in y] == [first, 4 - first]
 
 
-def test_global_batch_norm_all_reduces_once_each_way(two_replicas):
+def test_global_batch_norm_all_reduces_once_each_way(two_replicas_collective):
     """One collective per replica forward and one backward, for the layer
-    and inside NormReLUThen; tf_keras' synchronised layer makes five."""
-    strategy = two_replicas
+    and inside NormReLUThen; tf_keras' synchronised layer makes five.
+    Counted where the strategy all-reduces with collectives (GPUs, workers);
+    logical CPUs sum on one device instead (`dist.make_strategy`)."""
+    strategy = two_replicas_collective
 
     def collectives_per_replica(make_layer):
         with strategy.scope():

@@ -17,9 +17,31 @@ def test_auto_is_one_device_on_a_cpu_machine(monkeypatch):
     assert strategy.num_replicas_in_sync == 1
 
 
-def test_mirrored_on_logical_cpus():
+def test_mirrored_on_logical_cpus_reduces_on_one_device():
+    """Logical CPUs share memory: sums and gathers are ops on one device,
+    no collectives; GPUs keep TensorFlow's collectives."""
     strategy = dist.make_strategy('mirrored', devices=['CPU:0', 'CPU:1'])
     assert strategy.num_replicas_in_sync == 2
+    rows = np.array([[1.0, 2.0], [10.0, 20.0]], np.float32)
+
+    @tf.function
+    def step():
+        def replica_step():
+            ctx = tf.distribute.get_replica_context()
+            x = tf.gather(tf.constant(rows), ctx.replica_id_in_sync_group)
+            return (ctx.all_reduce(tf.distribute.ReduceOp.SUM, x),
+                    dist.all_gather(x[None]))
+
+        return strategy.run(replica_step)
+
+    sums, gathered = step()
+    for replica in range(2):
+        np.testing.assert_allclose(sums.values[replica], rows.sum(axis=0))
+        np.testing.assert_allclose(gathered.values[replica], rows)
+    op_types = {op.type for op in step.get_concrete_function().graph
+                .get_operations()}
+    assert not {t for t in op_types if t.startswith('Collective')}
+    assert dist._cross_device_ops(['GPU:0', 'GPU:1']) is None
 
 
 def test_unknown_kind_names_the_choices():
