@@ -8,8 +8,11 @@ STAMP := $(VENV)/.requirements-stamp
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist): most of a test's time is single-threaded
 # (tracing, process start-up), so two processes fill 2 cores better than one
-# (460 tests: 570 s against 865 s). 0 runs them in this process.
+# (460 tests: 570 s against 865 s). 0 runs them in this process. A process
+# that runs out of tests takes half of the other's remaining ones
+# (worksteal); tests/conftest.py puts the long `slow` ones first.
 PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist worksteal
 
 .PHONY: venv test test-fast demo demo-quick fashion-mnist clean
 
@@ -24,11 +27,11 @@ $(STAMP): requirements.txt
 	touch $@
 
 test: $(STAMP)
-	$(PY) -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # Everything except the runs marked slow (multi-worker, end-to-end).
 test-fast: $(STAMP)
-	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # The demo reads Debian's Fashion-MNIST IDX files; when they are missing it
 # installs the package if apt can, else the run falls back to TFDS.
