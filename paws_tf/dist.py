@@ -88,15 +88,12 @@ def _cross_device_ops(devices):
     GPUs).
 
     Returns:
-        `tf.distribute.ReductionToOneDevice` when every device is a CPU,
-        else None (the strategy's default).
+        `tf.distribute.ReductionToOneDevice` when `devices` lists only
+        CPUs, else None (the strategy's default; `devices` None means all
+        GPUs, or the one CPU, whose single replica never reduces).
     """
-    if devices is None:
-        devices = [device.name for device in tf.config.list_logical_devices()
-                   if device.device_type == 'GPU'] or ['CPU:0']
-    types = {tf.DeviceSpec.from_string(device).device_type
-             for device in devices}
-    if types == {'CPU'}:
+    if devices and all(tf.DeviceSpec.from_string(device).device_type == 'CPU'
+                       for device in devices):
         return tf.distribute.ReductionToOneDevice()
     return None
 
