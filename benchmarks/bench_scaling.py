@@ -19,9 +19,10 @@ Three parts, each printing one JSON object per measurement:
    127.0.0.1 (gRPC collectives). The summary gives the 2-replica/1-replica
    ratio of the best settings (per core: all use all cores) and of the two
    references.
-3. `interleaved`: 1 and 2 replicas (with and without synchronised BN) in
-   one process, one step of each in turn (`interleaved_replicas`): the
-   2-replica/1-replica ratio of every round, under the same load.
+3. `interleaved`: 1 and 2 replicas (with and without synchronised BN, two
+   thread settings), each in a `bench_step.py` process of its own, one step
+   of each in turn (`interleaved_replicas`): the 2-replica/1-replica ratio
+   of every round, under the same load.
 
     python benchmarks/bench_scaling.py --part support
     python benchmarks/bench_scaling.py --part replicas --config cifar_small
@@ -64,11 +65,19 @@ REPLICA_RUNS = ((1, 'off', 0, 0, {}), (1, 'off', 0, 0, _ONE_ARENA),
                 (1, 'on', 0, 0, {}), (2, 'on', 0, 0, {}),
                 (2, 'on', 0, 1, {}), (2, 'on', 1, 2, {}),
                 (2, 'on', 0, 0, _ONE_ARENA))
-# (name, replicas, sync_bn) of the interleaved part, the first the baseline:
-# one replica as the trainer runs it (fused BN), two as the trainer runs
-# them (synchronised BN), and two without it (its cost).
-INTERLEAVED_RUNS = (('1_replica', 1, False), ('2_replicas', 2, True),
-                    ('2_replicas_no_sync_bn', 2, False))
+# (name, bench_step.py arguments) of the interleaved part, each run in its
+# own process, the first the baseline: one replica as the trainer runs it
+# (fused BN, TensorFlow's default threads); two as the trainer runs them
+# (synchronised BN), with the default threads and with each replica's ops on
+# one thread of their own (one intra-op thread, two inter-op threads); and
+# two without synchronised BN (its cost).
+_THREAD_PER_REPLICA = ['--intra_op_threads', '1', '--inter_op_threads', '2']
+INTERLEAVED_RUNS = (
+    ('1_replica', ['--replicas', '1']),
+    ('2_replicas', ['--replicas', '2']),
+    ('2_replicas_thread_each', ['--replicas', '2', *_THREAD_PER_REPLICA]),
+    ('2_replicas_thread_each_no_sync_bn',
+     ['--replicas', '2', '--sync_bn', 'off', *_THREAD_PER_REPLICA]))
 
 
 def _context():
@@ -199,40 +208,48 @@ def replica_scaling(args):
         **_context()}), flush=True)
 
 
-def interleaved_replicas(args, strategies):
-    """1 and 2 replicas in one process, one step of each in turn.
+def interleaved_replicas(args):
+    """1 and 2 replicas stepped in turn, each in a process of its own.
 
     On a shared machine the speed of separate runs drifts by more than the
-    difference between them; steps taken in turn see the same load. Each
-    round runs one step of every model of `INTERLEAVED_RUNS` (the order
-    rotating from round to round) and gives a 2-replica/1-replica ratio of
-    its own; the summary is their median. Thread pools and the malloc
-    environment are the process's, the same for all.
+    difference between them; steps taken in turn see the same load. Every
+    run of `INTERLEAVED_RUNS` is a `bench_step.py` process with its own
+    devices and threads, warmed up at once; then each round runs one step of
+    every run (the order rotating from round to round), the others waiting
+    without taking CPU time, and gives a 2-replica/1-replica ratio of its
+    own; the summary is their median. The malloc environment is this
+    process's, the same for all.
     """
-    config = bench_step.CONFIGS[args.config]
-    steps = {name: bench_step.make_step(
-        config, strategies[replicas], sync_bn, recompute_bn_relu=True,
-        xla=False) for name, replicas, sync_bn in INTERLEAVED_RUNS}
-    for step in steps.values():
-        for _ in range(args.warmup):
-            step()
-    names = [name for name, _, _ in INTERLEAVED_RUNS]
-    seconds = {name: [] for name in names}
-    cpu = {name: [] for name in names}
-    for round_ in range(args.steps):
-        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-            took, usage, _ = steps[name]()
-            seconds[name].append(took)
-            cpu[name].append(usage['cpu'])
-    views = bench_step.views_per_step(config)
-    runs = {name: {
-        'images_per_s': round(views / statistics.median(seconds[name]), 1),
-        'step_s': [round(t, 3) for t in seconds[name]],
-        'cpu_s_per_step': round(statistics.median(cpu[name]), 3)}
-        for name in names}
-    base = seconds[names[0]]
+    common = ['--config', args.config, '--warmup', str(args.warmup)]
+    servers = {name: bench_step.StepServer(common + arguments, {})
+               for name, arguments in INTERLEAVED_RUNS}
+    try:
+        warmup = {name: server.ready() for name, server in servers.items()}
+        names = list(servers)
+        steps = {name: [] for name in names}
+        for round_ in range(args.steps):
+            for name in names[round_ % len(names):] + names[:round_ % len(
+                    names)]:
+                steps[name].append(servers[name].step())
+    finally:
+        for server in servers.values():
+            server.close()
+    views = bench_step.views_per_step(bench_step.CONFIGS[args.config])
+    runs = {}
+    for name, arguments in INTERLEAVED_RUNS:
+        seconds = [s['seconds'] for s in steps[name]]
+        runs[name] = {
+            'arguments': arguments,
+            'images_per_s': round(views / statistics.median(seconds), 1),
+            'step_s': [round(t, 3) for t in seconds],
+            'cpu_s_per_step': round(statistics.median(
+                s['cpu'] for s in steps[name]), 3),
+            'page_faults_per_step': round(statistics.median(
+                s['faults'] for s in steps[name])),
+            'warmup_step_s': warmup[name]}
+    base = runs[names[0]]['step_s']
     ratios = {f'ratio_{name}_over_1': [
-        round(b / t, 3) for b, t in zip(base, seconds[name])]
+        round(b / t, 3) for b, t in zip(base, runs[name]['step_s'])]
         for name in names[1:]}
     print(json.dumps({
         'benchmark': 'replica_scaling_interleaved', 'config': args.config,
@@ -259,19 +276,17 @@ def main():
     args = parser.parse_args()
     parts = (('support', 'replicas', 'interleaved') if args.part == 'all'
              else (args.part,))
-    if 'support' in parts or 'interleaved' in parts:
+    if 'support' in parts:
         cpu = tf.config.list_physical_devices('CPU')[0]
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        strategies = {1: tf.distribute.get_strategy(),
-                      2: dist.make_strategy('mirrored', ['CPU:0', 'CPU:1'])}
-    if 'support' in parts:
-        for strategy in strategies.values():
+        for strategy in (tf.distribute.get_strategy(),
+                         dist.make_strategy('mirrored', ['CPU:0', 'CPU:1'])):
             support_scaling(args, strategy)
     if 'replicas' in parts:
         replica_scaling(args)
     if 'interleaved' in parts:
-        interleaved_replicas(args, strategies)
+        interleaved_replicas(args)
 
 
 if __name__ == '__main__':

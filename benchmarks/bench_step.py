@@ -113,6 +113,9 @@ def parse_args():
     parser.add_argument('--inter_op_threads', type=int, default=0)
     parser.add_argument('--profile_dir', default='',
                         help='write a TF profiler trace of 2 timed steps')
+    parser.add_argument('--serve', action='store_true',
+                        help='after the warm-up, one step per line read '
+                        'from stdin (bench_scaling.py --part interleaved)')
     args = parser.parse_args()
     # As the trainer's `--strategy=auto`: TF_CONFIG or Slurm.
     args.cluster = dist.cluster_in_environment()
@@ -234,6 +237,70 @@ def run_in_subprocesses(runs):
     return results
 
 
+def serve(step, warmup_step_s):
+    """Runs one step per line read from stdin until it closes.
+
+    Prints a JSON line when ready (after the warm-up) and one per step with
+    its seconds and the process's CPU seconds and minor page faults in it.
+    A process blocked on stdin takes no CPU time, so several of these,
+    stepped in turn, see the same load (`StepServer`).
+    """
+    print(json.dumps({'ready': True, 'warmup_step_s': [
+        round(t, 2) for t in warmup_step_s]}), flush=True)
+    for _ in sys.stdin:
+        seconds, usage, _ = step()
+        print(json.dumps({'seconds': seconds, 'cpu': usage['cpu'],
+                          'faults': usage['faults']}), flush=True)
+
+
+class StepServer:
+    """This benchmark in a subprocess with `--serve`: started at once, it
+    warms up on its own, then `step()` runs one step there.
+
+    Args:
+        arguments: command-line arguments of the run (without `--serve`).
+        environment: variables to set in its environment.
+    """
+
+    def __init__(self, arguments, environment):
+        self._err = tempfile.TemporaryFile('w+')
+        self._proc = subprocess.Popen(
+            [sys.executable, __file__, *arguments, '--serve'],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
+            env=dict(os.environ, **environment), text=True)
+
+    def _reply(self):
+        """The next JSON line on its stdout (libraries may print others)."""
+        for line in self._proc.stdout:
+            if line.startswith('{'):
+                return json.loads(line)
+        self._proc.wait()
+        self._err.seek(0)
+        raise RuntimeError(
+            f'bench_step.py {" ".join(self._proc.args[2:])} exited with '
+            f'{self._proc.returncode}:\n{self._err.read()[-3000:]}')
+
+    def ready(self):
+        """Waits for the warm-up; returns its step times."""
+        return self._reply()['warmup_step_s']
+
+    def step(self):
+        """Runs one step; returns {'seconds', 'cpu', 'faults'}."""
+        self._proc.stdin.write('step\n')
+        self._proc.stdin.flush()
+        return self._reply()
+
+    def close(self):
+        """Ends it: closes its stdin, and kills it if that does not end it
+        within 30 s (e.g. still warming up)."""
+        self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
 def _status_mib(field):
     return round(memory.status_kib(field) / 1024)
 
@@ -311,6 +378,9 @@ def main():
     rss_built_mib = _status_mib('VmRSS')
 
     first_step_s = [step()[0] for _ in range(args.warmup)]
+    if args.serve:
+        serve(step, first_step_s)
+        return
     # Tracing and graph rewrites of the first step have their own peak.
     # Resetting the peak resets ru_maxrss too, so keep this one first.
     peak_warmup_mib = _status_mib('VmHWM')
