@@ -286,14 +286,20 @@ class StepServer:
 
     def step(self):
         """Runs one step; returns {'seconds', 'cpu', 'faults'}."""
-        self._proc.stdin.write('step\n')
-        self._proc.stdin.flush()
+        try:
+            self._proc.stdin.write('step\n')
+            self._proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # It has exited: `_reply` raises with its stderr.
         return self._reply()
 
     def close(self):
         """Ends it: closes its stdin, and kills it if that does not end it
         within 30 s (e.g. still warming up)."""
-        self._proc.stdin.close()
+        try:
+            self._proc.stdin.close()
+        except BrokenPipeError:
+            pass  # It has exited already.
         try:
             self._proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
