@@ -221,7 +221,7 @@ def interleaved_replicas(args):
     process's, the same for all.
     """
     common = ['--config', args.config, '--warmup', str(args.warmup)]
-    servers = {name: bench_step.StepServer(common + arguments, {})
+    servers = {name: bench_step.StepServer(common + arguments)
                for name, arguments in INTERLEAVED_RUNS}
     try:
         warmup = {name: server.ready() for name, server in servers.items()}

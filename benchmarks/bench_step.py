@@ -203,6 +203,15 @@ def synthetic_batch(config, replicas, rng):
             'support_views': views(support, config['global_size'])}
 
 
+def _exit_error(proc, err):
+    """The error for a finished benchmark subprocess `proc` that failed:
+    its arguments, exit code and the end of its stderr file `err`."""
+    err.seek(0)
+    return RuntimeError(
+        f'bench_step.py {" ".join(proc.args[2:])} exited with '
+        f'{proc.returncode}:\n{err.read()[-3000:]}')
+
+
 def run_in_subprocesses(runs):
     """Runs this benchmark in fresh processes at once (each its own device
     and thread set-up), one per (command-line arguments, environment
@@ -226,10 +235,7 @@ def run_in_subprocesses(runs):
     failed = failed or next((run for run in procs if run[0].returncode), None)
     if failed:
         proc, _, err = failed
-        err.seek(0)
-        raise RuntimeError(
-            f'bench_step.py {" ".join(proc.args[2:])} exited with '
-            f'{proc.returncode}:\n{err.read()[-3000:]}')
+        raise _exit_error(proc, err)
     results = []
     for _, out, _ in procs:
         out.seek(0)
@@ -258,16 +264,16 @@ class StepServer:
     warms up on its own, then `step()` runs one step there.
 
     Args:
-        arguments: command-line arguments of the run (without `--serve`).
-        environment: variables to set in its environment.
+        arguments: command-line arguments of the run (without `--serve`);
+            it inherits this process's environment.
     """
 
-    def __init__(self, arguments, environment):
+    def __init__(self, arguments):
         self._err = tempfile.TemporaryFile('w+')
         self._proc = subprocess.Popen(
             [sys.executable, __file__, *arguments, '--serve'],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
-            env=dict(os.environ, **environment), text=True)
+            text=True)
 
     def _reply(self):
         """The next JSON line on its stdout (libraries may print others)."""
@@ -275,10 +281,7 @@ class StepServer:
             if line.startswith('{'):
                 return json.loads(line)
         self._proc.wait()
-        self._err.seek(0)
-        raise RuntimeError(
-            f'bench_step.py {" ".join(self._proc.args[2:])} exited with '
-            f'{self._proc.returncode}:\n{self._err.read()[-3000:]}')
+        raise _exit_error(self._proc, self._err)
 
     def ready(self):
         """Waits for the warm-up; returns its step times."""
