@@ -18,6 +18,10 @@ _LUMA_TO_RGB = tuple((w,) * 3 for w in LUMA_WEIGHTS)
 # Multiply, never divide, by constants: Grappler's constant folding turns
 # x / c into x * (1 / c), so eager and traced results would differ by 1 ulp.
 _UINT8_SCALE = 1 / 255
+# Colour distortions (`color_distortion`): colour jitter, then grayscale
+# (SimCLR, the official ImageNet views) or solarize + equalize (the official
+# PAWS CIFAR-10 views).
+DISTORTIONS = ('simclr', 'cifar10')
 
 
 def _split(seed, num):
@@ -89,14 +93,18 @@ def sample_crop_box(height, width, seed, scale, ratio=(3 / 4, 4 / 3),
 
 
 def random_resized_crop(image, seed, size, scale, ratio=(3 / 4, 4 / 3),
-                        attempts=10):
+                        attempts=10, antialias=True):
     """torchvision `RandomResizedCrop`: crop a random box, resize bilinearly.
 
-    Slice + resize with half-pixel centres, no antialiasing (SimCLR's TF
-    crop + resize; torchvision tensors with antialias=False; PIL, used by
-    the PAWS code, antialiases downscaling). `tf.image.crop_and_resize` was
-    slower on CPU, and float rounding of its align-corners boxes put ~6% of
-    edge-touching samples outside the image (extrapolation value 0).
+    The official PAWS code runs it on PIL images, whose bilinear resize
+    widens its triangle filter when it shrinks (antialiasing): with
+    `antialias` (the default) the view matches PIL's to within its uint8
+    rounding, as evaluation's `center_view` does. Without it, the resize
+    samples the box like torchvision on tensors or SimCLR's TF code, which
+    aliases when the box is larger than the view. Slice + resize with
+    half-pixel centres: `tf.image.crop_and_resize` was slower on CPU, and
+    float rounding of its align-corners boxes put ~6% of edge-touching
+    samples outside the image (extrapolation value 0).
 
     Args:
         image: [H, W, C] uint8 (scaled by 1/255) or float in [0, 1].
@@ -105,6 +113,7 @@ def random_resized_crop(image, seed, size, scale, ratio=(3 / 4, 4 / 3),
         scale: (min, max) fraction of the image area.
         ratio: (min, max) aspect ratio w/h.
         attempts: candidate boxes before the centre-crop fallback.
+        antialias: widen the filter when shrinking, as PIL does.
 
     Returns:
         [size, size, C] float32 in [0, 1].
@@ -114,7 +123,8 @@ def random_resized_crop(image, seed, size, scale, ratio=(3 / 4, 4 / 3),
     offset_y, offset_x, h, w = sample_crop_box(
         shape[0], shape[1], seed, scale, ratio, attempts)
     crop = image[offset_y:offset_y + h, offset_x:offset_x + w]
-    return _resize(crop, (size, size) if isinstance(size, int) else size)
+    return _resize(crop, (size, size) if isinstance(size, int) else size,
+                   antialias=antialias)
 
 
 def adjust_brightness(image, factor):
@@ -197,88 +207,209 @@ def color_jitter(image, seed, strength):
     return image
 
 
-def color_distortion(image, seed, strength=1.0, jitter_prob=0.8,
-                     grayscale_prob=0.2):
-    """SimCLR colour distortion: random-order jitter, then random grayscale.
+def quantize(image):
+    """Float [0, 1] -> uint8, rounded: the image PIL would hold."""
+    return tf.cast(tf.round(tf.clip_by_value(image, 0.0, 1.0) * 255.0),
+                   tf.uint8)
 
-    Follows suncet/SimCLR `get_color_distortion(s)`: RandomApply(ColorJitter
-    (0.8s, 0.8s, 0.8s, 0.2s), p=jitter_prob), RandomGrayscale(grayscale_prob).
-    With strength 0 the whole distortion, grayscale included, is skipped.
+
+def _on_uint8(op, image):
+    """`op` applied to the uint8 quantisation of a float [0, 1] image."""
+    return tf.cast(op(quantize(image)), tf.float32) * _UINT8_SCALE
+
+
+def solarize(image, threshold=128):
+    """PIL `ImageOps.solarize`: values >= `threshold` become 255 - value.
+
+    Args:
+        image: [H, W, C] uint8.
+        threshold: scalar; PIL keeps value v where v < threshold.
+
+    Returns:
+        [H, W, C] uint8.
+    """
+    image = tf.convert_to_tensor(image, tf.uint8)
+    return tf.where(tf.cast(image, tf.float32) < threshold, image,
+                    255 - image)
+
+
+def equalize(image):
+    """PIL `ImageOps.equalize`, each channel on its own histogram.
+
+    PIL's look-up table: with h the channel's histogram and `step` =
+    (pixels - count of its highest occupied value) // 255, value i maps to
+    (step // 2 + pixels below i) // step, capped at 255; a channel with one
+    occupied value or `step` 0 is left unchanged.
+
+    Args:
+        image: [H, W, C] uint8, static C.
+
+    Returns:
+        [H, W, C] uint8.
+    """
+    image = tf.convert_to_tensor(image, tf.uint8)
+    channels = image.shape[-1]
+    pixels = tf.reshape(tf.cast(image, tf.int32), [-1, channels])  # [N, C]
+    bins = 256 * channels
+    histogram = tf.reshape(tf.math.bincount(
+        pixels + 256 * tf.range(channels), minlength=bins, maxlength=bins,
+        dtype=tf.int32), [channels, 256])  # [C, 256]
+    occupied = tf.cast(histogram > 0, tf.int32)
+    highest = 255 - tf.argmax(tf.reverse(occupied, [1]), axis=1,
+                              output_type=tf.int32)  # [C]
+    step = (tf.shape(pixels)[0] -
+            tf.gather(histogram, highest, batch_dims=1)) // 255  # [C]
+    divisor = tf.maximum(step, 1)[:, None]
+    lut = tf.minimum((divisor // 2 + tf.cumsum(histogram, axis=1,
+                                               exclusive=True)) // divisor,
+                     255)  # [C, 256]
+    unchanged = (tf.reduce_sum(occupied, axis=1) <= 1) | (step == 0)
+    lut = tf.where(unchanged[:, None], tf.range(256)[None], lut)
+    mapped = tf.gather(lut, tf.transpose(pixels), batch_dims=1)  # [C, N]
+    return tf.reshape(tf.cast(tf.transpose(mapped), tf.uint8),
+                      tf.shape(image))
+
+
+def _random_apply(coin, prob, op, image):
+    return tf.cond(coin < prob, lambda: op(image), lambda: image)
+
+
+def color_distortion(image, seed, strength=1.0, kind='simclr',
+                     jitter_prob=0.8, grayscale_prob=0.2, solarize_prob=0.2,
+                     equalize_prob=0.2):
+    """Random-order colour jitter, then the second half of `kind`.
+
+    Both kinds start with RandomApply(ColorJitter(0.8s, 0.8s, 0.8s, 0.2s),
+    p=jitter_prob) (suncet / SimCLR `get_color_distortion(s)`):
+      'simclr': then RandomGrayscale(grayscale_prob) (the ImageNet views);
+      'cifar10': then Solarize(solarize_prob) with a threshold drawn
+          uniformly in [0, 256), then Equalize(equalize_prob), PIL's
+          operations on the uint8 image (the official PAWS CIFAR-10 views,
+          suncet `src/data_manager.py`).
+    With strength 0 the whole distortion is skipped.
 
     Args:
         image: [H, W, C] float in [0, 1], C in (1, 3); for C = 1 only
-            brightness and contrast act.
+            brightness and contrast act in the jitter.
         seed: [2] int32/int64 stateless seed.
         strength: colour distortion strength s.
-        jitter_prob: probability of applying the colour jitter.
-        grayscale_prob: probability of converting to grayscale (kept as C
-            channels).
+        kind: one of `DISTORTIONS`.
+        jitter_prob, grayscale_prob, solarize_prob, equalize_prob: the
+            probabilities of each operation.
 
     Returns:
         [H, W, C] float32 in [0, 1].
     """
+    check_distortion(kind)
     image = tf.cast(image, tf.float32)
     if strength == 0:
         return image
     coin_seed, jitter_seed = _split(seed, 2)
-    coins = tf.random.stateless_uniform([2], coin_seed)
-    image = tf.cond(coins[0] < jitter_prob,
-                    lambda: color_jitter(image, jitter_seed, strength),
-                    lambda: image)
-    if _channels(image) == 3:
-        image = tf.cond(coins[1] < grayscale_prob,
-                        lambda: tf.matmul(image, _LUMA_TO_RGB),
-                        lambda: image)
-    return tf.clip_by_value(image, 0.0, 1.0)
+    coins = tf.random.stateless_uniform([4], coin_seed)
+    image = _random_apply(coins[0], jitter_prob,
+                          lambda x: color_jitter(x, jitter_seed, strength),
+                          image)
+    if kind == 'simclr':
+        if _channels(image) == 3:
+            image = _random_apply(coins[1], grayscale_prob,
+                                  lambda x: tf.matmul(x, _LUMA_TO_RGB), image)
+        return tf.clip_by_value(image, 0.0, 1.0)
+    # torch.rand(1) * 256, as the official Solarize draws its threshold.
+    threshold = 256.0 * coins[3]
+    image = _random_apply(
+        coins[1], solarize_prob,
+        lambda x: _on_uint8(lambda u: solarize(u, threshold), x), image)
+    return _random_apply(coins[2], equalize_prob,
+                         lambda x: _on_uint8(equalize, x), image)
 
 
-def _reflect_conv_matrix(n, kernel, radius):
-    """[n, n] 1-D convolution matrix, reflect padding as in torchvision."""
-    source = tf.abs(tf.range(n)[:, None] + tf.range(-radius, radius + 1))
-    source = tf.where(source > n - 1, 2 * (n - 1) - source, source)  # [n, k]
-    return tf.einsum('t,itj->ij', kernel, tf.one_hot(source, n))
+def check_distortion(kind):
+    """Raises ValueError naming `DISTORTIONS` if `kind` is not one."""
+    if kind not in DISTORTIONS:
+        raise ValueError(
+            f'Unknown colour distortion {kind!r}: use one of {DISTORTIONS} '
+            "(MultiCropConfig.distortion, e.g. 'cifar10' for the official "
+            "PAWS CIFAR-10 views, 'simclr' for ImageNet's).")
 
 
-def _blur(image, sigma, kernel_fraction):
-    """Separable Gaussian blur with reflect padding; kernel size 2r + 1."""
-    shape = tf.shape(image)
-    # SimCLR: kernel_size = size // 10, radius = kernel_size // 2. float64
-    # reproduces Python's int(kernel_fraction * size).
-    size = tf.cast(tf.minimum(shape[0], shape[1]), tf.float64)
-    radius = tf.cast(tf.floor(kernel_fraction * size), tf.int32) // 2
-    x = tf.cast(tf.range(-radius, radius + 1), tf.float32)
-    kernel = tf.exp(-tf.square(x) / (2.0 * tf.square(sigma)))
-    kernel /= tf.reduce_sum(kernel)
-    # Two banded matmuls: ~10x faster on CPU than depthwise_conv2d with a
-    # [k, 1] filter, and the matrices fold the padding in.
-    blurred = tf.einsum('hy,ywc->hwc',
-                        _reflect_conv_matrix(shape[0], kernel, radius), image)
-    blurred = tf.einsum('wx,hxc->hwc', _reflect_conv_matrix(
-        shape[1], kernel, radius), blurred)
-    blurred.set_shape(image.shape)
-    return blurred
+def box_blur_radius(sigma, passes=3):
+    """PIL's extended-box radius whose `passes` boxes approximate a Gaussian
+    of standard deviation `sigma` (Gwosdek et al. 2011, Eqs. 7, 11, 14),
+    in PIL's float32 arithmetic."""
+    sigma2 = tf.cast(sigma, tf.float32) ** 2 / passes
+    length = tf.cast(tf.sqrt(12.0 * tf.cast(sigma2, tf.float64) + 1.0),
+                     tf.float32)
+    whole = tf.cast(tf.floor((tf.cast(length, tf.float64) - 1.0) / 2.0),
+                    tf.float32)
+    fraction = (2 * whole + 1) * (whole * (whole + 1) - 3 * sigma2) / (
+        6 * (sigma2 - (whole + 1) * (whole + 1)))
+    return whole + fraction
 
 
-def gaussian_blur(image, seed, prob=0.5, sigma_range=(0.1, 2.0),
-                  kernel_fraction=0.1):
-    """SimCLR random Gaussian blur.
+def _box_blur_pass(x, axis, radius):
+    """One pass of PIL's extended box blur of float64 integers along `axis`
+    of [H, W, C]: 2r + 1 taps of weight ww / 2^24 and the two beyond of fw /
+    2^24 (r = int(radius)), edge pixels repeated, rounded to integers, in
+    PIL's fixed-point arithmetic (exact in float64)."""
+    n = tf.shape(x)[axis]
+    r = tf.cast(radius, tf.int32)
+    inner = tf.cast(tf.floor(2.0 ** 24 / (radius * 2 + 1)), tf.float64)
+    outer = tf.floor((2.0 ** 24 - tf.cast(2 * r + 1, tf.float64) * inner) / 2)
+    padded = tf.gather(x, tf.clip_by_value(tf.range(-r - 1, n + r + 1), 0,
+                                           n - 1), axis=axis)
+    sums = tf.cumsum(padded, axis=axis)
+
+    def window(t, start):  # t[start:start + n] along `axis`.
+        begin = tf.one_hot(axis, 3, on_value=start, off_value=0)
+        size = tf.one_hot(axis, 3, on_value=n, off_value=-1)
+        return tf.slice(t, begin, size)
+
+    inside = window(sums, 2 * r + 1) - window(sums, 0)
+    beyond = window(padded, 0) + window(padded, 2 * r + 2)
+    return tf.floor((inside * inner + beyond * outer + 2.0 ** 23) / 2.0 ** 24)
+
+
+def box_gaussian_blur(image, sigma, passes=3):
+    """PIL `ImageFilter.GaussianBlur(radius=sigma)` of a uint8 image.
+
+    PIL approximates the Gaussian with `passes` extended box blurs along the
+    rows, then along the columns, each rounded to uint8, with the edge
+    pixels repeated: no kernel truncation; the same values as PIL.
 
     Args:
-        image: [H, W, C] float.
+        image: [H, W, C] uint8.
+        sigma: scalar standard deviation, in pixels.
+        passes: boxes per direction (PIL: 3).
+
+    Returns:
+        [H, W, C] uint8.
+    """
+    radius = box_blur_radius(sigma, passes)
+    x = tf.cast(image, tf.float64)
+    for axis in (1, 0):
+        for _ in range(passes):
+            x = _box_blur_pass(x, axis, radius)
+    return tf.cast(x, tf.uint8)
+
+
+def gaussian_blur(image, seed, prob=0.5, sigma_range=(0.1, 2.0)):
+    """The official PAWS random Gaussian blur (PIL, on the uint8 image).
+
+    Args:
+        image: [H, W, C] float in [0, 1].
         seed: [2] int32/int64 stateless seed.
         prob: probability of blurring.
         sigma_range: (min, max) of the uniform sigma, in pixels.
-        kernel_fraction: radius = int(kernel_fraction * min(H, W)) // 2.
 
     Returns:
-        [H, W, C] float32.
+        [H, W, C] float32 in [0, 1] (multiples of 1/255 where blurred).
     """
     image = tf.cast(image, tf.float32)
     u = tf.random.stateless_uniform([2], seed)
     sigma = sigma_range[0] + (sigma_range[1] - sigma_range[0]) * u[1]
-    return tf.cond(u[0] < prob,
-                   lambda: _blur(image, sigma, kernel_fraction),
-                   lambda: image)
+    return _random_apply(
+        u[0], prob,
+        lambda x: _on_uint8(lambda v: box_gaussian_blur(v, sigma), x), image)
 
 
 def random_flip(image, seed):
@@ -303,8 +434,11 @@ def normalize(image, mean, std):
 
 
 def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
-              blur_prob=0.0, flip=True, ratio=(3 / 4, 4 / 3)):
-    """One SimCLR view: crop, flip, colour distortion, blur, normalise.
+              blur_prob=0.0, flip=True, ratio=(3 / 4, 4 / 3),
+              distortion='simclr'):
+    """One view: crop, flip, colour distortion, blur, normalise.
+
+    The official PAWS order (suncet `src/data_manager.py`).
 
     Args:
         image: [H, W, C] uint8 or float in [0, 1].
@@ -317,6 +451,7 @@ def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
         blur_prob: Gaussian blur probability; 0 skips it.
         flip: whether to flip left-right with probability 0.5.
         ratio: (min, max) aspect ratio of the crop.
+        distortion: colour distortion kind, one of `DISTORTIONS`.
 
     Returns:
         [size, size, C] float32, normalised.
@@ -326,7 +461,8 @@ def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
     if flip:
         view = random_flip(view, flip_seed)
     if color_strength:
-        view = color_distortion(view, color_seed, color_strength)
+        view = color_distortion(view, color_seed, color_strength,
+                                kind=distortion)
     if blur_prob:
         view = gaussian_blur(view, blur_seed, blur_prob)
     return normalize(view, mean, std)
@@ -380,6 +516,7 @@ class MultiCropConfig:
         blur_prob: Gaussian blur probability; like `color_strength`, applied
             to global and local views alike, as in the official PAWS code.
         mean, std: length-C normalisation constants.
+        distortion: colour distortion kind, one of `DISTORTIONS`.
     """
     global_size: int
     global_scale: tuple
@@ -390,11 +527,13 @@ class MultiCropConfig:
     blur_prob: float
     mean: tuple
     std: tuple
+    distortion: str = 'simclr'
 
     def __post_init__(self):
         # gin passes lists; keep the (frozen) config hashable.
         for name in ('global_scale', 'local_scale', 'mean', 'std'):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        check_distortion(self.distortion)
 
 
 # PAWS (arXiv 2104.13963) Sec. 5 and App. A: 224 px at (0.14, 1), 6 x 96 px
@@ -404,12 +543,13 @@ IMAGENET_MULTICROP = MultiCropConfig(
     local_scale=(0.05, 0.14), num_local=6, color_strength=1.0, blur_prob=0.5,
     mean=IMAGENET_MEAN, std=IMAGENET_STD)
 # PAWS App. C: 32 px at (0.75, 1), 6 x 18 px at (0.3, 0.75), no blur; colour
-# strength 0.5 (suncet cifar10_train.yaml). suncet's CIFAR-10 distortion uses
-# random solarize + equalize (p = 0.2 each) where SimCLR has grayscale.
+# strength 0.5 (suncet cifar10_train.yaml), followed by random solarize and
+# equalize (p = 0.2 each) where SimCLR has grayscale (suncet
+# src/data_manager.py).
 CIFAR10_MULTICROP = MultiCropConfig(
     global_size=32, global_scale=(0.75, 1.0), local_size=18,
     local_scale=(0.3, 0.75), num_local=6, color_strength=0.5, blur_prob=0.0,
-    mean=CIFAR10_MEAN, std=CIFAR10_STD)
+    mean=CIFAR10_MEAN, std=CIFAR10_STD, distortion='cifar10')
 
 
 @gin.configurable
@@ -438,7 +578,8 @@ def multicrop_views(image, seed, config):
     """
     seeds = _split(seed, 2 + config.num_local)
     common = dict(color_strength=config.color_strength,
-                  blur_prob=config.blur_prob, mean=config.mean, std=config.std)
+                  blur_prob=config.blur_prob, mean=config.mean, std=config.std,
+                  distortion=config.distortion)
     global_views = tuple(
         make_view(image, s, size=config.global_size, scale=config.global_scale,
                   **common) for s in seeds[:2])

@@ -202,7 +202,7 @@ def _support(labeled, layout, seed, start_step, first_replica,
                                         position, v),
             size=layout.support_view_size, scale=support_scale,
             color_strength=mc.color_strength, blur_prob=mc.blur_prob,
-            mean=mc.mean, std=mc.std)
+            mean=mc.mean, std=mc.std, distortion=mc.distortion)
             for v in range(layout.support_views)), class_id
 
     rows = sampler.classes_per_replica * sampler.images_per_class

@@ -40,7 +40,7 @@ def _training_dataset(labeled, multicrop, batch_size, seed):
             size=multicrop.global_size, scale=multicrop.global_scale,
             color_strength=multicrop.color_strength,
             blur_prob=multicrop.blur_prob, mean=multicrop.mean,
-            std=multicrop.std)
+            std=multicrop.std, distortion=multicrop.distortion)
         return image, tf.gather(labels, position)
 
     return (tf.data.Dataset.counter().flat_map(epoch_positions)
