@@ -3,6 +3,7 @@
 import collections
 import functools
 import inspect
+import math
 import os
 
 import gin
@@ -20,6 +21,9 @@ RESNET50_STAGE_BLOCKS = (3, 4, 6, 3)
 RESNET50_WIDTH_MULTIPLIERS = (1, 2, 4)
 BOTTLENECK_EXPANSION = 4
 WIDE_RESNET_STEM_WIDTH = 16
+# Keras decay of the official WideResNet's last batch norm (PyTorch
+# momentum 0.99).
+WIDE_RESNET_FINAL_BN_MOMENTUM = 0.01
 _MAX_NAMES_SHOWN = 20
 
 
@@ -598,16 +602,44 @@ class NormReLUThen(tf_keras.layers.Layer):
         return y
 
 
-def _conv_layer(x, filters, kernel_size, stride, name, use_bias=False):
+def torch_default_init(fan_in):
+    """Initializers of PyTorch's default `nn.Conv2d` / `nn.Linear`.
+
+    `reset_parameters` draws the weights with `kaiming_uniform_(a=sqrt(5))`,
+    i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the bias from the same
+    range. Fresh instances: an unseeded initializer instance repeats its
+    values.
+
+    Args:
+        fan_in: inputs of one output unit (kernel area x input channels).
+
+    Returns:
+        dict of `kernel_initializer` and `bias_initializer`.
+    """
+    bound = 1 / math.sqrt(fan_in)
+    return dict(
+        kernel_initializer=tf_keras.initializers.VarianceScaling(
+            scale=1 / 3, mode='fan_in', distribution='uniform'),
+        bias_initializer=tf_keras.initializers.RandomUniform(-bound, bound))
+
+
+def _conv_layer(x, filters, kernel_size, stride, name, torch_default=False):
     """Conv2D for input `x` with PyTorch's symmetric `kernel_size // 2`
-    padding."""
+    padding.
+
+    By default without bias, initialised as torchvision's (and the official
+    PAWS) ResNets are (kaiming_normal_, fan_out); with `torch_default`, with
+    a bias and PyTorch's default initialisation (`torch_default_init`), as
+    the official WideResNet leaves its convolutions.
+    """
     _check_onednn_safe(x, kernel_size, stride, name)
-    # torchvision's ResNet init (kaiming_normal_, fan_out). A fresh instance
-    # per layer: an unseeded initializer instance repeats its values.
-    initializer = tf_keras.initializers.VarianceScaling(
-        scale=2.0, mode='fan_out', distribution='untruncated_normal')
-    kwargs = dict(strides=stride, use_bias=use_bias,
-                  kernel_initializer=initializer, name=name)
+    if torch_default:
+        init = torch_default_init(kernel_size * kernel_size * x.shape[-1])
+    else:
+        # A fresh instance per layer: an unseeded one repeats its values.
+        init = dict(kernel_initializer=tf_keras.initializers.VarianceScaling(
+            scale=2.0, mode='fan_out', distribution='untruncated_normal'))
+    kwargs = dict(strides=stride, use_bias=torch_default, name=name, **init)
     if stride > 1 and kernel_size > 1:
         # Keras 'same' pads asymmetrically for strided convs on even sizes;
         # explicit padding keeps the torchvision output grid and sizes.
@@ -631,8 +663,12 @@ class _Norms:
         self.recompute = recompute
         self.batch_norm_args = batch_norm_args
 
-    def __call__(self, name, zero_init=False):
-        return batch_norm(name, zero_init=zero_init, **self.batch_norm_args)
+    def __call__(self, name, zero_init=False, momentum=None):
+        """A batch norm; `momentum` overrides the backbone's."""
+        args = dict(self.batch_norm_args)
+        if momentum is not None:
+            args['momentum'] = momentum
+        return batch_norm(name, zero_init=zero_init, **args)
 
     def relu_then(self, x, bn_name, layer, name):
         """`layer(relu(batch norm bn_name(x)))` as one `NormReLUThen`."""
@@ -709,29 +745,37 @@ def _wide_block(x, filters, stride, name, norm):
         # The official code projects the raw block input, not the
         # pre-activated one (suncet src/wide_resnet.py).
         shortcut = _conv(x, filters, 1, stride, name + '_proj_conv',
-                         use_bias=True)
+                         torch_default=True)
     y = _norm_relu_conv(x, norm, name, 'bn1', 'conv1', filters, 3, 1,
-                        use_bias=True)
+                        torch_default=True)
     y = _norm_relu_conv(y, norm, name, 'bn2', 'conv2', filters, 3, stride,
-                        use_bias=True)
+                        torch_default=True)
     return tf_keras.layers.Add(name=name + '_add')([y, shortcut])
 
 
-def _wide_resnet(inputs, norm, depth=28, width=2):
-    """WideResNet-depth-width without dropout, F = 64 * width."""
+def _wide_resnet(inputs, norm, depth=28, width=2,
+                 final_bn_momentum=WIDE_RESNET_FINAL_BN_MOMENTUM):
+    """WideResNet-depth-width without dropout, F = 64 * width.
+
+    The official network (suncet src/wide_resnet.py) gives its last batch
+    norm `momentum=0.99` in PyTorch's convention, where momentum is the
+    weight of the new batch: its moving statistics are almost the last
+    batch's. `final_bn_momentum` is Keras' decay, 1 - 0.99.
+    """
     if depth < 10 or (depth - 4) % 6:
         raise ValueError(f'wide_resnet depth must be 6n + 4 with n >= 1, '
                          f'got {depth!r}')
     if width < 1:
         raise ValueError(f'wide_resnet width must be >= 1, got {width!r}')
     x = _conv(inputs, WIDE_RESNET_STEM_WIDTH, 3, 1, 'stem_conv',
-              use_bias=True)
+              torch_default=True)
     for group, stride in enumerate((1, 2, 2), start=1):
         filters = WIDE_RESNET_STEM_WIDTH * 2 ** (group - 1) * width
         for block in range(1, (depth - 4) // 6 + 1):
             x = _wide_block(x, filters, stride if block == 1 else 1,
                             f'group{group}_block{block}', norm)
-    x = _relu('final_relu')(norm('final_bn')(x))  # [B, H/4, W/4, 64k]
+    x = norm('final_bn', momentum=final_bn_momentum)(x)
+    x = _relu('final_relu')(x)  # [B, H/4, W/4, 64k]
     return _features_model(inputs, x, f'wide_resnet{depth}_{width}')
 
 
@@ -793,8 +837,10 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
                 `zero_init_residual` (default False, as in the official
                 PAWS code: zero gamma in the last BN of each block).
             'wide_resnet': pre-activation WideResNet of the official PAWS
-                code, no dropout, F = 64 * width. kwargs: `depth` (6n + 4,
-                default 28), `width` (default 2; App. C, 1.47M params).
+                code, no dropout, F = 64 * width, convolutions with biases
+                and PyTorch's default initialisation. kwargs: `depth` (6n +
+                4, default 28), `width` (default 2; App. C, 1.47M params),
+                `final_bn_momentum` (0.01, the official last batch norm).
             'small_resnet': basic-block ResNet for CPU runs, F =
                 widths[-1]. kwargs: `widths` (default (32, 64, 128)),
                 `blocks_per_stage` ((1, 1, 1)), `stem_stride` (1),

@@ -7,6 +7,19 @@ from paws_tf import backbones
 from paws_tf import checks
 
 
+@tf_keras.saving.register_keras_serializable(package='paws_tf')
+class Linear(tf_keras.layers.Dense):
+    """Dense layer initialised as PyTorch's `nn.Linear`, as every layer of
+    the official PAWS heads is: weights and bias U(+-1/sqrt(fan_in))
+    (`backbones.torch_default_init`), fan_in being known when built."""
+
+    def build(self, input_shape):
+        init = backbones.torch_default_init(int(input_shape[-1]))
+        self.kernel_initializer = init['kernel_initializer']
+        self.bias_initializer = init['bias_initializer']
+        super().build(input_shape)
+
+
 class _MLPHead(tf_keras.layers.Layer):
     """Runs `mlp_layers` in order; `training` selects the BN statistics."""
 
@@ -76,12 +89,11 @@ class ProjectionHead(_MLPHead):
         self.mlp_layers = []
         for i in range(1, num_layers):
             self.mlp_layers.extend([
-                tf_keras.layers.Dense(hidden_dim, name=f'fc{i}'),
+                Linear(hidden_dim, name=f'fc{i}'),
                 self._batch_norm(f'bn{i}'),
                 tf_keras.layers.ReLU(name=f'relu{i}'),
             ])
-        self.mlp_layers.append(
-            tf_keras.layers.Dense(output_dim, name=f'fc{num_layers}'))
+        self.mlp_layers.append(Linear(output_dim, name=f'fc{num_layers}'))
 
     def get_config(self):
         config = super().get_config()
@@ -123,10 +135,10 @@ class PredictionHead(_MLPHead):
         self.output_dim = output_dim
         self.mlp_layers = [
             self._batch_norm('bn0'),
-            tf_keras.layers.Dense(hidden_dim, name='fc1'),
+            Linear(hidden_dim, name='fc1'),
             self._batch_norm('bn1'),
             tf_keras.layers.ReLU(name='relu1'),
-            tf_keras.layers.Dense(output_dim, name='fc2'),
+            Linear(output_dim, name='fc2'),
         ]
 
     def get_config(self):

@@ -129,6 +129,82 @@ def test_wide_resnet_other_sizes(depth, width):
     assert _num_trainable(model) == _wide_resnet_params(depth, width)
 
 
+def _assert_uniform(values, bound, what):
+    """`values` look like U(-bound, bound): inside it, filling it, with the
+    uniform's standard deviation bound / sqrt(3) (within 10%: >= 432
+    values, the sample std is within 4 of its standard errors)."""
+    values = np.ravel(values)
+    assert values.size >= 432, what
+    assert np.abs(values).max() <= bound, what
+    assert np.abs(values).max() > 0.9 * bound, what
+    np.testing.assert_allclose(values.std(), bound / np.sqrt(3), rtol=0.1,
+                               err_msg=what)
+
+
+def test_wide_resnet_convolutions_have_pytorchs_default_init():
+    """suncet src/wide_resnet.py leaves nn.Conv2d's reset_parameters:
+    kaiming_uniform_(a=sqrt(5)) is U(+-1/sqrt(fan_in)), and so is the bias
+    (fan_in = kernel area x input channels)."""
+    tf_keras.utils.set_random_seed(0)
+    model = backbones.build_backbone('wide_resnet', depth=10, width=2)
+    convs = [layer for layer in model.submodules
+             if isinstance(layer, tf_keras.layers.Conv2D)]
+    assert len(convs) == 10  # stem, 3 blocks x 2, 3 projections
+    for conv in convs:
+        kernel, bias = conv.kernel.numpy(), conv.bias.numpy()
+        bound = 1 / np.sqrt(np.prod(kernel.shape[:3]))
+        _assert_uniform(kernel, bound, conv.name)
+        # A bias has as few as 16 values: its range, and a spread that
+        # fills it, within the uniform's 0.5% and 99.5% quantiles.
+        assert np.abs(bias).max() <= bound and bias.std() > 0.25 * bound
+
+
+def test_resnet_convolutions_are_kaiming_normal_fan_out():
+    """torchvision / suncet src/resnet.py: kaiming_normal_(mode='fan_out',
+    nonlinearity='relu'): N(0, 2 / (kernel area x output channels))."""
+    tf_keras.utils.set_random_seed(0)
+    model = backbones.build_backbone('small_resnet', widths=(16, 32),
+                                     blocks_per_stage=(1, 1),
+                                     stage_strides=(2, 2))
+    convs = [layer for layer in model.submodules
+             if isinstance(layer, tf_keras.layers.Conv2D)]
+    for conv in convs:
+        kernel = conv.kernel.numpy()
+        assert not conv.use_bias
+        std = np.sqrt(2 / (np.prod(kernel.shape[:2]) * kernel.shape[3]))
+        # >= 432 values: the sample std within 10%, the mean within 4
+        # standard errors.
+        np.testing.assert_allclose(kernel.std(), std, rtol=0.1,
+                                   err_msg=conv.name)
+        assert abs(kernel.mean()) < 4 * std / np.sqrt(kernel.size)
+
+
+def test_wide_resnet_last_batch_norm_follows_the_last_batch():
+    """The official last BN has PyTorch momentum 0.99: one training-mode
+    forward moves its moving mean 99% of the way to the batch mean (the
+    other batch norms 10%)."""
+    model = backbones.build_backbone('wide_resnet', depth=10, width=1)
+    final = model.get_layer('final_bn')
+    block = model.get_layer('group1_block1_bn2_conv2')  # BN, ReLU, conv
+    other = block.norm
+    images = tf.random.stateless_normal([4, 8, 8, 3], [0, 1])
+    batch_means = {}
+    for bn, layer in ((final, final), (other, block)):
+        # The batch mean of the batch norm's input (training mode: the
+        # earlier batch norms use the batch statistics, as below).
+        probe = tf_keras.Model(model.input, layer.input)
+        batch_means[bn.name] = probe(images, training=True).numpy().mean(
+            axis=(0, 1, 2))
+    # After the probes, which moved the batch norms before their outputs.
+    before = {bn.name: bn.moving_mean.numpy() for bn in (final, other)}
+    model(images, training=True)
+    for bn, fraction in ((final, 0.99), (other, 0.1)):
+        old, target = before[bn.name], batch_means[bn.name]
+        np.testing.assert_allclose(bn.moving_mean.numpy(),
+                                   old + fraction * (target - old),
+                                   rtol=1e-4, atol=1e-5, err_msg=bn.name)
+
+
 def test_resnet50_any_resolution(resnet50):
     for size in (64, 32):
         features = resnet50(tf.zeros([1, size, size, 3]), training=False)

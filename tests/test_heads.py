@@ -44,8 +44,8 @@ def test_projection_head_structure(num_layers):
     head = heads.ProjectionHead(num_layers=num_layers, hidden_dim=16,
                                 output_dim=8)
     assert head(tf.zeros([2, 12])).shape == (2, 8)
-    hidden = ['Dense', 'BatchNormalization', 'ReLU'] * (num_layers - 1)
-    assert _layer_types(head) == hidden + ['Dense']
+    hidden = ['Linear', 'BatchNormalization', 'ReLU'] * (num_layers - 1)
+    assert _layer_types(head) == hidden + ['Linear']
     dense = [l for l in head.mlp_layers if isinstance(
         l, tf_keras.layers.Dense)]
     assert [l.units for l in dense] == [16] * (num_layers - 1) + [8]
@@ -66,8 +66,8 @@ def test_default_sizes():
 def test_prediction_head_structure():
     head = heads.PredictionHead(hidden_dim=4, output_dim=16)
     assert head(tf.zeros([2, 16])).shape == (2, 16)
-    assert _layer_types(head) == ['BatchNormalization', 'Dense',
-                                  'BatchNormalization', 'ReLU', 'Dense']
+    assert _layer_types(head) == ['BatchNormalization', 'Linear',
+                                  'BatchNormalization', 'ReLU', 'Linear']
     assert all(l.use_bias for l in head.mlp_layers
                if isinstance(l, tf_keras.layers.Dense))
 
@@ -186,6 +186,32 @@ def test_mixed_precision(policy):
     assert z.dtype == tf_keras.mixed_precision.Policy(policy).compute_dtype
     assert all(v.dtype == tf.float32 for v in projection.variables)
     assert np.isfinite(tf.cast(z, tf.float32).numpy()).all()
+
+
+def test_linear_layers_have_pytorchs_default_init():
+    """Every nn.Linear of the official heads keeps reset_parameters:
+    weights and bias U(+-1/sqrt(fan_in)). fc1 sees the 256 backbone
+    features, the others the previous layer's width."""
+    tf_keras.utils.set_random_seed(0)
+    projection = heads.ProjectionHead(hidden_dim=96, output_dim=64)
+    prediction = heads.PredictionHead(hidden_dim=64, output_dim=64)
+    prediction(projection(tf.zeros([2, 256])))
+    layers = [(layer, fan_in) for head, fans in (
+        (projection, (256, 96, 96)), (prediction, (64, 64)))
+        for layer, fan_in in zip(
+            [l for l in head.mlp_layers if isinstance(l, heads.Linear)],
+            fans)]
+    assert len(layers) == 5
+    for layer, fan_in in layers:
+        bound = 1 / np.sqrt(fan_in)
+        for values in (layer.kernel.numpy(), layer.bias.numpy()):
+            assert np.abs(values).max() <= bound, layer.name
+            # The uniform's std, bound / sqrt(3): within 10% for the
+            # >= 4096 kernel values, 25% for the >= 64 biases (4 standard
+            # errors of the sample std).
+            np.testing.assert_allclose(
+                values.std(), bound / np.sqrt(3),
+                rtol=0.1 if values.ndim == 2 else 0.25, err_msg=layer.name)
 
 
 def test_get_config_round_trip():
