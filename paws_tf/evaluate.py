@@ -244,13 +244,16 @@ def _check_export_preprocessing(export_dir, expected):
     """Raises ValueError if an export's preprocessing differs from ours."""
     stored = export.read_preprocessing(export_dir)
     differences = [
-        f'{key}: export {stored[key]}, evaluation {value}'
+        f'{key}: export {stored.get(key)}, evaluation {value}'
         for key, value in expected.items()
-        if not np.allclose(stored[key], value, rtol=1e-6, atol=0)]
+        if (stored.get(key) != value if isinstance(value, str) else
+            not np.allclose(stored[key], value, rtol=1e-6, atol=0))]
     if differences:
         raise ValueError(
             f'The SavedModel {export_dir} was exported for another '
-            f'preprocessing than this evaluation: {"; ".join(differences)}.')
+            f'preprocessing or embedding than this evaluation: '
+            f'{"; ".join(differences)}. Export the run again '
+            '(run.py --mode=export).')
 
 
 def _check_split(labeled, split_file):
@@ -283,7 +286,8 @@ def _write_results(model_dir, results, step):
 def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
                 std, source='saved_model', model=None, saved_model_dir=None,
                 checkpoint_path=None, split_file=None, tau=0.1,
-                batch_size=256, query_chunk=DEFAULT_QUERY_CHUNK, step=0):
+                embedding=None, batch_size=256,
+                query_chunk=DEFAULT_QUERY_CHUNK, step=0):
     """Evaluates a run with PAWS-NN and records the result.
 
     The support is exactly the labeled set, each image embedded once with
@@ -313,13 +317,17 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
             `model_dir/sources.SPLIT_FILENAME` when it exists. The labeled
             set must hold exactly its images.
         tau: similarity temperature.
+        embedding: the representation compared, 'projection' or
+            'prediction' (`model.PAWSModel.nn_embedding`); an export made
+            with another is refused. None: what the export or `model`
+            has.
         batch_size: images per embedding batch.
         query_chunk: queries classified at once.
         step: global step of the TensorBoard scalars.
 
     Returns:
-        The `paws_nn` dict, plus `source`, `source_path`, `tau`,
-        `split_file` (None if unchecked) and `results_file`.
+        The `paws_nn` dict, plus `source`, `source_path`, `embedding`,
+        `tau`, `split_file` (None if unchecked) and `results_file`.
 
     Raises:
         ValueError: unknown source, a checkpoint source without `model` or
@@ -342,18 +350,27 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
         _check_split(labeled, split_file)
     if source == 'saved_model':
         path = saved_model_dir or os.path.join(model_dir, export.EMBEDDER_DIR)
-        _check_export_preprocessing(path, dict(
-            image_size=image_size, crop_fraction=crop_fraction, mean=mean,
-            std=std, channels=labeled.channels))
+        expected = dict(image_size=image_size, crop_fraction=crop_fraction,
+                        mean=mean, std=std, channels=labeled.channels)
+        if embedding is not None:
+            expected['embedding'] = embedding
+        _check_export_preprocessing(path, expected)
+        embedding = export.read_preprocessing(path).get('embedding')
         embed_fn = embedder_from_saved_model(path)
     elif source == 'checkpoint':
         if model is None or checkpoint_path is None:
             raise ValueError('source="checkpoint" needs `model`, built from '
                              'the run\'s gin config (model.build_model), and '
                              '`checkpoint_path`.')
+        if embedding not in (None, model.nn_embedding):
+            raise ValueError(
+                f'evaluate_nn.embedding = {embedding!r} but the model '
+                f'compares {model.nn_embedding!r} (PAWSModel.nn_embedding): '
+                'bind one of them to the other.')
         path = restore_model(
             model, checkpoint_path,
             input_shape=(image_size, image_size, labeled.channels))
+        embedding = model.nn_embedding
         embed_fn = embedder_from_model(model)
     else:
         raise ValueError(f'Unknown source {source!r}; choose one of '
@@ -372,10 +389,11 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
         if embedded != expected:
             raise RuntimeError(f'Embedded {embedded} {what} images, but the '
                                f'source holds {expected}.')
-    results.update(source=source, source_path=path, tau=tau,
-                   split_file=split_file)
+    results.update(source=source, source_path=path, embedding=embedding,
+                   tau=tau, split_file=split_file)
     results['results_file'] = _write_results(model_dir, results, step)
-    summary = (f'PAWS-NN ({source} {path}): top-1 {100 * results["top1"]:.2f}%'
+    summary = (f'PAWS-NN ({source} {path}, {embedding} embedding): top-1 '
+               f'{100 * results["top1"]:.2f}%'
                + (f', top-5 {100 * results["top5"]:.2f}%'
                   if 'top5' in results else '') +
                f'; support = the {results["num_support"]} labeled images, '

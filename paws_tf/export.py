@@ -80,7 +80,8 @@ class _Servable(tf.Module):
 
     `__call__` takes raw uint8 images, `call_preprocessed` float32 images
     already preprocessed as `data.make_eval_dataset` does; both return the
-    model's `{'features', 'embeddings'}`, or `head` of them.
+    model's outputs (`features`, `projection`, `prediction` when it has a
+    prediction head, `embeddings`), or `head` of them.
     """
 
     def __init__(self, model, head, *, image_size, crop_fraction, mean, std,
@@ -162,7 +163,9 @@ class _Servable(tf.Module):
         signatures = {'serving_default': raw, preprocessed_signature:
                       self.call_preprocessed.get_concrete_function()}
         info = dict(self.preprocessing, input='uint8 [N, H, W, C]',
-                    signatures=sorted(signatures), **extra_info)
+                    signatures=sorted(signatures),
+                    embedding=getattr(self.model, 'nn_embedding', None),
+                    **extra_info)
         with dist.save_dir(strategy or tf.distribute.get_strategy(),
                            export_dir) as target:
             tf.saved_model.save(self, target, signatures=signatures)
@@ -192,10 +195,14 @@ def export_embedder(model, export_dir, *, image_size, crop_fraction, mean,
     Signatures (also callable as `loaded(images)` and
     `loaded.call_preprocessed(images)`):
       `serving_default`: `images` uint8 `[N, H, W, C]` (any N, H, W) ->
-          `{'features': [N, F], 'embeddings': [N, D]}` float32, after the
-          evaluation preprocessing of `augment.center_view` (resize the
-          shorter side to `image_size / crop_fraction`, centre crop,
-          normalise) and the model in inference mode.
+          float32 `features` `[N, F]` (backbone), `projection` `[N, D]`
+          (h), `prediction` `[N, D']` (the prediction head's output, when
+          the model has one) and `embeddings`: the one of the last two that
+          PAWS-NN compares (`model.nn_embedding`, recorded as `embedding`
+          in preprocessing.json). The evaluation preprocessing of
+          `augment.center_view` (resize the shorter side to `image_size /
+          crop_fraction`, centre crop, normalise) comes first, and the model
+          runs in inference mode.
       `embed_preprocessed`: `images` float32 `[N, S, S, C]` already
           preprocessed (what `data.make_eval_dataset` yields) -> same dict.
     The preprocessing parameters are stored as variables
@@ -206,8 +213,8 @@ def export_embedder(model, export_dir, *, image_size, crop_fraction, mean,
     chief's copy is kept.
 
     Args:
-        model: `model.PAWSModel` (or any model whose call returns
-            `features` and `embeddings`), built.
+        model: `model.PAWSModel` (or any model whose call returns a dict
+            with `embeddings`), built.
         export_dir: output directory.
         image_size: S, side of the model input.
         crop_fraction: centre crop as a fraction of the resized image.
@@ -234,7 +241,8 @@ def export_classifier(model, export_dir, *, support_embeddings,
     stored inside, so `serving_default` (`images` uint8 `[N, H, W, C]`, the
     preprocessing of `export_embedder` inside) returns:
       `probabilities` float32 `[N, K]`: `softmax(q Sᵀ / tau) Y` over the
-          L2-normalised embeddings (PAWS Appendix A, no label smoothing);
+          L2-normalised embeddings (`model.nn_embedding`; PAWS Appendix A,
+          no label smoothing);
       `class_ids` int32 `[N]`: the argmax; `class_names` string `[N]`;
       `top5_class_ids` int32 `[N, min(5, K)]` and `top5_probabilities`.
     `classify_preprocessed` takes float32 `[N, S, S, C]` preprocessed images.

@@ -10,6 +10,9 @@ from paws_tf import dist
 from paws_tf import heads
 from paws_tf import losses
 
+# What PAWS-NN may compare: the projection h or the prediction head's output.
+NN_EMBEDDINGS = ('projection', 'prediction')
+
 
 class LastValue(tf_keras.metrics.Metric):
     """The most recent value, averaged over replicas (not over steps).
@@ -59,7 +62,7 @@ class PAWSModel(tf_keras.Model):
                  num_replicas=1, unique_classes_per_replica=False,
                  multicrop=6, tau=0.1, sharpen_temperature=0.25,
                  me_max_weight=1.0, label_smoothing=0.1,
-                 diagnostics_every=10, **kwargs):
+                 diagnostics_every=10, nn_embedding='projection', **kwargs):
         """Builds the model.
 
         Args:
@@ -80,7 +83,15 @@ class PAWSModel(tf_keras.Model):
             label_smoothing: support label smoothing (0.1).
             diagnostics_every: compute the NT-Xent and SuNCEt diagnostics
                 every this many steps (0: never).
+            nn_embedding: what `call` returns as `embeddings`, the
+                representation PAWS-NN compares: 'projection' (h) or
+                'prediction' (the prediction head's output, which the
+                official ImageNet PAWS-NN figures used).
             **kwargs: passed to `tf_keras.Model`.
+
+        Raises:
+            ValueError: a value out of range, or `nn_embedding`
+                'prediction' without a prediction head.
         """
         super().__init__(**kwargs)
         checks.number('tau', tau, positive=True)
@@ -89,6 +100,16 @@ class PAWSModel(tf_keras.Model):
         checks.number('me_max_weight', me_max_weight, low=0.0)
         checks.integer('multicrop', multicrop, minimum=0)
         checks.integer('diagnostics_every', diagnostics_every, minimum=0)
+        if nn_embedding not in NN_EMBEDDINGS:
+            raise ValueError(
+                f'PAWSModel.nn_embedding must be one of {NN_EMBEDDINGS}, got '
+                f'{nn_embedding!r}.')
+        if nn_embedding == 'prediction' and prediction_head is None:
+            raise ValueError(
+                "PAWSModel.nn_embedding = 'prediction' needs a prediction "
+                'head: bind build_model.prediction_head = True, or '
+                "PAWSModel.nn_embedding = 'projection'.")
+        self.nn_embedding = nn_embedding
         self.backbone = backbone
         self.projection_head = projection_head
         self.prediction_head = prediction_head
@@ -126,13 +147,22 @@ class PAWSModel(tf_keras.Model):
             training: batch-norm mode.
 
         Returns:
-            dict with `features` `[N, F]` (backbone output) and `embeddings`
-            `[N, D]` (projection output h, what PAWS-NN compares), float32.
+            dict of float32 tensors: `features` `[N, F]` (backbone output),
+            `projection` `[N, D]` (h), `prediction` `[N, D']` (z, with a
+            prediction head) and `embeddings`, the one of the two that
+            PAWS-NN compares (`nn_embedding`).
         """
         features = self.backbone(images, training=training)
-        embeddings = self.projection_head(features, training=training)
-        return {'features': tf.cast(features, tf.float32),
-                'embeddings': tf.cast(embeddings, tf.float32)}
+        outputs = {'features': features,
+                   'projection': self.projection_head(features,
+                                                      training=training)}
+        if self.prediction_head is not None:
+            outputs['prediction'] = self.prediction_head(
+                outputs['projection'], training=training)
+        outputs = {key: tf.cast(value, tf.float32)
+                   for key, value in outputs.items()}
+        outputs['embeddings'] = tf.identity(outputs[self.nn_embedding])
+        return outputs
 
     def _encode(self, images, training):
         """Returns (h, z) in float32: projection and prediction outputs."""

@@ -94,7 +94,8 @@ def evaluate_run(model_dir, strategy, bundle, *, model, step=0):
         kwargs = dict(source='checkpoint', model=model, checkpoint_path=(
             os.path.join(model_dir, train.CHECKPOINT_DIR)))
     return evaluate.evaluate_nn(model_dir, labeled=bundle.labeled,
-                                test=bundle.test, tau=model.tau, step=step,
+                                test=bundle.test, tau=model.tau,
+                                embedding=model.nn_embedding, step=step,
                                 **kwargs, **experiment.eval_preprocessing())
 
 

@@ -142,6 +142,7 @@ def test_evaluate_nn_with_the_saved_model(run, capsys):
         stored = json.load(f)
     assert stored['num_support'] == 40 and stored['num_queries'] == 60
     assert stored['source'] == 'saved_model'
+    assert stored['embedding'] == 'projection'
     assert stored['source_path'] == os.path.join(run['model_dir'],
                                                  export.EMBEDDER_DIR)
     assert stored['split_file'] == os.path.join(run['model_dir'],
@@ -166,6 +167,14 @@ def test_evaluate_nn_refuses_an_export_with_other_preprocessing(run):
                                          'evaluation 12'):
         evaluate.evaluate_nn(run['model_dir'], labeled=run['labeled'],
                              test=run['test'], **dict(EVAL, image_size=12))
+
+
+def test_evaluate_nn_refuses_an_export_of_another_embedding(run):
+    with pytest.raises(ValueError, match='embedding: export projection, '
+                                         'evaluation prediction'):
+        evaluate.evaluate_nn(run['model_dir'], labeled=run['labeled'],
+                             test=run['test'], embedding='prediction',
+                             **EVAL)
 
 
 def test_evaluate_nn_from_a_training_checkpoint(run, tmp_path):

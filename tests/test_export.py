@@ -66,7 +66,9 @@ def test_embedder_takes_raw_images_of_any_size(exported):
     expected = exported['model'](center_views(images))
     for outputs in (loaded.signatures['serving_default'](images=images),
                     loaded(images)):
-        for key in ('features', 'embeddings'):
+        assert set(outputs) == {'features', 'projection', 'prediction',
+                                'embeddings'}
+        for key in outputs:
             np.testing.assert_allclose(outputs[key], expected[key],
                                        rtol=1e-5, atol=1e-5)
     assert outputs['features'].shape == [3, 16]
@@ -98,6 +100,42 @@ def test_preprocessing_is_stored_in_the_model_and_beside_it(exported):
     assert stored['image_size'] == SIZE and stored['channels'] == 3
     np.testing.assert_allclose(stored['mean'], augment.CIFAR10_MEAN)
     assert stored['signatures'] == ['embed_preprocessed', 'serving_default']
+    assert stored['embedding'] == 'projection'  # The model's nn_embedding.
+
+
+def test_prediction_embedding_is_exported_and_classified(tmp_path):
+    """With nn_embedding 'prediction' the exports' `embeddings` and the
+    classifier's PAWS-NN use the prediction head's output (the official
+    ImageNet PAWS-NN), and preprocessing.json says so."""
+    model = tiny_model.build(size=SIZE)
+    model.nn_embedding = 'prediction'
+    support_views = center_views(raw_images([12, 20, 20, 3], seed=1))
+    supports = model(support_views)['prediction'].numpy()
+    labels = np.arange(12) % len(CLASS_NAMES)
+    export.export_embedder(model, str(tmp_path / 'embedder'),
+                           **PREPROCESSING)
+    export.export_classifier(
+        model, str(tmp_path / 'classifier'), support_embeddings=supports,
+        support_labels=labels, class_names=CLASS_NAMES, tau=0.1,
+        **PREPROCESSING)
+    images = raw_images([4, 20, 20, 3], seed=2)
+    expected = model(center_views(images))
+    embedder = tf.saved_model.load(str(tmp_path / 'embedder'))
+    outputs = embedder(images)
+    np.testing.assert_allclose(outputs['embeddings'], expected['prediction'],
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outputs['projection'], expected['projection'],
+                               rtol=1e-5, atol=1e-5)
+    assert not np.allclose(expected['prediction'], expected['projection'])
+    probabilities = tf.saved_model.load(str(tmp_path / 'classifier'))(
+        images)['probabilities']
+    np.testing.assert_allclose(
+        probabilities, numpy_snn(expected['prediction'].numpy(), supports,
+                                 labels, len(CLASS_NAMES), 0.1),
+        rtol=1e-4, atol=1e-6)
+    for name in ('embedder', 'classifier'):
+        assert export.read_preprocessing(
+            str(tmp_path / name))['embedding'] == 'prediction'
 
 
 def test_classifier_is_paws_nn_over_the_bundled_supports(exported):

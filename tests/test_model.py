@@ -197,17 +197,33 @@ def test_collapsed_encoder_gives_uniform_predictions_and_near_collapse_escapes()
     assert float(loss) < float(start_loss) - 0.01
 
 
-def test_call_returns_features_and_projection_embeddings():
-    model = build(1, 2, 2)
+@pytest.mark.parametrize('nn_embedding', ['projection', 'prediction'])
+def test_call_returns_features_projection_prediction_and_nn_embeddings(
+        nn_embedding):
+    model = build(1, 2, 2, nn_embedding=nn_embedding)
     compile_and_build(model)
     images = np.random.default_rng(2).normal(size=(3, 8, 8, 3))
     out = model(images)
-    assert set(out) == {'features', 'embeddings'}
-    assert out['features'].shape == (3, 16) and out['embeddings'].shape == (3, 6)
+    assert set(out) == {'features', 'projection', 'prediction', 'embeddings'}
+    assert out['features'].shape == (3, 16)
+    features = model.backbone(images, training=False)
+    projection = model.projection_head(features, training=False)
+    np.testing.assert_allclose(out['features'], features, rtol=1e-6)
+    np.testing.assert_allclose(out['projection'], projection, rtol=1e-6)
     np.testing.assert_allclose(
-        out['embeddings'],
-        model.projection_head(model.backbone(images, training=False),
-                              training=False), rtol=1e-6)
+        out['prediction'], model.prediction_head(projection, training=False),
+        rtol=1e-6)
+    np.testing.assert_array_equal(out['embeddings'], out[nn_embedding])
+    without_head = build(1, 2, 2, prediction_head=False)
+    assert set(without_head(images)) == {'features', 'projection',
+                                         'embeddings'}
+
+
+def test_prediction_embedding_needs_a_prediction_head():
+    with pytest.raises(ValueError, match=r'build_model\.prediction_head'):
+        build(1, 2, 2, prediction_head=False, nn_embedding='prediction')
+    with pytest.raises(ValueError, match=r'PAWSModel\.nn_embedding'):
+        build(1, 2, 2, nn_embedding='features')
 
 
 def test_test_step_does_not_update_anything():
