@@ -12,9 +12,11 @@ import tf_keras
 
 from paws_tf import augment
 from paws_tf import backbones
+from paws_tf import checks
 from paws_tf import data
 from paws_tf import dist
 from paws_tf import evaluate
+from paws_tf import lars as lars_lib
 from paws_tf import losses
 from paws_tf import model as model_lib
 from paws_tf import sampling
@@ -29,6 +31,7 @@ TRUNK_WEIGHTS = 'trunk'
 # `sampling.derive_seed` tags of the classifier input, apart from sampling's.
 _TRAIN_ORDER = 101
 _TRAIN_VIEWS = 102
+_SUNCET_VIEWS = 103
 # Arguments `fine_tune` passes to the protocols, so gin must not bind them.
 _PASSED = ['model', 'labeled', 'test', 'output_dir', 'strategy',
            'image_size', 'crop_fraction', 'mean', 'std', 'seed']
@@ -81,29 +84,30 @@ def build_classifier(model, num_classes):
 
 
 def build_trunk(model):
-    """Copy of the encoder f (backbone + projection head), BN frozen (App. C).
+    """Copy of the encoder whose output PAWS-NN compares (App. C).
 
-    Non-trainable batch norms also run in inference mode in tf_keras.
+    The backbone and projection head, and the prediction head when
+    `model.nn_embedding` is 'prediction' (suncet `snn_fine_tune.py` with
+    `use_pred_head`). Every layer stays trainable; the SuNCEt trainer runs
+    the batch norms in inference mode.
 
     Args:
         model: pre-trained, built `model.PAWSModel`; not modified.
 
     Returns:
-        Functional `tf_keras.Model`, images -> `[B, D]` embeddings h.
+        Functional `tf_keras.Model`, images -> `[B, D]` embeddings.
     """
+    layers = [model.backbone, model.projection_head]
+    if model.nn_embedding == 'prediction':
+        layers.append(model.prediction_head)
     inputs = tf_keras.Input(model.backbone.input_shape[1:])
-    trunk = tf_keras.Model(
-        inputs, _copy_into(inputs, [model.backbone, model.projection_head]),
-        name='fine_tune_trunk')
-    for layer in trunk.submodules:
-        if isinstance(layer, tf_keras.layers.BatchNormalization):
-            layer.trainable = False
-    return trunk
+    return tf_keras.Model(inputs, _copy_into(inputs, layers),
+                          name='fine_tune_trunk')
 
 
-def _optimizer(learning_rate, total_steps, *, momentum, nesterov=True,
-               cosine_decay=True):
-    """SGD without weight decay; the rate is cosine-decayed to 0 or constant.
+def _optimizer(learning_rate, total_steps, *, momentum, cosine_decay=True):
+    """Nesterov SGD without weight decay; the rate is cosine-decayed to 0 or
+    constant.
 
     SimCLR(v2) fine-tuning decays with a cosine and no warm-up (google-
     research/simclr `--optimizer=momentum --warmup_epochs=0`: Nesterov SGD
@@ -114,7 +118,7 @@ def _optimizer(learning_rate, total_steps, *, momentum, nesterov=True,
         learning_rate = schedules.WarmupCosineDecay(
             total_steps, 1, learning_rate, learning_rate, warmup_epochs=0)
     return tf_keras.optimizers.SGD(learning_rate, momentum=momentum,
-                                   nesterov=nesterov)
+                                   nesterov=True)
 
 
 def split_holdout(labels, holdout, seed):
@@ -163,12 +167,11 @@ def _pipeline(context, num_replicas):
     return context.input_pipeline_id * local, local
 
 
-def _finish(dataset, batch):
+def _finish(dataset):
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = (
         tf.data.experimental.AutoShardPolicy.OFF)  # Sharded by hand.
-    return (dataset.batch(batch, drop_remainder=True)
-            .prefetch(tf.data.AUTOTUNE).with_options(options))
+    return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
 def _classifier_dataset_fn(source, global_batch_size, num_replicas, seed,
@@ -198,7 +201,8 @@ def _classifier_dataset_fn(source, global_batch_size, num_replicas, seed,
         return _finish(
             tf.data.Dataset.counter().flat_map(epoch_items)
             .batch(global_batch_size).map(lambda e, p: (e[rows], p[rows]))
-            .unbatch().map(view, num_parallel_calls=tf.data.AUTOTUNE), batch)
+            .unbatch().map(view, num_parallel_calls=tf.data.AUTOTUNE)
+            .batch(batch, drop_remainder=True))
 
     return dataset_fn
 
@@ -356,46 +360,68 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
 
 
 def _suncet_dataset_fn(labeled, *, num_steps, classes_per_step,
-                       images_per_class, num_replicas, image_size,
-                       crop_fraction, mean, std, seed):
-    """Per-replica `(images [K n, S, S, C], labels [K n])` of each step.
+                       images_per_class, views, flip, num_replicas,
+                       image_size, crop_fraction, mean, std, seed):
+    """Per-replica `(images [V K n, S, S, C], labels [V K n])` of each step.
 
     A step has `classes_per_step` classes of `images_per_class` images over
     all replicas, each replica taking its share of every class: unique
-    within the step, drawn with replacement across steps. No augmentation.
+    within the step, drawn with replacement across steps (the official
+    ClassStratifiedSampler draws each step from a fresh permutation of a
+    class's images, which is the same). Every image gives V views, view-
+    major: the centre crop of evaluation, flipped at random (suncet
+    `CenterCrop(32)` + `RandomHorizontalFlip`).
     """
     if images_per_class % num_replicas:
-        raise ValueError(f'images_per_class={images_per_class} is not '
-                         f'divisible by the {num_replicas} replicas.')
+        raise ValueError(
+            f'fine_tune_suncet.images_per_class={images_per_class} is not '
+            f'divisible by the {num_replicas} replicas: use a multiple of '
+            f'{num_replicas}.')
     sampler = sampling.SupportSampler(
         labeled.labels, classes_per_step=classes_per_step,
         images_per_class=images_per_class // num_replicas,
         num_replicas=num_replicas, unique_classes_per_replica=False,
-        seed=seed, class_names=labeled.class_names)
+        seed=seed, class_names=labeled.class_names,
+        binding='fine_tune_suncet')
+    rows = classes_per_step * images_per_class // num_replicas
 
     def dataset_fn(context=None):
         first, local = _pipeline(context, num_replicas)
 
         def step_items(i):
+            step = i // local
+            positions, class_ids = sampler(step, first + i % local)
             return tf.data.Dataset.from_tensor_slices(
-                sampler(i // local, first + i % local))
+                (tf.fill(tf.shape(positions), step), positions, class_ids))
 
-        def view(position, class_id):
-            return augment.center_view(
+        def image_views(step, position, class_id):
+            view = augment.center_view(
                 labeled.read(position), image_size,
-                crop_fraction=crop_fraction, mean=mean, std=std), class_id
+                crop_fraction=crop_fraction, mean=mean, std=std)
+            if flip:
+                return tuple(augment.random_flip(view, sampling.derive_seed(
+                    seed, _SUNCET_VIEWS, step, position, v))
+                    for v in range(views)), class_id
+            return (view,) * views, class_id
 
+        def step_batch(batch_views, class_ids):
+            return (tf.concat(batch_views, 0),  # [V K n, S, S, C]
+                    tf.tile(class_ids, [views]))
+
+        # Always in order: a batch is one step's rows of one replica.
         return _finish(
             tf.data.Dataset.range(num_steps * local).flat_map(step_items)
-            .map(view, num_parallel_calls=tf.data.AUTOTUNE,
-                 deterministic=True),
-            classes_per_step * images_per_class // num_replicas)
+            .map(image_views, num_parallel_calls=tf.data.AUTOTUNE,
+                 deterministic=True)
+            .batch(rows, drop_remainder=True).map(step_batch))
 
     return dataset_fn
 
 
 class _SuncetTrainer(tf_keras.Model):
-    """Trains a trunk with the SuNCEt loss of the gathered batch."""
+    """Trains a trunk with the SuNCEt loss of the gathered batch, its batch
+    norms in inference mode (PyTorch's `module.eval()`: running statistics
+    used and kept, gamma and beta still trained)."""
 
     def __init__(self, trunk, num_classes, tau):
         super().__init__()
@@ -410,15 +436,18 @@ class _SuncetTrainer(tf_keras.Model):
         return [self._loss, self._learning_rate]
 
     def train_step(self, batch):
-        images, labels = batch  # [K n, S, S, C], [K n]
+        images, labels = batch  # [V K n, S, S, C], [V K n]
         with tf.GradientTape() as tape:
-            z = tf.cast(self.trunk(images, training=True), tf.float32)
-            supports = dist.all_gather(z)  # [R K n, D]
+            # training=False: the batch norms' inference mode; the trunk
+            # has no dropout.
+            z = tf.cast(self.trunk(images, training=False), tf.float32)
+            supports = dist.all_gather(z)  # [R V K n, D]
             targets = tf.stop_gradient(dist.all_gather(
-                tf.one_hot(labels, self.num_classes)))  # [R K n, C]
+                tf.one_hot(labels, self.num_classes)))  # [R V K n, C]
             loss = losses.suncet_loss(supports, targets, self.tau)
             # Each replica computes the global loss and all_gather's
-            # backward sums their gradients: scale by 1/R (PITFALLS 2).
+            # backward sums their gradients: the optimizer's sum over
+            # replicas needs 1/R.
             scaled_loss = loss / dist.num_replicas()
         self.optimizer.minimize(scaled_loss, self.trunk.trainable_variables,
                                 tape=tape)
@@ -429,78 +458,166 @@ class _SuncetTrainer(tf_keras.Model):
         return {m.name: m.result() for m in self.metrics}
 
 
+class _EpochPawsNN(tf_keras.callbacks.Callback):
+    """PAWS-NN of the trunk after every `every` epochs (and the last)."""
+
+    def __init__(self, evaluate_fn, every, num_epochs, record):
+        super().__init__()
+        self._evaluate_fn, self._every = evaluate_fn, every
+        self._num_epochs, self._record = num_epochs, record
+
+    def on_epoch_end(self, epoch, logs=None):
+        done = epoch + 1
+        if done % self._every and done != self._num_epochs:
+            return
+        self._record.append(dict(epoch=done, **self._evaluate_fn()))
+        logging.info('Fine-tuning epoch %d/%d: PAWS-NN top-1 %.2f%%', done,
+                     self._num_epochs, 100 * self._record[-1]['top1'])
+
+
+def _suncet_optimizer(*, learning_rate, final_learning_rate,
+                      steps_per_epoch, num_epochs, momentum, lars,
+                      trust_coefficient):
+    """suncet `snn_fine_tune.py`: its classical-momentum SGD without weight
+    decay, wrapped in LARS (biases and batch norm excluded), the rate
+    cosine-decayed from `learning_rate` to `final_learning_rate`."""
+    schedule = schedules.WarmupCosineDecay(
+        steps_per_epoch, num_epochs, learning_rate, learning_rate,
+        final_lr=final_learning_rate, warmup_epochs=0)
+    if lars:
+        return lars_lib.LARS(schedule, momentum=momentum, weight_decay=0.0,
+                             trust_coefficient=trust_coefficient)
+    # tf_keras' momentum is classical: v = mu v - lr g; w += v.
+    return tf_keras.optimizers.SGD(schedule, momentum=momentum)
+
+
 @gin.configurable(denylist=_PASSED)
 def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
                      crop_fraction, mean, std, strategy=None, seed=0,
-                     num_steps=180, classes_per_step=10, images_per_class=64,
-                     learning_rate=0.1, momentum=0.9, tau=0.1,
-                     eval_batch_size=256):
-    """PAWS App. C: SuNCEt fine-tuning of the trunk, batch norm frozen.
+                     num_epochs=30, steps_per_epoch=None,
+                     classes_per_step=10, images_per_class=64, views=2,
+                     flip=True, learning_rate=0.1, final_learning_rate=0.01,
+                     momentum=0.9, lars=True, trust_coefficient=0.001,
+                     tau=0.1, eval_every_epochs=1, eval_batch_size=256):
+    """The official CIFAR-10 fine-tuning (PAWS App. C; suncet
+    `configs/paws/cifar10_snn.yaml` run by `src/snn_fine_tune.py`).
 
-    PAWS-NN (labeled set as support, `test` as queries) is measured before
-    and after. `output_dir` receives TensorBoard logs, the trunk weights
-    and the results JSON.
+    The encoder (backbone, projection head, and the prediction head when
+    PAWS-NN compares its output) is fine-tuned with the SuNCEt loss (no
+    label smoothing) on class-balanced batches of the labeled images, two
+    flipped centre crops of each, its batch norms in inference mode but
+    gamma and beta trained. PAWS-NN (labeled set as support, `test` as
+    queries) is measured before, after every `eval_every_epochs` epochs and
+    at the end. The paper's text describes 180 plain momentum-SGD steps on
+    one view with frozen batch norm; the defaults are the official code's,
+    which produced its 96.0. `output_dir` receives TensorBoard logs, the
+    trunk weights and the results JSON.
 
     Args:
         model, labeled, test, image_size, crop_fraction, mean, std,
             strategy, seed: as in `fine_tune`.
         output_dir: where outputs go.
-        num_steps: optimisation steps (paper: 180).
-        classes_per_step, images_per_class: global batch, 10 x 64.
-        learning_rate: initial rate, cosine-decayed to 0 (0.1).
-        momentum: heavy-ball momentum (0.9).
+        num_epochs: epochs (official: 30).
+        steps_per_epoch: steps per epoch; default the labeled images over
+            the batch's distinct images (4000 // 640 = 6 for CIFAR-10:
+            180 steps).
+        classes_per_step, images_per_class: the global batch, 10 x 64.
+        views: views of every batch image (official: 2).
+        flip: flip each view at random (official: True).
+        learning_rate: initial rate (0.1), cosine-decayed over the run to
+            `final_learning_rate` (0.01).
+        momentum: classical momentum (0.9).
+        lars: wrap the SGD in LARS (official: True); False is the paper's
+            plain momentum SGD.
+        trust_coefficient: LARS eta (0.001).
         tau: SuNCEt and PAWS-NN temperature (0.1).
+        eval_every_epochs: PAWS-NN every this many epochs (0: only before
+            and after).
         eval_batch_size: batch of the PAWS-NN passes.
 
     Returns:
-        `(trunk, results)`: the fine-tuned trunk and the results dict.
+        `(trunk, results)`: the fine-tuned trunk and the results dict:
+        `top1`/`top5` of the final model, `paws_nn_before`,
+        `paws_nn_after`, `paws_nn_by_epoch` (epoch 0 is before), and
+        `best_epoch_top1_selected_on_test` with its `best_epoch`: the best
+        of the per-epoch test figures, which selects on the test set, as
+        the official script's logged `best-val` does.
 
     Raises:
-        ValueError: empty labeled set, sizes that do not divide or fit;
-            raised before any training.
+        ValueError: empty labeled set, sizes that do not divide or fit, a
+            bad count; raised before any training.
     """
     strategy = strategy or tf.distribute.get_strategy()
     num_classes = _num_classes(labeled)
-    if num_steps < 1:
-        raise ValueError(f'num_steps must be >= 1, got {num_steps}.')
+    for name, value in (('num_epochs', num_epochs), ('views', views),
+                        ('classes_per_step', classes_per_step),
+                        ('images_per_class', images_per_class)):
+        checks.integer(f'fine_tune_suncet.{name}', value)
+    checks.integer('fine_tune_suncet.eval_every_epochs', eval_every_epochs,
+                   minimum=0)
+    distinct = classes_per_step * images_per_class
+    if steps_per_epoch is None:
+        steps_per_epoch = max(1, labeled.num_examples // distinct)
+    checks.integer('fine_tune_suncet.steps_per_epoch', steps_per_epoch)
+    num_steps = num_epochs * steps_per_epoch
     dataset_fn = _suncet_dataset_fn(
         labeled, num_steps=num_steps, classes_per_step=classes_per_step,
-        images_per_class=images_per_class,
+        images_per_class=images_per_class, views=views, flip=flip,
         num_replicas=strategy.num_replicas_in_sync, image_size=image_size,
         crop_fraction=crop_fraction, mean=mean, std=std, seed=seed)
     evaluation = dict(batch_size=eval_batch_size, image_size=image_size,
                       crop_fraction=crop_fraction, mean=mean, std=std)
+    support_data = data.make_eval_dataset(labeled, **evaluation)
+    query_data = data.make_eval_dataset(test, **evaluation)
 
-    def paws_nn(embed):
-        return evaluate.paws_nn(
-            tf.function(embed, reduce_retracing=True),
-            data.make_eval_dataset(labeled, **evaluation),
-            data.make_eval_dataset(test, **evaluation),
-            num_classes=num_classes, tau=tau)
+    def paws_nn(network):
+        embed = tf.function(lambda x: tf.cast(network(x, training=False),
+                                              tf.float32),
+                            reduce_retracing=True)
+        return evaluate.paws_nn(embed, support_data, query_data,
+                                num_classes=num_classes, tau=tau)
 
-    before = paws_nn(lambda x: model(x, training=False)['embeddings'])
-    logging.info('PAWS-NN before fine-tuning: %s', before)
     with strategy.scope():
         trunk = build_trunk(model)
         trainer = _SuncetTrainer(trunk, num_classes, tau)
-        trainer.compile(optimizer=_optimizer(
-            learning_rate, num_steps, momentum=momentum, nesterov=False))
+        trainer.compile(optimizer=_suncet_optimizer(
+            learning_rate=learning_rate,
+            final_learning_rate=final_learning_rate,
+            steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
+            momentum=momentum, lars=lars,
+            trust_coefficient=trust_coefficient))
         trainer.optimizer.build(trunk.trainable_variables)
+    by_epoch = [dict(epoch=0, **paws_nn(trunk))]
+    logging.info('PAWS-NN before fine-tuning: %s', by_epoch[0])
     steps = []
     step_log = tf_keras.callbacks.LambdaCallback(
         on_train_batch_end=lambda batch, logs: steps.append(logs))
+    epoch_eval = _EpochPawsNN(lambda: paws_nn(trunk),
+                              eval_every_epochs or num_epochs, num_epochs,
+                              by_epoch)
     trainer.fit(strategy.distribute_datasets_from_function(dataset_fn),
-                epochs=1, steps_per_epoch=num_steps,
-                callbacks=[step_log, _tensorboard(output_dir, 10)])
-    after = paws_nn(lambda x: tf.cast(trunk(x, training=False), tf.float32))
-    logging.info('PAWS-NN after fine-tuning: %s', after)
+                epochs=num_epochs, steps_per_epoch=steps_per_epoch,
+                callbacks=[step_log, epoch_eval,
+                           _tensorboard(output_dir, 10)])
+    after = by_epoch[-1]
+    best = max(by_epoch, key=lambda entry: entry['top1'])
     results = {
-        'protocol': 'cifar10', 'top1': after['top1'], 'top5': after.get('top5'),
-        'paws_nn_before': before, 'paws_nn_after': after,
+        'protocol': 'cifar10', 'top1': after['top1'],
+        'top5': after.get('top5'), 'paws_nn_before': by_epoch[0],
+        'paws_nn_after': after,
+        'paws_nn_by_epoch': [
+            {key: entry[key] for key in ('epoch', 'top1', 'top5')
+             if key in entry} for entry in by_epoch],
+        'best_epoch_top1_selected_on_test': best['top1'],
+        'best_epoch': best['epoch'],
+        'epochs': num_epochs, 'steps_per_epoch': steps_per_epoch,
         'steps': int(trainer.optimizer.iterations.numpy()),
         'loss': [step['loss'] for step in steps],
         'learning_rate': [step['learning_rate'] for step in steps],
         'weights': TRUNK_WEIGHTS}
+    logging.info('PAWS-NN after fine-tuning: top-1 %.2f%% (best epoch %d: '
+                 '%.2f%%, selected on the test set)', 100 * after['top1'],
+                 best['epoch'], 100 * best['top1'])
     _write_outputs(strategy, output_dir, trunk, TRUNK_WEIGHTS, results)
     return trunk, results
 

@@ -71,7 +71,7 @@ class SupportSampler:
 
     def __init__(self, labels, *, classes_per_step, images_per_class,
                  num_replicas, unique_classes_per_replica, seed,
-                 class_names=()):
+                 class_names=(), binding='make_pretrain_dataset_fn'):
         """Checks the sizes against the labeled set.
 
         Args:
@@ -82,6 +82,8 @@ class SupportSampler:
             unique_classes_per_replica: disjoint classes across replicas.
             seed: int.
             class_names: names indexed by class id, for error messages.
+            binding: the gin configurable whose arguments these sizes are,
+                named in error messages.
 
         Raises:
             ValueError: empty labeled set; too many classes per step; a
@@ -93,15 +95,15 @@ class SupportSampler:
                 'The labeled set is empty: PAWS needs labeled support images. '
                 'Check labels_per_class / the split file of the labeled set.')
         if classes_per_step < 1 or images_per_class < 1:
-            raise ValueError('classes_per_step and images_per_class must be '
-                             f'>= 1, got {classes_per_step} and '
-                             f'{images_per_class}.')
+            raise ValueError(f'{binding}.classes_per_step and '
+                             f'{binding}.images_per_class must be >= 1, got '
+                             f'{classes_per_step} and {images_per_class}.')
         class_ids, counts = np.unique(labels, return_counts=True)
         if unique_classes_per_replica:
             if classes_per_step % num_replicas:
                 raise ValueError(
-                    f'classes_per_step={classes_per_step} (global) is not '
-                    f'divisible by the {num_replicas} replicas: with '
+                    f'{binding}.classes_per_step={classes_per_step} (global) '
+                    f'is not divisible by the {num_replicas} replicas: with '
                     'unique_classes_per_replica=True each replica samples '
                     'classes_per_step / num_replicas classes. Use a multiple '
                     f'of {num_replicas} or unique_classes_per_replica=False.')
@@ -112,11 +114,11 @@ class SupportSampler:
             needed = images_per_class * num_replicas
         if classes_per_step > len(class_ids):
             raise ValueError(
-                f'classes_per_step={classes_per_step} (global'
+                f'{binding}.classes_per_step={classes_per_step} (global'
                 + (f' = {per_replica} per replica x {num_replicas} replicas'
                    if unique_classes_per_replica else '')
                 + f') exceeds the {len(class_ids)} classes of the labeled '
-                f'set: use classes_per_step <= {len(class_ids)}.')
+                f'set: use {binding}.classes_per_step <= {len(class_ids)}.')
         small = [(c, k) for c, k in zip(class_ids, counts) if k < needed]
         if small:
             names = ', '.join(
@@ -128,7 +130,8 @@ class SupportSampler:
                 f'{images_per_class}'
                 + ('' if unique_classes_per_replica else
                    f' x {num_replicas} replicas sharing the classes')
-                + f'): {names}. Lower images_per_class, label more images'
+                + f'): {names}. Lower {binding}.images_per_class, label '
+                'more images'
                 + ('' if unique_classes_per_replica else
                    ', or use unique_classes_per_replica=True') + '.')
         self.classes_per_step = classes_per_step

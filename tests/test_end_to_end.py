@@ -9,9 +9,11 @@ import subprocess
 import sys
 import time
 
+import gin
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_datasets as tfds
 
 from helpers import debug_gin
 from paws_tf import callbacks
@@ -95,3 +97,57 @@ def test_the_whole_workflow_through_run_py(tmp_path):
         (tmp_path / 'fine_tune' / 'results.json').read_text())
     assert tuned['protocol'] == 'cifar10' and tuned['steps'] == 10
     assert tuned['paws_nn_before']['num_support'] == 64
+
+
+CIFAR10_BINDINGS = [
+    # The shipped CIFAR-10 experiment, shrunk to seconds on a CPU.
+    "train/load_tfds.data_dir = '{data_dir}'",
+    "test/load_tfds.data_dir = '{data_dir}'",
+    'select_labeled.labels_per_class = 4',
+    'make_pretrain_dataset_fn.global_batch_size = 32',
+    'make_pretrain_dataset_fn.images_per_class = 2',
+    'build_backbone.depth = 10', 'build_backbone.width = 1',
+    'ProjectionHead.hidden_dim = 16', 'ProjectionHead.output_dim = 16',
+    'train.num_epochs = 1', 'WarmupCosineDecay.warmup_epochs = 0',
+    "train.precision = 'float32'",  # float16 kernels are slow on a CPU.
+    'train.backup_every_steps = 2', 'train.checkpoint_every_steps = 0',
+    'train.verbose = 0',
+    'fine_tune_suncet.num_epochs = 2', 'fine_tune_suncet.steps_per_epoch = 2',
+    'fine_tune_suncet.images_per_class = 2',
+]
+
+
+@pytest.mark.slow
+def test_cifar10_experiment_on_mock_tfds(tmp_path):
+    """cifar10_wrn28_2_4000.gin end to end on TFDS mock data: pre-training
+    with the solarize + equalize views, export, PAWS-NN, then the official
+    fine-tuning protocol with PAWS-NN after every epoch."""
+    data_dir = str(tmp_path / 'tfds')
+    model_dir = str(tmp_path / 'run')
+    strategy = tf.distribute.get_strategy()
+    gin.clear_config()
+    gin.add_config_file_search_path(str(REPO))
+    try:
+        gin.parse_config_files_and_bindings(
+            [str(REPO / 'gin_configs' / 'cifar10_wrn28_2_4000.gin')],
+            [b.format(data_dir=data_dir) for b in CIFAR10_BINDINGS])
+        multicrop = gin.query_parameter(
+            'make_pretrain_dataset_fn.multicrop').scoped_configurable_fn()
+        assert multicrop.distortion == 'cifar10'
+        with tfds.testing.mock_data(num_examples=120, data_dir=data_dir):
+            evaluated = modes.run(model_dir, strategy, 'train_and_evaluate')
+            tuned = modes.run(model_dir, strategy, 'fine_tune')
+    finally:
+        gin.clear_config()
+    assert evaluated['num_support'] == 40 and evaluated['num_queries'] == 120
+    assert evaluated['embedding'] == 'projection'
+    with open(os.path.join(model_dir, 'eval', 'paws_nn.json')) as f:
+        assert json.load(f)['top1'] == evaluated['top1']
+    assert tuned['protocol'] == 'cifar10' and tuned['steps'] == 4
+    assert [e['epoch'] for e in tuned['paws_nn_by_epoch']] == [0, 1, 2]
+    assert tuned['paws_nn_before']['num_support'] == 40
+    assert tuned['top1'] == tuned['paws_nn_by_epoch'][-1]['top1']
+    assert tuned['best_epoch_top1_selected_on_test'] == max(
+        e['top1'] for e in tuned['paws_nn_by_epoch'])
+    with open(os.path.join(model_dir, 'fine_tune', 'results.json')) as f:
+        assert json.load(f)['paws_nn_by_epoch'] == tuned['paws_nn_by_epoch']

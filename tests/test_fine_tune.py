@@ -11,9 +11,11 @@ import tensorflow as tf
 import tf_keras
 
 from helpers import tiny_model
+from paws_tf import augment
 from paws_tf import backbones
 from paws_tf import fine_tune
 from paws_tf import heads
+from paws_tf import lars
 from paws_tf import model as model_lib
 from paws_tf import sources
 
@@ -233,12 +235,12 @@ def _identity_source(num_classes, per_class):
 def test_suncet_batches_are_class_balanced_and_unique_within_a_step():
     labeled = _identity_source(5, 6)
     common = dict(num_steps=6, classes_per_step=3, images_per_class=4,
-                  image_size=SIZE, crop_fraction=1.0, mean=(0.0,) * 3,
-                  std=(1.0,) * 3, seed=0)
+                  views=1, flip=False, image_size=SIZE, crop_fraction=1.0,
+                  mean=(0.0,) * 3, std=(1.0,) * 3, seed=0)
 
-    def batches(num_replicas):
+    def batches(num_replicas, **overrides):
         dataset_fn = fine_tune._suncet_dataset_fn(
-            labeled, num_replicas=num_replicas, **common)
+            labeled, num_replicas=num_replicas, **dict(common, **overrides))
         return [(np.round(x[:, 0, 0, 0] * 255).astype(int), y)
                 for x, y in dataset_fn(tf.distribute.InputContext(
                     num_replicas_in_sync=num_replicas)).as_numpy_iterator()]
@@ -251,6 +253,11 @@ def test_suncet_batches_are_class_balanced_and_unique_within_a_step():
         assert len(set(classes)) == 3
         seen.extend(ids)
     assert len(set(seen)) < len(seen)  # With replacement across steps.
+    # Two views: the same 12 images again, view-major, labels tiled.
+    for (ids, classes), (two_ids, two_classes) in zip(batches(1),
+                                                      batches(1, views=2)):
+        np.testing.assert_array_equal(two_ids, np.tile(ids, 2))
+        np.testing.assert_array_equal(two_classes, np.tile(classes, 2))
     # Two replicas: the same 3 classes, 2 images each per replica.
     per_replica = batches(2)
     assert len(per_replica) == 12
@@ -261,6 +268,70 @@ def test_suncet_batches_are_class_balanced_and_unique_within_a_step():
     with pytest.raises(ValueError, match='not divisible by the 2 replicas'):
         fine_tune._suncet_dataset_fn(
             labeled, num_replicas=2, **dict(common, images_per_class=3))
+    with pytest.raises(ValueError,
+                       match=r'fine_tune_suncet\.images_per_class'):
+        fine_tune._suncet_dataset_fn(
+            labeled, num_replicas=1, **dict(common, images_per_class=7))
+
+
+def test_suncet_views_are_flipped_centre_crops():
+    """suncet cifar10_fine_tune: CenterCrop + RandomHorizontalFlip, each
+    view on its own coin."""
+    rng = np.random.default_rng(3)
+    images = rng.integers(0, 256, (8, 12, 10, 3), np.uint8)
+    labeled = sources.from_arrays(images, np.arange(8) % 2)
+    kwargs = dict(image_size=SIZE, crop_fraction=0.75, mean=(0.5,) * 3,
+                  std=(0.25,) * 3)
+    dataset_fn = fine_tune._suncet_dataset_fn(
+        labeled, num_steps=20, classes_per_step=2, images_per_class=2,
+        views=2, flip=True, num_replicas=1, seed=0, **kwargs)
+    centre = [augment.center_view(image, SIZE, **{
+        k: kwargs[k] for k in ('crop_fraction', 'mean', 'std')}).numpy()
+        for image in images]
+    flips = []
+    for views, classes in dataset_fn(None).as_numpy_iterator():
+        assert views.shape == (8, SIZE, SIZE, 3)
+        step = []
+        for view, label in zip(views, classes):
+            matches = [i for i, c in enumerate(centre)
+                       if np.allclose(view, c, atol=1e-6)
+                       or np.allclose(view, c[:, ::-1], atol=1e-6)]
+            assert len(matches) == 1
+            assert labeled.labels[matches[0]] == label
+            step.append((matches[0], np.allclose(
+                view, centre[matches[0]][:, ::-1], atol=1e-6)))
+        # Rows 4-7 are the second views of the images of rows 0-3.
+        assert [i for i, _ in step[:4]] == [i for i, _ in step[4:]]
+        flips.append([flipped for _, flipped in step])
+    flips = np.array(flips)  # [20 steps, 8 rows]
+    assert 0.3 < flips.mean() < 0.7  # 160 coins of p = 0.5
+    # The two views of an image are flipped independently.
+    assert 0.3 < np.mean(flips[:, :4] != flips[:, 4:]) < 0.7
+
+
+def test_suncet_optimizer_is_lars_wrapped_sgd_with_cosine_to_final_lr():
+    """snn_fine_tune.py: SGD(momentum 0.9, no Nesterov, wd 0) in LARS(trust
+    0.001, bias and BN excluded), lr 0.1 cosine to 0.01 over the run."""
+    optimizer = fine_tune._suncet_optimizer(
+        learning_rate=0.1, final_learning_rate=0.01, steps_per_epoch=6,
+        num_epochs=30, momentum=0.9, lars=True, trust_coefficient=0.001)
+    assert isinstance(optimizer, lars.LARS)
+    assert (optimizer.momentum, optimizer.l2_weight_decay,
+            optimizer.trust_coefficient) == (0.9, 0.0, 0.001)
+    assert optimizer.exclude_from_adaptation('bn1/gamma:0')
+    assert optimizer.exclude_from_adaptation('conv/bias:0')
+    assert not optimizer.exclude_from_adaptation('conv/kernel:0')
+    schedule = optimizer._learning_rate
+    for step in (0, 45, 90, 179, 180):
+        np.testing.assert_allclose(
+            float(schedule(step)),
+            0.01 + 0.09 * 0.5 * (1 + math.cos(math.pi * step / 180)),
+            rtol=1e-5)
+    plain = fine_tune._suncet_optimizer(
+        learning_rate=0.1, final_learning_rate=0.01, steps_per_epoch=6,
+        num_epochs=30, momentum=0.9, lars=False, trust_coefficient=0.001)
+    assert isinstance(plain, tf_keras.optimizers.SGD)
+    assert not plain.nesterov and plain.weight_decay is None
 
 
 def _leaf_layers(model):
@@ -276,10 +347,11 @@ def test_suncet_protocol_through_the_entry_point(tmp_path):
     before = weights_by_name(model)
     labeled = clustered(3, 8, seed=3)
     test = clustered(3, 8, seed=4)
-    steps = 12
+    epochs, per_epoch = 3, 4
     with gin.unlock_config():
         gin.parse_config([
-            f'fine_tune_suncet.num_steps = {steps}',
+            f'fine_tune_suncet.num_epochs = {epochs}',
+            f'fine_tune_suncet.steps_per_epoch = {per_epoch}',
             'fine_tune_suncet.classes_per_step = 3',
             'fine_tune_suncet.images_per_class = 4',
             'fine_tune_suncet.eval_batch_size = 16'])
@@ -288,20 +360,32 @@ def test_suncet_protocol_through_the_entry_point(tmp_path):
                                       test=test, protocol='cifar10', **PRE)
     finally:
         gin.clear_config()
+    steps = epochs * per_epoch
     assert results['steps'] == steps == len(results['loss'])
     np.testing.assert_allclose(
         results['learning_rate'],
-        [0.1 * 0.5 * (1 + math.cos(math.pi * i / steps))
+        [0.01 + 0.09 * 0.5 * (1 + math.cos(math.pi * i / steps))
          for i in range(steps)], rtol=1e-5)  # float32 cosine
     loss = results['loss']
     assert np.mean(loss[-3:]) < np.mean(loss[:3])
+    # PAWS-NN before (epoch 0) and after every epoch; the final model's is
+    # the result, the best epoch is reported apart, as selected on test.
+    by_epoch = results['paws_nn_by_epoch']
+    assert [entry['epoch'] for entry in by_epoch] == [0, 1, 2, 3]
+    assert results['top1'] == by_epoch[-1]['top1']
+    assert results['paws_nn_before']['top1'] == by_epoch[0]['top1']
+    best = max(entry['top1'] for entry in by_epoch)
+    assert results['best_epoch_top1_selected_on_test'] == best
+    assert by_epoch[results['best_epoch']]['top1'] == best
     # Noisy clusters that SuNCEt tightens: 0.42-0.75 -> 1.0 measured for
     # init seeds 0-5.
     assert (results['paws_nn_after']['top1']
             > results['paws_nn_before']['top1'])
     output_dir = tmp_path / 'fine_tune'
     with open(output_dir / fine_tune.RESULTS_FILENAME) as f:
-        assert json.load(f)['paws_nn_after'] == results['paws_nn_after']
+        written = json.load(f)
+    assert written['paws_nn_after'] == results['paws_nn_after']
+    assert written['paws_nn_by_epoch'] == by_epoch
     trunk = fine_tune.build_trunk(model)
     trunk.load_weights(str(output_dir / fine_tune.TRUNK_WEIGHTS))
     _, backbone, head = trunk.layers
@@ -310,14 +394,31 @@ def test_suncet_protocol_through_the_entry_point(tmp_path):
              list(zip(model.projection_head.mlp_layers, head.mlp_layers)))
     changed = []
     for original, tuned in pairs:
-        for w0, w1 in zip(original.get_weights(), tuned.get_weights()):
-            if isinstance(tuned, tf_keras.layers.BatchNormalization):
-                np.testing.assert_array_equal(w1, w0)  # Frozen BN.
-            else:
-                changed.append(not np.allclose(w1, w0))
-    assert len(changed) > 4 and all(changed)
+        for w0, w1, variable in zip(original.get_weights(),
+                                    tuned.get_weights(), tuned.weights):
+            if 'moving' in variable.name:
+                # Batch norm in inference mode: statistics used, not moved.
+                np.testing.assert_array_equal(w1, w0)
+            else:  # Kernels, biases, and BN's gamma and beta: trained.
+                changed.append((variable.name, not np.allclose(w1, w0)))
+    assert len(changed) > 8 and all(moved for _, moved in changed), changed
+    assert any('gamma' in name for name, _ in changed)
     for name, value in weights_by_name(model).items():
         np.testing.assert_array_equal(value, before[name])
+
+
+def test_trunk_follows_the_nn_embedding():
+    """With nn_embedding 'prediction' the trunk ends in the prediction
+    head (snn_fine_tune.py with use_pred_head), else in the projection."""
+    model = build_model(seed=1)
+    images = tf.random.stateless_normal([3, SIZE, SIZE, 3], [4, 5])
+    outputs = model(images, training=False)
+    np.testing.assert_allclose(fine_tune.build_trunk(model)(images),
+                               outputs['projection'], rtol=1e-5, atol=1e-6)
+    model.nn_embedding = 'prediction'
+    np.testing.assert_allclose(fine_tune.build_trunk(model)(images),
+                               model(images)['prediction'], rtol=1e-5,
+                               atol=1e-6)
 
 
 def test_clear_errors_before_training(tmp_path, two_replicas):
@@ -344,5 +445,8 @@ def test_clear_errors_before_training(tmp_path, two_replicas):
     with pytest.raises(ValueError, match='fewer labeled images'):
         fine_tune.fine_tune_suncet(model, labeled, test, classes_per_step=2,
                                    images_per_class=8,
+                                   output_dir=str(tmp_path), **PRE)
+    with pytest.raises(ValueError, match=r'fine_tune_suncet\.views'):
+        fine_tune.fine_tune_suncet(model, labeled, test, views=0,
                                    output_dir=str(tmp_path), **PRE)
     assert not os.listdir(tmp_path)

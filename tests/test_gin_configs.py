@@ -1,6 +1,7 @@
 """Every shipped gin file parses, builds its model and holds the paper's
 hyper-parameters."""
 
+import inspect
 import pathlib
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from paws_tf import configurables  # noqa: F401
+from paws_tf import fine_tune
 from paws_tf import model as model_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -93,6 +95,8 @@ def test_imagenet_configs_hold_the_paper_settings(clean_gin, name, width,
     assert q('LARS.weight_decay') == 1e-6 and q('LARS.momentum') == 0.9
     assert q('PAWSModel.label_smoothing') == 0.1
     assert q('build_model.prediction_head')
+    # The official PAWS-NN figures compare the prediction head's output.
+    assert q('PAWSModel.nn_embedding') == 'prediction'
     assert q('train.num_epochs') == 100
     model, count = trainable_parameters()
     trunk = sum(int(np.prod(v.shape))
@@ -133,8 +137,24 @@ def test_cifar10_config_is_appendix_c(clean_gin):
             multicrop.local_size, multicrop.local_scale,
             multicrop.num_local) == (32, (0.75, 1.0), 18, (0.3, 0.75), 6)
     assert multicrop.color_strength == 0.5 and multicrop.blur_prob == 0.0
-    _, count = trainable_parameters()
+    assert multicrop.distortion == 'cifar10'  # solarize + equalize
+    assert q('train.precision') == 'mixed_float16'  # use_fp16
+    assert q('fine_tune.protocol') == 'cifar10'
+    model, count = trainable_parameters()
     assert 1_450_000 < count < 1_550_000  # "1.5M" with its 128-d head.
+    assert model.nn_embedding == 'projection'
+    final_bn = model.backbone.get_layer('final_bn')
+    assert final_bn.momentum == 0.01  # PyTorch momentum 0.99
+    # The fine-tuning defaults are cifar10_snn.yaml's.
+    defaults = {name: p.default for name, p in inspect.signature(
+        fine_tune.fine_tune_suncet).parameters.items()}
+    assert {k: defaults[k] for k in (
+        'num_epochs', 'classes_per_step', 'images_per_class', 'views',
+        'flip', 'learning_rate', 'final_learning_rate', 'momentum', 'lars',
+        'trust_coefficient', 'tau')} == dict(
+            num_epochs=30, classes_per_step=10, images_per_class=64,
+            views=2, flip=True, learning_rate=0.1, final_learning_rate=0.01,
+            momentum=0.9, lars=True, trust_coefficient=0.001, tau=0.1)
 
 
 @pytest.mark.parametrize('binding,message', [
