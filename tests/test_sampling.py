@@ -66,14 +66,17 @@ def test_support_seed():
 
 @pytest.mark.parametrize('kwargs,message', [
     ({'labels': []}, 'labeled set is empty'),
-    ({'classes_per_step': 11}, r'classes_per_step=11 \(global\) exceeds the '
-     '10 classes of the labeled set: use classes_per_step <= 10'),
+    ({'classes_per_step': 11},
+     r'make_pretrain_dataset_fn.classes_per_step=11 \(global\) exceeds the '
+     '10 classes of the labeled set: use '
+     'make_pretrain_dataset_fn.classes_per_step <= 10'),
     ({'classes_per_step': 12, 'unique_classes_per_replica': True},
      r'global = 6 per replica x 2 replicas\) exceeds the 10 classes'),
     ({'classes_per_step': 5, 'unique_classes_per_replica': True},
      r'classes_per_step=5 \(global\) is not divisible by the 2 replicas'),
     ({'images_per_class': 4}, r"'c0' \(id 0\) has 6, 'c1' \(id 1\) has 7.*"
-     'Lower images_per_class.*unique_classes_per_replica=True'),
+     'Lower make_pretrain_dataset_fn.images_per_class.*'
+     'unique_classes_per_replica=True'),
     ({'images_per_class': 7, 'unique_classes_per_replica': True},
      r"1 class\(es\).*\(7 = images_per_class 7\): 'c0' \(id 0\) has 6"),
 ])
