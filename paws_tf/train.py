@@ -63,10 +63,9 @@ def build_model(strategy, pretrain, *, input_channels):
             sync_bn=strategy.num_replicas_in_sync > 1,
             layout=pretrain.model_layout)
         images = tf.zeros([1, 8, 8, input_channels])
-        # `model(...)` sets Keras' `built` (BackupAndRestore checks it);
-        # `_encode` also builds the prediction head, which `call` skips.
+        # `model(...)` sets Keras' `built` (BackupAndRestore checks it) and
+        # builds every head.
         model(images)
-        model._encode(images, training=False)
     return model
 
 
