@@ -38,8 +38,21 @@ def project_2d(embeddings):
     return centred @ components[:2].T
 
 
-def write_figure(path, *, log_dir, embeddings, labels, class_names, title):
-    """Training curves and the embedding projection, as one PNG."""
+def write_figure(path, *, log_dir, embeddings, labels, class_names, title,
+                 fine_tune_by_epoch=None, supervised_top1=None):
+    """Training curves, PAWS-NN by epoch and the embedding projection, as
+    one PNG.
+
+    Args:
+        path: the PNG to write.
+        log_dir: the run's TensorBoard directory (`train/`, `eval/`).
+        embeddings: `[N, D]` test embeddings; `labels` `[N]` their classes.
+        class_names: names indexed by class id.
+        title: the figure's title.
+        fine_tune_by_epoch: the fine-tuning's `paws_nn_by_epoch` entries
+            (`epoch`, `top1`), drawn after the pre-training epochs.
+        supervised_top1: the baseline's top-1, drawn as a level.
+    """
     figure, axes = pyplot.subplots(1, 3, figsize=(16, 4.8))
     for tag, label in (('epoch_loss', 'loss'),
                        ('epoch_cross_entropy', 'cross-entropy')):
@@ -49,9 +62,19 @@ def write_figure(path, *, log_dir, embeddings, labels, class_names, title):
     axes[0].set(xlabel='epoch', title='PAWS training loss')
     axes[0].legend()
     steps, top1 = read_scalars(os.path.join(log_dir, 'eval'), 'paws_nn/top1')
-    axes[1].plot(np.arange(1, len(top1) + 1), 100 * top1, marker='o')
+    axes[1].plot(np.arange(1, len(top1) + 1), 100 * top1, marker='o',
+                 label='PAWS pre-training')
+    if fine_tune_by_epoch:
+        # Fine-tuning epoch e is drawn at pre-training's last epoch + e.
+        axes[1].plot([len(top1) + e['epoch'] for e in fine_tune_by_epoch],
+                     [100 * e['top1'] for e in fine_tune_by_epoch],
+                     marker='.', label='fine-tuning')
+    if supervised_top1 is not None:
+        axes[1].axhline(100 * supervised_top1, color='grey', linestyle='--',
+                        label='supervised only')
     axes[1].set(xlabel='epoch', ylabel='top-1 (%)',
                 title='PAWS-NN on the test split')
+    axes[1].legend()
     points = project_2d(embeddings)
     for class_id, name in enumerate(class_names):
         mask = labels == class_id
