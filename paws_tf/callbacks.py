@@ -294,8 +294,9 @@ def backup_step(backup_dir):
     backup, 0 if there is none.
 
     The input pipeline is built before BackupAndRestore restores the model,
-    and Keras does not restore the iterator, so the trainer starts the input
-    at this step to continue the exact stream (PITFALLS item 5).
+    and BackupAndRestore does not restore the tf.data position; the stream is
+    a stateless function of (seed, step), so the trainer starts the input at
+    this step and continues the exact stream.
     """
     path = tf.train.latest_checkpoint(os.path.join(backup_dir, 'chief'))
     if path is None:
