@@ -74,6 +74,8 @@ _EXPORTS = {
     'embedder_from_saved_model': 'evaluate',
     'export_embedder': 'export',
     'export_classifier': 'export',
+    # Training.
+    'ProgressBar': 'callbacks',
 }
 __all__ = sorted(_EXPORTS)
 
