@@ -212,7 +212,9 @@ class ProgressLog(tf_keras.callbacks.Callback):
         logs = logs or {}
         shown = ' '.join(f'{k}={float(logs[k]):.4g}' for k in (
             'loss', 'cross_entropy', 'me_max', 'target_confidence',
-            'learning_rate', 'paws_nn_top1') if k in logs)
+            'learning_rate', 'trust_ratio_mean', 'trust_ratio_min',
+            'trust_ratio_max', 'nt_xent', 'suncet', 'paws_nn_top1')
+            if k in logs)
         logging.info('epoch %d/%d: %s | %.0f views/s, %.1f s', epoch + 1,
                      self._num_epochs, shown, views_per_second, seconds)
         self._writer.flush()
@@ -220,7 +222,8 @@ class ProgressLog(tf_keras.callbacks.Callback):
 
 # What the progress bar shows, with its labels: the values a user watches
 # while training. The other logged values (trust ratios, NT-Xent, SuNCEt)
-# go to TensorBoard only, so that the bar stays on one terminal line.
+# go to TensorBoard and the epoch's log line (`ProgressLog`) only, so that
+# the bar stays on one terminal line.
 BAR_VALUES = (('loss', 'loss'), ('cross_entropy', 'ce'), ('me_max', 'me-max'),
               ('target_confidence', 'conf'), ('learning_rate', 'lr'),
               ('paws_nn_top1', 'paws-nn'))

@@ -81,3 +81,24 @@ def test_verbosity(verbose, capsys):
     else:  # Per epoch: the header and the final line.
         assert [line.split()[0] for line in lines] == [
             'Epoch', '2/2', 'Epoch', '2/2']
+
+
+def test_the_epoch_log_line_keeps_every_value(tmp_path, caplog):
+    model = tf_keras.Sequential([tf_keras.layers.Dense(1)])
+    model.compile(optimizer='sgd', loss='mse')
+    log = callbacks.ProgressLog(str(tmp_path), views_per_step=10,
+                                every_steps=0, num_epochs=3, is_chief=True)
+    log.set_model(model)
+    log.on_train_begin()
+    log.on_epoch_begin(0)
+    log.on_train_batch_end(0)
+    logs = {'loss': 0.25, 'cross_entropy': 1.5, 'me_max': -1.25,
+            'target_confidence': 0.75, 'learning_rate': 5e-4,
+            'trust_ratio_mean': 0.5, 'trust_ratio_min': 0.125,
+            'trust_ratio_max': 2.0, 'nt_xent': 4.0, 'suncet': 1.0,
+            'paws_nn_top1': 0.875}
+    with caplog.at_level('INFO'):
+        log.on_epoch_end(0, logs)
+    line = caplog.messages[-1]
+    assert line.startswith('epoch 1/3: ' + ' '.join(
+        f'{key}={value:.4g}' for key, value in logs.items()) + ' | '), line
