@@ -7,9 +7,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from helpers import debug_gin
 from paws_tf import callbacks
 from paws_tf import train
+from tests.helpers import debug_gin
 
 SHOWN = ('loss', 'ce', 'me-max', 'conf', 'lr')
 HIDDEN = ('trust', 'nt_xent', 'suncet', 'cross_entropy')
