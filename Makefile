@@ -7,8 +7,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.requirements-stamp
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist): most of a test's time is single-threaded
-# (tracing, process start-up), so two processes fill 2 cores better than one
-# (460 tests: 570 s against 865 s). 0 runs them in this process. A process
+# (tracing, process start-up), so two processes fill 2 cores better than
+# one. 0 runs them in this process. A process
 # that runs out of tests takes half of the other's remaining ones
 # (worksteal); tests/conftest.py puts the long `slow` ones first.
 PYTEST_WORKERS ?= 2

@@ -120,7 +120,7 @@ def main():
 
 def compare_with_step(config, results):
     """Runs the train-step benchmark and prints input/step throughput."""
-    step = bench_step.run_in_subprocesses([(['--config', config], {})])[0]
+    step = bench_step.run_in_subprocess(['--config', config])
     print(json.dumps(step), flush=True)
     print(json.dumps({
         'benchmark': 'input_over_step', 'step_config': config,

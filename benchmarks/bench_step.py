@@ -17,10 +17,7 @@ logs. Prints one JSON object:
     #          --precision bf16   (or fp16: loss scaling is added)
 
 `images_per_s` counts every view forwarded: the support views plus 2 + m
-views per unlabeled image, over all replicas. `--per_replica_of N` times one
-replica on what each of N replicas gets (1/N of the unlabeled images and
-of the images per class); N such processes at once give what the machine
-does for N replicas without their communication (`bench_scaling.py`).
+views per unlabeled image, over all replicas.
 """
 
 import argparse
@@ -32,7 +29,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -97,9 +93,6 @@ def parse_args():
     parser.add_argument('--precision', default='fp32', choices=POLICIES)
     parser.add_argument('--replicas', type=int, default=1, choices=(1, 2),
                         help='replicas in this process, outside a cluster')
-    parser.add_argument('--per_replica_of', type=int, default=1,
-                        help='time one replica on the batch each of N '
-                        'replicas gets')
     parser.add_argument('--sync_bn', choices=('auto', 'on', 'off'),
                         default='auto',
                         help='synchronised (unfused) BN; auto: on iff '
@@ -113,9 +106,6 @@ def parse_args():
     parser.add_argument('--inter_op_threads', type=int, default=0)
     parser.add_argument('--profile_dir', default='',
                         help='write a TF profiler trace of 2 timed steps')
-    parser.add_argument('--serve', action='store_true',
-                        help='after the warm-up, one step per line read '
-                        'from stdin (bench_scaling.py --part interleaved)')
     args = parser.parse_args()
     # As the trainer's `--strategy=auto`: TF_CONFIG or Slurm.
     args.cluster = dist.cluster_in_environment()
@@ -124,21 +114,6 @@ def parse_args():
                      'cluster\'s (every GPU of every worker, or one per CPU '
                      'worker): drop --replicas, or run outside the cluster '
                      'for one process')
-    if args.per_replica_of < 1:
-        parser.error(f'--per_replica_of must be 1 or more, got '
-                     f'{args.per_replica_of}')
-    if args.per_replica_of > 1:
-        config = CONFIGS[args.config]
-        if args.replicas > 1 or args.cluster:
-            parser.error('--per_replica_of times one replica alone: drop '
-                         '--replicas, and run outside a cluster (TF_CONFIG, '
-                         'Slurm)')
-        if (config['batch'] % args.per_replica_of
-                or config['images_per_class'] % args.per_replica_of):
-            parser.error(
-                f'--per_replica_of {args.per_replica_of} does not divide '
-                f'{args.config}\'s {config["batch"]} unlabeled images and '
-                f'{config["images_per_class"]} images per class')
     return args
 
 
@@ -203,111 +178,16 @@ def synthetic_batch(config, replicas, rng):
             'support_views': views(support, config['global_size'])}
 
 
-def _exit_error(proc, err):
-    """The error for a finished benchmark subprocess `proc` that failed:
-    its arguments, exit code and the end of its stderr file `err`."""
-    err.seek(0)
-    return RuntimeError(
-        f'bench_step.py {" ".join(proc.args[2:])} exited with '
-        f'{proc.returncode}:\n{err.read()[-3000:]}')
-
-
-def run_in_subprocesses(runs):
-    """Runs this benchmark in fresh processes at once (each its own device
-    and thread set-up), one per (command-line arguments, environment
-    variables to set) pair of `runs`; returns their JSON results."""
-    procs = []
-    for arguments, environment in runs:
-        # Files, not pipes: a process that fills a pipe nobody reads yet
-        # would stall, and its cluster peers with it.
-        out, err = tempfile.TemporaryFile('w+'), tempfile.TemporaryFile('w+')
-        procs.append((subprocess.Popen(
-            [sys.executable, __file__, *arguments], stdout=out, stderr=err,
-            env=dict(os.environ, **environment), text=True), out, err))
-    # One that fails would leave its cluster peers waiting in a collective.
-    failed = None
-    while failed is None and any(p.poll() is None for p, _, _ in procs):
-        failed = next((run for run in procs if run[0].poll()), None)
-        time.sleep(0.5)
-    for proc, _, _ in procs:
-        proc.kill()
-        proc.wait()
-    failed = failed or next((run for run in procs if run[0].returncode), None)
-    if failed:
-        proc, _, err = failed
-        raise _exit_error(proc, err)
-    results = []
-    for _, out, _ in procs:
-        out.seek(0)
-        results.append(json.loads(out.read().strip().splitlines()[-1]))
-    return results
-
-
-def serve(step, warmup_step_s):
-    """Runs one step per line read from stdin until it closes.
-
-    Prints a JSON line when ready (after the warm-up) and one per step with
-    its seconds and the process's CPU seconds and minor page faults in it.
-    A process blocked on stdin takes no CPU time, so several of these,
-    stepped in turn, see the same load (`StepServer`).
-    """
-    print(json.dumps({'ready': True, 'warmup_step_s': [
-        round(t, 2) for t in warmup_step_s]}), flush=True)
-    for _ in sys.stdin:
-        seconds, usage, _ = step()
-        print(json.dumps({'seconds': seconds, 'cpu': usage['cpu'],
-                          'faults': usage['faults']}), flush=True)
-
-
-class StepServer:
-    """This benchmark in a subprocess with `--serve`: started at once, it
-    warms up on its own, then `step()` runs one step there.
-
-    Args:
-        arguments: command-line arguments of the run (without `--serve`);
-            it inherits this process's environment.
-    """
-
-    def __init__(self, arguments):
-        self._err = tempfile.TemporaryFile('w+')
-        self._proc = subprocess.Popen(
-            [sys.executable, __file__, *arguments, '--serve'],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
-            text=True)
-
-    def _reply(self):
-        """The next JSON line on its stdout (libraries may print others)."""
-        for line in self._proc.stdout:
-            if line.startswith('{'):
-                return json.loads(line)
-        self._proc.wait()
-        raise _exit_error(self._proc, self._err)
-
-    def ready(self):
-        """Waits for the warm-up; returns its step times."""
-        return self._reply()['warmup_step_s']
-
-    def step(self):
-        """Runs one step; returns {'seconds', 'cpu', 'faults'}."""
-        try:
-            self._proc.stdin.write('step\n')
-            self._proc.stdin.flush()
-        except BrokenPipeError:
-            pass  # It has exited: `_reply` raises with its stderr.
-        return self._reply()
-
-    def close(self):
-        """Ends it: closes its stdin, and kills it if that does not end it
-        within 30 s (e.g. still warming up)."""
-        try:
-            self._proc.stdin.close()
-        except BrokenPipeError:
-            pass  # It has exited already.
-        try:
-            self._proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+def run_in_subprocess(arguments):
+    """Runs this benchmark with command-line `arguments` in a fresh process
+    (its own device and thread set-up); returns its JSON result."""
+    proc = subprocess.run([sys.executable, __file__, *arguments],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(
+            f'bench_step.py {" ".join(arguments)} exited with '
+            f'{proc.returncode}:\n{proc.stderr[-3000:]}')
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _status_mib(field):
@@ -377,9 +257,7 @@ def main():
     args = parse_args()
     strategy = configure_devices(args)
     replicas = strategy.num_replicas_in_sync
-    config = dict(CONFIGS[args.config])
-    for size in ('batch', 'images_per_class'):
-        config[size] //= args.per_replica_of
+    config = CONFIGS[args.config]
     sync_bn = {'auto': replicas > 1, 'on': True, 'off': False}[args.sync_bn]
     recompute_bn_relu = args.recompute_bn_relu == 'on'
     tf_keras.mixed_precision.set_global_policy(POLICIES[args.precision])
@@ -387,9 +265,6 @@ def main():
     rss_built_mib = _status_mib('VmRSS')
 
     first_step_s = [step()[0] for _ in range(args.warmup)]
-    if args.serve:
-        serve(step, first_step_s)
-        return
     # Tracing and graph rewrites of the first step have their own peak.
     # Resetting the peak resets ru_maxrss too, so keep this one first.
     peak_warmup_mib = _status_mib('VmHWM')
@@ -430,7 +305,7 @@ def main():
         'rss_before_first_step_mib': rss_built_mib,
         'xla': args.xla, 'precision': args.precision,
         'replicas': replicas, 'strategy': type(strategy).__name__,
-        'per_replica_of': args.per_replica_of, 'sync_bn': sync_bn,
+        'sync_bn': sync_bn,
         'recompute_bn_relu': recompute_bn_relu,
         'intra_op_threads': tf.config.threading
         .get_intra_op_parallelism_threads(),

@@ -4,14 +4,25 @@ Importing this package selects the Keras 2 API (`tf_keras`) for the whole
 process, so that `tf.keras`, `tf_keras` and our code agree (Keras 3 cannot run
 `Model.fit` under `MultiWorkerMirroredStrategy`), and turns on TensorFlow's
 oneDNN CPU kernels unless TF_ENABLE_ONEDNN_OPTS says otherwise (see BUILD.md).
+
+The pieces a Keras user composes are attributes of the package, loaded on
+first use so that `import paws_tf` stays as cheap as importing TensorFlow:
+
+    model = paws_tf.PAWSModel(paws_tf.build_backbone(...),
+                              paws_tf.ProjectionHead(...), **layout)
+    model.compile(optimizer=paws_tf.LARS(paws_tf.WarmupCosineDecay(...)))
+
+README.md, "PAWS in your own Keras code", trains one on NumPy arrays.
 """
 
+import importlib
 import os
 
 os.environ['TF_USE_LEGACY_KERAS'] = '1'
-# TensorFlow leaves its oneDNN CPU kernels off on CPUs without AVX-512; on
-# the AVX2 CPUs we measured they make training steps 1.4-2.4x faster (see
-# BUILD.md, Performance). An explicit TF_ENABLE_ONEDNN_OPTS=0 wins.
+# TensorFlow leaves its oneDNN CPU kernels off on x86 CPUs without AVX-512
+# VNNI/BF16 or AMX, and its Eigen kernels in the pip wheel are built without
+# AVX2/FMA (docs/performance.md measures the difference). An explicit
+# TF_ENABLE_ONEDNN_OPTS=0 wins.
 os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '1')
 
 import tensorflow as tf  # noqa: E402  (must follow the environment switch)
@@ -24,3 +35,62 @@ if tf.keras.Model is not tf_keras.Model:
         'with TF_USE_LEGACY_KERAS=1 in the environment.')
 
 __version__ = '0.1.0'
+
+# Public name -> the submodule that defines it.
+_EXPORTS = {
+    # The model and its parts.
+    'PAWSModel': 'model',
+    'build_model': 'model',
+    'build_backbone': 'backbones',
+    'load_backbone_weights': 'backbones',
+    'ProjectionHead': 'heads',
+    'PredictionHead': 'heads',
+    # The objective.
+    'paws_loss': 'losses',
+    'paws_terms': 'losses',
+    'paws_targets': 'losses',
+    'snn': 'losses',
+    'sharpen': 'losses',
+    'support_labels': 'losses',
+    'target_confidence': 'losses',
+    'nt_xent_loss': 'losses',
+    'suncet_loss': 'losses',
+    # Optimisation.
+    'LARS': 'lars',
+    'WarmupCosineDecay': 'schedules',
+    # Data.
+    'from_arrays': 'sources',
+    'select_labeled': 'sources',
+    'image_folder': 'sources',
+    'MultiCropConfig': 'augment',
+    'CIFAR10_MULTICROP': 'augment',
+    'IMAGENET_MULTICROP': 'augment',
+    'make_pretrain_dataset_fn': 'data',
+    'make_eval_dataset': 'data',
+    # Evaluation and export.
+    'paws_nn': 'evaluate',
+    'classify': 'evaluate',
+    'embedder_from_model': 'evaluate',
+    'embedder_from_saved_model': 'evaluate',
+    'export_embedder': 'export',
+    'export_classifier': 'export',
+    # Training.
+    'ProgressBar': 'callbacks',
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    """Loads an exported name's submodule on first access (PEP 562)."""
+    if name not in _EXPORTS:
+        # AttributeError also lets `from paws_tf import <submodule>` fall
+        # back to importing the submodule.
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    value = getattr(importlib.import_module(f'{__name__}.{_EXPORTS[name]}'),
+                    name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

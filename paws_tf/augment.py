@@ -102,7 +102,7 @@ def random_resized_crop(image, seed, size, scale, ratio=(3 / 4, 4 / 3),
     rounding, as evaluation's `center_view` does. Without it, the resize
     samples the box like torchvision on tensors or SimCLR's TF code, which
     aliases when the box is larger than the view. Slice + resize with
-    half-pixel centres: `tf.image.crop_and_resize` was slower on CPU, and
+    half-pixel centres: `tf.image.crop_and_resize` is slower on CPU, and
     float rounding of its align-corners boxes put ~6% of edge-touching
     samples outside the image (extrapolation value 0).
 

@@ -60,9 +60,8 @@ def _sum_over_replicas(replica_context, x):
     context's all-reduce makes when traced, looking for variables between
     its inputs and outputs. Where the replicas sum on one device
     (`dist.make_strategy` on logical CPUs) that walk would otherwise cross
-    into the other replicas' graphs at every batch norm: the first step of
-    two `rn50_tiny` replicas took 327 s instead of 86 s (BUILD.md, Scaling,
-    stop 20).
+    into the other replicas' graphs at every batch norm, which makes
+    tracing the step several times slower.
     """
     return replica_context.all_reduce(tf.distribute.ReduceOp.SUM,
                                       tf.stop_gradient(x))

@@ -82,10 +82,9 @@ def _cross_device_ops(devices):
 
     Logical devices that split one CPU share its memory, so summing on the
     first device hands every replica the same buffer: one pass over the
-    gradients instead of the collective all-reduce's copies into and out of
-    one packed buffer per replica (BUILD.md, Scaling, stop 20). Other
-    devices keep TensorFlow's default: collective all-reduces (NCCL on
-    GPUs).
+    gradients, where a collective all-reduce copies them into and out of one
+    packed buffer per replica. Other devices keep TensorFlow's default:
+    collective all-reduces (NCCL on GPUs).
 
     Returns:
         `tf.distribute.ReductionToOneDevice` when `devices` lists only

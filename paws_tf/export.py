@@ -153,8 +153,12 @@ class _Servable(tf.Module):
             self._preprocessed_description))
 
     def save(self, export_dir, preprocessed_signature, strategy, extra_info):
-        """Saves the module the multi-worker way (PITFALLS 6) and writes
-        preprocessing.json beside it."""
+        """Saves the module and writes preprocessing.json beside it.
+
+        Under MultiWorkerMirroredStrategy every worker must save (reading
+        mirrored variables runs collectives); `dist.save_dir` keeps the
+        chief's copy only.
+        """
         raw = self.__call__.get_concrete_function(
             tf.TensorSpec(None, tf.uint8, name='images'))
         for dtype in _REJECTED_DTYPES:

@@ -221,8 +221,8 @@ class PAWSModel(tf_keras.Model):
         optimizer = self.optimizer
         with tf.GradientTape() as tape:
             loss, terms, z_global, z_support = self._forward(data, True)
-            # The optimizer sums replica gradients: scale so that the sum is
-            # the gradient of the global-batch loss (PITFALLS 2).
+            # The optimizer sums replica gradients, so divide by
+            # num_replicas: the sum is then the global-batch loss gradient.
             scaled_loss = loss / dist.num_replicas()
         optimizer.minimize(scaled_loss, self.trainable_variables, tape=tape)
         # With a schedule, `learning_rate` is the value computed for the

@@ -144,7 +144,7 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
         eval_max_queries: test images used by that evaluation (None: all).
         pretrained_backbone: tf_keras weights file or checkpoint to start
             the backbone from.
-        verbose: Keras progress bar verbosity.
+        verbose: progress bar verbosity (`callbacks.ProgressBar`).
 
     Returns:
         The trained `PAWSModel`.
@@ -224,6 +224,7 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
                               views_per_step=pretrain.views_per_step,
                               every_steps=log_every_steps,
                               num_epochs=num_epochs, is_chief=chief),
+        callbacks.ProgressBar(),  # After PawsNNEvaluation, inserted at 1.
     ]
     preprocessing = experiment.eval_preprocessing()
     if view_images and chief and start_step == 0:

@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from helpers import tiny_model
 from paws_tf import backbones
+from tests.helpers import tiny_model
 
 EXCLUDED_SUFFIXES = ('bias', 'beta', 'gamma')
 

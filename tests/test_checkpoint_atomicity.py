@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import debug_gin
 from paws_tf import checkpoints
 from paws_tf import train
+from tests.helpers import debug_gin
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

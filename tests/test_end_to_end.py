@@ -15,13 +15,13 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from helpers import debug_gin
 from paws_tf import callbacks
 from paws_tf import checkpoints
 from paws_tf import data
 from paws_tf import experiment
 from paws_tf import modes
 from paws_tf import train
+from tests.helpers import debug_gin
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BINDINGS = ['train.num_epochs = 2', 'train.backup_every_steps = 4',

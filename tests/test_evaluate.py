@@ -8,12 +8,12 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from helpers import tiny_model
 from paws_tf import augment
 from paws_tf import data
 from paws_tf import evaluate
 from paws_tf import export
 from paws_tf import sources
+from tests.helpers import tiny_model
 
 SIZE = 16
 EVAL = dict(image_size=SIZE, crop_fraction=0.875, mean=augment.CIFAR10_MEAN,

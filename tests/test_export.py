@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from helpers import tiny_model
 from paws_tf import augment
 from paws_tf import export
+from tests.helpers import tiny_model
 
 SIZE, CROP = 16, 0.875
 PREPROCESSING = dict(image_size=SIZE, crop_fraction=CROP,

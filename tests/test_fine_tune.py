@@ -10,14 +10,11 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from helpers import tiny_model
 from paws_tf import augment
-from paws_tf import backbones
 from paws_tf import fine_tune
-from paws_tf import heads
 from paws_tf import lars
-from paws_tf import model as model_lib
 from paws_tf import sources
+from tests.helpers import tiny_model
 
 SIZE = 8
 HID = 16  # Projection width: narrower heads often collapse under SuNCEt.
@@ -29,13 +26,8 @@ def build_model(sync_bn=False, seed=None, init_seed=0):
     """A tiny PAWSModel: Keras' seeded initialisation, or with `seed`, every
     weight random (BN statistics too)."""
     tf_keras.utils.set_random_seed(init_seed)
-    backbone = backbones.build_backbone('small_resnet', sync_bn=sync_bn,
-                                        **tiny_model.TINY)
-    head = heads.ProjectionHead(hidden_dim=HID, output_dim=HID,
-                                sync_bn=sync_bn)
-    model = model_lib.PAWSModel(backbone, head, heads.PredictionHead(
-        hidden_dim=4, output_dim=HID), classes_per_replica=1,
-        images_per_class=1, multicrop=0)
+    model = tiny_model.make(classes=1, images=1, multicrop=0, sync_bn=sync_bn,
+                            hidden=HID, width=HID)
     model._encode(tf.zeros([1, SIZE, SIZE, 3]), training=False)
     if seed is None:
         return model

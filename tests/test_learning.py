@@ -3,9 +3,9 @@
 import pytest
 import tensorflow as tf
 
-from helpers import debug_gin
 from paws_tf import report
 from paws_tf import train
+from tests.helpers import debug_gin
 
 
 @pytest.mark.slow

@@ -6,63 +6,11 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from helpers import tiny_model
-from paws_tf import backbones
-from paws_tf import heads
 from paws_tf import lars
 from paws_tf import losses
 from paws_tf import model as model_lib
 from paws_tf import schedules
-
-
-
-def build(num_replicas, classes, images, views=1, unique=False, sync_bn=False,
-          multicrop=2, prediction_head=True, **kwargs):
-    backbone = backbones.build_backbone('small_resnet', sync_bn=sync_bn,
-                                        **tiny_model.TINY)
-    projection = heads.ProjectionHead(hidden_dim=8, output_dim=6,
-                                      sync_bn=sync_bn)
-    prediction = (heads.PredictionHead(hidden_dim=4, output_dim=6,
-                                       sync_bn=sync_bn)
-                  if prediction_head else None)
-    kwargs.setdefault('diagnostics_every', 0)
-    return model_lib.PAWSModel(
-        backbone, projection, prediction, classes_per_replica=classes,
-        images_per_class=images, support_views=views,
-        num_replicas=num_replicas, unique_classes_per_replica=unique,
-        multicrop=multicrop, **kwargs)
-
-
-def compile_and_build(model, size=8, optimizer=None, **lars_kwargs):
-    lars_kwargs.setdefault('learning_rate', 0.1)
-    model._encode(tf.zeros([2, size, size, 3]), training=False)
-    model.compile(optimizer=optimizer or lars.LARS(**lars_kwargs))
-    model.optimizer.build(model.trainable_variables)
-
-
-def random_step(rng, batch, classes, images, views, multicrop, size=8):
-    f32 = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa
-    return {'global_views': f32(2 * batch, size, size, 3),
-            'local_views': f32(multicrop * batch, size // 2, size // 2, 3),
-            'support_views': f32(views * classes * images, size, size, 3)}
-
-
-def single_device_batch(per_replica, views, classes, images, unique,
-                        multicrop):
-    """The global batch laid out as one replica would receive it."""
-    def by_blocks(key, blocks):
-        parts = [np.split(r[key], blocks) for r in per_replica]
-        return np.concatenate([p[b] for b in range(blocks) for p in parts])
-
-    supports = [r['support_views'].reshape(
-        (views, classes, images) + r['support_views'].shape[1:])
-        for r in per_replica]
-    # Disjoint classes: replica r's slots become slots r*K..; shared classes:
-    # the replicas' images of a class become one class block of 2n images.
-    supports = np.concatenate(supports, axis=1 if unique else 2)
-    return {'global_views': by_blocks('global_views', 2),
-            'local_views': by_blocks('local_views', multicrop),
-            'support_views': supports.reshape((-1,) + supports.shape[3:])}
+from tests.helpers import tiny_model
 
 
 def _one_step_each(two_replicas, views, unique, optimizer_fn):
@@ -78,17 +26,18 @@ def _one_step_each(two_replicas, views, unique, optimizer_fn):
     tf_keras.utils.set_random_seed(0)
     batch, classes, images, multicrop = 2, 2, 2, 2
     rng = np.random.default_rng(0)
-    per_replica = [random_step(rng, batch, classes, images, views, multicrop)
-                   for _ in range(2)]
+    per_replica = [tiny_model.random_step(rng, batch, classes, images, views,
+                                          multicrop) for _ in range(2)]
     with two_replicas.scope():
-        distributed = build(2, classes, images, views, unique, sync_bn=True)
-        compile_and_build(distributed, optimizer=optimizer_fn())
+        distributed = tiny_model.make(2, classes, images, views, unique,
+                                      sync_bn=True)
+        tiny_model.compile_and_build(distributed, optimizer=optimizer_fn())
     # Same BN math on one device (fused BN would apply Bessel's correction
     # to the moving variance, synchronised BN does not).
-    single = build(1, 2 * classes if unique else classes,
-                   images if unique else 2 * images, views, False,
-                   sync_bn=True)
-    compile_and_build(single, optimizer=optimizer_fn())
+    single = tiny_model.make(1, 2 * classes if unique else classes,
+                             images if unique else 2 * images, views, False,
+                             sync_bn=True)
+    tiny_model.compile_and_build(single, optimizer=optimizer_fn())
     single.set_weights(distributed.get_weights())
     before = [w.copy() for w in single.get_weights()]
 
@@ -96,7 +45,7 @@ def _one_step_each(two_replicas, views, unique, optimizer_fn):
         lambda ctx: per_replica[ctx.replica_id_in_sync_group])
     tf.function(lambda d: two_replicas.run(distributed.train_step,
                                            args=(d,)))(data)
-    tf.function(single.train_step)(single_device_batch(
+    tf.function(single.train_step)(tiny_model.single_device_batch(
         per_replica, views, classes, images, unique, multicrop))
     return ([w.name for w in single.weights], before,
             distributed.get_weights(), single.get_weights())
@@ -157,10 +106,10 @@ def test_collapsed_encoder_gives_uniform_predictions_and_near_collapse_escapes()
     batch, classes, images = 4, 3, 2
     tf_keras.utils.set_random_seed(0)
     rng = np.random.default_rng(1)
-    data = random_step(rng, batch, classes, images, 1, 0)
-    model = build(1, classes, images, multicrop=0, label_smoothing=0.0,
-                  me_max_weight=0.0)
-    compile_and_build(model)
+    data = tiny_model.random_step(rng, batch, classes, images, 1, 0)
+    model = tiny_model.make(1, classes, images, multicrop=0,
+                            label_smoothing=0.0, me_max_weight=0.0)
+    tiny_model.compile_and_build(model)
     final = model.prediction_head.mlp_layers[-1]
     kernel = final.kernel.numpy()
     final.bias.assign(rng.normal(size=final.bias.shape))
@@ -200,8 +149,8 @@ def test_collapsed_encoder_gives_uniform_predictions_and_near_collapse_escapes()
 @pytest.mark.parametrize('nn_embedding', ['projection', 'prediction'])
 def test_call_returns_features_projection_prediction_and_nn_embeddings(
         nn_embedding):
-    model = build(1, 2, 2, nn_embedding=nn_embedding)
-    compile_and_build(model)
+    model = tiny_model.make(1, 2, 2, nn_embedding=nn_embedding)
+    tiny_model.compile_and_build(model)
     images = np.random.default_rng(2).normal(size=(3, 8, 8, 3))
     out = model(images)
     assert set(out) == {'features', 'projection', 'prediction', 'embeddings'}
@@ -214,22 +163,23 @@ def test_call_returns_features_projection_prediction_and_nn_embeddings(
         out['prediction'], model.prediction_head(projection, training=False),
         rtol=1e-6)
     np.testing.assert_array_equal(out['embeddings'], out[nn_embedding])
-    without_head = build(1, 2, 2, prediction_head=False)
+    without_head = tiny_model.make(1, 2, 2, prediction_head=False)
     assert set(without_head(images)) == {'features', 'projection',
                                          'embeddings'}
 
 
 def test_prediction_embedding_needs_a_prediction_head():
     with pytest.raises(ValueError, match=r'build_model\.prediction_head'):
-        build(1, 2, 2, prediction_head=False, nn_embedding='prediction')
+        tiny_model.make(1, 2, 2, prediction_head=False,
+                        nn_embedding='prediction')
     with pytest.raises(ValueError, match=r'PAWSModel\.nn_embedding'):
-        build(1, 2, 2, nn_embedding='features')
+        tiny_model.make(1, 2, 2, nn_embedding='features')
 
 
 def test_test_step_does_not_update_anything():
-    model = build(1, 2, 2)
-    compile_and_build(model)
-    data = random_step(np.random.default_rng(3), 2, 2, 2, 1, 2)
+    model = tiny_model.make(1, 2, 2)
+    tiny_model.compile_and_build(model)
+    data = tiny_model.random_step(np.random.default_rng(3), 2, 2, 2, 1, 2)
     before = [w.copy() for w in model.get_weights()]
     logs = model.test_step(data)
     assert {'loss', 'cross_entropy', 'me_max', 'target_confidence'} <= set(logs)
@@ -239,9 +189,9 @@ def test_test_step_does_not_update_anything():
 
 
 def test_train_step_metrics_match_the_objective():
-    model = build(1, 2, 2, diagnostics_every=1)
-    compile_and_build(model, learning_rate=0.3)
-    data = random_step(np.random.default_rng(4), 2, 2, 2, 1, 2)
+    model = tiny_model.make(1, 2, 2, diagnostics_every=1)
+    tiny_model.compile_and_build(model, learning_rate=0.3)
+    data = tiny_model.random_step(np.random.default_rng(4), 2, 2, 2, 1, 2)
     loss, terms, z_global, z_support = model._forward(data, training=True)
     stats_names = ('trust_ratio_mean', 'trust_ratio_min', 'trust_ratio_max')
     logs = tf.function(model.train_step)(data)
@@ -288,12 +238,12 @@ def test_build_model_from_gin():
 
 
 def test_logged_learning_rate_is_the_one_each_step_used():
-    model = build(1, 2, 2)
+    model = tiny_model.make(1, 2, 2)
     schedule = schedules.WarmupCosineDecay(steps_per_epoch=2, num_epochs=3,
                                            start_lr=0.1, ref_lr=1.0,
                                            final_lr=0.0, warmup_epochs=1)
-    compile_and_build(model, learning_rate=schedule)
-    data = random_step(np.random.default_rng(5), 2, 2, 2, 1, 2)
+    tiny_model.compile_and_build(model, learning_rate=schedule)
+    data = tiny_model.random_step(np.random.default_rng(5), 2, 2, 2, 1, 2)
     step = tf.function(model.train_step)
     # Warm-up over 2 steps, then cosine over 4: closed-form values.
     want = [0.1, 0.55, 1.0, 0.5 * (1 + np.cos(np.pi / 4)),

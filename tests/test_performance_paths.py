@@ -19,14 +19,11 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-import test_model
 from paws_tf import augment
-from paws_tf import backbones
 from paws_tf import data
-from paws_tf import heads
 from paws_tf import lars
-from paws_tf import model as model_lib
 from paws_tf import sources
+from tests.helpers import tiny_model
 
 BATCH, CLASSES, IMAGES, MULTICROP = 4, 3, 2, 2
 
@@ -42,31 +39,26 @@ def precision(policy):
 
 
 def _batch(seed=0):
-    return test_model.random_step(np.random.default_rng(seed), BATCH,
+    return tiny_model.random_step(np.random.default_rng(seed), BATCH,
                                   CLASSES, IMAGES, 1, MULTICROP)
 
 
 def _build():
     """A small PAWSModel under the current policy.
 
-    Wider than `test_model.build`, whose embeddings can be so short at
-    initialisation that the L2 normalisation's gradient (~1 / |z|)
+    Wider than `tiny_model.make`'s default heads, whose embeddings can be so
+    short at initialisation that the L2 normalisation's gradient (~1 / |z|)
     overflows float16 even at a loss scale of 2.
     """
-    backbone = backbones.build_backbone(
-        'small_resnet', widths=(8, 16), blocks_per_stage=(1, 1),
-        stage_strides=(2, 2))
-    return model_lib.PAWSModel(
-        backbone, heads.ProjectionHead(hidden_dim=16, output_dim=16),
-        heads.PredictionHead(hidden_dim=8, output_dim=16),
-        classes_per_replica=CLASSES, images_per_class=IMAGES,
-        multicrop=MULTICROP, diagnostics_every=0)
+    return tiny_model.make(classes=CLASSES, images=IMAGES,
+                           multicrop=MULTICROP, hidden=16, width=16,
+                           prediction_hidden=8)
 
 
 def _model(optimizer, weights=None, jit_compile=False):
     """A small compiled PAWSModel under the current policy."""
     model = _build()
-    test_model.compile_and_build(model, optimizer=optimizer)
+    tiny_model.compile_and_build(model, optimizer=optimizer)
     if jit_compile:
         model.compile(optimizer=model.optimizer, jit_compile=True)
     if weights is not None:
@@ -210,23 +202,23 @@ def test_two_replicas_without_prediction_head_gather_supports_once(
     global batch (tolerance: tests/test_model.py)."""
     batch, classes, images, views = 2, 2, 2, 2  # As tests/test_model.py.
     rng = np.random.default_rng(5)
-    per_replica = [test_model.random_step(rng, batch, classes, images, views,
+    per_replica = [tiny_model.random_step(rng, batch, classes, images, views,
                                           MULTICROP) for _ in range(2)]
     optimizer = lambda: tf_keras.optimizers.SGD(learning_rate=1.0)  # noqa
     with two_replicas.scope():
-        distributed = test_model.build(2, classes, images, views,
-                                       sync_bn=True, prediction_head=False)
-        test_model.compile_and_build(distributed, optimizer=optimizer())
-    single = test_model.build(1, classes, 2 * images, views, sync_bn=True,
-                              prediction_head=False)
-    test_model.compile_and_build(single, optimizer=optimizer())
+        distributed = tiny_model.make(2, classes, images, views,
+                                      sync_bn=True, prediction_head=False)
+        tiny_model.compile_and_build(distributed, optimizer=optimizer())
+    single = tiny_model.make(1, classes, 2 * images, views, sync_bn=True,
+                             prediction_head=False)
+    tiny_model.compile_and_build(single, optimizer=optimizer())
     single.set_weights(distributed.get_weights())
     before = single.get_weights()
     values = two_replicas.experimental_distribute_values_from_function(
         lambda ctx: per_replica[ctx.replica_id_in_sync_group])
     tf.function(lambda d: two_replicas.run(distributed.train_step,
                                            args=(d,)))(values)
-    tf.function(single.train_step)(test_model.single_device_batch(
+    tf.function(single.train_step)(tiny_model.single_device_batch(
         per_replica, views, classes, images, False, MULTICROP))
     for old, got, want in zip(before, distributed.get_weights(),
                               single.get_weights()):
@@ -267,9 +259,9 @@ def test_prefetch_to_device_feeds_each_replica_on_its_device(two_replicas):
         assert [(d.device_type, d.device_index) for d in devices] == [
             ('CPU', 0), ('CPU', 1)], key
     with two_replicas.scope():
-        model = test_model.build(2, CLASSES, IMAGES, sync_bn=True,
-                                 multicrop=MULTICROP)
-        test_model.compile_and_build(model)
+        model = tiny_model.make(2, CLASSES, IMAGES, sync_bn=True,
+                                multicrop=MULTICROP)
+        tiny_model.compile_and_build(model)
     history = model.fit(
         tf_keras.utils.experimental.DatasetCreator(pretrain.dataset_fn,
                                                    input_options=options),

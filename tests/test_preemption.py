@@ -14,10 +14,10 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from helpers import debug_gin
 from paws_tf import callbacks
 from paws_tf import checkpoints
 from paws_tf import train
+from tests.helpers import debug_gin
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # debug.gin: 16 steps per epoch; 3 epochs, backups every 4 steps, op

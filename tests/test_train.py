@@ -12,9 +12,9 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
-from helpers import debug_gin
 from paws_tf import checkpoints
 from paws_tf import train
+from tests.helpers import debug_gin
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # debug.gin: 512 images / batch 32 = 16 steps per epoch.

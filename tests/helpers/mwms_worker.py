@@ -15,11 +15,8 @@ import paws_tf  # noqa: F401  (selects tf_keras)
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import backbones
 from paws_tf import dist
-from paws_tf import heads
 from paws_tf import lars
-from paws_tf import model as model_lib
 from tests.helpers import tiny_model
 
 BATCH, CLASSES, IMAGES, LOCAL = 2, 2, 2, 2
@@ -42,13 +39,10 @@ def main(model_dir, out_dir):
     task = json.loads(os.environ['TF_CONFIG'])['task']
     tf_keras.utils.set_random_seed(0)  # Same initial weights on every worker.
     with strategy.scope():
-        model = model_lib.PAWSModel(
-            backbones.build_backbone('small_resnet', sync_bn=True,
-                                     **tiny_model.TINY),
-            heads.ProjectionHead(hidden_dim=8, output_dim=6, sync_bn=True),
-            classes_per_replica=CLASSES, images_per_class=IMAGES,
-            num_replicas=strategy.num_replicas_in_sync,
-            unique_classes_per_replica=True, multicrop=LOCAL)
+        model = tiny_model.make(
+            strategy.num_replicas_in_sync, CLASSES, IMAGES, unique=True,
+            sync_bn=True, multicrop=LOCAL, prediction_head=False,
+            diagnostics_every=10)
         model.compile(optimizer=lars.LARS(learning_rate=0.5))
     model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn),
               epochs=2, steps_per_epoch=2, verbose=2)

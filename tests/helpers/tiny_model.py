@@ -1,14 +1,49 @@
-"""A tiny PAWSModel with random weights and batch-norm statistics."""
+"""The tiny PAWSModel every test builds, and synthetic steps for it."""
 
 import numpy as np
+import tensorflow as tf
 
 from paws_tf import backbones
 from paws_tf import heads
+from paws_tf import lars
 from paws_tf import model as model_lib
 
 # The smallest small_resnet the tests use. Strided 1x1 convolutions need 8
 # input channels under oneDNN (backbones._check_onednn_safe), hence 8, 16.
 TINY = dict(widths=(8, 16), blocks_per_stage=(1, 1), stage_strides=(2, 2))
+
+
+def make(num_replicas=1, classes=2, images=2, views=1, unique=False,
+         sync_bn=False, multicrop=2, prediction_head=True, *, channels=3,
+         hidden=8, width=6, prediction_hidden=4, **kwargs):
+    """An unbuilt tiny PAWSModel: the `TINY` backbone (F = 16), projection
+    `hidden` -> `width`, prediction `prediction_hidden` -> `width`.
+
+    Args:
+        num_replicas, classes, images, views, unique, multicrop: the
+            support layout (`PAWSModel`'s `num_replicas`,
+            `classes_per_replica`, `images_per_class`, `support_views`,
+            `unique_classes_per_replica`, `multicrop`).
+        sync_bn: synchronised batch norm in the backbone and heads.
+        prediction_head: with a prediction head.
+        channels: input channels.
+        hidden, width, prediction_hidden: head widths.
+        **kwargs: other `PAWSModel` arguments; `diagnostics_every`
+            defaults to 0.
+    """
+    backbone = backbones.build_backbone(
+        'small_resnet', input_channels=channels, sync_bn=sync_bn, **TINY)
+    projection = heads.ProjectionHead(hidden_dim=hidden, output_dim=width,
+                                      sync_bn=sync_bn)
+    prediction = (heads.PredictionHead(hidden_dim=prediction_hidden,
+                                       output_dim=width, sync_bn=sync_bn)
+                  if prediction_head else None)
+    kwargs.setdefault('diagnostics_every', 0)
+    return model_lib.PAWSModel(
+        backbone, projection, prediction, classes_per_replica=classes,
+        images_per_class=images, support_views=views,
+        num_replicas=num_replicas, unique_classes_per_replica=unique,
+        multicrop=multicrop, **kwargs)
 
 
 def build(channels=3, size=16, seed=0):
@@ -17,13 +52,7 @@ def build(channels=3, size=16, seed=0):
     Moving means and variances are random too, so inference-mode batch norm
     differs from training mode and from the initial identity.
     """
-    backbone = backbones.build_backbone('small_resnet',
-                                        input_channels=channels, **TINY)
-    projection = heads.ProjectionHead(hidden_dim=8, output_dim=6)
-    model = model_lib.PAWSModel(
-        backbone, projection, heads.PredictionHead(hidden_dim=4, output_dim=6),
-        classes_per_replica=2, images_per_class=2, multicrop=0,
-        diagnostics_every=0)
+    model = make(multicrop=0, channels=channels)
     model(np.zeros([1, size, size, channels], np.float32))
     rng = np.random.default_rng(seed)
     for variable in model.variables:
@@ -32,3 +61,38 @@ def build(channels=3, size=16, seed=0):
             value = rng.uniform(0.5, 2.0, size=variable.shape)
         variable.assign(value.astype(np.float32))
     return model
+
+
+def compile_and_build(model, size=8, optimizer=None, **lars_kwargs):
+    """Builds every layer (the prediction head too) and compiles with
+    `optimizer`, by default LARS (learning rate 0.1 unless given)."""
+    lars_kwargs.setdefault('learning_rate', 0.1)
+    model._encode(tf.zeros([2, size, size, 3]), training=False)
+    model.compile(optimizer=optimizer or lars.LARS(**lars_kwargs))
+    model.optimizer.build(model.trainable_variables)
+
+
+def random_step(rng, batch, classes, images, views, multicrop, size=8):
+    """One replica's batch of random views (`PAWSModel.train_step`)."""
+    f32 = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa
+    return {'global_views': f32(2 * batch, size, size, 3),
+            'local_views': f32(multicrop * batch, size // 2, size // 2, 3),
+            'support_views': f32(views * classes * images, size, size, 3)}
+
+
+def single_device_batch(per_replica, views, classes, images, unique,
+                        multicrop):
+    """The global batch laid out as one replica would receive it."""
+    def by_blocks(key, blocks):
+        parts = [np.split(r[key], blocks) for r in per_replica]
+        return np.concatenate([p[b] for b in range(blocks) for p in parts])
+
+    supports = [r['support_views'].reshape(
+        (views, classes, images) + r['support_views'].shape[1:])
+        for r in per_replica]
+    # Disjoint classes: replica r's slots become slots r*K..; shared classes:
+    # the replicas' images of a class become one class block of 2n images.
+    supports = np.concatenate(supports, axis=1 if unique else 2)
+    return {'global_views': by_blocks('global_views', 2),
+            'local_views': by_blocks('local_views', multicrop),
+            'support_views': supports.reshape((-1,) + supports.shape[3:])}
