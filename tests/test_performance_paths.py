@@ -116,19 +116,19 @@ def test_loss_and_predictions_are_float32_under_mixed_precision(policy):
 
 
 def test_float16_loss_scaling_skips_overflows_then_updates_like_float32():
-    """Dynamic loss scaling (what `train` adds for mixed_float16) starts at
-    2^15, which overflows float16 gradients here (up to ~10 at
-    initialisation): those steps leave the weights alone and halve the
-    scale; the first applied update is finite and close to float32's."""
+    """Dynamic loss scaling (what `train` adds for mixed_float16): a scale
+    that overflows the float16 gradients (2^30 here: any gradient above
+    6e-5 does) leaves the weights alone and halves the scale; the first
+    applied update is finite and close to float32's."""
     batch = _batch()
     weights, reference, reference_logs = _float32_reference(batch)
     with precision('mixed_float16'):
         model = _model(tf_keras.mixed_precision.LossScaleOptimizer(
-            lars.LARS(learning_rate=0.1)), weights)
+            lars.LARS(learning_rate=0.1), initial_scale=2 ** 30), weights)
         before = _trainables(model)
         kernels_before = _kernels(model)
         skipped = 0
-        for _ in range(20):
+        for _ in range(30):
             scale = float(model.optimizer.loss_scale)
             logs = _run_steps(model, batch)
             if any(np.any(a != b) for a, b in
