@@ -1,6 +1,6 @@
 """An experiment's data: labeled, unlabeled and test sources, their
-normalisation (fixed, or computed from the labeled images and recorded in
-the run's directory), and the evaluation preprocessing shared by PAWS-NN,
+normalisation (fixed, or computed from the images and recorded in the
+run's directory), and the evaluation preprocessing shared by PAWS-NN,
 export and fine-tuning."""
 
 import collections
@@ -19,6 +19,8 @@ from paws_tf import tfds_sources
 FASHION_MNIST_IDX_DIR = '/usr/share/datasets/fashion-mnist'
 # The file in `record_dir` that records the normalisation a run uses.
 NORMALIZATION_FILENAME = 'normalization.json'
+# Which images `load_data.normalization = 'data'` is computed from.
+NORMALIZATION_IMAGES = ('labeled', 'unlabeled')
 
 DataBundle = collections.namedtuple(
     'DataBundle', ['labeled', 'unlabeled', 'test', 'normalization'],
@@ -73,25 +75,27 @@ def _record_normalization(record_dir, info):
     os.replace(tmp, path)
 
 
-def resolve_normalization(spec, *, labeled, record_dir, max_images=5000,
-                          seed=0):
+def resolve_normalization(spec, *, source, record_dir, max_images=5000,
+                          seed=0, description='labeled'):
     """The `(mean, std)` that `spec` stands for, recorded in `record_dir`.
 
     Args:
         spec: `'data'` (`checks.FROM_DATA`): the per-channel mean and std of
-            the labeled images (`channel_statistics`, at most `max_images`
-            of them), computed once: a run that finds
+            the images of `source` (`channel_statistics`, at most
+            `max_images` of them), computed once: a run that finds
             `record_dir/NORMALIZATION_FILENAME` reads it, so that resumed
             training, export and evaluation use the same values. A preset
             name of `augment.NORMALIZATIONS` or a `(mean, std)` pair: those
             values.
-        labeled: the labeled `sources.ImageSource`.
+        source: the `sources.ImageSource` of the statistics.
         record_dir: where the values are recorded (the run's `model_dir`).
-        max_images: labeled images the statistics are computed from.
+        max_images: images the statistics are computed from.
         seed: seed of that subset.
+        description: what the images of `source` are, for the record and
+            the messages.
 
     Returns:
-        `(mean, std)`, two tuples of `labeled.channels` floats.
+        `(mean, std)`, two tuples of `source.channels` floats.
 
     Raises:
         ValueError: a bad `spec`, values that do not match the channels,
@@ -102,16 +106,16 @@ def resolve_normalization(spec, *, labeled, record_dir, max_images=5000,
     path = os.path.join(record_dir, NORMALIZATION_FILENAME)
     fixed = None
     if spec != checks.FROM_DATA:
-        fixed = checks.normalization(spec, channels=labeled.channels)
+        fixed = checks.normalization(spec, channels=source.channels)
     if os.path.exists(path):
         with open(path) as f:
             recorded = json.load(f)
         values = tuple(recorded['mean']), tuple(recorded['std'])
-        if recorded.get('channels') != labeled.channels:
+        if recorded.get('channels') != source.channels:
             raise ValueError(
                 f'{path} holds the normalisation of {recorded.get("channels")}'
                 f'-channel images but the images are now decoded to '
-                f'{labeled.channels} channels: delete it to compute it again '
+                f'{source.channels} channels: delete it to compute it again '
                 '(or start the run again with --overwrite).')
         if (fixed or checks.FROM_DATA) != (
                 values if recorded.get('spec') != checks.FROM_DATA
@@ -128,29 +132,30 @@ def resolve_normalization(spec, *, labeled, record_dir, max_images=5000,
         return values
     if fixed is not None:
         _record_normalization(record_dir, dict(
-            mean=fixed[0], std=fixed[1], channels=labeled.channels,
+            mean=fixed[0], std=fixed[1], channels=source.channels,
             spec=spec))
         return fixed
-    mean, std = channel_statistics(labeled, max_images, seed)
-    images = min(labeled.num_examples, max_images or labeled.num_examples)
+    mean, std = channel_statistics(source, max_images, seed)
+    images = min(source.num_examples, max_images or source.num_examples)
     if min(std) <= 0:
         raise ValueError(
-            f'The {images} labeled images have a channel of constant value '
+            f'The {images} {description} images have a channel of constant '
+            f'value '
             f'(std {std}): normalisation from the data is impossible; bind '
             f"{checks.NORMALIZATION_MACRO} = 'imagenet' or a (mean, std) "
             'pair.')
     _record_normalization(record_dir, dict(
-        mean=mean, std=std, channels=labeled.channels, spec=spec,
-        images=images, of=labeled.num_examples))
-    logging.info('Normalisation computed from %d labeled images and recorded '
-                 'in %s: mean %s, std %s', images, path, mean, std)
+        mean=mean, std=std, channels=source.channels, spec=spec,
+        images=images, of=source.num_examples, source=description))
+    logging.info('Normalisation computed from %d %s images and recorded in '
+                 '%s: mean %s, std %s', images, description, path, mean, std)
     return mean, std
 
 
 @gin.configurable(denylist=['record_dir'])
 def load_data(record_dir, *, train=gin.REQUIRED, test=None,
               max_unlabeled=None, seed=0, normalization=None,
-              normalization_images=5000):
+              normalization_images=5000, normalization_from='labeled'):
     """Loads the sources of an experiment.
 
     Args:
@@ -168,12 +173,15 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None,
         seed: seed of that subset and of the normalisation's images.
         normalization: None (the config binds the mean and std of
             `MultiCropConfig` and `eval_preprocessing` itself), `'data'`
-            (computed from the labeled images), a preset name of
+            (computed from the images), a preset name of
             `augment.NORMALIZATIONS`, or a `(mean, std)` pair; see
             `resolve_normalization`. The folder recipes bind it through the
             macro `NORMALIZATION`.
-        normalization_images: at most this many labeled images give the
-            `'data'` statistics.
+        normalization_images: at most this many images (drawn with `seed`)
+            give the `'data'` statistics.
+        normalization_from: `'labeled'` or `'unlabeled'` (a sample of them,
+            for a labeled set too small to be representative), one of
+            `NORMALIZATION_IMAGES`.
 
     Returns:
         `DataBundle(labeled, unlabeled, test, normalization)`; `test` may be
@@ -184,6 +192,10 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None,
             ones, or on a bad `normalization`.
     """
     checks.normalization(normalization)
+    if normalization_from not in NORMALIZATION_IMAGES:
+        raise ValueError(
+            f'load_data.normalization_from must be one of '
+            f'{NORMALIZATION_IMAGES}, got {normalization_from!r}.')
     loaded = train()
     if isinstance(loaded, tuple):
         labeled, unlabeled = loaded
@@ -209,9 +221,16 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None,
                 f'The test images have {test_source.channels} channels, the '
                 f'labeled ones {labeled.channels}: decode both to the same.')
     if normalization is not None:
+        source = labeled if normalization_from == 'labeled' else unlabeled
+        if not isinstance(source, sources.ImageSource):
+            raise ValueError(
+                'The unlabeled images are a stream, which a sample cannot '
+                "be drawn from: bind load_data.normalization_from = "
+                "'labeled'.")
         normalization = resolve_normalization(
-            normalization, labeled=labeled, record_dir=record_dir,
-            max_images=normalization_images, seed=seed)
+            normalization, source=source, record_dir=record_dir,
+            max_images=normalization_images, seed=seed,
+            description=normalization_from)
     return DataBundle(labeled, unlabeled, test_source, normalization)
 
 

@@ -46,7 +46,7 @@ def test_computed_once_and_recorded(tmp_path):
     labeled = sources.image_folder(tmp_path / 'labeled')
     run = tmp_path / 'run'
     mean, std = experiment.resolve_normalization(
-        'data', labeled=labeled, record_dir=str(run))
+        'data', source=labeled, record_dir=str(run))
     recorded = json.loads((run / experiment.NORMALIZATION_FILENAME)
                           .read_text())
     np.testing.assert_allclose(recorded['mean'], pixels.mean(axis=0),
@@ -59,11 +59,11 @@ def test_computed_once_and_recorded(tmp_path):
     write_folder(tmp_path / 'other', 3)
     other = sources.image_folder(tmp_path / 'other')
     assert experiment.resolve_normalization(
-        'data', labeled=other, record_dir=str(run)) == (mean, std)
+        'data', source=other, record_dir=str(run)) == (mean, std)
     gray = sources.image_folder(tmp_path / 'labeled', channels=1)
     with pytest.raises(ValueError, match='normalisation of 3-channel images '
                        'but the images are now decoded to 1 channels'):
-        experiment.resolve_normalization('data', labeled=gray,
+        experiment.resolve_normalization('data', source=gray,
                                          record_dir=str(run))
 
 
@@ -78,24 +78,56 @@ def test_a_subset_of_the_images_when_there_are_many(tmp_path):
                                rtol=1e-12)
 
 
+def test_or_from_a_sample_of_the_unlabeled_images(tmp_path):
+    write_folder(tmp_path / 'labeled', 3)
+    pixels = []
+    for i in range(6):
+        image = np.full((3, 5, 3), 20 * i, np.uint8) + np.arange(
+            3, dtype=np.uint8)
+        pixels.append(image)
+        path = tmp_path / 'unlabeled' / f'{i}.png'
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image, 'RGB').save(path)
+    chosen = np.sort(np.random.default_rng(3).choice(6, 4, replace=False))
+    sample = np.concatenate([pixels[i].reshape(-1, 3) for i in chosen]) / 255
+    bundle = experiment.load_data(
+        str(tmp_path / 'run'), train=lambda: experiment.image_folders(
+            str(tmp_path / 'labeled'), str(tmp_path / 'unlabeled'),
+            include_labeled_in_unlabeled=False),
+        normalization='data', normalization_from='unlabeled',
+        normalization_images=4, seed=3)
+    np.testing.assert_allclose(bundle.normalization[0], sample.mean(axis=0),
+                               rtol=1e-12)
+    np.testing.assert_allclose(bundle.normalization[1], sample.std(axis=0),
+                               rtol=1e-9)
+    recorded = json.loads((tmp_path / 'run' /
+                           experiment.NORMALIZATION_FILENAME).read_text())
+    assert (recorded['source'], recorded['images'], recorded['of']) == (
+        'unlabeled', 4, 6)
+    with pytest.raises(ValueError, match="normalization_from must be one of "
+                       r"\('labeled', 'unlabeled'\), got 'test'"):
+        experiment.load_data(str(tmp_path / 'run'), train=None,
+                             normalization='data', normalization_from='test')
+
+
 def test_fixed_values_and_presets(tmp_path):
     write_folder(tmp_path / 'labeled', 3)
     labeled = sources.image_folder(tmp_path / 'labeled')
     assert experiment.resolve_normalization(
-        'imagenet', labeled=labeled, record_dir=str(tmp_path / 'a')) == (
+        'imagenet', source=labeled, record_dir=str(tmp_path / 'a')) == (
             augment.IMAGENET_MEAN, augment.IMAGENET_STD)
     assert experiment.resolve_normalization(
-        ((0.5,) * 3, (0.25,) * 3), labeled=labeled,
+        ((0.5,) * 3, (0.25,) * 3), source=labeled,
         record_dir=str(tmp_path)) == ((0.5,) * 3, (0.25,) * 3)
     with pytest.raises(ValueError, match='gives 1 channel'):
-        experiment.resolve_normalization(((0.5,), (0.25,)), labeled=labeled,
+        experiment.resolve_normalization(((0.5,), (0.25,)), source=labeled,
                                          record_dir=str(tmp_path / 'other'))
     # The run recorded ((0.5,) * 3, (0.25,) * 3): exporting or evaluating
     # it with another normalisation is refused.
     for spec in ('data', 'imagenet'):
         with pytest.raises(ValueError, match=r"trained with, NORMALIZATION "
                            r"= \[\[0\.5, 0\.5, 0\.5\].*not '"):
-            experiment.resolve_normalization(spec, labeled=labeled,
+            experiment.resolve_normalization(spec, source=labeled,
                                              record_dir=str(tmp_path))
 
 
@@ -107,7 +139,7 @@ def test_constant_images_cannot_be_normalised(tmp_path):
     labeled = sources.image_folder(tmp_path / 'labeled', channels=1)
     with pytest.raises(ValueError, match="constant value.*bind "
                        "NORMALIZATION = 'imagenet'"):
-        experiment.resolve_normalization('data', labeled=labeled,
+        experiment.resolve_normalization('data', source=labeled,
                                          record_dir=str(tmp_path))
 
 
