@@ -22,8 +22,10 @@ from absl import logging
 import gin
 
 import paws_tf  # noqa: F401  (selects tf_keras before TensorFlow is used)
+from paws_tf import checks
 from paws_tf import configurables  # noqa: F401  (registers configurables)
 from paws_tf import dist
+from paws_tf import experiment
 from paws_tf import modes
 from paws_tf import train
 
@@ -35,7 +37,7 @@ PREEMPTED_EXIT_CODE = 143
 # What a training run writes; --overwrite removes these.
 _RUN_STATE = (train.CHECKPOINT_DIR, train.BACKUP_DIR, train.TENSORBOARD_DIR,
               'export', 'eval', 'fine_tune', CONFIG_FILE,
-              OPERATIVE_CONFIG_FILE)
+              OPERATIVE_CONFIG_FILE, experiment.NORMALIZATION_FILENAME)
 _REPO_ROOT = os.path.dirname(os.path.abspath(__file__))
 
 _GIN_FILES = flags.DEFINE_multi_string(
@@ -123,6 +125,12 @@ def main(argv):
     # Parsing first: a typo fails here, with gin's message, before any data
     # is read or any TensorFlow device is set up.
     _parse_gin(_GIN_FILES.value, _GIN_BINDINGS.value)
+    # Then the config as a whole (normalisation, warm-up, support, image
+    # sizes): a run that cannot work fails in seconds, not after reading.
+    try:
+        checks.check_config()
+    except ValueError as error:
+        raise app.UsageError(str(error)) from error
     model_dir = _MODEL_DIR.value
     config = gin.config_str()
     training = _MODE.value in ('train', 'train_and_evaluate', 'demo')

@@ -10,6 +10,12 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2023, 0.1994, 0.2010)
+# Registered as gin constants (%IMAGENET_MEAN, ...) by paws_tf.configurables.
+GIN_CONSTANTS = ('IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR10_MEAN',
+                 'CIFAR10_STD')
+# Fixed normalisations by name, for `load_data.normalization`.
+NORMALIZATIONS = {'imagenet': (IMAGENET_MEAN, IMAGENET_STD),
+                  'cifar10': (CIFAR10_MEAN, CIFAR10_STD)}
 # ITU-R 601 luma, the weights of torchvision's rgb_to_grayscale.
 LUMA_WEIGHTS = (0.2989, 0.587, 0.114)
 # tf.matmul([H, W, 3], _LUMA_TO_RGB) is the luma in all three channels:
@@ -515,7 +521,10 @@ class MultiCropConfig:
         color_strength: colour distortion strength (0 disables it).
         blur_prob: Gaussian blur probability; like `color_strength`, applied
             to global and local views alike, as in the official PAWS code.
-        mean, std: length-C normalisation constants.
+        mean, std: length-C normalisation constants; None (both) when the
+            run's normalisation (`load_data.normalization`) gives them, as
+            in the folder recipes (`data.make_pretrain_dataset_fn` fills
+            them in).
         distortion: colour distortion kind, one of `DISTORTIONS`.
     """
     global_size: int
@@ -525,14 +534,15 @@ class MultiCropConfig:
     num_local: int
     color_strength: float
     blur_prob: float
-    mean: tuple
-    std: tuple
+    mean: tuple = None
+    std: tuple = None
     distortion: str = 'simclr'
 
     def __post_init__(self):
         # gin passes lists; keep the (frozen) config hashable.
         for name in ('global_scale', 'local_scale', 'mean', 'std'):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         check_distortion(self.distortion)
 
 

@@ -824,6 +824,23 @@ _BUILDERS = {
 }
 
 
+def downsampling(name, *, stem_stride=1, stage_strides=(2, 2, 2)):
+    """How many times backbone `name` shrinks an image side: the product of
+    its strides (`stem_stride` and `stage_strides` are small_resnet's).
+
+    Raises:
+        ValueError: unknown `name`.
+    """
+    if name not in _BUILDERS:
+        raise ValueError(f'unknown backbone {name!r}; valid choices: '
+                         f'{sorted(_BUILDERS)}')
+    if name == 'resnet50':
+        return 32  # Stem conv and max pool, stages 2-4: five strides of 2.
+    if name == 'wide_resnet':
+        return 4  # Its second and third groups stride by 2.
+    return stem_stride * math.prod(stage_strides)
+
+
 @gin.configurable
 def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
                    bn_epsilon=1e-5, recompute_bn_relu=True, **kwargs):

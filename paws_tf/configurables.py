@@ -23,5 +23,5 @@ import gin  # noqa: E402
 
 # Normalisation statistics, so gin files write %IMAGENET_MEAN instead of
 # copying numbers.
-for _name in ('IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR10_MEAN', 'CIFAR10_STD'):
+for _name in augment.GIN_CONSTANTS:
     gin.constant(_name, getattr(augment, _name))

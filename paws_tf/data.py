@@ -217,13 +217,37 @@ def _support(labeled, layout, seed, start_step, first_replica,
             .batch(rows, drop_remainder=True))
 
 
-@gin.configurable(denylist=['unlabeled', 'labeled', 'num_replicas'])
+def normalized_multicrop(multicrop, normalization, channels):
+    """`multicrop` with the run's normalisation filled in.
+
+    Args:
+        multicrop: `augment.MultiCropConfig`, whose mean and std are None
+            when `normalization` gives them.
+        normalization: the run's `(mean, std)` (`load_data.normalization`)
+            or None.
+        channels: the images' channel count.
+
+    Returns:
+        A `MultiCropConfig` with float mean and std tuples.
+
+    Raises:
+        ValueError: a normalisation given twice or not at all, or one of
+            another channel count.
+    """
+    mean, std = checks.one_normalization('MultiCropConfig', multicrop.mean,
+                                         multicrop.std, normalization,
+                                         channels)
+    return dataclasses.replace(multicrop, mean=mean, std=std)
+
+
+@gin.configurable(denylist=['unlabeled', 'labeled', 'num_replicas',
+                            'normalization'])
 def make_pretrain_dataset_fn(
         unlabeled, labeled, *, num_replicas, global_batch_size,
         classes_per_step, images_per_class, multicrop, support_views=1,
         unique_classes_per_replica=False, support_view_size=None,
         support_scale=None, seed=0, start_step=0, deterministic=True,
-        prefetch=tf.data.AUTOTUNE):
+        prefetch=tf.data.AUTOTUNE, normalization=None):
     """Builds the PAWS pre-training input (`distribute_datasets_from_function`).
 
     Sizes are global; per-replica sizes are derived. `classes_per_step` is
@@ -255,6 +279,7 @@ def make_pretrain_dataset_fn(
         images_per_class: n, images per class slot on each replica.
         multicrop: `augment.MultiCropConfig`; its colour, blur and
             normalisation settings also apply to the supports.
+            Its mean and std are None when `normalization` gives them.
         support_views: V, 1 (ImageNet) or 2 (CIFAR-10) views per support.
         unique_classes_per_replica: disjoint classes across replicas.
         support_view_size: support view side; default the global size.
@@ -265,6 +290,8 @@ def make_pretrain_dataset_fn(
             only for throughput runs (it breaks exact resume). The support
             stream stays ordered, as its layout is positional.
         prefetch: prefetch depth (elements).
+        normalization: the run's `(mean, std)`
+            (`experiment.DataBundle.normalization`), or None.
 
     Returns:
         `PretrainInput(dataset_fn, steps_per_epoch, summary, model_layout,
@@ -296,6 +323,8 @@ def make_pretrain_dataset_fn(
         raise ValueError(
             f'The labeled images have {labeled.channels} channels, the '
             f'unlabeled ones {unlabeled.channels}: decode both to the same.')
+    multicrop = normalized_multicrop(multicrop, normalization,
+                                     labeled.channels)
     sampler = sampling.SupportSampler(
         labeled.labels,
         classes_per_step=classes_per_step, images_per_class=images_per_class,

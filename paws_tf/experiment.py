@@ -1,25 +1,161 @@
-"""An experiment's data: labeled, unlabeled and test sources, and the
-evaluation preprocessing shared by PAWS-NN, export and fine-tuning."""
+"""An experiment's data: labeled, unlabeled and test sources, their
+normalisation (fixed, or computed from the images and recorded in the
+run's directory), and the evaluation preprocessing shared by PAWS-NN,
+export and fine-tuning."""
 
 import collections
+import json
 import os
 
 from absl import logging
 import gin
 import numpy as np
+import tensorflow as tf
 
+from paws_tf import checks
 from paws_tf import sources
 from paws_tf import tfds_sources
 
 FASHION_MNIST_IDX_DIR = '/usr/share/datasets/fashion-mnist'
+# The file in `record_dir` that records the normalisation a run uses.
+NORMALIZATION_FILENAME = 'normalization.json'
+# Which images `load_data.normalization = 'data'` is computed from.
+NORMALIZATION_IMAGES = ('labeled', 'unlabeled')
 
-DataBundle = collections.namedtuple('DataBundle',
-                                    ['labeled', 'unlabeled', 'test'])
+DataBundle = collections.namedtuple(
+    'DataBundle', ['labeled', 'unlabeled', 'test', 'normalization'],
+    defaults=[None])
+
+
+def channel_statistics(source, max_images=None, seed=0):
+    """Per-channel mean and std of a source's pixels, scaled to [0, 1].
+
+    Every pixel of every image counts once (images of different sizes
+    weigh by their pixel count); sums are taken in float64.
+
+    Args:
+        source: `sources.ImageSource`.
+        max_images: use a seeded random subset of this many images; None
+            uses them all.
+        seed: seed of that subset.
+
+    Returns:
+        `(mean, std)`: two tuples of `source.channels` floats.
+    """
+    positions = np.arange(source.num_examples)
+    if max_images is not None and max_images < source.num_examples:
+        positions = np.sort(np.random.default_rng(seed).choice(
+            source.num_examples, max_images, replace=False))
+
+    def moments(position):
+        pixels = tf.reshape(tf.cast(source.read(position), tf.float64),
+                            [-1, source.channels]) / 255.0
+        return (tf.reduce_sum(pixels, 0), tf.reduce_sum(pixels ** 2, 0),
+                tf.cast(tf.shape(pixels)[0], tf.float64))
+
+    totals = np.zeros([2, source.channels])
+    count = 0.0
+    for first, second, pixels in (
+            tf.data.Dataset.from_tensor_slices(positions)
+            .map(moments, num_parallel_calls=tf.data.AUTOTUNE)
+            .as_numpy_iterator()):
+        totals += (first, second)
+        count += pixels
+    mean = totals[0] / count
+    std = np.sqrt(np.maximum(totals[1] / count - mean ** 2, 0.0))
+    return tuple(float(m) for m in mean), tuple(float(s) for s in std)
+
+
+def _record_normalization(record_dir, info):
+    path = os.path.join(record_dir, NORMALIZATION_FILENAME)
+    os.makedirs(record_dir, exist_ok=True)
+    tmp = f'{path}.tmp{os.getpid()}'
+    with open(tmp, 'w') as f:
+        json.dump(info, f, indent=2)
+    os.replace(tmp, path)
+
+
+def resolve_normalization(spec, *, source, record_dir, max_images=5000,
+                          seed=0, description='labeled'):
+    """The `(mean, std)` that `spec` stands for, recorded in `record_dir`.
+
+    Args:
+        spec: `'data'` (`checks.FROM_DATA`): the per-channel mean and std of
+            the images of `source` (`channel_statistics`, at most
+            `max_images` of them), computed once: a run that finds
+            `record_dir/NORMALIZATION_FILENAME` reads it, so that resumed
+            training, export and evaluation use the same values. A preset
+            name of `augment.NORMALIZATIONS` or a `(mean, std)` pair: those
+            values.
+        source: the `sources.ImageSource` of the statistics.
+        record_dir: where the values are recorded (the run's `model_dir`).
+        max_images: images the statistics are computed from.
+        seed: seed of that subset.
+        description: what the images of `source` are, for the record and
+            the messages.
+
+    Returns:
+        `(mean, std)`, two tuples of `source.channels` floats.
+
+    Raises:
+        ValueError: a bad `spec`, values that do not match the channels,
+            a recorded file for another channel count, or one recording
+            another normalisation than `spec` (a run trained one way is
+            exported and evaluated the same way).
+    """
+    path = os.path.join(record_dir, NORMALIZATION_FILENAME)
+    fixed = None
+    if spec != checks.FROM_DATA:
+        fixed = checks.normalization(spec, channels=source.channels)
+    if os.path.exists(path):
+        with open(path) as f:
+            recorded = json.load(f)
+        values = tuple(recorded['mean']), tuple(recorded['std'])
+        if recorded.get('channels') != source.channels:
+            raise ValueError(
+                f'{path} holds the normalisation of {recorded.get("channels")}'
+                f'-channel images but the images are now decoded to '
+                f'{source.channels} channels: delete it to compute it again '
+                '(or start the run again with --overwrite).')
+        if (fixed or checks.FROM_DATA) != (
+                values if recorded.get('spec') != checks.FROM_DATA
+                else checks.FROM_DATA):
+            # A run normalised one way must be exported and evaluated the
+            # same way.
+            raise ValueError(
+                f'{path} records the normalisation this run was trained '
+                f'with, {checks.NORMALIZATION_MACRO} = '
+                f'{recorded.get("spec")!r} (mean {values[0]}, std '
+                f'{values[1]}), not {spec!r}: bind it back.')
+        logging.info('Normalisation read from %s: mean %s, std %s', path,
+                     *values)
+        return values
+    if fixed is not None:
+        _record_normalization(record_dir, dict(
+            mean=fixed[0], std=fixed[1], channels=source.channels,
+            spec=spec))
+        return fixed
+    mean, std = channel_statistics(source, max_images, seed)
+    images = min(source.num_examples, max_images or source.num_examples)
+    if min(std) <= 0:
+        raise ValueError(
+            f'The {images} {description} images have a channel of constant '
+            f'value '
+            f'(std {std}): normalisation from the data is impossible; bind '
+            f"{checks.NORMALIZATION_MACRO} = 'imagenet' or a (mean, std) "
+            'pair.')
+    _record_normalization(record_dir, dict(
+        mean=mean, std=std, channels=source.channels, spec=spec,
+        images=images, of=source.num_examples, source=description))
+    logging.info('Normalisation computed from %d %s images and recorded in '
+                 '%s: mean %s, std %s', images, description, path, mean, std)
+    return mean, std
 
 
 @gin.configurable(denylist=['record_dir'])
 def load_data(record_dir, *, train=gin.REQUIRED, test=None,
-              max_unlabeled=None, seed=0):
+              max_unlabeled=None, seed=0, normalization=None,
+              normalization_images=5000, normalization_from='labeled'):
     """Loads the sources of an experiment.
 
     Args:
@@ -34,15 +170,32 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None,
             `ImageSource`, or None.
         max_unlabeled: keep a random subset of this many unlabeled images
             (short runs); None keeps them all.
-        seed: seed of that subset.
+        seed: seed of that subset and of the normalisation's images.
+        normalization: None (the config binds the mean and std of
+            `MultiCropConfig` and `eval_preprocessing` itself), `'data'`
+            (computed from the images), a preset name of
+            `augment.NORMALIZATIONS`, or a `(mean, std)` pair; see
+            `resolve_normalization`. The folder recipes bind it through the
+            macro `NORMALIZATION`.
+        normalization_images: at most this many images (drawn with `seed`)
+            give the `'data'` statistics.
+        normalization_from: `'labeled'` or `'unlabeled'` (a sample of them,
+            for a labeled set too small to be representative), one of
+            `NORMALIZATION_IMAGES`.
 
     Returns:
-        `DataBundle(labeled, unlabeled, test)`; `test` may be None.
+        `DataBundle(labeled, unlabeled, test, normalization)`; `test` may be
+        None, `normalization` is `(mean, std)` or None.
 
     Raises:
         ValueError: if the test classes or channels differ from the labeled
-            ones.
+            ones, or on a bad `normalization`.
     """
+    checks.normalization(normalization)
+    if normalization_from not in NORMALIZATION_IMAGES:
+        raise ValueError(
+            f'load_data.normalization_from must be one of '
+            f'{NORMALIZATION_IMAGES}, got {normalization_from!r}.')
     loaded = train()
     if isinstance(loaded, tuple):
         labeled, unlabeled = loaded
@@ -67,7 +220,18 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None,
             raise ValueError(
                 f'The test images have {test_source.channels} channels, the '
                 f'labeled ones {labeled.channels}: decode both to the same.')
-    return DataBundle(labeled, unlabeled, test_source)
+    if normalization is not None:
+        source = labeled if normalization_from == 'labeled' else unlabeled
+        if not isinstance(source, sources.ImageSource):
+            raise ValueError(
+                'The unlabeled images are a stream, which a sample cannot '
+                "be drawn from: bind load_data.normalization_from = "
+                "'labeled'.")
+        normalization = resolve_normalization(
+            normalization, source=source, record_dir=record_dir,
+            max_images=normalization_images, seed=seed,
+            description=normalization_from)
+    return DataBundle(labeled, unlabeled, test_source, normalization)
 
 
 @gin.configurable
@@ -96,25 +260,36 @@ def image_folders(labeled_root, unlabeled_root, *, channels=3,
     return labeled, unlabeled
 
 
-@gin.configurable
-def eval_preprocessing(*, image_size=gin.REQUIRED, crop_fraction=1.0,
-                       mean=gin.REQUIRED, std=gin.REQUIRED):
+@gin.configurable(denylist=['bundle'])
+def eval_preprocessing(bundle=None, *, image_size=gin.REQUIRED,
+                       crop_fraction=1.0, mean=None, std=None):
     """Single centre-crop evaluation preprocessing (PAWS Appendix A).
 
     Args:
+        bundle: the run's `DataBundle`: its `normalization`, when it has
+            one, gives the mean and std, and its channels are checked.
         image_size: side S of the evaluated crop.
         crop_fraction: the shorter side is resized to S / crop_fraction
             before the centre crop (0.875 for ImageNet; 1.0 keeps CIFAR-10
             and Fashion-MNIST images whole).
-        mean: per-channel normalisation mean.
-        std: per-channel normalisation std.
+        mean: per-channel normalisation mean; None with a `bundle` that
+            has a normalisation (`load_data.normalization`).
+        std: per-channel normalisation std, likewise.
 
     Returns:
-        dict with those four keys, as `data.make_eval_dataset` and
-        `export` take them.
+        dict with the keys `image_size`, `crop_fraction`, `mean` and `std`,
+        as `data.make_eval_dataset` and `export` take them.
+
+    Raises:
+        ValueError: a normalisation given twice or not at all, or one that
+            does not match the images' channels.
     """
+    normalization = None if bundle is None else bundle.normalization
+    mean, std = checks.one_normalization(
+        'eval_preprocessing', mean, std, normalization,
+        channels=None if bundle is None else bundle.labeled.channels)
     return dict(image_size=image_size, crop_fraction=crop_fraction,
-                mean=tuple(mean), std=tuple(std))
+                mean=mean, std=std)
 
 
 @gin.configurable

@@ -4,10 +4,10 @@ import os
 import time
 
 from absl import logging
-import gin
 import numpy as np
 
 from paws_tf import checkpoints
+from paws_tf import checks
 from paws_tf import data
 from paws_tf import dist
 from paws_tf import evaluate
@@ -36,8 +36,9 @@ def load_trained_model(model_dir, strategy):
     bundle = experiment.load_data(model_dir)
     pretrain = data.make_pretrain_dataset_fn(
         bundle.unlabeled, bundle.labeled,
-        num_replicas=strategy.num_replicas_in_sync)
-    preprocessing = experiment.eval_preprocessing()
+        num_replicas=strategy.num_replicas_in_sync,
+        normalization=bundle.normalization)
+    preprocessing = experiment.eval_preprocessing(bundle)
     size = preprocessing['image_size']
     # Float32 whatever the training precision: portable exports.
     train.set_precision('float32')
@@ -58,7 +59,7 @@ def export_run(model_dir, strategy, model, bundle):
     directories); the classifier bundles the embeddings of exactly the
     run's labeled images.
     """
-    preprocessing = experiment.eval_preprocessing()
+    preprocessing = experiment.eval_preprocessing(bundle)
     channels = bundle.labeled.channels
     export.export_embedder(model, os.path.join(model_dir, export.EMBEDDER_DIR),
                            channels=channels, strategy=strategy,
@@ -93,22 +94,10 @@ def evaluate_run(model_dir, strategy, bundle, *, model, step=0):
     else:
         kwargs = dict(source='checkpoint', model=model, checkpoint_path=(
             os.path.join(model_dir, train.CHECKPOINT_DIR)))
-    return evaluate.evaluate_nn(model_dir, labeled=bundle.labeled,
-                                test=bundle.test, tau=model.tau,
-                                embedding=model.nn_embedding, step=step,
-                                **kwargs, **experiment.eval_preprocessing())
-
-
-def _bound(name, default):
-    """The value gin binds to `name` with macros resolved, else `default`."""
-    try:
-        value = gin.query_parameter(name)
-    except ValueError:
-        return default
-    while (isinstance(value, gin.config.ConfigurableReference)
-           and str(value).startswith('%')):
-        value = gin.query_parameter(str(value))
-    return value
+    return evaluate.evaluate_nn(
+        model_dir, labeled=bundle.labeled, test=bundle.test, tau=model.tau,
+        embedding=model.nn_embedding, step=step, **kwargs,
+        **experiment.eval_preprocessing(bundle))
 
 
 def demo(model_dir, strategy):
@@ -131,7 +120,7 @@ def demo(model_dir, strategy):
     model, bundle, step = load_trained_model(model_dir, strategy)
     export_run(model_dir, strategy, model, bundle)
     paws = evaluate_run(model_dir, strategy, bundle, model=model, step=step)
-    preprocessing = experiment.eval_preprocessing()
+    preprocessing = experiment.eval_preprocessing(bundle)
     tune_start = time.perf_counter()
     tuned = fine_tune.fine_tune(model_dir, model, labeled=bundle.labeled,
                                 test=bundle.test, strategy=strategy,
@@ -160,7 +149,7 @@ def demo(model_dir, strategy):
                           else per_class.tolist()),
         num_labeled=bundle.labeled.num_examples,
         num_unlabeled=bundle.unlabeled.num_examples,
-        num_test=paws['num_queries'], seed=_bound('train.seed', 0),
+        num_test=paws['num_queries'], seed=checks.bound('train.seed', 0),
         paws_train_seconds=paws_seconds, finetune_seconds=tune_seconds,
         supervised_seconds=baseline['wall_seconds'],
         images_per_second=float(np.median(views_per_second))
@@ -212,7 +201,7 @@ def run(model_dir, strategy, mode):
     if mode == 'fine_tune':
         return fine_tune.fine_tune(model_dir, model, labeled=bundle.labeled,
                                    test=bundle.test, strategy=strategy,
-                                   **experiment.eval_preprocessing())
+                                   **experiment.eval_preprocessing(bundle))
     if mode in ('export', 'train_and_evaluate'):
         export_run(model_dir, strategy, model, bundle)
     if mode in ('evaluate_nn', 'train_and_evaluate'):

@@ -31,7 +31,9 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
     `total_steps` is never used for an update, and `final_lr` follows it.
 
     `steps_per_epoch` and `num_epochs` are injected by the training code (gin
-    must not bind them); gin binds the learning rates and `warmup_epochs`.
+    must not bind them); gin binds the learning rates and the warm-up, as
+    `warmup_epochs` or as `warmup_fraction` of the run (which follows
+    `train.num_epochs`, so that a one-epoch trial needs no other binding).
 
     Attributes:
         warmup_steps: int, `round(warmup_epochs * steps_per_epoch)`.
@@ -39,7 +41,7 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
     """
 
     def __init__(self, steps_per_epoch, num_epochs, start_lr, ref_lr,
-                 final_lr=0.0, warmup_epochs=10):
+                 final_lr=0.0, warmup_epochs=10, warmup_fraction=None):
         """Validates the arguments and converts epochs to steps.
 
         Args:
@@ -50,12 +52,15 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
                 warm-up.
             final_lr: float >= 0, learning rate at and after `total_steps`.
             warmup_epochs: float >= 0, warm-up length in epochs (may be
-                fractional); at most `num_epochs`.
+                fractional); at most `num_epochs`. None with
+                `warmup_fraction`.
+            warmup_fraction: float in [0, 1], warm-up length as a share of
+                `num_epochs`; None (the default) uses `warmup_epochs`.
 
         Raises:
             ValueError: if a step count is not positive, the warm-up is
-                negative or longer than training, or a learning rate is
-                negative.
+                negative, longer than training or given twice, or a
+                learning rate is negative.
         """
         super().__init__()
         checks.integer('steps_per_epoch', steps_per_epoch)
@@ -63,6 +68,18 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
         for arg_name, value in (('start_lr', start_lr), ('ref_lr', ref_lr),
                                 ('final_lr', final_lr)):
             checks.number(arg_name, value, low=0)
+        if warmup_fraction is not None:
+            if warmup_epochs is not None:
+                raise ValueError(
+                    f'warmup_epochs={warmup_epochs!r} and warmup_fraction='
+                    f'{warmup_fraction!r} both set the warm-up: bind '
+                    'WarmupCosineDecay.warmup_epochs = None to use the '
+                    'fraction.')
+            checks.number('warmup_fraction', warmup_fraction, low=0)
+            if warmup_fraction > 1:
+                raise ValueError(f'warmup_fraction must be in [0, 1], got '
+                                 f'{warmup_fraction!r}.')
+            warmup_epochs = warmup_fraction * num_epochs
         checks.number('warmup_epochs', warmup_epochs)
         if not 0 <= warmup_epochs <= num_epochs:
             raise ValueError(

@@ -75,7 +75,8 @@ def train_supervised(model_dir, *, labeled, test, preprocessing,
         labeled: `sources.ImageSource`, the labeled images.
         test: `sources.ImageSource`, the evaluation split.
         preprocessing: `experiment.eval_preprocessing()` dict.
-        multicrop: the PAWS run's `augment.MultiCropConfig`.
+        multicrop: the PAWS run's `augment.MultiCropConfig`; without a
+            mean and std, those of `preprocessing`.
         steps: optimizer steps.
         batch_size: labeled images per step.
         learning_rate: peak learning rate.
@@ -86,6 +87,12 @@ def train_supervised(model_dir, *, labeled, test, preprocessing,
     Returns:
         dict with `top1`, `wall_seconds`, `images_per_second`, `steps`.
     """
+    own = multicrop.mean is not None or multicrop.std is not None
+    # Without its own mean and std, the views take the run's normalisation,
+    # which the evaluation preprocessing holds.
+    multicrop = data.normalized_multicrop(
+        multicrop, None if own else (preprocessing['mean'],
+                                     preprocessing['std']), labeled.channels)
     tf_keras.utils.set_random_seed(seed)
     num_classes = len(labeled.class_names)
     model = build_classifier(num_classes, labeled.channels)

@@ -183,7 +183,7 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
     pretrain = data.make_pretrain_dataset_fn(
         bundle.unlabeled, bundle.labeled,
         num_replicas=strategy.num_replicas_in_sync, start_step=start_step,
-        seed=seed)
+        seed=seed, normalization=bundle.normalization)
     logging.info('%s', pretrain.summary)
     steps_per_epoch = pretrain.steps_per_epoch
     total_steps = num_epochs * steps_per_epoch
@@ -226,7 +226,7 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
                               num_epochs=num_epochs, is_chief=chief),
         callbacks.ProgressBar(),  # After PawsNNEvaluation, inserted at 1.
     ]
-    preprocessing = experiment.eval_preprocessing()
+    preprocessing = experiment.eval_preprocessing(bundle)
     if view_images and chief and start_step == 0:
         fit_callbacks.append(callbacks.ViewImages(
             os.path.join(log_dir, 'train'), pretrain.dataset_fn,

@@ -1,9 +1,13 @@
 """Argument checks."""
 
+import pathlib
+
+import gin
 import numpy as np
 import pytest
 
 from paws_tf import checks
+from paws_tf import configurables  # noqa: F401  (registers configurables)
 
 
 @pytest.mark.parametrize('value', [1, 7, np.int64(3)])
@@ -31,3 +35,115 @@ def test_number():
         checks.number('s', 1.0, low=0.0, high=1.0)
     with pytest.raises(ValueError, match="x must be a number, got '3'"):
         checks.number('x', '3')
+
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def clean_gin():
+    gin.clear_config()
+    gin.add_config_file_search_path(str(REPO))
+    yield
+    gin.clear_config()
+
+
+@pytest.fixture
+def folders(tmp_path):
+    """Three class folders whose only files cannot be decoded: the checks
+    list the folders and never read a file."""
+    for name in ('a', 'b', 'c'):
+        (tmp_path / 'labeled' / name).mkdir(parents=True)
+        (tmp_path / 'labeled' / name / 'broken.png').write_bytes(b'')
+    return [f"LABELED_DIR = '{tmp_path / 'labeled'}'",
+            f"UNLABELED_DIR = '{tmp_path / 'unlabeled'}'",
+            f"TEST_DIR = '{tmp_path / 'test'}'", 'SUPPORT_CLASSES = 3']
+
+
+def check(name, bindings):
+    gin.parse_config_files_and_bindings(
+        [str(REPO / 'gin_configs' / name)], list(bindings))
+    checks.check_config()
+
+
+@pytest.mark.parametrize('name', sorted(  # base.gin: shared values only.
+    p.name for p in (REPO / 'gin_configs').glob('*.gin')
+    if p.name != 'base.gin'))
+def test_every_shipped_config_passes(clean_gin, folders, name):
+    check(name, folders if name.startswith('image_folders') else [])
+
+
+@pytest.mark.parametrize('name', ['image_folders.gin',
+                                  'image_folders_small.gin'])
+@pytest.mark.parametrize('extra', [[], ['CHANNELS = 1'],
+                                   ['train.num_epochs = 1'],
+                                   ["NORMALIZATION = 'imagenet'"]])
+def test_folder_recipes_need_no_other_binding(clean_gin, folders, name,
+                                              extra):
+    check(name, folders + extra)
+
+
+@pytest.mark.parametrize('name,bindings,message', [
+    ('image_folders_small.gin', ['SUPPORT_CLASSES = 10'],
+     r"SUPPORT_CLASSES = 10 support classes per step, but LABELED_DIR = "
+     r"'.*' holds 3 class folder\(s\): bind SUPPORT_CLASSES = 3\."),
+    ('image_folders_small.gin', ["LABELED_DIR = '/nonexistent/labeled'"],
+     r"LABELED_DIR = '/nonexistent/labeled' is not a folder"),
+    ('image_folders_small.gin', ['CHANNELS = 1', "NORMALIZATION = 'imagenet'"],
+     r"NORMALIZATION \(load_data.normalization\) = 'imagenet' gives 3 "
+     r'channel\(s\).* decoded to 1: bind 1 value\(s\) each, e\.g\. '
+     r"\(\(0\.5,\), \(0\.25,\)\), or \(folder recipes\) NORMALIZATION = "
+     r"'data'"),
+    ('image_folders_small.gin', ['NORMALIZATION = ((0.5,), (0.2, 0.2))'],
+     'one value per channel each'),
+    ('image_folders_small.gin', ["NORMALIZATION = 'imagenett'"],
+     r"= 'imagenett' is unknown: use 'data', one of \['cifar10', "
+     r"'imagenet'\]"),
+    ('image_folders_small.gin', ['CHANNELS = 2'],
+     r'CHANNELS = 2: images are decoded to 1 \(grayscale\) or 3'),
+    ('image_folders_small.gin', ['IMAGENET_MEAN = (0.5,)'],
+     r'IMAGENET_MEAN is a constant of paws_tf .* binding it changes '
+     r'nothing\. Bind NORMALIZATION'),
+    ('image_folders_small.gin', ['MultiCropConfig.mean = (0.5,)',
+                                 'MultiCropConfig.std = (0.25,)'],
+     r'The normalisation is given twice: NORMALIZATION '
+     r'\(load_data.normalization\) and MultiCropConfig.mean'),
+    ('image_folders_small.gin', ['NORMALIZATION = None'],
+     r"No normalisation: bind NORMALIZATION = 'data'"),
+    ('image_folders_small.gin', ['WarmupCosineDecay.warmup_fraction = None',
+                                 'WarmupCosineDecay.warmup_epochs = 10',
+                                 'train.num_epochs = 1'],
+     r'The warm-up is longer than the run: WarmupCosineDecay.warmup_epochs '
+     r'= 10 > train.num_epochs = 1\. Bind '
+     r'WarmupCosineDecay.warmup_epochs = 0\.1'),
+    ('image_folders_small.gin', ['WarmupCosineDecay.warmup_epochs = 1'],
+     'both set the warm-up: bind WarmupCosineDecay.warmup_epochs = None'),
+    ('image_folders_small.gin', ['IMAGE_SIZE = 4'],
+     r"IMAGE_SIZE = 4 is smaller than 8 px, the downsampling of "
+     r"build_backbone.name = 'small_resnet'.* Bind IMAGE_SIZE = 8 or more"),
+    ('image_folders_small.gin', ['LOCAL_SIZE = 6'],
+     'LOCAL_SIZE = 6 is smaller than 8 px'),
+    ('image_folders.gin', ['IMAGE_SIZE = 28'],
+     r"IMAGE_SIZE = 28 is smaller than 32 px.*'resnet50'.*"
+     r"build_backbone.name = 'small_resnet'"),
+    ('demo_fashion_mnist.gin', ['MEAN = (0.5, 0.5)'],
+     r'MultiCropConfig.mean / MultiCropConfig.std: mean \(0\.5, 0\.5\) and '
+     r'std \(0\.353,\) must have one value per channel'),
+])
+def test_config_errors_name_the_binding(clean_gin, folders, name, bindings,
+                                        message):
+    with pytest.raises(ValueError, match=message):
+        check(name, (folders if name.startswith('image_folders') else []) +
+              bindings)
+
+
+def test_one_normalization():
+    assert checks.one_normalization('f', [0.5], [0.25], None, 1) == (
+        (0.5,), (0.25,))
+    assert checks.one_normalization('f', None, None, ((1,), (2,)), 1) == (
+        (1.0,), (2.0,))
+    assert checks.one_normalization('f', None, None, 'data', 3) is None
+    with pytest.raises(ValueError, match=r'f.mean / f.std gives 1 channel'):
+        checks.one_normalization('f', [0.5], [0.25], None, 3)
+    with pytest.raises(ValueError, match='positive stds'):
+        checks.one_normalization('f', [0.5], [0.0], None, 1)

@@ -51,13 +51,15 @@ def test_there_are_configs():
             'imagenet_rn50_1pct.gin', 'imagenet_rn50x2_10pct.gin',
             'imagenet_rn50x4_10pct.gin', 'imagenet_rn50_10pct_8gpu.gin',
             'cifar10_wrn28_2_4000.gin', 'demo_fashion_mnist.gin',
-            'demo_fashion_mnist_quick.gin', 'image_folders.gin'} <= names
+            'demo_fashion_mnist_quick.gin', 'image_folders.gin',
+            'image_folders_small.gin'} <= names
 
 
 # What a file needs bound by the user (its documented command line).
-USER_BINDINGS = {'image_folders.gin': ["LABELED_DIR = '/data/labeled'",
-                                       "UNLABELED_DIR = '/data/unlabeled'",
-                                       "TEST_DIR = '/data/test'"]}
+FOLDERS = ["LABELED_DIR = '/data/labeled'",
+           "UNLABELED_DIR = '/data/unlabeled'", "TEST_DIR = '/data/test'"]
+USER_BINDINGS = {'image_folders.gin': FOLDERS,
+                 'image_folders_small.gin': FOLDERS}
 
 
 @pytest.mark.parametrize('path', GIN_FILES, ids=lambda p: p.name)

@@ -1,4 +1,5 @@
-"""The demo on a user's own image folders, through run.py."""
+"""PAWS on a user's own image folders, through run.py: both recipes, the
+normalisation computed from the images, the early errors."""
 
 import json
 import pathlib
@@ -8,6 +9,9 @@ import sys
 import numpy as np
 from PIL import Image
 import pytest
+import tensorflow as tf
+
+from helpers import idx
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # Shrink the template to seconds on a CPU; the data and code paths are the
@@ -21,8 +25,10 @@ SMALL = ['IMAGE_SIZE = 32', 'LOCAL_SIZE = 16', 'SUPPORT_CLASSES = 3',
          'build_backbone.stage_strides = (2, 2)',
          'ProjectionHead.hidden_dim = 16', 'ProjectionHead.output_dim = 16',
          'PredictionHead.hidden_dim = 8', 'train.num_epochs = 2',
-         'WarmupCosineDecay.warmup_epochs = 1', 'train_supervised.steps = 20',
-         'train_supervised.batch_size = 8', 'train.verbose = 0']
+         'train_supervised.steps = 20',
+         'train_supervised.batch_size = 8', 'train.verbose = 0',
+         'fine_tune_suncet.images_per_class = 2',
+         'fine_tune_suncet.num_epochs = 2']
 
 
 def write_folder(root, classes, per_class, seed):
@@ -64,6 +70,162 @@ def test_demo_on_image_folders(tmp_path):
     assert results['num_unlabeled'] == 60 + 12  # Labeled ones included.
     assert results['seed'] == 5  # Through a macro.
     assert 0 <= results['paws_nn_top1'] <= 1
+    # The fine-tuning stage ran: 2 epochs of 12 // (3 x 2) = 2 SuNCEt steps,
+    # PAWS-NN before and after each.
+    tuned = json.loads((tmp_path / 'run' / 'fine_tune' / 'results.json')
+                       .read_text())
+    assert tuned['steps'] == 4 and len(tuned['paws_nn_by_epoch']) == 3
+    assert results['paws_finetune_top1'] == tuned['top1']
+    assert results['finetune_seconds'] > 0
     assert (tmp_path / 'run' / 'results.png').stat().st_size > 10_000
     assert (tmp_path / 'run' / 'export' / 'classifier' / 'saved_model.pb'
             ).exists()
+
+
+def write_class_images(root, classes, per_class, channels, seed):
+    """PNGs of 28 x 28 or 30 x 26 pixels in `root/<class>/` (grayscale or
+    RGB files); returns them as uint8 [H, W, channels] arrays."""
+    rng = np.random.default_rng(seed)
+    images = []
+    for c, name in enumerate(classes):
+        for i in range(per_class):
+            size = (28, 28) if i % 2 else (30, 26)
+            # Classes differ in brightness; channels in their range.
+            low = 40 * c + 10 * np.arange(channels)
+            image = rng.integers(low, low + 100, size=size + (channels,),
+                                 dtype=np.uint8)
+            path = root / name / f'{i}.png'
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image[..., 0] if channels == 1 else image).save(
+                path)
+            images.append(image)
+    return images
+
+
+def run_py(gin_file, model_dir, bindings, mode='train_and_evaluate'):
+    return subprocess.run(
+        [sys.executable, str(REPO / 'run.py'), f'--gin_file={gin_file}',
+         f'--model_dir={model_dir}', f'--mode={mode}'] +
+        [f'--gin_bindings={b}' for b in bindings],
+        cwd=REPO, capture_output=True, text=True, timeout=900)
+
+
+def paths(root):
+    return [f"LABELED_DIR = '{root / 'labeled'}'",
+            f"UNLABELED_DIR = '{root / 'unlabeled'}'",
+            f"TEST_DIR = '{root / 'test'}'"]
+
+
+# What shrinks the small recipe to seconds; the data and code paths are the
+# real ones.
+SECONDS = ['train.num_epochs = 1', 'SUPPORT_CLASSES = 3',
+           'make_pretrain_dataset_fn.global_batch_size = 16',
+           'make_pretrain_dataset_fn.images_per_class = 2',
+           'build_backbone.widths = (8, 8, 16)',
+           'ProjectionHead.hidden_dim = 16', 'ProjectionHead.output_dim = 16',
+           'train.eval_every_epochs = 0', 'train.verbose = 0']
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('channels', [1, 3])
+def test_small_recipe_normalises_with_the_images(tmp_path, channels):
+    classes = ['dark', 'mid', 'light']
+    labeled = write_class_images(tmp_path / 'labeled', classes, 4, channels,
+                                 seed=0)
+    write_class_images(tmp_path / 'unlabeled', [''], 32, channels, seed=1)
+    test = write_class_images(tmp_path / 'test', classes, 2, channels, seed=2)
+    # Grayscale is CHANNELS alone.
+    bindings = paths(tmp_path) + SECONDS + (
+        ['CHANNELS = 1'] if channels == 1 else [])
+    run = tmp_path / 'run'
+    proc = run_py('gin_configs/image_folders_small.gin', run, bindings)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (run / 'checkpoints').is_dir()
+
+    pixels = np.concatenate([i.reshape(-1, channels) for i in labeled]) / 255
+    mean, std = pixels.mean(axis=0), pixels.std(axis=0)
+    recorded = json.loads((run / 'normalization.json').read_text())
+    np.testing.assert_allclose(recorded['mean'], mean, rtol=1e-9)
+    np.testing.assert_allclose(recorded['std'], std, rtol=1e-9)
+    for name in ('embedder', 'classifier'):
+        stored = json.loads(
+            (run / 'export' / name / 'preprocessing.json').read_text())
+        assert stored['channels'] == channels
+        np.testing.assert_allclose(stored['mean'], mean, rtol=1e-6)
+        np.testing.assert_allclose(stored['std'], std, rtol=1e-6)
+    embedder = tf.saved_model.load(str(run / 'export' / 'embedder'))
+    np.testing.assert_allclose(embedder.mean.numpy(), mean, rtol=1e-6)
+    np.testing.assert_allclose(embedder.std.numpy(), std, rtol=1e-6)
+    # The SavedModel normalises raw images with those values: 28 x 28 test
+    # images go through it whole (crop_fraction 1), so its raw signature
+    # equals the preprocessed one fed (x / 255 - mean) / std.
+    raw = np.stack([i for i in test if i.shape[:2] == (28, 28)])
+    by_hand = ((raw / 255 - mean) / std).astype(np.float32)
+    np.testing.assert_allclose(
+        embedder(tf.constant(raw))['embeddings'].numpy(),
+        embedder.signatures['embed_preprocessed'](
+            images=tf.constant(by_hand))['embeddings'].numpy(),
+        rtol=1e-4, atol=1e-5)
+    results = json.loads((run / 'eval' / 'paws_nn.json').read_text())
+    assert results['num_support'] == 12 and results['num_queries'] == 6
+    assert 0 <= results['top1'] <= 1
+
+
+@pytest.mark.parametrize('bindings,message', [
+    (['IMAGENET_MEAN = (0.5,)'], 'IMAGENET_MEAN is a constant'),
+    (['SUPPORT_CLASSES = 10'], 'bind SUPPORT_CLASSES = 3'),
+])
+def test_errors_come_before_any_image_is_read(tmp_path, bindings, message):
+    # Every file is broken: reading one would fail differently.
+    for folder in ('labeled/a', 'labeled/b', 'labeled/c', 'unlabeled',
+                   'test/a'):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / 'broken.png').write_bytes(b'')
+    run = tmp_path / 'run'
+    run.mkdir()
+    (run / 'notes.txt').write_text('kept')
+    proc = run_py('gin_configs/image_folders_small.gin', run,
+                  paths(tmp_path) + bindings)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr[-2000:]
+    assert 'cannot be decoded' not in proc.stderr
+    assert sorted(p.name for p in run.iterdir()) == ['notes.txt']
+    assert (run / 'notes.txt').read_text() == 'kept'
+
+
+def test_fashion_mnist_folders_script(tmp_path):
+    rng = np.random.default_rng(0)
+    splits = {'train': 30, 't10k': 5}
+    images, labels = {}, {}
+    for prefix, count in splits.items():
+        images[prefix] = rng.integers(0, 256, [count, 4, 3], np.uint8)
+        labels[prefix] = np.arange(count, dtype=np.uint8) % 10
+        idx.write_idx(tmp_path / f'{prefix}-images-idx3-ubyte.gz',
+                      images[prefix])
+        idx.write_idx(tmp_path / f'{prefix}-labels-idx1-ubyte.gz',
+                      labels[prefix])
+    out = tmp_path / 'folders'
+    proc = subprocess.run(
+        [sys.executable, str(REPO / 'tools' / 'fashion_mnist_folders.py'),
+         f'--output_dir={out}', f'--idx_dir={tmp_path}',
+         '--labels_per_class=2'], capture_output=True, text=True,
+        timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    folders = sorted(p.name for p in (out / 'labeled').iterdir())
+    assert folders[0] == '0_T-shirt_top' and folders[9] == '9_Ankle boot'
+    labeled = sorted((out / 'labeled').glob('*/*.png'))
+    unlabeled = sorted((out / 'unlabeled').glob('*.png'))
+    test = sorted((out / 'test').glob('*/*.png'))
+    assert (len(labeled), len(unlabeled), len(test)) == (20, 10, 5)
+    # Every training image once, labeled or not; each file its IDX pixels
+    # under its IDX label.
+    assert sorted(int(p.stem) for p in labeled + unlabeled) == list(range(30))
+    for prefix, paths in (('train', labeled), ('t10k', test)):
+        for path in paths:
+            index = int(path.stem)
+            assert folders.index(path.parent.name) == labels[prefix][index]
+            np.testing.assert_array_equal(np.asarray(Image.open(path)),
+                                          images[prefix][index])
+    for path in unlabeled:
+        np.testing.assert_array_equal(np.asarray(Image.open(path)),
+                                      images['train'][int(path.stem)])

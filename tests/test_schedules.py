@@ -147,3 +147,32 @@ def test_gin_binds_learning_rates_but_not_step_counts(clean_gin):
     assert schedule.warmup_steps == 4
     with pytest.raises(ValueError, match='steps_per_epoch'):
         gin.parse_config('WarmupCosineDecay.steps_per_epoch = 10')
+
+
+def test_warmup_fraction_follows_the_epochs():
+    # A quarter of the run, 8 steps per epoch: 2 warm-up steps of 8 for one
+    # epoch, 8 of 32 for four.
+    for num_epochs, warmup_steps in ((1, 2), (4, 8)):
+        schedule = schedules.WarmupCosineDecay(
+            steps_per_epoch=8, num_epochs=num_epochs, start_lr=0.0,
+            ref_lr=1.0, warmup_epochs=None, warmup_fraction=0.25)
+        assert schedule.warmup_steps == warmup_steps
+        np.testing.assert_allclose(
+            [float(schedule(warmup_steps // 2)),
+             float(schedule(warmup_steps))], [0.5, 1.0], rtol=1e-6)
+        rebuilt = schedules.WarmupCosineDecay.from_config(
+            schedule.get_config())
+        assert rebuilt.warmup_steps == warmup_steps
+
+
+@pytest.mark.parametrize('kwargs,message', [
+    (dict(warmup_epochs=1, warmup_fraction=0.5), 'both set the warm-up'),
+    (dict(warmup_epochs=None, warmup_fraction=1.5),
+     r'warmup_fraction must be in \[0, 1\]'),
+    (dict(warmup_epochs=None, warmup_fraction=-0.1),
+     'warmup_fraction must be a number >= 0'),
+])
+def test_warmup_fraction_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        schedules.WarmupCosineDecay(steps_per_epoch=10, num_epochs=2,
+                                    start_lr=0.0, ref_lr=1.0, **kwargs)

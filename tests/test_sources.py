@@ -1,12 +1,11 @@
 """Image sources: arrays, IDX files, image folders, labeled splits."""
 
-import gzip
-
 import numpy as np
 import PIL.Image
 import pytest
 import tensorflow as tf
 
+from helpers import idx
 from paws_tf import sources
 
 
@@ -14,14 +13,6 @@ def _read_all(source):
     """Every image of `source`, read inside tf.data, in order."""
     dataset = tf.data.Dataset.range(source.num_examples).map(source.read)
     return [image.numpy() for image in dataset]
-
-
-def _write_idx(path, array):
-    header = bytes([0, 0, 0x08, array.ndim]) + np.array(
-        array.shape, '>u4').tobytes()
-    opener = gzip.open if str(path).endswith('.gz') else open
-    with opener(path, 'wb') as f:
-        f.write(header + array.astype(np.uint8).tobytes())
 
 
 def test_from_arrays_reads_in_tf_data_and_adds_channel():
@@ -46,8 +37,8 @@ def test_subset_keeps_names_labels_and_pixels():
 def test_load_idx(tmp_path, suffix):
     images = np.random.default_rng(1).integers(0, 255, [7, 5, 4], np.uint8)
     labels = np.array([0, 1, 2, 3, 4, 5, 9], np.uint8)
-    _write_idx(tmp_path / f'img{suffix}', images)
-    _write_idx(tmp_path / f'lab{suffix}', labels)
+    idx.write_idx(tmp_path / f'img{suffix}', images)
+    idx.write_idx(tmp_path / f'lab{suffix}', labels)
     source = sources.load_idx(tmp_path / f'img{suffix}',
                               tmp_path / f'lab{suffix}',
                               sources.FASHION_MNIST_CLASS_NAMES)
@@ -61,12 +52,12 @@ def test_idx_errors(tmp_path):
     (tmp_path / 'bad').write_bytes(b'\x00\x00\x0d\x03' + bytes(16))
     with pytest.raises(ValueError, match='bad IDX magic number'):
         sources.read_idx(tmp_path / 'bad')
-    _write_idx(tmp_path / 'short', np.zeros([3, 2, 2], np.uint8))
+    idx.write_idx(tmp_path / 'short', np.zeros([3, 2, 2], np.uint8))
     (tmp_path / 'short').write_bytes((tmp_path / 'short').read_bytes()[:-1])
     with pytest.raises(ValueError, match=r'shape \(3, 2, 2\) \(12 bytes\)'):
         sources.read_idx(tmp_path / 'short')
-    _write_idx(tmp_path / 'img', np.zeros([3, 2, 2], np.uint8))
-    _write_idx(tmp_path / 'lab', np.zeros([4], np.uint8))
+    idx.write_idx(tmp_path / 'img', np.zeros([3, 2, 2], np.uint8))
+    idx.write_idx(tmp_path / 'lab', np.zeros([4], np.uint8))
     with pytest.raises(ValueError, match='holds 3 images'):
         sources.load_idx(tmp_path / 'img', tmp_path / 'lab')
 
