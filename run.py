@@ -11,9 +11,10 @@ then a supervised-only baseline on the same labels, results.json, a figure
 and a table).
 """
 
+import contextlib
+import json
 import logging as pylogging
 import os
-import shutil
 import sys
 
 from absl import app
@@ -23,10 +24,13 @@ import gin
 
 import paws_tf  # noqa: F401  (selects tf_keras before TensorFlow is used)
 from paws_tf import checks
+from paws_tf import checkpoints
 from paws_tf import configurables  # noqa: F401  (registers configurables)
+from paws_tf import data_fingerprint
 from paws_tf import dist
 from paws_tf import experiment
 from paws_tf import modes
+from paws_tf import run_lock
 from paws_tf import train
 
 CONFIG_FILE = 'config.gin'
@@ -34,10 +38,19 @@ OPERATIVE_CONFIG_FILE = 'operative_config.gin'
 FLAGS_FILE = 'flags.txt'
 # 128 + SIGTERM: what a job killed by SIGTERM would report.
 PREEMPTED_EXIT_CODE = 143
+# Another live run trains in --model_dir: try again later (EX_TEMPFAIL).
+LOCKED_EXIT_CODE = os.EX_TEMPFAIL
+# A checkpoint or backup could not be written (EX_IOERR).
+SAVE_FAILED_EXIT_CODE = os.EX_IOERR
+# No backup or checkpoint of the run can be restored, or the data differs
+# from what the run started on (EX_DATAERR).
+NONE_RESTORABLE_EXIT_CODE = DATA_CHANGED_EXIT_CODE = os.EX_DATAERR
 # What a training run writes; --overwrite removes these.
-_RUN_STATE = (train.CHECKPOINT_DIR, train.BACKUP_DIR, train.TENSORBOARD_DIR,
-              'export', 'eval', 'fine_tune', CONFIG_FILE,
-              OPERATIVE_CONFIG_FILE, experiment.NORMALIZATION_FILENAME)
+_RUN_STATE = train.RUN_OUTPUTS + (CONFIG_FILE, OPERATIVE_CONFIG_FILE,
+                                  data_fingerprint.FILENAME,
+                                  experiment.NORMALIZATION_FILENAME)
+# Gin bindings that may change when a run resumes.
+_RESUME_ONLY_BINDINGS = ('train.on_data_change',)
 _REPO_ROOT = os.path.dirname(os.path.abspath(__file__))
 
 _GIN_FILES = flags.DEFINE_multi_string(
@@ -52,21 +65,29 @@ _STRATEGY = flags.DEFINE_enum('strategy', 'auto', dist.STRATEGY_KINDS,
                               'Distribution strategy.')
 _OVERWRITE = flags.DEFINE_bool(
     'overwrite', False, 'Start training again in a model_dir that holds a '
-    'run with a different config (its checkpoints, backup and logs are '
-    'deleted).')
+    'run with a different config or different data (its checkpoints, '
+    'backup and logs are deleted).')
 
 
-def _check_model_dir(model_dir, config, overwrite):
-    """Refuses to train over a run with another config unless asked to."""
+def _experiment_lines(config):
+    """The lines of a gin config that define the experiment: all but the
+    bindings that only say how to resume it."""
+    return [line for line in config.splitlines()
+            if not line.startswith(_RESUME_ONLY_BINDINGS)]
+
+
+def _check_model_dir(model_dir, config, overwrite, chief):
+    """Refuses to train over a run with another config unless asked to;
+    with --overwrite the chief deletes it."""
     path = os.path.join(model_dir, CONFIG_FILE)
     if not os.path.exists(path):
         return
     with open(path) as f:
         previous = f.read()
-    if previous == config:
+    old, new = _experiment_lines(previous), _experiment_lines(config)
+    if old == new:
         return
     if not overwrite:
-        old, new = previous.splitlines(), config.splitlines()
         changed = [f'  - {line}' for line in old if line not in new][:5] + [
             f'  + {line}' for line in new if line not in old][:5]
         raise app.UsageError(
@@ -74,14 +95,11 @@ def _check_model_dir(model_dir, config, overwrite):
             '\n'.join(changed) + '\nUse another --model_dir, undo the change '
             'to resume that run, or pass --overwrite to delete it and start '
             'again.')
+    if not chief:
+        return
     logging.warning('--overwrite: deleting the previous run in %s.',
                     model_dir)
-    for name in _RUN_STATE:
-        target = os.path.join(model_dir, name)
-        if os.path.isdir(target):
-            shutil.rmtree(target)
-        elif os.path.exists(target):
-            os.remove(target)
+    train.delete_outputs(model_dir, _RUN_STATE)
 
 
 class _QuietTensorFlow:
@@ -114,6 +132,38 @@ def _write_text(path, text):
     os.replace(tmp, path)
 
 
+def _job(strategy):
+    """What the processes of one job share and another job does not: the
+    cluster spec under MultiWorkerMirroredStrategy, else None."""
+    resolver = getattr(strategy, 'cluster_resolver', None)
+    if resolver is None:
+        return None
+    return json.dumps(resolver.cluster_spec().as_dict(), sort_keys=True)
+
+
+def _writer_lock(model_dir, strategy, training):
+    """The lock this process holds while it runs (a no-op context but on a
+    training chief), after the checks the other processes make.
+
+    Raises:
+        run_lock.Held: a training mode, and another live run holds it.
+    """
+    if training and dist.is_chief(strategy):
+        return run_lock.RunLock(model_dir, job=_job(strategy))
+    if training:
+        # The chief holds the lock for the job's other workers.
+        run_lock.check_held_by_job(model_dir, _job(strategy))
+        return contextlib.nullcontext()
+    holder = run_lock.read(model_dir)
+    if holder is not None and run_lock.stale_reason(holder) is None:
+        logging.warning(
+            'A training run (%s) is writing %s: reading its newest complete '
+            'checkpoint (the checkpoint state file names a checkpoint only '
+            'once its files are written).', run_lock.describe(holder),
+            model_dir)
+    return contextlib.nullcontext()
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
@@ -134,11 +184,23 @@ def main(argv):
     model_dir = _MODEL_DIR.value
     config = gin.config_str()
     training = _MODE.value in ('train', 'train_and_evaluate', 'demo')
-    if training:
-        _check_model_dir(model_dir, config, _OVERWRITE.value)
     strategy = dist.make_strategy(_STRATEGY.value)
+    try:
+        lock = _writer_lock(model_dir, strategy, training)
+        with lock:
+            _run(model_dir, strategy, config, training)
+    except run_lock.Held as held:
+        logging.error('%s', held)
+        sys.exit(LOCKED_EXIT_CODE)
+
+
+def _run(model_dir, strategy, config, training):
+    """Everything `main` does under the run directory's lock."""
+    chief = dist.is_chief(strategy)
+    if training:
+        _check_model_dir(model_dir, config, _OVERWRITE.value, chief)
     os.makedirs(model_dir, exist_ok=True)
-    if dist.is_chief(strategy):
+    if chief:
         _write_text(os.path.join(model_dir, FLAGS_FILE),
                     flags.FLAGS.flags_into_string())
         if training:
@@ -146,11 +208,21 @@ def main(argv):
     logging.info('gin config:\n%s', config)
 
     try:
-        modes.run(model_dir, strategy, _MODE.value)
+        modes.run(model_dir, strategy, _MODE.value,
+                  overwrite=_OVERWRITE.value)
     except train.Preempted as stopped:
         logging.warning('%s', stopped)
         sys.exit(PREEMPTED_EXIT_CODE)
-    if training and dist.is_chief(strategy):
+    except checkpoints.SaveFailed as failed:
+        logging.error('%s', failed)
+        sys.exit(SAVE_FAILED_EXIT_CODE)
+    except checkpoints.NoneRestorable as damaged:
+        logging.error('%s', damaged)
+        sys.exit(NONE_RESTORABLE_EXIT_CODE)
+    except data_fingerprint.Changed as changed:
+        logging.error('%s', changed)
+        sys.exit(DATA_CHANGED_EXIT_CODE)
+    if training and chief:
         _write_text(os.path.join(model_dir, OPERATIVE_CONFIG_FILE),
                     gin.operative_config_str())
 

@@ -19,6 +19,7 @@ from paws_tf import data
 from paws_tf import dist
 from paws_tf import evaluate
 
+
 def global_step(model):
     """Optimizer updates applied so far, as a Python int."""
     return int(model.optimizer.iterations.numpy())
@@ -66,8 +67,24 @@ class StopOnNonFiniteLoss(tf_keras.callbacks.Callback):
                 'epoch)', self.model, self._checkpoint_dir)
 
 
+def _save_failed(what, directory, error, *, checkpoint_dir, backup_dir):
+    """The error that stops training when a save cannot be written."""
+    path, step = checkpoints.latest(checkpoint_dir)
+    cause = error.message if isinstance(error, tf.errors.OpError) else error
+    kept = f'the checkpoint {path} (step {step})' if path else 'no checkpoint'
+    if backup_dir is not None:
+        kept += (f' and the backup in {backup_dir} (step '
+                 f'{backup_step(backup_dir) or "none yet"})')
+    return checkpoints.SaveFailed(
+        f'Could not write the {what} in {directory}: {cause}. Training '
+        f'stopped; what was saved before is unchanged: {kept}. Free space '
+        f'or restore write access to {directory}, then run the same command '
+        'again: it resumes from there.')
+
+
 class BackupAndRestore(tf_keras.callbacks.BackupAndRestore):
-    """tf_keras' BackupAndRestore that also backs up when told to stop.
+    """tf_keras' BackupAndRestore that also backs up when told to stop, and
+    can start from a checkpoint's step mid-epoch.
 
     On SIGTERM (what Slurm and most schedulers send before killing a job) a
     single-process run backs up at the end of the current step, stops, and
@@ -75,12 +92,25 @@ class BackupAndRestore(tf_keras.callbacks.BackupAndRestore):
     command resumes there. Under MultiWorkerMirroredStrategy one worker
     cannot save alone (saves are collective), so there SIGTERM keeps its
     default effect and the run resumes from the last periodic backup.
+
+    Args:
+        backup_dir: the backup's directory.
+        save_freq: back up every this many steps.
+        on_sigterm: back up and stop on SIGTERM.
+        checkpoint_dir: the run's checkpoints, named in errors.
+        start_step: with no backup to restore, the global step the model
+            was restored to from a checkpoint: fit then starts at that step
+            of its epoch instead of at the epoch's start.
+        steps_per_epoch: steps of an epoch, for `start_step`.
     """
 
-    def __init__(self, backup_dir, *, save_freq, on_sigterm, checkpoint_dir):
+    def __init__(self, backup_dir, *, save_freq, on_sigterm, checkpoint_dir,
+                 start_step=0, steps_per_epoch=1):
         super().__init__(backup_dir, save_freq=save_freq)
         self._on_sigterm = on_sigterm
         self._checkpoint_dir = checkpoint_dir
+        self._start_step = start_step
+        self._steps_per_epoch = steps_per_epoch
         self._stop_requested = False
         self._previous_handler = None
         self.preempted_at = None
@@ -91,6 +121,15 @@ class BackupAndRestore(tf_keras.callbacks.BackupAndRestore):
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
+        state = self._training_state
+        if self._start_step and int(state._ckpt_saved_epoch.numpy()) < 0:
+            # Nothing restored from a backup: fit reads where to start from
+            # these (after on_train_begin), as after restoring one. The
+            # last batch done is the one before `start_step`.
+            epoch, batch = divmod(self._start_step - 1,
+                                  self._steps_per_epoch)
+            state._ckpt_saved_epoch.assign(epoch)
+            state._ckpt_saved_batch.assign(batch)
         if (self._on_sigterm and
                 threading.current_thread() is threading.main_thread()):
             self._previous_handler = signal.signal(signal.SIGTERM,
@@ -105,7 +144,13 @@ class BackupAndRestore(tf_keras.callbacks.BackupAndRestore):
 
     def _backup(self, epoch, batch=0):
         check_finite(self.model, self._checkpoint_dir)
-        super()._backup(epoch, batch)
+        try:
+            super()._backup(epoch, batch)
+        except (OSError, tf.errors.OpError) as error:
+            raise _save_failed(
+                'backup', self.backup_dir, error,
+                checkpoint_dir=self._checkpoint_dir,
+                backup_dir=self.backup_dir) from error
 
     def on_train_end(self, logs=None):
         if self._previous_handler is not None:
@@ -123,9 +168,11 @@ class Checkpointer(tf_keras.callbacks.Callback):
     variables needs collectives); only the chief's files are kept.
     """
 
-    def __init__(self, directory, strategy, *, every_steps, keep):
+    def __init__(self, directory, strategy, *, every_steps, keep,
+                 backup_dir=None):
         super().__init__()
         self._directory = directory
+        self._backup_dir = backup_dir
         self._strategy = strategy
         self._every_steps = every_steps
         self._keep = keep
@@ -145,7 +192,13 @@ class Checkpointer(tf_keras.callbacks.Callback):
         if step == self._last_saved:
             return
         check_finite(self.model, self._directory)
-        self._manager.save(checkpoint_number=step)
+        try:
+            self._manager.save(checkpoint_number=step)
+        except (OSError, tf.errors.OpError) as error:
+            raise _save_failed(
+                f'checkpoint {checkpoints.CHECKPOINT_PREFIX}-{step}',
+                self._write_dir, error, checkpoint_dir=self._directory,
+                backup_dir=self._backup_dir) from error
         self._last_saved = step
         if self._write_dir != self._directory:  # Not the chief.
             shutil.rmtree(self._write_dir, ignore_errors=True)

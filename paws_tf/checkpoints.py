@@ -1,10 +1,15 @@
-"""Finding TF checkpoints on disk."""
+"""Finding, checking and failing to write TF checkpoints."""
 
 import os
 
 import tensorflow as tf
 
 CHECKPOINT_PREFIX = 'ckpt'
+
+
+class SaveFailed(RuntimeError):
+    """A checkpoint or backup could not be written (no space, no permission,
+    a read-only filesystem); what was saved before is unchanged."""
 
 
 def latest(directory):
@@ -31,3 +36,56 @@ def resolve_prefix(path):
             'with a .index file, or a directory holding a "checkpoint" state '
             'file (tf.train.CheckpointManager writes one).')
     return prefix
+
+
+class NoneRestorable(RuntimeError):
+    """Checkpoints exist but none can be restored (truncated or corrupted
+    files)."""
+
+
+def all_checkpoints(directory):
+    """(path, step) of every `ckpt-<step>` with an index file in `directory`,
+    newest first, whatever the `checkpoint` state file says."""
+    found = []
+    pattern = os.path.join(directory, f'{CHECKPOINT_PREFIX}-*.index')
+    for index in tf.io.gfile.glob(pattern):
+        prefix = index[:-len('.index')]
+        step = prefix.rsplit('-', 1)[1]
+        if step.isdigit():
+            found.append((prefix, int(step)))
+    return sorted(found, key=lambda found: -found[1])
+
+
+def damage(prefix):
+    """Why the checkpoint at `prefix` cannot be restored, or None if it can.
+
+    Reads every tensor: TensorFlow checks each one's length and CRC32C, so a
+    truncated or corrupted file fails here rather than mid-restore.
+    """
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)
+    # The reader fails in many ways on damaged files (OpErrors, IndexError
+    # for a short read, ValueError): any of them means it cannot restore.
+    except Exception as error:  # pylint: disable=broad-except
+        message = getattr(error, 'message', None) or str(error)
+        return message.strip().splitlines()[0]
+    return None
+
+
+def newest_restorable(directory):
+    """The newest checkpoint in `directory` that can be restored.
+
+    Returns:
+        `(path, step, skipped)`: `path` None (and `step` 0) when none can;
+        `skipped` lists each newer checkpoint that cannot, as
+        `'path: why'`.
+    """
+    skipped = []
+    for path, step in all_checkpoints(directory):
+        why = damage(path)
+        if why is None:
+            return path, step, skipped
+        skipped.append(f'{path}: {why}')
+    return None, 0, skipped

@@ -24,7 +24,8 @@ EMBED_BATCH_SIZE = 256
 
 
 def load_trained_model(model_dir, strategy):
-    """The run's data and its model restored from the newest checkpoint.
+    """The run's data and its model restored from the newest checkpoint
+    that can be restored (damaged newer ones are skipped with a warning).
 
     Returns:
         `(model, bundle, step)`: the `PAWSModel` built from the gin config,
@@ -32,6 +33,7 @@ def load_trained_model(model_dir, strategy):
 
     Raises:
         FileNotFoundError: the run has no checkpoint yet.
+        checkpoints.NoneRestorable: none of its checkpoints restores.
     """
     bundle = experiment.load_data(model_dir)
     pretrain = data.make_pretrain_dataset_fn(
@@ -44,11 +46,20 @@ def load_trained_model(model_dir, strategy):
     train.set_precision('float32')
     model = train.build_model(strategy, pretrain,
                               input_channels=bundle.labeled.channels)
+    checkpoint_dir = os.path.join(model_dir, train.CHECKPOINT_DIR)
+    path, step, skipped = checkpoints.newest_restorable(checkpoint_dir)
+    if skipped and path is None:
+        raise checkpoints.NoneRestorable(
+            f'No checkpoint of {model_dir} can be restored; tried:\n  ' +
+            '\n  '.join(skipped))
+    if skipped:
+        logging.warning('Skipping checkpoints that cannot be restored:\n  '
+                        '%s\nReading %s (step %d).', '\n  '.join(skipped),
+                        path, step)
     with strategy.scope():
-        checkpoint_dir = os.path.join(model_dir, train.CHECKPOINT_DIR)
-        evaluate.restore_model(model, checkpoint_dir, input_shape=(
+        # No checkpoint at all: restore_model names what it expected.
+        evaluate.restore_model(model, path or checkpoint_dir, input_shape=(
             size, size, bundle.labeled.channels))
-    _, step = checkpoints.latest(checkpoint_dir)
     return model, bundle, step
 
 
@@ -100,7 +111,7 @@ def evaluate_run(model_dir, strategy, bundle, *, model, step=0):
         **experiment.eval_preprocessing(bundle))
 
 
-def demo(model_dir, strategy):
+def demo(model_dir, strategy, *, overwrite=False):
     """The paper's pipeline against a supervised-only baseline on the same
     labels.
 
@@ -111,11 +122,16 @@ def demo(model_dir, strategy):
     backbone and augmentations, only the labeled images). Writes
     `results.json`, `results.png` and prints a table.
 
+    Args:
+        model_dir: the run directory.
+        strategy: the `tf.distribute.Strategy`.
+        overwrite: passed to `train.train`.
+
     Returns:
         The results dict (also in `model_dir/results.json`).
     """
     start = time.perf_counter()
-    train.train(model_dir, strategy)
+    train.train(model_dir, strategy, overwrite=overwrite)
     paws_seconds = time.perf_counter() - start
     model, bundle, step = load_trained_model(model_dir, strategy)
     export_run(model_dir, strategy, model, bundle)
@@ -183,8 +199,10 @@ def demo(model_dir, strategy):
     return results
 
 
-def run(model_dir, strategy, mode):
+def run(model_dir, strategy, mode, *, overwrite=False):
     """Runs one of run.py's modes (`MODES`, see run.py).
+
+    `overwrite` (run.py's --overwrite) is passed to `train.train`.
 
     Returns:
         The PAWS-NN results for modes that evaluate, else None.
@@ -192,9 +210,9 @@ def run(model_dir, strategy, mode):
     if mode not in MODES:
         raise ValueError(f'Unknown mode {mode!r}; choose one of {MODES}.')
     if mode == 'demo':
-        return demo(model_dir, strategy)
+        return demo(model_dir, strategy, overwrite=overwrite)
     if mode in ('train', 'train_and_evaluate'):
-        train.train(model_dir, strategy)
+        train.train(model_dir, strategy, overwrite=overwrite)
         if mode == 'train':
             return None
     model, bundle, step = load_trained_model(model_dir, strategy)

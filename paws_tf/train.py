@@ -2,6 +2,8 @@
 
 import hashlib
 import os
+import shutil
+import time
 
 from absl import logging
 import gin
@@ -14,16 +16,25 @@ from paws_tf import callbacks
 from paws_tf import checkpoints
 from paws_tf import checks
 from paws_tf import data
+from paws_tf import data_fingerprint
 from paws_tf import dist
 from paws_tf import experiment
 from paws_tf import lars
 from paws_tf import model as model_lib
 from paws_tf import schedules
+from paws_tf import sources
 
 PRECISIONS = ('float32', 'mixed_bfloat16', 'mixed_float16')
 CHECKPOINT_DIR = 'checkpoints'
 BACKUP_DIR = 'backup'
 TENSORBOARD_DIR = 'tensorboard'
+# Where a backup that cannot be restored is moved (BackupAndRestore would
+# otherwise try it again), kept for inspection.
+DAMAGED_DIR = 'damaged'
+# What a training run writes besides its config and data records.
+RUN_OUTPUTS = (CHECKPOINT_DIR, BACKUP_DIR, TENSORBOARD_DIR, DAMAGED_DIR,
+               'export', 'eval', 'fine_tune')
+_STAGING_DIR = '.data_staging'
 
 
 class Preempted(RuntimeError):
@@ -100,24 +111,126 @@ def build_compiled_model(strategy, pretrain, *, input_channels, num_epochs,
     return model
 
 
-@gin.configurable(denylist=['model_dir', 'strategy'])
-def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
+def _backup_damage(backup_dir):
+    """`(step, why)` of the run's backup: `(step, None)` if it restores,
+    `(0, None)` if there is none, `(0, 'path: why')` if it cannot."""
+    chief_dir = os.path.join(backup_dir, 'chief')
+    if not tf.io.gfile.exists(chief_dir):
+        return 0, None
+    try:
+        path = tf.train.latest_checkpoint(chief_dir)
+        why = checkpoints.damage(path) if path else None
+        if path is None or why is not None:
+            return 0, why and f'the backup {path}: {why}'
+        return callbacks.backup_step(backup_dir), None
+    # A state file that does not parse, an index that does not open: the
+    # reasons vary, the backup cannot be restored.
+    except Exception as error:  # pylint: disable=broad-except
+        return 0, f'the backup in {chief_dir}: {error}'
+
+
+def resume_point(model_dir, *, chief=True):
+    """Where a run in `model_dir` starts: its backup (an interrupted run),
+    else its newest checkpoint (a finished run, whose backup
+    BackupAndRestore deleted, or one stopped before its first backup), else
+    step 0 (a new run).
+
+    A backup or checkpoint that cannot be restored (truncated, corrupted) is
+    skipped with a warning naming it, for the newest one that can; the chief
+    moves a damaged backup to `model_dir/DAMAGED_DIR`.
+
+    Returns:
+        `(step, checkpoint_path)`: `checkpoint_path` is None when resuming
+        from the backup (BackupAndRestore restores it) or starting anew.
+
+    Raises:
+        checkpoints.NoneRestorable: there are backups or checkpoints, and
+            none can be restored.
+    """
+    backup_dir = os.path.join(model_dir, BACKUP_DIR)
+    step, backup_damage = _backup_damage(backup_dir)
+    if step:
+        return step, None
+    path, step, skipped = checkpoints.newest_restorable(
+        os.path.join(model_dir, CHECKPOINT_DIR))
+    if backup_damage:
+        skipped.insert(0, backup_damage)
+    if path is None and skipped:
+        raise checkpoints.NoneRestorable(
+            f'No backup or checkpoint of {model_dir} can be restored; '
+            'tried:\n  ' + '\n  '.join(skipped) + '\nRestore those files '
+            'from a copy, move them away to start again, or use another '
+            '--model_dir.')
+    if backup_damage and chief:
+        aside = os.path.join(model_dir, DAMAGED_DIR, time.strftime(
+            f'{BACKUP_DIR}-%Y%m%dT%H%M%S', time.gmtime()))
+        os.makedirs(os.path.dirname(aside), exist_ok=True)
+        os.rename(backup_dir, aside)
+        skipped[0] += f' (moved to {aside})'
+    if skipped:
+        logging.warning('Skipping what cannot be restored:\n  %s\n'
+                        'Resuming from %s (step %d).', '\n  '.join(skipped),
+                        path, step)
+    return step, path
+
+
+def delete_outputs(model_dir, names=RUN_OUTPUTS):
+    """Deletes the files and directories `names` of `model_dir`."""
+    for name in names:
+        target = os.path.join(model_dir, name)
+        if os.path.isdir(target):
+            shutil.rmtree(target)
+        elif os.path.exists(target):
+            os.remove(target)
+
+
+def _load_data(model_dir, *, chief, resuming, on_change, overwrite):
+    """The run's data, checked against what it started on.
+
+    The labeled split is recorded in a staging directory and moved into
+    `model_dir` only once the data is accepted, so that a refused run leaves
+    the recorded split as it was.
+
+    Returns:
+        `(bundle, restart)`: `restart` is True when the data changed and
+        --overwrite says to start the run again.
+    """
+    staging = os.path.join(model_dir, _STAGING_DIR) if chief else None
+    bundle = experiment.load_data(staging)
+    try:
+        restart = data_fingerprint.check(
+            model_dir, bundle, resuming=resuming, on_change=on_change,
+            overwrite=overwrite, write=chief)
+        split = chief and os.path.join(staging, sources.SPLIT_FILENAME)
+        if split and os.path.exists(split):
+            os.replace(split, os.path.join(model_dir, sources.SPLIT_FILENAME))
+    finally:
+        if chief:
+            shutil.rmtree(staging, ignore_errors=True)
+    return bundle, restart
+
+
+@gin.configurable(denylist=['model_dir', 'strategy', 'overwrite'])
+def train(model_dir, strategy, *, overwrite=False, num_epochs=gin.REQUIRED,
           optimizer_cls=lars.LARS, schedule_cls=schedules.WarmupCosineDecay,
           precision='float32', jit_compile=False, steps_per_execution=1,
           seed=0, deterministic_ops=False, checkpoint_every_steps=1000,
           keep_checkpoints=3, backup_every_steps=100, log_every_steps=50,
           view_images=True, eval_every_epochs=1, eval_max_queries=10_000,
-          pretrained_backbone=None, verbose='auto'):
+          pretrained_backbone=None, on_data_change='stop', verbose='auto'):
     """PAWS pre-training into `model_dir`; resumes an unfinished run.
 
     Running it again on the same `model_dir` continues an interrupted run
     from its last backup (the same global step, the same input stream), and
-    returns a finished run's model without training it again.
+    returns a finished run's model without training it again. A resumed
+    run's data must be the data it started on (`data_fingerprint`).
 
     Args:
         model_dir: the run's directory (checkpoints, backup, TensorBoard
-            logs, recorded labeled split).
+            logs, recorded labeled split and data fingerprint).
         strategy: the `tf.distribute.Strategy` to train under.
+        overwrite: when the data differs from what the run started on,
+            delete the run and start again (run.py's --overwrite).
         num_epochs: epochs, one pass over the unlabeled set each.
         optimizer_cls: optimizer class called with `learning_rate=schedule`
             (gin: `@LARS`, configured in gin).
@@ -144,6 +257,9 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
         eval_max_queries: test images used by that evaluation (None: all).
         pretrained_backbone: tf_keras weights file or checkpoint to start
             the backbone from.
+        on_data_change: when resuming on data that differs from what the
+            run started on: `'stop'` with an error naming what changed, or
+            `'continue'` on the new data (recording it).
         verbose: progress bar verbosity (`callbacks.ProgressBar`).
 
     Returns:
@@ -169,17 +285,21 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
     tf_keras.utils.set_random_seed(seed)
     if deterministic_ops:
         tf.config.experimental.enable_op_determinism()
-    bundle = experiment.load_data(model_dir)
+    data_fingerprint.check_on_change(on_data_change)
     backup_dir = os.path.join(model_dir, BACKUP_DIR)
     checkpoint_dir = os.path.join(model_dir, CHECKPOINT_DIR)
-    # Where this run stands: its backup (an interrupted run), else its newest
-    # checkpoint (a finished run, whose backup BackupAndRestore deleted, or
-    # one stopped before its first backup: then an epoch end, checkpoints
-    # being never more frequent than backups), else nothing (a new run).
-    start_step = callbacks.backup_step(backup_dir)
-    checkpoint_path = None
-    if not start_step:
-        checkpoint_path, start_step = checkpoints.latest(checkpoint_dir)
+    chief = dist.is_chief(strategy)
+    resuming = bool(tf.io.gfile.exists(os.path.join(backup_dir, 'chief')) or
+                    checkpoints.all_checkpoints(checkpoint_dir))
+    bundle, restart = _load_data(model_dir, chief=chief, resuming=resuming,
+                                 on_change=on_data_change,
+                                 overwrite=overwrite)
+    if restart:
+        if chief:
+            delete_outputs(model_dir)
+        start_step, checkpoint_path = 0, None
+    else:
+        start_step, checkpoint_path = resume_point(model_dir, chief=chief)
     pretrain = data.make_pretrain_dataset_fn(
         bundle.unlabeled, bundle.labeled,
         num_replicas=strategy.num_replicas_in_sync, start_step=start_step,
@@ -194,7 +314,6 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
         jit_compile=jit_compile, steps_per_execution=steps_per_execution,
         pretrained_backbone=pretrained_backbone)
 
-    initial_epoch = 0
     if checkpoint_path:
         tf.train.Checkpoint(model=model, optimizer=model.optimizer).restore(
             checkpoint_path).assert_existing_objects_matched()
@@ -202,22 +321,22 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
             logging.info('%s holds a finished run (%d steps): not training '
                          'it again.', model_dir, start_step)
             return model
-        initial_epoch = start_step // steps_per_epoch
     logging.info('Training steps %d..%d: %d epochs of %d steps.', start_step,
                  total_steps, num_epochs, steps_per_epoch)
 
     log_dir = os.path.join(model_dir, TENSORBOARD_DIR)
-    chief = dist.is_chief(strategy)
     backup = callbacks.BackupAndRestore(
         backup_dir, save_freq=backup_every_steps, on_sigterm=not isinstance(
             strategy, tf.distribute.MultiWorkerMirroredStrategy),
-        checkpoint_dir=checkpoint_dir)
+        checkpoint_dir=checkpoint_dir,
+        start_step=start_step if checkpoint_path else 0,
+        steps_per_epoch=steps_per_epoch)
     fit_callbacks = [
         callbacks.StopOnNonFiniteLoss(checkpoint_dir),  # Before any save.
         backup,
         callbacks.Checkpointer(checkpoint_dir, strategy,
                                every_steps=checkpoint_every_steps,
-                               keep=keep_checkpoints),
+                               keep=keep_checkpoints, backup_dir=backup_dir),
         tf_keras.callbacks.TensorBoard(log_dir, update_freq=log_every_steps,
                                        write_graph=False, profile_batch=0),
         callbacks.ProgressLog(os.path.join(log_dir, 'train'),
@@ -236,8 +355,9 @@ def train(model_dir, strategy, *, num_epochs=gin.REQUIRED,
             os.path.join(log_dir, 'eval'), labeled=bundle.labeled,
             test=bundle.test, preprocessing=preprocessing, tau=model.tau,
             every_epochs=eval_every_epochs, max_queries=eval_max_queries))
+    # BackupAndRestore sets the epoch and step fit starts at.
     model.fit(tf_keras.utils.experimental.DatasetCreator(pretrain.dataset_fn),
-              epochs=num_epochs, initial_epoch=initial_epoch,
+              epochs=num_epochs,
               steps_per_epoch=steps_per_epoch, callbacks=fit_callbacks,
               verbose=verbose)
     logging.info('Final weights fingerprint (SHA-256): %s',

@@ -11,7 +11,7 @@ from PIL import Image
 import pytest
 import tensorflow as tf
 
-from helpers import idx
+from tests.helpers import idx
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # Shrink the template to seconds on a CPU; the data and code paths are the

@@ -2,10 +2,7 @@
 non-finite loss stops before anything bad is saved."""
 
 import os
-import pathlib
 import signal
-import subprocess
-import sys
 import time
 
 import gin
@@ -16,16 +13,14 @@ import tf_keras
 
 from paws_tf import callbacks
 from paws_tf import checkpoints
+from paws_tf import run_lock
 from paws_tf import train
 from tests.helpers import debug_gin
+from tests.helpers import run_py
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-# debug.gin: 16 steps per epoch; 3 epochs, backups every 4 steps, op
-# determinism (no nondeterministic kernels).
-BINDINGS = ['train.num_epochs = 3', 'train.backup_every_steps = 4',
-            'train.checkpoint_every_steps = 8', 'train.deterministic_ops = True',
-            'train.eval_every_epochs = 0', 'train.view_images = False',
-            'train.verbose = 0']
+# Besides run_py.BINDINGS (backups every 4 steps, checkpoints every 8): 3
+# epochs of 16 steps, op determinism (no nondeterministic kernels).
+BINDINGS = ['train.num_epochs = 3', 'train.deterministic_ops = True']
 TOTAL_STEPS = 48
 # Even with op determinism, TF 2.21 on CPU rounds some value differently in
 # about one process in ten (measured on this run: 6 of ~60 with the default
@@ -38,17 +33,7 @@ ATTEMPTS = 4
 
 
 def start_run(model_dir):
-    return subprocess.Popen(
-        [sys.executable, str(REPO / 'run.py'),
-         '--gin_file=gin_configs/debug.gin', f'--model_dir={model_dir}',
-         '--mode=train'] + [f'--gin_bindings={b}' for b in BINDINGS],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2'))
-
-
-def finish(proc, timeout=600):
-    output = proc.communicate(timeout=timeout)[0]
-    return proc.returncode, output
+    return run_py.start(model_dir, BINDINGS)
 
 
 def final_state(model_dir):
@@ -66,7 +51,7 @@ def final_state(model_dir):
 
 
 def uninterrupted_state(model_dir):
-    code, output = finish(start_run(model_dir))
+    code, output = run_py.finish(start_run(model_dir))
     assert code == 0, output[-3000:]
     return final_state(model_dir)
 
@@ -100,20 +85,25 @@ def killed_and_resumed_state(model_dir, sig):
     # Mid-epoch: a backup of step 20 or later lies inside epoch 2 (16..31).
     wait_for_backup(model_dir, proc, 20)
     proc.send_signal(sig)
-    code, output = finish(proc)
+    code, output = run_py.finish(proc)
     stopped_at = callbacks.backup_step(os.path.join(model_dir,
                                                     train.BACKUP_DIR))
+    lock = os.path.join(model_dir, run_lock.LOCK_FILENAME)
     if sig == signal.SIGTERM:
         # Backed up at the end of the step running when the signal came.
         assert code == 143, output[-3000:]
         assert f'after step {stopped_at} of {TOTAL_STEPS}' in output
+        assert not os.path.exists(lock)  # Released.
     else:
         assert code == -signal.SIGKILL
+        assert os.path.exists(lock)  # Left behind...
     assert 20 <= stopped_at < TOTAL_STEPS
 
-    code, output = finish(start_run(model_dir))
+    code, output = run_py.finish(start_run(model_dir))
     assert code == 0, output[-3000:]
     assert f'Training steps {stopped_at}..{TOTAL_STEPS}' in output
+    if sig == signal.SIGKILL:  # ...and taken over, its process being gone.
+        assert f'process {proc.pid} is not running on this host' in output
     return final_state(model_dir)
 
 

@@ -5,7 +5,7 @@ import PIL.Image
 import pytest
 import tensorflow as tf
 
-from helpers import idx
+from tests.helpers import idx
 from paws_tf import sources
 
 

@@ -1,0 +1,144 @@
+"""The data a run trains on, recorded in its `model_dir` and checked when
+the run resumes.
+
+Per source (labeled, unlabeled, test): its kind, image count, channels, and
+SHA-256 digests of its class names, item names (image-folder listings as
+paths relative to the root; the labeled split) and labels. Pixel contents
+are not read.
+"""
+
+import hashlib
+import json
+import os
+
+from absl import logging
+
+FILENAME = 'data_fingerprint.json'
+ON_CHANGE = ('stop', 'continue')
+_ROLES = ('labeled', 'unlabeled', 'test')
+
+
+class Changed(ValueError):
+    """The data differs from what the run started on."""
+
+
+def _digest(items):
+    digest = hashlib.sha256()
+    for item in items:
+        digest.update(str(item).encode())
+        digest.update(b'\n')
+    return digest.hexdigest()
+
+
+def describe(source):
+    """The fingerprint of one `sources.ImageSource` or `StreamSource`."""
+    if source is None:
+        return None
+    described = dict(kind=type(source).__name__,
+                     num_examples=int(source.num_examples),
+                     channels=int(source.channels),
+                     class_names=_digest(source.class_names))
+    names = getattr(source, 'names', None)
+    if names is not None:  # Random-access sources; streams have none.
+        described['names'] = _digest(names)
+    labels = getattr(source, 'labels', None)
+    if labels is not None:
+        described['labels'] = _digest(labels.tolist())
+    return described
+
+
+def fingerprint(bundle):
+    """The fingerprint of an `experiment.DataBundle`, a JSON-able dict."""
+    return {role: describe(getattr(bundle, role)) for role in _ROLES}
+
+
+_WHAT = dict(kind='source kind', num_examples='images', channels='channels',
+             class_names='class names',
+             names='image names (the folder listing, or the labeled split)',
+             labels='labels')
+
+
+def differences(recorded, current):
+    """What differs between two fingerprints, one line each."""
+    lines = []
+    for role in _ROLES:
+        old, new = recorded.get(role), current.get(role)
+        if old == new:
+            continue
+        if old is None or new is None:
+            lines.append(f'{role}: {"none" if new is None else "a source"}, '
+                         f'recorded {"none" if old is None else "a source"}')
+            continue
+        for key, what in _WHAT.items():
+            if old.get(key) == new.get(key):
+                continue
+            if key in ('num_examples', 'channels', 'kind'):
+                lines.append(f'{role}: {new.get(key)} {what}, recorded '
+                             f'{old.get(key)}')
+            else:
+                lines.append(f'{role}: the {what} differ')
+    return lines
+
+
+def _write(path, record):
+    tmp = f'{path}.tmp{os.getpid()}'
+    with open(tmp, 'w') as f:
+        json.dump(record, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def check_on_change(on_change):
+    """Raises `ValueError` unless `on_change` is one of `ON_CHANGE`."""
+    if on_change not in ON_CHANGE:
+        raise ValueError(
+            f'train.on_data_change must be one of {ON_CHANGE}, got '
+            f'{on_change!r}.')
+
+
+def check(model_dir, bundle, *, resuming, on_change='stop', overwrite=False,
+          write=True):
+    """Records the data of a new run; compares a resumed run's data.
+
+    Args:
+        model_dir: the run directory.
+        bundle: the `experiment.DataBundle` the run loaded.
+        resuming: whether the run has a backup or checkpoint to resume from
+            (otherwise a recorded fingerprint is just replaced).
+        on_change: `'stop'` or `'continue'` (resume on the changed data and
+            record it).
+        overwrite: run.py's --overwrite: the run starts again on this data.
+        write: record the fingerprint (the chief; other workers compare).
+
+    Returns:
+        True when the data changed and `overwrite` says to start again.
+
+    Raises:
+        Changed: the data changed, `on_change` is `'stop'` and `overwrite`
+            is False; it names what changed.
+    """
+    path = os.path.join(model_dir, FILENAME)
+    current = fingerprint(bundle)
+    try:
+        with open(path) as f:
+            recorded = json.load(f)
+    except FileNotFoundError:
+        recorded = None
+    changed = differences(recorded, current) if recorded and resuming else []
+    if changed and not overwrite and on_change == 'stop':
+        raise Changed(
+            f'The data differs from what the run in {model_dir} started on '
+            f'(recorded in {path}):\n  ' + '\n  '.join(changed) + '\nResuming '
+            'on other data would mix two experiments in one run. Restore the '
+            'data, pass --overwrite to delete the run and start again on '
+            "this data, or bind train.on_data_change = 'continue' to resume "
+            'on it.')
+    if changed:
+        logging.warning('The data differs from what the run in %s started '
+                        'on:\n  %s\n%s', model_dir, '\n  '.join(changed),
+                        '--overwrite: starting the run again.' if overwrite
+                        else "train.on_data_change = 'continue': resuming "
+                        'on it and recording it.')
+    if write and recorded != current:
+        os.makedirs(model_dir, exist_ok=True)
+        _write(path, current)
+    return bool(changed) and overwrite

@@ -1,0 +1,248 @@
+"""One writer per run directory: the training lock in `model_dir`.
+
+A training run creates `model_dir/LOCK_FILENAME` atomically (O_CREAT |
+O_EXCL) before it reads or writes any run state, keeps its heartbeat fresh
+from a daemon thread, and deletes it when it exits. The file is JSON:
+`{host, pid, pid_start, started, heartbeat, job, token}`.
+
+A lock whose holder is gone is taken over with a warning: same host and the
+process is not alive (or its pid now belongs to another process), or, from
+another host, a heartbeat older than `STALE_AFTER_SECONDS`.
+"""
+
+import datetime
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+
+from absl import logging
+
+LOCK_FILENAME = 'run.lock'
+# The holder rewrites its heartbeat this often...
+HEARTBEAT_SECONDS = 30
+# ...and a lock of another host is stale once its heartbeat is this old (ten
+# missed heartbeats: a loaded shared filesystem can delay a few).
+STALE_AFTER_SECONDS = 300
+
+
+class Held(RuntimeError):
+    """Another live run holds the lock of this run directory."""
+
+
+def _process_start(pid):
+    """The start time of process `pid` in clock ticks since boot (Linux
+    /proc), or None where /proc does not say; tells a reused pid apart."""
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            # Field 22; the command name (field 2) may hold spaces, so count
+            # from the closing parenthesis.
+            return int(f.read().rsplit(')', 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _alive(pid, pid_start):
+    """Whether process `pid` on this host is the one that took the lock
+    (a restarted container reuses its pids; their start times differ)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # Alive, another user's.
+    current = _process_start(pid)
+    return pid_start is None or current is None or current == pid_start
+
+
+def _utc(seconds):
+    return datetime.datetime.fromtimestamp(
+        seconds, datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')
+
+
+def describe(holder):
+    """'host H, pid P, started T' of a lock's contents."""
+    return (f'host {holder.get("host")}, pid {holder.get("pid")}, started '
+            f'{_utc(holder.get("started", 0))}')
+
+
+def read(model_dir):
+    """The contents of `model_dir`'s lock, or None if there is none.
+
+    A lock being written right now (empty or partial JSON) reads as a
+    holder of unknown identity on an unknown host.
+    """
+    path = os.path.join(model_dir, LOCK_FILENAME)
+    try:
+        with open(path) as f:
+            text = f.read()
+        written = os.path.getmtime(path)
+    except FileNotFoundError:
+        return None
+    # A holder killed between creating the file and writing it leaves it
+    # empty: it goes stale like another host's, by the file's age.
+    return _parse(text) or {'host': '?', 'pid': '?', 'started': written,
+                            'heartbeat': written}
+
+
+def _parse(text):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def stale_reason(holder, now=None):
+    """Why the lock `holder` is stale, or None if its holder may be alive."""
+    now = time.time() if now is None else now
+    if holder.get('host') == socket.gethostname():
+        pid = holder.get('pid')
+        if isinstance(pid, int) and not _alive(pid, holder.get('pid_start')):
+            return f'process {pid} is not running on this host'
+        return None
+    age = now - holder.get('heartbeat', now)
+    if age > STALE_AFTER_SECONDS:
+        return (f'its heartbeat is {age:.0f} s old (stale after '
+                f'{STALE_AFTER_SECONDS} s)')
+    return None
+
+
+def _held_error(model_dir, holder):
+    return Held(
+        f'{model_dir} is being trained by another run ({describe(holder)}; '
+        f'last heartbeat {_utc(holder.get("heartbeat", 0))}): two runs '
+        'writing one directory corrupt each other\'s checkpoints. Wait for '
+        f'it to finish, stop it (kill {holder.get("pid")} on '
+        f'{holder.get("host")}), or use another --model_dir. (The lock of a '
+        'process that has gone is taken over without asking: on its host at '
+        f'once, from another host once its heartbeat is '
+        f'{STALE_AFTER_SECONDS} s old.)')
+
+
+class RunLock:
+    """The training lock of one run directory, held from `acquire` to
+    `release`; a context manager.
+
+    Args:
+        model_dir: the run directory (created if missing).
+        job: identity shared by the processes of one job (the cluster spec
+            under MultiWorkerMirroredStrategy), recorded in the lock so that
+            the other workers recognise their chief's lock; None for a
+            single-process run.
+    """
+
+    def __init__(self, model_dir, job=None):
+        self._model_dir = model_dir
+        self._path = os.path.join(model_dir, LOCK_FILENAME)
+        self._job = job
+        self._token = uuid.uuid4().hex
+        self._stop = threading.Event()
+        self._thread = None
+        self._contents = None
+
+    def acquire(self):
+        """Takes the lock, taking over a stale one.
+
+        Raises:
+            Held: a live run holds it.
+        """
+        os.makedirs(self._model_dir, exist_ok=True)
+        now = time.time()
+        self._contents = dict(
+            host=socket.gethostname(), pid=os.getpid(),
+            pid_start=_process_start(os.getpid()), started=now,
+            heartbeat=now, job=self._job, token=self._token)
+        while True:
+            try:
+                fd = os.open(self._path, os.O_CREAT | os.O_EXCL | os.O_WRONLY,
+                             0o644)
+            except FileExistsError:
+                self._take_over_if_stale()
+                continue
+            with os.fdopen(fd, 'w') as f:
+                json.dump(self._contents, f)
+            break
+        self._thread = threading.Thread(target=self._beat, daemon=True,
+                                        name='run_lock heartbeat')
+        self._thread.start()
+        return self
+
+    def _take_over_if_stale(self):
+        holder = read(self._model_dir)
+        if holder is None:
+            return  # Released meanwhile: try again.
+        reason = stale_reason(holder)
+        if reason is None:
+            raise _held_error(self._model_dir, holder)
+        # Renaming is atomic: of several runs taking over one stale lock,
+        # one renames it; the others find it gone, or find the winner's.
+        aside = f'{self._path}.stale.{self._token}'
+        try:
+            os.rename(self._path, aside)
+        except FileNotFoundError:
+            return
+        with open(aside) as f:
+            taken = f.read()
+        if (_parse(taken) or holder) != holder:
+            # Another run replaced the stale lock between the read and the
+            # rename: put its lock back, unless a third took the place.
+            try:
+                os.link(aside, self._path)
+            except FileExistsError:
+                pass
+            os.remove(aside)
+            return
+        os.remove(aside)
+        logging.warning('Taking over the lock of %s left by a run that is '
+                        'gone (%s): %s.', self._model_dir, describe(holder),
+                        reason)
+
+    def _beat(self):
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            holder = read(self._model_dir)
+            if holder is None or holder.get('token') != self._token:
+                logging.error('The lock of %s is no longer this run\'s '
+                              '(now %s): another run took it over.',
+                              self._model_dir,
+                              describe(holder) if holder else 'deleted')
+                return
+            self._contents['heartbeat'] = time.time()
+            tmp = f'{self._path}.{self._token}'
+            try:
+                with open(tmp, 'w') as f:
+                    json.dump(self._contents, f)
+                os.replace(tmp, self._path)
+            except OSError as error:  # A full disk must not stop training.
+                logging.warning('Could not refresh the heartbeat of %s: %s',
+                                self._path, error)
+
+    def release(self):
+        """Stops the heartbeat and deletes the lock if it is still ours."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        holder = read(self._model_dir)
+        if holder is not None and holder.get('token') == self._token:
+            os.remove(self._path)
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc_info):
+        self.release()
+
+
+def check_held_by_job(model_dir, job):
+    """For the non-chief workers of a job: fails if a live run of another
+    job holds the lock (their chief holds it, or takes it, for them).
+
+    Raises:
+        Held: another live run holds it.
+    """
+    holder = read(model_dir)
+    if holder is None or holder.get('job') == job:
+        return
+    if stale_reason(holder) is None:
+        raise _held_error(model_dir, holder)

@@ -1,0 +1,49 @@
+"""run.py on gin_configs/debug.gin in a subprocess, for fault tests."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+# debug.gin: 16 steps per epoch; 2 epochs, backups every 4 steps,
+# checkpoints every 8.
+BINDINGS = ('train.num_epochs = 2', 'train.backup_every_steps = 4',
+            'train.checkpoint_every_steps = 8', 'train.eval_every_epochs = 0',
+            'train.view_images = False', 'train.verbose = 0')
+
+
+def command(model_dir, bindings=(), flags=(), *, mode='train',
+            gin_file='gin_configs/debug.gin'):
+    """run.py's argument list: `BINDINGS`, then `bindings`, then `flags`."""
+    return ([f'--gin_file={gin_file}', f'--model_dir={model_dir}',
+             f'--mode={mode}'] +
+            [f'--gin_bindings={b}' for b in BINDINGS + tuple(bindings)] +
+            list(flags))
+
+
+def start(model_dir, bindings=(), flags=(), *, mode='train', env=None,
+          script=None, script_args=(), gin_file='gin_configs/debug.gin'):
+    """Starts run.py (or `script script_args run.py-arguments`) on
+    `model_dir`, output captured.
+
+    Returns:
+        The `subprocess.Popen`.
+    """
+    program = ([str(script)] + [str(a) for a in script_args] if script
+               else [str(REPO / 'run.py')])
+    return subprocess.Popen(
+        [sys.executable] + program + command(model_dir, bindings, flags,
+                                             mode=mode, gin_file=gin_file),
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL='2',
+                 **(env or {})))
+
+
+def finish(proc, timeout=600):
+    """`(returncode, output)` of `proc` once it ends."""
+    try:
+        output = proc.communicate(timeout=timeout)[0]
+    finally:
+        proc.kill()
+    return proc.returncode, output

@@ -1,0 +1,90 @@
+"""The data a run resumes on is the data it started on: files added to an
+image folder or an edited split file stop the resumed run with an error
+naming what changed, before anything is written; --overwrite starts the run
+again on the new data, `train.on_data_change = 'continue'` resumes on it."""
+
+import hashlib
+import os
+
+import pytest
+
+import test_own_images
+from tests.helpers import run_py
+from paws_tf import checkpoints
+from paws_tf import data_fingerprint
+from paws_tf import sources
+from paws_tf import train
+
+
+def digests(directory):
+    return {path: hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in directory.rglob('*') if path.is_file()}
+
+
+@pytest.mark.slow
+def test_files_added_to_an_image_folder_stop_the_resumed_run(tmp_path):
+    classes = ['up', 'left', 'diagonal']
+    test_own_images.write_folder(tmp_path / 'labeled', classes, 4, seed=0)
+    test_own_images.write_folder(tmp_path / 'unlabeled', [''] * 3, 8, seed=1)
+    test_own_images.write_folder(tmp_path / 'test', classes, 2, seed=2)
+    bindings = test_own_images.SMALL + [
+        f"LABELED_DIR = '{tmp_path / 'labeled'}'",
+        f"UNLABELED_DIR = '{tmp_path / 'unlabeled'}'",
+        f"TEST_DIR = '{tmp_path / 'test'}'", 'train.num_epochs = 1',
+        'train.eval_every_epochs = 0']
+    model_dir = tmp_path / 'run'
+
+    def run(*extra):
+        return run_py.finish(run_py.start(
+            model_dir, bindings + list(extra),
+            gin_file='gin_configs/image_folders.gin'))
+
+    code, output = run()
+    assert code == 0, output[-3000:]
+    recorded = digests(model_dir / train.CHECKPOINT_DIR)
+    # Two more unlabeled images.
+    test_own_images.write_folder(tmp_path / 'unlabeled' / 'more', [''], 2,
+                                 seed=3)
+    code, output = run()
+    assert code == os.EX_DATAERR, output[-3000:]
+    assert 'The data differs from what the run in' in output
+    assert 'unlabeled: 38 images, recorded 36' in output  # Labeled too.
+    assert 'unlabeled: the image names (the folder listing' in output
+    assert '\n  labeled: ' not in output  # The labeled folder is the same.
+    assert "train.on_data_change = 'continue'" in output
+    assert digests(model_dir / train.CHECKPOINT_DIR) == recorded
+
+    code, output = run("train.on_data_change = 'continue'")
+    assert code == 0, output[-3000:]
+    assert "train.on_data_change = 'continue': resuming on it" in output
+    assert '"num_examples": 38' in (
+        model_dir / data_fingerprint.FILENAME).read_text()
+
+
+@pytest.mark.slow
+def test_an_edited_split_file_stops_the_resumed_run(tmp_path):
+    split = tmp_path / 'split.txt'
+    split.write_text(''.join(f'{i}\n' for i in range(64)))  # 16 per class.
+    bindings = ['train.num_epochs = 1', 'select_labeled.labels_per_class = '
+                'None', f"select_labeled.split_file = '{split}'"]
+    model_dir = tmp_path / 'run'
+    code, output = run_py.finish(run_py.start(model_dir, bindings))
+    assert code == 0, output[-3000:]
+    recorded = (model_dir / sources.SPLIT_FILENAME).read_text()
+
+    split.write_text(''.join(f'{i}\n' for i in range(64, 128)))
+    code, output = run_py.finish(run_py.start(model_dir, bindings))
+    assert code == os.EX_DATAERR, output[-3000:]
+    assert 'labeled: the image names' in output
+    # All images stay unlabeled ones too (include_labeled_in_unlabeled).
+    assert '\n  unlabeled: ' not in output
+    # The recorded split is the one the checkpoints were trained on.
+    assert (model_dir / sources.SPLIT_FILENAME).read_text() == recorded
+
+    code, output = run_py.finish(run_py.start(model_dir, bindings,
+                                              ['--overwrite']))
+    assert code == 0, output[-3000:]
+    assert '--overwrite: starting the run again' in output
+    assert 'Training steps 0..16' in output
+    assert (model_dir / sources.SPLIT_FILENAME).read_text() != recorded
+    assert checkpoints.latest(str(model_dir / train.CHECKPOINT_DIR))[1] == 16

@@ -1,0 +1,79 @@
+"""A save that cannot be written (no space left, permission lost, a
+read-only filesystem) stops training with an error naming the path and the
+cause; what was saved before stays restorable, and running the same command
+again once the fault is fixed resumes from it."""
+
+import errno
+import os
+import pathlib
+
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from tests.helpers import failing_saves
+from tests.helpers import run_py
+from paws_tf import callbacks
+from paws_tf import checkpoints
+from paws_tf import train
+
+HELPER = pathlib.Path(failing_saves.__file__)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    'subdir, succeed, name, cause, kept_checkpoint, kept_backup', [
+        # ckpt-8 and ckpt-16 are written, ckpt-24 fails; the backup of
+        # step 24 was written just before it.
+        (train.CHECKPOINT_DIR, 2, 'ENOSPC', 'No space left on device', 16,
+         24),
+        # Backups of steps 4..20 are written, step 24's fails (before that
+        # step's checkpoint).
+        (train.BACKUP_DIR, 5, 'EROFS', 'Read-only file system', 16, 20),
+    ], ids=['checkpoint-ENOSPC', 'backup-EROFS'])
+def test_a_failing_save_loses_nothing_and_the_rerun_resumes(
+        tmp_path, subdir, succeed, name, cause, kept_checkpoint, kept_backup):
+    code, output = run_py.finish(run_py.start(
+        tmp_path, script=HELPER, script_args=[subdir, succeed, name]))
+    assert code == os.EX_IOERR, output[-3000:]
+    assert 'Could not write the ' in output
+    assert f'in {tmp_path / subdir}' in output and cause in output
+    checkpoint_dir = tmp_path / train.CHECKPOINT_DIR
+    backup_dir = tmp_path / train.BACKUP_DIR
+    path, step = checkpoints.latest(str(checkpoint_dir))
+    assert step == kept_checkpoint and checkpoints.damage(path) is None
+    assert callbacks.backup_step(str(backup_dir)) == kept_backup
+    assert checkpoints.damage(
+        tf.train.latest_checkpoint(str(backup_dir / 'chief'))) is None
+    assert (f'unchanged: the checkpoint {path} (step {step}) and the backup '
+            f'in {backup_dir} (step {kept_backup})') in output
+
+    code, output = run_py.finish(run_py.start(tmp_path))  # Fault fixed.
+    assert code == 0, output[-3000:]
+    assert f'Training steps {kept_backup}..32' in output
+    assert checkpoints.latest(str(checkpoint_dir))[1] == 32
+
+
+def test_a_checkpoint_write_without_permission_names_path_and_cause(
+        tmp_path):
+    inputs = tf_keras.Input([3])
+    model = tf_keras.Model(inputs, tf_keras.layers.Dense(2)(inputs))
+    model.compile(optimizer=tf_keras.optimizers.SGD(0.1))
+    model.optimizer.build(model.trainable_variables)
+    saver = callbacks.Checkpointer(str(tmp_path), tf.distribute.get_strategy(),
+                                   every_steps=1, keep=3)
+    saver.set_model(model)
+    saver.on_train_begin()
+    with failing_saves.inject(str(tmp_path), 1, errno.EACCES):
+        model.optimizer.iterations.assign(1)
+        saver.on_train_batch_end(0)
+        model.optimizer.iterations.assign(2)
+        with pytest.raises(checkpoints.SaveFailed) as failed:
+            saver.on_train_batch_end(0)
+    assert (f'Could not write the checkpoint ckpt-2 in {tmp_path}: '
+            in str(failed.value))
+    assert 'Permission denied' in str(failed.value)
+    assert f'the checkpoint {tmp_path / "ckpt-1"} (step 1)' in str(
+        failed.value)
+    path, step = checkpoints.latest(str(tmp_path))
+    assert step == 1 and checkpoints.damage(path) is None

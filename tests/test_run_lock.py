@@ -1,0 +1,155 @@
+"""One writer per run directory: a second training run stops before touching
+the first one's directory; a lock whose holder is gone is taken over."""
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import run_py
+from paws_tf import dist
+from paws_tf import run_lock
+from paws_tf import train
+
+def write_lock(model_dir, **contents):
+    os.makedirs(model_dir, exist_ok=True)
+    (pathlib.Path(model_dir) / run_lock.LOCK_FILENAME).write_text(
+        json.dumps(contents))
+
+
+def test_a_live_holder_is_named_and_a_gone_one_taken_over(tmp_path, caplog):
+    now = time.time()
+    # Another host, heartbeat fresh: held.
+    write_lock(tmp_path, host='node7', pid=4242, started=now - 60,
+               heartbeat=now - 5)
+    with pytest.raises(run_lock.Held) as held:
+        run_lock.RunLock(str(tmp_path)).acquire()
+    message = str(held.value)
+    assert 'host node7, pid 4242, started' in message
+    assert 'another --model_dir' in message and 'kill 4242' in message
+    # Another host, heartbeat older than the timeout: taken over.
+    write_lock(tmp_path, host='node7', pid=4242, started=now - 3600,
+               heartbeat=now - run_lock.STALE_AFTER_SECONDS - 1)
+    with run_lock.RunLock(str(tmp_path)):
+        holder = run_lock.read(str(tmp_path))
+        assert holder['pid'] == os.getpid()
+        assert holder['host'] == socket.gethostname()
+    assert 'heartbeat is' in caplog.text and 'node7' in caplog.text
+    assert not (tmp_path / run_lock.LOCK_FILENAME).exists()  # Released.
+    # This host, a process that has exited: taken over.
+    gone = subprocess.Popen([sys.executable, '-c', 'pass'])
+    gone.wait()
+    write_lock(tmp_path, host=socket.gethostname(), pid=gone.pid,
+               started=now, heartbeat=now)
+    with run_lock.RunLock(str(tmp_path)):
+        pass
+    assert f'process {gone.pid} is not running' in caplog.text
+    # This host, a live process (this one's parent): held.
+    write_lock(tmp_path, host=socket.gethostname(), pid=os.getppid(),
+               pid_start=run_lock._process_start(os.getppid()), started=now,
+               heartbeat=now)
+    with pytest.raises(run_lock.Held):
+        run_lock.RunLock(str(tmp_path)).acquire()
+
+
+def test_an_empty_lock_goes_stale_by_its_age(tmp_path):
+    """A holder killed between creating the lock and writing it."""
+    path = tmp_path / run_lock.LOCK_FILENAME
+    path.write_text('')
+    with pytest.raises(run_lock.Held):
+        run_lock.RunLock(str(tmp_path)).acquire()
+    old = time.time() - run_lock.STALE_AFTER_SECONDS - 1
+    os.utime(path, (old, old))
+    with run_lock.RunLock(str(tmp_path)):
+        assert run_lock.read(str(tmp_path))['pid'] == os.getpid()
+
+
+def test_heartbeat_and_release_keep_to_their_own_lock(tmp_path,
+                                                      monkeypatch):
+    monkeypatch.setattr(run_lock, 'HEARTBEAT_SECONDS', 0.05)
+    lock = run_lock.RunLock(str(tmp_path), job='job-a').acquire()
+    first = run_lock.read(str(tmp_path))['heartbeat']
+    time.sleep(0.3)
+    assert run_lock.read(str(tmp_path))['heartbeat'] > first
+    # The workers of the same job pass; another job's do not.
+    run_lock.check_held_by_job(str(tmp_path), 'job-a')
+    with pytest.raises(run_lock.Held):
+        run_lock.check_held_by_job(str(tmp_path), 'job-b')
+    # Taken over by another run meanwhile: release leaves that run's lock.
+    now = time.time()
+    write_lock(tmp_path, host='node7', pid=1, started=now, heartbeat=now,
+               token='theirs')
+    lock.release()
+    assert run_lock.read(str(tmp_path))['token'] == 'theirs'
+
+
+def lock_holder(model_dir, proc, timeout=300):
+    """The lock of `model_dir` once `proc` has taken it and trains."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        holder = run_lock.read(str(model_dir))
+        if holder and holder.get('pid') == proc.pid and os.path.isdir(
+                model_dir / train.BACKUP_DIR / 'chief'):
+            return holder
+        time.sleep(0.2)
+    raise TimeoutError('the first run never took the lock')
+
+
+@pytest.mark.slow
+def test_second_run_stops_before_touching_a_live_runs_directory(tmp_path):
+    # Long enough to outlive the second run; stopped by SIGTERM.
+    bindings = ['train.num_epochs = 50']
+    first = run_py.start(tmp_path, bindings)
+    try:
+        holder = lock_holder(tmp_path, first)
+        written = {name: (tmp_path / name).read_bytes()
+                   for name in ('flags.txt', 'config.gin',
+                                'data_fingerprint.json', 'labeled_split.txt')}
+        code, output = run_py.finish(
+            run_py.start(tmp_path, bindings, ['--overwrite']), timeout=300)
+        assert code == os.EX_TEMPFAIL, output[-3000:]
+        assert (f'host {holder["host"]}, pid {first.pid}, started'
+                in output), output[-3000:]
+        assert 'Training steps' not in output
+        for name, content in written.items():  # Not even rewritten.
+            assert (tmp_path / name).read_bytes() == content, name
+        assert first.poll() is None, 'the first run ended too early'
+        first.send_signal(signal.SIGTERM)
+        code, output = run_py.finish(first)
+        assert code == 143, output[-3000:]  # Backed up and stopped...
+    finally:
+        first.kill()
+    assert not (tmp_path / run_lock.LOCK_FILENAME).exists()  # ...released.
+    # Reading modes do not take the lock: while a run (this process here)
+    # holds it, they read the newest complete checkpoint and say so.
+    with run_lock.RunLock(str(tmp_path)):
+        code, output = run_py.finish(
+            run_py.start(tmp_path, bindings, mode='export'), timeout=300)
+    assert code == 0, output[-3000:]
+    assert f'pid {os.getpid()}' in output and 'newest complete' in output
+    assert (tmp_path / 'export' / 'embedder' / 'saved_model.pb').exists()
+
+
+@pytest.mark.slow
+def test_cluster_workers_refuse_a_directory_another_run_holds(tmp_path):
+    """Under MultiWorkerMirroredStrategy the chief takes the lock and the
+    other worker checks it: both stop when a live run of another job holds
+    it (this test process here)."""
+    with run_lock.RunLock(str(tmp_path)):
+        procs = []
+        for tf_config in dist.loopback_tf_configs(2):
+            procs.append(run_py.start(tmp_path, ['train.num_epochs = 1'],
+                                      ['--strategy=multi_worker'],
+                                      env={'TF_CONFIG': tf_config}))
+        for proc in procs:
+            code, output = run_py.finish(proc, timeout=300)
+            assert code == os.EX_TEMPFAIL, output[-3000:]
+            assert f'pid {os.getpid()}' in output
+    assert sorted(os.listdir(tmp_path)) == []
