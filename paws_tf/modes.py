@@ -189,7 +189,8 @@ def demo(model_dir, strategy, *, overwrite=False):
         {'method': 'PAWS-NN, fine-tuned',
          'top-1': f'{100 * tuned["top1"]:.2f}%',
          'wall time': f'{tune_seconds:.0f} s (fine-tuning)', 'images/s': ''},
-        {'method': 'supervised only', 'top-1': f'{100 * baseline["top1"]:.2f}%',
+        {'method': 'supervised only',
+         'top-1': f'{100 * baseline["top1"]:.2f}%',
          'wall time': f'{baseline["wall_seconds"]:.0f} s',
          'images/s': f'{baseline["images_per_second"]:.0f} images/s'},
     ]))

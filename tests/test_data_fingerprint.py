@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-import test_own_images
+from tests.helpers import image_folders
 from tests.helpers import run_py
 from paws_tf import checkpoints
 from paws_tf import data_fingerprint
@@ -24,10 +24,10 @@ def digests(directory):
 @pytest.mark.slow
 def test_files_added_to_an_image_folder_stop_the_resumed_run(tmp_path):
     classes = ['up', 'left', 'diagonal']
-    test_own_images.write_folder(tmp_path / 'labeled', classes, 4, seed=0)
-    test_own_images.write_folder(tmp_path / 'unlabeled', [''] * 3, 8, seed=1)
-    test_own_images.write_folder(tmp_path / 'test', classes, 2, seed=2)
-    bindings = test_own_images.SMALL + [
+    image_folders.write_folder(tmp_path / 'labeled', classes, 4, seed=0)
+    image_folders.write_folder(tmp_path / 'unlabeled', [''] * 3, 8, seed=1)
+    image_folders.write_folder(tmp_path / 'test', classes, 2, seed=2)
+    bindings = image_folders.SMALL + [
         f"LABELED_DIR = '{tmp_path / 'labeled'}'",
         f"UNLABELED_DIR = '{tmp_path / 'unlabeled'}'",
         f"TEST_DIR = '{tmp_path / 'test'}'", 'train.num_epochs = 1',
@@ -43,7 +43,7 @@ def test_files_added_to_an_image_folder_stop_the_resumed_run(tmp_path):
     assert code == 0, output[-3000:]
     recorded = digests(model_dir / train.CHECKPOINT_DIR)
     # Two more unlabeled images.
-    test_own_images.write_folder(tmp_path / 'unlabeled' / 'more', [''], 2,
+    image_folders.write_folder(tmp_path / 'unlabeled' / 'more', [''], 2,
                                  seed=3)
     code, output = run()
     assert code == os.EX_DATAERR, output[-3000:]
