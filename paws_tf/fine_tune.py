@@ -481,9 +481,11 @@ def _suncet_optimizer(*, learning_rate, final_learning_rate,
     """suncet `snn_fine_tune.py`: its classical-momentum SGD without weight
     decay, wrapped in LARS (biases and batch norm excluded), the rate
     cosine-decayed from `learning_rate` to `final_learning_rate`."""
+    # Every argument explicit: WarmupCosineDecay is gin-configurable, and
+    # the pre-training's bindings (a warm-up fraction) must not reach it.
     schedule = schedules.WarmupCosineDecay(
         steps_per_epoch, num_epochs, learning_rate, learning_rate,
-        final_lr=final_learning_rate, warmup_epochs=0)
+        final_lr=final_learning_rate, warmup_epochs=0, warmup_fraction=None)
     if lars:
         return lars_lib.LARS(schedule, momentum=momentum, weight_decay=0.0,
                              trust_coefficient=trust_coefficient)

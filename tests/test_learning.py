@@ -10,11 +10,14 @@ from tests.helpers import debug_gin
 
 @pytest.mark.slow
 def test_short_fit_lowers_the_loss_and_learns_the_classes(tmp_path):
-    # debug.gin: 4 synthetic classes, 16 labels each, 8 epochs of 16 steps.
-    # 16 steps per epoch: epoch ends are not multiples of the TensorBoard
-    # update frequency, and PAWS-NN must still be recorded at each.
+    # debug.gin: 4 synthetic classes, 16 labels each; 16 epochs of 16 steps
+    # (PAWS-NN is at 0.63-0.81 over epochs 1-8 with the heads initialised
+    # as PyTorch's nn.Linear, and rises after). 16 steps per epoch: epoch
+    # ends are not multiples of the TensorBoard update frequency, and
+    # PAWS-NN must still be recorded at each.
     with debug_gin.parsed(['train.verbose = 0', 'train.view_images = False',
-                           'train.log_every_steps = 5']):
+                           'train.log_every_steps = 5',
+                           'train.num_epochs = 16']):
         train.train(str(tmp_path), tf.distribute.get_strategy())
     logs = tmp_path / train.TENSORBOARD_DIR
     _, loss = report.read_scalars(str(logs / 'train'), 'epoch_loss')
@@ -25,7 +28,7 @@ def test_short_fit_lowers_the_loss_and_learns_the_classes(tmp_path):
           f'{[round(float(x), 3) for x in loss]}, '
           f'{views_per_second.mean():.0f} '
           f'views/s = {views_per_second.mean() / 160:.1f} steps/s')
-    assert len(loss) == len(top1) == 8
+    assert len(loss) == len(top1) == 16
     assert loss[-1] < loss[0] - 0.2
     # Chance is 0.25 with 4 classes; 128 test images.
     assert top1[-1] > 0.75

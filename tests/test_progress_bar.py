@@ -2,6 +2,7 @@
 
 import re
 
+from absl import logging
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -97,8 +98,16 @@ def test_the_epoch_log_line_keeps_every_value(tmp_path, caplog):
             'trust_ratio_mean': 0.5, 'trust_ratio_min': 0.125,
             'trust_ratio_max': 2.0, 'nt_xent': 4.0, 'suncet': 1.0,
             'paws_nn_top1': 0.875}
-    with caplog.at_level('INFO'):
-        log.on_epoch_end(0, logs)
+    # caplog's handler on absl's own logger, at INFO: what an earlier test
+    # in this process did to absl's verbosity or propagation must not hide
+    # the line.
+    absl_logger = logging.get_absl_logger()
+    absl_logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level('INFO', logger='absl'):
+            log.on_epoch_end(0, logs)
+    finally:
+        absl_logger.removeHandler(caplog.handler)
     line = caplog.messages[-1]
     assert line.startswith('epoch 1/3: ' + ' '.join(
         f'{key}={value:.4g}' for key, value in logs.items()) + ' | '), line
