@@ -45,6 +45,12 @@ SAVE_FAILED_EXIT_CODE = os.EX_IOERR
 # No backup or checkpoint of the run can be restored, or the data differs
 # from what the run started on (EX_DATAERR).
 NONE_RESTORABLE_EXIT_CODE = DATA_CHANGED_EXIT_CODE = os.EX_DATAERR
+# Faults that end a run with their message and an exit code of their own.
+_FAULT_EXIT_CODES = {
+    checkpoints.SaveFailed: SAVE_FAILED_EXIT_CODE,
+    checkpoints.NoneRestorable: NONE_RESTORABLE_EXIT_CODE,
+    data_fingerprint.Changed: DATA_CHANGED_EXIT_CODE,
+}
 # What a training run writes; --overwrite removes these.
 _RUN_STATE = train.RUN_OUTPUTS + (CONFIG_FILE, OPERATIVE_CONFIG_FILE,
                                   data_fingerprint.FILENAME,
@@ -213,15 +219,10 @@ def _run(model_dir, strategy, config, training):
     except train.Preempted as stopped:
         logging.warning('%s', stopped)
         sys.exit(PREEMPTED_EXIT_CODE)
-    except checkpoints.SaveFailed as failed:
-        logging.error('%s', failed)
-        sys.exit(SAVE_FAILED_EXIT_CODE)
-    except checkpoints.NoneRestorable as damaged:
-        logging.error('%s', damaged)
-        sys.exit(NONE_RESTORABLE_EXIT_CODE)
-    except data_fingerprint.Changed as changed:
-        logging.error('%s', changed)
-        sys.exit(DATA_CHANGED_EXIT_CODE)
+    except tuple(_FAULT_EXIT_CODES) as fault:
+        logging.error('%s', fault)
+        sys.exit(next(code for kind, code in _FAULT_EXIT_CODES.items()
+                      if isinstance(fault, kind)))
     if training and chief:
         _write_text(os.path.join(model_dir, OPERATIVE_CONFIG_FILE),
                     gin.operative_config_str())

@@ -1,14 +1,18 @@
 """Test set-up: two logical CPU devices, so MirroredStrategy has 2 replicas."""
 
 import os
+import pathlib
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+import gin  # noqa: E402
 import paws_tf  # noqa: F401,E402  (selects tf_keras before TF is used)
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from paws_tf import dist  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # Must run before TF initialises its devices, i.e. before any op executes.
 _CPUS = tf.config.list_physical_devices('CPU')
@@ -61,3 +65,12 @@ def two_replicas_collective():
     strategy = tf.distribute.MirroredStrategy(['CPU:0', 'CPU:1'])
     _offset_collective_keys()
     return strategy
+
+
+@pytest.fixture
+def clean_gin():
+    """An empty gin config that finds the repository's gin files."""
+    gin.clear_config()
+    gin.add_config_file_search_path(str(REPO))
+    yield
+    gin.clear_config()

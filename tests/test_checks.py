@@ -41,14 +41,6 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def clean_gin():
-    gin.clear_config()
-    gin.add_config_file_search_path(str(REPO))
-    yield
-    gin.clear_config()
-
-
-@pytest.fixture
 def folders(tmp_path):
     """Three class folders whose only files cannot be decoded: the checks
     list the folders and never read a file."""

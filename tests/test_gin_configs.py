@@ -21,14 +21,6 @@ LAYOUT = dict(classes_per_replica=2, images_per_class=2, support_views=1,
               num_replicas=1, unique_classes_per_replica=False, multicrop=2)
 
 
-@pytest.fixture
-def clean_gin():
-    gin.clear_config()
-    gin.add_config_file_search_path(str(REPO))
-    yield
-    gin.clear_config()
-
-
 def parse(name, bindings=()):
     gin.parse_config_files_and_bindings(
         [str(REPO / 'gin_configs' / name)], list(bindings))
