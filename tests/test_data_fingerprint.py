@@ -23,15 +23,9 @@ def digests(directory):
 
 @pytest.mark.slow
 def test_files_added_to_an_image_folder_stop_the_resumed_run(tmp_path):
-    classes = ['up', 'left', 'diagonal']
-    image_folders.write_folder(tmp_path / 'labeled', classes, 4, seed=0)
-    image_folders.write_folder(tmp_path / 'unlabeled', [''] * 3, 8, seed=1)
-    image_folders.write_folder(tmp_path / 'test', classes, 2, seed=2)
-    bindings = image_folders.SMALL + [
-        f"LABELED_DIR = '{tmp_path / 'labeled'}'",
-        f"UNLABELED_DIR = '{tmp_path / 'unlabeled'}'",
-        f"TEST_DIR = '{tmp_path / 'test'}'", 'train.num_epochs = 1',
-        'train.eval_every_epochs = 0']
+    bindings = image_folders.SMALL + image_folders.write_experiment(
+        tmp_path, unlabeled=8, test=2) + ['train.num_epochs = 1',
+                                          'train.eval_every_epochs = 0']
     model_dir = tmp_path / 'run'
 
     def run(*extra):

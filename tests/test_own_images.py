@@ -15,17 +15,14 @@ from tests.helpers import idx
 from tests.helpers import image_folders
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
 @pytest.mark.slow
 def test_demo_on_image_folders(tmp_path):
-    classes = ['up', 'left', 'diagonal']
-    image_folders.write_folder(tmp_path / 'labeled', classes, 4, seed=0)
-    image_folders.write_folder(tmp_path / 'unlabeled', [''] * 3, 20, seed=1)
-    image_folders.write_folder(tmp_path / 'test', classes, 5, seed=2)
+    paths = image_folders.write_experiment(tmp_path, unlabeled=20, test=5)
     (tmp_path / 'unlabeled' / 'broken.jpg').write_bytes(b'')
-    bindings = image_folders.SMALL + [
-        f"LABELED_DIR = '{tmp_path / 'labeled'}'",
-        f"UNLABELED_DIR = '{tmp_path / 'unlabeled'}'",
-        f"TEST_DIR = '{tmp_path / 'test'}'", 'SEED = 5', 'train.seed = %SEED']
+    bindings = image_folders.SMALL + paths + ['SEED = 5',
+                                              'train.seed = %SEED']
     proc = subprocess.run(
         [sys.executable, str(REPO / 'run.py'),
          '--gin_file=gin_configs/image_folders.gin',
@@ -79,12 +76,6 @@ def run_py(gin_file, model_dir, bindings, mode='train_and_evaluate'):
         cwd=REPO, capture_output=True, text=True, timeout=900)
 
 
-def paths(root):
-    return [f"LABELED_DIR = '{root / 'labeled'}'",
-            f"UNLABELED_DIR = '{root / 'unlabeled'}'",
-            f"TEST_DIR = '{root / 'test'}'"]
-
-
 # What shrinks the small recipe to seconds; the data and code paths are the
 # real ones.
 SECONDS = ['train.num_epochs = 1', 'SUPPORT_CLASSES = 3',
@@ -104,7 +95,7 @@ def test_small_recipe_normalises_with_the_images(tmp_path, channels):
     write_class_images(tmp_path / 'unlabeled', [''], 32, channels, seed=1)
     test = write_class_images(tmp_path / 'test', classes, 2, channels, seed=2)
     # Grayscale is CHANNELS alone.
-    bindings = paths(tmp_path) + SECONDS + (
+    bindings = image_folders.path_bindings(tmp_path) + SECONDS + (
         ['CHANNELS = 1'] if channels == 1 else [])
     run = tmp_path / 'run'
     proc = run_py('gin_configs/image_folders_small.gin', run, bindings)
@@ -154,7 +145,7 @@ def test_errors_come_before_any_image_is_read(tmp_path, bindings, message):
     run.mkdir()
     (run / 'notes.txt').write_text('kept')
     proc = run_py('gin_configs/image_folders_small.gin', run,
-                  paths(tmp_path) + bindings)
+                  image_folders.path_bindings(tmp_path) + bindings)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr[-2000:]
     assert 'cannot be decoded' not in proc.stderr

@@ -34,3 +34,27 @@ def write_folder(root, classes, per_class, seed):
             path.parent.mkdir(parents=True, exist_ok=True)
             Image.fromarray((np.clip(image, 0, 1) * 255).astype(np.uint8)
                             ).save(path)
+
+
+# The classes `write_folder` can draw, as `write_experiment` names them.
+CLASSES = ('up', 'left', 'diagonal')
+
+
+def path_bindings(root):
+    """The gin bindings of the three folders of `write_experiment(root)`."""
+    return [f"LABELED_DIR = '{root / 'labeled'}'",
+            f"UNLABELED_DIR = '{root / 'unlabeled'}'",
+            f"TEST_DIR = '{root / 'test'}'"]
+
+
+def write_experiment(root, *, unlabeled, test):
+    """`root/labeled` (4 images of each of `CLASSES`), `root/unlabeled`
+    (`unlabeled` of each, unnamed) and `root/test` (`test` of each).
+
+    Returns:
+        `path_bindings(root)`.
+    """
+    write_folder(root / 'labeled', CLASSES, 4, seed=0)
+    write_folder(root / 'unlabeled', [''] * len(CLASSES), unlabeled, seed=1)
+    write_folder(root / 'test', CLASSES, test, seed=2)
+    return path_bindings(root)
