@@ -23,15 +23,16 @@ from absl import logging
 import gin
 
 import paws_tf  # noqa: F401  (selects tf_keras before TensorFlow is used)
-from paws_tf import checks
 from paws_tf import checkpoints
 from paws_tf import configurables  # noqa: F401  (registers configurables)
-from paws_tf import data_fingerprint
+from paws_tf.data import data_fingerprint
+from paws_tf.demo import run_demo
 from paws_tf import dist
-from paws_tf import experiment
-from paws_tf import modes
-from paws_tf import run_lock
-from paws_tf import train
+from paws_tf.runner import config_checks
+from paws_tf.runner import experiment
+from paws_tf.runner import modes
+from paws_tf.runner import run_lock
+from paws_tf.runner import train
 
 CONFIG_FILE = 'config.gin'
 OPERATIVE_CONFIG_FILE = 'operative_config.gin'
@@ -66,7 +67,8 @@ _GIN_BINDINGS = flags.DEFINE_multi_string(
     '(repeatable; applied after the files).')
 _MODEL_DIR = flags.DEFINE_string('model_dir', None, 'Run directory.',
                                  required=True)
-_MODE = flags.DEFINE_enum('mode', 'train', modes.MODES, 'What to run.')
+_MODE = flags.DEFINE_enum('mode', 'train', modes.MODES + ('demo',),
+                          'What to run.')
 _STRATEGY = flags.DEFINE_enum('strategy', 'auto', dist.STRATEGY_KINDS,
                               'Distribution strategy.')
 _OVERWRITE = flags.DEFINE_bool(
@@ -184,7 +186,7 @@ def main(argv):
     # Then the config as a whole (normalisation, warm-up, support, image
     # sizes): a run that cannot work fails in seconds, not after reading.
     try:
-        checks.check_config()
+        config_checks.check_config()
     except ValueError as error:
         raise app.UsageError(str(error)) from error
     model_dir = _MODEL_DIR.value
@@ -214,8 +216,11 @@ def _run(model_dir, strategy, config, training):
     logging.info('gin config:\n%s', config)
 
     try:
-        modes.run(model_dir, strategy, _MODE.value,
-                  overwrite=_OVERWRITE.value)
+        if _MODE.value == 'demo':
+            run_demo.demo(model_dir, strategy, overwrite=_OVERWRITE.value)
+        else:
+            modes.run(model_dir, strategy, _MODE.value,
+                      overwrite=_OVERWRITE.value)
     except train.Preempted as stopped:
         logging.warning('%s', stopped)
         sys.exit(PREEMPTED_EXIT_CODE)

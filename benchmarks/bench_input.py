@@ -27,9 +27,9 @@ import numpy as np  # noqa: E402
 import PIL.Image  # noqa: E402
 
 from benchmarks import bench_step  # noqa: E402
-from paws_tf import augment  # noqa: E402
-from paws_tf import data  # noqa: E402
-from paws_tf import sources  # noqa: E402
+from paws_tf.data import augment  # noqa: E402
+from paws_tf.data import pipeline  # noqa: E402
+from paws_tf.data import sources  # noqa: E402
 
 
 def cifar10_setting():
@@ -68,7 +68,7 @@ def imagenet_setting(root):
 
 
 def measure(name, unlabeled, labeled, multicrop, sizes, args):
-    pretrain = data.make_pretrain_dataset_fn(
+    pretrain = pipeline.make_pretrain_dataset_fn(
         unlabeled, labeled, num_replicas=1, multicrop=multicrop,
         deterministic=not args.nondeterministic, **sizes)
     iterator = iter(pretrain.dataset_fn(None))

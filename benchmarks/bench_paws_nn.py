@@ -22,7 +22,7 @@ import paws_tf  # noqa: E402,F401  (selects tf_keras before TF is used)
 import tensorflow as tf  # noqa: E402
 
 from benchmarks import memory  # noqa: E402
-from paws_tf import evaluate  # noqa: E402
+from paws_tf.evaluation import evaluate  # noqa: E402
 
 
 def _status_gib(field):

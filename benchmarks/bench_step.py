@@ -39,11 +39,11 @@ import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 from benchmarks import memory  # noqa: E402
-from paws_tf import backbones  # noqa: E402
 from paws_tf import dist  # noqa: E402
-from paws_tf import heads  # noqa: E402
 from paws_tf import lars  # noqa: E402
 from paws_tf import model as model_lib  # noqa: E402
+from paws_tf.nets import backbones  # noqa: E402
+from paws_tf.nets import heads  # noqa: E402
 
 # Global sizes: B unlabeled images, m local views, K classes x n images x V
 # support views (per replica; with R replicas every replica gets B / R

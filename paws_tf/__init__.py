@@ -41,10 +41,10 @@ _EXPORTS = {
     # The model and its parts.
     'PAWSModel': 'model',
     'build_model': 'model',
-    'build_backbone': 'backbones',
-    'load_backbone_weights': 'backbones',
-    'ProjectionHead': 'heads',
-    'PredictionHead': 'heads',
+    'build_backbone': 'nets.backbones',
+    'load_backbone_weights': 'nets.backbones',
+    'ProjectionHead': 'nets.heads',
+    'PredictionHead': 'nets.heads',
     # The objective.
     'paws_loss': 'losses',
     'paws_terms': 'losses',
@@ -59,23 +59,23 @@ _EXPORTS = {
     'LARS': 'lars',
     'WarmupCosineDecay': 'schedules',
     # Data.
-    'from_arrays': 'sources',
-    'select_labeled': 'sources',
-    'image_folder': 'sources',
-    'MultiCropConfig': 'augment',
-    'CIFAR10_MULTICROP': 'augment',
-    'IMAGENET_MULTICROP': 'augment',
-    'make_pretrain_dataset_fn': 'data',
-    'make_eval_dataset': 'data',
+    'from_arrays': 'data.sources',
+    'select_labeled': 'data.sources',
+    'image_folder': 'data.sources',
+    'MultiCropConfig': 'data.augment',
+    'CIFAR10_MULTICROP': 'data.augment',
+    'IMAGENET_MULTICROP': 'data.augment',
+    'make_pretrain_dataset_fn': 'data.pipeline',
+    'make_eval_dataset': 'data.pipeline',
     # Evaluation and export.
-    'paws_nn': 'evaluate',
-    'classify': 'evaluate',
-    'embedder_from_model': 'evaluate',
-    'embedder_from_saved_model': 'evaluate',
-    'export_embedder': 'export',
-    'export_classifier': 'export',
+    'paws_nn': 'evaluation.evaluate',
+    'classify': 'evaluation.evaluate',
+    'embedder_from_model': 'evaluation.evaluate',
+    'embedder_from_saved_model': 'evaluation.evaluate',
+    'export_embedder': 'evaluation.export',
+    'export_classifier': 'evaluation.export',
     # Training.
-    'ProgressBar': 'callbacks',
+    'ProgressBar': 'runner.callbacks',
 }
 __all__ = sorted(_EXPORTS)
 

@@ -2,22 +2,23 @@
 files need no `import` lines."""
 
 # pylint: disable=unused-import
-from paws_tf import augment  # noqa: F401
-from paws_tf import backbones  # noqa: F401
-from paws_tf import data  # noqa: F401
+from paws_tf.data import augment  # noqa: F401
+from paws_tf.data import pipeline  # noqa: F401
+from paws_tf.data import sources  # noqa: F401
+from paws_tf.data import tfds_sources  # noqa: F401
+from paws_tf.demo import fashion_mnist  # noqa: F401
+from paws_tf.demo import supervised  # noqa: F401
 from paws_tf import dist  # noqa: F401
-from paws_tf import evaluate  # noqa: F401
-from paws_tf import experiment  # noqa: F401
-from paws_tf import fine_tune  # noqa: F401
-from paws_tf import export  # noqa: F401
-from paws_tf import heads  # noqa: F401
+from paws_tf.evaluation import evaluate  # noqa: F401
+from paws_tf.evaluation import export  # noqa: F401
+from paws_tf.evaluation import fine_tune  # noqa: F401
 from paws_tf import lars  # noqa: F401
 from paws_tf import model  # noqa: F401
+from paws_tf.nets import backbones  # noqa: F401
+from paws_tf.nets import heads  # noqa: F401
+from paws_tf.runner import experiment  # noqa: F401
+from paws_tf.runner import train  # noqa: F401
 from paws_tf import schedules  # noqa: F401
-from paws_tf import sources  # noqa: F401
-from paws_tf import supervised  # noqa: F401
-from paws_tf import tfds_sources  # noqa: F401
-from paws_tf import train  # noqa: F401
 
 import gin  # noqa: E402
 

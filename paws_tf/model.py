@@ -4,11 +4,11 @@ import gin
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import backbones
 from paws_tf import checks
 from paws_tf import dist
-from paws_tf import heads
 from paws_tf import losses
+from paws_tf.nets import backbones
+from paws_tf.nets import heads
 
 # What PAWS-NN may compare: the projection h or the prediction head's output.
 NN_EMBEDDINGS = ('projection', 'prediction')
@@ -47,10 +47,10 @@ class LastValue(tf_keras.metrics.Metric):
 class PAWSModel(tf_keras.Model):
     """Encoder f (backbone + projection head) and optional prediction head g.
 
-    `train_step` consumes the per-replica batches of `data.py`: a dict with
-    `global_views` `[2B, H, W, C]`, `local_views` `[mB, h, w, C]` (absent
-    when m = 0) and `support_views` `[V K n, H', W', C]` (class-major blocks
-    per view). `call` maps images to inference embeddings.
+    `train_step` consumes the per-replica batches of `data/pipeline.py`: a
+    dict with `global_views` `[2B, H, W, C]`, `local_views` `[mB, h, w, C]`
+    (absent when m = 0) and `support_views` `[V K n, H', W', C]`
+    (class-major blocks per view). `call` maps images to inference embeddings.
 
     The support layout (K, n, V, R, disjoint classes) is fixed when the model
     is built because it determines the label matrix; the trainer derives the

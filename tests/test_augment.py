@@ -1,4 +1,4 @@
-"""Tests for paws_tf.augment against NumPy references and distributions."""
+"""Tests for paws_tf.data.augment against NumPy references and distributions."""
 
 import colorsys
 import dataclasses
@@ -13,7 +13,7 @@ from PIL import Image
 from PIL import ImageFilter
 from PIL import ImageOps
 
-from paws_tf import augment
+from paws_tf.data import augment
 
 RATIO = (3 / 4, 4 / 3)
 LUMA = np.array([0.2989, 0.587, 0.114])

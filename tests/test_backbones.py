@@ -1,4 +1,4 @@
-"""Tests for paws_tf.backbones."""
+"""Tests for paws_tf.nets.backbones."""
 
 import functools
 import os
@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import backbones
+from paws_tf.nets import backbones
 from tests.helpers import tiny_model
 
 EXCLUDED_SUFFIXES = ('bias', 'beta', 'gamma')
@@ -91,7 +91,7 @@ def test_resnet50_4x_param_count():
     # made inside a tf.Graph are never initialised, so that build is cheap;
     # it runs in a subprocess because a graph-mode build invalidates the
     # eager models of this process.
-    code = ('from paws_tf import backbones\n'
+    code = ('from paws_tf.nets import backbones\n'
             'import numpy as np, tensorflow as tf\n'
             'with tf.Graph().as_default():\n'
             '    m = backbones.build_backbone("resnet50",'
@@ -474,7 +474,7 @@ def test_strided_1x1_convolutions_on_few_channels_are_refused_under_onednn():
 
 
 def test_importing_paws_tf_turns_onednn_on_unless_told_not_to():
-    code = ('import paws_tf; from paws_tf import backbones; '
+    code = ('import paws_tf; from paws_tf.nets import backbones; '
             'print(backbones.onednn_enabled())')
     for setting, expected in ((None, 'True'), ('0', 'False')):
         env = {k: v for k, v in os.environ.items()

@@ -10,9 +10,9 @@ import numpy as np
 from PIL import Image
 import pytest
 
-from paws_tf import data
-from paws_tf import experiment
-from paws_tf import sources
+from paws_tf.data import pipeline
+from paws_tf.data import sources
+from paws_tf.runner import experiment
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -74,7 +74,7 @@ def test_training_input_reads_a_folder_that_had_broken_files(tmp_path):
     labeled, unlabeled = experiment.image_folders(
         tmp_path / 'labeled', tmp_path / 'unlabeled')
     assert unlabeled.num_examples == 6 + labeled.num_examples
-    pretrain = data.make_pretrain_dataset_fn(
+    pretrain = pipeline.make_pretrain_dataset_fn(
         unlabeled, labeled, num_replicas=1, global_batch_size=4,
         classes_per_step=2, images_per_class=3,
         multicrop=experiment_multicrop())
@@ -84,7 +84,7 @@ def test_training_input_reads_a_folder_that_had_broken_files(tmp_path):
 
 
 def experiment_multicrop():
-    from paws_tf import augment
+    from paws_tf.data import augment
     return augment.cifar10_multicrop(global_size=16, local_size=8,
                                      num_local=1)
 
@@ -104,12 +104,12 @@ def test_too_few_labeled_images_for_the_support(tmp_path):
             write_image(tmp_path / name / f'{i}.jpg')
     labeled = sources.image_folder(tmp_path)
     with pytest.raises(ValueError, match="'dog'.* 2"):
-        data.make_pretrain_dataset_fn(
+        pipeline.make_pretrain_dataset_fn(
             labeled, labeled, num_replicas=1, global_batch_size=4,
             classes_per_step=2, images_per_class=3,
             multicrop=experiment_multicrop())
     with pytest.raises(ValueError, match='classes'):
-        data.make_pretrain_dataset_fn(
+        pipeline.make_pretrain_dataset_fn(
             labeled, labeled, num_replicas=1, global_batch_size=4,
             classes_per_step=3, images_per_class=1,
             multicrop=experiment_multicrop())
@@ -132,7 +132,7 @@ def test_label_files_naming_missing_or_duplicate_images(tmp_path):
 def test_batch_sizes_that_do_not_divide_across_replicas():
     labeled = experiment.synthetic_source(num_images=64)
     with pytest.raises(ValueError, match='not divisible by the 3 replicas'):
-        data.make_pretrain_dataset_fn(
+        pipeline.make_pretrain_dataset_fn(
             labeled, labeled, num_replicas=3, global_batch_size=32,
             classes_per_step=3, images_per_class=2,
             unique_classes_per_replica=True,

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from paws_tf import checkpoints
-from paws_tf import train
+from paws_tf.runner import train
 from tests.helpers import debug_gin
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

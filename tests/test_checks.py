@@ -8,6 +8,8 @@ import pytest
 
 from paws_tf import checks
 from paws_tf import configurables  # noqa: F401  (registers configurables)
+from paws_tf.data import normalization as normalization_lib
+from paws_tf.runner import config_checks
 
 
 @pytest.mark.parametrize('value', [1, 7, np.int64(3)])
@@ -55,7 +57,7 @@ def folders(tmp_path):
 def check(name, bindings):
     gin.parse_config_files_and_bindings(
         [str(REPO / 'gin_configs' / name)], list(bindings))
-    checks.check_config()
+    config_checks.check_config()
 
 
 @pytest.mark.parametrize('name', sorted(  # base.gin: shared values only.
@@ -130,12 +132,11 @@ def test_config_errors_name_the_binding(clean_gin, folders, name, bindings,
 
 
 def test_one_normalization():
-    assert checks.one_normalization('f', [0.5], [0.25], None, 1) == (
-        (0.5,), (0.25,))
-    assert checks.one_normalization('f', None, None, ((1,), (2,)), 1) == (
-        (1.0,), (2.0,))
-    assert checks.one_normalization('f', None, None, 'data', 3) is None
+    one = normalization_lib.one_normalization
+    assert one('f', [0.5], [0.25], None, 1) == ((0.5,), (0.25,))
+    assert one('f', None, None, ((1,), (2,)), 1) == ((1.0,), (2.0,))
+    assert one('f', None, None, 'data', 3) is None
     with pytest.raises(ValueError, match=r'f.mean / f.std gives 1 channel'):
-        checks.one_normalization('f', [0.5], [0.25], None, 3)
+        one('f', [0.5], [0.25], None, 3)
     with pytest.raises(ValueError, match='positive stds'):
-        checks.one_normalization('f', [0.5], [0.0], None, 1)
+        one('f', [0.5], [0.0], None, 1)

@@ -13,7 +13,7 @@ import pytest
 from tests.helpers import failing_saves
 from tests.helpers import run_py
 from paws_tf import checkpoints
-from paws_tf import train
+from paws_tf.runner import train
 
 HELPER = pathlib.Path(failing_saves.__file__)
 BINDINGS = ['train.num_epochs = 3']  # 48 steps.

@@ -6,11 +6,11 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from paws_tf import augment
-from paws_tf import data
-from paws_tf import sampling
-from paws_tf import sources
-from paws_tf import tfds_sources
+from paws_tf.data import augment
+from paws_tf.data import pipeline
+from paws_tf.data import sampling
+from paws_tf.data import sources
+from paws_tf.data import tfds_sources
 
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
 
@@ -33,7 +33,7 @@ def _build(num_replicas=2, unlabeled=None, labeled=None, **kwargs):
               'images_per_class': 3, 'multicrop': _multicrop(),
               'support_views': 2, **kwargs}
     labeled = labeled or _source()
-    return data.make_pretrain_dataset_fn(
+    return pipeline.make_pretrain_dataset_fn(
         unlabeled or labeled, labeled, num_replicas=num_replicas, **kwargs)
 
 
@@ -64,16 +64,16 @@ def test_unlabeled_indices_partition_epochs_and_ignore_replica_count():
     kwargs = {'num_examples': 50, 'global_batch_size': 8, 'seed': 3}
     for epoch in range(2):
         steps = range(epoch * 6, epoch * 6 + 6)  # 50 // 8 = 6 steps/epoch
-        whole = [data.unlabeled_indices(s, 0, num_replicas=1,
-                                        **kwargs).numpy() for s in steps]
+        whole = [pipeline.unlabeled_indices(s, 0, num_replicas=1,
+                                            **kwargs).numpy() for s in steps]
         assert len(set(np.concatenate(whole))) == 48
         for s, expected in zip(steps, whole):
-            split = [data.unlabeled_indices(s, r, num_replicas=4,
-                                            **kwargs).numpy()
+            split = [pipeline.unlabeled_indices(s, r, num_replicas=4,
+                                                **kwargs).numpy()
                      for r in range(4)]
             np.testing.assert_array_equal(np.concatenate(split), expected)
-    first = data.unlabeled_indices(0, 0, num_replicas=1, **kwargs).numpy()
-    later = data.unlabeled_indices(6, 0, num_replicas=1, **kwargs).numpy()
+    first = pipeline.unlabeled_indices(0, 0, num_replicas=1, **kwargs).numpy()
+    later = pipeline.unlabeled_indices(6, 0, num_replicas=1, **kwargs).numpy()
     assert (first != later).any()  # each epoch is reshuffled
 
 
@@ -204,7 +204,7 @@ def test_streamed_unlabeled_source(tmp_path):
         labeled, unlabeled = tfds_sources.imagenet_sources(
             labeled_subset='1pct', cache_dir=str(tmp_path / 'cache'),
             data_dir=data_dir, shuffle_buffer=8)
-        pretrain = data.make_pretrain_dataset_fn(
+        pretrain = pipeline.make_pretrain_dataset_fn(
             unlabeled, labeled, num_replicas=2, global_batch_size=4,
             classes_per_step=2, images_per_class=1, multicrop=_multicrop(),
             unique_classes_per_replica=True)
@@ -221,8 +221,8 @@ def test_eval_dataset_in_order_with_remainder():
                                                 np.uint8)
     source = sources.from_arrays(images, labels=np.arange(10))
     kwargs = {'crop_fraction': 0.875, 'mean': MEAN, 'std': STD}
-    batches = list(data.make_eval_dataset(source, batch_size=4, image_size=5,
-                                          **kwargs))
+    batches = list(pipeline.make_eval_dataset(source, batch_size=4,
+                                              image_size=5, **kwargs))
     assert [len(labels) for _, labels in batches] == [4, 4, 2]
     labels = np.concatenate([labels for _, labels in batches])
     np.testing.assert_array_equal(labels, np.arange(10))
@@ -232,8 +232,8 @@ def test_eval_dataset_in_order_with_remainder():
         np.testing.assert_allclose(
             augment.center_view(image, 5, **kwargs), view, atol=1e-6)
     labeled = source.subset([7, 2, 9])
-    batches = list(data.make_eval_dataset(labeled, batch_size=2,
-                                          image_size=5, **kwargs))
+    batches = list(pipeline.make_eval_dataset(labeled, batch_size=2,
+                                              image_size=5, **kwargs))
     np.testing.assert_array_equal(
         np.concatenate([labels for _, labels in batches]), [7, 2, 9])
 
@@ -252,10 +252,10 @@ def test_builders_take_sizes_from_gin():
             f'make_eval_dataset.std = {STD}',
         ])
         source = _source()
-        pretrain = data.make_pretrain_dataset_fn(
+        pretrain = pipeline.make_pretrain_dataset_fn(
             source, source, num_replicas=1, multicrop=_multicrop())
         spec = pretrain.dataset_fn(None).element_spec
-        evaluation = data.make_eval_dataset(source)
+        evaluation = pipeline.make_eval_dataset(source)
     finally:
         gin.clear_config()
     assert pretrain.steps_per_epoch == 3

@@ -11,9 +11,9 @@ import pytest
 from tests.helpers import image_folders
 from tests.helpers import run_py
 from paws_tf import checkpoints
-from paws_tf import data_fingerprint
-from paws_tf import sources
-from paws_tf import train
+from paws_tf.data import data_fingerprint
+from paws_tf.data import sources
+from paws_tf.runner import train
 
 
 def digests(directory):

@@ -15,12 +15,12 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from paws_tf import callbacks
 from paws_tf import checkpoints
-from paws_tf import data
-from paws_tf import experiment
-from paws_tf import modes
-from paws_tf import train
+from paws_tf.data import pipeline
+from paws_tf.runner import callbacks
+from paws_tf.runner import experiment
+from paws_tf.runner import modes
+from paws_tf.runner import train
 from tests.helpers import debug_gin
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -70,7 +70,7 @@ def test_the_whole_workflow_through_run_py(tmp_path):
         preprocessing = experiment.eval_preprocessing()
     assert step == 32
     images = np.stack([bundle.test.read(i).numpy() for i in range(10)])
-    preprocessed, _ = next(iter(data.make_eval_dataset(
+    preprocessed, _ = next(iter(pipeline.make_eval_dataset(
         bundle.test, batch_size=10, **preprocessing)))
     np.testing.assert_allclose(
         embedder(images)['embeddings'],

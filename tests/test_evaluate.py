@@ -8,11 +8,11 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import augment
-from paws_tf import data
-from paws_tf import evaluate
-from paws_tf import export
-from paws_tf import sources
+from paws_tf.data import augment
+from paws_tf.data import pipeline
+from paws_tf.data import sources
+from paws_tf.evaluation import evaluate
+from paws_tf.evaluation import export
 from tests.helpers import tiny_model
 
 SIZE = 16
@@ -127,7 +127,7 @@ def run(tmp_path_factory):
 
 def reference_results(model, labeled, test):
     def dataset(source):
-        return data.make_eval_dataset(source, batch_size=64, **EVAL)
+        return pipeline.make_eval_dataset(source, batch_size=64, **EVAL)
 
     return evaluate.paws_nn(evaluate.embedder_from_model(model),
                             dataset(labeled), dataset(test), num_classes=8)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from paws_tf import augment
-from paws_tf import export
+from paws_tf.data import augment
+from paws_tf.evaluation import export
 from tests.helpers import tiny_model
 
 SIZE, CROP = 16, 0.875
@@ -241,7 +241,7 @@ def test_embed_preprocessed_rejects_other_sizes(exported):
     loaded = exported['embedder']
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r'images must be float32 \[N, 16, 16, C=3\], '
-                             r'preprocessed like data.make_eval_dataset; '
+                             r'preprocessed like pipeline.make_eval_dataset; '
                              r'got shape\] \[2 20 16 3\]'):
         loaded.signatures['embed_preprocessed'](images=tf.zeros([2, 20, 16,
                                                                    3]))

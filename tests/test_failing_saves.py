@@ -13,9 +13,9 @@ import tf_keras
 
 from tests.helpers import failing_saves
 from tests.helpers import run_py
-from paws_tf import callbacks
 from paws_tf import checkpoints
-from paws_tf import train
+from paws_tf.runner import callbacks
+from paws_tf.runner import train
 
 HELPER = pathlib.Path(failing_saves.__file__)
 

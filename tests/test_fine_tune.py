@@ -10,10 +10,10 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import augment
-from paws_tf import fine_tune
+from paws_tf.data import augment
+from paws_tf.data import sources
+from paws_tf.evaluation import fine_tune
 from paws_tf import lars
-from paws_tf import sources
 from tests.helpers import tiny_model
 
 SIZE = 8

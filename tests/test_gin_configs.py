@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from paws_tf import configurables  # noqa: F401
-from paws_tf import fine_tune
+from paws_tf.evaluation import fine_tune
 from paws_tf import model as model_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Tests for paws_tf.heads."""
+"""Tests for paws_tf.nets.heads."""
 
 import gin
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import heads
+from paws_tf.nets import heads
 
 EPSILON = 1e-5
 EXCLUDED_SUFFIXES = ('bias', 'beta', 'gamma')

@@ -3,8 +3,8 @@
 import pytest
 import tensorflow as tf
 
-from paws_tf import report
-from paws_tf import train
+from paws_tf.demo import report
+from paws_tf.runner import train
 from tests.helpers import debug_gin
 
 

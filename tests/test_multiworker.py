@@ -9,10 +9,10 @@ import time
 import numpy as np
 import pytest
 
-from paws_tf import callbacks
 from paws_tf import checkpoints
 from paws_tf import dist
-from paws_tf import train
+from paws_tf.runner import callbacks
+from paws_tf.runner import train
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORKER = REPO / 'tests' / 'helpers' / 'mwms_worker.py'

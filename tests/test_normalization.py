@@ -7,10 +7,10 @@ import numpy as np
 from PIL import Image
 import pytest
 
-from paws_tf import augment
-from paws_tf import data
-from paws_tf import experiment
-from paws_tf import sources
+from paws_tf.data import augment
+from paws_tf.data import pipeline
+from paws_tf.data import sources
+from paws_tf.runner import experiment
 
 
 def write_folder(root, channels):
@@ -153,7 +153,7 @@ def test_pipeline_and_evaluation_use_the_runs_normalisation():
         blur_prob=0.0)
 
     def first_batch(normalization):
-        pretrain = data.make_pretrain_dataset_fn(
+        pretrain = pipeline.make_pretrain_dataset_fn(
             labeled, labeled, num_replicas=1, global_batch_size=4,
             classes_per_step=2, images_per_class=2, multicrop=multicrop,
             normalization=normalization)
@@ -173,7 +173,7 @@ def test_pipeline_and_evaluation_use_the_runs_normalisation():
                                       std=(0.5,))
     with pytest.raises(ValueError, match=r'MultiCropConfig.mean / '
                        r'MultiCropConfig.std gives 3 channel\(s\)'):
-        data.make_pretrain_dataset_fn(
+        pipeline.make_pretrain_dataset_fn(
             labeled, labeled, num_replicas=1, global_batch_size=4,
             classes_per_step=2, images_per_class=2,
             multicrop=augment.IMAGENET_MULTICROP)

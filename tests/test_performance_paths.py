@@ -19,10 +19,10 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import augment
-from paws_tf import data
+from paws_tf.data import augment
+from paws_tf.data import pipeline
+from paws_tf.data import sources
 from paws_tf import lars
-from paws_tf import sources
 from tests.helpers import tiny_model
 
 BATCH, CLASSES, IMAGES, MULTICROP = 4, 3, 2, 2
@@ -235,7 +235,7 @@ def _tiny_pretrain_input(num_replicas):
         global_size=8, global_scale=(0.5, 1.0), local_size=4,
         local_scale=(0.2, 0.5), num_local=MULTICROP, color_strength=0.5,
         blur_prob=0.0, mean=(0.5,) * 3, std=(0.25,) * 3)
-    return data.make_pretrain_dataset_fn(
+    return pipeline.make_pretrain_dataset_fn(
         source, source, num_replicas=num_replicas,
         global_batch_size=BATCH * num_replicas, classes_per_step=CLASSES,
         images_per_class=IMAGES, multicrop=multicrop)

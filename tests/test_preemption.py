@@ -11,10 +11,10 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import callbacks
 from paws_tf import checkpoints
-from paws_tf import run_lock
-from paws_tf import train
+from paws_tf.runner import callbacks
+from paws_tf.runner import run_lock
+from paws_tf.runner import train
 from tests.helpers import debug_gin
 from tests.helpers import run_py
 

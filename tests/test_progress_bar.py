@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import callbacks
-from paws_tf import train
+from paws_tf.runner import callbacks
+from paws_tf.runner import train
 from tests.helpers import debug_gin
 
 SHOWN = ('loss', 'ce', 'me-max', 'conf', 'lr')

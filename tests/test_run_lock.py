@@ -14,8 +14,8 @@ import pytest
 
 from tests.helpers import run_py
 from paws_tf import dist
-from paws_tf import run_lock
-from paws_tf import train
+from paws_tf.runner import run_lock
+from paws_tf.runner import train
 
 def write_lock(model_dir, **contents):
     os.makedirs(model_dir, exist_ok=True)

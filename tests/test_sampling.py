@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from paws_tf import sampling
+from paws_tf.data import sampling
 
 
 def _sampler(labels, num_replicas=2, **kwargs):

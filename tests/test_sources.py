@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from tests.helpers import idx
-from paws_tf import sources
+from paws_tf.data import sources
 
 
 def _read_all(source):

@@ -6,10 +6,10 @@ import gin
 import numpy as np
 import pytest
 
-from paws_tf import augment
-from paws_tf import experiment
-from paws_tf import report
-from paws_tf import supervised
+from paws_tf.data import augment
+from paws_tf.demo import report
+from paws_tf.demo import supervised
+from paws_tf.runner import experiment
 
 TINY = ["build_backbone.name = 'small_resnet'",
         'build_backbone.widths = (8, 16)',

@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from paws_tf import sources
-from paws_tf import tfds_sources
+from paws_tf.data import sources
+from paws_tf.data import tfds_sources
 
 
 def _read_all(source):

@@ -33,8 +33,8 @@ import paws_tf  # noqa: E402,F401  (selects tf_keras before TF is used)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from paws_tf import experiment  # noqa: E402
-from paws_tf import sources  # noqa: E402
+from paws_tf.data import sources  # noqa: E402
+from paws_tf.demo import fashion_mnist  # noqa: E402
 
 
 def class_folder_names():
@@ -60,7 +60,8 @@ def write_split(images, labels, positions, root, folders):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--output_dir', required=True)
-    parser.add_argument('--idx_dir', default=experiment.FASHION_MNIST_IDX_DIR)
+    parser.add_argument('--idx_dir',
+                        default=fashion_mnist.FASHION_MNIST_IDX_DIR)
     parser.add_argument('--labels_per_class', type=int, default=40)
     parser.add_argument('--seed', type=int, default=0)
     args = parser.parse_args()

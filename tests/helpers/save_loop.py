@@ -11,7 +11,7 @@ import paws_tf  # noqa: F401  (selects tf_keras)
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import callbacks
+from paws_tf.runner import callbacks
 
 
 def main(directory):

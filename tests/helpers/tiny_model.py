@@ -3,10 +3,10 @@
 import numpy as np
 import tensorflow as tf
 
-from paws_tf import backbones
-from paws_tf import heads
 from paws_tf import lars
 from paws_tf import model as model_lib
+from paws_tf.nets import backbones
+from paws_tf.nets import heads
 
 # The smallest small_resnet the tests use. Strided 1x1 convolutions need 8
 # input channels under oneDNN (backbones._check_onednn_safe), hence 8, 16.

@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from paws_tf import sources
+from paws_tf.data import sources
 
 IMAGENET_SUBSETS = ('1pct', '10pct')
 _MANIFEST = 'manifest.tsv'

@@ -5,7 +5,7 @@ import os
 
 import tensorflow as tf
 
-from paws_tf import augment
+from paws_tf.data import augment
 from paws_tf import dist
 from paws_tf import losses
 
@@ -79,7 +79,7 @@ class _Servable(tf.Module):
     """The model with its evaluation preprocessing and an optional head.
 
     `__call__` takes raw uint8 images, `call_preprocessed` float32 images
-    already preprocessed as `data.make_eval_dataset` does; both return the
+    already preprocessed as `pipeline.make_eval_dataset` does; both return the
     model's outputs (`features`, `projection`, `prediction` when it has a
     prediction head, `embeddings`), or `head` of them.
     """
@@ -109,7 +109,7 @@ class _Servable(tf.Module):
             f'images with pixel values 0-255')
         self._preprocessed_description = (
             f'images must be float32 [N, {image_size}, {image_size}, '
-            f'C={channels}], preprocessed like data.make_eval_dataset')
+            f'C={channels}], preprocessed like pipeline.make_eval_dataset')
         self.__call__ = tf.function(self._serve_raw)
         self.call_preprocessed = tf.function(
             self._serve_preprocessed,
@@ -208,7 +208,7 @@ def export_embedder(model, export_dir, *, image_size, crop_fraction, mean,
           crop_fraction`, centre crop, normalise) comes first, and the model
           runs in inference mode.
       `embed_preprocessed`: `images` float32 `[N, S, S, C]` already
-          preprocessed (what `data.make_eval_dataset` yields) -> same dict.
+          preprocessed (what `pipeline.make_eval_dataset` yields) -> same dict.
     The preprocessing parameters are stored as variables
     (`loaded.image_size`, ...) and in `preprocessing.json` beside
     `saved_model.pb`. Loading needs only TensorFlow.

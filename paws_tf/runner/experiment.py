@@ -12,11 +12,9 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from paws_tf import checks
-from paws_tf import sources
-from paws_tf import tfds_sources
+from paws_tf.data import normalization as normalization_lib
+from paws_tf.data import sources
 
-FASHION_MNIST_IDX_DIR = '/usr/share/datasets/fashion-mnist'
 # The file in `record_dir` that records the normalisation a run uses.
 NORMALIZATION_FILENAME = 'normalization.json'
 # Which images `load_data.normalization = 'data'` is computed from.
@@ -80,9 +78,9 @@ def resolve_normalization(spec, *, source, record_dir, max_images=5000,
     """The `(mean, std)` that `spec` stands for, recorded in `record_dir`.
 
     Args:
-        spec: `'data'` (`checks.FROM_DATA`): the per-channel mean and std of
-            the images of `source` (`channel_statistics`, at most
-            `max_images` of them), computed once: a run that finds
+        spec: `'data'` (`normalization_lib.FROM_DATA`): the per-channel
+            mean and std of the images of `source` (`channel_statistics`,
+            at most `max_images` of them), computed once: a run that finds
             `record_dir/NORMALIZATION_FILENAME` reads it, so that resumed
             training, export and evaluation use the same values. A preset
             name of `augment.NORMALIZATIONS` or a `(mean, std)` pair: those
@@ -105,8 +103,8 @@ def resolve_normalization(spec, *, source, record_dir, max_images=5000,
     """
     path = os.path.join(record_dir, NORMALIZATION_FILENAME)
     fixed = None
-    if spec != checks.FROM_DATA:
-        fixed = checks.normalization(spec, channels=source.channels)
+    if spec != normalization_lib.FROM_DATA:
+        fixed = normalization_lib.normalization(spec, channels=source.channels)
     if os.path.exists(path):
         with open(path) as f:
             recorded = json.load(f)
@@ -117,14 +115,14 @@ def resolve_normalization(spec, *, source, record_dir, max_images=5000,
                 f'-channel images but the images are now decoded to '
                 f'{source.channels} channels: delete it to compute it again '
                 '(or start the run again with --overwrite).')
-        if (fixed or checks.FROM_DATA) != (
-                values if recorded.get('spec') != checks.FROM_DATA
-                else checks.FROM_DATA):
+        if (fixed or normalization_lib.FROM_DATA) != (
+                values if recorded.get('spec') != normalization_lib.FROM_DATA
+                else normalization_lib.FROM_DATA):
             # A run normalised one way must be exported and evaluated the
             # same way.
             raise ValueError(
                 f'{path} records the normalisation this run was trained '
-                f'with, {checks.NORMALIZATION_MACRO} = '
+                f'with, {normalization_lib.NORMALIZATION_MACRO} = '
                 f'{recorded.get("spec")!r} (mean {values[0]}, std '
                 f'{values[1]}), not {spec!r}: bind it back.')
         logging.info('Normalisation read from %s: mean %s, std %s', path,
@@ -142,8 +140,8 @@ def resolve_normalization(spec, *, source, record_dir, max_images=5000,
             f'The {images} {description} images have a channel of constant '
             f'value '
             f'(std {std}): normalisation from the data is impossible; bind '
-            f"{checks.NORMALIZATION_MACRO} = 'imagenet' or a (mean, std) "
-            'pair.')
+            f"{normalization_lib.NORMALIZATION_MACRO} = 'imagenet' or a "
+            '(mean, std) pair.')
     _record_normalization(record_dir, dict(
         mean=mean, std=std, channels=source.channels, spec=spec,
         images=images, of=source.num_examples, source=description))
@@ -191,7 +189,7 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None,
         ValueError: if the test classes or channels differ from the labeled
             ones, or on a bad `normalization`.
     """
-    checks.normalization(normalization)
+    normalization_lib.normalization(normalization)
     if normalization_from not in NORMALIZATION_IMAGES:
         raise ValueError(
             f'load_data.normalization_from must be one of '
@@ -278,14 +276,14 @@ def eval_preprocessing(bundle=None, *, image_size=gin.REQUIRED,
 
     Returns:
         dict with the keys `image_size`, `crop_fraction`, `mean` and `std`,
-        as `data.make_eval_dataset` and `export` take them.
+        as `pipeline.make_eval_dataset` and `export` take them.
 
     Raises:
         ValueError: a normalisation given twice or not at all, or one that
             does not match the images' channels.
     """
     normalization = None if bundle is None else bundle.normalization
-    mean, std = checks.one_normalization(
+    mean, std = normalization_lib.one_normalization(
         'eval_preprocessing', mean, std, normalization,
         channels=None if bundle is None else bundle.labeled.channels)
     return dict(image_size=image_size, crop_fraction=crop_fraction,
@@ -329,35 +327,6 @@ def synthetic_source(*, num_images=512, num_classes=4, image_size=16,
         images.append(np.clip(image * 255.0, 0, 255).astype(np.uint8))
     return sources.from_arrays(np.stack(images), labels,
                                [f'class_{c}' for c in range(num_classes)])
-
-
-@gin.configurable
-def fashion_mnist(*, split='train', idx_dir=FASHION_MNIST_IDX_DIR,
-                  data_dir=None):
-    """Fashion-MNIST from its IDX files, or from TFDS when they are absent.
-
-    Debian's `dataset-fashion-mnist` package installs the IDX files under
-    `FASHION_MNIST_IDX_DIR`; without them TFDS `fashion_mnist` is used
-    (which downloads on first use).
-
-    Args:
-        split: `'train'` (60,000 images) or `'test'` (10,000).
-        idx_dir: folder of the `*-idx?-ubyte.gz` files.
-        data_dir: TFDS data directory for the fallback.
-
-    Returns:
-        A labeled one-channel `ImageSource` with the class names.
-    """
-    prefix = {'train': 'train', 'test': 't10k'}[split]
-    images = os.path.join(idx_dir, f'{prefix}-images-idx3-ubyte.gz')
-    if os.path.exists(images):
-        return sources.load_idx(
-            images, os.path.join(idx_dir, f'{prefix}-labels-idx1-ubyte.gz'),
-            class_names=sources.FASHION_MNIST_CLASS_NAMES)
-    logging.warning('%s is missing (Debian package dataset-fashion-mnist): '
-                    'loading TFDS fashion_mnist instead.', images)
-    return tfds_sources.load_tfds('fashion_mnist', split=split,
-                                  data_dir=data_dir)
 
 
 @gin.configurable

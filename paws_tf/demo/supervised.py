@@ -11,10 +11,10 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import augment
-from paws_tf import backbones
-from paws_tf import data
-from paws_tf import sampling
+from paws_tf.data import augment
+from paws_tf.data import pipeline
+from paws_tf.data import sampling
+from paws_tf.nets import backbones
 
 RESULTS_SUBDIR = 'supervised'
 RESULTS_FILENAME = 'results.json'
@@ -90,7 +90,7 @@ def train_supervised(model_dir, *, labeled, test, preprocessing,
     own = multicrop.mean is not None or multicrop.std is not None
     # Without its own mean and std, the views take the run's normalisation,
     # which the evaluation preprocessing holds.
-    multicrop = data.normalized_multicrop(
+    multicrop = pipeline.normalized_multicrop(
         multicrop, None if own else (preprocessing['mean'],
                                      preprocessing['std']), labeled.channels)
     tf_keras.utils.set_random_seed(seed)
@@ -107,8 +107,8 @@ def train_supervised(model_dir, *, labeled, test, preprocessing,
               epochs=1, steps_per_epoch=steps, verbose=verbose)
     train_seconds = time.perf_counter() - start
     correct = total = 0
-    for images, labels in data.make_eval_dataset(test, batch_size=256,
-                                                 **preprocessing):
+    for images, labels in pipeline.make_eval_dataset(test, batch_size=256,
+                                                     **preprocessing):
         predicted = np.argmax(model(images, training=False), axis=1)
         correct += int(np.sum(predicted == labels.numpy()))
         total += len(labels)

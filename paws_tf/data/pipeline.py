@@ -15,10 +15,11 @@ import gin
 import numpy as np
 import tensorflow as tf
 
-from paws_tf import augment
 from paws_tf import checks
-from paws_tf import sampling
-from paws_tf import sources
+from paws_tf.data import augment
+from paws_tf.data import normalization as normalization_lib
+from paws_tf.data import sampling
+from paws_tf.data import sources
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,8 +235,8 @@ def normalized_multicrop(multicrop, normalization, channels):
         ValueError: a normalisation given twice or not at all, or one of
             another channel count.
     """
-    mean, std = checks.one_normalization('MultiCropConfig', multicrop.mean,
-                                         multicrop.std, normalization,
+    mean, std = normalization_lib.one_normalization(
+        'MultiCropConfig', multicrop.mean, multicrop.std, normalization,
                                          channels)
     return dataclasses.replace(multicrop, mean=mean, std=std)
 

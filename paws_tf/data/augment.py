@@ -523,7 +523,7 @@ class MultiCropConfig:
             to global and local views alike, as in the official PAWS code.
         mean, std: length-C normalisation constants; None (both) when the
             run's normalisation (`load_data.normalization`) gives them, as
-            in the folder recipes (`data.make_pretrain_dataset_fn` fills
+            in the folder recipes (`pipeline.make_pretrain_dataset_fn` fills
             them in).
         distortion: colour distortion kind, one of `DISTORTIONS`.
     """

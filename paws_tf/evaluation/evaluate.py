@@ -11,10 +11,10 @@ import numpy as np
 import tensorflow as tf
 
 from paws_tf import checkpoints
-from paws_tf import data
-from paws_tf import export
+from paws_tf.data import pipeline
+from paws_tf.data import sources
+from paws_tf.evaluation import export
 from paws_tf import losses
-from paws_tf import sources
 
 # Queries classified together. Each chunk materialises a few [chunk, M]
 # float32 tensors: 512 MB each for ImageNet's 10% support (M = 128k).
@@ -46,7 +46,7 @@ def embedder_from_saved_model(export_dir):
     """Returns `embed_fn` of an `export.export_embedder` SavedModel.
 
     Uses its `embed_preprocessed` signature, so the caller's preprocessing
-    (`data.make_eval_dataset`) is the only one applied.
+    (`pipeline.make_eval_dataset`) is the only one applied.
 
     Args:
         export_dir: directory written by `export.export_embedder`.
@@ -114,7 +114,7 @@ def embed_dataset(embed_fn, dataset, *, description='images'):
     Args:
         embed_fn: `[b, S, S, C]` images -> `[b, D]` embeddings.
         dataset: `tf.data.Dataset` of `(images, int labels)` batches, e.g.
-            from `data.make_eval_dataset`.
+            from `pipeline.make_eval_dataset`.
         description: what the images are, for progress logs.
 
     Returns:
@@ -194,7 +194,7 @@ def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
         embed_fn: `[b, S, S, C]` preprocessed images -> `[b, D]` embeddings
             (`embedder_from_model` or `embedder_from_saved_model`).
         support_dataset: `(images, labels)` batches of every labeled image,
-            each once (`data.make_eval_dataset(labeled, ...)`).
+            each once (`pipeline.make_eval_dataset(labeled, ...)`).
         query_dataset: `(images, labels)` batches of the test images.
         num_classes: K.
         tau: similarity temperature (0.1 in the paper).
@@ -291,7 +291,7 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
     """Evaluates a run with PAWS-NN and records the result.
 
     The support is exactly the labeled set, each image embedded once with
-    the evaluation preprocessing of `data.make_eval_dataset`; the embedded
+    the evaluation preprocessing of `pipeline.make_eval_dataset`; the embedded
     count is checked against `labeled.num_examples` (the official code once
     reported 1% figures computed with the 10% support). Writes top-1/top-5
     as TensorBoard scalars and `model_dir/eval/paws_nn.json`, and prints
@@ -376,8 +376,9 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
         raise ValueError(f'Unknown source {source!r}; choose one of '
                          f'{", ".join(SOURCES)}.')
     make_dataset = functools.partial(
-        data.make_eval_dataset, batch_size=batch_size, image_size=image_size,
-        crop_fraction=crop_fraction, mean=mean, std=std)
+        pipeline.make_eval_dataset, batch_size=batch_size,
+        image_size=image_size, crop_fraction=crop_fraction, mean=mean,
+        std=std)
     num_classes = (len(labeled.class_names) or
                    int(np.max(labeled.labels)) + 1)
     results = paws_nn(embed_fn, make_dataset(labeled), make_dataset(test),

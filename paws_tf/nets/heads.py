@@ -3,8 +3,8 @@
 import gin
 import tf_keras
 
-from paws_tf import backbones
 from paws_tf import checks
+from paws_tf.nets import backbones
 
 
 @tf_keras.saving.register_keras_serializable(package='paws_tf')

@@ -10,16 +10,16 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import augment
-from paws_tf import backbones
 from paws_tf import checks
-from paws_tf import data
+from paws_tf.data import augment
+from paws_tf.data import pipeline
+from paws_tf.data import sampling
 from paws_tf import dist
-from paws_tf import evaluate
+from paws_tf.evaluation import evaluate
 from paws_tf import lars as lars_lib
 from paws_tf import losses
 from paws_tf import model as model_lib
-from paws_tf import sampling
+from paws_tf.nets import backbones
 from paws_tf import schedules
 
 RESULTS_FILENAME = 'results.json'
@@ -316,8 +316,9 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
     train_source = labeled.subset(train_positions)
     evaluation = dict(batch_size=eval_batch_size, image_size=image_size,
                       crop_fraction=crop_fraction, mean=mean, std=std)
-    held_dataset = data.make_eval_dataset(labeled.subset(held), **evaluation)
-    test_dataset = data.make_eval_dataset(test, **evaluation)
+    held_dataset = pipeline.make_eval_dataset(labeled.subset(held),
+                                              **evaluation)
+    test_dataset = pipeline.make_eval_dataset(test, **evaluation)
     os.makedirs(output_dir, exist_ok=True)
     holdout_file = os.path.join(output_dir, HOLDOUT_FILENAME)
     if dist.is_chief(strategy):
@@ -569,8 +570,8 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
         crop_fraction=crop_fraction, mean=mean, std=std, seed=seed)
     evaluation = dict(batch_size=eval_batch_size, image_size=image_size,
                       crop_fraction=crop_fraction, mean=mean, std=std)
-    support_data = data.make_eval_dataset(labeled, **evaluation)
-    query_data = data.make_eval_dataset(test, **evaluation)
+    support_data = pipeline.make_eval_dataset(labeled, **evaluation)
+    query_data = pipeline.make_eval_dataset(test, **evaluation)
 
     def paws_nn(network):
         embed = tf.function(lambda x: tf.cast(network(x, training=False),
@@ -645,7 +646,7 @@ def fine_tune(model_dir, model, *, labeled, test, protocol='imagenet',
         protocol: 'imagenet' or 'cifar10'.
         strategy: `tf.distribute.Strategy`; default the current one.
         image_size, crop_fraction, mean, std: preprocessing, as in
-            `data.make_eval_dataset`.
+            `pipeline.make_eval_dataset`.
         seed: seed of every random choice.
 
     Returns:

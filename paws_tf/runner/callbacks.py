@@ -15,9 +15,9 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import checkpoints
-from paws_tf import data
+from paws_tf.data import pipeline
 from paws_tf import dist
-from paws_tf import evaluate
+from paws_tf.evaluation import evaluate
 
 
 def global_step(model):
@@ -385,10 +385,10 @@ class PawsNNEvaluation(tf_keras.callbacks.Callback):
         self._every_epochs = every_epochs
         self._tau = tau
         self._num_classes = len(labeled.class_names)
-        self._support = data.make_eval_dataset(
+        self._support = pipeline.make_eval_dataset(
             labeled, batch_size=batch_size, **preprocessing)
-        queries = data.make_eval_dataset(test, batch_size=batch_size,
-                                         **preprocessing)
+        queries = pipeline.make_eval_dataset(test, batch_size=batch_size,
+                                             **preprocessing)
         if max_queries is not None:
             queries = queries.unbatch().take(max_queries).batch(batch_size)
         self._queries = queries

@@ -11,18 +11,18 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import backbones
-from paws_tf import callbacks
 from paws_tf import checkpoints
 from paws_tf import checks
-from paws_tf import data
-from paws_tf import data_fingerprint
+from paws_tf.data import data_fingerprint
+from paws_tf.data import pipeline
+from paws_tf.data import sources
 from paws_tf import dist
-from paws_tf import experiment
 from paws_tf import lars
 from paws_tf import model as model_lib
+from paws_tf.nets import backbones
+from paws_tf.runner import callbacks
+from paws_tf.runner import experiment
 from paws_tf import schedules
-from paws_tf import sources
 
 PRECISIONS = ('float32', 'mixed_bfloat16', 'mixed_float16')
 CHECKPOINT_DIR = 'checkpoints'
@@ -300,7 +300,7 @@ def train(model_dir, strategy, *, overwrite=False, num_epochs=gin.REQUIRED,
         start_step, checkpoint_path = 0, None
     else:
         start_step, checkpoint_path = resume_point(model_dir, chief=chief)
-    pretrain = data.make_pretrain_dataset_fn(
+    pretrain = pipeline.make_pretrain_dataset_fn(
         bundle.unlabeled, bundle.labeled,
         num_replicas=strategy.num_replicas_in_sync, start_step=start_step,
         seed=seed, normalization=bundle.normalization)

@@ -1,0 +1,41 @@
+"""The demo's dataset: Fashion-MNIST from Debian's IDX files, or TFDS."""
+
+import os
+
+from absl import logging
+import gin
+
+from paws_tf.data import sources
+from paws_tf.data import tfds_sources
+
+# Where Debian's `dataset-fashion-mnist` package installs the IDX files.
+FASHION_MNIST_IDX_DIR = '/usr/share/datasets/fashion-mnist'
+
+
+@gin.configurable
+def fashion_mnist(*, split='train', idx_dir=FASHION_MNIST_IDX_DIR,
+                  data_dir=None):
+    """Fashion-MNIST from its IDX files, or from TFDS when they are absent.
+
+    Debian's `dataset-fashion-mnist` package installs the IDX files under
+    `FASHION_MNIST_IDX_DIR`; without them TFDS `fashion_mnist` is used
+    (which downloads on first use).
+
+    Args:
+        split: `'train'` (60,000 images) or `'test'` (10,000).
+        idx_dir: folder of the `*-idx?-ubyte.gz` files.
+        data_dir: TFDS data directory for the fallback.
+
+    Returns:
+        A labeled one-channel `ImageSource` with the class names.
+    """
+    prefix = {'train': 'train', 'test': 't10k'}[split]
+    images = os.path.join(idx_dir, f'{prefix}-images-idx3-ubyte.gz')
+    if os.path.exists(images):
+        return sources.load_idx(
+            images, os.path.join(idx_dir, f'{prefix}-labels-idx1-ubyte.gz'),
+            class_names=sources.FASHION_MNIST_CLASS_NAMES)
+    logging.warning('%s is missing (Debian package dataset-fashion-mnist): '
+                    'loading TFDS fashion_mnist instead.', images)
+    return tfds_sources.load_tfds('fashion_mnist', split=split,
+                                  data_dir=data_dir)

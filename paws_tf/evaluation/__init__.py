@@ -1,0 +1,2 @@
+"""Evaluation of a pre-trained model: PAWS-NN, the fine-tuning protocols and
+the SavedModel exports."""

@@ -1,0 +1,2 @@
+"""Networks: the backbones (ResNet, WideResNet, the demo's small ResNet) and
+the projection and prediction heads."""

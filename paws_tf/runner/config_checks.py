@@ -1,0 +1,191 @@
+"""The checks of a whole gin config, made before any data is read."""
+
+import os
+
+import numbers
+
+import gin
+
+from paws_tf import checks
+from paws_tf.data import augment
+from paws_tf.data import normalization as normalization_lib
+from paws_tf.nets import backbones
+
+
+def _reference(selector):
+    """The gin reference bound to `selector` (`@name` or `@name()`), or
+    None."""
+    value = checks.bound(selector)
+    return value if isinstance(value, gin.config.ConfigurableReference) \
+        else None
+
+
+def _bound_constants():
+    """Names of gin constants that a binding tried to rebind as macros."""
+    rebound = []
+    for name in augment.GIN_CONSTANTS:
+        try:
+            gin.query_parameter(f'{name}/macro.value')
+        except ValueError:
+            continue
+        rebound.append(name)
+    return rebound
+
+
+def _folder_source():
+    """`(selector prefix, labeled-root parameter)` of a folder training
+    source bound to `load_data.train`, or None for other sources."""
+    train = _reference('load_data.train')
+    if train is None:
+        return None
+    name = train.configurable.name
+    if name == 'image_folders':
+        return train.scoped_selector, 'labeled_root'
+    if name == 'image_folder':
+        return train.scoped_selector, 'root'
+    return None
+
+
+def _check_warmup():
+    schedule = checks.bound('train.schedule_cls')
+    if schedule is not None and getattr(
+            getattr(schedule, 'configurable', None), 'name',
+            None) != 'WarmupCosineDecay':
+        return
+    num_epochs, epochs_name = checks.binding('train.num_epochs')
+    warmup, warmup_name = checks.binding('WarmupCosineDecay.warmup_epochs', 10)
+    fraction, fraction_name = checks.binding(
+        'WarmupCosineDecay.warmup_fraction')
+    if fraction is not None:
+        if warmup is not None:
+            raise ValueError(
+                f'{warmup_name} = {warmup!r} and {fraction_name} = '
+                f'{fraction!r} both set the warm-up: bind {warmup_name} = '
+                'None to use the fraction.')
+        if (isinstance(fraction, bool) or
+                not isinstance(fraction, numbers.Real) or
+                not 0 <= fraction <= 1):
+            raise ValueError(f'{fraction_name} must be a number in [0, 1] '
+                             f'(a share of the run), got {fraction!r}.')
+        return
+    if (isinstance(num_epochs, numbers.Integral) and
+            isinstance(warmup, numbers.Real) and warmup > num_epochs):
+        raise ValueError(
+            f'The warm-up is longer than the run: {warmup_name} = {warmup!r} '
+            f'> {epochs_name} = {num_epochs}. Bind {warmup_name} = '
+            f'{num_epochs / 10:g} (a tenth of the run), or '
+            f'{warmup_name} = None with {fraction_name} = 0.1 so that it '
+            'follows the epochs.')
+
+
+def _check_support(folder):
+    prefix, parameter = folder
+    root, root_name = checks.binding(f'{prefix}.{parameter}')
+    if not isinstance(root, str) or not checks.bound(f'{prefix}.labeled', True):
+        return
+    if not os.path.isdir(root):
+        raise ValueError(f'{root_name} = {root!r} is not a folder: bind it '
+                         'to the folder of labeled class subfolders.')
+    classes = sum(entry.is_dir() for entry in os.scandir(root))
+    wanted, wanted_name = checks.binding(
+        'make_pretrain_dataset_fn.classes_per_step')
+    if (isinstance(wanted, numbers.Integral) and classes
+            and wanted > classes):
+        raise ValueError(
+            f'{wanted_name} = {wanted} support classes per step, but '
+            f'{root_name} = {root!r} holds {classes} class folder(s): bind '
+            f'{wanted_name} = {classes}.')
+
+
+def _check_size(size, size_name, minimum, backbone, backbone_name):
+    if (isinstance(size, bool) or not isinstance(size, numbers.Integral)
+            or size < 1):
+        raise ValueError(f'{size_name} must be a positive integer (pixels), '
+                         f'got {size!r}.')
+    if size < minimum:
+        other = ("fewer build_backbone.stage_strides" if backbone ==
+                 'small_resnet' else "a backbone for small images "
+                 "(build_backbone.name = 'small_resnet', as the recipe "
+                 "gin_configs/image_folders_small.gin)")
+        raise ValueError(
+            f'{size_name} = {size} is smaller than {minimum} px, the '
+            f'downsampling of {backbone_name} = {backbone!r}: its last '
+            'stages would see a single pixel padded with zeros. Bind '
+            f'{size_name} = {minimum} or more, or {other}.')
+
+
+def check_config():
+    """Checks the parsed gin config before any data is read.
+
+    Catches, in the first seconds and naming the binding to change with a
+    valid value: rebound gin constants (`IMAGENET_MEAN = ...` changes
+    nothing), a normalisation given twice, not at all or with the wrong
+    number of channels, a warm-up longer than the run, a support of more
+    classes than the labeled folder holds (its class folders are listed,
+    no image is read), and image sizes below the backbone's downsampling.
+    Only what the config determines is checked: the channels of sources
+    other than folders are known once they are read, where
+    `pipeline.make_pretrain_dataset_fn` and `experiment.eval_preprocessing`
+    check them again.
+
+    Raises:
+        ValueError: on the first problem found.
+    """
+    rebound = _bound_constants()
+    if rebound:
+        one = len(rebound) == 1
+        raise ValueError(
+            f'{" and ".join(rebound)} '
+            f'{"is a constant" if one else "are constants"} of paws_tf '
+            '(values fixed in paws_tf.data.augment): binding '
+            f'{"it" if one else "them"} changes nothing. Bind '
+            f'{normalization_lib.NORMALIZATION_MACRO} = (mean, std), '
+            "'data' or a preset "
+            f'({sorted(augment.NORMALIZATIONS)}) in the folder recipes, or '
+            'the mean and std of MultiCropConfig and eval_preprocessing.')
+    folder = _folder_source()
+    channels = None
+    if folder is not None:
+        channels, channels_name = checks.binding(f'{folder[0]}.channels', 3)
+        if channels not in (1, 3) or isinstance(channels, bool):
+            raise ValueError(
+                f'{channels_name} = {channels!r}: images are decoded to 1 '
+                '(grayscale) or 3 (RGB) channels.')
+    spec = normalization_lib.normalization(
+        checks.bound('load_data.normalization'), channels)
+    multicrop = _reference('make_pretrain_dataset_fn.multicrop')
+    if multicrop is not None and multicrop.evaluate:
+        config = multicrop.scoped_configurable_fn()
+        selector = multicrop.scoped_selector
+        normalization_lib.one_normalization(selector, config.mean,
+                                            config.std, spec, channels)
+    else:
+        config = selector = None
+    normalization_lib.one_normalization('eval_preprocessing',
+                      checks.bound('eval_preprocessing.mean'),
+                      checks.bound('eval_preprocessing.std'), spec, channels)
+    _check_warmup()
+    if folder is not None:
+        _check_support(folder)
+    backbone, backbone_name = checks.binding('build_backbone.name')
+    if not isinstance(backbone, str):
+        return
+    strides = {}
+    for key in ('stem_stride', 'stage_strides'):
+        value = checks.bound(f'build_backbone.{key}')
+        if value is not None:
+            strides[key] = value
+    minimum = backbones.downsampling(backbone, **strides)
+    sizes = [checks.binding('eval_preprocessing.image_size')[::-1]]
+    if config is not None:
+        sizes.append((checks.binding(f'{selector}.global_size')[1],
+                      config.global_size))
+        if config.num_local:
+            sizes.append((checks.binding(f'{selector}.local_size')[1],
+                          config.local_size))
+        support_size = checks.binding(
+            'make_pretrain_dataset_fn.support_view_size')
+        if support_size[0] is not None:
+            sizes.append(support_size[::-1])
+    for size_name, size in sizes:
+        _check_size(size, size_name, minimum, backbone, backbone_name)
