@@ -28,6 +28,7 @@ import PIL.Image  # noqa: E402
 
 from benchmarks import bench_step  # noqa: E402
 from paws_tf.data import augment  # noqa: E402
+from paws_tf.data import folders
 from paws_tf.data import pipeline  # noqa: E402
 from paws_tf.data import sources  # noqa: E402
 
@@ -61,7 +62,7 @@ def _write_jpegs(root, num_classes, per_class):
 def imagenet_setting(root):
     """JPEG files, 2x224^2 + 6x96^2 with blur, support 16 x 7, batch 64."""
     _write_jpegs(root, num_classes=16, per_class=24)
-    labeled = sources.image_folder(root)
+    labeled = folders.image_folder(root)
     return labeled, labeled, augment.IMAGENET_MULTICROP, {
         'global_batch_size': 64, 'classes_per_step': 16,
         'images_per_class': 7, 'support_views': 1}

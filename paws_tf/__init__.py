@@ -61,7 +61,7 @@ _EXPORTS = {
     # Data.
     'from_arrays': 'data.sources',
     'select_labeled': 'data.sources',
-    'image_folder': 'data.sources',
+    'image_folder': 'data.folders',
     'MultiCropConfig': 'data.augment',
     'CIFAR10_MULTICROP': 'data.augment',
     'IMAGENET_MULTICROP': 'data.augment',

@@ -3,6 +3,7 @@ files need no `import` lines."""
 
 # pylint: disable=unused-import
 from paws_tf.data import augment  # noqa: F401
+from paws_tf.data import folders  # noqa: F401
 from paws_tf.data import pipeline  # noqa: F401
 from paws_tf.data import sources  # noqa: F401
 from paws_tf.data import tfds_sources  # noqa: F401

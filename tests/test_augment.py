@@ -14,6 +14,8 @@ from PIL import ImageFilter
 from PIL import ImageOps
 
 from paws_tf.data import augment
+from paws_tf.data import color
+from paws_tf.data import image_ops
 
 RATIO = (3 / 4, 4 / 3)
 LUMA = np.array([0.2989, 0.587, 0.114])
@@ -57,7 +59,7 @@ def _ks_critical(n, m=None, alpha=1e-3):
 
 
 def _boxes(height, width, n, scale):
-    return _map(lambda s: tf.stack(augment.sample_crop_box(
+    return _map(lambda s: tf.stack(image_ops.sample_crop_box(
         height, width, s, scale, RATIO)), _seeds(n))  # [n, 4]
 
 
@@ -125,14 +127,14 @@ def test_crop_box_matches_torchvision_with_rejections():
 ])
 def test_crop_box_fallback(height, width, scale, expected):
     for seed in _seeds(3):
-        box = augment.sample_crop_box(height, width, seed, scale, RATIO)
+        box = image_ops.sample_crop_box(height, width, seed, scale, RATIO)
         assert tuple(int(v) for v in box) == expected
 
 
 def test_fallback_crop_pixels():
     image = np.random.default_rng(0).integers(0, 256, (10, 1000, 3), np.uint8)
-    view = augment.random_resized_crop(image, _seeds(1)[0], (10, 13),
-                                       (0.9, 1.0))
+    view = image_ops.random_resized_crop(image, _seeds(1)[0], (10, 13),
+                                         (0.9, 1.0))
     np.testing.assert_allclose(view, image[:, 493:506] / 255.0, atol=1e-6)
 
 
@@ -185,12 +187,12 @@ def test_random_resized_crop_is_pils_resize_of_the_sampled_box(size, kind):
     out_h, out_w = (size, size) if isinstance(size, int) else size
     offsets = set()
     for seed in _seeds(4):
-        oy, ox, h, w = (int(v) for v in augment.sample_crop_box(
+        oy, ox, h, w = (int(v) for v in image_ops.sample_crop_box(
             40, 50, seed, (0.2, 0.2), (1.0, 1.0)))
         assert (h, w) == (20, 20)
         offsets.add((oy, ox))
-        view = augment.random_resized_crop(image, seed, size, (0.2, 0.2),
-                                           (1.0, 1.0))
+        view = image_ops.random_resized_crop(image, seed, size, (0.2, 0.2),
+                                             (1.0, 1.0))
         assert view.shape == (out_h, out_w, 3) and view.dtype == tf.float32
         expected = np.asarray(Image.fromarray(
             image[oy:oy + 20, ox:ox + 20]).resize((out_w, out_h),
@@ -199,8 +201,8 @@ def test_random_resized_crop_is_pils_resize_of_the_sampled_box(size, kind):
         assert difference.max() <= 1.0 + 1e-3 and difference.mean() < 0.4
         # Without antialiasing: bilinear sampling of the box, which is
         # what PIL gives only when it enlarges.
-        plain = augment.random_resized_crop(image, seed, size, (0.2, 0.2),
-                                            (1.0, 1.0), antialias=False)
+        plain = image_ops.random_resized_crop(image, seed, size, (0.2, 0.2),
+                                              (1.0, 1.0), antialias=False)
         np.testing.assert_allclose(
             plain, _np_bilinear(image[oy:oy + 20, ox:ox + 20] / 255.0,
                                 out_h, out_w), atol=1e-5)
@@ -242,7 +244,7 @@ def _image(shape, seed=0):
     return np.random.default_rng(seed).random(shape).astype(np.float32)
 
 
-@pytest.mark.parametrize('index, fn', enumerate(augment._JITTER_OPS))
+@pytest.mark.parametrize('index, fn', enumerate(color._JITTER_OPS))
 @pytest.mark.parametrize('factor', [0.0, 0.4, 1.0, 1.7])
 @pytest.mark.parametrize('channels', [3, 1])
 def test_jitter_op_matches_numpy(index, fn, factor, channels):
@@ -257,7 +259,7 @@ def test_jitter_params_ranges_and_orders():
     n = 500
     for strength in (1.0, 2.0):
         params = _map(lambda s: tf.concat([
-            tf.cast(p, tf.float32) for p in augment.jitter_params(
+            tf.cast(p, tf.float32) for p in color.jitter_params(
                 s, strength)], 0), _seeds(n))
         order, factors = params[:, :4].astype(int), params[:, 4:]
         low, high = max(0, 1 - 0.8 * strength), 1 + 0.8 * strength
@@ -276,12 +278,12 @@ def test_color_jitter_matches_numpy_in_random_order(channels):
     image = _image((7, 6, channels), seed=2)
     orders = set()
     for seed in _seeds(8):
-        order, factors = (p.numpy() for p in augment.jitter_params(seed, 1.0))
+        order, factors = (p.numpy() for p in color.jitter_params(seed, 1.0))
         orders.add(tuple(order))
         expected = image
         for index in order:
             expected = _np_jitter_op(index, expected, factors[index])
-        out = augment.color_jitter(tf.constant(image), seed, 1.0)
+        out = color.color_jitter(tf.constant(image), seed, 1.0)
         np.testing.assert_allclose(out, expected, atol=1e-5)
     assert len(orders) > 1
 
@@ -291,11 +293,11 @@ def test_color_distortion_probabilities():
     # deviations (<= 0.08) of p holds for these fixed seeds.
     image = tf.constant(_image((8, 8, 3), seed=3))
     n = 400
-    jittered = _map(lambda s: augment.color_distortion(
+    jittered = _map(lambda s: color.color_distortion(
         image, s, 1.0, jitter_prob=0.8, grayscale_prob=0.0), _seeds(n))
     changed = np.any(jittered != image.numpy(), axis=(1, 2, 3))
     assert abs(changed.mean() - 0.8) < 0.08
-    grayed = _map(lambda s: augment.color_distortion(
+    grayed = _map(lambda s: color.color_distortion(
         image, s, 1.0, jitter_prob=0.0, grayscale_prob=0.2), _seeds(n))
     is_gray = np.any(grayed != image.numpy(), axis=(1, 2, 3))
     assert abs(is_gray.mean() - 0.2) < 0.08
@@ -308,8 +310,8 @@ def test_color_distortion_probabilities():
 
 def test_color_distortion_grayscale_output_has_equal_channels():
     image = tf.constant(_image((8, 8, 3), seed=4))
-    out = augment.color_distortion(image, _seeds(1)[0], 1.0, jitter_prob=1.0,
-                                   grayscale_prob=1.0).numpy()
+    out = color.color_distortion(image, _seeds(1)[0], 1.0, jitter_prob=1.0,
+                                 grayscale_prob=1.0).numpy()
     np.testing.assert_array_equal(out[..., 0], out[..., 1])
     np.testing.assert_array_equal(out[..., 0], out[..., 2])
     assert out.min() >= 0 and out.max() <= 1
@@ -317,7 +319,7 @@ def test_color_distortion_grayscale_output_has_equal_channels():
 
 def test_color_distortion_one_channel():
     image = tf.constant(_image((8, 8, 1), seed=5))
-    outs = [augment.color_distortion(image, s, 1.0, jitter_prob=1.0)
+    outs = [color.color_distortion(image, s, 1.0, jitter_prob=1.0)
             for s in _seeds(4)]
     assert all(o.shape == (8, 8, 1) for o in outs)
     assert not np.allclose(outs[0], image)
@@ -326,8 +328,8 @@ def test_color_distortion_one_channel():
 @pytest.mark.parametrize('channels', [3, 1])
 def test_color_distortion_strength_zero_is_identity(channels):
     image = tf.constant(_image((8, 8, channels), seed=6))
-    out = augment.color_distortion(image, _seeds(1)[0], 0.0, jitter_prob=1.0,
-                                   grayscale_prob=1.0)
+    out = color.color_distortion(image, _seeds(1)[0], 0.0, jitter_prob=1.0,
+                                 grayscale_prob=1.0)
     np.testing.assert_array_equal(out, image)
 
 
@@ -347,22 +349,22 @@ def test_solarize_and_equalize_are_pils(channels, kind):
             image = rng.choice(np.array([0, 17, 200, 255], np.uint8), shape)
         for threshold in (128, float(rng.uniform(0, 256)), 0, 256):
             np.testing.assert_array_equal(
-                augment.solarize(image, threshold),
+                color.solarize(image, threshold),
                 _from_pil(ImageOps.solarize(_pil(image), threshold),
                           channels))
         np.testing.assert_array_equal(
-            augment.equalize(image),
+            color.equalize(image),
             _from_pil(ImageOps.equalize(_pil(image)), channels))
 
 
 def test_equalize_edge_cases():
     """One occupied value, or too few pixels (step 0): unchanged."""
     constant = np.full((5, 4, 3), 77, np.uint8)
-    np.testing.assert_array_equal(augment.equalize(constant), constant)
+    np.testing.assert_array_equal(color.equalize(constant), constant)
     few = np.array([[[0], [255], [3]]], np.uint8)  # step = 2 // 255 = 0
-    np.testing.assert_array_equal(augment.equalize(few), few)
+    np.testing.assert_array_equal(color.equalize(few), few)
     spread = _natural((30, 30, 3), 0) // 4  # values 0-63
-    out = augment.equalize(spread).numpy()
+    out = color.equalize(spread).numpy()
     assert out.max() > 200  # stretched over the range, as PIL does
     np.testing.assert_array_equal(
         out, np.asarray(ImageOps.equalize(Image.fromarray(spread))))
@@ -391,7 +393,7 @@ def test_cifar10_distortion_probabilities():
     n = 400
 
     def draws(**probs):
-        return np.round(_map(lambda s: augment.color_distortion(
+        return np.round(_map(lambda s: color.color_distortion(
             float_image, s, 0.5, kind='cifar10', **probs),
             _seeds(n)) * 255).astype(np.uint8)
 
@@ -411,7 +413,7 @@ def test_cifar10_distortion_probabilities():
         equalized[changed], np.broadcast_to(expected,
                                             equalized[changed].shape))
     # No grayscale in this kind: channels stay apart when jittered.
-    jittered = _map(lambda s: augment.color_distortion(
+    jittered = _map(lambda s: color.color_distortion(
         float_image, s, 0.5, kind='cifar10', jitter_prob=1.0,
         solarize_prob=0.0, equalize_prob=0.0), _seeds(50))
     assert not np.any([np.allclose(j[..., 0], j[..., 1]) for j in jittered])
@@ -419,7 +421,7 @@ def test_cifar10_distortion_probabilities():
 
 def test_unknown_distortion_is_refused_naming_the_binding():
     with pytest.raises(ValueError, match=r"MultiCropConfig\.distortion"):
-        augment.color_distortion(_FLOAT, _seeds(1)[0], kind='simclr2')
+        color.color_distortion(_FLOAT, _seeds(1)[0], kind='simclr2')
     with pytest.raises(ValueError, match='Unknown colour distortion'):
         dataclasses.replace(augment.CIFAR10_MULTICROP, distortion='none')
 
@@ -443,11 +445,11 @@ def test_gaussian_blur_is_pils(channels, kind):
             expected = _from_pil(_pil(image).filter(
                 ImageFilter.GaussianBlur(radius=sigma)), channels)
             np.testing.assert_array_equal(
-                augment.box_gaussian_blur(image, sigma), expected,
+                image_ops.box_gaussian_blur(image, sigma), expected,
                 err_msg=f'{shape} sigma {sigma}')
             # The random blur on a float view quantises it first.
-            out = augment.gaussian_blur(image / 255, _seeds(1)[0], prob=1.0,
-                                        sigma_range=(sigma, sigma))
+            out = image_ops.gaussian_blur(image / 255, _seeds(1)[0], prob=1.0,
+                                          sigma_range=(sigma, sigma))
             np.testing.assert_array_equal(np.round(out.numpy() * 255),
                                           expected)
 
@@ -457,20 +459,20 @@ def test_gaussian_blur_is_not_truncated():
     kernel of 96-px crops (radius int(9.6) // 2 = 4) cut it off there."""
     point = np.zeros((96, 96, 1), np.uint8)
     point[48, 48] = 255
-    out = augment.box_gaussian_blur(point, 2.0).numpy()[..., 0].astype(int)
+    out = image_ops.box_gaussian_blur(point, 2.0).numpy()[..., 0].astype(int)
     assert out[48, 48 + 5] > 0 and out[48 + 5, 48] > 0
     assert abs(out.sum() - 255) <= 20  # mass kept up to rounding
     constant = np.full((20, 20, 3), 91, np.uint8)
-    np.testing.assert_array_equal(augment.box_gaussian_blur(constant, 1.7),
+    np.testing.assert_array_equal(image_ops.box_gaussian_blur(constant, 1.7),
                                   constant)
 
 
 def test_gaussian_blur_probability():
     image = tf.constant(_image((12, 12, 3), seed=9))
     np.testing.assert_array_equal(
-        _map(lambda s: augment.gaussian_blur(image, s, prob=0.0), _seeds(20)),
+        _map(lambda s: image_ops.gaussian_blur(image, s, prob=0.0), _seeds(20)),
         np.broadcast_to(image, (20, 12, 12, 3)))
-    out = _map(lambda s: augment.gaussian_blur(image, s, prob=0.5),
+    out = _map(lambda s: image_ops.gaussian_blur(image, s, prob=0.5),
                _seeds(400))
     blurred = np.any(np.abs(out - image.numpy()) > 1 / 255, axis=(1, 2, 3))
     assert abs(blurred.mean() - 0.5) < 0.1  # 4 binomial std devs
@@ -480,7 +482,7 @@ def test_gaussian_blur_probability():
 
 def test_random_flip():
     image = tf.constant(_image((5, 7, 3), seed=10))
-    out = _map(lambda s: augment.random_flip(image, s), _seeds(400))
+    out = _map(lambda s: image_ops.random_flip(image, s), _seeds(400))
     flipped = np.all(out == image.numpy()[:, ::-1], axis=(1, 2, 3))
     assert np.all(flipped | np.all(out == image.numpy(), axis=(1, 2, 3)))
     assert abs(flipped.mean() - 0.5) < 0.1  # 4 binomial std devs
@@ -491,10 +493,10 @@ def test_normalize_matches_numpy(channels):
     image = _image((9, 7, channels), seed=11)
     mean, std = augment.CIFAR10_MEAN[:channels], augment.CIFAR10_STD[:channels]
     expected = (image - np.float32(mean)) / np.float32(std)
-    np.testing.assert_allclose(augment.normalize(image, mean, std), expected,
+    np.testing.assert_allclose(image_ops.normalize(image, mean, std), expected,
                                rtol=1e-6)
     with pytest.raises(ValueError):
-        augment.normalize(image, (0.5, 0.5), (0.5, 0.5))
+        image_ops.normalize(image, (0.5, 0.5), (0.5, 0.5))
 
 
 @pytest.mark.parametrize('shape, mean, std', [
@@ -616,17 +618,17 @@ def test_multicrop_gin_bindings():
 
 # (name, fn(seed) -> nested tensors, always differs for another seed).
 _RANDOM_OPS = [
-    ('sample_crop_box', lambda s: augment.sample_crop_box(48, 40, s, (0.1, 1)),
-     False),
-    ('random_resized_crop', lambda s: augment.random_resized_crop(
+    ('sample_crop_box',
+     lambda s: image_ops.sample_crop_box(48, 40, s, (0.1, 1)), False),
+    ('random_resized_crop', lambda s: image_ops.random_resized_crop(
         _IMAGE, s, 16, (0.1, 1.0)), True),
-    ('color_jitter', lambda s: augment.color_jitter(_FLOAT, s, 1.0), True),
-    ('color_distortion', lambda s: augment.color_distortion(_FLOAT, s), False),
-    ('color_distortion_cifar10', lambda s: augment.color_distortion(
+    ('color_jitter', lambda s: color.color_jitter(_FLOAT, s, 1.0), True),
+    ('color_distortion', lambda s: color.color_distortion(_FLOAT, s), False),
+    ('color_distortion_cifar10', lambda s: color.color_distortion(
         _FLOAT, s, 0.5, kind='cifar10', solarize_prob=0.5,
         equalize_prob=0.5), False),
-    ('gaussian_blur', lambda s: augment.gaussian_blur(_FLOAT, s), False),
-    ('random_flip', lambda s: augment.random_flip(_FLOAT, s), False),
+    ('gaussian_blur', lambda s: image_ops.gaussian_blur(_FLOAT, s), False),
+    ('random_flip', lambda s: image_ops.random_flip(_FLOAT, s), False),
     ('make_view', lambda s: augment.make_view(
         _IMAGE, s, size=24, scale=(0.2, 1.0), blur_prob=0.5,
         mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD), True),

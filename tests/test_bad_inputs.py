@@ -10,6 +10,7 @@ import numpy as np
 from PIL import Image
 import pytest
 
+from paws_tf.data import folders
 from paws_tf.data import pipeline
 from paws_tf.data import sources
 from paws_tf.runner import experiment
@@ -47,7 +48,7 @@ def broken_folder(root):
 def test_broken_files_are_skipped_and_counted(tmp_path, caplog):
     counts = broken_folder(tmp_path)
     with caplog.at_level(logging.WARNING):
-        source = sources.image_folder(tmp_path, channels=3)
+        source = folders.image_folder(tmp_path, channels=3)
     assert source.num_examples == counts['decodable'] + 3
     assert 'Skipping 3 of 11 files' in caplog.text
     for name in ('truncated.jpg', 'zero.jpg', 'notes.png'):
@@ -61,9 +62,9 @@ def test_broken_files_can_stop_the_run_instead(tmp_path):
     broken_folder(tmp_path)
     with pytest.raises(ValueError, match=r"3 of 11 files .* cannot be "
                        r"decoded.*on_bad_image='skip'"):
-        sources.image_folder(tmp_path, on_bad_image='fail')
+        folders.image_folder(tmp_path, on_bad_image='fail')
     with pytest.raises(ValueError, match='on_bad_image must be one of'):
-        sources.image_folder(tmp_path, on_bad_image='ignore')
+        folders.image_folder(tmp_path, on_bad_image='ignore')
 
 
 def test_training_input_reads_a_folder_that_had_broken_files(tmp_path):
@@ -95,14 +96,14 @@ def test_empty_class_folder_is_named(tmp_path):
     (tmp_path / 'eel').mkdir()
     (tmp_path / 'eel' / 'broken.jpg').write_bytes(b'')
     with pytest.raises(ValueError, match=r"no usable images: \['dog', 'eel'\]"):
-        sources.image_folder(tmp_path)
+        folders.image_folder(tmp_path)
 
 
 def test_too_few_labeled_images_for_the_support(tmp_path):
     for name, count in (('cat', 5), ('dog', 2)):
         for i in range(count):
             write_image(tmp_path / name / f'{i}.jpg')
-    labeled = sources.image_folder(tmp_path)
+    labeled = folders.image_folder(tmp_path)
     with pytest.raises(ValueError, match="'dog'.* 2"):
         pipeline.make_pretrain_dataset_fn(
             labeled, labeled, num_replicas=1, global_batch_size=4,
@@ -118,7 +119,7 @@ def test_too_few_labeled_images_for_the_support(tmp_path):
 def test_label_files_naming_missing_or_duplicate_images(tmp_path):
     for i in range(4):
         write_image(tmp_path / 'images' / 'cat' / f'{i}.jpg')
-    source = sources.image_folder(tmp_path / 'images')
+    source = folders.image_folder(tmp_path / 'images')
     missing = tmp_path / 'missing.txt'
     missing.write_text('cat/0.jpg\ncat/9.jpg\n')
     with pytest.raises(ValueError, match=r"cat/9\.jpg"):

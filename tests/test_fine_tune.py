@@ -13,6 +13,9 @@ import tf_keras
 from paws_tf.data import augment
 from paws_tf.data import sources
 from paws_tf.evaluation import fine_tune
+from paws_tf.evaluation import linear_fine_tune
+from paws_tf.evaluation import suncet_fine_tune
+from paws_tf.evaluation import tuning
 from paws_tf import lars
 from tests.helpers import tiny_model
 
@@ -66,7 +69,7 @@ def weights_by_name(network):
 
 def test_classifier_is_zero_initialised_on_fc1_bn1_relu():
     model = build_model(seed=0)
-    classifier = fine_tune.build_classifier(model, 3)
+    classifier = linear_fine_tune.build_classifier(model, 3)
     images = tf.random.stateless_normal([5, SIZE, SIZE, 3], [1, 2])
     logits = classifier(images, training=False)
     np.testing.assert_array_equal(logits, np.zeros([5, 3]))
@@ -100,9 +103,9 @@ def test_nesterov_step_matches_numpy_formula():
     """tf_keras SGD(nesterov=True) documents v <- mu v - lr g, w <- w + mu v
     - lr g; the optimizer has no weight decay; lr follows the cosine."""
     model = build_model()
-    classifier = fine_tune.build_classifier(model, 3)
+    classifier = linear_fine_tune.build_classifier(model, 3)
     total, lr0, mu = 4, 0.1, 0.9
-    optimizer = fine_tune._optimizer(lr0, total, momentum=mu)
+    optimizer = linear_fine_tune._optimizer(lr0, total, momentum=mu)
     assert optimizer.weight_decay is None and optimizer.nesterov
     loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     classifier.compile(optimizer=optimizer, loss=loss_fn)
@@ -131,23 +134,23 @@ def test_nesterov_step_matches_numpy_formula():
 
 def test_split_holdout_is_stratified_disjoint_seeded():
     labels = np.repeat([0, 1, 2], [10, 20, 30])
-    train, held = fine_tune.split_holdout(labels, 12, seed=3)
+    train, held = linear_fine_tune.split_holdout(labels, 12, seed=3)
     np.testing.assert_array_equal(np.bincount(labels[held]), [2, 4, 6])
     assert not set(train) & set(held)
     np.testing.assert_array_equal(np.sort(np.concatenate([train, held])),
                                   np.arange(60))
-    _, again = fine_tune.split_holdout(labels, 12, seed=3)
-    _, other = fine_tune.split_holdout(labels, 12, seed=4)
+    _, again = linear_fine_tune.split_holdout(labels, 12, seed=3)
+    _, other = linear_fine_tune.split_holdout(labels, 12, seed=4)
     np.testing.assert_array_equal(held, again)
     assert not np.array_equal(held, other)
-    _, half = fine_tune.split_holdout(labels, 0.5, seed=0)
+    _, half = linear_fine_tune.split_holdout(labels, 0.5, seed=0)
     np.testing.assert_array_equal(np.bincount(labels[half]), [5, 10, 15])
     for bad in (0, 60, 1.0):
         with pytest.raises(ValueError, match='held-out images'):
-            fine_tune.split_holdout(labels, bad, seed=0)
+            linear_fine_tune.split_holdout(labels, bad, seed=0)
     # Class 0 has one image; rounding would hold it out.
     with pytest.raises(ValueError, match=r'class\(es\) \[0\]'):
-        fine_tune.split_holdout(np.repeat([0, 1], [1, 9]), 5, seed=0)
+        linear_fine_tune.split_holdout(np.repeat([0, 1], [1, 9]), 5, seed=0)
 
 
 def test_sweep_selects_best_setting_and_writes_outputs(tmp_path):
@@ -156,29 +159,29 @@ def test_sweep_selects_best_setting_and_writes_outputs(tmp_path):
     calibrate_batch_norm(model, labeled)
     before = weights_by_name(model)
     output_dir = str(tmp_path / 'fine_tune')
-    classifier, results = fine_tune.fine_tune_linear(
+    classifier, results = linear_fine_tune.fine_tune_linear(
         model, labeled, test, output_dir=output_dir, seed=5,
         learning_rates=(0.0, 0.1), epochs=(4,), holdout=0.25,
         global_batch_size=8, eval_batch_size=16, **PRE)
     # lr 0 keeps the zero classifier: every prediction is class 0.
     lr0, lr_pos = results['sweep']
-    held = fine_tune.split_holdout(labeled.labels, 0.25, seed=5)[1]
+    held = linear_fine_tune.split_holdout(labeled.labels, 0.25, seed=5)[1]
     assert lr0['top1'] == np.mean(labeled.labels[held] == 0) == 0.5
     assert lr_pos['top1'] >= 0.875
     assert results['best'] == {'learning_rate': 0.1, 'epochs': 4}
     assert results['top1'] >= 0.875 and results['num_train'] == 24
     assert results['holdout']['per_class'].tolist() == [4, 4]
-    with open(os.path.join(output_dir, fine_tune.HOLDOUT_FILENAME)) as f:
+    with open(os.path.join(output_dir, linear_fine_tune.HOLDOUT_FILENAME)) as f:
         assert f.read().split() == [labeled.names[p] for p in held]
-    with open(os.path.join(output_dir, fine_tune.RESULTS_FILENAME)) as f:
+    with open(os.path.join(output_dir, tuning.RESULTS_FILENAME)) as f:
         written = json.load(f)
     assert written['sweep'] == results['sweep']
     assert written['top1'] == results['top1']
     assert written['holdout']['per_class'] == [4, 4]
     assert os.path.isdir(os.path.join(output_dir, 'final', 'train'))
-    restored = fine_tune.build_classifier(model, 2)
+    restored = linear_fine_tune.build_classifier(model, 2)
     restored.load_weights(os.path.join(output_dir,
-                                       fine_tune.CLASSIFIER_WEIGHTS))
+                                       linear_fine_tune.CLASSIFIER_WEIGHTS))
     images = tf.random.stateless_normal([4, SIZE, SIZE, 3], [0, 1])
     np.testing.assert_allclose(restored(images), classifier(images),
                                rtol=1e-6)
@@ -194,12 +197,12 @@ def test_two_replica_steps_match_one_device(two_replicas):
                  global_batch_size=8, image_size=SIZE, mean=PRE['mean'],
                  std=PRE['std'], crop_scale=(0.08, 1.0), momentum=0.9,
                  cosine_decay=True, seed=1)
-    one = fine_tune._train_classifier(
+    one = linear_fine_tune._train_classifier(
         model, source, strategy=tf.distribute.get_strategy(), **train)
-    two = fine_tune._train_classifier(model, source, strategy=two_replicas,
-                                     **train)
+    two = linear_fine_tune._train_classifier(
+        model, source, strategy=two_replicas, **train)
     assert two.optimizer.iterations.numpy() == 2
-    start = fine_tune.build_classifier(model, 2).get_weights()
+    start = linear_fine_tune.build_classifier(model, 2).get_weights()
     for v, w1, w2, w0 in zip(one.weights, one.get_weights(),
                              two.get_weights(), start):
         # Two steps, so the backbone moves too (step 0 has zero gradients
@@ -231,7 +234,7 @@ def test_suncet_batches_are_class_balanced_and_unique_within_a_step():
                   mean=(0.0,) * 3, std=(1.0,) * 3, seed=0)
 
     def batches(num_replicas, **overrides):
-        dataset_fn = fine_tune._suncet_dataset_fn(
+        dataset_fn = suncet_fine_tune._suncet_dataset_fn(
             labeled, num_replicas=num_replicas, **dict(common, **overrides))
         return [(np.round(x[:, 0, 0, 0] * 255).astype(int), y)
                 for x, y in dataset_fn(tf.distribute.InputContext(
@@ -258,11 +261,11 @@ def test_suncet_batches_are_class_balanced_and_unique_within_a_step():
         np.testing.assert_array_equal(classes_0, classes_1)
         assert len(set(ids_0) | set(ids_1)) == 12
     with pytest.raises(ValueError, match='not divisible by the 2 replicas'):
-        fine_tune._suncet_dataset_fn(
+        suncet_fine_tune._suncet_dataset_fn(
             labeled, num_replicas=2, **dict(common, images_per_class=3))
     with pytest.raises(ValueError,
                        match=r'fine_tune_suncet\.images_per_class'):
-        fine_tune._suncet_dataset_fn(
+        suncet_fine_tune._suncet_dataset_fn(
             labeled, num_replicas=1, **dict(common, images_per_class=7))
 
 
@@ -274,7 +277,7 @@ def test_suncet_views_are_flipped_centre_crops():
     labeled = sources.from_arrays(images, np.arange(8) % 2)
     kwargs = dict(image_size=SIZE, crop_fraction=0.75, mean=(0.5,) * 3,
                   std=(0.25,) * 3)
-    dataset_fn = fine_tune._suncet_dataset_fn(
+    dataset_fn = suncet_fine_tune._suncet_dataset_fn(
         labeled, num_steps=20, classes_per_step=2, images_per_class=2,
         views=2, flip=True, num_replicas=1, seed=0, **kwargs)
     centre = [augment.center_view(image, SIZE, **{
@@ -304,7 +307,7 @@ def test_suncet_views_are_flipped_centre_crops():
 def test_suncet_optimizer_is_lars_wrapped_sgd_with_cosine_to_final_lr():
     """snn_fine_tune.py: SGD(momentum 0.9, no Nesterov, wd 0) in LARS(trust
     0.001, bias and BN excluded), lr 0.1 cosine to 0.01 over the run."""
-    optimizer = fine_tune._suncet_optimizer(
+    optimizer = suncet_fine_tune._suncet_optimizer(
         learning_rate=0.1, final_learning_rate=0.01, steps_per_epoch=6,
         num_epochs=30, momentum=0.9, lars=True, trust_coefficient=0.001)
     assert isinstance(optimizer, lars.LARS)
@@ -319,7 +322,7 @@ def test_suncet_optimizer_is_lars_wrapped_sgd_with_cosine_to_final_lr():
             float(schedule(step)),
             0.01 + 0.09 * 0.5 * (1 + math.cos(math.pi * step / 180)),
             rtol=1e-5)
-    plain = fine_tune._suncet_optimizer(
+    plain = suncet_fine_tune._suncet_optimizer(
         learning_rate=0.1, final_learning_rate=0.01, steps_per_epoch=6,
         num_epochs=30, momentum=0.9, lars=False, trust_coefficient=0.001)
     assert isinstance(plain, tf_keras.optimizers.SGD)
@@ -374,12 +377,12 @@ def test_suncet_protocol_through_the_entry_point(tmp_path):
     assert (results['paws_nn_after']['top1']
             > results['paws_nn_before']['top1'])
     output_dir = tmp_path / 'fine_tune'
-    with open(output_dir / fine_tune.RESULTS_FILENAME) as f:
+    with open(output_dir / tuning.RESULTS_FILENAME) as f:
         written = json.load(f)
     assert written['paws_nn_after'] == results['paws_nn_after']
     assert written['paws_nn_by_epoch'] == by_epoch
-    trunk = fine_tune.build_trunk(model)
-    trunk.load_weights(str(output_dir / fine_tune.TRUNK_WEIGHTS))
+    trunk = tuning.build_trunk(model)
+    trunk.load_weights(str(output_dir / tuning.TRUNK_WEIGHTS))
     _, backbone, head = trunk.layers
     pairs = (list(zip(_leaf_layers(model.backbone),
                       _leaf_layers(backbone))) +
@@ -405,10 +408,10 @@ def test_trunk_follows_the_nn_embedding():
     model = build_model(seed=1)
     images = tf.random.stateless_normal([3, SIZE, SIZE, 3], [4, 5])
     outputs = model(images, training=False)
-    np.testing.assert_allclose(fine_tune.build_trunk(model)(images),
+    np.testing.assert_allclose(tuning.build_trunk(model)(images),
                                outputs['projection'], rtol=1e-5, atol=1e-6)
     model.nn_embedding = 'prediction'
-    np.testing.assert_allclose(fine_tune.build_trunk(model)(images),
+    np.testing.assert_allclose(tuning.build_trunk(model)(images),
                                model(images)['prediction'], rtol=1e-5,
                                atol=1e-6)
 
@@ -428,17 +431,17 @@ def test_clear_errors_before_training(tmp_path, two_replicas):
         fine_tune.fine_tune(str(tmp_path), labeled=labeled, protocol='x',
                             **kwargs)
     with pytest.raises(ValueError, match='held-out images'):
-        fine_tune.fine_tune_linear(model, labeled, test, holdout=8,
-                                   output_dir=str(tmp_path), **PRE)
+        linear_fine_tune.fine_tune_linear(model, labeled, test, holdout=8,
+                                          output_dir=str(tmp_path), **PRE)
     with pytest.raises(ValueError, match='not divisible by the 2 replicas'):
-        fine_tune.fine_tune_linear(model, labeled, test, holdout=2,
-                                   global_batch_size=3, strategy=two_replicas,
-                                   output_dir=str(tmp_path), **PRE)
+        linear_fine_tune.fine_tune_linear(
+            model, labeled, test, holdout=2, global_batch_size=3,
+            strategy=two_replicas, output_dir=str(tmp_path), **PRE)
     with pytest.raises(ValueError, match='fewer labeled images'):
-        fine_tune.fine_tune_suncet(model, labeled, test, classes_per_step=2,
-                                   images_per_class=8,
-                                   output_dir=str(tmp_path), **PRE)
+        suncet_fine_tune.fine_tune_suncet(
+            model, labeled, test, classes_per_step=2, images_per_class=8,
+            output_dir=str(tmp_path), **PRE)
     with pytest.raises(ValueError, match=r'fine_tune_suncet\.views'):
-        fine_tune.fine_tune_suncet(model, labeled, test, views=0,
-                                   output_dir=str(tmp_path), **PRE)
+        suncet_fine_tune.fine_tune_suncet(model, labeled, test, views=0,
+                                          output_dir=str(tmp_path), **PRE)
     assert not os.listdir(tmp_path)

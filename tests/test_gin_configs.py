@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from paws_tf import configurables  # noqa: F401
-from paws_tf.evaluation import fine_tune
+from paws_tf.evaluation import suncet_fine_tune
 from paws_tf import model as model_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -141,7 +141,7 @@ def test_cifar10_config_is_appendix_c(clean_gin):
     assert final_bn.momentum == 0.01  # PyTorch momentum 0.99
     # The fine-tuning defaults are cifar10_snn.yaml's.
     defaults = {name: p.default for name, p in inspect.signature(
-        fine_tune.fine_tune_suncet).parameters.items()}
+        suncet_fine_tune.fine_tune_suncet).parameters.items()}
     assert {k: defaults[k] for k in (
         'num_epochs', 'classes_per_step', 'images_per_class', 'views',
         'flip', 'learning_rate', 'final_learning_rate', 'momentum', 'lars',

@@ -8,8 +8,8 @@ from PIL import Image
 import pytest
 
 from paws_tf.data import augment
+from paws_tf.data import folders
 from paws_tf.data import pipeline
-from paws_tf.data import sources
 from paws_tf.runner import experiment
 
 
@@ -35,7 +35,7 @@ def write_folder(root, channels):
 @pytest.mark.parametrize('channels', [1, 3])
 def test_statistics_weigh_every_pixel_once(tmp_path, channels):
     pixels = write_folder(tmp_path / 'labeled', channels)
-    labeled = sources.image_folder(tmp_path / 'labeled', channels=channels)
+    labeled = folders.image_folder(tmp_path / 'labeled', channels=channels)
     mean, std = experiment.channel_statistics(labeled)
     np.testing.assert_allclose(mean, pixels.mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(std, pixels.std(axis=0), rtol=1e-9)
@@ -43,7 +43,7 @@ def test_statistics_weigh_every_pixel_once(tmp_path, channels):
 
 def test_computed_once_and_recorded(tmp_path):
     pixels = write_folder(tmp_path / 'labeled', 3)
-    labeled = sources.image_folder(tmp_path / 'labeled')
+    labeled = folders.image_folder(tmp_path / 'labeled')
     run = tmp_path / 'run'
     mean, std = experiment.resolve_normalization(
         'data', source=labeled, record_dir=str(run))
@@ -57,10 +57,10 @@ def test_computed_once_and_recorded(tmp_path):
     # A resumed run, export or evaluation reads the record, even if the
     # folder has changed since.
     write_folder(tmp_path / 'other', 3)
-    other = sources.image_folder(tmp_path / 'other')
+    other = folders.image_folder(tmp_path / 'other')
     assert experiment.resolve_normalization(
         'data', source=other, record_dir=str(run)) == (mean, std)
-    gray = sources.image_folder(tmp_path / 'labeled', channels=1)
+    gray = folders.image_folder(tmp_path / 'labeled', channels=1)
     with pytest.raises(ValueError, match='normalisation of 3-channel images '
                        'but the images are now decoded to 1 channels'):
         experiment.resolve_normalization('data', source=gray,
@@ -69,7 +69,7 @@ def test_computed_once_and_recorded(tmp_path):
 
 def test_a_subset_of_the_images_when_there_are_many(tmp_path):
     write_folder(tmp_path / 'labeled', 1)
-    labeled = sources.image_folder(tmp_path / 'labeled', channels=1)
+    labeled = folders.image_folder(tmp_path / 'labeled', channels=1)
     positions = np.sort(np.random.default_rng(7).choice(4, 2, replace=False))
     images = [np.asarray(labeled.read(p)).reshape(-1) / 255.0
               for p in positions]
@@ -112,7 +112,7 @@ def test_or_from_a_sample_of_the_unlabeled_images(tmp_path):
 
 def test_fixed_values_and_presets(tmp_path):
     write_folder(tmp_path / 'labeled', 3)
-    labeled = sources.image_folder(tmp_path / 'labeled')
+    labeled = folders.image_folder(tmp_path / 'labeled')
     assert experiment.resolve_normalization(
         'imagenet', source=labeled, record_dir=str(tmp_path / 'a')) == (
             augment.IMAGENET_MEAN, augment.IMAGENET_STD)
@@ -136,7 +136,7 @@ def test_constant_images_cannot_be_normalised(tmp_path):
         path = tmp_path / 'labeled' / 'flat' / f'{i}.png'
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(np.full((4, 4), 9, np.uint8), 'L').save(path)
-    labeled = sources.image_folder(tmp_path / 'labeled', channels=1)
+    labeled = folders.image_folder(tmp_path / 'labeled', channels=1)
     with pytest.raises(ValueError, match="constant value.*bind "
                        "NORMALIZATION = 'imagenet'"):
         experiment.resolve_normalization('data', source=labeled,

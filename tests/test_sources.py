@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from tests.helpers import idx
+from paws_tf.data import folders
 from paws_tf.data import sources
 
 
@@ -82,7 +83,7 @@ def _folder(tmp_path):
 
 def test_labeled_image_folder(folder):
     root, pixels = folder
-    source = sources.image_folder(root)
+    source = folders.image_folder(root)
     assert source.class_names == ('cat', 'dog')
     assert source.names == ('cat/a.jpg', 'cat/b.PNG', 'dog/c.png',
                             'dog/more/d.png')
@@ -93,13 +94,13 @@ def test_labeled_image_folder(folder):
         pixels['gray'][..., None], 3, -1))  # grayscale -> 3 channels
     np.testing.assert_array_equal(images[2], pixels['rgb'])
     np.testing.assert_array_equal(images[3], pixels['rgb'])  # alpha dropped
-    gray = sources.image_folder(root, channels=1)
+    gray = folders.image_folder(root, channels=1)
     assert {image.shape for image in _read_all(gray)} == {(6, 5, 1)}
 
 
 def test_unlabeled_image_folder_is_recursive(folder):
     root, _ = folder
-    source = sources.image_folder(root, labeled=False)
+    source = folders.image_folder(root, labeled=False)
     assert source.labels is None and source.num_examples == 4
     assert source.names[-1] == 'dog/more/d.png'
     with pytest.raises(ValueError, match='has no labels'):
@@ -109,9 +110,9 @@ def test_unlabeled_image_folder_is_recursive(folder):
 def test_empty_folder_errors(tmp_path):
     (tmp_path / 'cls').mkdir()
     with pytest.raises(ValueError, match='No .* images under'):
-        sources.image_folder(tmp_path)
+        folders.image_folder(tmp_path)
     with pytest.raises(ValueError, match='does not exist'):
-        sources.image_folder(tmp_path / 'missing')
+        folders.image_folder(tmp_path / 'missing')
 
 
 def test_labeled_paths_file(folder, tmp_path):
@@ -119,7 +120,7 @@ def test_labeled_paths_file(folder, tmp_path):
     split = tmp_path / 'labeled.txt'
     split.write_text('# two labeled images\ndog/more/d.png\n\ncat/a.jpg\n')
     labeled, unlabeled = sources.select_labeled(
-        sources.image_folder(root), split_file=split,
+        folders.image_folder(root), split_file=split,
         include_labeled_in_unlabeled=False)
     assert labeled.names == ('cat/a.jpg', 'dog/more/d.png')
     np.testing.assert_array_equal(labeled.labels, [0, 1])

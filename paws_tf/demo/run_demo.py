@@ -7,10 +7,10 @@ import time
 import numpy as np
 
 from paws_tf import checks
-from paws_tf import dist
 from paws_tf.data import pipeline
 from paws_tf.demo import report
 from paws_tf.demo import supervised
+from paws_tf import dist
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import export
 from paws_tf.evaluation import fine_tune

@@ -12,6 +12,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from paws_tf.data import folders
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import sources
 
@@ -247,9 +248,9 @@ def image_folders(labeled_root, unlabeled_root, *, channels=3,
     Returns:
         `(labeled, unlabeled)` `ImageSource`s.
     """
-    labeled = sources.image_folder(labeled_root, labeled=True,
+    labeled = folders.image_folder(labeled_root, labeled=True,
                                    channels=channels)
-    unlabeled = sources.image_folder(unlabeled_root, labeled=False,
+    unlabeled = folders.image_folder(unlabeled_root, labeled=False,
                                      channels=channels)
     if include_labeled_in_unlabeled:
         paths = ([os.path.join(unlabeled_root, n) for n in unlabeled.names] +

@@ -1,0 +1,122 @@
+"""Image folders as sources: one sub-folder per class (labeled) or a flat
+tree (unlabeled), with undecodable files found before training starts."""
+
+import pathlib
+
+from absl import logging
+import gin
+import tensorflow as tf
+
+from paws_tf.data import sources
+
+
+IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif')
+BAD_IMAGE_POLICIES = ('skip', 'fail')
+_MAX_LISTED = 5  # Files or classes named in an error; longer lists are cut.
+
+
+def _image_files(directory):
+    """Sorted image files under `directory`, recursively."""
+    return sorted(p for p in pathlib.Path(directory).rglob('*')
+                  if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+
+
+def undecodable(paths, channels):
+    """Positions of the files that cannot be read and decoded as images.
+
+    Decodes every file once, in parallel (zero-byte, truncated, corrupt and
+    non-image files fail; grayscale, RGBA and CMYK files convert).
+
+    Args:
+        paths: file paths.
+        channels: channels to decode to.
+
+    Returns:
+        Sorted list of the positions of the bad files.
+    """
+    def check(position, path):
+        image = sources.decode_image(tf.io.read_file(path), channels)
+        return position, tf.shape(image)[0]
+
+    good = (tf.data.Dataset.from_tensor_slices(list(paths)).enumerate()
+            .map(check, num_parallel_calls=tf.data.AUTOTUNE,
+                 deterministic=False)
+            .ignore_errors())
+    decoded = {int(position) for position, _ in good.as_numpy_iterator()}
+    return sorted(set(range(len(paths))) - decoded)
+
+
+@gin.configurable
+def image_folder(root, *, labeled=True, channels=3, check_images=True,
+                 on_bad_image='skip'):
+    """Lists the image files under `root` (decoded on read).
+
+    Broken files are found before training, not hours into it: with
+    `check_images` every file is decoded once here; files that fail are
+    skipped and counted in the log (`on_bad_image='skip'`) or stop the run
+    (`'fail'`).
+
+    Args:
+        root: folder. Labeled: `root/<class_name>/**/*.{jpg,png,...}` with
+            class ids given by sorted class name. Unlabeled: every image
+            under `root`, recursively.
+        labeled: whether subfolders are classes.
+        channels: channels to decode to (grayscale/RGBA/CMYK converted).
+        check_images: decode every file once now (for a huge folder known
+            to be clean, False skips it; a bad file then stops training).
+        on_bad_image: `'skip'` or `'fail'`.
+
+    Returns:
+        An `ImageSource` whose names are paths relative to `root`.
+
+    Raises:
+        ValueError: if `root` holds no images, a class folder is empty, or
+            a file is broken and `on_bad_image` is `'fail'`.
+    """
+    if on_bad_image not in BAD_IMAGE_POLICIES:
+        raise ValueError(f'on_bad_image must be one of {BAD_IMAGE_POLICIES}, '
+                         f'got {on_bad_image!r}.')
+    root = pathlib.Path(root)
+    if not root.is_dir():
+        raise ValueError(f'Image folder {root} does not exist.')
+    if labeled:
+        class_names = sorted(d.name for d in root.iterdir() if d.is_dir())
+        files, labels = [], []
+        for class_id, name in enumerate(class_names):
+            class_files = _image_files(root / name)
+            files += class_files
+            labels += [class_id] * len(class_files)
+    else:
+        class_names, files, labels = [], _image_files(root), None
+    if not files:
+        raise ValueError(
+            f'No {"/".join(IMAGE_EXTENSIONS)} images under {root}' +
+            (' in class subfolders.' if labeled else '.'))
+    if check_images:
+        bad = undecodable([str(p) for p in files], channels)
+        if bad:
+            shown = ', '.join(files[i].relative_to(root).as_posix()
+                              for i in bad[:_MAX_LISTED])
+            if on_bad_image == 'fail':
+                raise ValueError(
+                    f'{len(bad)} of {len(files)} files under {root} cannot '
+                    f'be decoded as images: {shown}. Remove or repair them, '
+                    "or set on_bad_image='skip'.")
+            logging.warning('Skipping %d of %d files under %s that cannot be '
+                            'decoded as images: %s', len(bad), len(files),
+                            root, shown)
+            keep = sorted(set(range(len(files))) - set(bad))
+            files = [files[i] for i in keep]
+            labels = None if labels is None else [labels[i] for i in keep]
+    if labeled:
+        present = set(labels)
+        empty = [name for class_id, name in enumerate(class_names)
+                 if class_id not in present]
+        if empty:
+            raise ValueError(
+                f'Class folders under {root} hold no usable images: '
+                f'{empty[:_MAX_LISTED]}. Add images or remove the folders.')
+    return sources.from_files([str(p) for p in files],
+                      [p.relative_to(root).as_posix() for p in files],
+                      labels=labels, class_names=class_names,
+                      channels=channels)

@@ -1,0 +1,232 @@
+"""Seeded image operations of the augmentations: crops, PIL's box blur, flips,
+uint8 rounding and normalisation, on float32 images in [0, 1]."""
+
+import math
+
+import tensorflow as tf
+
+
+# Multiply, never divide, by constants: Grappler's constant folding turns
+# x / c into x * (1 / c), so eager and traced results would differ by 1 ulp.
+_UINT8_SCALE = 1 / 255
+
+
+def split_seed(seed, num):
+    """`num` independent stateless seeds derived from `seed`."""
+    # stateless_split keeps the seed dtype: cast, so int32 == int64 seeds.
+    seed = tf.cast(seed, tf.int64)
+    return tf.unstack(tf.random.experimental.stateless_split(seed, num))
+
+
+def num_channels(image):
+    """The static channel count of `image`, which must be 1 or 3."""
+    if image.shape[-1] not in (1, 3):
+        raise ValueError(f'Need a static channel count of 1 or 3, got '
+                         f'shape {image.shape}.')
+    return image.shape[-1]
+
+
+def resize(image, size, antialias=False):
+    """Bilinear resize to float32 in [0, 1]; uint8 is scaled after resizing."""
+    resized = tf.image.resize(image, size, antialias=antialias)  # float32
+    return resized * _UINT8_SCALE if image.dtype == tf.uint8 else resized
+
+
+def sample_crop_box(height, width, seed, scale, ratio=(3 / 4, 4 / 3),
+                    attempts=10):
+    """Samples a box with torchvision `RandomResizedCrop.get_params` semantics.
+
+    The `attempts` candidates are drawn at once and the first valid one is
+    taken, which is what torchvision's sequential loop returns.
+
+    Args:
+        height: int or int32 scalar tensor, image height H.
+        width: int or int32 scalar tensor, image width W.
+        seed: [2] int32/int64 stateless seed.
+        scale: (min, max) fraction of the image area.
+        ratio: (min, max) aspect ratio w/h, sampled log-uniformly.
+        attempts: number of candidates before the centre-crop fallback.
+
+    Returns:
+        (offset_y, offset_x, h, w), int32 scalars with
+        0 <= offset_y <= H - h and 0 <= offset_x <= W - w.
+    """
+    height, width = (tf.cast(v, tf.float64) for v in (height, width))
+    u = tf.random.stateless_uniform([2 * attempts + 2], seed, dtype=tf.float64)
+    # torchvision: area * U(scale), exp(U(log r0, log r1)), round() to even.
+    target_area = height * width * (
+        scale[0] + (scale[1] - scale[0]) * u[:attempts])
+    log_r0, log_r1 = math.log(ratio[0]), math.log(ratio[1])
+    aspect = tf.exp(log_r0 + (log_r1 - log_r0) * u[attempts:2 * attempts])
+    w = tf.round(tf.sqrt(target_area * aspect))  # [attempts]
+    h = tf.round(tf.sqrt(target_area / aspect))  # [attempts]
+    valid = (w > 0) & (w <= width) & (h > 0) & (h <= height)
+    # argmax does not promise the first index among ties; this does.
+    first = tf.reduce_min(tf.where(valid, tf.range(attempts), attempts))
+    found = first < attempts
+    first = tf.minimum(first, attempts - 1)
+
+    # torchvision fallback: centred crop, aspect clamped to [r_min, r_max].
+    in_ratio = width / height
+    r_min, r_max = min(ratio), max(ratio)
+    fallback_w = tf.where(in_ratio > r_max, tf.round(height * r_max), width)
+    fallback_h = tf.where(in_ratio < r_min, tf.round(width / r_min), height)
+    h = tf.where(found, h[first], fallback_h)
+    w = tf.where(found, w[first], fallback_w)
+    # randint(0, H - h + 1) for a sampled box, (H - h) // 2 for the fallback.
+    offset_y = tf.where(found, tf.floor(u[-2] * (height - h + 1)),
+                        tf.floor((height - h) / 2))
+    offset_x = tf.where(found, tf.floor(u[-1] * (width - w + 1)),
+                        tf.floor((width - w) / 2))
+    return tuple(tf.cast(v, tf.int32) for v in (offset_y, offset_x, h, w))
+
+
+def random_resized_crop(image, seed, size, scale, ratio=(3 / 4, 4 / 3),
+                        attempts=10, antialias=True):
+    """torchvision `RandomResizedCrop`: crop a random box, resize bilinearly.
+
+    The official PAWS code runs it on PIL images, whose bilinear resize
+    widens its triangle filter when it shrinks (antialiasing): with
+    `antialias` (the default) the view matches PIL's to within its uint8
+    rounding, as evaluation's `center_view` does. Without it, the resize
+    samples the box like torchvision on tensors or SimCLR's TF code, which
+    aliases when the box is larger than the view. Slice + resize with
+    half-pixel centres: `tf.image.crop_and_resize` is slower on CPU, and
+    float rounding of its align-corners boxes put ~6% of edge-touching
+    samples outside the image (extrapolation value 0).
+
+    Args:
+        image: [H, W, C] uint8 (scaled by 1/255) or float in [0, 1].
+        seed: [2] int32/int64 stateless seed.
+        size: int or (height, width) of the output.
+        scale: (min, max) fraction of the image area.
+        ratio: (min, max) aspect ratio w/h.
+        attempts: candidate boxes before the centre-crop fallback.
+        antialias: widen the filter when shrinking, as PIL does.
+
+    Returns:
+        [size, size, C] float32 in [0, 1].
+    """
+    image = tf.convert_to_tensor(image)
+    shape = tf.shape(image)
+    offset_y, offset_x, h, w = sample_crop_box(
+        shape[0], shape[1], seed, scale, ratio, attempts)
+    crop = image[offset_y:offset_y + h, offset_x:offset_x + w]
+    return resize(crop, (size, size) if isinstance(size, int) else size,
+                   antialias=antialias)
+
+
+def quantize(image):
+    """Float [0, 1] -> uint8, rounded: the image PIL would hold."""
+    return tf.cast(tf.round(tf.clip_by_value(image, 0.0, 1.0) * 255.0),
+                   tf.uint8)
+
+
+def on_uint8(op, image):
+    """`op` applied to the uint8 quantisation of a float [0, 1] image."""
+    return tf.cast(op(quantize(image)), tf.float32) * _UINT8_SCALE
+
+
+def random_apply(coin, prob, op, image):
+    return tf.cond(coin < prob, lambda: op(image), lambda: image)
+
+
+def box_blur_radius(sigma, passes=3):
+    """PIL's extended-box radius whose `passes` boxes approximate a Gaussian
+    of standard deviation `sigma` (Gwosdek et al. 2011, Eqs. 7, 11, 14),
+    in PIL's float32 arithmetic."""
+    sigma2 = tf.cast(sigma, tf.float32) ** 2 / passes
+    length = tf.cast(tf.sqrt(12.0 * tf.cast(sigma2, tf.float64) + 1.0),
+                     tf.float32)
+    whole = tf.cast(tf.floor((tf.cast(length, tf.float64) - 1.0) / 2.0),
+                    tf.float32)
+    fraction = (2 * whole + 1) * (whole * (whole + 1) - 3 * sigma2) / (
+        6 * (sigma2 - (whole + 1) * (whole + 1)))
+    return whole + fraction
+
+
+def _box_blur_pass(x, axis, radius):
+    """One pass of PIL's extended box blur of float64 integers along `axis`
+    of [H, W, C]: 2r + 1 taps of weight ww / 2^24 and the two beyond of fw /
+    2^24 (r = int(radius)), edge pixels repeated, rounded to integers, in
+    PIL's fixed-point arithmetic (exact in float64)."""
+    n = tf.shape(x)[axis]
+    r = tf.cast(radius, tf.int32)
+    inner = tf.cast(tf.floor(2.0 ** 24 / (radius * 2 + 1)), tf.float64)
+    outer = tf.floor((2.0 ** 24 - tf.cast(2 * r + 1, tf.float64) * inner) / 2)
+    padded = tf.gather(x, tf.clip_by_value(tf.range(-r - 1, n + r + 1), 0,
+                                           n - 1), axis=axis)
+    sums = tf.cumsum(padded, axis=axis)
+
+    def window(t, start):  # t[start:start + n] along `axis`.
+        begin = tf.one_hot(axis, 3, on_value=start, off_value=0)
+        size = tf.one_hot(axis, 3, on_value=n, off_value=-1)
+        return tf.slice(t, begin, size)
+
+    inside = window(sums, 2 * r + 1) - window(sums, 0)
+    beyond = window(padded, 0) + window(padded, 2 * r + 2)
+    return tf.floor((inside * inner + beyond * outer + 2.0 ** 23) / 2.0 ** 24)
+
+
+def box_gaussian_blur(image, sigma, passes=3):
+    """PIL `ImageFilter.GaussianBlur(radius=sigma)` of a uint8 image.
+
+    PIL approximates the Gaussian with `passes` extended box blurs along the
+    rows, then along the columns, each rounded to uint8, with the edge
+    pixels repeated: no kernel truncation; the same values as PIL.
+
+    Args:
+        image: [H, W, C] uint8.
+        sigma: scalar standard deviation, in pixels.
+        passes: boxes per direction (PIL: 3).
+
+    Returns:
+        [H, W, C] uint8.
+    """
+    radius = box_blur_radius(sigma, passes)
+    x = tf.cast(image, tf.float64)
+    for axis in (1, 0):
+        for _ in range(passes):
+            x = _box_blur_pass(x, axis, radius)
+    return tf.cast(x, tf.uint8)
+
+
+def gaussian_blur(image, seed, prob=0.5, sigma_range=(0.1, 2.0)):
+    """The official PAWS random Gaussian blur (PIL, on the uint8 image).
+
+    Args:
+        image: [H, W, C] float in [0, 1].
+        seed: [2] int32/int64 stateless seed.
+        prob: probability of blurring.
+        sigma_range: (min, max) of the uniform sigma, in pixels.
+
+    Returns:
+        [H, W, C] float32 in [0, 1] (multiples of 1/255 where blurred).
+    """
+    image = tf.cast(image, tf.float32)
+    u = tf.random.stateless_uniform([2], seed)
+    sigma = sigma_range[0] + (sigma_range[1] - sigma_range[0]) * u[1]
+    return random_apply(
+        u[0], prob,
+        lambda x: on_uint8(lambda v: box_gaussian_blur(v, sigma), x), image)
+
+
+def random_flip(image, seed):
+    """Flips [H, W, C] left-right with probability 0.5."""
+    return tf.image.stateless_random_flip_left_right(image, seed)
+
+
+def normalize(image, mean, std):
+    """Returns float32 (image - mean) / std, with length-C `mean` and `std`."""
+    if image.shape[-1] is not None and not (
+            len(mean) == len(std) == image.shape[-1]):
+        raise ValueError(f'mean {mean} / std {std} do not match image shape '
+                         f'{image.shape}.')
+    shape = tf.shape(image)
+    # Broadcasting [C] along the innermost axis is slow in Eigen; use
+    # [W * C] rows of the [H, W * C] view instead.
+    mean = tf.tile(tf.constant(mean, tf.float32), shape[1:2])
+    inv_std = tf.tile(tf.constant([1 / s for s in std], tf.float32),
+                      shape[1:2])
+    rows = tf.reshape(tf.cast(image, tf.float32), [shape[0], -1])
+    return tf.reshape((rows - mean) * inv_std, shape)

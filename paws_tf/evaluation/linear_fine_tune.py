@@ -1,0 +1,275 @@
+"""The ImageNet fine-tuning protocol of PAWS App. A: a classifier on the
+pre-trained network, its learning rate and epochs chosen on a held-out part
+of the labeled images, then retrained on all of them."""
+
+import math
+import os
+
+from absl import logging
+import gin
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from paws_tf.data import augment
+from paws_tf.data import pipeline
+from paws_tf.data import sampling
+from paws_tf import dist
+from paws_tf.evaluation import tuning
+from paws_tf import schedules
+
+
+HOLDOUT_FILENAME = 'holdout.txt'
+# tf_keras weight prefixes in the output directory; load them into
+# `build_classifier(model, num_classes)` / `tuning.build_trunk(model)`.
+CLASSIFIER_WEIGHTS = 'classifier'
+# `sampling.derive_seed` tags of the classifier input, apart from sampling's.
+_TRAIN_ORDER = 101
+_TRAIN_VIEWS = 102
+
+
+def build_classifier(model, num_classes):
+    """Backbone -> fc1 -> bn1 -> ReLU -> linear layer initialised to zero.
+
+    PAWS App. A follows SimCLRv2: fine-tune from the first layer of the
+    projection head. Copies of the layers are made in the current strategy
+    scope (`model` is not modified); all but BN statistics are trainable.
+
+    Args:
+        model: pre-trained, built `model.PAWSModel`.
+        num_classes: classifier outputs.
+
+    Returns:
+        Functional `tf_keras.Model`: images -> float32 `[B, num_classes]`.
+
+    Raises:
+        ValueError: the projection head has no hidden layer.
+    """
+    first = model.projection_head.mlp_layers[:3]
+    if [layer.name for layer in first] != ['fc1', 'bn1', 'relu1']:
+        raise ValueError('The projection head has no fc1 -> bn1 -> relu1 '
+                         'layer to fine-tune from (num_layers >= 2).')
+    inputs = tf_keras.Input(model.backbone.input_shape[1:])
+    # [B, hidden_dim]
+    hidden = tuning.copy_into(inputs, [model.backbone] + first)
+    logits = tf_keras.layers.Dense(
+        num_classes, kernel_initializer='zeros', bias_initializer='zeros',
+        dtype='float32', name='classifier')(hidden)
+    return tf_keras.Model(inputs, logits, name='fine_tune_classifier')
+
+
+def _optimizer(learning_rate, total_steps, *, momentum, cosine_decay=True):
+    """Nesterov SGD without weight decay; the rate is cosine-decayed to 0 or
+    constant.
+
+    SimCLR(v2) fine-tuning decays with a cosine and no warm-up (google-
+    research/simclr `--optimizer=momentum --warmup_epochs=0`: Nesterov SGD
+    with `WarmUpAndCosineDecay`), as does the official PAWS `fine_tune.py`.
+    tf_keras' Nesterov update: `v = mu v - lr g; w += mu v - lr g`.
+    """
+    if cosine_decay:
+        learning_rate = schedules.WarmupCosineDecay(
+            total_steps, 1, learning_rate, learning_rate, warmup_epochs=0)
+    return tf_keras.optimizers.SGD(learning_rate, momentum=momentum,
+                                   nesterov=True)
+
+
+def split_holdout(labels, holdout, seed):
+    """Class-stratified, seeded held-out part of the labeled set.
+
+    Args:
+        labels: int [N] class ids.
+        holdout: int count, or float fraction of N; every class gives its
+            share, rounded by largest remainder.
+        seed: seed of the draw.
+
+    Returns:
+        `(train, held_out)`: disjoint sorted int64 positions covering N.
+
+    Raises:
+        ValueError: a count outside [1, N), or a class left without
+            training images.
+    """
+    labels = np.asarray(labels)
+    count = (round(holdout * labels.size) if isinstance(holdout, float)
+             else int(holdout))
+    if not 0 < count < labels.size:
+        raise ValueError(f'holdout={holdout!r} gives {count} held-out images '
+                         f'of {labels.size} labeled: need 1 to N - 1.')
+    class_ids, sizes = np.unique(labels, return_counts=True)
+    share = count * sizes / labels.size
+    quota = np.floor(share).astype(np.int64)
+    quota[np.argsort(quota - share, kind='stable')[:count - quota.sum()]] += 1
+    if np.any(quota >= sizes):
+        raise ValueError(
+            f'holdout={holdout!r} leaves class(es) '
+            f'{class_ids[quota >= sizes][:5].tolist()} without training '
+            'images: hold out fewer images.')
+    rng = np.random.default_rng(seed)
+    held = np.sort(np.concatenate([
+        rng.choice(np.flatnonzero(labels == c), q, replace=False)
+        for c, q in zip(class_ids, quota)]))
+    return np.setdiff1d(np.arange(labels.size), held), held
+
+
+def _classifier_dataset_fn(source, global_batch_size, num_replicas, seed,
+                           **view_args):
+    """Per-replica `(views, labels)` batches: random crops and flips."""
+    n, batch = source.num_examples, global_batch_size // num_replicas
+
+    def dataset_fn(context=None):
+        first, local = tuning.pipeline_replicas(context, num_replicas)
+        label_table = tf.constant(source.labels, tf.int32)
+        rows = slice(first * batch, (first + local) * batch)
+
+        def epoch_items(epoch):
+            order = sampling.permutation(
+                n, sampling.derive_seed(seed, _TRAIN_ORDER, epoch))
+            return tf.data.Dataset.from_tensor_slices(
+                (tf.fill([n], epoch), order))
+
+        def view(epoch, position):
+            key = sampling.derive_seed(seed, _TRAIN_VIEWS, epoch, position)
+            return augment.make_view(
+                source.read(position), key, color_strength=0.0,
+                blur_prob=0.0, **view_args), tf.gather(label_table, position)
+
+        # Every pipeline walks the same stream of reshuffled epochs and
+        # keeps its replicas' rows of each global batch.
+        return tuning.finish(
+            tf.data.Dataset.counter().flat_map(epoch_items)
+            .batch(global_batch_size).map(lambda e, p: (e[rows], p[rows]))
+            .unbatch().map(view, num_parallel_calls=tf.data.AUTOTUNE)
+            .batch(batch, drop_remainder=True))
+
+    return dataset_fn
+
+
+def _train_classifier(model, source, *, strategy, num_classes,
+                      learning_rate, epochs, global_batch_size, image_size,
+                      mean, std, crop_scale, momentum, cosine_decay, seed,
+                      log_dir=None):
+    """Trains a fresh `build_classifier` network on `source` (App. A).
+
+    Softmax cross-entropy on random resized crops (torchvision's default
+    scale, as the official code and SimCLR) flipped at random. An epoch is
+    ceil(N / global_batch_size) steps of a stream reshuffled every pass.
+    """
+    steps_per_epoch = math.ceil(source.num_examples / global_batch_size)
+    with strategy.scope():
+        classifier = build_classifier(model, num_classes)
+        classifier.compile(
+            optimizer=_optimizer(
+                learning_rate, steps_per_epoch * epochs, momentum=momentum,
+                cosine_decay=cosine_decay),
+            loss=tf_keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True),
+            metrics=[tf_keras.metrics.SparseCategoricalAccuracy(name='top1'),
+                     tf_keras.metrics.SparseTopKCategoricalAccuracy(
+                         k=5, name='top5')])
+        # Slots made now spare `fit` a second trace of its step.
+        classifier.optimizer.build(classifier.trainable_variables)
+    dataset = strategy.distribute_datasets_from_function(
+        _classifier_dataset_fn(
+            source, global_batch_size, strategy.num_replicas_in_sync, seed,
+            size=image_size, scale=crop_scale, mean=mean, std=std))
+    classifier.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                   callbacks=[tuning.tensorboard(log_dir)] if log_dir else [])
+    return classifier
+
+
+def _scores(classifier, dataset):
+    scores = classifier.evaluate(dataset, return_dict=True, verbose=0)
+    return {name: float(value) for name, value in scores.items()}
+
+
+@gin.configurable(denylist=tuning.PASSED)
+def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
+                     crop_fraction, mean, std, strategy=None, seed=0,
+                     learning_rates=(0.01, 0.02, 0.05, 0.1, 0.2),
+                     epochs=(30, 50), holdout=12000, global_batch_size=1024,
+                     crop_scale=(0.08, 1.0), momentum=0.9, cosine_decay=True,
+                     eval_batch_size=256):
+    """PAWS App. A: sweep on a held-out split, retrain, test (centre crop).
+
+    Each (learning rate, epochs) pair trains a fresh classifier on the
+    labeled images outside the held-out split and is scored on that split;
+    the best top-1 (the first in sweep order on ties) is retrained on the
+    whole labeled set and evaluated on `test`. `output_dir` receives the
+    held-out names, TensorBoard logs (`sweep/*`, `final`), the weights and
+    the results JSON.
+
+    Args:
+        model, labeled, test, image_size, crop_fraction, mean, std,
+            strategy, seed: as in `fine_tune.fine_tune`; `crop_fraction` is for
+            evaluation (training takes random crops).
+        output_dir: where outputs go.
+        learning_rates, epochs: the sweep (BYOL's protocol).
+        holdout: held-out images, a count (paper: 12000) or a fraction.
+        global_batch_size: images per step over all replicas.
+        crop_scale: area range of the training crops.
+        momentum: Nesterov momentum.
+        cosine_decay: cosine decay to 0 without warm-up, else constant.
+        eval_batch_size: batch of the held-out and test passes.
+
+    Returns:
+        `(classifier, results)`: the final network and the results dict.
+
+    Raises:
+        ValueError: empty labeled set or sweep, bad held-out size, batch not
+            divisible by the replicas; raised before any training.
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    num_classes = tuning.num_classes(labeled)
+    if global_batch_size % strategy.num_replicas_in_sync:
+        raise ValueError(
+            f'global_batch_size={global_batch_size} is not divisible by the '
+            f'{strategy.num_replicas_in_sync} replicas.')
+    if not learning_rates or not epochs:
+        raise ValueError('Give at least one learning rate and epoch count.')
+    train_positions, held = split_holdout(labeled.labels, holdout, seed)
+    train_source = labeled.subset(train_positions)
+    evaluation = dict(batch_size=eval_batch_size, image_size=image_size,
+                      crop_fraction=crop_fraction, mean=mean, std=std)
+    held_dataset = pipeline.make_eval_dataset(labeled.subset(held),
+                                              **evaluation)
+    test_dataset = pipeline.make_eval_dataset(test, **evaluation)
+    os.makedirs(output_dir, exist_ok=True)
+    holdout_file = os.path.join(output_dir, HOLDOUT_FILENAME)
+    if dist.is_chief(strategy):
+        with open(holdout_file, 'w') as f:
+            f.writelines(f'{labeled.names[p]}\n' for p in held)
+    train = dict(strategy=strategy, num_classes=num_classes,
+                 global_batch_size=global_batch_size, image_size=image_size,
+                 mean=mean, std=std, crop_scale=crop_scale, momentum=momentum,
+                 cosine_decay=cosine_decay, seed=seed)
+    sweep = []
+    for learning_rate in learning_rates:
+        for num_epochs in epochs:
+            classifier = _train_classifier(
+                model, train_source, learning_rate=learning_rate,
+                epochs=num_epochs,
+                log_dir=os.path.join(output_dir, 'sweep',
+                                     f'lr{learning_rate:g}_ep{num_epochs}'),
+                **train)
+            sweep.append(dict(learning_rate=learning_rate, epochs=num_epochs,
+                              **_scores(classifier, held_dataset)))
+            logging.info('Fine-tuning sweep, held-out: %s', sweep[-1])
+    best = max(sweep, key=lambda entry: entry['top1'])
+    best = {'learning_rate': best['learning_rate'], 'epochs': best['epochs']}
+    classifier = _train_classifier(
+        model, labeled, log_dir=os.path.join(output_dir, 'final'),
+        **best, **train)
+    scores = _scores(classifier, test_dataset)
+    logging.info('Fine-tuned with %s: test %s', best, scores)
+    results = {
+        'protocol': 'imagenet', 'top1': scores['top1'],
+        'top5': scores.get('top5'), 'test': scores, 'best': best,
+        'sweep': sweep,
+        'num_train': len(train_positions), 'weights': CLASSIFIER_WEIGHTS,
+        'holdout': {'count': len(held), 'seed': seed, 'file': holdout_file,
+                    'per_class': np.bincount(labeled.labels[held],
+                                             minlength=num_classes)}}
+    tuning.write_outputs(strategy, output_dir, classifier, CLASSIFIER_WEIGHTS,
+                         results)
+    return classifier, results

@@ -1,0 +1,292 @@
+"""The CIFAR-10 fine-tuning protocol of PAWS App. C, as the official code runs
+it: SuNCEt on class-balanced batches of two flipped views of the labeled
+images, batch norm in inference mode, then PAWS-NN of the final model."""
+
+from absl import logging
+import gin
+import tensorflow as tf
+import tf_keras
+
+from paws_tf import checks
+from paws_tf.data import augment
+from paws_tf.data import image_ops
+from paws_tf.data import pipeline
+from paws_tf.data import sampling
+from paws_tf import dist
+from paws_tf.evaluation import evaluate
+from paws_tf.evaluation import tuning
+from paws_tf import lars as lars_lib
+from paws_tf import losses
+from paws_tf import model as model_lib
+from paws_tf import schedules
+
+
+# `sampling.derive_seed` tag of the views, apart from sampling's and the
+# ImageNet protocol's.
+_SUNCET_VIEWS = 103
+
+
+def _suncet_dataset_fn(labeled, *, num_steps, classes_per_step,
+                       images_per_class, views, flip, num_replicas,
+                       image_size, crop_fraction, mean, std, seed):
+    """Per-replica `(images [V K n, S, S, C], labels [V K n])` of each step.
+
+    A step has `classes_per_step` classes of `images_per_class` images over
+    all replicas, each replica taking its share of every class: unique
+    within the step, drawn with replacement across steps (the official
+    ClassStratifiedSampler draws each step from a fresh permutation of a
+    class's images, which is the same). Every image gives V views, view-
+    major: the centre crop of evaluation, flipped at random (suncet
+    `CenterCrop(32)` + `RandomHorizontalFlip`).
+    """
+    if images_per_class % num_replicas:
+        raise ValueError(
+            f'fine_tune_suncet.images_per_class={images_per_class} is not '
+            f'divisible by the {num_replicas} replicas: use a multiple of '
+            f'{num_replicas}.')
+    sampler = sampling.SupportSampler(
+        labeled.labels, classes_per_step=classes_per_step,
+        images_per_class=images_per_class // num_replicas,
+        num_replicas=num_replicas, unique_classes_per_replica=False,
+        seed=seed, class_names=labeled.class_names,
+        binding='fine_tune_suncet')
+    rows = classes_per_step * images_per_class // num_replicas
+
+    def dataset_fn(context=None):
+        first, local = tuning.pipeline_replicas(context, num_replicas)
+
+        def step_items(i):
+            step = i // local
+            positions, class_ids = sampler(step, first + i % local)
+            return tf.data.Dataset.from_tensor_slices(
+                (tf.fill(tf.shape(positions), step), positions, class_ids))
+
+        def image_views(step, position, class_id):
+            view = augment.center_view(
+                labeled.read(position), image_size,
+                crop_fraction=crop_fraction, mean=mean, std=std)
+            if flip:
+                return tuple(image_ops.random_flip(view, sampling.derive_seed(
+                    seed, _SUNCET_VIEWS, step, position, v))
+                    for v in range(views)), class_id
+            return (view,) * views, class_id
+
+        def step_batch(batch_views, class_ids):
+            return (tf.concat(batch_views, 0),  # [V K n, S, S, C]
+                    tf.tile(class_ids, [views]))
+
+        # Always in order: a batch is one step's rows of one replica.
+        return tuning.finish(
+            tf.data.Dataset.range(num_steps * local).flat_map(step_items)
+            .map(image_views, num_parallel_calls=tf.data.AUTOTUNE,
+                 deterministic=True)
+            .batch(rows, drop_remainder=True).map(step_batch))
+
+    return dataset_fn
+
+
+class _SuncetTrainer(tf_keras.Model):
+    """Trains a trunk with the SuNCEt loss of the gathered batch, its batch
+    norms in inference mode (PyTorch's `module.eval()`: running statistics
+    used and kept, gamma and beta still trained)."""
+
+    def __init__(self, trunk, num_classes, tau):
+        super().__init__()
+        self.trunk = trunk
+        self.num_classes = num_classes
+        self.tau = tau
+        self._loss = model_lib.LastValue('loss')
+        self._learning_rate = model_lib.LastValue('learning_rate')
+
+    @property
+    def metrics(self):
+        return [self._loss, self._learning_rate]
+
+    def train_step(self, batch):
+        images, labels = batch  # [V K n, S, S, C], [V K n]
+        with tf.GradientTape() as tape:
+            # training=False: the batch norms' inference mode; the trunk
+            # has no dropout.
+            z = tf.cast(self.trunk(images, training=False), tf.float32)
+            supports = dist.all_gather(z)  # [R V K n, D]
+            targets = tf.stop_gradient(dist.all_gather(
+                tf.one_hot(labels, self.num_classes)))  # [R V K n, C]
+            loss = losses.suncet_loss(supports, targets, self.tau)
+            # Each replica computes the global loss and all_gather's
+            # backward sums their gradients: the optimizer's sum over
+            # replicas needs 1/R.
+            scaled_loss = loss / dist.num_replicas()
+        self.optimizer.minimize(scaled_loss, self.trunk.trainable_variables,
+                                tape=tape)
+        # Read after the update: before it, tf_keras holds the previous
+        # step's rate.
+        self._learning_rate.update_state(self.optimizer.learning_rate)
+        self._loss.update_state(loss)
+        return {m.name: m.result() for m in self.metrics}
+
+
+class _EpochPawsNN(tf_keras.callbacks.Callback):
+    """PAWS-NN of the trunk after every `every` epochs (and the last)."""
+
+    def __init__(self, evaluate_fn, every, num_epochs, record):
+        super().__init__()
+        self._evaluate_fn, self._every = evaluate_fn, every
+        self._num_epochs, self._record = num_epochs, record
+
+    def on_epoch_end(self, epoch, logs=None):
+        done = epoch + 1
+        if done % self._every and done != self._num_epochs:
+            return
+        self._record.append(dict(epoch=done, **self._evaluate_fn()))
+        logging.info('Fine-tuning epoch %d/%d: PAWS-NN top-1 %.2f%%', done,
+                     self._num_epochs, 100 * self._record[-1]['top1'])
+
+
+def _suncet_optimizer(*, learning_rate, final_learning_rate,
+                      steps_per_epoch, num_epochs, momentum, lars,
+                      trust_coefficient):
+    """suncet `snn_fine_tune.py`: its classical-momentum SGD without weight
+    decay, wrapped in LARS (biases and batch norm excluded), the rate
+    cosine-decayed from `learning_rate` to `final_learning_rate`."""
+    # Every argument explicit: WarmupCosineDecay is gin-configurable, and
+    # the pre-training's bindings (a warm-up fraction) must not reach it.
+    schedule = schedules.WarmupCosineDecay(
+        steps_per_epoch, num_epochs, learning_rate, learning_rate,
+        final_lr=final_learning_rate, warmup_epochs=0, warmup_fraction=None)
+    if lars:
+        return lars_lib.LARS(schedule, momentum=momentum, weight_decay=0.0,
+                             trust_coefficient=trust_coefficient)
+    # tf_keras' momentum is classical: v = mu v - lr g; w += v.
+    return tf_keras.optimizers.SGD(schedule, momentum=momentum)
+
+
+@gin.configurable(denylist=tuning.PASSED)
+def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
+                     crop_fraction, mean, std, strategy=None, seed=0,
+                     num_epochs=30, steps_per_epoch=None,
+                     classes_per_step=10, images_per_class=64, views=2,
+                     flip=True, learning_rate=0.1, final_learning_rate=0.01,
+                     momentum=0.9, lars=True, trust_coefficient=0.001,
+                     tau=0.1, eval_every_epochs=1, eval_batch_size=256):
+    """The official CIFAR-10 fine-tuning (PAWS App. C; suncet
+    `configs/paws/cifar10_snn.yaml` run by `src/snn_fine_tune.py`).
+
+    The encoder (backbone, projection head, and the prediction head when
+    PAWS-NN compares its output) is fine-tuned with the SuNCEt loss (no
+    label smoothing) on class-balanced batches of the labeled images, two
+    flipped centre crops of each, its batch norms in inference mode but
+    gamma and beta trained. PAWS-NN (labeled set as support, `test` as
+    queries) is measured before, after every `eval_every_epochs` epochs and
+    at the end. The paper's text describes 180 plain momentum-SGD steps on
+    one view with frozen batch norm; the defaults are the official code's,
+    which produced its 96.0. `output_dir` receives TensorBoard logs, the
+    trunk weights and the results JSON.
+
+    Args:
+        model, labeled, test, image_size, crop_fraction, mean, std,
+            strategy, seed: as in `fine_tune.fine_tune`.
+        output_dir: where outputs go.
+        num_epochs: epochs (official: 30).
+        steps_per_epoch: steps per epoch; default the labeled images over
+            the batch's distinct images (4000 // 640 = 6 for CIFAR-10:
+            180 steps).
+        classes_per_step, images_per_class: the global batch, 10 x 64.
+        views: views of every batch image (official: 2).
+        flip: flip each view at random (official: True).
+        learning_rate: initial rate (0.1), cosine-decayed over the run to
+            `final_learning_rate` (0.01).
+        momentum: classical momentum (0.9).
+        lars: wrap the SGD in LARS (official: True); False is the paper's
+            plain momentum SGD.
+        trust_coefficient: LARS eta (0.001).
+        tau: SuNCEt and PAWS-NN temperature (0.1).
+        eval_every_epochs: PAWS-NN every this many epochs (0: only before
+            and after).
+        eval_batch_size: batch of the PAWS-NN passes.
+
+    Returns:
+        `(trunk, results)`: the fine-tuned trunk and the results dict:
+        `top1`/`top5` of the final model, `paws_nn_before`,
+        `paws_nn_after`, `paws_nn_by_epoch` (epoch 0 is before), and
+        `best_epoch_top1_selected_on_test` with its `best_epoch`: the best
+        of the per-epoch test figures, which selects on the test set, as
+        the official script's logged `best-val` does.
+
+    Raises:
+        ValueError: empty labeled set, sizes that do not divide or fit, a
+            bad count; raised before any training.
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    num_classes = tuning.num_classes(labeled)
+    for name, value in (('num_epochs', num_epochs), ('views', views),
+                        ('classes_per_step', classes_per_step),
+                        ('images_per_class', images_per_class)):
+        checks.integer(f'fine_tune_suncet.{name}', value)
+    checks.integer('fine_tune_suncet.eval_every_epochs', eval_every_epochs,
+                   minimum=0)
+    distinct = classes_per_step * images_per_class
+    if steps_per_epoch is None:
+        steps_per_epoch = max(1, labeled.num_examples // distinct)
+    checks.integer('fine_tune_suncet.steps_per_epoch', steps_per_epoch)
+    num_steps = num_epochs * steps_per_epoch
+    dataset_fn = _suncet_dataset_fn(
+        labeled, num_steps=num_steps, classes_per_step=classes_per_step,
+        images_per_class=images_per_class, views=views, flip=flip,
+        num_replicas=strategy.num_replicas_in_sync, image_size=image_size,
+        crop_fraction=crop_fraction, mean=mean, std=std, seed=seed)
+    evaluation = dict(batch_size=eval_batch_size, image_size=image_size,
+                      crop_fraction=crop_fraction, mean=mean, std=std)
+    support_data = pipeline.make_eval_dataset(labeled, **evaluation)
+    query_data = pipeline.make_eval_dataset(test, **evaluation)
+
+    def paws_nn(network):
+        embed = tf.function(lambda x: tf.cast(network(x, training=False),
+                                              tf.float32),
+                            reduce_retracing=True)
+        return evaluate.paws_nn(embed, support_data, query_data,
+                                num_classes=num_classes, tau=tau)
+
+    with strategy.scope():
+        trunk = tuning.build_trunk(model)
+        trainer = _SuncetTrainer(trunk, num_classes, tau)
+        trainer.compile(optimizer=_suncet_optimizer(
+            learning_rate=learning_rate,
+            final_learning_rate=final_learning_rate,
+            steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
+            momentum=momentum, lars=lars,
+            trust_coefficient=trust_coefficient))
+        trainer.optimizer.build(trunk.trainable_variables)
+    by_epoch = [dict(epoch=0, **paws_nn(trunk))]
+    logging.info('PAWS-NN before fine-tuning: %s', by_epoch[0])
+    steps = []
+    step_log = tf_keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: steps.append(logs))
+    epoch_eval = _EpochPawsNN(lambda: paws_nn(trunk),
+                              eval_every_epochs or num_epochs, num_epochs,
+                              by_epoch)
+    trainer.fit(strategy.distribute_datasets_from_function(dataset_fn),
+                epochs=num_epochs, steps_per_epoch=steps_per_epoch,
+                callbacks=[step_log, epoch_eval,
+                           tuning.tensorboard(output_dir, 10)])
+    after = by_epoch[-1]
+    best = max(by_epoch, key=lambda entry: entry['top1'])
+    results = {
+        'protocol': 'cifar10', 'top1': after['top1'],
+        'top5': after.get('top5'), 'paws_nn_before': by_epoch[0],
+        'paws_nn_after': after,
+        'paws_nn_by_epoch': [
+            {key: entry[key] for key in ('epoch', 'top1', 'top5')
+             if key in entry} for entry in by_epoch],
+        'best_epoch_top1_selected_on_test': best['top1'],
+        'best_epoch': best['epoch'],
+        'epochs': num_epochs, 'steps_per_epoch': steps_per_epoch,
+        'steps': int(trainer.optimizer.iterations.numpy()),
+        'loss': [step['loss'] for step in steps],
+        'learning_rate': [step['learning_rate'] for step in steps],
+        'weights': tuning.TRUNK_WEIGHTS}
+    logging.info('PAWS-NN after fine-tuning: top-1 %.2f%% (best epoch %d: '
+                 '%.2f%%, selected on the test set)', 100 * after['top1'],
+                 best['epoch'], 100 * best['top1'])
+    tuning.write_outputs(strategy, output_dir, trunk, tuning.TRUNK_WEIGHTS,
+                         results)
+    return trunk, results

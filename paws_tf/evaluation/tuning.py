@@ -1,0 +1,97 @@
+"""What the fine-tuning protocols share: the pre-trained trunk, each input
+pipeline's replicas, TensorBoard logging and the results files."""
+
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from paws_tf import dist
+from paws_tf.nets import backbones
+
+
+RESULTS_FILENAME = 'results.json'
+TRUNK_WEIGHTS = 'trunk'
+# Arguments `fine_tune.fine_tune` passes to the protocols, so gin must not
+# bind them.
+PASSED = ['model', 'labeled', 'test', 'output_dir', 'strategy',
+          'image_size', 'crop_fraction', 'mean', 'std', 'seed']
+
+
+def clone_layer(layer):
+    return layer.__class__.from_config(backbones.layer_config(layer))
+
+
+def copy_into(inputs, originals):
+    """Applies fresh copies of `originals` in turn, with their weights."""
+    copies = [tf_keras.models.clone_model(layer, clone_function=clone_layer)
+              if isinstance(layer, tf_keras.Model) else clone_layer(layer)
+              for layer in originals]
+    x = inputs
+    for layer in copies:
+        x = layer(x)
+    for copy, original in zip(copies, originals):
+        copy.set_weights(original.get_weights())
+    return x
+
+
+def build_trunk(model):
+    """Copy of the encoder whose output PAWS-NN compares (App. C).
+
+    The backbone and projection head, and the prediction head when
+    `model.nn_embedding` is 'prediction' (suncet `snn_fine_tune.py` with
+    `use_pred_head`). Every layer stays trainable; the SuNCEt trainer runs
+    the batch norms in inference mode.
+
+    Args:
+        model: pre-trained, built `model.PAWSModel`; not modified.
+
+    Returns:
+        Functional `tf_keras.Model`, images -> `[B, D]` embeddings.
+    """
+    layers = [model.backbone, model.projection_head]
+    if model.nn_embedding == 'prediction':
+        layers.append(model.prediction_head)
+    inputs = tf_keras.Input(model.backbone.input_shape[1:])
+    return tf_keras.Model(inputs, copy_into(inputs, layers),
+                          name='fine_tune_trunk')
+
+
+def pipeline_replicas(context, num_replicas):
+    """(first global replica, local replicas) of an input pipeline."""
+    context = context or tf.distribute.InputContext(
+        num_replicas_in_sync=num_replicas)
+    local = num_replicas // context.num_input_pipelines
+    return context.input_pipeline_id * local, local
+
+
+def finish(dataset):
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = (
+        tf.data.experimental.AutoShardPolicy.OFF)  # Sharded by hand.
+    return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
+
+
+def tensorboard(log_dir, update_freq='epoch'):
+    return tf_keras.callbacks.TensorBoard(
+        log_dir, update_freq=update_freq, write_graph=False, profile_batch=0)
+
+
+def num_classes(labeled):
+    """Class count of a labeled set; raises ValueError when it is empty."""
+    if labeled.labels is None or labeled.num_examples == 0:
+        raise ValueError('The labeled set is empty (or has no labels): '
+                         'fine-tuning needs labeled images.')
+    return len(labeled.class_names) or int(labeled.labels.max()) + 1
+
+
+def write_outputs(strategy, output_dir, network, weights_name, results):
+    """Saves the weights (every worker takes part) and the chief's JSON."""
+    with dist.save_dir(strategy, output_dir) as directory:
+        network.save_weights(os.path.join(directory, weights_name))
+    if dist.is_chief(strategy):
+        with open(os.path.join(output_dir, RESULTS_FILENAME), 'w') as f:
+            json.dump(results, f, indent=2,
+                      default=lambda x: np.asarray(x).tolist())
