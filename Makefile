@@ -18,8 +18,10 @@ XDIST := -n $(PYTEST_WORKERS) --dist worksteal
 
 venv: $(STAMP)
 
-# The venv is (re)built whenever requirements.txt is newer than the stamp.
-$(STAMP): requirements.txt
+# The venv is (re)built whenever requirements.txt is newer than the stamp,
+# and the package re-installed when pyproject.toml is (its packages, package
+# data and the paws-tf entry point are installed from it).
+$(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt

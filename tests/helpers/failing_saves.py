@@ -24,7 +24,7 @@ from absl import app  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.python.ops import io_ops  # noqa: E402
 
-import run  # noqa: E402
+from paws_tf import cli  # noqa: E402
 
 _ERRORS = {errno.ENOSPC: tf.errors.ResourceExhaustedError,
            errno.EACCES: tf.errors.PermissionDeniedError,
@@ -67,7 +67,7 @@ def main():
                      if arg.startswith('--model_dir='))
     with inject(os.path.join(os.path.abspath(model_dir), subdir),
                 int(succeed), getattr(errno, name)):
-        app.run(run.main, argv=argv)
+        app.run(cli.main, argv=argv)
 
 
 if __name__ == '__main__':
