@@ -19,7 +19,7 @@ from paws_tf.evaluation import evaluate
 from paws_tf import lars as lars_lib
 from paws_tf import losses
 from paws_tf import model as model_lib
-from paws_tf.nets import backbones
+from paws_tf.nets import sync_batch_norm
 from paws_tf import schedules
 
 RESULTS_FILENAME = 'results.json'
@@ -38,7 +38,7 @@ _PASSED = ['model', 'labeled', 'test', 'output_dir', 'strategy',
 
 
 def _clone_layer(layer):
-    return layer.__class__.from_config(backbones.layer_config(layer))
+    return layer.__class__.from_config(sync_batch_norm.layer_config(layer))
 
 
 def _copy_into(inputs, originals):
