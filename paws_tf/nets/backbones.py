@@ -43,7 +43,8 @@ def torch_default_init(fan_in):
 
 class _Layers:
     """Makes a backbone's convolutions, batch norms and max pool with the
-    `build_backbone` switches between paws_tf's layers and tf_keras'."""
+    `build_backbone` switches between paws_tf's layers and tf_keras'; the
+    architecture builders receive it as `make`."""
 
     def __init__(self, *, recompute_bn_relu, padding_impl, **batch_norm_args):
         self.recompute_bn_relu = recompute_bn_relu
