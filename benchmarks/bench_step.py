@@ -101,6 +101,15 @@ def parse_args():
                         default='on',
                         help='build_backbone.recompute_bn_relu (the '
                              'default on: less memory, ~5%% more CPU time)')
+    parser.add_argument('--sync_bn_impl', choices=('custom', 'keras'),
+                        default='custom',
+                        help="build_backbone.sync_bn_impl: paws_tf's "
+                             "GlobalBatchNormalization or tf_keras' "
+                             'synchronized=True layer')
+    parser.add_argument('--padding_impl', choices=('custom', 'keras'),
+                        default='custom',
+                        help="build_backbone.padding_impl: paws_tf's padded "
+                             "layers or ZeroPadding2D and tf_keras' layers")
     parser.add_argument('--intra_op_threads', type=int, default=0,
                         help='0: TensorFlow default (all cores)')
     parser.add_argument('--inter_op_threads', type=int, default=0)
@@ -146,11 +155,11 @@ def configure_devices(args):
         'mirrored', [f'CPU:{i}' for i in range(args.replicas)])
 
 
-def build(config, replicas, sync_bn, recompute_bn_relu):
-    """The PAWS model of a config, per-replica support layout."""
-    backbone = backbones.build_backbone(
-        sync_bn=sync_bn, recompute_bn_relu=recompute_bn_relu,
-        **config['backbone'])
+def build(config, replicas, sync_bn, switches):
+    """The PAWS model of a config, per-replica support layout; `switches`:
+    `build_backbone`'s implementation arguments."""
+    backbone = backbones.build_backbone(sync_bn=sync_bn, **switches,
+                                        **config['backbone'])
     projection = heads.ProjectionHead(sync_bn=sync_bn, **config['projection'])
     prediction = (heads.PredictionHead(sync_bn=sync_bn,
                                        **config['prediction'])
@@ -217,7 +226,7 @@ def views_per_step(config):
             config['images_per_class'])
 
 
-def make_step(config, strategy, sync_bn, recompute_bn_relu, xla):
+def make_step(config, strategy, sync_bn, switches, xla):
     """The train step of `config` under `strategy`, as a function that runs
     one step and returns (seconds, {'cpu', 'sys', 'faults'} of the process
     in that time, loss)."""
@@ -226,7 +235,7 @@ def make_step(config, strategy, sync_bn, recompute_bn_relu, xla):
     batches = [synthetic_batch(config, replicas, rng)
                for _ in range(replicas)]
     with strategy.scope():
-        model = build(config, replicas, sync_bn, recompute_bn_relu)
+        model = build(config, replicas, sync_bn, switches)
         # LARS as in training; the learning rate only keeps the synthetic
         # run finite. mixed_float16 makes compile add loss scaling.
         model.compile(optimizer=lars.LARS(learning_rate=0.1),
@@ -259,9 +268,11 @@ def main():
     replicas = strategy.num_replicas_in_sync
     config = CONFIGS[args.config]
     sync_bn = {'auto': replicas > 1, 'on': True, 'off': False}[args.sync_bn]
-    recompute_bn_relu = args.recompute_bn_relu == 'on'
+    switches = dict(recompute_bn_relu=args.recompute_bn_relu == 'on',
+                    sync_bn_impl=args.sync_bn_impl,
+                    padding_impl=args.padding_impl)
     tf_keras.mixed_precision.set_global_policy(POLICIES[args.precision])
-    step = make_step(config, strategy, sync_bn, recompute_bn_relu, args.xla)
+    step = make_step(config, strategy, sync_bn, switches, args.xla)
     rss_built_mib = _status_mib('VmRSS')
 
     first_step_s = [step()[0] for _ in range(args.warmup)]
@@ -306,7 +317,7 @@ def main():
         'xla': args.xla, 'precision': args.precision,
         'replicas': replicas, 'strategy': type(strategy).__name__,
         'sync_bn': sync_bn,
-        'recompute_bn_relu': recompute_bn_relu,
+        **switches,
         'intra_op_threads': tf.config.threading
         .get_intra_op_parallelism_threads(),
         'inter_op_threads': tf.config.threading

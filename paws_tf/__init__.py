@@ -42,7 +42,7 @@ _EXPORTS = {
     'PAWSModel': 'model',
     'build_model': 'model',
     'build_backbone': 'nets.backbones',
-    'load_backbone_weights': 'nets.backbones',
+    'load_backbone_weights': 'nets.weights',
     'ProjectionHead': 'nets.heads',
     'PredictionHead': 'nets.heads',
     # The objective.

@@ -9,7 +9,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import dist
-from paws_tf.nets import backbones
+from paws_tf.nets import sync_batch_norm
 
 
 RESULTS_FILENAME = 'results.json'
@@ -21,7 +21,7 @@ PASSED = ['model', 'labeled', 'test', 'output_dir', 'strategy',
 
 
 def clone_layer(layer):
-    return layer.__class__.from_config(backbones.layer_config(layer))
+    return layer.__class__.from_config(sync_batch_norm.layer_config(layer))
 
 
 def copy_into(inputs, originals):

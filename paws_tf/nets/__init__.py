@@ -1,2 +1,4 @@
-"""Networks: the backbones (ResNet, WideResNet, the demo's small ResNet) and
-the projection and prediction heads."""
+"""Networks: the backbones (ResNet, WideResNet, the demo's small ResNet), the
+projection and prediction heads, the CPU-tuned layers the backbones build by
+default (sync_batch_norm, padded_layers, recompute; onednn guards a CPU
+kernel) and the loading of pretrained backbone weights."""

@@ -5,6 +5,7 @@ import tf_keras
 
 from paws_tf import checks
 from paws_tf.nets import backbones
+from paws_tf.nets import sync_batch_norm
 
 
 @tf_keras.saving.register_keras_serializable(package='paws_tf')
@@ -30,9 +31,9 @@ class _MLPHead(tf_keras.layers.Layer):
         self.bn_epsilon = bn_epsilon
 
     def _batch_norm(self, name):
-        return backbones.batch_norm(name, sync_bn=self.sync_bn,
-                                    momentum=self.bn_momentum,
-                                    epsilon=self.bn_epsilon)
+        return sync_batch_norm.batch_norm(name, sync_bn=self.sync_bn,
+                                          momentum=self.bn_momentum,
+                                          epsilon=self.bn_epsilon)
 
     def call(self, inputs, training=None):
         x = inputs  # [B, F]

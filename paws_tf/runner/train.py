@@ -19,7 +19,7 @@ from paws_tf.data import sources
 from paws_tf import dist
 from paws_tf import lars
 from paws_tf import model as model_lib
-from paws_tf.nets import backbones
+from paws_tf.nets import weights
 from paws_tf.runner import callbacks
 from paws_tf.runner import experiment
 from paws_tf import schedules
@@ -98,8 +98,8 @@ def build_compiled_model(strategy, pretrain, *, input_channels, num_epochs,
     model = build_model(strategy, pretrain, input_channels=input_channels)
     with strategy.scope():
         if pretrained_backbone:
-            backbones.load_backbone_weights(model.backbone,
-                                            pretrained_backbone)
+            weights.load_backbone_weights(model.backbone,
+                                          pretrained_backbone)
         schedule = schedule_cls(steps_per_epoch=pretrain.steps_per_epoch,
                                 num_epochs=num_epochs)
         optimizer = optimizer_cls(learning_rate=schedule)

@@ -9,7 +9,7 @@ from paws_tf.nets import backbones
 from paws_tf.nets import heads
 
 # The smallest small_resnet the tests use. Strided 1x1 convolutions need 8
-# input channels under oneDNN (backbones._check_onednn_safe), hence 8, 16.
+# input channels under oneDNN (onednn.check_conv_safe), hence 8, 16.
 TINY = dict(widths=(8, 16), blocks_per_stage=(1, 1), stage_strides=(2, 2))
 
 

@@ -1,0 +1,208 @@
+"""Convolution and max pool with PyTorch's symmetric padding, made in the
+layer and again for the backward pass."""
+
+import tensorflow as tf
+import tf_keras
+
+# `build_backbone`'s implementations of the padded layers.
+CUSTOM = 'custom'
+KERAS = 'keras'
+IMPLEMENTATIONS = (CUSTOM, KERAS)
+
+
+def _symmetric_padding(pad):
+    """`tf.nn` explicit padding of `pad` pixels on each side of H and W."""
+    return [[0, 0], [pad, pad], [pad, pad], [0, 0]]
+
+
+def _padded_shape(input_shape, pad):
+    """[B, H, W, C] grown by `pad` pixels on each side of H and W."""
+    shape = tf.TensorShape(input_shape).as_list()
+    for axis in (1, 2):
+        if shape[axis] is not None:
+            shape[axis] += 2 * pad
+    return tf.TensorShape(shape)
+
+
+class _InLayerPadding:
+    """What `PaddedConv2D` and `PaddedMaxPool2D` share: their base layer is
+    built 'valid' and they pad their input by `pad` (>= 1) on each side of H
+    and W themselves."""
+
+    def __init__(self, *args, pad, **kwargs):
+        kwargs.pop('padding', None)  # From get_config: always 'valid' here.
+        super().__init__(*args, padding='valid', **kwargs)
+        if self.data_format != 'channels_last':
+            raise ValueError(f'{type(self).__name__} is channels-last only.')
+        if pad < 1:
+            raise ValueError(
+                f'{type(self).__name__} needs pad >= 1, got {pad}; without '
+                f"padding use the tf_keras layer with padding='valid'.")
+        self.pad = pad
+
+    def compute_output_shape(self, input_shape):
+        return super().compute_output_shape(
+            _padded_shape(input_shape, self.pad))
+
+    def get_config(self):
+        return {**super().get_config(), 'pad': self.pad}
+
+    def _padded_op(self, forward, backward, x, *weights, pad_value=0.0):
+        """`forward(padded x, *weights)`, with the padded copy of `x` made
+        again for the backward pass rather than held until it.
+
+        Args:
+            forward: `(padded, *weights) -> y`, a 'valid' op.
+            backward: `(padded, y, dy, *weights) -> (d padded, *d weights)`.
+            x: [B, H, W, C] input.
+            *weights: tensors `forward` also differentiates.
+            pad_value: what the border holds.
+
+        Returns:
+            y.
+        """
+        pad = self.pad
+
+        def padded(t):
+            return tf.pad(t, _symmetric_padding(pad),
+                          constant_values=pad_value)
+
+        @tf.custom_gradient
+        def op(x, *weights):
+            y = forward(padded(x), *weights)
+
+            def grad(dy):
+                # Made after dy exists, so that graph optimisation cannot
+                # merge it with the forward pass's copy and keep that alive.
+                with tf.control_dependencies([dy]):
+                    padded_again = padded(x)
+                d_padded, *d_weights = backward(padded_again, y, dy, *weights)
+                return (d_padded[:, pad:-pad, pad:-pad, :], *d_weights)
+
+            return y, grad
+
+        return op(x, *weights)
+
+
+@tf_keras.saving.register_keras_serializable(package='paws_tf')
+class PaddedConv2D(_InLayerPadding, tf_keras.layers.Conv2D):
+    """Conv2D with PyTorch's symmetric zero padding (channels-last).
+
+    The same values as a `ZeroPadding2D` layer in front of a 'valid'
+    convolution (`conv(..., impl=KERAS)`), but the padded copy of the input
+    is made again in the backward pass instead of being held from the
+    forward pass to the weight gradient (169 MiB of a `cifar_small` step's
+    tensor peak, measured on 2 CPU cores; docs/performance.md). Both passes
+    run the 'valid' convolution kernels, which oneDNN accelerates;
+    TensorFlow's kernels for explicit padding compute the input gradient of
+    a strided convolution several times slower.
+
+    Takes Conv2D's arguments and `pad` (keyword): zero pixels on each side
+    of H and W, >= 1.
+    """
+
+    def convolution_op(self, inputs, kernel):
+        conv_args = dict(strides=[1, *self.strides, 1], padding='VALID',
+                         dilations=[1, *self.dilation_rate, 1])
+
+        def forward(padded, k):
+            return tf.nn.conv2d(padded, k, **conv_args)
+
+        def backward(padded, y, dy, k):
+            del y  # A convolution's gradients do not need its output.
+            return (tf.raw_ops.Conv2DBackpropInput(
+                        input_sizes=tf.shape(padded), filter=k,
+                        out_backprop=dy, **conv_args),
+                    tf.raw_ops.Conv2DBackpropFilter(
+                        input=padded, filter_sizes=tf.shape(k),
+                        out_backprop=dy, **conv_args))
+
+        return self._padded_op(forward, backward, inputs,
+                               tf.convert_to_tensor(kernel))
+
+
+@tf_keras.saving.register_keras_serializable(package='paws_tf')
+class PaddedMaxPool2D(_InLayerPadding, tf_keras.layers.MaxPool2D):
+    """MaxPool2D over PyTorch's symmetric -inf padding (channels-last); the
+    padded input is made again for the backward pass (see `PaddedConv2D`).
+
+    Takes MaxPool2D's arguments and `pad` (keyword): -inf pixels on each side
+    of H and W, >= 1.
+    """
+
+    def call(self, inputs):
+        pool_args = dict(ksize=[1, *self.pool_size, 1],
+                         strides=[1, *self.strides, 1], padding='VALID')
+
+        def forward(padded):
+            return tf.nn.max_pool2d(padded, **pool_args)
+
+        def backward(padded, y, dy):
+            return (tf.raw_ops.MaxPoolGrad(orig_input=padded, orig_output=y,
+                                           grad=dy, **pool_args),)
+
+        return self._padded_op(forward, backward, inputs,
+                               pad_value=float('-inf'))
+
+
+def conv(filters, kernel_size, stride, pad, *, impl=CUSTOM, name,
+         **kwargs):
+    """A Conv2D over PyTorch's symmetric zero padding of `pad` (>= 1).
+
+    Args:
+        filters, kernel_size, stride: the convolution's.
+        pad: zero pixels on each side of H and W.
+        impl: `CUSTOM` for a `PaddedConv2D`, `KERAS` for a 'valid'
+            `tf_keras.layers.Conv2D` behind a `ZeroPadding2D` named
+            `{name}_pad`: the same values and variables; the padded copy is
+            held for the backward pass.
+        name: the convolution's name.
+        **kwargs: other Conv2D arguments.
+
+    Returns:
+        (padding, convolution): the ZeroPadding2D to apply first, or None.
+
+    Raises:
+        ValueError: `impl` is not one of `IMPLEMENTATIONS`.
+    """
+    _check_impl(impl)
+    if impl == CUSTOM:
+        return None, PaddedConv2D(filters, kernel_size, strides=stride,
+                                  pad=pad, name=name, **kwargs)
+    return (tf_keras.layers.ZeroPadding2D(pad, name=f'{name}_pad'),
+            tf_keras.layers.Conv2D(filters, kernel_size, strides=stride,
+                                   padding='valid', name=name, **kwargs))
+
+
+def max_pool(pool_size, stride, pad, *, impl=CUSTOM, name):
+    """A MaxPool2D over PyTorch's symmetric padding of `pad` (>= 1).
+
+    Args:
+        pool_size, stride: the max pool's.
+        pad: pixels on each side of H and W.
+        impl: `CUSTOM` for a `PaddedMaxPool2D` (-inf padding), `KERAS` for
+            a 'valid' `tf_keras.layers.MaxPool2D` behind a `ZeroPadding2D`
+            named `{name}_pad`. Zeros give the values and gradients of -inf
+            padding on the non-negative inputs the backbones pool (ReLU
+            outputs): a window holds a real value >= 0, and a real 0 that
+            ties with the padding passes no gradient back through its ReLU.
+        name: the max pool's name.
+
+    Returns:
+        (padding, max pool): the ZeroPadding2D to apply first, or None.
+
+    Raises:
+        ValueError: `impl` is not one of `IMPLEMENTATIONS`.
+    """
+    _check_impl(impl)
+    if impl == CUSTOM:
+        return None, PaddedMaxPool2D(pool_size, stride, pad=pad, name=name)
+    return (tf_keras.layers.ZeroPadding2D(pad, name=f'{name}_pad'),
+            tf_keras.layers.MaxPool2D(pool_size, stride, padding='valid',
+                                      name=name))
+
+
+def _check_impl(impl):
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f'padded layer impl must be one of '
+                         f'{IMPLEMENTATIONS}, got {impl!r}')

@@ -1,0 +1,254 @@
+"""Tests for build_backbone's switches between paws_tf's CPU layers and
+tf_keras' standard ones: the same variables, values and gradients."""
+
+import gin
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from paws_tf.nets import backbones
+from paws_tf.nets import padded_layers
+from paws_tf.nets import recompute
+from paws_tf.nets import sync_batch_norm
+from tests.helpers import layer_reference
+from tests.helpers import tiny_model
+
+SMALL = ('small_resnet', tiny_model.TINY)
+# Its strided convolutions follow a batch norm and ReLU (in NormReLUThen).
+WIDE = ('wide_resnet', {'depth': 10, 'width': 1})
+# The only backbone with a max pool (its stem's).
+RESNET50 = ('resnet50', {})
+STANDARD = {'sync_bn_impl': 'keras', 'padding_impl': 'keras',
+            'recompute_bn_relu': False}
+
+
+def _build(arch, strategy=None, **switches):
+    name, kwargs = arch
+    with (strategy or tf.distribute.get_strategy()).scope():
+        return backbones.build_backbone(name, **kwargs, **switches)
+
+
+def _randomise(model, seed=0):
+    """Random weights and moving statistics, so that no gamma, beta or
+    moving statistic sits at a value where two paths could agree by
+    accident."""
+    rng = np.random.default_rng(seed)
+    for variable in model.variables:
+        value = rng.normal(scale=0.5, size=variable.shape)
+        if 'moving_variance' in variable.name:
+            value = rng.uniform(0.5, 2.0, size=variable.shape)
+        elif 'gamma' in variable.name:
+            value = rng.uniform(0.5, 1.5, size=variable.shape)
+        variable.assign(value.astype(np.float32))
+
+
+def _copy_through_checkpoint(source, target, tmp_path):
+    """Restores `source`'s tf.train.Checkpoint into `target`, which must
+    match every stored value and have none left over."""
+    prefix = tf.train.Checkpoint(backbone=source).write(
+        str(tmp_path / f'{source.name}_{id(target)}'))
+    tf.train.Checkpoint(backbone=target).read(prefix).assert_consumed()
+
+
+def _inputs(arch, seed=1):
+    """Images [4, 18, 18, 3] and the gradient [4, F] of a loss w.r.t. the
+    features; odd sizes inside the network exercise the padding."""
+    rng = np.random.default_rng(seed)
+    images = (1.5 * rng.normal(size=(4, 18, 18, 3)) + 0.5).astype(np.float32)
+    model_dim = {'small_resnet': 16, 'wide_resnet': 64, 'resnet50': 2048}
+    upstream = rng.normal(size=(4, model_dim[arch[0]])).astype(np.float32)
+    return images, upstream
+
+
+def _one_device_step(model, images, upstream):
+    """One training-mode step of sum(features * upstream): the features,
+    the gradients w.r.t. the images and every trainable variable, then the
+    variables (moving statistics updated)."""
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            features = model(x, training=True)
+            loss = tf.reduce_sum(features * upstream)
+        return features, *tape.gradient(loss,
+                                        [x, *model.trainable_variables])
+
+    values = step(tf.constant(images))
+    return [*values, *(v.numpy() for v in model.variables)]
+
+
+def _assert_all_close(got, want, rtol=1e-5):
+    """Each pair equal within float32 rounding: relative to the largest
+    value of the tensor (gradients have entries near zero), and at least
+    1e-6 (a convolution bias before a batch norm has a gradient of zero,
+    which comes out as the rounding error of terms near one)."""
+    assert len(got) == len(want)
+    for index, (g, w) in enumerate(zip(got, want)):
+        w = np.asarray(w)
+        np.testing.assert_allclose(np.asarray(g), w, rtol=rtol,
+                                   atol=max(rtol * np.abs(w).max(), 1e-6),
+                                   err_msg=f'tensor {index}')
+
+
+@pytest.mark.parametrize('arch', [SMALL, WIDE, RESNET50],
+                         ids=lambda arch: arch[0])
+def test_padding_switch_gives_the_same_values_and_gradients(arch, tmp_path):
+    """`padding_impl='keras'` (ZeroPadding2D before 'valid' tf_keras
+    layers) against the default PaddedConv2D / PaddedMaxPool2D, with the
+    other switches at their defaults (recomputed NormReLUThen units then
+    pad inside): same features, image and weight gradients and moving
+    statistics."""
+    custom = _build(arch)
+    keras = _build(arch, padding_impl='keras')
+    kinds = {type(layer) for layer in keras.submodules}
+    assert not kinds & {padded_layers.PaddedConv2D,
+                        padded_layers.PaddedMaxPool2D}
+    assert padded_layers.PaddedConv2D in {
+        type(layer) for layer in custom.submodules}
+    _randomise(custom)
+    _copy_through_checkpoint(custom, keras, tmp_path)
+    images, upstream = _inputs(arch)
+    want = _one_device_step(custom, images, upstream)
+    _assert_all_close(_one_device_step(keras, images, upstream), want)
+
+
+@pytest.mark.parametrize('arch', [SMALL, WIDE], ids=lambda arch: arch[0])
+def test_recompute_switch_gives_the_same_values_and_gradients(arch,
+                                                              tmp_path):
+    """`recompute_bn_relu=False` (the tf_keras layers composed) against the
+    default recomputation: same features, image and weight gradients and
+    moving statistics."""
+    custom = _build(arch)
+    held = _build(arch, recompute_bn_relu=False)
+    _randomise(custom)
+    _copy_through_checkpoint(custom, held, tmp_path)
+    images, upstream = _inputs(arch)
+    want = _one_device_step(custom, images, upstream)
+    _assert_all_close(_one_device_step(held, images, upstream), want)
+
+
+def test_recompute_bn_relu_switch_keeps_variables_and_values():
+    """`build_backbone.recompute_bn_relu = False` (gin) builds the same
+    variables, so checkpoints move between the settings, and trains to the
+    same values: only what the backward pass holds differs."""
+    images = tf.random.normal([4, 12, 12, 1], mean=1.0)
+    on, off = [backbones.build_backbone(
+        'small_resnet', input_channels=1, recompute_bn_relu=setting,
+        **tiny_model.TINY) for setting in (True, False)]
+    off.set_weights(on.get_weights())
+    results = []
+    for model in (on, off):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.sin(model(images, training=True)))
+        grads = tape.gradient(loss, model.trainable_variables)
+        results.append([loss] + grads + [v.numpy() for v in model.variables])
+    assert [v.name for v in on.variables] == [v.name for v in off.variables]
+    units = [layer for layer in off.layers
+             if isinstance(layer, recompute.NormReLUThen)]
+    assert units and not any(unit.recompute for unit in units)
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def _two_replica_step(strategy, model, images, upstream):
+    """`_one_device_step` on two replicas, each on half the batch: the
+    features and image gradients concatenated, the replicas' weight
+    gradients summed (as the optimizer sums them), then the variables."""
+    y, dx, *d_weights = layer_reference.train_on_two_replicas(
+        strategy, model, images, upstream, model.trainable_variables)
+    return [np.concatenate(y), np.concatenate(dx),
+            *[sum(g) for g in d_weights],
+            *(v.numpy() for v in model.variables)]
+
+
+@pytest.mark.parametrize('arch', [SMALL, WIDE], ids=lambda arch: arch[0])
+@pytest.mark.parametrize('switches', [
+    {'sync_bn_impl': 'keras'}, STANDARD], ids=['sync_bn', 'all'])
+@pytest.mark.parametrize('strategy_fixture', [
+    'two_replicas', 'two_replicas_collective'])
+def test_sync_bn_switch_gives_the_same_values_and_gradients(
+        arch, switches, strategy_fixture, request, tmp_path):
+    """On a two-replica MirroredStrategy (logical CPUs), tf_keras'
+    `BatchNormalization(synchronized=True)` (alone, and with the other two
+    switches at tf_keras' layers too) against the default
+    GlobalBatchNormalization: same features, image and weight gradients and
+    moving statistics; and both against one device with local batch norm
+    on the whole batch (without the moving variance, which that layer keeps
+    with Bessel's correction)."""
+    strategy = request.getfixturevalue(strategy_fixture)
+    custom = _build(arch, strategy, sync_bn=True)
+    keras = _build(arch, strategy, sync_bn=True, **switches)
+    reference = _build(arch)
+    kinds = {type(layer) for layer in keras.submodules}
+    assert sync_batch_norm.GlobalBatchNormalization not in kinds
+    assert any(getattr(layer, 'synchronized', False)
+               for layer in keras.submodules)
+    _randomise(reference)
+    _copy_through_checkpoint(reference, custom, tmp_path)
+    _copy_through_checkpoint(reference, keras, tmp_path)
+    images, upstream = _inputs(arch)
+    images[2:] = 2.0 * images[2:] - 1.0  # The replicas' statistics differ.
+    want = _two_replica_step(strategy, custom, images, upstream)
+    got = _two_replica_step(strategy, keras, images, upstream)
+    _assert_all_close(got, want)
+    one_device = _one_device_step(reference, images, upstream)
+    trainable = 2 + len(reference.trainable_variables)
+    _assert_all_close(want[:trainable], one_device[:trainable], rtol=1e-4)
+    moving_means = [index for index, v in enumerate(reference.variables)
+                    if 'moving_mean' in v.name]
+    _assert_all_close([want[trainable + i] for i in moving_means],
+                      [one_device[trainable + i] for i in moving_means],
+                      rtol=1e-4)
+
+
+@pytest.mark.parametrize('sync_bn', [False, True])
+@pytest.mark.parametrize('arch', [SMALL, WIDE], ids=lambda arch: arch[0])
+def test_default_backbone_checkpoint_restores_into_a_new_one(arch, sync_bn,
+                                                             tmp_path):
+    """A tf.train.Checkpoint of a backbone with the default switches
+    restores into a freshly built one, every value matched."""
+    source = _build(arch, sync_bn=sync_bn)
+    _randomise(source)
+    checkpoint = tf.train.Checkpoint(backbone=source)
+    path = checkpoint.save(str(tmp_path / 'ckpt'))
+    target = _build(arch, sync_bn=sync_bn)
+    tf.train.Checkpoint(backbone=target).restore(path).assert_consumed()
+    for want, got in zip(source.variables, target.variables):
+        assert got.name == want.name
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    images, _ = _inputs(arch)
+    np.testing.assert_array_equal(target(images), source(images))
+
+
+def test_gin_binds_the_switches(clean_gin):
+    gin.parse_config("""
+        build_backbone.name = 'wide_resnet'
+        build_backbone.depth = 10
+        build_backbone.width = 1
+        build_backbone.sync_bn = True
+        build_backbone.sync_bn_impl = 'keras'
+        build_backbone.padding_impl = 'keras'
+        build_backbone.recompute_bn_relu = False
+    """)
+    model = backbones.build_backbone()
+    norms = [layer for layer in model.submodules
+             if isinstance(layer, tf_keras.layers.BatchNormalization)]
+    assert norms and all(
+        type(norm) is tf_keras.layers.BatchNormalization
+        and norm.synchronized for norm in norms)
+    kinds = {type(layer) for layer in model.submodules}
+    assert tf_keras.layers.ZeroPadding2D in kinds
+    assert not kinds & {padded_layers.PaddedConv2D,
+                        padded_layers.PaddedMaxPool2D}
+    assert not any(layer.recompute for layer in model.submodules
+                   if isinstance(layer, recompute.NormReLUThen))
+
+
+@pytest.mark.parametrize('binding', ['sync_bn_impl', 'padding_impl'])
+def test_bad_switch_values_are_refused(binding):
+    with pytest.raises(ValueError, match=(
+            rf"build_backbone\.{binding} must be one of "
+            rf"\('custom', 'keras'\), got 'tf_keras'")):
+        backbones.build_backbone('small_resnet', **tiny_model.TINY,
+                                 **{binding: 'tf_keras'})
