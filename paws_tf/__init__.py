@@ -75,7 +75,7 @@ _EXPORTS = {
     'export_embedder': 'evaluation.export',
     'export_classifier': 'evaluation.export',
     # Training.
-    'ProgressBar': 'runner.callbacks',
+    'ProgressBar': 'runner.progress',
 }
 __all__ = sorted(_EXPORTS)
 

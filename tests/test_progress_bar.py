@@ -9,6 +9,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf.runner import callbacks
+from paws_tf.runner import progress
 from paws_tf.runner import train
 from tests.helpers import debug_gin
 
@@ -52,7 +53,7 @@ def test_a_debug_run_shows_the_watched_values_in_80_columns(
 
 def test_values_are_those_logged(capsys, monkeypatch):
     monkeypatch.setenv('COLUMNS', '80')
-    bar = callbacks.ProgressBar()
+    bar = progress.ProgressBar()
     bar.set_params({'verbose': 1, 'epochs': 1, 'steps': 3})
     bar.on_train_begin()
     bar.on_epoch_begin(0)
@@ -75,7 +76,7 @@ def test_verbosity(verbose, capsys):
     model = tf_keras.Sequential([tf_keras.layers.Dense(1)])
     model.compile(loss='mse')
     model.fit(np.ones([8, 2]), np.ones([8, 1]), batch_size=4, epochs=2,
-              verbose=verbose, callbacks=[callbacks.ProgressBar()])
+              verbose=verbose, callbacks=[progress.ProgressBar()])
     lines = _lines(capsys.readouterr().out)
     if verbose == 0:
         assert not lines

@@ -22,6 +22,7 @@ from paws_tf import model as model_lib
 from paws_tf.nets import weights
 from paws_tf.runner import callbacks
 from paws_tf.runner import experiment
+from paws_tf.runner import progress
 from paws_tf import schedules
 
 PRECISIONS = ('float32', 'mixed_bfloat16', 'mixed_float16')
@@ -260,7 +261,7 @@ def train(model_dir, strategy, *, overwrite=False, num_epochs=gin.REQUIRED,
         on_data_change: when resuming on data that differs from what the
             run started on: `'stop'` with an error naming what changed, or
             `'continue'` on the new data (recording it).
-        verbose: progress bar verbosity (`callbacks.ProgressBar`).
+        verbose: progress bar verbosity (`progress.ProgressBar`).
 
     Returns:
         The trained `PAWSModel`.
@@ -343,7 +344,7 @@ def train(model_dir, strategy, *, overwrite=False, num_epochs=gin.REQUIRED,
                               views_per_step=pretrain.views_per_step,
                               every_steps=log_every_steps,
                               num_epochs=num_epochs, is_chief=chief),
-        callbacks.ProgressBar(),  # After PawsNNEvaluation, inserted at 1.
+        progress.ProgressBar(),  # After PawsNNEvaluation, inserted at 1.
     ]
     preprocessing = experiment.eval_preprocessing(bundle)
     if view_images and chief and start_step == 0:
