@@ -31,7 +31,7 @@ $(STAMP): requirements.txt pyproject.toml
 test: $(STAMP)
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
-# Everything except the runs marked slow (multi-worker, end-to-end).
+# Everything except the tests marked slow (those of over ~5 s).
 test-fast: $(STAMP)
 	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 

@@ -554,6 +554,7 @@ def test_center_view_non_square(shape, size, fraction, resized, top, left):
 
 @pytest.mark.parametrize('config', [augment.IMAGENET_MULTICROP,
                                     augment.CIFAR10_MULTICROP])
+@pytest.mark.slow
 def test_multicrop_static_shapes(config):
     # Input H, W unknown at trace time, as for decoded JPEGs.
     traced = tf.function(lambda x, s: augment.multicrop_views(x, s, config))
@@ -639,6 +640,7 @@ _RANDOM_OPS = [
 
 @pytest.mark.parametrize('name, fn, always_differs', _RANDOM_OPS,
                          ids=[op[0] for op in _RANDOM_OPS])
+@pytest.mark.slow
 def test_same_seed_same_output_everywhere(name, fn, always_differs):
     del name
     seeds = _seeds(6, salt=99)

@@ -93,6 +93,7 @@ def _assert_all_close(got, want, rtol=1e-5):
 
 @pytest.mark.parametrize('arch', [SMALL, WIDE, RESNET50],
                          ids=lambda arch: arch[0])
+@pytest.mark.slow
 def test_padding_switch_gives_the_same_values_and_gradients(arch, tmp_path):
     """`padding_impl='keras'` (ZeroPadding2D before 'valid' tf_keras
     layers) against the default PaddedConv2D / PaddedMaxPool2D, with the
@@ -167,6 +168,7 @@ def _two_replica_step(strategy, model, images, upstream):
     {'sync_bn_impl': 'keras'}, STANDARD], ids=['sync_bn', 'all'])
 @pytest.mark.parametrize('strategy_fixture', [
     'two_replicas', 'two_replicas_collective'])
+@pytest.mark.slow
 def test_sync_bn_switch_gives_the_same_values_and_gradients(
         arch, switches, strategy_fixture, request, tmp_path):
     """On a two-replica MirroredStrategy (logical CPUs), tf_keras'

@@ -85,6 +85,7 @@ def test_resnet50_2x_param_count(resnet50_2x_zero_init):
     assert resnet50_2x_zero_init.output_dim == 4096
 
 
+@pytest.mark.slow
 def test_resnet50_4x_param_count():
     # Eagerly, building the 4x trunk takes ~20 s and 2.3 GB here. Variables
     # made inside a tf.Graph are never initialised, so that build is cheap;

@@ -77,6 +77,7 @@ def test_unlabeled_indices_partition_epochs_and_ignore_replica_count():
     assert (first != later).any()  # each epoch is reshuffled
 
 
+@pytest.mark.slow
 def test_element_spec_and_summary():
     pretrain = _build(unique_classes_per_replica=True)
     spec = pretrain.dataset_fn(None).element_spec
@@ -116,6 +117,7 @@ def test_pipeline_support_labels_follow_sampler_round_robin():
                                       np.tile(class_ids.numpy(), 2))
 
 
+@pytest.mark.slow
 def test_support_layout_survives_nondeterministic_runs():
     pretrain = _build(deterministic=False, images_per_class=4)
     for element in _elements(pretrain, 8):
@@ -132,6 +134,7 @@ def _assert_same(elements, others):
             np.testing.assert_array_equal(element[key], other[key])
 
 
+@pytest.mark.slow
 def test_same_seed_same_stream_other_seed_differs():
     first, again = _elements(_build(), 4), _elements(_build(), 4)
     _assert_same(first, again)
@@ -140,6 +143,7 @@ def test_same_seed_same_stream_other_seed_differs():
         assert not np.array_equal(first[0][key], other[0][key])
 
 
+@pytest.mark.slow
 def test_start_step_resumes_exactly_across_an_epoch_boundary():
     # 48 images / 8 = 6 steps per epoch; steps 4..7 cross into epoch 1.
     whole = _elements(_build(), 16)
@@ -154,6 +158,7 @@ def _global_batch(elements, step, replicas):
     return np.concatenate([np.stack(np.split(p, 2)) for p in parts], axis=1)
 
 
+@pytest.mark.slow
 def test_global_unlabeled_batch_is_replica_count_invariant():
     one = _elements(_build(num_replicas=1, classes_per_step=2), 3, replicas=1)
     two = _elements(_build(num_replicas=2), 6)
@@ -165,6 +170,7 @@ def test_global_unlabeled_batch_is_replica_count_invariant():
         np.testing.assert_array_equal(_global_batch(four, step, 4), expected)
 
 
+@pytest.mark.slow
 def test_each_pipeline_serves_its_own_replicas():
     pretrain = _build(num_replicas=4, unique_classes_per_replica=True,
                       classes_per_step=4, images_per_class=2)
@@ -173,6 +179,7 @@ def test_each_pipeline_serves_its_own_replicas():
     _assert_same(second, [single[i] for i in (2, 3, 6, 7)])
 
 
+@pytest.mark.slow
 def test_mirrored_strategy_hands_elements_round_robin(two_replicas):
     strategy = two_replicas
     pretrain = _build(unique_classes_per_replica=True, classes_per_step=4,
@@ -198,6 +205,7 @@ def test_mirrored_strategy_hands_elements_round_robin(two_replicas):
                                           element['global_views'])
 
 
+@pytest.mark.slow
 def test_streamed_unlabeled_source(tmp_path):
     data_dir = str(tmp_path / 'tfds')
     with tfds.testing.mock_data(num_examples=20, data_dir=data_dir):

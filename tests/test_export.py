@@ -60,6 +60,7 @@ def exported(tmp_path_factory):
                 classifier=tf.saved_model.load(str(root / 'classifier')))
 
 
+@pytest.mark.slow
 def test_embedder_takes_raw_images_of_any_size(exported):
     loaded = exported['embedder']
     images = raw_images([3, 40, 36, 3])  # Non-square, not the model size.

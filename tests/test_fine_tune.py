@@ -153,6 +153,7 @@ def test_split_holdout_is_stratified_disjoint_seeded():
         linear_fine_tune.split_holdout(np.repeat([0, 1], [1, 9]), 5, seed=0)
 
 
+@pytest.mark.slow
 def test_sweep_selects_best_setting_and_writes_outputs(tmp_path):
     model = build_model()
     labeled, test = clustered(2, 16, seed=0), clustered(2, 6, seed=1)
@@ -189,6 +190,7 @@ def test_sweep_selects_best_setting_and_writes_outputs(tmp_path):
         np.testing.assert_array_equal(value, before[name])
 
 
+@pytest.mark.slow
 def test_two_replica_steps_match_one_device(two_replicas):
     """Sync BN, global batch split over 2 replicas, Keras loss scaling."""
     model = build_model(sync_bn=True)

@@ -51,6 +51,7 @@ def _one_step_each(two_replicas, views, unique, optimizer_fn):
             distributed.get_weights(), single.get_weights())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('views,unique', [(1, True), (2, False)])
 def test_mirrored_gradient_equals_single_device_gradient(two_replicas, views,
                                                          unique):
@@ -75,6 +76,7 @@ def test_mirrored_gradient_equals_single_device_gradient(two_replicas, views,
             assert scale > 1e-3, name  # Every layer got a real gradient.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('views,unique', [(2, False)])
 def test_mirrored_lars_update_equals_single_device_update(two_replicas, views,
                                                           unique):

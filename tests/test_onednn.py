@@ -26,6 +26,7 @@ def test_strided_1x1_convolutions_on_few_channels_are_refused_under_onednn():
                              blocks_per_stage=(1, 1), stage_strides=(1, 2))
 
 
+@pytest.mark.slow
 def test_importing_paws_tf_turns_onednn_on_unless_told_not_to():
     code = ('import paws_tf; from paws_tf.nets import onednn; '
             'print(onednn.onednn_enabled())')

@@ -160,6 +160,7 @@ def test_bfloat16_update_is_finite_and_close_to_float32():
                          max_relative=0.6)
 
 
+@pytest.mark.slow
 def test_xla_train_step_equals_the_graph_train_step():
     """XLA fuses and reorders float32 arithmetic: ~1e-7 relative per op,
     grown ~150 times by the objective's conditioning (module docstring);
@@ -179,6 +180,7 @@ def test_xla_train_step_equals_the_graph_train_step():
         np.testing.assert_allclose(xla, graph, rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('policy', ['mixed_float16', 'mixed_bfloat16'])
 def test_xla_mixed_precision_train_step_is_finite(policy):
     """The GPU setting (`--xla --precision bf16/fp16`) compiles and runs;
@@ -195,6 +197,7 @@ def test_xla_mixed_precision_train_step_is_finite(policy):
     assert np.any(after != before)
 
 
+@pytest.mark.slow
 def test_two_replicas_without_prediction_head_gather_supports_once(
         two_replicas):
     """Without a prediction head h = z: the targets reuse the gathered
@@ -241,6 +244,7 @@ def _tiny_pretrain_input(num_replicas):
         images_per_class=IMAGES, multicrop=multicrop)
 
 
+@pytest.mark.slow
 def test_prefetch_to_device_feeds_each_replica_on_its_device(two_replicas):
     """`InputOptions(experimental_fetch_to_device=True)` (the default of
     `distribute_datasets_from_function` and of `DatasetCreator`) with a

@@ -148,6 +148,7 @@ class ExplodingSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
         return {'explode_at': self._explode_at}
 
 
+@pytest.mark.slow
 def test_non_finite_training_stops_before_saving_it(tmp_path):
     with debug_gin.parsed(
             ['train.num_epochs = 2', 'train.backup_every_steps = 4',

@@ -33,6 +33,7 @@ def _train_one_epoch(tmp_path, verbose):
         train.train(str(tmp_path), tf.distribute.get_strategy())
 
 
+@pytest.mark.slow
 def test_a_debug_run_shows_the_watched_values_in_80_columns(
         tmp_path, capsys, monkeypatch):
     monkeypatch.setenv('COLUMNS', '80')

@@ -5,6 +5,7 @@ import pathlib
 import re
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import paws_tf
@@ -31,6 +32,7 @@ def test_the_public_names_resolve():
     assert 'PAWSModel' in dir(paws_tf)
 
 
+@pytest.mark.slow
 def test_example_trains_classifies_and_exports(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # The example exports into the cwd.
     run = {}

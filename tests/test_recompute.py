@@ -209,6 +209,7 @@ def test_norm_relu_then_inference_and_frozen_use_moving_statistics(frozen):
         np.testing.assert_array_equal(variable.numpy(), value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('synchronized', [False, True])
 def test_norm_relu_then_does_not_hold_the_relu_output(synchronized, request):
     """A chain of four units reaches a lower tensor peak than the same

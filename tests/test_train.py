@@ -39,6 +39,7 @@ def tags(log_dir, kind):
     return found
 
 
+@pytest.mark.slow
 def test_train_checkpoints_logs_and_does_not_retrain(debug_config, tmp_path):
     model = train.train(str(tmp_path), tf.distribute.get_strategy())
     assert int(model.optimizer.iterations.numpy()) == 32
