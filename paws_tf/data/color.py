@@ -6,7 +6,6 @@ import tensorflow as tf
 
 from paws_tf.data import image_ops
 
-
 # ITU-R 601 luma, the weights of torchvision's rgb_to_grayscale.
 LUMA_WEIGHTS = (0.2989, 0.587, 0.114)
 # tf.matmul([H, W, 3], _LUMA_TO_RGB) is the luma in all three channels:

@@ -9,7 +9,6 @@ import tensorflow as tf
 
 from paws_tf.data import sources
 
-
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif')
 BAD_IMAGE_POLICIES = ('skip', 'fail')
 _MAX_LISTED = 5  # Files or classes named in an error; longer lists are cut.

@@ -5,7 +5,6 @@ import math
 
 import tensorflow as tf
 
-
 # Multiply, never divide, by constants: Grappler's constant folding turns
 # x / c into x * (1 / c), so eager and traced results would differ by 1 ulp.
 _UINT8_SCALE = 1 / 255

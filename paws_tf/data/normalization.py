@@ -3,7 +3,6 @@ from the images (`FROM_DATA`), checked against the channels."""
 
 from paws_tf.data import augment
 
-
 # `load_data.normalization` (the folder recipes bind it through this macro):
 # the per-channel mean and std computed from the labeled images.
 FROM_DATA = 'data'

@@ -8,7 +8,6 @@ from paws_tf.data import augment
 from paws_tf.evaluation import linear_fine_tune
 from paws_tf.evaluation import suncet_fine_tune
 
-
 _PROTOCOLS = {'imagenet': linear_fine_tune.fine_tune_linear,
               'cifar10': suncet_fine_tune.fine_tune_suncet}
 

@@ -18,7 +18,6 @@ from paws_tf import dist
 from paws_tf.evaluation import tuning
 from paws_tf import schedules
 
-
 HOLDOUT_FILENAME = 'holdout.txt'
 # tf_keras weight prefixes in the output directory; load them into
 # `build_classifier(model, num_classes)` / `tuning.build_trunk(model)`.

@@ -20,7 +20,6 @@ from paws_tf import losses
 from paws_tf import model as model_lib
 from paws_tf import schedules
 
-
 # `sampling.derive_seed` tag of the views, apart from sampling's and the
 # ImageNet protocol's.
 _SUNCET_VIEWS = 103

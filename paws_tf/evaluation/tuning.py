@@ -11,7 +11,6 @@ import tf_keras
 from paws_tf import dist
 from paws_tf.nets import sync_batch_norm
 
-
 RESULTS_FILENAME = 'results.json'
 TRUNK_WEIGHTS = 'trunk'
 # Arguments `fine_tune.fine_tune` passes to the protocols, so gin must not
