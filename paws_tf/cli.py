@@ -28,10 +28,10 @@ import paws_tf  # noqa: F401  (selects tf_keras before TensorFlow is used)
 from paws_tf import checkpoints
 from paws_tf import configurables  # noqa: F401  (registers configurables)
 from paws_tf.data import data_fingerprint
+from paws_tf.data import normalization as normalization_lib
 from paws_tf.demo import run_demo
 from paws_tf import dist
 from paws_tf.runner import config_checks
-from paws_tf.runner import experiment
 from paws_tf.runner import modes
 from paws_tf.runner import run_lock
 from paws_tf.runner import train
@@ -57,7 +57,7 @@ _FAULT_EXIT_CODES = {
 # What a training run writes; --overwrite removes these.
 _RUN_STATE = train.RUN_OUTPUTS + (CONFIG_FILE, OPERATIVE_CONFIG_FILE,
                                   data_fingerprint.FILENAME,
-                                  experiment.NORMALIZATION_FILENAME)
+                                  normalization_lib.NORMALIZATION_FILENAME)
 # Gin bindings that may change when a run resumes.
 _RESUME_ONLY_BINDINGS = ('train.on_data_change',)
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))

@@ -9,6 +9,7 @@ import pytest
 
 from paws_tf.data import augment
 from paws_tf.data import folders
+from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import pipeline
 from paws_tf.runner import experiment
 
@@ -36,7 +37,7 @@ def write_folder(root, channels):
 def test_statistics_weigh_every_pixel_once(tmp_path, channels):
     pixels = write_folder(tmp_path / 'labeled', channels)
     labeled = folders.image_folder(tmp_path / 'labeled', channels=channels)
-    mean, std = experiment.channel_statistics(labeled)
+    mean, std = normalization_lib.channel_statistics(labeled)
     np.testing.assert_allclose(mean, pixels.mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(std, pixels.std(axis=0), rtol=1e-9)
 
@@ -45,9 +46,9 @@ def test_computed_once_and_recorded(tmp_path):
     pixels = write_folder(tmp_path / 'labeled', 3)
     labeled = folders.image_folder(tmp_path / 'labeled')
     run = tmp_path / 'run'
-    mean, std = experiment.resolve_normalization(
+    mean, std = normalization_lib.resolve_normalization(
         'data', source=labeled, record_dir=str(run))
-    recorded = json.loads((run / experiment.NORMALIZATION_FILENAME)
+    recorded = json.loads((run / normalization_lib.NORMALIZATION_FILENAME)
                           .read_text())
     np.testing.assert_allclose(recorded['mean'], pixels.mean(axis=0),
                                rtol=1e-12)
@@ -58,13 +59,13 @@ def test_computed_once_and_recorded(tmp_path):
     # folder has changed since.
     write_folder(tmp_path / 'other', 3)
     other = folders.image_folder(tmp_path / 'other')
-    assert experiment.resolve_normalization(
+    assert normalization_lib.resolve_normalization(
         'data', source=other, record_dir=str(run)) == (mean, std)
     gray = folders.image_folder(tmp_path / 'labeled', channels=1)
     with pytest.raises(ValueError, match='normalisation of 3-channel images '
                        'but the images are now decoded to 1 channels'):
-        experiment.resolve_normalization('data', source=gray,
-                                         record_dir=str(run))
+        normalization_lib.resolve_normalization('data', source=gray,
+                                                record_dir=str(run))
 
 
 def test_a_subset_of_the_images_when_there_are_many(tmp_path):
@@ -73,7 +74,8 @@ def test_a_subset_of_the_images_when_there_are_many(tmp_path):
     positions = np.sort(np.random.default_rng(7).choice(4, 2, replace=False))
     images = [np.asarray(labeled.read(p)).reshape(-1) / 255.0
               for p in positions]
-    mean, std = experiment.channel_statistics(labeled, max_images=2, seed=7)
+    mean, std = normalization_lib.channel_statistics(labeled, max_images=2,
+                                                     seed=7)
     np.testing.assert_allclose(mean, [np.concatenate(images).mean()],
                                rtol=1e-12)
 
@@ -101,7 +103,7 @@ def test_or_from_a_sample_of_the_unlabeled_images(tmp_path):
     np.testing.assert_allclose(bundle.normalization[1], sample.std(axis=0),
                                rtol=1e-9)
     recorded = json.loads((tmp_path / 'run' /
-                           experiment.NORMALIZATION_FILENAME).read_text())
+                           normalization_lib.NORMALIZATION_FILENAME).read_text())
     assert (recorded['source'], recorded['images'], recorded['of']) == (
         'unlabeled', 4, 6)
     with pytest.raises(ValueError, match="normalization_from must be one of "
@@ -113,22 +115,23 @@ def test_or_from_a_sample_of_the_unlabeled_images(tmp_path):
 def test_fixed_values_and_presets(tmp_path):
     write_folder(tmp_path / 'labeled', 3)
     labeled = folders.image_folder(tmp_path / 'labeled')
-    assert experiment.resolve_normalization(
+    assert normalization_lib.resolve_normalization(
         'imagenet', source=labeled, record_dir=str(tmp_path / 'a')) == (
             augment.IMAGENET_MEAN, augment.IMAGENET_STD)
-    assert experiment.resolve_normalization(
+    assert normalization_lib.resolve_normalization(
         ((0.5,) * 3, (0.25,) * 3), source=labeled,
         record_dir=str(tmp_path)) == ((0.5,) * 3, (0.25,) * 3)
     with pytest.raises(ValueError, match='gives 1 channel'):
-        experiment.resolve_normalization(((0.5,), (0.25,)), source=labeled,
-                                         record_dir=str(tmp_path / 'other'))
+        normalization_lib.resolve_normalization(
+            ((0.5,), (0.25,)), source=labeled,
+            record_dir=str(tmp_path / 'other'))
     # The run recorded ((0.5,) * 3, (0.25,) * 3): exporting or evaluating
     # it with another normalisation is refused.
     for spec in ('data', 'imagenet'):
         with pytest.raises(ValueError, match=r"trained with, NORMALIZATION "
                            r"= \[\[0\.5, 0\.5, 0\.5\].*not '"):
-            experiment.resolve_normalization(spec, source=labeled,
-                                             record_dir=str(tmp_path))
+            normalization_lib.resolve_normalization(spec, source=labeled,
+                                                    record_dir=str(tmp_path))
 
 
 def test_constant_images_cannot_be_normalised(tmp_path):
@@ -139,8 +142,8 @@ def test_constant_images_cannot_be_normalised(tmp_path):
     labeled = folders.image_folder(tmp_path / 'labeled', channels=1)
     with pytest.raises(ValueError, match="constant value.*bind "
                        "NORMALIZATION = 'imagenet'"):
-        experiment.resolve_normalization('data', source=labeled,
-                                         record_dir=str(tmp_path))
+        normalization_lib.resolve_normalization('data', source=labeled,
+                                                record_dir=str(tmp_path))
 
 
 def test_pipeline_and_evaluation_use_the_runs_normalisation():

@@ -4,151 +4,21 @@ run's directory), and the evaluation preprocessing shared by PAWS-NN,
 export and fine-tuning."""
 
 import collections
-import json
 import os
 
-from absl import logging
 import gin
 import numpy as np
-import tensorflow as tf
 
 from paws_tf.data import folders
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import sources
 
-# The file in `record_dir` that records the normalisation a run uses.
-NORMALIZATION_FILENAME = 'normalization.json'
 # Which images `load_data.normalization = 'data'` is computed from.
 NORMALIZATION_IMAGES = ('labeled', 'unlabeled')
 
 DataBundle = collections.namedtuple(
     'DataBundle', ['labeled', 'unlabeled', 'test', 'normalization'],
     defaults=[None])
-
-
-def channel_statistics(source, max_images=None, seed=0):
-    """Per-channel mean and std of a source's pixels, scaled to [0, 1].
-
-    Every pixel of every image counts once (images of different sizes
-    weigh by their pixel count); sums are taken in float64.
-
-    Args:
-        source: `sources.ImageSource`.
-        max_images: use a seeded random subset of this many images; None
-            uses them all.
-        seed: seed of that subset.
-
-    Returns:
-        `(mean, std)`: two tuples of `source.channels` floats.
-    """
-    positions = np.arange(source.num_examples)
-    if max_images is not None and max_images < source.num_examples:
-        positions = np.sort(np.random.default_rng(seed).choice(
-            source.num_examples, max_images, replace=False))
-
-    def moments(position):
-        pixels = tf.reshape(tf.cast(source.read(position), tf.float64),
-                            [-1, source.channels]) / 255.0
-        return (tf.reduce_sum(pixels, 0), tf.reduce_sum(pixels ** 2, 0),
-                tf.cast(tf.shape(pixels)[0], tf.float64))
-
-    totals = np.zeros([2, source.channels])
-    count = 0.0
-    for first, second, pixels in (
-            tf.data.Dataset.from_tensor_slices(positions)
-            .map(moments, num_parallel_calls=tf.data.AUTOTUNE)
-            .as_numpy_iterator()):
-        totals += (first, second)
-        count += pixels
-    mean = totals[0] / count
-    std = np.sqrt(np.maximum(totals[1] / count - mean ** 2, 0.0))
-    return tuple(float(m) for m in mean), tuple(float(s) for s in std)
-
-
-def _record_normalization(record_dir, info):
-    path = os.path.join(record_dir, NORMALIZATION_FILENAME)
-    os.makedirs(record_dir, exist_ok=True)
-    tmp = f'{path}.tmp{os.getpid()}'
-    with open(tmp, 'w') as f:
-        json.dump(info, f, indent=2)
-    os.replace(tmp, path)
-
-
-def resolve_normalization(spec, *, source, record_dir, max_images=5000,
-                          seed=0, description='labeled'):
-    """The `(mean, std)` that `spec` stands for, recorded in `record_dir`.
-
-    Args:
-        spec: `'data'` (`normalization_lib.FROM_DATA`): the per-channel
-            mean and std of the images of `source` (`channel_statistics`,
-            at most `max_images` of them), computed once: a run that finds
-            `record_dir/NORMALIZATION_FILENAME` reads it, so that resumed
-            training, export and evaluation use the same values. A preset
-            name of `augment.NORMALIZATIONS` or a `(mean, std)` pair: those
-            values.
-        source: the `sources.ImageSource` of the statistics.
-        record_dir: where the values are recorded (the run's `model_dir`).
-        max_images: images the statistics are computed from.
-        seed: seed of that subset.
-        description: what the images of `source` are, for the record and
-            the messages.
-
-    Returns:
-        `(mean, std)`, two tuples of `source.channels` floats.
-
-    Raises:
-        ValueError: a bad `spec`, values that do not match the channels,
-            a recorded file for another channel count, or one recording
-            another normalisation than `spec` (a run trained one way is
-            exported and evaluated the same way).
-    """
-    path = os.path.join(record_dir, NORMALIZATION_FILENAME)
-    fixed = None
-    if spec != normalization_lib.FROM_DATA:
-        fixed = normalization_lib.normalization(spec, channels=source.channels)
-    if os.path.exists(path):
-        with open(path) as f:
-            recorded = json.load(f)
-        values = tuple(recorded['mean']), tuple(recorded['std'])
-        if recorded.get('channels') != source.channels:
-            raise ValueError(
-                f'{path} holds the normalisation of {recorded.get("channels")}'
-                f'-channel images but the images are now decoded to '
-                f'{source.channels} channels: delete it to compute it again '
-                '(or start the run again with --overwrite).')
-        if (fixed or normalization_lib.FROM_DATA) != (
-                values if recorded.get('spec') != normalization_lib.FROM_DATA
-                else normalization_lib.FROM_DATA):
-            # A run normalised one way must be exported and evaluated the
-            # same way.
-            raise ValueError(
-                f'{path} records the normalisation this run was trained '
-                f'with, {normalization_lib.NORMALIZATION_MACRO} = '
-                f'{recorded.get("spec")!r} (mean {values[0]}, std '
-                f'{values[1]}), not {spec!r}: bind it back.')
-        logging.info('Normalisation read from %s: mean %s, std %s', path,
-                     *values)
-        return values
-    if fixed is not None:
-        _record_normalization(record_dir, dict(
-            mean=fixed[0], std=fixed[1], channels=source.channels,
-            spec=spec))
-        return fixed
-    mean, std = channel_statistics(source, max_images, seed)
-    images = min(source.num_examples, max_images or source.num_examples)
-    if min(std) <= 0:
-        raise ValueError(
-            f'The {images} {description} images have a channel of constant '
-            f'value '
-            f'(std {std}): normalisation from the data is impossible; bind '
-            f"{normalization_lib.NORMALIZATION_MACRO} = 'imagenet' or a "
-            '(mean, std) pair.')
-    _record_normalization(record_dir, dict(
-        mean=mean, std=std, channels=source.channels, spec=spec,
-        images=images, of=source.num_examples, source=description))
-    logging.info('Normalisation computed from %d %s images and recorded in '
-                 '%s: mean %s, std %s', images, description, path, mean, std)
-    return mean, std
 
 
 @gin.configurable(denylist=['record_dir'])
@@ -174,8 +44,8 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None,
             `MultiCropConfig` and `eval_preprocessing` itself), `'data'`
             (computed from the images), a preset name of
             `augment.NORMALIZATIONS`, or a `(mean, std)` pair; see
-            `resolve_normalization`. The folder recipes bind it through the
-            macro `NORMALIZATION`.
+            `normalization.resolve_normalization`. The folder recipes bind
+            it through the macro `NORMALIZATION`.
         normalization_images: at most this many images (drawn with `seed`)
             give the `'data'` statistics.
         normalization_from: `'labeled'` or `'unlabeled'` (a sample of them,
@@ -226,7 +96,7 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None,
                 'The unlabeled images are a stream, which a sample cannot '
                 "be drawn from: bind load_data.normalization_from = "
                 "'labeled'.")
-        normalization = resolve_normalization(
+        normalization = normalization_lib.resolve_normalization(
             normalization, source=source, record_dir=record_dir,
             max_images=normalization_images, seed=seed,
             description=normalization_from)
