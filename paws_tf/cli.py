@@ -9,8 +9,8 @@ Modes: train (PAWS pre-training; resumes an unfinished run), evaluate_nn
 (PAWS-NN top-1/top-5 on the test split), fine_tune (the paper's ImageNet or
 CIFAR-10 fine-tuning protocol, by gin), export (SavedModels),
 train_and_evaluate (train, export, evaluate_nn), demo (train_and_evaluate,
-then a supervised-only baseline on the same labels, results.json, a figure
-and a table).
+the configured fine-tuning, then a supervised-only baseline on the same
+labels; results.json, a figure and a table).
 """
 
 import contextlib
