@@ -263,7 +263,8 @@ def test_gin_binds_builder_arguments():
 
 
 def test_batch_norm_train_vs_inference():
-    model = backbones.build_backbone('small_resnet', input_channels=1, **tiny_model.TINY)
+    model = backbones.build_backbone('small_resnet', input_channels=1,
+                                     **tiny_model.TINY)
     images = tf.random.normal([4, 8, 8, 1], mean=3.0)
     stem_bn = model.get_layer('stem_bn')
     before = stem_bn.moving_mean.numpy()
@@ -285,7 +286,8 @@ def test_sync_bn_uses_global_batch_statistics(sync_bn, two_replicas):
     images[4:] = 2.0 * images[4:] + 1.0  # the two halves differ in stats
     with strategy.scope():
         distributed = backbones.build_backbone(
-            'small_resnet', input_channels=1, sync_bn=sync_bn, **tiny_model.TINY)
+            'small_resnet', input_channels=1, sync_bn=sync_bn,
+            **tiny_model.TINY)
     reference = backbones.build_backbone('small_resnet', input_channels=1,
                                          **tiny_model.TINY)
     reference.set_weights(distributed.get_weights())
@@ -328,7 +330,8 @@ def test_mixed_precision_forward(policy):
 
 
 def test_xla_forward_and_backward_match_eager():
-    model = backbones.build_backbone('small_resnet', input_channels=1, **tiny_model.TINY)
+    model = backbones.build_backbone('small_resnet', input_channels=1,
+                                     **tiny_model.TINY)
     images = tf.random.normal([2, 10, 10, 1])
 
     def loss_and_grads(x):

@@ -92,7 +92,7 @@ def test_mirrored_lars_update_equals_single_device_update(two_replicas, views,
                                    err_msg=name)
 
 
-def test_collapsed_encoder_gives_uniform_predictions_and_near_collapse_escapes():
+def test_collapsed_encoder_gives_uniform_predictions_and_escapes_near_it():
     """Prop. 1 at the model level.
 
     With the prediction head's output collapsed to a constant vector b, every

@@ -102,7 +102,8 @@ def test_increases_during_warmup_and_decreases_after(config):
     (dict(start_lr=-0.1), 'start_lr must be a number >= 0'),
     (dict(ref_lr=-1.0), 'ref_lr must be a number >= 0'),
     (dict(final_lr=-1e-3), 'final_lr must be a number >= 0'),
-    (dict(num_epochs='ten'), "num_epochs must be a positive integer, got 'ten'"),
+    (dict(num_epochs='ten'),
+     "num_epochs must be a positive integer, got 'ten'"),
     (dict(ref_lr='6.4'), "ref_lr must be a number >= 0, got '6.4'"),
 ])
 def test_invalid_arguments_raise(kwargs, message):
