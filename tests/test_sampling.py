@@ -48,6 +48,26 @@ def test_support_balanced_unique_and_matching_labels(unique):
             np.testing.assert_array_equal(c0, c1)  # same class per slot
 
 
+
+def test_items_interleave_a_pipelines_replicas_step_by_step():
+    # A pipeline serving global replicas 2 and 3 of 4: its elements are
+    # (step 0, replica 2), (step 0, replica 3), (step 1, replica 2), ...
+    sampler = _sampler(_LABELS, num_replicas=4, unique_classes_per_replica=True)
+    draws = _support_draws(sampler, steps=3)
+    rows = sampler.classes_per_replica * sampler.images_per_class  # 1 x 3
+    batches = list(tf.data.Dataset.range(6).flat_map(
+        lambda i: sampler.items(i, 2, 2)).batch(rows))
+    assert len(batches) == 6
+    for i, (steps, positions, class_ids) in enumerate(batches):
+        step, replica = i // 2, 2 + i % 2
+        np.testing.assert_array_equal(steps.numpy(), [step] * rows)
+        np.testing.assert_array_equal(positions.numpy(),
+                                      draws[step, replica][0])
+        np.testing.assert_array_equal(class_ids.numpy(),
+                                      draws[step, replica][1])
+        np.testing.assert_array_equal(_LABELS[positions.numpy()],
+                                      class_ids.numpy())
+
 def test_support_draws_with_replacement_across_steps_and_covers_classes():
     draws = _support_draws(_sampler(_LABELS), 50)
     seen = [set(draws[s, 0][0]) for s in range(50)]

@@ -192,12 +192,6 @@ def _support(labeled, layout, seed, start_step, first_replica,
     """Support views and labels of this pipeline's replicas, per step."""
     sampler, mc = layout.sampler, layout.multicrop
 
-    def step_items(i):
-        step = i // local_replicas
-        positions, class_ids = sampler(step, first_replica + i % local_replicas)
-        return tf.data.Dataset.from_tensor_slices(
-            (tf.fill(tf.shape(positions), step), positions, class_ids))
-
     def views(step, position, class_id):
         image = labeled.read(position)
         return tuple(augment.make_view(
@@ -212,7 +206,8 @@ def _support(labeled, layout, seed, start_step, first_replica,
     # Always in order, even for deterministic=False: the model reads the
     # class of a support row from its position.
     return (tf.data.Dataset.counter(start_step * local_replicas)
-            .flat_map(step_items)
+            .flat_map(lambda i: sampler.items(i, first_replica,
+                                              local_replicas))
             .map(views, num_parallel_calls=tf.data.AUTOTUNE,
                  deterministic=True)
             .batch(rows, drop_remainder=True))

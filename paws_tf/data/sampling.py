@@ -186,3 +186,20 @@ class SupportSampler:
         positions = tf.gather(tf.gather(table, slots), order, batch_dims=1)
         return (tf.reshape(positions, [k * n]),
                 tf.repeat(tf.gather(class_ids, slots), n))
+
+    def items(self, i, first_replica, local_replicas):
+        """Element `i` of an input pipeline's support stream, as a Dataset.
+
+        An input pipeline serves `local_replicas` replicas, starting at
+        global replica `first_replica`, in turn: element `i` is step
+        `i // local_replicas` of replica `first_replica + i %
+        local_replicas`, for `Dataset.flat_map`.
+
+        Returns:
+            A `Dataset` of `(step, position, class_id)`, one per support
+            row of that replica and step, class-major.
+        """
+        step = i // local_replicas
+        positions, class_ids = self(step, first_replica + i % local_replicas)
+        return tf.data.Dataset.from_tensor_slices(
+            (tf.fill(tf.shape(positions), step), positions, class_ids))

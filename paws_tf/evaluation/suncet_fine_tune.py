@@ -54,12 +54,6 @@ def _suncet_dataset_fn(labeled, *, num_steps, classes_per_step,
     def dataset_fn(context=None):
         first, local = tuning.pipeline_replicas(context, num_replicas)
 
-        def step_items(i):
-            step = i // local
-            positions, class_ids = sampler(step, first + i % local)
-            return tf.data.Dataset.from_tensor_slices(
-                (tf.fill(tf.shape(positions), step), positions, class_ids))
-
         def image_views(step, position, class_id):
             view = augment.center_view(
                 labeled.read(position), image_size,
@@ -76,7 +70,8 @@ def _suncet_dataset_fn(labeled, *, num_steps, classes_per_step,
 
         # Always in order: a batch is one step's rows of one replica.
         return tuning.finish(
-            tf.data.Dataset.range(num_steps * local).flat_map(step_items)
+            tf.data.Dataset.range(num_steps * local).flat_map(
+                lambda i: sampler.items(i, first, local))
             .map(image_views, num_parallel_calls=tf.data.AUTOTUNE,
                  deterministic=True)
             .batch(rows, drop_remainder=True).map(step_batch))
