@@ -31,6 +31,7 @@ from paws_tf.data import data_fingerprint
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.demo import run_demo
 from paws_tf import dist
+from paws_tf import files
 from paws_tf.runner import config_checks
 from paws_tf.runner import modes
 from paws_tf.runner import run_lock
@@ -184,13 +185,6 @@ def _parse_gin(files, bindings):
     gin.finalize()
 
 
-def _write_text(path, text):
-    tmp = f'{path}.tmp'
-    with open(tmp, 'w') as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def _job(strategy):
     """What the processes of one job share and another job does not: the
     cluster spec under MultiWorkerMirroredStrategy, else None."""
@@ -271,10 +265,10 @@ def _run_in_model_dir(model_dir, strategy, config, training):
         _check_model_dir(model_dir, config, _OVERWRITE.value, chief)
     os.makedirs(model_dir, exist_ok=True)
     if chief:
-        _write_text(os.path.join(model_dir, FLAGS_FILE),
-                    flags.FLAGS.flags_into_string())
+        files.write_text(os.path.join(model_dir, FLAGS_FILE),
+                         flags.FLAGS.flags_into_string())
         if training:
-            _write_text(os.path.join(model_dir, CONFIG_FILE), config)
+            files.write_text(os.path.join(model_dir, CONFIG_FILE), config)
     logging.info('gin config:\n%s', config)
 
     try:
@@ -291,8 +285,8 @@ def _run_in_model_dir(model_dir, strategy, config, training):
         sys.exit(next(code for kind, code in _FAULT_EXIT_CODES.items()
                       if isinstance(fault, kind)))
     if training and chief:
-        _write_text(os.path.join(model_dir, OPERATIVE_CONFIG_FILE),
-                    gin.operative_config_str())
+        files.write_text(os.path.join(model_dir, OPERATIVE_CONFIG_FILE),
+                         gin.operative_config_str())
 
 
 def run():

@@ -13,6 +13,8 @@ import os
 
 from absl import logging
 
+from paws_tf import files
+
 FILENAME = 'data_fingerprint.json'
 ON_CHANGE = ('stop', 'continue')
 _ROLES = ('labeled', 'unlabeled', 'test')
@@ -80,13 +82,6 @@ def differences(recorded, current):
     return lines
 
 
-def _write(path, record):
-    tmp = f'{path}.tmp{os.getpid()}'
-    with open(tmp, 'w') as f:
-        json.dump(record, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
-
-
 def check_on_change(on_change):
     """Raises `ValueError` unless `on_change` is one of `ON_CHANGE`."""
     if on_change not in ON_CHANGE:
@@ -140,5 +135,5 @@ def check(model_dir, bundle, *, resuming, on_change='stop', overwrite=False,
                         'on it and recording it.')
     if write and recorded != current:
         os.makedirs(model_dir, exist_ok=True)
-        _write(path, current)
+        files.write_json(path, current, indent=1, sort_keys=True)
     return bool(changed) and overwrite

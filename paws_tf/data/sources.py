@@ -7,6 +7,8 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from paws_tf import files
+
 # The file in `record_dir` that records which images a run used as labeled.
 SPLIT_FILENAME = 'labeled_split.txt'
 FASHION_MNIST_CLASS_NAMES = (
@@ -292,10 +294,8 @@ def read_split_file(path):
 
 
 def _write_split_file(path, names, header):
-    tmp = f'{path}.tmp{os.getpid()}'
-    with open(tmp, 'w') as f:
-        f.write(f'# {header}\n' + ''.join(f'{name}\n' for name in names))
-    os.replace(tmp, path)
+    files.write_text(path, f'# {header}\n' +
+                     ''.join(f'{name}\n' for name in names))
 
 
 def _positions_of(source, names, split_file):

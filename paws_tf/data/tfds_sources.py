@@ -9,6 +9,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from paws_tf.data import sources
+from paws_tf import files
 
 IMAGENET_SUBSETS = ('1pct', '10pct')
 _MANIFEST = 'manifest.tsv'
@@ -144,10 +145,7 @@ def _cache_imagenet_subset(subset, cache_dir, data_dir):
                         f'{example["file_name"].decode()}\n')
         # Written last and renamed, so a complete manifest means a complete
         # cache; concurrent writers produce identical files.
-        tmp = f'{manifest}.tmp{os.getpid()}'
-        with open(tmp, 'w') as f:
-            f.writelines(rows)
-        os.replace(tmp, manifest)
+        files.write_text(manifest, ''.join(rows))
     with open(manifest) as f:
         rows = [line.rstrip('\n').split('\t') for line in f]
     return folder, rows

@@ -2,7 +2,6 @@
 a figure (training curves, 2-D projection of the test embeddings)."""
 
 import glob
-import json
 import os
 
 import matplotlib
@@ -11,6 +10,8 @@ from matplotlib import pyplot  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorboard.backend.event_processing import event_accumulator  # noqa
+
+from paws_tf import files
 
 RESULTS_FILENAME = 'results.json'
 FIGURE_FILENAME = 'results.png'
@@ -100,8 +101,5 @@ def table(rows):
 def write_results(model_dir, results):
     """Writes `results` to `model_dir/results.json`; returns the path."""
     path = os.path.join(model_dir, RESULTS_FILENAME)
-    tmp = f'{path}.tmp'
-    with open(tmp, 'w') as f:
-        json.dump(results, f, indent=2)
-    os.replace(tmp, path)
+    files.write_json(path, results, indent=2)
     return path

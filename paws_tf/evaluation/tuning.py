@@ -1,7 +1,6 @@
 """What the fine-tuning protocols share: the pre-trained trunk, each input
 pipeline's replicas, TensorBoard logging and the results files."""
 
-import json
 import os
 
 import numpy as np
@@ -9,6 +8,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import dist
+from paws_tf import files
 from paws_tf.nets import sync_batch_norm
 
 RESULTS_FILENAME = 'results.json'
@@ -91,6 +91,6 @@ def write_outputs(strategy, output_dir, network, weights_name, results):
     with dist.save_dir(strategy, output_dir) as directory:
         network.save_weights(os.path.join(directory, weights_name))
     if dist.is_chief(strategy):
-        with open(os.path.join(output_dir, RESULTS_FILENAME), 'w') as f:
-            json.dump(results, f, indent=2,
-                      default=lambda x: np.asarray(x).tolist())
+        files.write_json(os.path.join(output_dir, RESULTS_FILENAME),
+                         results, indent=2,
+                         default=lambda x: np.asarray(x).tolist())

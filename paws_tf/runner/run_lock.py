@@ -20,6 +20,8 @@ import uuid
 
 from absl import logging
 
+from paws_tf import files
+
 LOCK_FILENAME = 'run.lock'
 # The holder rewrites its heartbeat this often...
 HEARTBEAT_SECONDS = 30
@@ -209,11 +211,8 @@ class RunLock:
                               describe(holder) if holder else 'deleted')
                 return
             self._contents['heartbeat'] = time.time()
-            tmp = f'{self._path}.{self._token}'
             try:
-                with open(tmp, 'w') as f:
-                    json.dump(self._contents, f)
-                os.replace(tmp, self._path)
+                files.write_json(self._path, self._contents)
             except OSError as error:  # A full disk must not stop training.
                 logging.warning('Could not refresh the heartbeat of %s: %s',
                                 self._path, error)

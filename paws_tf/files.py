@@ -1,0 +1,24 @@
+"""Files written whole or not at all."""
+
+import json
+import os
+import socket
+
+
+def write_text(path, text):
+    """Writes `text` to `path` through a temporary file renamed over it.
+
+    A reader, or a run resumed after a crash, finds the previous file or
+    the new one, never part of one. The temporary file is named after this
+    host and process, so writers on a shared file system do not write into
+    each other's.
+    """
+    tmp = f'{path}.tmp.{socket.gethostname()}.{os.getpid()}'
+    with open(tmp, 'w') as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_json(path, value, **dump_kwargs):
+    """`write_text` of `json.dumps(value, **dump_kwargs)`."""
+    write_text(path, json.dumps(value, **dump_kwargs))
