@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from paws_tf.data import augment
+from paws_tf import files
 
 # The file in `record_dir` that records the normalisation a run uses.
 NORMALIZATION_FILENAME = 'normalization.json'
@@ -160,13 +161,9 @@ def channel_statistics(source, max_images=None, seed=0):
     return tuple(float(m) for m in mean), tuple(float(s) for s in std)
 
 
-def _record_normalization(record_dir, info):
-    path = os.path.join(record_dir, NORMALIZATION_FILENAME)
-    os.makedirs(record_dir, exist_ok=True)
-    tmp = f'{path}.tmp{os.getpid()}'
-    with open(tmp, 'w') as f:
-        json.dump(info, f, indent=2)
-    os.replace(tmp, path)
+def _record(path, info):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    files.write_json(path, info, indent=2)
 
 
 def resolve_normalization(spec, *, source, record_dir, max_images=5000,
@@ -174,9 +171,9 @@ def resolve_normalization(spec, *, source, record_dir, max_images=5000,
     """The `(mean, std)` that `spec` stands for, recorded in `record_dir`.
 
     Args:
-        spec: `'data'` (`FROM_DATA`): the per-channel
-            mean and std of the images of `source` (`channel_statistics`,
-            at most `max_images` of them), computed once: a run that finds
+        spec: `'data'` (`FROM_DATA`): the per-channel mean and std of the
+            images of `source` (`channel_statistics`, at most `max_images`
+            of them), computed once: a run that finds
             `record_dir/NORMALIZATION_FILENAME` reads it, so that resumed
             training, export and evaluation use the same values. A preset
             name of `augment.NORMALIZATIONS` or a `(mean, std)` pair: those
@@ -225,20 +222,17 @@ def resolve_normalization(spec, *, source, record_dir, max_images=5000,
                      *values)
         return values
     if fixed is not None:
-        _record_normalization(record_dir, dict(
-            mean=fixed[0], std=fixed[1], channels=source.channels,
-            spec=spec))
+        _record(path, dict(mean=fixed[0], std=fixed[1],
+                           channels=source.channels, spec=spec))
         return fixed
     mean, std = channel_statistics(source, max_images, seed)
     images = min(source.num_examples, max_images or source.num_examples)
     if min(std) <= 0:
         raise ValueError(
             f'The {images} {description} images have a channel of constant '
-            f'value '
-            f'(std {std}): normalisation from the data is impossible; bind '
-            f"{NORMALIZATION_MACRO} = 'imagenet' or a "
-            '(mean, std) pair.')
-    _record_normalization(record_dir, dict(
+            f'value (std {std}): normalisation from the data is impossible; '
+            f"bind {NORMALIZATION_MACRO} = 'imagenet' or a (mean, std) pair.")
+    _record(path, dict(
         mean=mean, std=std, channels=source.channels, spec=spec,
         images=images, of=source.num_examples, source=description))
     logging.info('Normalisation computed from %d %s images and recorded in '
