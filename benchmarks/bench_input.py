@@ -4,11 +4,24 @@ Prints one JSON object per setting: multi-crop views per second (every view
 produced counts: the support views plus 2 + m views per unlabeled image) and
 unlabeled images per second, measured for `--seconds` after a warm-up, with
 the paper's augmentations (`augment.CIFAR10_MULTICROP`,
-`augment.IMAGENET_MULTICROP`). With `--against_step CONFIG` it then runs
-`bench_step.py --config CONFIG` and prints the ratio of views produced to
-views the train step consumes per second (each measured alone on the whole
-machine; in training both share the cores).
+`augment.IMAGENET_MULTICROP`), on the cores this process may run on (`taskset
+-c 0` for one). The ImageNet setting reads JPEG photographs (cut from
+scikit-image's sample photographs: decoding and blur costs depend on image
+content) with the official per-GPU sizes: 64 unlabeled images and a support
+of 15 classes x 7 images per step.
 
+With `--against_official` the ImageNet setting also runs the official input
+path (benchmarks/official_input.py: suncet's torchvision transforms in
+DataLoaders of one worker per core; in-process on one core) on the same
+files, in alternation with paws_tf's for `--rounds` rounds, and prints both
+medians and their ratio. It and the photographs need the `torch` extra.
+
+With `--against_step CONFIG` it then runs `bench_step.py --config CONFIG`
+and prints the ratio of views produced to views the train step consumes per
+second (each measured alone on the whole machine; in training both share the
+cores).
+
+    python benchmarks/bench_input.py --settings imagenet --against_official
     python benchmarks/bench_input.py --seconds 30 --against_step cifar_small
 """
 
@@ -44,54 +57,116 @@ def cifar10_setting():
         'images_per_class': 64, 'support_views': 2}
 
 
-def _write_jpegs(root, num_classes, per_class):
-    """Smooth random ~400x350 JPEGs (noise would make decoding unrealistic)."""
+def _write_photographs(root, num_classes, per_class):
+    """JPEGs of ImageNet's typical size (500 x 375 or 375 x 500, quality 90),
+    each a random crop of one of scikit-image's sample photographs."""
+    try:
+        from skimage import data
+    except ImportError:
+        raise SystemExit('The ImageNet setting cuts its JPEGs from '
+                         "scikit-image's photographs: pip install .[torch]")
+    photos = [data.astronaut(), data.chelsea(), data.coffee(), data.rocket(),
+              data.hubble_deep_field(), data.immunohistochemistry(),
+              data.retina(), data.stereo_motorcycle()[0]]
     rng = np.random.default_rng(0)
     for c in range(num_classes):
         folder = root / f'class_{c:03d}'
         folder.mkdir(parents=True)
         for i in range(per_class):
-            h, w = rng.integers(330, 420), rng.integers(330, 420)
-            coarse = rng.integers(0, 256, [h // 16 + 1, w // 16 + 1, 3],
-                                  np.uint8)
-            image = PIL.Image.fromarray(coarse).resize((w, h),
-                                                       PIL.Image.BILINEAR)
+            photo = photos[rng.integers(len(photos))]
+            h, w = photo.shape[:2]
+            ch, cw = int(h * rng.uniform(0.4, 1)), int(w * rng.uniform(0.4, 1))
+            y, x = rng.integers(h - ch + 1), rng.integers(w - cw + 1)
+            size = (500, 375) if rng.random() < 0.75 else (375, 500)
+            image = PIL.Image.fromarray(photo[y:y + ch, x:x + cw]).resize(
+                size, PIL.Image.BICUBIC)
             image.save(folder / f'{i:04d}.jpg', quality=90)
 
 
 def imagenet_setting(root):
-    """JPEG files, 2x224^2 + 6x96^2 with blur, support 16 x 7, batch 64."""
-    _write_jpegs(root, num_classes=16, per_class=24)
+    """JPEG photographs, 2x224^2 + 6x96^2 with blur, support 15 x 7,
+    batch 64 (suncet configs/paws/imgnt_train.yaml, per GPU)."""
+    _write_photographs(root, num_classes=16, per_class=24)
     labeled = folders.image_folder(root)
     return labeled, labeled, augment.IMAGENET_MULTICROP, {
-        'global_batch_size': 64, 'classes_per_step': 16,
+        'global_batch_size': 64, 'classes_per_step': 15,
         'images_per_class': 7, 'support_views': 1}
 
 
-def measure(name, unlabeled, labeled, multicrop, sizes, args):
-    pretrain = pipeline.make_pretrain_dataset_fn(
-        unlabeled, labeled, num_replicas=1, multicrop=multicrop,
-        deterministic=not args.nondeterministic, **sizes)
-    iterator = iter(pretrain.dataset_fn(None))
+def _views_per_step(multicrop, sizes):
+    support = (sizes['support_views'] * sizes['classes_per_step']
+               * sizes['images_per_class'])
+    return sizes['global_batch_size'] * (2 + multicrop.num_local) + support
+
+
+def _run(iterator, args):
+    """(steps, seconds) of `next(iterator)` for `args.seconds`."""
     for _ in range(args.warmup_steps):
         next(iterator)
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < args.seconds:
         next(iterator)
         steps += 1
-    elapsed = time.perf_counter() - start
+    return steps, time.perf_counter() - start
+
+
+def _cores():
+    return len(os.sched_getaffinity(0))
+
+
+def measure(name, unlabeled, labeled, multicrop, sizes, args):
+    pretrain = pipeline.make_pretrain_dataset_fn(
+        unlabeled, labeled, num_replicas=1, multicrop=multicrop,
+        deterministic=not args.nondeterministic, **sizes)
+    steps, elapsed = _run(iter(pretrain.dataset_fn(None)), args)
     batch = sizes['global_batch_size']
-    support = (sizes['support_views'] * sizes['classes_per_step']
-               * sizes['images_per_class'])
-    views = batch * (2 + multicrop.num_local) + support
+    views = _views_per_step(multicrop, sizes)
     return {
-        'setting': name, 'steps': steps, 'seconds': round(elapsed, 1),
-        'views_per_step': views,
+        'setting': name, 'pipeline': 'paws_tf', 'steps': steps,
+        'seconds': round(elapsed, 1), 'views_per_step': views,
         'views_per_s': round(steps * views / elapsed, 1),
         'unlabeled_images_per_s': round(steps * batch / elapsed, 1),
         'steps_per_s': round(steps / elapsed, 3),
         'deterministic': not args.nondeterministic,
-        'cpus': os.cpu_count(), 'load_avg_1min': os.getloadavg()[0]}
+        'cores': _cores(), 'load_avg_1min': os.getloadavg()[0]}
+
+
+def measure_official(root, multicrop, sizes, args):
+    """The official input path on the files under `root`."""
+    from benchmarks import official_input
+    cores = _cores()
+    loaders = official_input.make_loaders(
+        root, batch_size=sizes['global_batch_size'],
+        classes_per_batch=sizes['classes_per_step'],
+        images_per_class=sizes['images_per_class'],
+        num_local=multicrop.num_local, num_workers=cores if cores > 1 else 0,
+        global_scale=multicrop.global_scale,
+        local_scale=multicrop.local_scale,
+        color_strength=multicrop.color_strength)
+    steps, elapsed = _run(loaders, args)
+    views = _views_per_step(multicrop, sizes)
+    return {'setting': 'imagenet', 'pipeline': 'official', 'steps': steps,
+            'seconds': round(elapsed, 1), 'views_per_step': views,
+            'views_per_s': round(steps * views / elapsed, 1),
+            'cores': cores, 'load_avg_1min': os.getloadavg()[0]}
+
+
+def race_official(root, setting, args):
+    """paws_tf's ImageNet pipeline and the official one, in alternation."""
+    rates = {'paws_tf': [], 'official': []}
+    for _ in range(args.rounds):
+        for result in (measure('imagenet', *setting, args),
+                       measure_official(root, *setting[2:], args)):
+            print(json.dumps(result), flush=True)
+            rates[result['pipeline']].append(result['views_per_s'])
+    medians = {k: float(np.median(v)) for k, v in rates.items()}
+    print(json.dumps({
+        'benchmark': 'against_official', 'rounds': args.rounds,
+        'cores': _cores(),
+        'paws_tf_views_per_s': medians['paws_tf'],
+        'official_views_per_s': medians['official'],
+        'ratio': round(medians['paws_tf'] / medians['official'], 2)}),
+        flush=True)
 
 
 def main():
@@ -100,6 +175,11 @@ def main():
     parser.add_argument('--warmup_steps', type=int, default=3)
     parser.add_argument('--settings', default='cifar10,imagenet')
     parser.add_argument('--nondeterministic', action='store_true')
+    parser.add_argument('--against_official', action='store_true',
+                        help='race the ImageNet setting against the '
+                             'official input path')
+    parser.add_argument('--rounds', type=int, default=3,
+                        help='alternations of --against_official')
     parser.add_argument('--against_step', default='',
                         help='bench_step.py config to compare with, e.g. '
                              'cifar_small (empty: no comparison)')
@@ -113,6 +193,9 @@ def main():
                 setting = imagenet_setting(pathlib.Path(tmp))
             else:
                 raise SystemExit(f'unknown setting {name!r}')
+            if name == 'imagenet' and args.against_official:
+                race_official(tmp, setting, args)
+                continue
             results[name] = measure(name, *setting, args)
             print(json.dumps(results[name]), flush=True)
     if args.against_step:
