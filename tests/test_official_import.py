@@ -218,6 +218,8 @@ def test_paws_nn_of_an_import_is_the_official_rule(tmp_path):
     official_torch.save_official(encoder, tmp_path / 'wrn.pth.tar')
     with _config(WRN_CONFIG, SYNTHETIC_BINDINGS):
         _import(tmp_path / 'run', tmp_path / 'wrn.pth.tar')
+        # export adds the PAWS-NN classifier, which bundles the supports.
+        modes.run(str(tmp_path / 'run'), _strategy(), 'export')
         result = modes.run(str(tmp_path / 'run'), _strategy(), 'evaluate_nn')
         bundle = experiment.load_data(None)
     labeled, test = bundle.labeled, bundle.test
@@ -229,10 +231,15 @@ def test_paws_nn_of_an_import_is_the_official_rule(tmp_path):
             image, 32, 32, augment.CIFAR10_MEAN, augment.CIFAR10_STD)
             for image in images])
 
-    top1, top5, _ = _official_snn_eval(
+    top1, top5, predicted = _official_snn_eval(
         encoder, torch_views(labeled), labeled.labels.astype(np.int64),
         torch_views(test), test.labels.astype(np.int64), num_classes=5)
     assert result['num_support'] == 20 and result['num_queries'] == 40
+    # Query by query, the exported classifier on the raw uint8 images.
+    classifier = tf.saved_model.load(str(tmp_path / 'run/export/classifier'))
+    images = np.stack([image for image, _ in
+                       test.ordered_dataset().as_numpy_iterator()])
+    np.testing.assert_array_equal(classifier(images)['class_ids'], predicted)
     assert result['top1'] == pytest.approx(top1, abs=1e-9)
     assert result['top5'] == pytest.approx(top5, abs=1e-9)
     assert 0 < top1 < 1  # A random network: neither all right nor wrong.
@@ -332,10 +339,10 @@ def test_fine_tuned_linear_layout_and_refusals(tmp_path):
 
 
 @pytest.mark.slow
-def test_run_py_imports_then_exports_and_fine_tunes(tmp_path):
+def test_run_py_imports_then_fine_tunes(tmp_path):
     """run.py --mode=import_official: a truncated file exits with 65 and
-    writes nothing; a good one gives a run that --mode=export and
-    --mode=fine_tune (here in-process) work on."""
+    writes nothing; a good one gives a run that --mode=fine_tune (here
+    in-process) works on."""
     path = _wrn_checkpoint(tmp_path / 'wrn.pth.tar', seed=3)
     data = path.read_bytes()
     (tmp_path / 'cut.pth.tar').write_bytes(data[:1000])
@@ -360,7 +367,5 @@ def test_run_py_imports_then_exports_and_fine_tunes(tmp_path):
                    'fine_tune_suncet.classes_per_step = 5',
                    'fine_tune_suncet.images_per_class = 4')
     with _config(WRN_CONFIG, SYNTHETIC_BINDINGS + fine_tuning):
-        modes.run(str(tmp_path / 'run'), _strategy(), 'export')
         results = modes.run(str(tmp_path / 'run'), _strategy(), 'fine_tune')
-    assert os.path.isdir(tmp_path / 'run/export/classifier')
     assert len(results['paws_nn_by_epoch']) == 2  # Before and after.
