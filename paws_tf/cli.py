@@ -10,7 +10,8 @@ Modes: train (PAWS pre-training; resumes an unfinished run), evaluate_nn
 CIFAR-10 fine-tuning protocol, by gin), export (SavedModels),
 train_and_evaluate (train, export, evaluate_nn), demo (train_and_evaluate,
 the configured fine-tuning, then a supervised-only baseline on the same
-labels; results.json, a figure and a table).
+labels; results.json, a figure and a table), import_official (an official
+PyTorch checkpoint, --official_checkpoint, as a run of --model_dir).
 """
 
 import contextlib
@@ -34,6 +35,7 @@ from paws_tf import dist
 from paws_tf import files
 from paws_tf.runner import config_checks
 from paws_tf.runner import modes
+from paws_tf.runner import official_import
 from paws_tf.runner import run_lock
 from paws_tf.runner import train
 
@@ -48,12 +50,15 @@ LOCKED_EXIT_CODE = os.EX_TEMPFAIL
 SAVE_FAILED_EXIT_CODE = os.EX_IOERR
 # No backup or checkpoint of the run can be restored, or the data differs
 # from what the run started on (EX_DATAERR).
+# An official checkpoint that cannot be imported, likewise.
 NONE_RESTORABLE_EXIT_CODE = DATA_CHANGED_EXIT_CODE = os.EX_DATAERR
+IMPORT_FAILED_EXIT_CODE = os.EX_DATAERR
 # Faults that end a run with their message and an exit code of their own.
 _FAULT_EXIT_CODES = {
     checkpoints.SaveFailed: SAVE_FAILED_EXIT_CODE,
     checkpoints.NoneRestorable: NONE_RESTORABLE_EXIT_CODE,
     data_fingerprint.Changed: DATA_CHANGED_EXIT_CODE,
+    official_import.ImportFailed: IMPORT_FAILED_EXIT_CODE,
 }
 # What a training run writes; --overwrite removes these.
 _RUN_STATE = train.RUN_OUTPUTS + (CONFIG_FILE, OPERATIVE_CONFIG_FILE,
@@ -88,6 +93,10 @@ _OVERWRITE = flags.DEFINE_bool(
     'overwrite', False, 'Start training again in a model_dir that holds a '
     'run with a different config or different data (its checkpoints, '
     'backup and logs are deleted).')
+_OFFICIAL_CHECKPOINT = flags.DEFINE_string(
+    'official_checkpoint', None, 'With --mode=import_official: an official '
+    'PAWS .pth.tar checkpoint (pre-trained or fine-tuned) to import into '
+    '--model_dir.')
 _LIST_CONFIGS = flags.DEFINE_bool(
     'list_configs', False, 'Print the names of the shipped gin configs, '
     'which --gin_file accepts from any directory, and exit.')
@@ -230,6 +239,9 @@ def main(argv):
         return
     if _MODEL_DIR.value is None:
         raise app.UsageError('--model_dir is required.')
+    if (_MODE.value == 'import_official') != bool(_OFFICIAL_CHECKPOINT.value):
+        raise app.UsageError('--official_checkpoint=FILE.pth.tar goes with '
+                             '--mode=import_official, and only with it.')
     # absl's handler delegates to its python_handler, which applies filters;
     # TensorFlow's own INFO records go through the 'tensorflow' logger.
     logging.get_absl_handler().python_handler.addFilter(_QuietTensorFlow())
@@ -263,8 +275,11 @@ def _run_in_model_dir(model_dir, strategy, config, training):
     chief = dist.is_chief(strategy)
     if training:
         _check_model_dir(model_dir, config, _OVERWRITE.value, chief)
-    os.makedirs(model_dir, exist_ok=True)
-    if chief:
+    # The importer creates model_dir only once the checkpoint fits.
+    importing = _MODE.value == 'import_official'
+    if not importing:
+        os.makedirs(model_dir, exist_ok=True)
+    if chief and not importing:
         files.write_text(os.path.join(model_dir, FLAGS_FILE),
                          flags.FLAGS.flags_into_string())
         if training:
@@ -276,7 +291,8 @@ def _run_in_model_dir(model_dir, strategy, config, training):
             run_demo.demo(model_dir, strategy, overwrite=_OVERWRITE.value)
         else:
             modes.run(model_dir, strategy, _MODE.value,
-                      overwrite=_OVERWRITE.value)
+                      overwrite=_OVERWRITE.value,
+                      official_checkpoint=_OFFICIAL_CHECKPOINT.value)
     except train.Preempted as stopped:
         logging.warning('%s', stopped)
         sys.exit(PREEMPTED_EXIT_CODE)

@@ -447,3 +447,40 @@ def test_clear_errors_before_training(tmp_path, two_replicas):
         suncet_fine_tune.fine_tune_suncet(model, labeled, test, views=0,
                                           output_dir=str(tmp_path), **PRE)
     assert not os.listdir(tmp_path)
+
+
+@pytest.mark.slow
+def test_best_epoch_keeps_the_epoch_of_best_validation_top1(tmp_path):
+    """The official selection: one setting, validation after every epoch,
+    the weights of the first epoch of best top-1 tested."""
+    model = build_model()
+    labeled, test = clustered(2, 16, seed=0), clustered(2, 6, seed=1)
+    validation = clustered(2, 5, seed=2)
+    calibrate_batch_norm(model, labeled)
+    output_dir = str(tmp_path / 'fine_tune')
+    classifier, results = linear_fine_tune.fine_tune_linear(
+        model, labeled, test, output_dir=output_dir, seed=5,
+        selection='best_epoch', validation=lambda: validation,
+        learning_rates=(0.1,), epochs=(3,), global_batch_size=8,
+        eval_batch_size=16, **PRE)
+    by_epoch = results['validation_top1_by_epoch']
+    assert len(by_epoch) == 3
+    assert results['best_epoch'] == 1 + int(np.argmax(by_epoch))
+    # The classifier left is the best epoch's: its validation top-1 is the
+    # best, counted here by hand.
+    images = np.stack([validation.read(i) for i in range(10)])
+    images = (images / 255 - PRE['mean'][0]) / PRE['std'][0]
+    predicted = np.argmax(classifier(images.astype(np.float32)), 1)
+    assert np.mean(predicted == validation.labels) == max(by_epoch)
+    assert results['num_train'] == 32 and results['num_validation'] == 10
+    with open(os.path.join(output_dir, tuning.RESULTS_FILENAME)) as f:
+        assert json.load(f)['best_epoch'] == results['best_epoch']
+    for kwargs, match in (
+            (dict(validation=None), 'needs a validation set'),
+            (dict(validation=lambda: validation, epochs=(3, 4)),
+             'trains one setting')):
+        with pytest.raises(ValueError, match=match):
+            linear_fine_tune.fine_tune_linear(
+                model, labeled, test, output_dir=output_dir,
+                selection='best_epoch', **{'learning_rates': (0.1,),
+                                           'epochs': (3,), **kwargs}, **PRE)

@@ -1,5 +1,6 @@
 """TFDS sources on tfds.testing.mock_data: in memory and ImageNet."""
 
+import hashlib
 import os
 
 import numpy as np
@@ -83,3 +84,49 @@ def test_imagenet_unlabeled_can_exclude_labeled(tmp_path):
     assert len(set(stream)) == 5 and not set(stream) & labeled_bytes
     with pytest.raises(ValueError, match="one of \\('1pct', '10pct'\\)"):
         tfds_sources.imagenet_sources(labeled_subset='5pct', cache_dir=cache)
+
+
+def test_imagenet_validation_is_a_seeded_draw_outside_both_subsets(
+        tmp_path, monkeypatch):
+    """suncet's val.txt kind of set: per class, training images in neither
+    labeled subset, drawn with the seed (or named by a file), cached."""
+    encoded = tf.io.encode_jpeg(tf.zeros([4, 4, 3], tf.uint8)).numpy()
+    names = {c: [f'n{c:08d}_{i}.JPEG' for i in range(6)] for c in range(5)}
+    splits = {
+        'imagenet2012': [(c, n) for c in names for n in names[c]],
+        'imagenet2012_subset/1pct': [(c, names[c][0]) for c in names],
+        'imagenet2012_subset/10pct': [(c, n) for c in names
+                                      for n in names[c][:2]]}
+    reads = []
+
+    def examples(name, data_dir):
+        reads.append(name)
+        return iter([(encoded, c, n) for c, n in splits[name]])
+
+    monkeypatch.setattr(tfds_sources, '_examples', examples)
+    cache = str(tmp_path / 'cache')
+    with tfds.testing.mock_data(num_examples=1, data_dir=str(tmp_path)):
+        drawn = tfds_sources.imagenet_validation(cache_dir=cache,
+                                                 per_class=2, seed=3)
+        again = tfds_sources.imagenet_validation(cache_dir=cache,
+                                                 per_class=2, seed=3)
+        other = tfds_sources.imagenet_validation(cache_dir=cache,
+                                                 per_class=2, seed=4)
+        listed = tmp_path / 'val.txt'
+        listed.write_text('n00000001_5.JPEG\nn00000003_2.JPEG\n')
+        named = tfds_sources.imagenet_validation(cache_dir=cache,
+                                                 names_file=str(listed))
+    expected = []
+    for c in names:
+        candidates = sorted(names[c][2:], key=lambda n: hashlib.sha256(
+            f'3:{n}'.encode()).digest())
+        expected += sorted(candidates[:2])
+    assert list(drawn.names) == list(again.names) == expected
+    assert drawn.labels.tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert other.names != drawn.names
+    assert list(named.names) == ['n00000001_5.JPEG', 'n00000003_2.JPEG']
+    assert named.labels.tolist() == [1, 3]
+    assert len(drawn.class_names) == 1000
+    # Three draws, three passes; the repeated draw read the cache.
+    assert reads.count('imagenet2012') == 3
+    assert drawn.read(0).shape == (4, 4, 3)

@@ -1,5 +1,7 @@
 """TFDS datasets as sources: small ones in memory, ImageNet streamed."""
 
+import hashlib
+import heapq
 import os
 import re
 
@@ -8,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from paws_tf import checks
 from paws_tf.data import sources
 from paws_tf import files
 
@@ -127,28 +130,117 @@ def tfds_stream(name, *, split='train', data_dir=None, channels=3,
         shuffle_buffer=shuffle_buffer)
 
 
-def _cache_imagenet_subset(subset, cache_dir, data_dir):
-    """Writes the subset's JPEG bytes as files once; returns the manifest."""
-    folder = os.path.join(cache_dir, f'imagenet2012_subset_{subset}')
+def _cached(folder, examples_fn):
+    """The manifest rows of JPEG files cached in `folder`, written once from
+    `examples_fn()`: `(encoded bytes, label, file_name)` triples."""
     manifest = os.path.join(folder, _MANIFEST)
     if not os.path.exists(manifest):
         os.makedirs(os.path.join(folder, 'images'), exist_ok=True)
         rows = []
-        dataset = _open_tfds(f'imagenet2012_subset/{subset}', 'train',
-                             data_dir, None, None)
-        for i, example in enumerate(tfds.as_numpy(dataset)):
+        for i, (encoded, label, file_name) in enumerate(examples_fn()):
             # decode_image sniffs the format; the extension is a label only.
             path = os.path.join('images', f'{i:07d}.jpeg')
             with open(os.path.join(folder, path), 'wb') as f:
-                f.write(example['image'])
-            rows.append(f'{path}\t{example["label"]}\t'
-                        f'{example["file_name"].decode()}\n')
+                f.write(encoded)
+            rows.append(f'{path}\t{label}\t{file_name}\n')
         # Written last and renamed, so a complete manifest means a complete
         # cache; concurrent writers produce identical files.
         files.write_text(manifest, ''.join(rows))
     with open(manifest) as f:
-        rows = [line.rstrip('\n').split('\t') for line in f]
-    return folder, rows
+        return [line.rstrip('\n').split('\t') for line in f]
+
+
+def _examples(name, data_dir):
+    """`(encoded, label, file_name)` of a TFDS ImageNet split, in order."""
+    for example in tfds.as_numpy(_open_tfds(name, 'train', data_dir, None,
+                                            None)):
+        yield (example['image'], int(example['label']),
+               example['file_name'].decode())
+
+
+def _cache_imagenet_subset(subset, cache_dir, data_dir):
+    """Writes the subset's JPEG bytes as files once; returns the folder and
+    the manifest rows."""
+    folder = os.path.join(cache_dir, f'imagenet2012_subset_{subset}')
+    return folder, _cached(folder, lambda: _examples(
+        f'imagenet2012_subset/{subset}', data_dir))
+
+
+def _validation_examples(data_dir, per_class, seed, names):
+    """The official fine-tuning validation images: `names`, or per class the
+    `per_class` training images outside both labeled subsets with the
+    smallest SHA-256 of (seed, file name), a seeded draw independent of
+    the order TFDS reads them in. One pass; holds the chosen bytes."""
+    if names is None:
+        excluded = {file_name for subset in IMAGENET_SUBSETS
+                    for _, _, file_name in _examples(
+                        f'imagenet2012_subset/{subset}', data_dir)}
+    chosen = {}  # label -> heap of (-key, file_name, encoded)
+    for encoded, label, file_name in _examples('imagenet2012', data_dir):
+        if names is not None:
+            if file_name in names:
+                chosen.setdefault(label, []).append((0, file_name, encoded))
+            continue
+        if file_name in excluded:
+            continue
+        key = hashlib.sha256(f'{seed}:{file_name}'.encode()).digest()
+        heap = chosen.setdefault(label, [])
+        item = (-int.from_bytes(key[:8], 'big'), file_name, encoded)
+        if len(heap) < per_class:
+            heapq.heappush(heap, item)
+        elif item > heap[0]:
+            heapq.heapreplace(heap, item)
+    found = sum(len(heap) for heap in chosen.values())
+    if names is not None and found != len(names):
+        raise ValueError(f'{len(names) - found} of the {len(names)} names of '
+                         'names_file are not ImageNet training images.')
+    for label in sorted(chosen):
+        for _, file_name, encoded in sorted(chosen[label],
+                                            key=lambda item: item[1]):
+            yield encoded, label, file_name
+
+
+@gin.configurable
+def imagenet_validation(*, cache_dir=gin.REQUIRED, data_dir=None,
+                        per_class=12, seed=0, names_file=None):
+    """The validation set of the official ImageNet fine-tuning.
+
+    suncet `fine_tune.py` keeps the epoch of best top-1 on
+    `imagenet_subsets/val.txt`: 12 training images per class, none of them
+    in the 1% or the 10% labeled subset. This draws such a set with `seed`
+    (or reads the official file's names, `names_file`) and caches its JPEGs
+    in `cache_dir` as the labeled subset is (one pass over the training
+    set the first time).
+
+    Args:
+        cache_dir: directory of the cached files (the same as
+            `imagenet_sources.cache_dir` suits).
+        data_dir: TFDS data directory (None: TFDS default).
+        per_class: images per class (official: 12).
+        seed: seed of the draw.
+        names_file: a file of training file names, one per line (the
+            official `val.txt`), used instead of a draw.
+
+    Returns:
+        A labeled `ImageSource` in class order.
+    """
+    checks.integer('per_class', per_class)
+    names = None
+    if names_file is not None:
+        with open(names_file) as f:
+            names = {line.strip() for line in f if line.strip()}
+        tag = 'names_' + hashlib.sha256(
+            '\n'.join(sorted(names)).encode()).hexdigest()[:12]
+    else:
+        tag = f'{per_class}_per_class_seed_{seed}'
+    folder = os.path.join(cache_dir, f'imagenet2012_validation_{tag}')
+    rows = _cached(folder, lambda: _validation_examples(
+        data_dir, per_class, seed, names))
+    info = tfds.builder('imagenet2012', data_dir=data_dir).info
+    return sources.from_files(
+        [os.path.join(folder, row[0]) for row in rows],
+        [row[2] for row in rows], labels=[int(row[1]) for row in rows],
+        class_names=info.features['label'].names, channels=3)
 
 
 @gin.configurable

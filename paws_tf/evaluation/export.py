@@ -75,6 +75,18 @@ class _SNNHead(tf.Module):
                 'top5_probabilities': top.values}
 
 
+class _LogitsHead(tf.Module):
+    """Class scores of a classifier's logits."""
+
+    def __call__(self, logits):
+        logits = tf.cast(logits, tf.float32)  # [N, K]
+        top = tf.math.top_k(logits, k=min(5, logits.shape[-1]))
+        return {'logits': logits,
+                'probabilities': tf.nn.softmax(logits),
+                'class_ids': top.indices[:, 0],
+                'top5_class_ids': top.indices}
+
+
 class _Servable(tf.Module):
     """The model with its evaluation preprocessing and an optional head.
 
@@ -289,3 +301,26 @@ def export_classifier(model, export_dir, *, support_embeddings,
     module.save(export_dir, 'classify_preprocessed', strategy,
                 dict(num_support=num_support, num_classes=len(class_names),
                      tau=float(tau)))
+
+
+def export_fine_tuned(classifier, export_dir, *, image_size, crop_fraction,
+                      mean, std, channels, strategy=None):
+    """Writes a fine-tuned classifier as a SavedModel that takes raw images.
+
+    `serving_default` (`images` uint8 `[N, H, W, C]`, the preprocessing of
+    `export_embedder` inside) and `classify_preprocessed` (float32
+    `[N, S, S, C]`) return `logits` float32 `[N, K]`, `probabilities` (their
+    softmax), `class_ids` int32 `[N]` and `top5_class_ids`
+    `[N, min(5, K)]`.
+
+    Args:
+        classifier: built `tf_keras.Model`, images -> `[N, K]` logits.
+        export_dir: output directory.
+        image_size, crop_fraction, mean, std, channels, strategy: as for
+            `export_embedder`.
+    """
+    module = _Servable(classifier, _LogitsHead(), image_size=image_size,
+                       crop_fraction=crop_fraction, mean=mean, std=std,
+                       channels=channels)
+    module.save(export_dir, 'classify_preprocessed', strategy,
+                dict(num_classes=int(classifier.output_shape[-1])))

@@ -1,6 +1,7 @@
 """The ImageNet fine-tuning protocol of PAWS App. A: a classifier on the
-pre-trained network, its learning rate and epochs chosen on a held-out part
-of the labeled images, then retrained on all of them."""
+pre-trained network, trained on the labeled images, its best epoch chosen
+on a validation set (the official code's), or its learning rate and epochs
+chosen on a held-out part of the labeled images (the paper's text)."""
 
 import math
 import os
@@ -19,6 +20,7 @@ from paws_tf.evaluation import tuning
 from paws_tf import schedules
 
 HOLDOUT_FILENAME = 'holdout.txt'
+SELECTIONS = ('best_epoch', 'sweep')
 # tf_keras weight prefixes in the output directory; load them into
 # `build_classifier(model, num_classes)` / `tuning.build_trunk(model)`.
 CLASSIFIER_WEIGHTS = 'classifier'
@@ -147,7 +149,7 @@ def _classifier_dataset_fn(source, global_batch_size, num_replicas, seed,
 def _train_classifier(model, source, *, strategy, num_classes,
                       learning_rate, epochs, global_batch_size, image_size,
                       mean, std, crop_scale, momentum, cosine_decay, seed,
-                      log_dir=None):
+                      log_dir=None, callbacks=()):
     """Trains a fresh `build_classifier` network on `source` (App. A).
 
     Softmax cross-entropy on random resized crops (torchvision's default
@@ -173,8 +175,34 @@ def _train_classifier(model, source, *, strategy, num_classes,
             source, global_batch_size, strategy.num_replicas_in_sync, seed,
             size=image_size, scale=crop_scale, mean=mean, std=std))
     classifier.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                   callbacks=[tuning.tensorboard(log_dir)] if log_dir else [])
+                   callbacks=list(callbacks) + (
+                       [tuning.tensorboard(log_dir)] if log_dir else []))
     return classifier
+
+
+class _BestEpoch(tf_keras.callbacks.Callback):
+    """Scores the classifier on a validation set after every epoch and
+    leaves it with the weights of the first epoch of best top-1 (suncet
+    `fine_tune.py` saves a checkpoint whenever top-1 beats the best)."""
+
+    def __init__(self, dataset):
+        super().__init__()
+        self.dataset = dataset
+        self.top1_by_epoch = []
+        self.best_epoch = None
+        self._best_weights = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        top1 = _scores(self.model, self.dataset)['top1']
+        self.top1_by_epoch.append(top1)
+        logging.info('Fine-tuning epoch %d: validation top-1 %.4f', epoch + 1,
+                     top1)
+        if self.best_epoch is None or top1 > max(self.top1_by_epoch[:-1]):
+            self.best_epoch = epoch + 1
+            self._best_weights = self.model.get_weights()
+
+    def on_train_end(self, logs=None):
+        self.model.set_weights(self._best_weights)
 
 
 def _scores(classifier, dataset):
@@ -185,26 +213,38 @@ def _scores(classifier, dataset):
 @gin.configurable(denylist=tuning.PASSED)
 def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
                      crop_fraction, mean, std, strategy=None, seed=0,
+                     selection='sweep', validation=None,
                      learning_rates=(0.01, 0.02, 0.05, 0.1, 0.2),
                      epochs=(30, 50), holdout=12000, global_batch_size=1024,
                      crop_scale=(0.08, 1.0), momentum=0.9, cosine_decay=True,
                      eval_batch_size=256):
-    """PAWS App. A: sweep on a held-out split, retrain, test (centre crop).
+    """PAWS App. A: a classifier fine-tuned on the labeled images, chosen on
+    held-out images, tested with a centre crop.
 
-    Each (learning rate, epochs) pair trains a fresh classifier on the
-    labeled images outside the held-out split and is scored on that split;
-    the best top-1 (the first in sweep order on ties) is retrained on the
-    whole labeled set and evaluated on `test`. `output_dir` receives the
-    held-out names, TensorBoard logs (`sweep/*`, `final`), the weights and
-    the results JSON.
+    `selection='best_epoch'` (the official `fine_tune.py` with
+    `imgnt_fine_tune.yaml`: one learning rate, 0.02, and 50 epochs): one
+    classifier trains on every labeled image, is scored on `validation`
+    after each epoch, and the weights of its best epoch (the first on ties)
+    are tested. `selection='sweep'` (the paper's text): each (learning rate,
+    epochs) pair trains a fresh classifier on the labeled images outside a
+    held-out split and is scored on that split; the best top-1 (the first
+    in sweep order on ties) is retrained on the whole labeled set and
+    tested. `output_dir` receives the held-out names (sweep), TensorBoard
+    logs (`sweep/*`, `final`), the weights and the results JSON.
 
     Args:
         model, labeled, test, image_size, crop_fraction, mean, std,
             strategy, seed: as in `fine_tune.fine_tune`; `crop_fraction` is for
             evaluation (training takes random crops).
         output_dir: where outputs go.
-        learning_rates, epochs: the sweep (BYOL's protocol).
-        holdout: held-out images, a count (paper: 12000) or a fraction.
+        selection: one of `SELECTIONS`.
+        validation: for 'best_epoch': a zero-argument callable returning
+            the labeled validation source (ImageNet:
+            `tfds_sources.imagenet_validation`).
+        learning_rates, epochs: the sweep (BYOL's protocol); one of each
+            for 'best_epoch'.
+        holdout: for 'sweep': held-out images, a count (paper: 12000) or a
+            fraction.
         global_batch_size: images per step over all replicas.
         crop_scale: area range of the training crops.
         momentum: Nesterov momentum.
@@ -216,7 +256,8 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
 
     Raises:
         ValueError: empty labeled set or sweep, bad held-out size, batch not
-            divisible by the replicas; raised before any training.
+            divisible by the replicas, 'best_epoch' without a validation
+            set or with several settings; raised before any training.
     """
     strategy = strategy or tf.distribute.get_strategy()
     num_classes = tuning.num_classes(labeled)
@@ -226,10 +267,20 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
             f'{strategy.num_replicas_in_sync} replicas.')
     if not learning_rates or not epochs:
         raise ValueError('Give at least one learning rate and epoch count.')
-    train_positions, held = split_holdout(labeled.labels, holdout, seed)
-    train_source = labeled.subset(train_positions)
+    if selection not in SELECTIONS:
+        raise ValueError(f'fine_tune_linear.selection must be one of '
+                         f'{SELECTIONS}, got {selection!r}.')
+    train = dict(strategy=strategy, num_classes=num_classes,
+                 global_batch_size=global_batch_size, image_size=image_size,
+                 mean=mean, std=std, crop_scale=crop_scale, momentum=momentum,
+                 cosine_decay=cosine_decay, seed=seed)
     evaluation = dict(batch_size=eval_batch_size, image_size=image_size,
                       crop_fraction=crop_fraction, mean=mean, std=std)
+    if selection == 'best_epoch':
+        return _best_epoch(model, labeled, test, validation, output_dir,
+                           learning_rates, epochs, train, evaluation)
+    train_positions, held = split_holdout(labeled.labels, holdout, seed)
+    train_source = labeled.subset(train_positions)
     held_dataset = pipeline.make_eval_dataset(labeled.subset(held),
                                               **evaluation)
     test_dataset = pipeline.make_eval_dataset(test, **evaluation)
@@ -238,10 +289,6 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
     if dist.is_chief(strategy):
         with open(holdout_file, 'w') as f:
             f.writelines(f'{labeled.names[p]}\n' for p in held)
-    train = dict(strategy=strategy, num_classes=num_classes,
-                 global_batch_size=global_batch_size, image_size=image_size,
-                 mean=mean, std=std, crop_scale=crop_scale, momentum=momentum,
-                 cosine_decay=cosine_decay, seed=seed)
     sweep = []
     for learning_rate in learning_rates:
         for num_epochs in epochs:
@@ -262,7 +309,7 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
     scores = _scores(classifier, test_dataset)
     logging.info('Fine-tuned with %s: test %s', best, scores)
     results = {
-        'protocol': 'imagenet', 'top1': scores['top1'],
+        'protocol': 'imagenet', 'selection': 'sweep', 'top1': scores['top1'],
         'top5': scores.get('top5'), 'test': scores, 'best': best,
         'sweep': sweep,
         'num_train': len(train_positions), 'weights': CLASSIFIER_WEIGHTS,
@@ -271,4 +318,45 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
                                              minlength=num_classes)}}
     tuning.write_outputs(strategy, output_dir, classifier, CLASSIFIER_WEIGHTS,
                          results)
+    return classifier, results
+
+
+def _best_epoch(model, labeled, test, validation, output_dir, learning_rates,
+                epochs, train, evaluation):
+    """`fine_tune_linear` with `selection='best_epoch'`."""
+    if validation is None:
+        raise ValueError(
+            "fine_tune_linear.selection = 'best_epoch' needs a validation "
+            'set: bind fine_tune_linear.validation (ImageNet: '
+            "@imagenet_validation), or fine_tune_linear.selection = 'sweep'.")
+    if len(learning_rates) != 1 or len(epochs) != 1:
+        raise ValueError(
+            "fine_tune_linear.selection = 'best_epoch' trains one setting: "
+            f'give one learning rate and one epoch count, not '
+            f'{tuple(learning_rates)} x {tuple(epochs)}.')
+    validation_source = validation()
+    if tuple(validation_source.class_names) != tuple(labeled.class_names):
+        raise ValueError('The validation set names its classes differently '
+                         'from the labeled set.')
+    best = _BestEpoch(pipeline.make_eval_dataset(validation_source,
+                                                 **evaluation))
+    os.makedirs(output_dir, exist_ok=True)
+    classifier = _train_classifier(
+        model, labeled, learning_rate=learning_rates[0], epochs=epochs[0],
+        log_dir=os.path.join(output_dir, 'final'), callbacks=[best], **train)
+    scores = _scores(classifier, pipeline.make_eval_dataset(test,
+                                                            **evaluation))
+    logging.info('Fine-tuned, epoch %d of %d (best on validation): test %s',
+                 best.best_epoch, epochs[0], scores)
+    results = {
+        'protocol': 'imagenet', 'selection': 'best_epoch',
+        'top1': scores['top1'], 'top5': scores.get('top5'), 'test': scores,
+        'learning_rate': learning_rates[0], 'epochs': epochs[0],
+        'best_epoch': best.best_epoch,
+        'validation_top1_by_epoch': best.top1_by_epoch,
+        'num_train': labeled.num_examples,
+        'num_validation': validation_source.num_examples,
+        'weights': CLASSIFIER_WEIGHTS}
+    tuning.write_outputs(train['strategy'], output_dir, classifier,
+                         CLASSIFIER_WEIGHTS, results)
     return classifier, results

@@ -11,9 +11,11 @@ from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import export
 from paws_tf.evaluation import fine_tune
 from paws_tf.runner import experiment
+from paws_tf.runner import official_import
 from paws_tf.runner import train
 
-MODES = ('train', 'evaluate_nn', 'fine_tune', 'export', 'train_and_evaluate')
+MODES = ('train', 'evaluate_nn', 'fine_tune', 'export', 'train_and_evaluate',
+         'import_official')
 EMBED_BATCH_SIZE = 256
 
 
@@ -105,21 +107,38 @@ def evaluate_run(model_dir, strategy, bundle, *, model, step=0):
         **experiment.eval_preprocessing(bundle))
 
 
-def run(model_dir, strategy, mode, *, overwrite=False):
+def run(model_dir, strategy, mode, *, overwrite=False,
+        official_checkpoint=None):
     """Runs one of run.py's modes (`MODES`, see run.py).
 
-    `overwrite` (run.py's --overwrite) is passed to `train.train`.
+    `overwrite` (run.py's --overwrite) is passed to `train.train` and the
+    importer; `official_checkpoint` is the `.pth.tar` file that
+    `import_official` reads. On a `model_dir` holding an import, export,
+    evaluate_nn and fine_tune run on the imported weights, built from the
+    gin config alone (the import already exported the embedder).
 
     Returns:
-        The PAWS-NN results for modes that evaluate, else None.
+        The PAWS-NN results for modes that evaluate, the import record for
+        `import_official`, else None.
     """
     if mode not in MODES:
         raise ValueError(f'Unknown mode {mode!r}; choose one of {MODES}.')
+    if mode == 'import_official':
+        return official_import.import_official(
+            model_dir, official_checkpoint, strategy=strategy,
+            overwrite=overwrite)
+    record = official_import.read_record(model_dir)
+    if record is not None:
+        official_import.refuse(record, mode, model_dir)
     if mode in ('train', 'train_and_evaluate'):
         train.train(model_dir, strategy, overwrite=overwrite)
         if mode == 'train':
             return None
-    model, bundle, step = load_trained_model(model_dir, strategy)
+    if record is None:
+        model, bundle, step = load_trained_model(model_dir, strategy)
+    else:
+        model, step = official_import.restore_imported(model_dir, strategy), 0
+        bundle = experiment.load_data(model_dir)
     if mode == 'fine_tune':
         return fine_tune.fine_tune(model_dir, model, labeled=bundle.labeled,
                                    test=bundle.test, strategy=strategy,

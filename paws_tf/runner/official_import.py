@@ -1,0 +1,324 @@
+"""Importing the official PyTorch PAWS checkpoints (`.pth.tar`) as paws_tf
+runs: a pre-trained encoder as a checkpoint, a fine-tuned classifier as a
+SavedModel."""
+
+import json
+import os
+
+from absl import logging
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from paws_tf import files
+from paws_tf import model as model_lib
+from paws_tf.evaluation import export
+from paws_tf.nets import backbones
+from paws_tf.nets import heads
+from paws_tf.nets import sync_batch_norm
+from paws_tf.nets import torch_names
+from paws_tf.runner import experiment
+from paws_tf.runner import train
+
+RECORD_FILENAME = 'imported.json'
+PRETRAINED, FINE_TUNED = 'pretrained', 'fine_tuned'
+# Where a fine-tuned checkpoint's classifier goes, relative to model_dir.
+FINE_TUNED_DIR = os.path.join('export', 'fine_tuned')
+# The official networks take RGB images.
+CHANNELS = 3
+# The support layout does not change any variable: an imported model is
+# only evaluated, exported or fine-tuned, never pre-trained further here.
+_INFERENCE_LAYOUT = dict(classes_per_replica=1, images_per_class=1,
+                         support_views=1, num_replicas=1,
+                         unique_classes_per_replica=False, multicrop=0)
+_INSTALL_HINT = ('Reading official .pth.tar checkpoints needs PyTorch: '
+                 'pip install .[torch] (or pip install paws_tf[torch]; the '
+                 'CPU wheel suffices).')
+_EXPECTED = ('an official PAWS checkpoint: a dict whose "encoder" entry is '
+             'the state dict of ResNet-50 or WideResNet-28-2 (keys '
+             '"module.conv1.weight", ...) with the "fc" projection head '
+             '(pre-trained) or the "fc" classifier (fine-tuned)')
+
+
+class ImportFailed(ValueError):
+    """The official checkpoint cannot be imported; nothing was written."""
+
+
+def read_checkpoint(path):
+    """The encoder state dict and epoch of an official `.pth.tar` file.
+
+    Args:
+        path: the file `torch.save` wrote (suncet `paws_train.py`,
+            `fine_tune.py`).
+
+    Returns:
+        `(state, epoch)`: `{name: float32 or int NumPy array}` without the
+        DDP `module.` prefix, and the stored epoch (None when absent).
+
+    Raises:
+        ImportFailed: PyTorch is not installed, or the file is missing,
+            truncated or not such a checkpoint; the message names the file
+            and what was expected.
+    """
+    try:
+        import torch  # pylint: disable=import-outside-toplevel
+    except ImportError as error:
+        raise ImportFailed(_INSTALL_HINT) from error
+    if not os.path.isfile(path):
+        raise ImportFailed(f'--official_checkpoint={path}: no such file.')
+    try:
+        # weights_only: tensors and plain containers, no code from the file.
+        checkpoint = torch.load(path, map_location='cpu', weights_only=True)
+    # torch.load fails in many ways on a damaged file (RuntimeError from
+    # the zip reader, EOFError, UnpicklingError): each means it is unusable.
+    except Exception as error:  # pylint: disable=broad-except
+        raise ImportFailed(
+            f'{path} cannot be read by torch.load (truncated, corrupted, or '
+            f'not a PyTorch file): {type(error).__name__}: '
+            f'{str(error).strip().splitlines()[0] if str(error) else ""}. '
+            f'Expected {_EXPECTED}.') from error
+    encoder = checkpoint.get('encoder') if isinstance(checkpoint,
+                                                      dict) else None
+    if not isinstance(encoder, dict) or not encoder:
+        keys = (sorted(checkpoint)[:8] if isinstance(checkpoint, dict)
+                else type(checkpoint).__name__)
+        raise ImportFailed(f'{path} holds {keys}, not {_EXPECTED}.')
+    state = {}
+    for name, tensor in encoder.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise ImportFailed(f'{path}: encoder entry {name!r} is a '
+                               f'{type(tensor).__name__}, not a tensor.')
+        name = name[len('module.'):] if name.startswith('module.') else name
+        state[name] = tensor.detach().cpu().numpy()
+    return state, checkpoint.get('epoch')
+
+
+def kind(state):
+    """`PRETRAINED` (projection head `fc.fc3`), `FINE_TUNED` (classifier
+    `fc.fc2` or `fc`), or None."""
+    if 'fc.fc3.weight' in state:
+        return PRETRAINED
+    if 'fc.fc2.weight' in state or 'fc.weight' in state:
+        return FINE_TUNED
+    return None
+
+
+def architecture(state):
+    """The paws_tf backbone name (`backbone.name`) of an official state
+    dict: 'resnet50_<w>x' or 'wide_resnet<depth>_<width>', else None."""
+    conv1 = state.get('conv1.weight')
+    if conv1 is None or conv1.ndim != 4:
+        return None
+    blocks = [len({key.split('.')[1] for key in state
+                   if key.startswith(f'layer{i}.')}) for i in (1, 2, 3, 4)]
+    if 'layer1.0.conv3.weight' in state and blocks == [3, 4, 6, 3]:
+        return f'resnet50_{conv1.shape[0] // 64}x'
+    if 'layer1.0.conv1.bias' in state and blocks[3] == 0:
+        width = state['layer1.0.conv1.weight'].shape[0] // 16
+        return f'wide_resnet{6 * blocks[0] + 4}_{width}'
+    return None
+
+
+def read_record(model_dir):
+    """The import record of `model_dir`, or None for a run trained here."""
+    path = os.path.join(model_dir, RECORD_FILENAME)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def build_inference_model(strategy):
+    """The configured `PAWSModel`, built in float32 for inference (gin:
+    `build_backbone`, `ProjectionHead`, `PredictionHead`, `PAWSModel`)."""
+    train.set_precision('float32')
+    with strategy.scope():
+        model = model_lib.build_model(input_channels=CHANNELS, sync_bn=False,
+                                      layout=_INFERENCE_LAYOUT)
+        model(tf.zeros([1, 32, 32, CHANNELS]))
+    return model
+
+
+def _check_architecture(path, state, backbone):
+    found = architecture(state)
+    if found == backbone.name:
+        return
+    raise ImportFailed(
+        f'{path} holds {found or "an unknown network"} (conv1.weight '
+        f'{list(state.get("conv1.weight", np.zeros(0)).shape)}), but the gin '
+        f'config builds {backbone.name}: use the config of that network '
+        '(gin_configs/imagenet_rn50_{1,10}pct.gin for ResNet-50, '
+        'imagenet_rn50x2_10pct.gin for 2x, cifar10_wrn28_2_4000.gin for '
+        'WideResNet-28-2).')
+
+
+def _pretrained_model(path, state, strategy):
+    model = build_inference_model(strategy)
+    _check_architecture(path, state, model.backbone)
+    pairs = torch_names.layer_names(
+        model.backbone, projection_head=model.projection_head,
+        prediction_head=model.prediction_head)
+    hint = ''
+    if model.prediction_head is not None and 'pred.fc1.weight' not in state:
+        hint = (" It has no prediction head: bind build_model.prediction_head"
+                " = False and PAWSModel.nn_embedding = 'projection'.")
+    elif model.prediction_head is None and 'pred.fc1.weight' in state:
+        hint = (' It has a prediction head: bind build_model.prediction_head'
+                ' = True (and PredictionHead.hidden_dim to its width).')
+    try:
+        count = torch_names.load_state_dict(pairs, state, description=path)
+    except torch_names.Mismatch as error:
+        raise ImportFailed(f'{error}{hint}') from error
+    return model, count
+
+
+def build_fine_tuned_classifier(state):
+    """The network of an official fine-tuned checkpoint: the configured
+    backbone, then `fc1 -> bn1 -> ReLU -> fc2` (suncet `fine_tune.py`) or a
+    single linear layer `fc`, sized from `state`.
+
+    Returns:
+        `(classifier, classifier_layers)`: a functional `tf_keras.Model`,
+        uint8-free float images -> float32 logits `[B, classes]`, and its
+        layers after the backbone that hold weights.
+    """
+    backbone = backbones.build_backbone(input_channels=CHANNELS,
+                                        sync_bn=False)
+    inputs = tf_keras.Input((None, None, CHANNELS), name='images')
+    x = backbone(inputs)  # [B, F]
+    layers = []
+    if 'fc.fc2.weight' in state:
+        fc1 = heads.Linear(state['fc.fc1.weight'].shape[0], name='fc1')
+        # PyTorch's BatchNorm1d: epsilon 1e-5.
+        bn1 = sync_batch_norm.batch_norm('bn1', sync_bn=False, momentum=0.9,
+                                         epsilon=1e-5)
+        x = tf_keras.layers.ReLU(name='relu1')(bn1(fc1(x)))
+        layers = [fc1, bn1]
+        num_classes = state['fc.fc2.weight'].shape[0]
+    else:
+        num_classes = state['fc.weight'].shape[0]
+    dense = tf_keras.layers.Dense(num_classes, name='classifier',
+                                  dtype='float32')
+    logits = dense(x)
+    classifier = tf_keras.Model(inputs, logits, name='fine_tuned_classifier')
+    return classifier, layers + [dense]
+
+
+def _fine_tuned_classifier(path, state, strategy):
+    train.set_precision('float32')
+    with strategy.scope():
+        classifier, layers = build_fine_tuned_classifier(state)
+    backbone = classifier.layers[1]
+    _check_architecture(path, state, backbone)
+    try:
+        count = torch_names.load_state_dict(
+            torch_names.layer_names(backbone, classifier_layers=layers),
+            state, description=path)
+    except torch_names.Mismatch as error:
+        raise ImportFailed(str(error)) from error
+    return classifier, count
+
+
+def import_official(model_dir, path, *, strategy, overwrite=False):
+    """Writes an official checkpoint into `model_dir` as a paws_tf run.
+
+    Pre-trained (backbone, `fc` projection head, `pred` prediction head):
+    `model_dir/checkpoints/ckpt-0` of the gin-configured `PAWSModel`, which
+    `--mode=export`, `evaluate_nn` and `fine_tune` read as a run trained
+    here, and its embedder SavedModel `model_dir/export/embedder`, written
+    without reading any data. Fine-tuned (backbone and classifier): the
+    classifier SavedModel `model_dir/export/fine_tuned`
+    (`export.export_fine_tuned`). Both write
+    `imported.json` (file, kind, epoch, network, tensor count). Everything
+    is read and matched before anything is written.
+
+    Args:
+        model_dir: the run directory to create.
+        path: the official `.pth.tar` file.
+        strategy: the `tf.distribute.Strategy` to build in.
+        overwrite: replace an earlier import or run in `model_dir`.
+
+    Returns:
+        The import record (dict).
+
+    Raises:
+        ImportFailed: PyTorch missing, a bad file, another architecture,
+            unmatched or mis-shaped tensors, or `model_dir` holding a run.
+    """
+    checkpoint_dir = os.path.join(model_dir, train.CHECKPOINT_DIR)
+    taken = [name for name in (RECORD_FILENAME, train.CHECKPOINT_DIR,
+                               train.BACKUP_DIR, 'export')
+             if os.path.exists(os.path.join(model_dir, name))]
+    if taken and not overwrite:
+        raise ImportFailed(
+            f'{model_dir} already holds {", ".join(taken)}: import into a '
+            'new --model_dir, or pass --overwrite to replace them.')
+    state, epoch = read_checkpoint(path)
+    found = kind(state)
+    if found is None:
+        raise ImportFailed(
+            f'{path} has neither a projection head (fc.fc3.*, pre-trained) '
+            f'nor a classifier (fc.fc2.* or fc.*, fine-tuned); expected '
+            f'{_EXPECTED}.')
+    preprocessing = experiment.eval_preprocessing(None)
+    if found == PRETRAINED:
+        network, count = _pretrained_model(path, state, strategy)
+    else:
+        network, count = _fine_tuned_classifier(path, state, strategy)
+    if taken:
+        train.delete_outputs(model_dir, taken)
+    os.makedirs(model_dir, exist_ok=True)
+    if found == PRETRAINED:
+        tf.train.CheckpointManager(
+            tf.train.Checkpoint(model=network), checkpoint_dir,
+            max_to_keep=1, checkpoint_name='ckpt').save(checkpoint_number=0)
+        export.export_embedder(
+            network, os.path.join(model_dir, export.EMBEDDER_DIR),
+            channels=CHANNELS, strategy=strategy, **preprocessing)
+        name = network.backbone.name
+    else:
+        export.export_fine_tuned(
+            network, os.path.join(model_dir, FINE_TUNED_DIR),
+            channels=CHANNELS, strategy=strategy, **preprocessing)
+        name = network.layers[1].name
+    record = dict(source=os.path.abspath(path), kind=found, epoch=epoch,
+                  network=name, tensors=count)
+    files.write_json(os.path.join(model_dir, RECORD_FILENAME), record,
+                     indent=2, default=int)
+    logging.info('Imported %s (%s, %s, epoch %s, %d tensors) into %s.', path,
+                 found, name, epoch, count, model_dir)
+    return record
+
+
+def refuse(record, mode, model_dir):
+    """Raises the error for a mode an imported run cannot run, if it is
+    one.
+
+    Raises:
+        ImportFailed: pre-training on an import, or any mode but
+            `import_official` on an imported fine-tuned classifier.
+    """
+    if mode in ('train', 'train_and_evaluate'):
+        raise ImportFailed(
+            f'{model_dir} holds weights imported from {record["source"]}, '
+            'not a paws_tf training run: pre-train in another --model_dir '
+            "(train.pretrained_backbone = '...' starts a backbone from "
+            'weights).')
+    if record['kind'] == FINE_TUNED:
+        raise ImportFailed(
+            f'{model_dir} holds the fine-tuned classifier imported from '
+            f'{record["source"]} (its SavedModel is {FINE_TUNED_DIR}): '
+            f'--mode={mode} needs a pre-trained checkpoint (backbone, fc '
+            'projection and pred prediction heads), e.g. '
+            'paws_imgnt_10percent_300ep.pth.tar.')
+
+
+def restore_imported(model_dir, strategy):
+    """The imported pre-trained `PAWSModel` of `model_dir`."""
+    model = build_inference_model(strategy)
+    prefix = tf.train.latest_checkpoint(
+        os.path.join(model_dir, train.CHECKPOINT_DIR))
+    with strategy.scope():
+        tf.train.Checkpoint(model=model).read(
+            prefix).assert_existing_objects_matched()
+    return model
