@@ -2,16 +2,18 @@
 
 Random float32 embeddings stand in for an embedded support set and queries
 (ImageNet 10%: 128k supports of D = 2048, 1000 classes). Prints one JSON
-object: queries per second of `evaluate.classify`, the resident memory
-before classifying (embeddings and labels in memory) and its peak while
-classifying (Linux only). Run one setting per process,
-since the peak is per process.
+object: queries per second and CPU seconds (all threads) of
+`evaluate.classify`, the resident memory before classifying (embeddings and
+labels in memory) and its peak while classifying (Linux only), the CPU count
+and the load average. Run one setting per process, since the peak is per
+process.
 
     python benchmarks/bench_paws_nn.py --supports 128000 --queries 10000
 """
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 import time
@@ -52,16 +54,19 @@ def main():
                       num_classes=args.classes)
     before = _status_gib('VmRSS')
     memory.reset_peak_rss()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     evaluate.classify(queries, supports, labels, num_classes=args.classes,
                       query_chunk=args.query_chunk)
     seconds = time.perf_counter() - start
     print(json.dumps(dict(
         vars(args), seconds=round(seconds, 2),
+        cpu_seconds=round(time.process_time() - cpu_start, 2),
         queries_per_second=round(args.queries / seconds, 1),
         rss_gib_before=round(before, 2),
         peak_rss_gib=round(_status_gib('VmHWM'), 2),
-        devices=[d.name for d in tf.config.list_logical_devices()])))
+        devices=[d.name for d in tf.config.list_logical_devices()],
+        cpus=os.cpu_count(),
+        load_avg=[round(v, 2) for v in os.getloadavg()])))
 
 
 if __name__ == '__main__':

@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging as pylogging
 import os
+import re
 import sys
 
 from absl import app
@@ -147,7 +148,8 @@ def _experiment_lines(config):
 
 def _check_model_dir(model_dir, config, overwrite, chief):
     """Refuses to train over a run with another config unless asked to;
-    with --overwrite the chief deletes it."""
+    with --overwrite the chief deletes it. The config of a start that saved
+    nothing is replaced, with the logs of its first steps."""
     path = os.path.join(model_dir, CONFIG_FILE)
     if not os.path.exists(path):
         return
@@ -155,6 +157,12 @@ def _check_model_dir(model_dir, config, overwrite, chief):
         previous = f.read()
     old, new = _experiment_lines(previous), _experiment_lines(config)
     if old == new:
+        return
+    if not train.has_progress(model_dir):
+        logging.info('%s holds the config of a start that saved no backup '
+                     'or checkpoint: starting with this config.', model_dir)
+        if chief:
+            train.delete_outputs(model_dir, (train.TENSORBOARD_DIR,))
         return
     if not overwrite:
         changed = [f'  - {line}' for line in old if line not in new][:5] + [
@@ -182,7 +190,9 @@ class _QuietTensorFlow:
 
 def _parse_gin(files, bindings):
     """Parses the gin files, then each binding, naming the one that fails
-    (gin's own message does not say which --gin_bindings was wrong)."""
+    (gin's own message does not say which --gin_bindings was wrong), and a
+    macro the config uses but nothing binds (gin's message prints the whole
+    config after it)."""
     gin.parse_config_files_and_bindings(files, None, finalize_config=False)
     for binding in bindings:
         try:
@@ -191,7 +201,30 @@ def _parse_gin(files, bindings):
             raise app.UsageError(
                 f'--gin_bindings={binding!r} is not valid gin: {error}') \
                 from error
-    gin.finalize()
+    try:
+        gin.finalize()
+    except ValueError as error:
+        macro = re.match(r"No bindings specified for '(\w+)/gin\.macro'",
+                         str(error))
+        if macro is None:
+            raise
+        name = macro.group(1)
+        raise app.UsageError(
+            f'{name} is not bound: the config uses %{name}. Bind it, e.g. '
+            f'--gin_bindings="{name} = ..."') from None
+
+
+def _check_model_dir_path(model_dir):
+    """--model_dir must be a directory or a path one can be created at."""
+    path = os.path.abspath(model_dir)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        what = ('is a file' if path == os.path.abspath(model_dir)
+                else f'is inside {path}, which is a file')
+        raise app.UsageError(
+            f'--model_dir={model_dir} {what}: give a directory (it is '
+            'created if missing), e.g. --model_dir=runs/mine.')
 
 
 def _job(strategy):
@@ -237,11 +270,17 @@ def main(argv):
     if _LIST_CONFIGS.value:
         print('\n'.join(shipped_configs()))
         return
+    if not _GIN_FILES.value:
+        raise app.UsageError(
+            '--gin_file is required: it names the experiment, e.g. '
+            '--gin_file=debug.gin (an install check); --list_configs names '
+            'the shipped configs.')
     if _MODEL_DIR.value is None:
         raise app.UsageError('--model_dir is required.')
     if (_MODE.value == 'import_official') != bool(_OFFICIAL_CHECKPOINT.value):
         raise app.UsageError('--official_checkpoint=FILE.pth.tar goes with '
                              '--mode=import_official, and only with it.')
+    _check_model_dir_path(_MODEL_DIR.value)
     # absl's handler delegates to its python_handler, which applies filters;
     # TensorFlow's own INFO records go through the 'tensorflow' logger.
     logging.get_absl_handler().python_handler.addFilter(_QuietTensorFlow())

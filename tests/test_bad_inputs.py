@@ -39,7 +39,9 @@ def broken_folder(root):
     (good / 'truncated.jpg').write_bytes(encoded[:len(encoded) // 2])
     (good / 'zero.jpg').write_bytes(b'')
     (good / 'notes.png').write_text('not an image')
-    (good / 'readme.txt').write_text('ignored: not an image extension')
+    (good / 'readme.txt').write_text('skipped: not an image extension')
+    (good / 'notes.md').write_text('skipped: not an image extension')
+    write_image(root / 'dog' / 'photo.webp')
     for i in range(3):
         write_image(root / 'dog' / f'{i}.jpg')
     return {'decodable': 5, 'broken': 3}
@@ -50,9 +52,15 @@ def test_broken_files_are_skipped_and_counted(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         source = folders.image_folder(tmp_path, channels=3)
     assert source.num_examples == counts['decodable'] + 3
-    assert 'Skipping 3 of 11 files' in caplog.text
+    # One line counts both: 11 image files of which 3 are broken, and 3
+    # files of other types.
+    line, = [r.getMessage() for r in caplog.records
+             if 'Skipping' in r.getMessage()]
+    assert line.startswith(f'Skipping 6 of 14 files under {tmp_path}: 3 '
+                           'cannot be decoded as images (')
+    assert '3 not of a type read here (.md 1, .txt 1, .webp 1; read: ' in line
     for name in ('truncated.jpg', 'zero.jpg', 'notes.png'):
-        assert name in caplog.text
+        assert name in line
     # Every kept image decodes to 3 channels, grayscale/RGBA/CMYK included.
     for position in range(source.num_examples):
         assert source.read(position).shape[-1] == 3

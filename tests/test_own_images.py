@@ -3,6 +3,7 @@ normalisation computed from the images, the early errors."""
 
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -36,6 +37,14 @@ def test_demo_on_image_folders(tmp_path):
     assert results['num_unlabeled'] == 60 + 12  # Labeled ones included.
     assert results['seed'] == 5  # Through a macro.
     assert 0 <= results['paws_nn_top1'] <= 1
+    # 4 steps per epoch, fewer than the every-50-steps throughput: the
+    # figure is the median of the two epochs' logged ones.
+    logged = [float(line.rsplit('| ', 1)[1].split(' views/s')[0])
+              for line in proc.stderr.splitlines()
+              if re.search(r'epoch \d/2: .* views/s', line)]
+    assert len(logged) == 2
+    assert abs(results['images_per_second'] - np.median(logged)) <= 1
+    assert f'{results["images_per_second"]:.0f} views/s' in proc.stdout
     # The fine-tuning stage ran: 2 epochs of 12 // (3 x 2) = 2 SuNCEt steps,
     # PAWS-NN before and after each.
     tuned = json.loads((tmp_path / 'run' / 'fine_tune' / 'results.json')

@@ -1,6 +1,7 @@
 """Image folders as sources: one sub-folder per class (labeled) or a flat
 tree (unlabeled), with undecodable files found before training starts."""
 
+import collections
 import pathlib
 
 from absl import logging
@@ -15,9 +16,24 @@ _MAX_LISTED = 5  # Files or classes named in an error; longer lists are cut.
 
 
 def _image_files(directory):
-    """Sorted image files under `directory`, recursively."""
-    return sorted(p for p in pathlib.Path(directory).rglob('*')
-                  if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+    """Sorted image files under `directory`, recursively, and a count of
+    the other files by extension."""
+    images, other = [], collections.Counter()
+    for path in sorted(pathlib.Path(directory).rglob('*')):
+        if not path.is_file():
+            continue
+        if path.suffix.lower() in IMAGE_EXTENSIONS:
+            images.append(path)
+        else:
+            other[path.suffix.lower() or '(none)'] += 1
+    return images, other
+
+
+def _other_types(other):
+    """`other` (extension -> count) for a message."""
+    return (f'{sum(other.values())} not of a type read here ('
+            + ', '.join(f'{ext} {n}' for ext, n in sorted(other.items()))
+            + f'; read: {" ".join(IMAGE_EXTENSIONS)})')
 
 
 def undecodable(paths, channels):
@@ -53,7 +69,8 @@ def image_folder(root, *, labeled=True, channels=3, check_images=True,
     Broken files are found before training, not hours into it: with
     `check_images` every file is decoded once here; files that fail are
     skipped and counted in the log (`on_bad_image='skip'`) or stop the run
-    (`'fail'`).
+    (`'fail'`). Files of other types than `IMAGE_EXTENSIONS` are skipped
+    and counted in the same log line.
 
     Args:
         root: folder. Labeled: `root/<class_name>/**/*.{jpg,png,...}` with
@@ -78,35 +95,46 @@ def image_folder(root, *, labeled=True, channels=3, check_images=True,
     root = pathlib.Path(root)
     if not root.is_dir():
         raise ValueError(f'Image folder {root} does not exist.')
+    other = collections.Counter()
     if labeled:
         class_names = sorted(d.name for d in root.iterdir() if d.is_dir())
         files, labels = [], []
         for class_id, name in enumerate(class_names):
-            class_files = _image_files(root / name)
+            class_files, class_other = _image_files(root / name)
             files += class_files
             labels += [class_id] * len(class_files)
+            other += class_other
     else:
-        class_names, files, labels = [], _image_files(root), None
+        (files, other), class_names, labels = _image_files(root), [], None
     if not files:
         raise ValueError(
             f'No {"/".join(IMAGE_EXTENSIONS)} images under {root}' +
-            (' in class subfolders.' if labeled else '.'))
-    if check_images:
-        bad = undecodable([str(p) for p in files], channels)
+            (' in class subfolders' if labeled else '') +
+            (f'; {_other_types(other)}.' if other else '.'))
+    bad = undecodable([str(p) for p in files], channels) if check_images \
+        else []
+    shown = ', '.join(files[i].relative_to(root).as_posix()
+                      for i in bad[:_MAX_LISTED])
+    if bad and on_bad_image == 'fail':
+        raise ValueError(
+            f'{len(bad)} of {len(files)} files under {root} cannot '
+            f'be decoded as images: {shown}. Remove or repair them, '
+            "or set on_bad_image='skip'.")
+    if bad or other:
+        total = len(files) + sum(other.values())
+        skipped = []
         if bad:
-            shown = ', '.join(files[i].relative_to(root).as_posix()
-                              for i in bad[:_MAX_LISTED])
-            if on_bad_image == 'fail':
-                raise ValueError(
-                    f'{len(bad)} of {len(files)} files under {root} cannot '
-                    f'be decoded as images: {shown}. Remove or repair them, '
-                    "or set on_bad_image='skip'.")
-            logging.warning('Skipping %d of %d files under %s that cannot be '
-                            'decoded as images: %s', len(bad), len(files),
-                            root, shown)
-            keep = sorted(set(range(len(files))) - set(bad))
-            files = [files[i] for i in keep]
-            labels = None if labels is None else [labels[i] for i in keep]
+            skipped.append(f'{len(bad)} cannot be decoded as images '
+                           f'({shown})')
+        if other:
+            skipped.append(_other_types(other))
+        logging.warning('Skipping %d of %d files under %s: %s.',
+                        len(bad) + sum(other.values()), total, root,
+                        '; '.join(skipped))
+    if bad:
+        keep = sorted(set(range(len(files))) - set(bad))
+        files = [files[i] for i in keep]
+        labels = None if labels is None else [labels[i] for i in keep]
     if labeled:
         present = set(labels)
         empty = [name for class_id, name in enumerate(class_names)

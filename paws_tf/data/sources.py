@@ -303,9 +303,12 @@ def read_split_file(path):
         return [line for line in lines if line and not line.startswith('#')]
 
 
-def _write_split_file(path, names, header):
-    files.write_text(path, f'# {header}\n' +
-                     ''.join(f'{name}\n' for name in names))
+def record_split(record_dir, names, header):
+    """Writes the labeled images' `names` to `record_dir/SPLIT_FILENAME`
+    under a `# header` line (`read_split_file` reads it back)."""
+    os.makedirs(record_dir, exist_ok=True)
+    files.write_text(os.path.join(record_dir, SPLIT_FILENAME),
+                     f'# {header}\n' + ''.join(f'{name}\n' for name in names))
 
 
 def _positions_of(source, names, split_file):
@@ -380,11 +383,9 @@ def select_labeled(source, *, labels_per_class=None, fraction=None, seed=0,
         how = (f'{labels_per_class} per class' if fraction is None
                else f'fraction {fraction} per class') + f', seed {seed}'
     if record_dir is not None:
-        os.makedirs(record_dir, exist_ok=True)
-        _write_split_file(
-            os.path.join(record_dir, SPLIT_FILENAME),
-            [source.names[p] for p in positions],
-            f'{len(positions)} labeled of {source.num_examples} ({how})')
+        record_split(record_dir, [source.names[p] for p in positions],
+                     f'{len(positions)} labeled of {source.num_examples} '
+                     f'({how})')
     labeled = source.subset(positions)
     if include_labeled_in_unlabeled:
         return labeled, source

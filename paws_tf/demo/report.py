@@ -32,6 +32,18 @@ def read_scalars(log_dir, tag):
     return np.array(steps), np.array([points[s] for s in steps])
 
 
+def training_views_per_second(log_dir):
+    """The median training throughput (views/s) logged under `log_dir`:
+    of the every-N-steps figures, else (runs shorter than N steps) of the
+    per-epoch ones; None when neither was logged."""
+    for tag in ('throughput/views_per_second',
+                'throughput/epoch_views_per_second'):
+        _, values = read_scalars(log_dir, tag)
+        if len(values):
+            return float(np.median(values))
+    return None
+
+
 def project_2d(embeddings):
     """Principal-component projection of `[N, D]` embeddings to `[N, 2]`."""
     centred = embeddings - embeddings.mean(axis=0)

@@ -64,8 +64,6 @@ def demo(model_dir, strategy, *, overwrite=False):
                                    **preprocessing),
         description='test images')
     log_dir = os.path.join(model_dir, train.TENSORBOARD_DIR)
-    _, views_per_second = report.read_scalars(
-        os.path.join(log_dir, 'train'), 'throughput/views_per_second')
     per_class = np.bincount(bundle.labeled.labels)
     results = dict(
         paws_nn_top1=paws['top1'], paws_nn_top5=paws.get('top5'),
@@ -79,8 +77,8 @@ def demo(model_dir, strategy, *, overwrite=False):
         num_test=paws['num_queries'], seed=checks.bound('train.seed', 0),
         paws_train_seconds=paws_seconds, finetune_seconds=tune_seconds,
         supervised_seconds=baseline['wall_seconds'],
-        images_per_second=float(np.median(views_per_second))
-        if len(views_per_second) else None,
+        images_per_second=report.training_views_per_second(
+            os.path.join(log_dir, 'train')),
         wall_seconds=time.perf_counter() - start)
     results_path = report.write_results(model_dir, results)
     report.write_figure(
@@ -96,7 +94,8 @@ def demo(model_dir, strategy, *, overwrite=False):
     print(report.table([
         {'method': 'PAWS-NN', 'top-1': f'{100 * paws["top1"]:.2f}%',
          'wall time': f'{paws_seconds:.0f} s (pre-training)',
-         'images/s': f'{results["images_per_second"] or 0:.0f} views/s'},
+         'images/s': ('not logged' if results['images_per_second'] is None
+                      else f'{results["images_per_second"]:.0f} views/s')},
         {'method': 'PAWS-NN, fine-tuned',
          'top-1': f'{100 * tuned["top1"]:.2f}%',
          'wall time': f'{tune_seconds:.0f} s (fine-tuning)', 'images/s': ''},

@@ -212,7 +212,8 @@ class Checkpointer(tf_keras.callbacks.Callback):
 
 
 class ProgressLog(tf_keras.callbacks.Callback):
-    """Throughput to TensorBoard every N steps, one log line per epoch.
+    """Throughput to TensorBoard every N steps and per epoch, one log line
+    per epoch.
 
     Throughput counts every view forwarded (unlabeled views and support
     views), as the benchmarks do.
@@ -269,6 +270,13 @@ class ProgressLog(tf_keras.callbacks.Callback):
             if k in logs)
         logging.info('epoch %d/%d: %s | %.0f views/s, %.1f s', epoch + 1,
                      self._num_epochs, shown, views_per_second, seconds)
+        # Also for runs shorter than `every_steps` (the demo's figure);
+        # recorded whatever the TensorBoard callback's `record_if` says at
+        # this step.
+        with self._writer.as_default(step=global_step(self.model)), \
+                tf.summary.record_if(True):
+            tf.summary.scalar('throughput/epoch_views_per_second',
+                              views_per_second)
         self._writer.flush()
 
 

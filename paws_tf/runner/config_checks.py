@@ -78,6 +78,29 @@ def _check_warmup():
             'follows the epochs.')
 
 
+def _check_folders_bound(folder):
+    """Every folder the config reads is bound (the folder recipes leave
+    LABELED_DIR, UNLABELED_DIR and TEST_DIR as None for the command line)."""
+    roots = []
+    if folder is not None:
+        prefix, parameter = folder
+        labeled = checks.bound(f'{prefix}.labeled', True)
+        roots.append((f'{prefix}.{parameter}', 'labeled class subfolders'
+                      if labeled else 'images'))
+        if parameter == 'labeled_root':
+            roots.append((f'{prefix}.unlabeled_root', 'unlabeled images'))
+    test = _reference('load_data.test')
+    if test is not None and test.configurable.name == 'image_folder':
+        roots.append((f'{test.scoped_selector}.root',
+                      'test class subfolders'))
+    for selector, what in roots:
+        root, name = checks.binding(selector)
+        if root is None:
+            raise ValueError(
+                f'{name} is not bound: bind it to your folder of {what}, '
+                f"e.g. --gin_bindings=\"{name} = '/data/mine/...'\".")
+
+
 def _check_support(folder):
     prefix, parameter = folder
     root, root_name = checks.binding(f'{prefix}.{parameter}')
@@ -120,9 +143,10 @@ def check_config():
     Catches, in the first seconds and naming the binding to change with a
     valid value: rebound gin constants (`IMAGENET_MEAN = ...` changes
     nothing), a normalisation given twice, not at all or with the wrong
-    number of channels, a warm-up longer than the run, a support of more
-    classes than the labeled folder holds (its class folders are listed,
-    no image is read), and image sizes below the backbone's downsampling.
+    number of channels, a warm-up longer than the run, an image folder
+    left unbound, a support of more classes than the labeled folder holds
+    (its class folders are listed, no image is read), and image sizes below
+    the backbone's downsampling.
     Only what the config determines is checked: the channels of sources
     other than folders are known once they are read, where
     `pipeline.make_pretrain_dataset_fn` and `experiment.eval_preprocessing`
@@ -165,6 +189,7 @@ def check_config():
                       checks.bound('eval_preprocessing.mean'),
                       checks.bound('eval_preprocessing.std'), spec, channels)
     _check_warmup()
+    _check_folders_bound(folder)
     if folder is not None:
         _check_support(folder)
     backbone, backbone_name = checks.binding('build_backbone.name')

@@ -28,8 +28,9 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None,
     """Loads the sources of an experiment.
 
     Args:
-        record_dir: where `sources.select_labeled` records the labeled
-            split (the run's `model_dir`).
+        record_dir: where the labeled split is recorded (the run's
+            `model_dir`): `sources.select_labeled`'s draw, or the names of
+            a ready labeled source; None records nothing.
         train: zero-argument callable (a gin reference such as
             `@train/load_idx`) returning either one labeled `ImageSource`,
             which `sources.select_labeled` (configured in gin) splits into
@@ -68,6 +69,10 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None,
     loaded = train()
     if isinstance(loaded, tuple):
         labeled, unlabeled = loaded
+        if record_dir is not None:
+            sources.record_split(record_dir, labeled.names,
+                                 f'{labeled.num_examples} labeled: all the '
+                                 'images of the labeled source')
     else:
         labeled, unlabeled = sources.select_labeled(loaded,
                                                     record_dir=record_dir)

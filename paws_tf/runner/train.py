@@ -14,6 +14,7 @@ import tf_keras
 from paws_tf import checkpoints
 from paws_tf import checks
 from paws_tf.data import data_fingerprint
+from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import pipeline
 from paws_tf.data import sources
 from paws_tf import dist
@@ -175,6 +176,15 @@ def resume_point(model_dir, *, chief=True):
     return step, path
 
 
+def has_progress(model_dir):
+    """Whether `model_dir` holds a run: a backup or a checkpoint to resume
+    from. A start that failed before its first save (a bad value, an empty
+    class folder, a corrupt image) leaves neither."""
+    return bool(
+        tf.io.gfile.exists(os.path.join(model_dir, BACKUP_DIR, 'chief')) or
+        checkpoints.all_checkpoints(os.path.join(model_dir, CHECKPOINT_DIR)))
+
+
 def delete_outputs(model_dir, names=RUN_OUTPUTS):
     """Deletes the files and directories `names` of `model_dir`."""
     for name in names:
@@ -188,9 +198,9 @@ def delete_outputs(model_dir, names=RUN_OUTPUTS):
 def _load_data(model_dir, *, chief, resuming, on_change, overwrite):
     """The run's data, checked against what it started on.
 
-    The labeled split is recorded in a staging directory and moved into
-    `model_dir` only once the data is accepted, so that a refused run leaves
-    the recorded split as it was.
+    The labeled split and the normalisation are recorded in a staging
+    directory and moved into `model_dir` only once the data is accepted, so
+    that a refused run leaves the records as they were.
 
     Returns:
         `(bundle, restart)`: `restart` is True when the data changed and
@@ -202,9 +212,12 @@ def _load_data(model_dir, *, chief, resuming, on_change, overwrite):
         restart = data_fingerprint.check(
             model_dir, bundle, resuming=resuming, on_change=on_change,
             overwrite=overwrite, write=chief)
-        split = chief and os.path.join(staging, sources.SPLIT_FILENAME)
-        if split and os.path.exists(split):
-            os.replace(split, os.path.join(model_dir, sources.SPLIT_FILENAME))
+        records = (sources.SPLIT_FILENAME,
+                   normalization_lib.NORMALIZATION_FILENAME)
+        for name in records if chief else ():
+            if os.path.exists(os.path.join(staging, name)):
+                os.replace(os.path.join(staging, name),
+                           os.path.join(model_dir, name))
     finally:
         if chief:
             shutil.rmtree(staging, ignore_errors=True)
@@ -290,8 +303,7 @@ def train(model_dir, strategy, *, overwrite=False, num_epochs=gin.REQUIRED,
     backup_dir = os.path.join(model_dir, BACKUP_DIR)
     checkpoint_dir = os.path.join(model_dir, CHECKPOINT_DIR)
     chief = dist.is_chief(strategy)
-    resuming = bool(tf.io.gfile.exists(os.path.join(backup_dir, 'chief')) or
-                    checkpoints.all_checkpoints(checkpoint_dir))
+    resuming = has_progress(model_dir)
     bundle, restart = _load_data(model_dir, chief=chief, resuming=resuming,
                                  on_change=on_data_change,
                                  overwrite=overwrite)

@@ -1,0 +1,92 @@
+"""A new user's usual slips: each gets one message naming it and the fix,
+before any data is read or any run state is written."""
+
+from absl import app
+from absl import flags
+import pytest
+
+from paws_tf import cli
+from tests.helpers import image_folders
+
+
+@pytest.fixture
+def run_main(clean_gin):
+    """Calls `cli.main` with run.py's arguments, flags restored after."""
+    del clean_gin
+
+    def run(*args):
+        flags.FLAGS.unparse_flags()
+        flags.FLAGS(['run.py'] + list(args))
+        cli.main(['run.py'])
+
+    yield run
+    flags.FLAGS.unparse_flags()
+
+
+def test_no_gin_file(run_main, tmp_path):
+    with pytest.raises(app.UsageError, match=r'^--gin_file is required: .*'
+                       r'--gin_file=debug.gin .*--list_configs'):
+        run_main(f'--model_dir={tmp_path / "run"}')
+    assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.parametrize('mode', ['train', 'evaluate_nn'])
+def test_model_dir_that_is_a_file(run_main, tmp_path, mode):
+    (tmp_path / 'run').write_text('a file')
+    with pytest.raises(app.UsageError, match=(
+            f'--model_dir={tmp_path / "run"} is a file: give a directory')):
+        run_main('--gin_file=debug.gin', f'--model_dir={tmp_path / "run"}',
+                 f'--mode={mode}')
+    with pytest.raises(app.UsageError, match=(
+            f'is inside {tmp_path / "run"}, which is a file: give a dir')):
+        run_main('--gin_file=debug.gin',
+                 f'--model_dir={tmp_path / "run" / "sub"}', f'--mode={mode}')
+    assert (tmp_path / 'run').read_text() == 'a file'
+
+
+def test_an_unbound_macro_is_named(run_main, tmp_path):
+    with pytest.raises(app.UsageError, match=(
+            r'^EPOCHS is not bound: the config uses %EPOCHS\. Bind it, e\.g\. '
+            r'--gin_bindings="EPOCHS = \.\.\."$')):
+        run_main('--gin_file=debug.gin', f'--model_dir={tmp_path / "run"}',
+                 '--gin_bindings=train.num_epochs = %EPOCHS')
+    assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.parametrize('bound,missing,what', [
+    ((), 'LABELED_DIR', 'labeled class subfolders'),
+    (('LABELED_DIR',), 'UNLABELED_DIR', 'unlabeled images'),
+    (('LABELED_DIR', 'UNLABELED_DIR'), 'TEST_DIR', 'test class subfolders'),
+])
+def test_a_folder_left_out_is_named(run_main, tmp_path, bound, missing,
+                                    what):
+    bindings = [b for b in image_folders.path_bindings(tmp_path)
+                if b.split(' =')[0] in bound]
+    for name in ('labeled', 'unlabeled', 'test'):
+        (tmp_path / name / 'a').mkdir(parents=True)
+    with pytest.raises(app.UsageError, match=(
+            f'^{missing} is not bound: bind it to your folder of {what}, '
+            f'e.g. --gin_bindings="{missing} = ')):
+        run_main('--gin_file=image_folders_small.gin',
+                 f'--model_dir={tmp_path / "run"}',
+                 *[f'--gin_bindings={b}' for b in bindings])
+    assert not (tmp_path / 'run').exists()
+
+
+def test_one_labeled_folder_needs_no_unlabeled_dir(run_main, tmp_path):
+    """README's binding for labeled images picked out of one folder: only
+    LABELED_DIR and TEST_DIR; the config check reaches the support check
+    (3 class folders), which proves the folders resolved."""
+    for name in ('labeled', 'test'):
+        for label in ('a', 'b', 'c'):
+            (tmp_path / name / label).mkdir(parents=True)
+    bindings = [f"LABELED_DIR = '{tmp_path / 'labeled'}'",
+                f"TEST_DIR = '{tmp_path / 'test'}'",
+                'load_data.train = @image_folder',
+                'select_labeled.fraction = 0.1']
+    with pytest.raises(app.UsageError, match=(
+            "SUPPORT_CLASSES = 10 support classes per step, but LABELED_DIR "
+            f"= '{tmp_path / 'labeled'}' holds 3 class folder")):
+        run_main('--gin_file=image_folders_small.gin',
+                 f'--model_dir={tmp_path / "run"}',
+                 *[f'--gin_bindings={b}' for b in bindings])
