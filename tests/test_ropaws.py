@@ -11,8 +11,8 @@ import tf_keras
 from paws_tf import configurables  # noqa: F401  (registers configurables)
 from paws_tf import dist
 from paws_tf import losses
-from paws_tf import model as model_lib
 from paws_tf.runner import config_checks
+from tests import test_multiworker
 from tests.helpers import ropaws_reference as ref
 from tests.helpers import tiny_model
 from tests.test_losses import np_paws
@@ -82,6 +82,13 @@ SETTINGS = [
 ]
 
 
+def worker_case():
+    """What each worker of tests/helpers/ropaws_worker.py computes its share
+    of: `(ranks, labels, settings)`."""
+    return (*make_case(5, replicas=2, unique=True),
+            dict(SETTINGS[0], images_per_class=2))
+
+
 @pytest.mark.parametrize('settings', SETTINGS)
 @pytest.mark.parametrize('smoothing', [0.0, 0.1])
 def test_one_replica_values_and_gradients(settings, smoothing):
@@ -102,6 +109,36 @@ def test_one_replica_values_and_gradients(settings, smoothing):
         r['s']), rtol=1e-5, atol=1e-5)
 
 
+def two_replica_step(ranks, labels, settings):
+    """The replica function of a 2-replica run: each replica's inputs by its
+    id."""
+    def step():
+        rid = tf.distribute.get_replica_context().replica_id_in_sync_group
+        pick = lambda key: tf.gather(tf.constant(  # noqa: E731
+            np.stack([r[key] for r in ranks]), tf.float32), rid)
+        return replica_objective(pick('a'), pick('s'), pick('t'), pick('h'),
+                                 labels, settings)
+    return step
+
+
+def check_two_replicas(ranks, labels, settings, replica_losses, grads_a,
+                       grads_s):
+    """Each replica's loss and gradients against the global objective."""
+    np.testing.assert_allclose(np.mean(replica_losses),
+                               reference(ranks, labels, settings), rtol=1e-5)
+    supports = np.concatenate([r['s'] for r in ranks])
+    rows = len(ranks[0]['s'])
+    want_s = numeric_grad(
+        lambda x: reference(ranks, labels, settings, anchor_supports=x),
+        supports)
+    for i, (got_a, got_s) in enumerate(zip(grads_a, grads_s)):
+        want_a = numeric_grad(lambda x: reference(  # noqa: B023
+            ranks, labels, settings, **{f'{i}_a': x}), ranks[i]['a'])
+        np.testing.assert_allclose(got_a, want_a, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got_s, want_s[i * rows:(i + 1) * rows],
+                                   rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize('unique', [False, True])
 @pytest.mark.parametrize('fixture', ['two_replicas', 'two_replicas_collective'])
 def test_two_replicas_gather_the_targets_and_keep_their_rows(
@@ -109,31 +146,25 @@ def test_two_replicas_gather_the_targets_and_keep_their_rows(
     strategy = request.getfixturevalue(fixture)
     settings = dict(SETTINGS[0], images_per_class=2)
     ranks, labels = make_case(2, replicas=2, unique=unique)
+    loss, (grad_a, grad_s) = strategy.run(
+        tf.function(two_replica_step(ranks, labels, settings)))
+    local = strategy.experimental_local_results
+    check_two_replicas(ranks, labels, settings, local(loss), local(grad_a),
+                       local(grad_s))
 
-    def step():
-        rid = tf.distribute.get_replica_context().replica_id_in_sync_group
-        pick = lambda key: tf.gather(tf.constant(  # noqa: E731
-            np.stack([r[key] for r in ranks]), tf.float32), rid)
-        return replica_objective(pick('a'), pick('s'), pick('t'), pick('h'),
-                                 labels, settings)
 
-    loss, (grad_a, grad_s) = strategy.run(tf.function(step))
-    losses_ = strategy.experimental_local_results(loss)
-    np.testing.assert_allclose(np.mean(losses_),
-                               reference(ranks, labels, settings), rtol=1e-5)
-    supports = np.concatenate([r['s'] for r in ranks])
-    rows = len(ranks[0]['s'])
-    want_s = numeric_grad(
-        lambda x: reference(ranks, labels, settings, anchor_supports=x),
-        supports)
-    for i, (got_a, got_s) in enumerate(zip(
-            strategy.experimental_local_results(grad_a),
-            strategy.experimental_local_results(grad_s))):
-        want_a = numeric_grad(lambda x: reference(  # noqa: B023
-            ranks, labels, settings, **{f'{i}_a': x}), ranks[i]['a'])
-        np.testing.assert_allclose(got_a, want_a, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(got_s, want_s[i * rows:(i + 1) * rows],
-                                   rtol=1e-5, atol=1e-5)
+@pytest.mark.slow
+def test_two_workers_gather_the_targets_and_keep_their_rows(tmp_path):
+    """A real MultiWorkerMirroredStrategy cluster of two processes, one
+    replica each (tests/helpers/ropaws_worker.py)."""
+    results = test_multiworker.launch_cluster(
+        REPO / 'tests' / 'helpers' / 'ropaws_worker.py', [tmp_path])
+    for code, output in results:
+        assert code == 0, output[-3000:]
+    outputs = [np.load(tmp_path / f'{i}.npz') for i in range(2)]
+    check_two_replicas(*worker_case(), [o['loss'] for o in outputs],
+                       [o['grad_a'] for o in outputs],
+                       [o['grad_s'] for o in outputs])
 
 
 @pytest.mark.parametrize('multicrop,smoothing,n', [(0, 0.0, 1), (2, 0.1, 2),
