@@ -16,21 +16,31 @@ NN_EMBEDDINGS = ('projection', 'prediction')
 OBJECTIVES = ('paws', 'ropaws')
 
 
-def check_objective(objective, *, prior_tau, prior_pow, label_ratio):
+def check_objective(objective, *, prior_tau, prior_pow, label_ratio,
+                    names=None):
     """Raises ValueError, naming the binding, on a bad objective setting.
 
     `PAWSModel` runs it when built and the trainer's config check before
     any data is read. The RoPAWS settings are checked only with `objective
     = 'ropaws'` (PAWS does not read them).
+
+    Args:
+        objective: one of `OBJECTIVES`.
+        prior_tau, prior_pow, label_ratio: the `ropaws_*` arguments.
+        names: what the messages call each of the four (e.g. the gin macro
+            a value came through); default `PAWSModel.<argument>`.
     """
+    names = dict({key: f'PAWSModel.{key}' for key in (
+        'objective', 'ropaws_prior_tau', 'ropaws_prior_pow',
+        'ropaws_label_ratio')}, **(names or {}))
     if objective not in OBJECTIVES:
-        raise ValueError(f'PAWSModel.objective must be one of {OBJECTIVES}, '
+        raise ValueError(f'{names["objective"]} must be one of {OBJECTIVES}, '
                          f'got {objective!r}.')
     if objective != 'ropaws':
         return
-    checks.number('PAWSModel.ropaws_prior_tau', prior_tau, positive=True)
-    checks.number('PAWSModel.ropaws_label_ratio', label_ratio, positive=True)
-    checks.number('PAWSModel.ropaws_prior_pow', prior_pow, low=0.0)
+    checks.number(names['ropaws_prior_tau'], prior_tau, positive=True)
+    checks.number(names['ropaws_label_ratio'], label_ratio, positive=True)
+    checks.number(names['ropaws_prior_pow'], prior_pow, low=0.0)
 
 
 class LastValue(tf_keras.metrics.Metric):

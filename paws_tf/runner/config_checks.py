@@ -100,14 +100,15 @@ def _check_support(folder):
 
 def _check_objective():
     defaults = inspect.signature(model_lib.PAWSModel.__init__).parameters
-
-    def bound(name):
-        return checks.bound(f'PAWSModel.{name}', defaults[name].default)
-
+    values, names = {}, {}
+    for key in ('objective', 'ropaws_prior_tau', 'ropaws_prior_pow',
+                'ropaws_label_ratio'):
+        values[key], names[key] = checks.binding(f'PAWSModel.{key}',
+                                                 defaults[key].default)
     model_lib.check_objective(
-        bound('objective'), prior_tau=bound('ropaws_prior_tau'),
-        prior_pow=bound('ropaws_prior_pow'),
-        label_ratio=bound('ropaws_label_ratio'))
+        values['objective'], prior_tau=values['ropaws_prior_tau'],
+        prior_pow=values['ropaws_prior_pow'],
+        label_ratio=values['ropaws_label_ratio'], names=names)
 
 
 def _check_size(size, size_name, minimum, backbone, backbone_name):
