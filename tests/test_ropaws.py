@@ -291,3 +291,17 @@ def test_a_model_built_for_fewer_replicas_fails_before_a_step(two_replicas):
         tf.function(lambda: two_replicas.run(model.train_step,
                                              args=(data,)))()
     assert int(model.optimizer.iterations.numpy()) == 0
+
+
+def test_unlabeled_batches_of_no_fixed_size_cannot_be_gathered(two_replicas):
+    with two_replicas.scope():
+        model = tiny_model.make(2, 2, 2, objective='ropaws')
+        tiny_model.compile_and_build(model)
+    data = tiny_model.random_step(np.random.default_rng(7), 2, 2, 2, 1, 2)
+    spec = {key: tf.TensorSpec([None, *value.shape[1:]], tf.float32)
+            for key, value in data.items()}
+    step = tf.function(lambda d: two_replicas.run(model.train_step,
+                                                  args=(d,)),
+                       input_signature=[spec])
+    with pytest.raises(ValueError, match='needs a static unlabeled batch'):
+        step(data)
