@@ -10,6 +10,8 @@ logs. Prints one JSON object:
     python benchmarks/bench_step.py --config cifar_small
     python benchmarks/bench_step.py --config rn50_tiny --xla
     python benchmarks/bench_step.py --config cifar_small --replicas 2
+    # RoPAWS's step against PAWS's, timed in alternation:
+    python benchmarks/bench_step.py --config cifar_paper --objective both
     # Several workers: run it in every worker's process with TF_CONFIG set,
     # or under Slurm's srun (MultiWorkerMirroredStrategy over the workers'
     # GPUs, or their CPUs).
@@ -113,6 +115,11 @@ def parse_args():
     parser.add_argument('--intra_op_threads', type=int, default=0,
                         help='0: TensorFlow default (all cores)')
     parser.add_argument('--inter_op_threads', type=int, default=0)
+    parser.add_argument('--objective', default='paws',
+                        choices=model_lib.OBJECTIVES + ('both',),
+                        help="PAWSModel.objective; 'both' times PAWS and "
+                             'RoPAWS steps in alternation (prints only '
+                             'their times)')
     parser.add_argument('--profile_dir', default='',
                         help='write a TF profiler trace of 2 timed steps')
     args = parser.parse_args()
@@ -155,7 +162,7 @@ def configure_devices(args):
         'mirrored', [f'CPU:{i}' for i in range(args.replicas)])
 
 
-def build(config, replicas, sync_bn, switches):
+def build(config, replicas, sync_bn, switches, objective='paws'):
     """The PAWS model of a config, per-replica support layout; `switches`:
     `build_backbone`'s implementation arguments."""
     backbone = backbones.build_backbone(sync_bn=sync_bn, **switches,
@@ -169,7 +176,7 @@ def build(config, replicas, sync_bn, switches):
         classes_per_replica=config['classes'],
         images_per_class=config['images_per_class'] // replicas,
         support_views=config['support_views'], num_replicas=replicas,
-        multicrop=config['multicrop'])
+        multicrop=config['multicrop'], objective=objective)
 
 
 def synthetic_batch(config, replicas, rng):
@@ -226,7 +233,7 @@ def views_per_step(config):
             config['images_per_class'])
 
 
-def make_step(config, strategy, sync_bn, switches, xla):
+def make_step(config, strategy, sync_bn, switches, xla, objective='paws'):
     """The train step of `config` under `strategy`, as a function that runs
     one step and returns (seconds, {'cpu', 'sys', 'faults'} of the process
     in that time, loss)."""
@@ -235,7 +242,7 @@ def make_step(config, strategy, sync_bn, switches, xla):
     batches = [synthetic_batch(config, replicas, rng)
                for _ in range(replicas)]
     with strategy.scope():
-        model = build(config, replicas, sync_bn, switches)
+        model = build(config, replicas, sync_bn, switches, objective)
         # LARS as in training; the learning rate only keeps the synthetic
         # run finite. mixed_float16 makes compile add loss scaling.
         model.compile(optimizer=lars.LARS(learning_rate=0.1),
@@ -262,6 +269,37 @@ def make_step(config, strategy, sync_bn, switches, xla):
     return step
 
 
+def alternate(args, config, strategy, sync_bn, switches):
+    """PAWS's and RoPAWS's steps of one config, timed in alternation, so
+    that the load of a shared machine weighs on both alike."""
+    steps = {name: make_step(config, strategy, sync_bn, switches, args.xla,
+                             name) for name in model_lib.OBJECTIVES}
+    for _ in range(args.warmup):
+        for step in steps.values():
+            step()
+    times = {name: [] for name in steps}
+    cpu = {name: [] for name in steps}
+    for _ in range(args.steps):
+        for name, step in steps.items():
+            seconds, usage, _ = step()
+            times[name].append(seconds)
+            cpu[name].append(usage['cpu'])
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    cpu = {name: statistics.median(t) for name, t in cpu.items()}
+    print(json.dumps({
+        'benchmark': 'step_objectives', 'config': args.config,
+        'step_s': {name: round(v, 3) for name, v in medians.items()},
+        'ratio': round(medians['ropaws'] / medians['paws'], 3),
+        # Process CPU time per step: less sensitive to other processes.
+        'cpu_s_per_step': {name: round(v, 3) for name, v in cpu.items()},
+        'cpu_ratio': round(cpu['ropaws'] / cpu['paws'], 3),
+        'steps': args.steps, 'replicas': strategy.num_replicas_in_sync,
+        'precision': args.precision, 'env': env_knobs(),
+        'cpus': os.cpu_count(),
+        'load_avg': [round(v, 2) for v in os.getloadavg()],
+    }), flush=True)
+
+
 def main():
     args = parse_args()
     strategy = configure_devices(args)
@@ -272,7 +310,11 @@ def main():
                     sync_bn_impl=args.sync_bn_impl,
                     padding_impl=args.padding_impl)
     tf_keras.mixed_precision.set_global_policy(POLICIES[args.precision])
-    step = make_step(config, strategy, sync_bn, switches, args.xla)
+    if args.objective == 'both':
+        alternate(args, config, strategy, sync_bn, switches)
+        return
+    step = make_step(config, strategy, sync_bn, switches, args.xla,
+                     args.objective)
     rss_built_mib = _status_mib('VmRSS')
 
     first_step_s = [step()[0] for _ in range(args.warmup)]
@@ -315,6 +357,7 @@ def main():
         'tensor_peak_mib': _tensor_peak_mib(),
         'rss_before_first_step_mib': rss_built_mib,
         'xla': args.xla, 'precision': args.precision,
+        'objective': args.objective,
         'replicas': replicas, 'strategy': type(strategy).__name__,
         'sync_bn': sync_bn,
         **switches,

@@ -9,6 +9,13 @@ isolates the SNN matmuls and the all-gather from the encoder. Prints one
 JSON object per measurement:
 
     python benchmarks/bench_support.py
+
+With `--ropaws`, RoPAWS's objective against PAWS's instead, at the
+ImageNet configs' support (6720 supports of D = 2048, 960 classes) for an
+unlabeled batch M of 512 to 4096 images (the M x M label propagation of
+each global view), the two timed in alternation in one process:
+
+    python benchmarks/bench_support.py --ropaws
 """
 
 import argparse
@@ -33,6 +40,8 @@ from paws_tf import losses  # noqa: E402
 # 7 images per class up to the paper's 960 x 7 = 6720.
 SUPPORT_SIZES = ((640, 10), (1344, 192), (2688, 384), (4032, 576),
                  (6720, 960))
+# Unlabeled images per step for `--ropaws`, up to the ImageNet configs' 4096.
+UNLABELED_SIZES = (512, 1024, 2048, 4096)
 
 
 def _context():
@@ -110,6 +119,64 @@ def support_scaling(args, strategy):
             **_context()}), flush=True)
 
 
+def ropaws_cost(args):
+    """PAWS's and RoPAWS's objectives, forward and backward, alternating.
+
+    One replica holding the whole batch: with R replicas each one still
+    propagates over all M gathered targets (as the official code does), so
+    the RoPAWS-only work per replica is this one's. The anchors are the two
+    global views only (2M rows): the local views' cost is PAWS's in both.
+    """
+    rng = np.random.default_rng(0)
+    support, classes = SUPPORT_SIZES[-1]
+    labels = losses.support_labels(classes, support // classes,
+                                   smoothing=0.1)  # [N, C]
+    sizes = [m for m in UNLABELED_SIZES if m <= args.max_unlabeled]
+    for batch in sizes:
+        def normal(rows):
+            return tf.constant(rng.normal(size=(rows, args.dim)), tf.float32)
+
+        anchors, targets = normal(2 * batch), normal(2 * batch)
+        supports, target_supports = normal(support), normal(support)
+        settings = dict(multicrop=0, tau=0.1, sharpen_temperature=0.25)
+
+        def step_fn(objective, extra):
+            @tf.function
+            def step():
+                with tf.GradientTape() as tape:
+                    tape.watch([anchors, supports])
+                    terms = objective(anchors, supports, labels, targets,
+                                      target_supports, labels, **settings,
+                                      **extra)
+                    loss = terms.cross_entropy + terms.me_max
+                grads = tape.gradient(loss, [anchors, supports])
+                return grads[0][0, 0] + grads[1][0, 0]
+            return lambda: step().numpy()
+
+        runs = {'paws': step_fn(losses.paws_terms, {}),
+                'ropaws': step_fn(losses.ropaws_terms, dict(
+                    images_per_class=support // classes, prior_tau=3.0,
+                    prior_pow=1.0, label_ratio=5.0))}
+        times = {name: [] for name in runs}
+        for _ in range(args.warmup):
+            for run in runs.values():
+                run()
+        for _ in range(args.steps):  # Alternating: the load hits both.
+            for name, run in runs.items():
+                start = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - start)
+        medians = {name: statistics.median(t) for name, t in times.items()}
+        print(json.dumps({
+            'benchmark': 'ropaws_cost', 'unlabeled': batch,
+            'support_images': support, 'classes': classes, 'dim': args.dim,
+            'anchors': 2 * batch,
+            'step_s': {name: round(v, 3) for name, v in medians.items()},
+            'ropaws_extra_s': round(medians['ropaws'] - medians['paws'], 3),
+            'ratio': round(medians['ropaws'] / medians['paws'], 3),
+            **_context()}), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--anchors', type=int, default=512,
@@ -119,7 +186,14 @@ def main():
     parser.add_argument('--steps', type=int, default=5,
                         help='timed steps per support size')
     parser.add_argument('--warmup', type=int, default=2)
+    parser.add_argument('--ropaws', action='store_true',
+                        help='RoPAWS against PAWS instead (one replica)')
+    parser.add_argument('--max_unlabeled', type=int, default=4096,
+                        help='largest unlabeled batch M of --ropaws')
     args = parser.parse_args()
+    if args.ropaws:
+        ropaws_cost(args)
+        return
     cpu = tf.config.list_physical_devices('CPU')[0]
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * 2)

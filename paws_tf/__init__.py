@@ -49,6 +49,8 @@ _EXPORTS = {
     'paws_loss': 'losses',
     'paws_terms': 'losses',
     'paws_targets': 'losses',
+    'ropaws_terms': 'losses',
+    'ropaws_targets': 'losses',
     'snn': 'losses',
     'sharpen': 'losses',
     'support_labels': 'losses',

@@ -156,6 +156,16 @@ def all_gather(x, axis=0):
     return ctx.all_gather(x, axis=axis)
 
 
+def replica_id():
+    """This replica's index among all replicas of all workers (0 outside a
+    replica context or with one replica): its rows of an `all_gather` start
+    at `replica_id() * rows_per_replica`."""
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync == 1:
+        return 0
+    return ctx.replica_id_in_sync_group
+
+
 def all_reduce_mean(x):
     """Mean of `x` over replicas (identity with one replica).
 

@@ -1,8 +1,10 @@
-"""The PAWS objective, its support label matrix and logging diagnostics.
+"""The PAWS and RoPAWS objectives, the support label matrix and logging
+diagnostics.
 
 Pure tensor functions: callers pass already-gathered support tensors. The
-only cross-replica operation is the me-max average, which `dist` reduces
-over replicas when a distribution strategy runs the step.
+cross-replica operations are the me-max average, which `dist` reduces over
+replicas when a distribution strategy runs the step, and RoPAWS's gather of
+the unlabeled targets.
 """
 
 import collections
@@ -19,7 +21,9 @@ TARGET_FLOOR = 1e-4
 _TINY = float(np.finfo(np.float32).tiny)
 
 PawsTerms = collections.namedtuple(
-    'PawsTerms', ['cross_entropy', 'me_max', 'targets', 'log_probs'])
+    'PawsTerms',
+    ['cross_entropy', 'me_max', 'targets', 'log_probs', 'in_domain'],
+    defaults=[None])
 
 
 def _normalize(x):
@@ -113,12 +117,25 @@ def paws_targets(target_views, target_supports, target_support_labels, *,
     targets = _sharpen_log(
         _log_snn(target_views, target_supports, target_support_labels, tau),
         sharpen_temperature)  # [2B, C]
+    return _multicrop_targets(targets, multicrop)
+
+
+def _multicrop_targets(targets, multicrop):
+    """Appends the local views' targets (the mean of the two global ones)
+    and zeroes entries below `TARGET_FLOOR`."""
     if multicrop > 0:
         global_1, global_2 = tf.split(targets, 2, axis=0)  # [B, C] each
         local_target = 0.5 * (global_1 + global_2)
         targets = tf.concat([targets] + [local_target] * multicrop, axis=0)
     targets = tf.where(targets < TARGET_FLOOR, tf.zeros_like(targets), targets)
     return tf.stop_gradient(targets)
+
+
+def _me_max(log_probs, sharpen_temperature):
+    """-H(mean over views and replicas of sharpen(p))."""
+    mean_prob = dist.all_reduce_mean(tf.reduce_mean(
+        _sharpen_log(log_probs, sharpen_temperature), axis=0))  # [C]
+    return tf.reduce_sum(tf.math.xlogy(mean_prob, mean_prob))
 
 
 def paws_terms(anchor_views, anchor_supports, anchor_support_labels,
@@ -142,11 +159,8 @@ def paws_terms(anchor_views, anchor_supports, anchor_support_labels,
     cross_entropy = tf.reduce_mean(
         tf.reduce_sum(-targets * log_probs, axis=1))
     # 4. me-max: -H(mean over views and replicas of sharpen(p)).
-    me_max_term = tf.constant(0.0)
-    if me_max:
-        mean_prob = dist.all_reduce_mean(tf.reduce_mean(
-            _sharpen_log(log_probs, sharpen_temperature), axis=0))  # [C]
-        me_max_term = tf.reduce_sum(tf.math.xlogy(mean_prob, mean_prob))
+    me_max_term = (_me_max(log_probs, sharpen_temperature) if me_max
+                   else tf.constant(0.0))
     return PawsTerms(cross_entropy, me_max_term, targets, log_probs)
 
 
@@ -183,6 +197,114 @@ def paws_loss(anchor_views, anchor_supports, anchor_support_labels,
         target_supports, target_support_labels, multicrop=multicrop, tau=tau,
         sharpen_temperature=T, me_max=me_max)
     return terms.cross_entropy, terms.me_max
+
+
+def ropaws_targets(target_views, target_supports, target_support_labels, *,
+                   multicrop, tau, sharpen_temperature, images_per_class,
+                   prior_tau, label_ratio):
+    """RoPAWS targets: label propagation over supports and unlabeled views.
+
+    RoPAWS (Mo et al., ICLR 2023, arXiv 2302.14483) Sec. 3, as the official
+    code (facebookresearch/suncet, `src/losses.py` `snn_semi`) computes it.
+    For each global view separately, over the target embeddings z of that
+    view on all replicas (M rows) and the supports s (N rows, labels Y):
+    logits `[z s^T / tau + log r | z z^T / tau]` with the self-similarity
+    masked, `r = label_ratio * B / images_per_class` (B the unlabeled
+    images per replica); in-domain prior `pi = exp((max_j z s_j - 1) /
+    prior_tau)`; `[C_L | C_U] = pi * softmax(logits)`; `P = (I - C_U)^-1
+    C_L Y`. This replica keeps its B rows; `p_in = sum_c P_c` and the
+    target is `sharpen(P + (1 - p_in) / C)`, local views taking the mean of
+    the two global targets as in PAWS.
+
+    Args:
+        target_views: `[2B, D]` swapped global target embeddings.
+        target_supports: `[N, D]` gathered support target embeddings.
+        target_support_labels: `[N, C]` label matrix (label smoothing kept,
+            as the official code keeps it).
+        multicrop: number m of local views per image.
+        tau: similarity temperature.
+        sharpen_temperature: sharpening temperature T.
+        images_per_class: n, support images per class per replica.
+        prior_tau: temperature of the in-domain prior.
+        label_ratio: weight of the labeled supports against the unlabeled
+            targets (r above).
+
+    Returns:
+        `(targets, in_domain)`: `[(2 + m) B, C]` float32 targets ordered like
+        the anchors, and `[B]` float32 p_in averaged over the two views; no
+        gradient.
+    """
+    views = tf.stack(tf.split(tf.stop_gradient(_normalize(target_views)), 2))
+    supports = tf.stop_gradient(_normalize(target_supports))  # [N, D]
+    labels = tf.cast(target_support_labels, tf.float32)  # [N, C]
+    batch = tf.shape(views)[1]
+    # 1. Every replica's rows of each view: the propagation runs over the
+    #    global batch, replica-major.
+    queries = dist.all_gather(views, axis=1)  # [2, M, D]
+    rows = tf.shape(queries)[1]
+    # 2. Similarities; the prior uses the raw cosine of the nearest support.
+    support_sims = tf.einsum('vmd,nd->vmn', queries, supports)  # [2, M, N]
+    prior = tf.exp((tf.reduce_max(support_sims, axis=2, keepdims=True) - 1.0)
+                   / prior_tau)  # [2, M, 1]
+    ratio = label_ratio * tf.cast(batch, tf.float32) / images_per_class
+    unlabeled_sims = tf.matmul(queries, queries, transpose_b=True)  # [2,M,M]
+    unlabeled_logits = tf.where(tf.eye(rows, dtype=tf.bool), -np.inf,
+                                unlabeled_sims / tau)
+    # 3. Transition weights to supports and to unlabeled rows, scaled by the
+    #    prior: each row sums to pi <= 1.
+    weights = prior * tf.nn.softmax(tf.concat(
+        [support_sims / tau + tf.math.log(ratio), unlabeled_logits], axis=2))
+    to_labeled, to_unlabeled = weights[..., :-rows], weights[..., -rows:]
+    # 4. Label propagation in closed form; I - C_U is strictly diagonally
+    #    dominant (rows of C_U sum to less than 1), so the float32 solve is
+    #    well conditioned.
+    propagated = tf.linalg.solve(
+        tf.eye(rows) - to_unlabeled,
+        tf.einsum('vmn,nc->vmc', to_labeled, labels))  # [2, M, C]
+    start = dist.replica_id() * batch
+    own = propagated[:, start:start + batch]  # [2, B, C]
+    # 5. The out-of-domain mass 1 - p_in is spread uniformly over classes.
+    in_domain = tf.reduce_sum(own, axis=2, keepdims=True)  # [2, B, 1]
+    probs = own + (1.0 - in_domain) / tf.cast(tf.shape(labels)[1], tf.float32)
+    targets = sharpen(tf.reshape(probs, [2 * batch, -1]),  # [2B, C]
+                      sharpen_temperature)
+    return (_multicrop_targets(targets, multicrop),
+            tf.stop_gradient(tf.reduce_mean(in_domain[..., 0], axis=0)))
+
+
+def ropaws_terms(anchor_views, anchor_supports, anchor_support_labels,
+                 target_views, target_supports, target_support_labels, *,
+                 multicrop, tau, sharpen_temperature, images_per_class,
+                 prior_tau, prior_pow, label_ratio, me_max=True):
+    """The RoPAWS objective: PAWS with `ropaws_targets` and weighted views.
+
+    Predictions, me-max and inference are PAWS's (arguments as
+    `paws_loss`); the targets come from `ropaws_targets` (`images_per_class`,
+    `prior_tau` and `label_ratio` are its arguments), and each anchor view's
+    cross-entropy is weighted by its image's `p_in ** prior_pow`.
+
+    Returns:
+        `PawsTerms(cross_entropy, me_max, targets, log_probs, in_domain)`,
+        `in_domain` the `[B]` p_in of this replica's images.
+    """
+    # 1. Anchor predictions p = snn(z, z_S), in log space, as PAWS.
+    log_probs = _log_snn(anchor_views, anchor_supports, anchor_support_labels,
+                         tau)  # [(2 + m) B, C]
+    # 2. Targets by label propagation, and each image's in-domain p_in.
+    targets, in_domain = ropaws_targets(
+        target_views, target_supports, target_support_labels,
+        multicrop=multicrop, tau=tau, sharpen_temperature=sharpen_temperature,
+        images_per_class=images_per_class, prior_tau=prior_tau,
+        label_ratio=label_ratio)
+    # 3. Cross-entropy weighted by p_in^prior_pow, averaged over all views.
+    weights = tf.tile(tf.pow(in_domain, prior_pow), [2 + multicrop])
+    cross_entropy = tf.reduce_mean(
+        weights * tf.reduce_sum(-targets * log_probs, axis=1))
+    # 4. me-max, as PAWS.
+    me_max_term = (_me_max(log_probs, sharpen_temperature) if me_max
+                   else tf.constant(0.0))
+    return PawsTerms(cross_entropy, me_max_term, targets, log_probs,
+                     in_domain)
 
 
 def support_labels(classes_per_replica, images_per_class, *, num_views=1,

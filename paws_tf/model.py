@@ -12,6 +12,35 @@ from paws_tf.nets import heads
 
 # What PAWS-NN may compare: the projection h or the prediction head's output.
 NN_EMBEDDINGS = ('projection', 'prediction')
+# The objectives `PAWSModel.objective` selects: PAWS, or RoPAWS's targets.
+OBJECTIVES = ('paws', 'ropaws')
+
+
+def check_objective(objective, *, prior_tau, prior_pow, label_ratio,
+                    names=None):
+    """Raises ValueError, naming the binding, on a bad objective setting.
+
+    `PAWSModel` runs it when built and the trainer's config check before
+    any data is read. The RoPAWS settings are checked only with `objective
+    = 'ropaws'` (PAWS does not read them).
+
+    Args:
+        objective: one of `OBJECTIVES`.
+        prior_tau, prior_pow, label_ratio: the `ropaws_*` arguments.
+        names: what the messages call each of the four (e.g. the gin macro
+            a value came through); default `PAWSModel.<argument>`.
+    """
+    names = dict({key: f'PAWSModel.{key}' for key in (
+        'objective', 'ropaws_prior_tau', 'ropaws_prior_pow',
+        'ropaws_label_ratio')}, **(names or {}))
+    if objective not in OBJECTIVES:
+        raise ValueError(f'{names["objective"]} must be one of {OBJECTIVES}, '
+                         f'got {objective!r}.')
+    if objective != 'ropaws':
+        return
+    checks.number(names['ropaws_prior_tau'], prior_tau, positive=True)
+    checks.number(names['ropaws_label_ratio'], label_ratio, positive=True)
+    checks.number(names['ropaws_prior_pow'], prior_pow, low=0.0)
 
 
 class LastValue(tf_keras.metrics.Metric):
@@ -62,7 +91,9 @@ class PAWSModel(tf_keras.Model):
                  num_replicas=1, unique_classes_per_replica=False,
                  multicrop=6, tau=0.1, sharpen_temperature=0.25,
                  me_max_weight=1.0, label_smoothing=0.1,
-                 diagnostics_every=10, nn_embedding='projection', **kwargs):
+                 diagnostics_every=10, nn_embedding='projection',
+                 objective='paws', ropaws_prior_tau=3.0, ropaws_prior_pow=1.0,
+                 ropaws_label_ratio=5.0, **kwargs):
         """Builds the model.
 
         Args:
@@ -87,6 +118,17 @@ class PAWSModel(tf_keras.Model):
                 representation PAWS-NN compares: 'projection' (h) or
                 'prediction' (the prediction head's output, which the
                 official ImageNet PAWS-NN figures used).
+            objective: 'paws', or 'ropaws' (RoPAWS's targets and weights,
+                `losses.ropaws_terms`, for unlabeled images that may hold
+                other classes).
+            ropaws_prior_tau: RoPAWS's in-domain prior temperature (> 0;
+                official: 0.1 on CIFAR-10, 3.0 on ImageNet).
+            ropaws_prior_pow: exponent of p_in weighting each view's loss
+                (>= 0; 0 leaves the views unweighted; official: 1).
+            ropaws_label_ratio: RoPAWS's label_ratio (> 0; official: 5):
+                the supports weigh `label_ratio * B / images_per_class`
+                times an unlabeled target, B the unlabeled images per
+                replica, as the official code's per-GPU sizes.
             **kwargs: passed to `tf_keras.Model`.
 
         Raises:
@@ -100,6 +142,13 @@ class PAWSModel(tf_keras.Model):
         checks.number('me_max_weight', me_max_weight, low=0.0)
         checks.integer('multicrop', multicrop, minimum=0)
         checks.integer('diagnostics_every', diagnostics_every, minimum=0)
+        check_objective(objective, prior_tau=ropaws_prior_tau,
+                        prior_pow=ropaws_prior_pow,
+                        label_ratio=ropaws_label_ratio)
+        self.objective = objective
+        self.ropaws_settings = dict(
+            images_per_class=images_per_class, prior_tau=ropaws_prior_tau,
+            prior_pow=ropaws_prior_pow, label_ratio=ropaws_label_ratio)
         if nn_embedding not in NN_EMBEDDINGS:
             raise ValueError(
                 f'PAWSModel.nn_embedding must be one of {NN_EMBEDDINGS}, got '
@@ -129,8 +178,11 @@ class PAWSModel(tf_keras.Model):
     @tf.__internal__.tracking.no_automatic_dependency_tracking
     def _create_metrics(self):
         """Metric trackers, kept out of `weights` and checkpoints."""
-        self._means = {name: tf_keras.metrics.Mean(name=name) for name in (
-            'loss', 'cross_entropy', 'me_max', 'target_confidence')}
+        names = ['loss', 'cross_entropy', 'me_max', 'target_confidence']
+        if self.objective == 'ropaws':
+            names.append('in_domain')  # Mean p_in: RoPAWS's in-class share.
+        self._means = {name: tf_keras.metrics.Mean(name=name)
+                       for name in names}
         self._last = {name: LastValue(name=name) for name in (
             'learning_rate', 'trust_ratio_mean', 'trust_ratio_min',
             'trust_ratio_max', 'nt_xent', 'suncet')}
@@ -200,13 +252,35 @@ class PAWSModel(tf_keras.Model):
             h_support = dist.all_gather(tf.stop_gradient(h_support))
         view_1, view_2 = tf.split(h_global, 2, axis=0)
         targets = tf.concat([view_2, view_1], 0)  # Swapped: view 1 <- 2.
-        terms = losses.paws_terms(
+        objective, settings = losses.paws_terms, {}
+        if self.objective == 'ropaws':
+            self._check_gather(targets)
+            objective, settings = losses.ropaws_terms, self.ropaws_settings
+        terms = objective(
             anchors, z_support, self.label_matrix, targets, h_support,
             self.label_matrix, multicrop=self.multicrop, tau=self.tau,
             sharpen_temperature=self.sharpen_temperature,
-            me_max=self.me_max_weight > 0)
+            me_max=self.me_max_weight > 0, **settings)
         loss = terms.cross_entropy + self.me_max_weight * terms.me_max
         return loss, terms, z_global, z_support
+
+    def _check_gather(self, targets):
+        """RoPAWS all-gathers the unlabeled targets and takes back this
+        replica's rows: the replica count must be the layout's and the batch
+        static (else the collective hangs or the rows are wrong)."""
+        replicas = dist.num_replicas()
+        if replicas != self.num_replicas:
+            raise ValueError(
+                f'PAWSModel was built for num_replicas={self.num_replicas} '
+                f'but runs on {replicas} replicas: RoPAWS gathers the '
+                'unlabeled targets of every replica. Build the input and '
+                'the model with num_replicas=strategy.num_replicas_in_sync.')
+        if replicas > 1 and targets.shape[0] is None:
+            raise ValueError(
+                "PAWSModel.objective = 'ropaws' on several replicas needs a "
+                'static unlabeled batch to gather the targets of every '
+                'replica: batch the unlabeled views with drop_remainder=True '
+                '(make_pretrain_dataset_fn does).')
 
     def _update_means(self, loss, terms):
         self._means['loss'].update_state(loss)
@@ -216,6 +290,9 @@ class PAWSModel(tf_keras.Model):
                                        (2 + self.multicrop)]
         self._means['target_confidence'].update_state(
             losses.target_confidence(global_targets))
+        if terms.in_domain is not None:
+            self._means['in_domain'].update_state(
+                tf.reduce_mean(terms.in_domain))
 
     def train_step(self, data):
         optimizer = self.optimizer

@@ -71,7 +71,8 @@ def test_every_shipped_config_passes(clean_gin, folders, name):
                                   'image_folders_small.gin'])
 @pytest.mark.parametrize('extra', [[], ['CHANNELS = 1'],
                                    ['train.num_epochs = 1'],
-                                   ["NORMALIZATION = 'imagenet'"]])
+                                   ["NORMALIZATION = 'imagenet'"],
+                                   ["OBJECTIVE = 'ropaws'"]])
 def test_folder_recipes_need_no_other_binding(clean_gin, folders, name,
                                               extra):
     check(name, folders + extra)
@@ -120,6 +121,11 @@ def test_folder_recipes_need_no_other_binding(clean_gin, folders, name,
     ('image_folders.gin', ['IMAGE_SIZE = 28'],
      r"IMAGE_SIZE = 28 is smaller than 32 px.*'resnet50'.*"
      r"build_backbone.name = 'small_resnet'"),
+    ('image_folders_small.gin', ["OBJECTIVE = 'robust'"],
+     r"OBJECTIVE must be one of \('paws', 'ropaws'\), got 'robust'"),
+    ('image_folders.gin', ["OBJECTIVE = 'ropaws'",
+                           'PAWSModel.ropaws_prior_tau = -3.0'],
+     'PAWSModel.ropaws_prior_tau must be positive, got -3.0'),
     ('demo_fashion_mnist.gin', ['MEAN = (0.5, 0.5)'],
      r'MultiCropConfig.mean / MultiCropConfig.std: mean \(0\.5, 0\.5\) and '
      r'std \(0\.353,\) must have one value per channel'),

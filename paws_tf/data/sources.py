@@ -296,6 +296,40 @@ def load_idx(images_path, labels_path=None, class_names=None):
     return from_arrays(images, labels, class_names)
 
 
+def keep_classes(source, classes):
+    """The images of some classes of a labeled source, renumbered.
+
+    Args:
+        source: `ImageSource` with labels.
+        classes: class ids of `source` to keep; the i-th becomes class i.
+
+    Returns:
+        An `ImageSource` of those classes' images, in source order, with
+        labels 0 .. len(classes) - 1 and the kept classes' names.
+
+    Raises:
+        ValueError: unlabeled source, or classes empty, repeated or not
+            among the source's ids.
+    """
+    if source.labels is None:
+        raise ValueError('keep_classes needs a source with labels.')
+    classes = [int(c) for c in classes]
+    count = len(source.class_names)
+    if (not classes or len(set(classes)) != len(classes) or
+            not all(0 <= c < count for c in classes)):
+        raise ValueError(
+            f'classes must be distinct class ids in [0, {count}), got '
+            f'{classes!r}.')
+    new_id = np.full(count, -1, np.int32)
+    new_id[classes] = np.arange(len(classes))
+    positions = np.flatnonzero(new_id[source.labels] >= 0)
+    kept = source.subset(positions)
+    # pylint: disable-next=protected-access
+    return ImageSource(kept._store, kept._rows, kept.names,
+                       labels=new_id[kept.labels],
+                       class_names=[source.class_names[c] for c in classes])
+
+
 def read_split_file(path):
     """Reads item names, one per line; blank and `#` lines are skipped."""
     with open(path) as f:

@@ -265,8 +265,9 @@ class ProgressLog(tf_keras.callbacks.Callback):
         logs = logs or {}
         shown = ' '.join(f'{k}={float(logs[k]):.4g}' for k in (
             'loss', 'cross_entropy', 'me_max', 'target_confidence',
-            'learning_rate', 'trust_ratio_mean', 'trust_ratio_min',
-            'trust_ratio_max', 'nt_xent', 'suncet', 'paws_nn_top1')
+            'in_domain', 'learning_rate', 'trust_ratio_mean',
+            'trust_ratio_min', 'trust_ratio_max', 'nt_xent', 'suncet',
+            'paws_nn_top1')
             if k in logs)
         logging.info('epoch %d/%d: %s | %.0f views/s, %.1f s', epoch + 1,
                      self._num_epochs, shown, views_per_second, seconds)

@@ -1,12 +1,13 @@
 """The checks of a whole gin config, made before any data is read."""
 
-import os
-
+import inspect
 import numbers
+import os
 
 import gin
 
 from paws_tf import checks
+from paws_tf import model as model_lib
 from paws_tf.data import augment
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.nets import backbones
@@ -120,6 +121,19 @@ def _check_support(folder):
             f'{wanted_name} = {classes}.')
 
 
+def _check_objective():
+    defaults = inspect.signature(model_lib.PAWSModel.__init__).parameters
+    values, names = {}, {}
+    for key in ('objective', 'ropaws_prior_tau', 'ropaws_prior_pow',
+                'ropaws_label_ratio'):
+        values[key], names[key] = checks.binding(f'PAWSModel.{key}',
+                                                 defaults[key].default)
+    model_lib.check_objective(
+        values['objective'], prior_tau=values['ropaws_prior_tau'],
+        prior_pow=values['ropaws_prior_pow'],
+        label_ratio=values['ropaws_label_ratio'], names=names)
+
+
 def _check_size(size, size_name, minimum, backbone, backbone_name):
     if (isinstance(size, bool) or not isinstance(size, numbers.Integral)
             or size < 1):
@@ -143,10 +157,11 @@ def check_config():
     Catches, in the first seconds and naming the binding to change with a
     valid value: rebound gin constants (`IMAGENET_MEAN = ...` changes
     nothing), a normalisation given twice, not at all or with the wrong
-    number of channels, a warm-up longer than the run, an image folder
-    left unbound, a support of more classes than the labeled folder holds
-    (its class folders are listed, no image is read), and image sizes below
-    the backbone's downsampling.
+    number of channels, a warm-up longer than the run, an unknown objective
+    or RoPAWS settings out of range, an image folder left unbound, a support
+    of more classes than the labeled folder holds (its class folders are
+    listed, no image is read), and image sizes below the backbone's
+    downsampling.
     Only what the config determines is checked: the channels of sources
     other than folders are known once they are read, where
     `pipeline.make_pretrain_dataset_fn` and `experiment.eval_preprocessing`
@@ -189,6 +204,7 @@ def check_config():
                       checks.bound('eval_preprocessing.mean'),
                       checks.bound('eval_preprocessing.std'), spec, channels)
     _check_warmup()
+    _check_objective()
     _check_folders_bound(folder)
     if folder is not None:
         _check_support(folder)

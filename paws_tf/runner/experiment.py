@@ -22,7 +22,7 @@ DataBundle = collections.namedtuple(
 
 
 @gin.configurable(denylist=['record_dir'])
-def load_data(record_dir, *, train=gin.REQUIRED, test=None,
+def load_data(record_dir, *, train=gin.REQUIRED, test=None, unlabeled=None,
               max_unlabeled=None, seed=0, normalization=None,
               normalization_images=5000, normalization_from='labeled'):
     """Loads the sources of an experiment.
@@ -38,6 +38,10 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None,
             (`tfds_sources.imagenet_sources`, `image_folders`).
         test: zero-argument callable returning the labeled test
             `ImageSource`, or None.
+        unlabeled: zero-argument callable returning the unlabeled source
+            that replaces the one `train` gives (e.g. every training image
+            while the labeled and test sets hold some classes only), or
+            None.
         max_unlabeled: keep a random subset of this many unlabeled images
             (short runs); None keeps them all.
         seed: seed of that subset and of the normalisation's images.
@@ -68,14 +72,15 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None,
             f'{NORMALIZATION_IMAGES}, got {normalization_from!r}.')
     loaded = train()
     if isinstance(loaded, tuple):
-        labeled, unlabeled = loaded
+        labeled, unlabeled_source = loaded
         if record_dir is not None:
             sources.record_split(record_dir, labeled.names,
                                  f'{labeled.num_examples} labeled: all the '
                                  'images of the labeled source')
     else:
-        labeled, unlabeled = sources.select_labeled(loaded,
-                                                    record_dir=record_dir)
+        labeled, unlabeled_source = sources.select_labeled(
+            loaded, record_dir=record_dir)
+    unlabeled = unlabeled() if unlabeled is not None else unlabeled_source
     if max_unlabeled is not None and max_unlabeled < unlabeled.num_examples:
         if not isinstance(unlabeled, sources.ImageSource):
             raise ValueError('max_unlabeled needs a random-access unlabeled '
@@ -203,6 +208,23 @@ def synthetic_source(*, num_images=512, num_classes=4, image_size=16,
         images.append(np.clip(image * 255.0, 0, 255).astype(np.uint8))
     return sources.from_arrays(np.stack(images), labels,
                                [f'class_{c}' for c in range(num_classes)])
+
+
+@gin.configurable
+def class_subset(*, source=gin.REQUIRED, classes=gin.REQUIRED):
+    """The images of some classes of a labeled source, renumbered.
+
+    For the class-mismatch setting: the labeled and test sets hold these
+    classes while `load_data.unlabeled` holds every class.
+
+    Args:
+        source: zero-argument callable returning the labeled `ImageSource`.
+        classes: class ids to keep; the i-th becomes class i.
+
+    Returns:
+        `sources.keep_classes(source(), classes)`.
+    """
+    return sources.keep_classes(source(), classes)
 
 
 @gin.configurable
