@@ -321,9 +321,9 @@ class PawsNNEvaluation(tf_keras.callbacks.Callback):
 
     Args:
         log_dir: TensorBoard directory of the scalars (chief).
-        local_model: the chief's copy of the model (`train.
-            build_local_model`); None on the other workers, which only
-            take part in reading the weights.
+        local_model: the chief's copy of the model, from
+            `train.build_local_model`; None on the other workers, which
+            only take part in reading the weights.
         labeled, test: the support and query sources.
         preprocessing: `pipeline.make_eval_dataset` keyword arguments.
         tau: similarity temperature.
