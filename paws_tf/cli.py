@@ -54,12 +54,15 @@ SAVE_FAILED_EXIT_CODE = os.EX_IOERR
 # An official checkpoint that cannot be imported, likewise.
 NONE_RESTORABLE_EXIT_CODE = DATA_CHANGED_EXIT_CODE = os.EX_DATAERR
 IMPORT_FAILED_EXIT_CODE = os.EX_DATAERR
+# A collective across the cluster's workers failed (EX_UNAVAILABLE).
+CLUSTER_FAILED_EXIT_CODE = os.EX_UNAVAILABLE
 # Faults that end a run with their message and an exit code of their own.
 _FAULT_EXIT_CODES = {
     checkpoints.SaveFailed: SAVE_FAILED_EXIT_CODE,
     checkpoints.NoneRestorable: NONE_RESTORABLE_EXIT_CODE,
     data_fingerprint.Changed: DATA_CHANGED_EXIT_CODE,
     official_import.ImportFailed: IMPORT_FAILED_EXIT_CODE,
+    dist.ClusterFailed: CLUSTER_FAILED_EXIT_CODE,
 }
 # What a training run writes; --overwrite removes these.
 _RUN_STATE = train.RUN_OUTPUTS + (CONFIG_FILE, OPERATIVE_CONFIG_FILE,
@@ -301,12 +304,16 @@ def main(argv):
     training = _MODE.value in ('train', 'train_and_evaluate', 'demo')
     strategy = dist.make_strategy(_STRATEGY.value)
     try:
+        dist.check_same_config(strategy, f'--mode={_MODE.value}\n{config}')
         lock = _writer_lock(model_dir, strategy, training)
         with lock:
             _run_in_model_dir(model_dir, strategy, config, training)
     except run_lock.Held as held:
         logging.error('%s', held)
         sys.exit(LOCKED_EXIT_CODE)
+    except dist.ClusterFailed as failed:
+        logging.error('%s', failed)
+        sys.exit(CLUSTER_FAILED_EXIT_CODE)
 
 
 def _run_in_model_dir(model_dir, strategy, config, training):

@@ -2,12 +2,16 @@
 with one replica."""
 
 import contextlib
+import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 
+from absl import logging
 import gin
+import numpy as np
 import tensorflow as tf
 
 STRATEGY_KINDS = ('auto', 'one_device', 'mirrored', 'multi_worker')
@@ -22,18 +26,27 @@ def cluster_in_environment():
     return workers > 1 or slurm_tasks > 1
 
 
-def _cluster_resolver():
+def _cluster_resolver(slurm_port_base):
     if os.environ.get('TF_CONFIG'):
         return tf.distribute.cluster_resolver.TFConfigClusterResolver()
     if 'SLURM_JOB_ID' in os.environ:
-        return tf.distribute.cluster_resolver.SlurmClusterResolver()
+        gpus = {}
+        if not tf.config.list_physical_devices('GPU'):
+            # CPU workers: the resolver gives each task of a node its own
+            # GPUs, and would find none (or no nvidia-smi) to give.
+            tasks = int(os.environ.get('SLURM_STEP_NUM_TASKS', 1))
+            gpus = dict(gpus_per_node=tasks, gpus_per_task=1,
+                        auto_set_gpu=False)
+        return tf.distribute.cluster_resolver.SlurmClusterResolver(
+            port_base=slurm_port_base, **gpus)
     raise ValueError(
         'strategy "multi_worker" needs a cluster description: set TF_CONFIG '
-        '(see README, "Cluster") or launch the job with Slurm (srun).')
+        'or launch the job with Slurm (srun); see BUILD.md, section '
+        '"Cluster launch".')
 
 
 @gin.configurable
-def make_strategy(kind='auto', devices=None):
+def make_strategy(kind='auto', devices=None, slurm_port_base=8888):
     """Builds the distribution strategy by name.
 
     Create it at the start of the program: `MultiWorkerMirroredStrategy`
@@ -47,6 +60,8 @@ def make_strategy(kind='auto', devices=None):
         devices: explicit device list for `mirrored` (e.g. logical CPUs
             `['CPU:0', 'CPU:1']`, whose replicas then sum on one device
             instead of running collectives); default all GPUs (or the CPU).
+        slurm_port_base: under Slurm, the port of a node's first task (its
+            others take the next ports).
 
     Returns:
         A `tf.distribute.Strategy`.
@@ -73,8 +88,14 @@ def make_strategy(kind='auto', devices=None):
     if kind == 'mirrored':
         return tf.distribute.MirroredStrategy(
             devices, cross_device_ops=_cross_device_ops(devices))
-    return tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=_cluster_resolver())
+    resolver = _cluster_resolver(slurm_port_base)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver)
+    logging.info('MultiWorkerMirroredStrategy: %s of the cluster %s (from '
+                 '%s), %d replicas.', task_name(strategy),
+                 resolver.cluster_spec().as_dict(), type(resolver).__name__,
+                 strategy.num_replicas_in_sync)
+    return strategy
 
 
 def _cross_device_ops(devices):
@@ -178,6 +199,92 @@ def all_reduce_mean(x):
     return ctx.all_reduce(tf.distribute.ReduceOp.MEAN, x)
 
 
+class ClusterFailed(RuntimeError):
+    """A collective across the workers of a cluster failed: a worker died,
+    was stopped, never started, or runs another program."""
+
+
+# Errors of a collective whose peer is gone or stuck, beside the
+# `Collective ...` errors of mismatched collectives.
+_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.CancelledError,
+                tf.errors.AbortedError, tf.errors.DeadlineExceededError)
+
+
+def task_name(strategy):
+    """'worker 1', 'chief 0'..., or 'this process' outside a cluster."""
+    resolver = getattr(strategy, 'cluster_resolver', None)
+    if resolver is None or not resolver.task_type:
+        return 'this process'
+    return f'{resolver.task_type} {resolver.task_id}'
+
+
+def cluster_failure(strategy, error, *, what, step, resume):
+    """The `ClusterFailed` that `error` stands for, or None when it is not
+    a failure of the cluster (no MultiWorkerMirroredStrategy, or another
+    error).
+
+    Args:
+        strategy: the running strategy.
+        error: the exception raised.
+        what: what this worker was doing ('the training step').
+        step: the global step it had reached.
+        resume: where relaunching resumes ('its backup (step 8)').
+    """
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return None
+    if not isinstance(error, tf.errors.OpError) or not (
+            isinstance(error, _PEER_ERRORS) or 'ollective' in error.message or
+            'oordination' in error.message):
+        return None
+    # TF's message starts with the op's {{...}} name; the cause (the peer
+    # that stopped, or the mismatched collective) follows on two lines.
+    cause = ' '.join(re.sub(r'\{\{.*?\}\}\s*', '', error.message)
+                     .split('\n')[:2]).strip()[:500]
+    return ClusterFailed(
+        f'{task_name(strategy)} stopped at step {step}: a collective with '
+        f'the other workers failed during {what} ({type(error).__name__}: '
+        f'{cause}). A worker died, was stopped, or runs another config or '
+        'program. Find the first error in every worker\'s log, fix it, then '
+        'start the same command on every worker again: the run resumes '
+        f'from {resume}.')
+
+
+def check_same_config(strategy, config):
+    """Raises `ClusterFailed` on every worker unless all workers of the
+    cluster pass the same `config` text (nothing outside one).
+
+    Workers started with different configs would otherwise run collectives
+    that do not match: a hang, or an error far from the cause. Every
+    worker must call it at the same point.
+
+    Args:
+        strategy: the running strategy.
+        config: what must be equal (the gin config and the mode).
+    """
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return
+    digest = np.frombuffer(hashlib.sha256(config.encode()).digest()[:8],
+                           np.int32)
+    # [replicas, 2]: worker w's replicas are consecutive rows.
+    digests = strategy.gather(
+        strategy.run(lambda: tf.constant(digest)[tf.newaxis]), axis=0)
+    digests = digests.numpy()
+    # Replicas are ordered by task name: the chief's, then the workers'.
+    tasks = [f'{kind} {index}' for kind, addresses in sorted(
+        strategy.cluster_resolver.cluster_spec().as_dict().items())
+             if kind in ('chief', 'worker')
+             for index in range(len(addresses))]
+    per_worker = len(digests) // len(tasks)
+    differing = [task for task, row in zip(tasks, digests[::per_worker])
+                 if not np.array_equal(row, digests[0])]
+    if differing:
+        raise ClusterFailed(
+            f'{task_name(strategy)}: the workers were started with different '
+            f'configs: that of {", ".join(differing)} differs from that of '
+            f'{tasks[0]} (gin files, --gin_bindings or --mode). Start the '
+            'same command, with the same gin files, on every worker.')
+
+
 def is_chief(strategy):
     """Whether this process is the chief: the `chief` task if the cluster
     has one, else worker 0; always True outside a multi-worker cluster."""
@@ -189,6 +296,38 @@ def is_chief(strategy):
     has_chief = 'chief' in resolver.cluster_spec().as_dict()
     return (not has_chief and resolver.task_type == 'worker' and
             resolver.task_id == 0)
+
+
+def read_weights(model):
+    """`model.get_weights()`, which every worker of a cluster must call at
+    the same point.
+
+    Reading a sync-on-read variable (a batch-norm moving statistic) in
+    cross-replica context all-reduces it across replicas: under
+    MultiWorkerMirroredStrategy a collective of all workers. Called by one
+    worker alone, it waits for the others, or meets another collective of
+    theirs (`Collective instance N expected type ...`).
+
+    Returns:
+        The weights as NumPy arrays, equal on every worker.
+    """
+    return model.get_weights()
+
+
+def wait_for_all(strategy):
+    """Returns once every worker of the cluster has called it (at once
+    outside MultiWorkerMirroredStrategy).
+
+    Workers whose part is done wait here for the chief's own work
+    (export, evaluation), so that the cluster ends together: a worker that
+    exits first is reported by the others' coordination service as a task
+    that crashed.
+    """
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return
+    # A one-element all-reduce: a collective every worker must join.
+    strategy.reduce(tf.distribute.ReduceOp.SUM,
+                    strategy.run(lambda: tf.constant(1.0)), axis=None)
 
 
 def write_dir(strategy, directory):

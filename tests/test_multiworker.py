@@ -2,46 +2,18 @@
 
 import os
 import pathlib
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
 from paws_tf import checkpoints
-from paws_tf import dist
 from paws_tf.runner import callbacks
 from paws_tf.runner import train
+from tests.helpers import cluster
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORKER = REPO / 'tests' / 'helpers' / 'mwms_worker.py'
-
-
-def start_cluster(argv):
-    """Starts `python argv` as both workers of a cluster on 127.0.0.1."""
-    procs = []
-    for tf_config in dist.loopback_tf_configs(2):
-        env = dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL='2',
-                   TF_CONFIG=tf_config)
-        procs.append(subprocess.Popen(
-            [sys.executable] + [str(a) for a in argv], cwd=REPO, env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    return procs
-
-
-def launch_cluster(script, args, timeout=300):
-    """Runs `script args` as worker 0 and 1 of a local cluster; returns
-    (returncode, output) of each."""
-    procs = start_cluster([script] + list(args))
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=timeout)[0])
-    finally:
-        for proc in procs:
-            proc.kill()
-    return [(proc.returncode, out) for proc, out in zip(procs, outputs)]
 
 
 @pytest.mark.slow
@@ -49,7 +21,7 @@ def test_two_workers_fit_to_identical_weights_and_only_chief_saves(tmp_path):
     model_dir, out_dir = tmp_path / 'model', tmp_path / 'out'
     model_dir.mkdir()
     out_dir.mkdir()
-    results = launch_cluster(WORKER, [model_dir, out_dir])
+    results = cluster.launch_cluster([WORKER, model_dir, out_dir], timeout=300)
     for code, output in results:
         assert code == 0, output[-3000:]
     assert 'chief done 4' in results[0][1]
@@ -83,7 +55,7 @@ def fingerprints(outputs):
 def test_killed_worker_cluster_resumes_from_backup_and_agrees(tmp_path):
     """Kill one of two workers mid-run; the scheduler restarts the job;
     it resumes from the shared backup and both workers finish agreeing."""
-    procs = start_cluster(run_py_args(tmp_path))
+    procs = cluster.start_cluster(run_py_args(tmp_path))
     backup_dir = str(tmp_path / train.BACKUP_DIR)
     deadline = time.time() + 600
     while callbacks.backup_step(backup_dir) < 8:
@@ -97,7 +69,7 @@ def test_killed_worker_cluster_resumes_from_backup_and_agrees(tmp_path):
     stopped_at = callbacks.backup_step(backup_dir)
     assert 8 <= stopped_at < 32
 
-    restarted = start_cluster(run_py_args(tmp_path))
+    restarted = cluster.start_cluster(run_py_args(tmp_path))
     outputs = [p.communicate(timeout=600)[0] for p in restarted]
     for proc, output in zip(restarted, outputs):
         assert proc.returncode == 0, output[-3000:]

@@ -41,10 +41,9 @@ def demo(model_dir, strategy, *, overwrite=False):
     start = time.perf_counter()
     train.train(model_dir, strategy, overwrite=overwrite)
     paws_seconds = time.perf_counter() - start
-    model, bundle, step = modes.load_trained_model(model_dir, strategy)
-    modes.export_run(model_dir, strategy, model, bundle)
-    paws = modes.evaluate_run(model_dir, strategy, bundle, model=model,
-                              step=step)
+    paws = modes.export_and_evaluate(model_dir, strategy,
+                                     'train_and_evaluate')
+    model, bundle, _ = modes.load_trained_model(model_dir, strategy)
     preprocessing = experiment.eval_preprocessing(bundle)
     tune_start = time.perf_counter()
     tuned = fine_tune.fine_tune(model_dir, model, labeled=bundle.labeled,
@@ -52,6 +51,7 @@ def demo(model_dir, strategy, *, overwrite=False):
                                 **preprocessing)
     tune_seconds = time.perf_counter() - tune_start
     if not dist.is_chief(strategy):
+        dist.wait_for_all(strategy)  # The chief's baseline and report.
         return None
     baseline = supervised.train_supervised(
         model_dir, labeled=bundle.labeled, test=bundle.test,
@@ -107,4 +107,5 @@ def demo(model_dir, strategy, *, overwrite=False):
     print(f'total wall time {results["wall_seconds"]:.0f} s; results in '
           f'{results_path}, figure in '
           f'{os.path.join(model_dir, report.FIGURE_FILENAME)}')
+    dist.wait_for_all(strategy)
     return results

@@ -165,12 +165,8 @@ class _Servable(tf.Module):
             self._preprocessed_description))
 
     def save(self, export_dir, preprocessed_signature, strategy, extra_info):
-        """Saves the module and writes preprocessing.json beside it.
-
-        Under MultiWorkerMirroredStrategy every worker must save (reading
-        mirrored variables runs collectives); `dist.save_dir` keeps the
-        chief's copy only.
-        """
+        """Saves the module and writes preprocessing.json beside it
+        (`dist.save_dir`: the chief's copy only)."""
         raw = self.__call__.get_concrete_function(
             tf.TensorSpec(None, tf.uint8, name='images'))
         for dtype in _REJECTED_DTYPES:
@@ -225,8 +221,9 @@ def export_embedder(model, export_dir, *, image_size, crop_fraction, mean,
     (`loaded.image_size`, ...) and in `preprocessing.json` beside
     `saved_model.pb`. Loading needs only TensorFlow.
 
-    Under MultiWorkerMirroredStrategy every worker must call this; only the
-    chief's copy is kept.
+    Under MultiWorkerMirroredStrategy, export a copy of the model with
+    plain variables on the chief (`modes.export_and_evaluate` does): a
+    SavedModel cannot hold that strategy's distributed variables.
 
     Args:
         model: `model.PAWSModel` (or any model whose call returns a dict

@@ -66,14 +66,23 @@ class StopOnNonFiniteLoss(tf_keras.callbacks.Callback):
                 'epoch)', self.model, self._checkpoint_dir)
 
 
-def _save_failed(what, directory, error, *, checkpoint_dir, backup_dir):
-    """The error that stops training when a save cannot be written."""
-    path, step = checkpoints.latest(checkpoint_dir)
-    cause = error.message if isinstance(error, tf.errors.OpError) else error
-    kept = f'the checkpoint {path} (step {step})' if path else 'no checkpoint'
+def _save_failed(what, directory, error, *, step, checkpoint_dir,
+                 backup_dir):
+    """The error that stops training at global `step` when a save cannot
+    be written: a `dist.ClusterFailed` when a collective of the save
+    failed (the disk is not the cause), else a `checkpoints.SaveFailed`."""
+    path, saved_step = checkpoints.latest(checkpoint_dir)
+    kept = (f'the checkpoint {path} (step {saved_step})' if path
+            else 'no checkpoint')
     if backup_dir is not None:
         kept += (f' and the backup in {backup_dir} (step '
                  f'{backup_step(backup_dir) or "none yet"})')
+    failure = dist.cluster_failure(
+        tf.distribute.get_strategy(), error, what=f'the {what}', step=step,
+        resume=f'the newest of {kept}')
+    if failure is not None:
+        return failure
+    cause = error.message if isinstance(error, tf.errors.OpError) else error
     return checkpoints.SaveFailed(
         f'Could not write the {what} in {directory}: {cause}. Training '
         f'stopped; what was saved before is unchanged: {kept}. Free space '
@@ -148,6 +157,7 @@ class BackupAndRestore(tf_keras.callbacks.BackupAndRestore):
         except (OSError, tf.errors.OpError) as error:
             raise _save_failed(
                 'backup', self.backup_dir, error,
+                step=global_step(self.model),
                 checkpoint_dir=self._checkpoint_dir,
                 backup_dir=self.backup_dir) from error
 
@@ -196,7 +206,8 @@ class Checkpointer(tf_keras.callbacks.Callback):
         except (OSError, tf.errors.OpError) as error:
             raise _save_failed(
                 f'checkpoint {checkpoints.CHECKPOINT_PREFIX}-{step}',
-                self._write_dir, error, checkpoint_dir=self._directory,
+                self._write_dir, error, step=step,
+                checkpoint_dir=self._directory,
                 backup_dir=self._backup_dir) from error
         self._last_saved = step
         if self._write_dir != self._directory:  # Not the chief.
@@ -311,13 +322,33 @@ class PawsNNEvaluation(tf_keras.callbacks.Callback):
     The support is the whole labeled set; the queries are the first
     `max_queries` test images (all of them when None), so the curve is
     cheap enough to follow during training.
+
+    Every worker of a cluster runs it: each reads the model's weights at
+    the same epoch end (`dist.read_weights`, collectives under
+    MultiWorkerMirroredStrategy), and the chief alone evaluates them on
+    `local_model`, a copy with plain variables, and writes the scalars.
+
+    Args:
+        log_dir: TensorBoard directory of the scalars (chief).
+        local_model: the chief's copy of the model, from
+            `train.build_local_model`; None on the other workers, which
+            only take part in reading the weights.
+        labeled, test: the support and query sources.
+        preprocessing: `pipeline.make_eval_dataset` keyword arguments.
+        tau: similarity temperature.
+        every_epochs: evaluate every this many epochs.
+        max_queries: test images used (None: all).
+        batch_size: images per embedding batch.
     """
 
-    def __init__(self, log_dir, *, labeled, test, preprocessing, tau,
-                 every_epochs=1, max_queries=None, batch_size=256):
+    def __init__(self, log_dir, local_model, *, labeled, test, preprocessing,
+                 tau, every_epochs=1, max_queries=None, batch_size=256):
         super().__init__()
-        self._writer = tf.summary.create_file_writer(log_dir)
+        self._local_model = local_model
         self._every_epochs = every_epochs
+        if local_model is None:
+            return
+        self._writer = tf.summary.create_file_writer(log_dir)
         self._tau = tau
         self._num_classes = len(labeled.class_names)
         self._support = pipeline.make_eval_dataset(
@@ -327,14 +358,15 @@ class PawsNNEvaluation(tf_keras.callbacks.Callback):
         if max_queries is not None:
             queries = queries.unbatch().take(max_queries).batch(batch_size)
         self._queries = queries
-
-    def set_model(self, model):
-        super().set_model(model)
-        self._embed_fn = evaluate.embedder_from_model(model)  # Traced once.
+        self._embed_fn = evaluate.embedder_from_model(local_model)
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self._every_epochs or self.model.stop_training:
             return  # Not due, or stopping (a preemption's grace period).
+        weights = dist.read_weights(self.model)
+        if self._local_model is None:
+            return
+        self._local_model.set_weights(weights)
         results = evaluate.paws_nn(
             self._embed_fn, self._support,
             self._queries, num_classes=self._num_classes, tau=self._tau)

@@ -1,8 +1,10 @@
 """What each run.py mode does after training: restore, export, evaluate."""
 
+import contextlib
 import os
 
 from absl import logging
+import tensorflow as tf
 
 from paws_tf import checkpoints
 from paws_tf.data import pipeline
@@ -19,9 +21,16 @@ MODES = ('train', 'evaluate_nn', 'fine_tune', 'export', 'train_and_evaluate',
 EMBED_BATCH_SIZE = 256
 
 
-def load_trained_model(model_dir, strategy):
+def load_trained_model(model_dir, strategy, *, local=False):
     """The run's data and its model restored from the newest checkpoint
     that can be restored (damaged newer ones are skipped with a warning).
+
+    Args:
+        model_dir: the run directory.
+        strategy: the running `tf.distribute.Strategy`.
+        local: build the model outside the strategy (plain variables), for
+            what one process does alone: export, PAWS-NN. Else in its
+            scope, for what every worker runs together (fine-tuning).
 
     Returns:
         `(model, bundle, step)`: the `PAWSModel` built from the gin config,
@@ -40,8 +49,14 @@ def load_trained_model(model_dir, strategy):
     size = preprocessing['image_size']
     # Float32 whatever the training precision: portable exports.
     train.set_precision('float32')
-    model = train.build_model(strategy, pretrain,
-                              input_channels=bundle.labeled.channels)
+    channels = bundle.labeled.channels
+    if local:
+        model = train.build_local_model(pretrain, input_channels=channels)
+        scope = contextlib.nullcontext()
+    else:
+        model = train.build_model(strategy, pretrain,
+                                  input_channels=channels)
+        scope = strategy.scope()
     checkpoint_dir = os.path.join(model_dir, train.CHECKPOINT_DIR)
     path, step, skipped = checkpoints.newest_restorable(checkpoint_dir)
     if skipped and path is None:
@@ -52,25 +67,24 @@ def load_trained_model(model_dir, strategy):
         logging.warning('Skipping checkpoints that cannot be restored:\n  '
                         '%s\nReading %s (step %d).', '\n  '.join(skipped),
                         path, step)
-    with strategy.scope():
+    with scope:
         # No checkpoint at all: restore_model names what it expected.
-        evaluate.restore_model(model, path or checkpoint_dir, input_shape=(
-            size, size, bundle.labeled.channels))
+        evaluate.restore_model(model, path or checkpoint_dir,
+                               input_shape=(size, size, channels))
     return model, bundle, step
 
 
-def export_run(model_dir, strategy, model, bundle):
+def export_run(model_dir, model, bundle):
     """Writes the embedder and the PAWS-NN classifier SavedModels.
 
-    Every worker calls it (non-chiefs write to deleted temporary
-    directories); the classifier bundles the embeddings of exactly the
-    run's labeled images.
+    The chief alone calls it, with the model `load_trained_model(...,
+    local=True)` restores; the classifier bundles the embeddings of exactly
+    the run's labeled images.
     """
     preprocessing = experiment.eval_preprocessing(bundle)
     channels = bundle.labeled.channels
     export.export_embedder(model, os.path.join(model_dir, export.EMBEDDER_DIR),
-                           channels=channels, strategy=strategy,
-                           **preprocessing)
+                           channels=channels, **preprocessing)
     supports, labels = evaluate.embed_dataset(
         evaluate.embedder_from_model(model),
         pipeline.make_eval_dataset(bundle.labeled, batch_size=EMBED_BATCH_SIZE,
@@ -80,18 +94,17 @@ def export_run(model_dir, strategy, model, bundle):
         model, os.path.join(model_dir, export.CLASSIFIER_DIR),
         support_embeddings=supports, support_labels=labels,
         class_names=bundle.labeled.class_names, tau=model.tau,
-        channels=channels, strategy=strategy, **preprocessing)
+        channels=channels, **preprocessing)
     logging.info('Exported the embedder and the classifier under %s/export.',
                  model_dir)
 
 
-def evaluate_run(model_dir, strategy, bundle, *, model, step=0):
-    """PAWS-NN of the run on its test split (chief only).
+def evaluate_run(model_dir, bundle, *, model, step=0):
+    """PAWS-NN of the run on its test split, by the chief alone.
 
-    Reads the exported embedder when there is one, else the checkpoint.
+    Reads the exported embedder when there is one, else the checkpoint into
+    `model`, built by `load_trained_model(..., local=True)`.
     """
-    if not dist.is_chief(strategy):
-        return None
     if bundle.test is None:
         raise ValueError('No test split is configured (load_data.test): '
                          'nothing to evaluate PAWS-NN on.')
@@ -105,6 +118,37 @@ def evaluate_run(model_dir, strategy, bundle, *, model, step=0):
         model_dir, labeled=bundle.labeled, test=bundle.test, tau=model.tau,
         embedding=model.nn_embedding, step=step, **kwargs,
         **experiment.eval_preprocessing(bundle))
+
+
+def _restore(model_dir, strategy, imported, *, local=False):
+    """`load_trained_model`, or the imported weights of an import (built
+    from the gin config alone, step 0)."""
+    if not imported:
+        return load_trained_model(model_dir, strategy, local=local)
+    model = official_import.restore_imported(
+        model_dir, tf.distribute.get_strategy() if local else strategy)
+    return model, experiment.load_data(model_dir), 0
+
+
+def export_and_evaluate(model_dir, strategy, mode, *, imported=False):
+    """What `mode` does with a trained run that one process does alone:
+    export (`export`, `train_and_evaluate`), then PAWS-NN (`evaluate_nn`,
+    `train_and_evaluate`), on the chief from the newest checkpoint; the
+    other workers wait for it.
+
+    Returns:
+        The PAWS-NN results when evaluated on the chief, else None.
+    """
+    results = None
+    if dist.is_chief(strategy):
+        model, bundle, step = _restore(model_dir, strategy, imported,
+                                       local=True)
+        if mode in ('export', 'train_and_evaluate'):
+            export_run(model_dir, model, bundle)
+        if mode in ('evaluate_nn', 'train_and_evaluate'):
+            results = evaluate_run(model_dir, bundle, model=model, step=step)
+    dist.wait_for_all(strategy)
+    return results
 
 
 def run(model_dir, strategy, mode, *, overwrite=False,
@@ -124,9 +168,15 @@ def run(model_dir, strategy, mode, *, overwrite=False,
     if mode not in MODES:
         raise ValueError(f'Unknown mode {mode!r}; choose one of {MODES}.')
     if mode == 'import_official':
-        return official_import.import_official(
-            model_dir, official_checkpoint, strategy=strategy,
-            overwrite=overwrite)
+        # One process's work: the chief imports into plain variables, the
+        # other workers wait for it.
+        imported = None
+        if dist.is_chief(strategy):
+            imported = official_import.import_official(
+                model_dir, official_checkpoint,
+                strategy=tf.distribute.get_strategy(), overwrite=overwrite)
+        dist.wait_for_all(strategy)
+        return imported
     record = official_import.read_record(model_dir)
     if record is not None:
         official_import.refuse(record, mode, model_dir)
@@ -134,18 +184,10 @@ def run(model_dir, strategy, mode, *, overwrite=False,
         train.train(model_dir, strategy, overwrite=overwrite)
         if mode == 'train':
             return None
-    if record is None:
-        model, bundle, step = load_trained_model(model_dir, strategy)
-    else:
-        model, step = official_import.restore_imported(model_dir, strategy), 0
-        bundle = experiment.load_data(model_dir)
+    imported = record is not None
     if mode == 'fine_tune':
+        model, bundle, _ = _restore(model_dir, strategy, imported)
         return fine_tune.fine_tune(model_dir, model, labeled=bundle.labeled,
                                    test=bundle.test, strategy=strategy,
                                    **experiment.eval_preprocessing(bundle))
-    if mode in ('export', 'train_and_evaluate'):
-        export_run(model_dir, strategy, model, bundle)
-    if mode in ('evaluate_nn', 'train_and_evaluate'):
-        return evaluate_run(model_dir, strategy, bundle, model=model,
-                            step=step)
-    return None
+    return export_and_evaluate(model_dir, strategy, mode, imported=imported)

@@ -47,7 +47,7 @@ class Preempted(RuntimeError):
 def weights_fingerprint(model):
     """SHA-256 of the model's weights: equal fingerprints, equal weights."""
     digest = hashlib.sha256()
-    for weight in model.get_weights():
+    for weight in dist.read_weights(model):
         digest.update(np.ascontiguousarray(weight).tobytes())
     return digest.hexdigest()
 
@@ -80,6 +80,25 @@ def build_model(strategy, pretrain, *, input_channels):
         # builds every head.
         model(images)
     return model
+
+
+def build_local_model(pretrain, *, input_channels):
+    """The PAWS model with plain variables, outside any strategy.
+
+    What one process runs alone under MultiWorkerMirroredStrategy
+    (evaluation, export) runs on such a copy: calling the distributed
+    model there reads its sync-on-read variables (batch-norm moving
+    statistics) through an all-reduce that the other workers never join,
+    and a SavedModel cannot hold its distributed variables.
+
+    Raises:
+        RuntimeError: called inside a strategy's scope.
+    """
+    if tf.distribute.has_strategy():
+        raise RuntimeError('build_local_model must be called outside any '
+                           'tf.distribute strategy scope.')
+    return build_model(tf.distribute.get_strategy(), pretrain,
+                       input_channels=input_channels)
 
 
 def build_compiled_model(strategy, pretrain, *, input_channels, num_epochs,
@@ -363,16 +382,33 @@ def train(model_dir, strategy, *, overwrite=False, num_epochs=gin.REQUIRED,
         fit_callbacks.append(callbacks.ViewImages(
             os.path.join(log_dir, 'train'), pretrain.dataset_fn,
             mean=preprocessing['mean'], std=preprocessing['std']))
-    if eval_every_epochs and chief and bundle.test is not None:
+    if eval_every_epochs and bundle.test is not None:
+        # Every worker reads the weights at the epoch end (a collective);
+        # the chief alone evaluates them, on a copy of its own.
+        local_model = build_local_model(
+            pretrain, input_channels=bundle.labeled.channels) if chief \
+            else None
         fit_callbacks.insert(1, callbacks.PawsNNEvaluation(  # Before saves.
-            os.path.join(log_dir, 'eval'), labeled=bundle.labeled,
-            test=bundle.test, preprocessing=preprocessing, tau=model.tau,
+            os.path.join(log_dir, 'eval'), local_model,
+            labeled=bundle.labeled, test=bundle.test,
+            preprocessing=preprocessing, tau=model.tau,
             every_epochs=eval_every_epochs, max_queries=eval_max_queries))
     # BackupAndRestore sets the epoch and step fit starts at.
-    model.fit(tf_keras.utils.experimental.DatasetCreator(pretrain.dataset_fn),
-              epochs=num_epochs,
-              steps_per_epoch=steps_per_epoch, callbacks=fit_callbacks,
-              verbose=verbose)
+    try:
+        model.fit(
+            tf_keras.utils.experimental.DatasetCreator(pretrain.dataset_fn),
+            epochs=num_epochs, steps_per_epoch=steps_per_epoch,
+            callbacks=fit_callbacks, verbose=verbose)
+    except tf.errors.OpError as error:
+        failure = dist.cluster_failure(
+            strategy, error, what='training',
+            step=callbacks.global_step(model),
+            resume=f'its backup in {backup_dir} (step '
+            f'{callbacks.backup_step(backup_dir) or "none yet"}), else its '
+            f'newest checkpoint in {checkpoint_dir}')
+        if failure is None:
+            raise
+        raise failure from error
     logging.info('Final weights fingerprint (SHA-256): %s',
                  weights_fingerprint(model))
     if backup.preempted_at is not None:

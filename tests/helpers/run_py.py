@@ -14,16 +14,19 @@ BINDINGS = ('train.num_epochs = 2', 'train.backup_every_steps = 4',
 
 
 def command(model_dir, bindings=(), flags=(), *, mode='train',
-            gin_file='gin_configs/debug.gin'):
-    """run.py's argument list: `BINDINGS`, then `bindings`, then `flags`."""
+            gin_file='gin_configs/debug.gin', base_bindings=BINDINGS):
+    """run.py's argument list: `base_bindings` (default `BINDINGS`), then
+    `bindings`, then `flags`."""
     return ([f'--gin_file={gin_file}', f'--model_dir={model_dir}',
              f'--mode={mode}'] +
-            [f'--gin_bindings={b}' for b in BINDINGS + tuple(bindings)] +
+            [f'--gin_bindings={b}'
+             for b in tuple(base_bindings) + tuple(bindings)] +
             list(flags))
 
 
 def start(model_dir, bindings=(), flags=(), *, mode='train', env=None,
-          script=None, script_args=(), gin_file='gin_configs/debug.gin'):
+          script=None, script_args=(), gin_file='gin_configs/debug.gin',
+          base_bindings=BINDINGS):
     """Starts run.py (or `script script_args run.py-arguments`) on
     `model_dir`, output captured.
 
@@ -33,8 +36,9 @@ def start(model_dir, bindings=(), flags=(), *, mode='train', env=None,
     program = ([str(script)] + [str(a) for a in script_args] if script
                else [str(REPO / 'run.py')])
     return subprocess.Popen(
-        [sys.executable] + program + command(model_dir, bindings, flags,
-                                             mode=mode, gin_file=gin_file),
+        [sys.executable] + program + command(
+            model_dir, bindings, flags, mode=mode, gin_file=gin_file,
+            base_bindings=base_bindings),
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL='2',
                  **(env or {})))

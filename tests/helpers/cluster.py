@@ -1,0 +1,50 @@
+"""Processes of a two-worker MultiWorkerMirroredStrategy cluster on
+127.0.0.1, each with its TF_CONFIG."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+from paws_tf import dist
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def start_cluster(argv, workers=2, env=None, extra_args=None):
+    """Starts `python argv` as every worker of a cluster on 127.0.0.1,
+    worker i with `extra_args[i]` after `argv` when given.
+
+    Returns:
+        The workers' `subprocess.Popen`s, by task index, output captured.
+    """
+    procs = []
+    for index, tf_config in enumerate(dist.loopback_tf_configs(workers)):
+        args = list(argv) + list((extra_args or {}).get(index, ()))
+        procs.append(subprocess.Popen(
+            [sys.executable] + [str(a) for a in args], cwd=REPO,
+            env=dict(os.environ, PYTHONPATH=str(REPO),
+                     TF_CPP_MIN_LOG_LEVEL='2', TF_CONFIG=tf_config,
+                     **(env or {})),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def finish_all(procs, timeout=600):
+    """`[(returncode, output)]` of `procs` once they end (killed after
+    `timeout` seconds)."""
+    outputs = []
+    try:
+        for proc in procs:
+            outputs.append(proc.communicate(timeout=timeout)[0])
+    finally:
+        for proc in procs:
+            proc.kill()
+    return [(proc.returncode, out) for proc, out in zip(procs, outputs)]
+
+
+def launch_cluster(argv, timeout=600, env=None, extra_args=None):
+    """Runs `start_cluster(argv, env=env, extra_args=extra_args)`; returns
+    `[(returncode, output)]` by task index."""
+    return finish_all(start_cluster(argv, env=env, extra_args=extra_args),
+                      timeout)

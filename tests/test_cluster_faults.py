@@ -1,0 +1,67 @@
+"""Faults of a two-worker cluster of run.py: each stops every worker within
+a bounded time, with an error naming the worker, the step and what to do."""
+
+import time
+
+import pytest
+
+from paws_tf import cli
+from paws_tf.runner import callbacks
+from paws_tf.runner import train
+from tests.helpers import cluster
+from tests.helpers import run_py
+
+# run_py.BINDINGS on half of debug.gin's data: 2 epochs of 8 steps,
+# backups every 4.
+SMALL = ('train/synthetic_source.num_images = 256',)
+
+
+def cluster_command(model_dir):
+    return ['run.py'] + run_py.command(model_dir, SMALL,
+                                       ['--strategy=multi_worker'])
+
+
+@pytest.mark.slow
+def test_workers_started_with_different_configs_stop_before_any_work(
+        tmp_path):
+    results = cluster.launch_cluster(
+        cluster_command(tmp_path), timeout=300,
+        extra_args={1: ['--gin_bindings=train.seed = 1']})
+    for code, output in results:
+        assert code == cli.CLUSTER_FAILED_EXIT_CODE, output[-3000:]
+        assert ('the workers were started with different configs: that of '
+                'worker 1 differs from that of worker 0') in output
+    assert not (tmp_path / train.CHECKPOINT_DIR).exists()
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
+        tmp_path):
+    procs = cluster.start_cluster(cluster_command(tmp_path))
+    backup_dir = str(tmp_path / train.BACKUP_DIR)
+    deadline = time.time() + 600
+    while callbacks.backup_step(backup_dir) < 4:
+        assert all(p.poll() is None for p in procs), 'ended too early'
+        assert time.time() < deadline
+        time.sleep(0.2)
+    procs[1].kill()
+    procs[1].wait()
+    killed = time.time()
+    code, output = cluster.finish_all(procs[:1], timeout=300)[0]
+    # The coordination service misses the dead worker's heartbeats.
+    assert time.time() - killed < 120
+    assert code == cli.CLUSTER_FAILED_EXIT_CODE, output[-3000:]
+    assert 'worker 0 stopped at step' in output
+    assert 'stopped sending heartbeats' in output
+    assert '/job:worker/replica:0/task:1' in output
+    assert 'Free space' not in output
+    stopped_at, checkpoint = train.resume_point(str(tmp_path))
+    assert 4 <= stopped_at < 16 and checkpoint is None  # The backup's.
+    assert 'the run resumes from' in output
+    assert f'{backup_dir} (step {stopped_at})' in output
+
+    results = cluster.launch_cluster(cluster_command(tmp_path), timeout=600)
+    for code, output in results:
+        assert code == 0, output[-3000:]
+        assert f'Training steps {stopped_at}..16' in output
+

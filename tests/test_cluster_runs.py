@@ -1,0 +1,221 @@
+"""run.py with a shipped config on a two-worker cluster, as README launches
+it: the same command on two loopback workers, each with its TF_CONFIG.
+
+debug.gin keeps every default callback (epoch-end PAWS-NN, view images,
+TensorBoard, checkpoints, backups, progress); bindings only shorten it to
+2 epochs of 8 steps.
+"""
+
+import glob
+import json
+import os
+import pathlib
+import shutil
+import socket
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing import event_accumulator
+import tensorflow as tf
+
+from paws_tf import checkpoints
+from paws_tf.data import pipeline
+from paws_tf.demo import report
+from paws_tf.runner import experiment
+from tests.helpers import cluster
+from tests.helpers import debug_gin
+from tests.helpers import run_py
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHRINK = ('train.num_epochs = 2', 'train/synthetic_source.num_images = 256')
+TWO_CPUS = REPO / 'tests' / 'helpers' / 'two_cpus.py'
+# What a worker but the chief writes while it runs, and deletes.
+WORKER_TEMP = ('.worker_tmp_*', 'workertemp_*')
+
+
+def cluster_command(model_dir, mode):
+    return [REPO / 'run.py'] + run_py.command(
+        model_dir, flags=['--strategy=multi_worker'], mode=mode,
+        base_bindings=SHRINK)
+
+
+def check_ran(results):
+    for index, (code, output) in enumerate(results):
+        assert code == 0, f'worker {index}:\n{output[-4000:]}'
+
+
+def written(model_dir):
+    """The relative paths under `model_dir`, TensorBoard event files named
+    by their directory (their names hold the host, process and time)."""
+    paths = []
+    for path in pathlib.Path(model_dir).rglob('*'):
+        relative = str(path.relative_to(model_dir))
+        if path.name.startswith('events.out.tfevents.'):
+            relative = os.path.join(os.path.dirname(relative), 'EVENTS')
+        paths.append(relative)
+    return sorted(paths)
+
+
+def worker_leftovers(model_dir):
+    return [path for pattern in WORKER_TEMP
+            for path in pathlib.Path(model_dir).rglob(pattern)]
+
+
+def tensor_tags(log_dir):
+    tags = set()
+    for path in glob.glob(os.path.join(log_dir, 'events.out.tfevents.*')):
+        events = event_accumulator.EventAccumulator(path)
+        events.Reload()
+        tags.update(events.Tags()['tensors'])
+    return tags
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+    """`--mode=train_and_evaluate` on a two-worker cluster, and the same
+    command in one process with the same two replicas (MirroredStrategy
+    over two logical CPUs), run side by side."""
+    root = tmp_path_factory.mktemp('cluster_runs')
+    one_process = run_py.start(
+        root / 'one_process', base_bindings=SHRINK,
+        bindings=["make_strategy.devices = ['CPU:0', 'CPU:1']"],
+        flags=['--strategy=mirrored'], mode='train_and_evaluate',
+        script=TWO_CPUS)
+    workers = cluster.start_cluster(
+        cluster_command(root / 'cluster', 'train_and_evaluate'))
+    results = cluster.finish_all(workers, timeout=900)
+    check_ran(results)
+    code, output = run_py.finish(one_process, timeout=900)
+    assert code == 0, output[-4000:]
+    return root, results
+
+
+@pytest.mark.slow
+def test_chief_writes_what_one_process_writes_and_the_worker_nothing(
+        trained):
+    root, results = trained
+    chief_log, worker_log = results[0][1], results[1][1]
+    assert written(root / 'cluster') == written(root / 'one_process')
+    assert not worker_leftovers(root / 'cluster')
+    # Every worker took part in both epoch-end evaluations; only the
+    # chief evaluated and logged them.
+    for epoch in (1, 2):
+        assert f'epoch {epoch}: PAWS-NN top-1' in chief_log
+        assert f'epoch {epoch}: PAWS-NN top-1' not in worker_log
+    steps, top1 = report.read_scalars(
+        root / 'cluster' / 'tensorboard' / 'eval', 'paws_nn/top1')
+    np.testing.assert_array_equal(steps, [8, 16])
+    assert np.all(top1 > 0.5)  # 4 classes: chance is 0.25.
+    train_tags = tensor_tags(root / 'cluster' / 'tensorboard' / 'train')
+    assert {'views/global_views', 'views/support_views',
+            'throughput/views_per_second'} <= train_tags
+    for path in ('export/embedder/saved_model.pb',
+                 'export/classifier/saved_model.pb', 'eval/paws_nn.json',
+                 'checkpoints/checkpoint', 'operative_config.gin'):
+        assert (root / 'cluster' / path).exists(), path
+
+
+@pytest.mark.slow
+def test_two_workers_end_where_one_process_with_two_replicas_ends(trained):
+    """The cluster computes what MirroredStrategy computes in one process
+    with the same two replicas: the same per-replica batches, supports and
+    global batch norm. Only the order of the float32 sums of the
+    all-reduces differs (a ring over gRPC, one device), by about 1e-7 of a
+    value per step. After debug.gin's full 32 steps the two exports'
+    embeddings (values up to 3.4) differed by at most 1e-6; they must agree
+    to 1e-4. The same command with one replica is another computation
+    (each replica samples its own support), not compared here."""
+    root, _ = trained
+    with debug_gin.parsed(SHRINK):
+        bundle = experiment.load_data(None)
+        preprocessing = experiment.eval_preprocessing(bundle)
+    images, _ = next(iter(pipeline.make_eval_dataset(
+        bundle.test, batch_size=bundle.test.num_examples, **preprocessing)))
+    embedders = [tf.saved_model.load(str(root / run / 'export' / 'embedder'))
+                 for run in ('cluster', 'one_process')]
+    embeddings = [embedder.call_preprocessed(images)['embeddings'].numpy()
+                  for embedder in embedders]
+    np.testing.assert_allclose(embeddings[0], embeddings[1], atol=1e-4)
+    assert np.abs(embeddings[1]).max() > 1  # Not a degenerate output.
+    results = [json.loads((root / run / 'eval' / 'paws_nn.json').read_text())
+               for run in ('cluster', 'one_process')]
+    assert results[0]['num_queries'] == results[1]['num_queries'] == 128
+    # A query whose two best classes tie to 1e-4 may flip: at most one.
+    assert abs(results[0]['top1'] - results[1]['top1']) <= 1 / 128
+    curves = [report.read_scalars(root / run / 'tensorboard' / 'eval',
+                                  'paws_nn/top1')
+              for run in ('cluster', 'one_process')]
+    np.testing.assert_array_equal(curves[0][0], [8, 16])
+    np.testing.assert_array_equal(curves[1][0], [8, 16])
+    np.testing.assert_allclose(curves[0][1], curves[1][1], atol=1 / 128)
+
+
+@pytest.mark.slow
+def test_demo_on_the_cluster_exports_evaluates_and_fine_tunes(trained,
+                                                               tmp_path):
+    """--mode=demo on the trained run: training is done, so it exports,
+    evaluates, fine-tunes (every worker), then the chief trains the
+    supervised baseline and writes the report while the worker waits."""
+    root, _ = trained
+    model_dir = tmp_path / 'run'
+    shutil.copytree(root / 'cluster', model_dir)
+    shutil.rmtree(model_dir / 'export')
+    results = cluster.launch_cluster(cluster_command(model_dir, 'demo'),
+                                     timeout=900)
+    check_ran(results)
+    assert 'not training it again' in results[0][1]
+    demo = json.loads((model_dir / report.RESULTS_FILENAME).read_text())
+    assert demo['paws_nn_top1'] > 0.5 and demo['supervised_top1'] > 0.25
+    tuned = json.loads(
+        (model_dir / 'fine_tune' / 'results.json').read_text())
+    assert tuned['steps'] == 10  # 2 epochs of 5 steps (debug.gin).
+    assert demo['paws_finetune_top1'] == tuned['top1']
+    assert (model_dir / 'export' / 'embedder' / 'saved_model.pb').exists()
+    assert (model_dir / report.FIGURE_FILENAME).exists()
+    assert not worker_leftovers(model_dir)
+
+
+def free_port_pair():
+    """A port p such that p and p + 1 are free on 127.0.0.1
+    (SlurmClusterResolver gives a node's tasks consecutive ports)."""
+    for _ in range(100):
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(('127.0.0.1', 0))
+            port = first.getsockname()[1]
+            try:
+                second.bind(('127.0.0.1', port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError('No two consecutive free ports.')
+
+
+@pytest.mark.slow
+def test_srun_launch_builds_the_cluster_from_slurm(tmp_path):
+    """README's srun recipe: every task runs the same command; Slurm's
+    environment (here: one node, 127.0.0.1, two tasks) describes the job
+    and SlurmClusterResolver, not TF_CONFIG, builds the cluster. TF 2.21's
+    resolver expands SLURM_STEP_NODELIST itself (it calls no scontrol)."""
+    port = free_port_pair()
+    slurm = dict(SLURM_JOB_ID='4242', SLURM_NTASKS='2',
+                 SLURM_STEP_NUM_TASKS='2', SLURM_STEP_NODELIST='127.0.0.1',
+                 SLURM_STEP_TASKS_PER_NODE='2', TF_CONFIG='')
+    tasks = [run_py.start(
+        tmp_path, bindings=('train.num_epochs = 1',
+                            'train/synthetic_source.num_images = 256',
+                            f'make_strategy.slurm_port_base = {port}'),
+        flags=['--strategy=multi_worker'],
+        env=dict(slurm, SLURM_PROCID=str(rank))) for rank in (0, 1)]
+    outputs = [run_py.finish(task) for task in tasks]
+    cluster_spec = (f"{{'worker': ['127.0.0.1:{port}', "
+                    f"'127.0.0.1:{port + 1}']}} (from SlurmClusterResolver)")
+    for rank, (code, output) in enumerate(outputs):
+        assert code == 0, output[-3000:]
+        assert f'worker {rank} of the cluster {cluster_spec}, 2 replicas' \
+            in output
+    prints = [line.rsplit(' ', 1)[1] for _, output in outputs
+              for line in output.splitlines()
+              if 'Final weights fingerprint' in line]
+    assert len(prints) == 2 and prints[0] == prints[1]
+    assert checkpoints.latest(str(tmp_path / 'checkpoints'))[1] == 8
+    assert not worker_leftovers(tmp_path)
