@@ -213,3 +213,19 @@ def save_dir(strategy, directory):
     finally:
         if target != directory:
             shutil.rmtree(target, ignore_errors=True)
+
+
+def barrier(strategy):
+    """Returns once every worker of a `MultiWorkerMirroredStrategy` has
+    called it; at once under any other strategy.
+
+    A cross-worker all-reduce: what the chief does to shared files before
+    it (deleting a run) is done when the other workers pass it.
+
+    Args:
+        strategy: the `tf.distribute.Strategy` every worker runs.
+    """
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return
+    strategy.reduce(tf.distribute.ReduceOp.SUM,
+                    strategy.run(lambda: tf.ones([])), axis=None)

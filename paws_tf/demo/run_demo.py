@@ -19,7 +19,7 @@ from paws_tf.runner import modes
 from paws_tf.runner import train
 
 
-def demo(model_dir, strategy, *, overwrite=False):
+def demo(model_dir, strategy, *, overwrite=False, owner_check=None):
     """The paper's pipeline against a supervised-only baseline on the same
     labels.
 
@@ -34,12 +34,14 @@ def demo(model_dir, strategy, *, overwrite=False):
         model_dir: the run directory.
         strategy: the `tf.distribute.Strategy`.
         overwrite: passed to `train.train`.
+        owner_check: passed to `train.train`.
 
     Returns:
         The results dict (also in `model_dir/results.json`).
     """
     start = time.perf_counter()
-    train.train(model_dir, strategy, overwrite=overwrite)
+    train.train(model_dir, strategy, overwrite=overwrite,
+                owner_check=owner_check)
     paws_seconds = time.perf_counter() - start
     model, bundle, step = modes.load_trained_model(model_dir, strategy)
     modes.export_run(model_dir, strategy, model, bundle)

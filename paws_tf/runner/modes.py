@@ -105,10 +105,11 @@ def evaluate_run(model_dir, strategy, bundle, *, model, step=0):
         **experiment.eval_preprocessing(bundle))
 
 
-def run(model_dir, strategy, mode, *, overwrite=False):
+def run(model_dir, strategy, mode, *, overwrite=False, owner_check=None):
     """Runs one of run.py's modes (`MODES`, see run.py).
 
-    `overwrite` (run.py's --overwrite) is passed to `train.train`.
+    `overwrite` (run.py's --overwrite) and `owner_check` (the run lock's
+    check before every save) are passed to `train.train`.
 
     Returns:
         The PAWS-NN results for modes that evaluate, else None.
@@ -116,7 +117,8 @@ def run(model_dir, strategy, mode, *, overwrite=False):
     if mode not in MODES:
         raise ValueError(f'Unknown mode {mode!r}; choose one of {MODES}.')
     if mode in ('train', 'train_and_evaluate'):
-        train.train(model_dir, strategy, overwrite=overwrite)
+        train.train(model_dir, strategy, overwrite=overwrite,
+                    owner_check=owner_check)
         if mode == 'train':
             return None
     model, bundle, step = load_trained_model(model_dir, strategy)
