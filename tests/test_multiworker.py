@@ -122,6 +122,12 @@ def test_overwrite_on_a_cluster_the_chief_deletes_the_workers_wait(
     (backup / 'checkpoint').write_text('model_checkpoint_path: "ckpt-1"\n')
     (backup / 'ckpt-1.index').write_bytes(b'not a checkpoint')
     (tmp_path / 'run_history.txt').write_text('the previous run\n')
+    # Deleted before the backup, these keep the chief deleting for seconds:
+    # a worker that did not wait would find the backup still there.
+    slow = tmp_path / train.CHECKPOINT_DIR
+    slow.mkdir()
+    for i in range(30_000):
+        (slow / f'events.{i}').touch()
     script, *args = run_py_args(tmp_path)
     results = launch_cluster(script, args + ['--overwrite'], timeout=600)
     outputs = [output for _, output in results]
