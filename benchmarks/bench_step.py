@@ -10,6 +10,7 @@ logs. Prints one JSON object:
     python benchmarks/bench_step.py --config cifar_small
     python benchmarks/bench_step.py --config rn50_tiny --xla
     python benchmarks/bench_step.py --config cifar_small --replicas 2
+    python benchmarks/bench_step.py --config cifar_small --deterministic_ops
     # RoPAWS's step against PAWS's, timed in alternation:
     python benchmarks/bench_step.py --config cifar_paper --objective both
     # Several workers: run it in every worker's process with TF_CONFIG set,
@@ -41,6 +42,7 @@ import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 from benchmarks import memory  # noqa: E402
+from paws_tf import determinism  # noqa: E402
 from paws_tf import dist  # noqa: E402
 from paws_tf import lars  # noqa: E402
 from paws_tf import model as model_lib  # noqa: E402
@@ -112,6 +114,9 @@ def parse_args():
                         default='custom',
                         help="build_backbone.padding_impl: paws_tf's padded "
                              "layers or ZeroPadding2D and tf_keras' layers")
+    parser.add_argument('--deterministic_ops', action='store_true',
+                        help='determinism.enable(), as '
+                             'train.deterministic_ops = True')
     parser.add_argument('--intra_op_threads', type=int, default=0,
                         help='0: TensorFlow default (all cores)')
     parser.add_argument('--inter_op_threads', type=int, default=0)
@@ -310,6 +315,8 @@ def main():
                     sync_bn_impl=args.sync_bn_impl,
                     padding_impl=args.padding_impl)
     tf_keras.mixed_precision.set_global_policy(POLICIES[args.precision])
+    if args.deterministic_ops:
+        determinism.enable()
     if args.objective == 'both':
         alternate(args, config, strategy, sync_bn, switches)
         return
@@ -358,6 +365,7 @@ def main():
         'rss_before_first_step_mib': rss_built_mib,
         'xla': args.xla, 'precision': args.precision,
         'objective': args.objective,
+        'deterministic_ops': args.deterministic_ops,
         'replicas': replicas, 'strategy': type(strategy).__name__,
         'sync_bn': sync_bn,
         **switches,

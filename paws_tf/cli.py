@@ -47,6 +47,9 @@ FLAGS_FILE = 'flags.txt'
 PREEMPTED_EXIT_CODE = 143
 # Another live run trains in --model_dir: try again later (EX_TEMPFAIL).
 LOCKED_EXIT_CODE = os.EX_TEMPFAIL
+# Another run took this run's lock over while it trained: it stopped before
+# saving (EX_TEMPFAIL too: the other run goes on with the run directory).
+LOCK_LOST_EXIT_CODE = os.EX_TEMPFAIL
 # A checkpoint or backup could not be written (EX_IOERR).
 SAVE_FAILED_EXIT_CODE = os.EX_IOERR
 # No backup or checkpoint of the run can be restored, or the data differs
@@ -63,6 +66,7 @@ _FAULT_EXIT_CODES = {
     data_fingerprint.Changed: DATA_CHANGED_EXIT_CODE,
     official_import.ImportFailed: IMPORT_FAILED_EXIT_CODE,
     dist.ClusterFailed: CLUSTER_FAILED_EXIT_CODE,
+    run_lock.Lost: LOCK_LOST_EXIT_CODE,
 }
 # What a training run writes; --overwrite removes these.
 _RUN_STATE = train.RUN_OUTPUTS + (CONFIG_FILE, OPERATIVE_CONFIG_FILE,
@@ -307,7 +311,8 @@ def main(argv):
         dist.check_same_config(strategy, f'--mode={_MODE.value}\n{config}')
         lock = _writer_lock(model_dir, strategy, training)
         with lock:
-            _run_in_model_dir(model_dir, strategy, config, training)
+            _run_in_model_dir(model_dir, strategy, config, training,
+                              owner_check=getattr(lock, 'check', None))
     except run_lock.Held as held:
         logging.error('%s', held)
         sys.exit(LOCKED_EXIT_CODE)
@@ -316,11 +321,15 @@ def main(argv):
         sys.exit(CLUSTER_FAILED_EXIT_CODE)
 
 
-def _run_in_model_dir(model_dir, strategy, config, training):
-    """Everything `main` does under the run directory's lock."""
+def _run_in_model_dir(model_dir, strategy, config, training, owner_check):
+    """Everything `main` does under the run directory's lock;
+    `owner_check` raises when another run took the lock over."""
     chief = dist.is_chief(strategy)
     if training:
         _check_model_dir(model_dir, config, _OVERWRITE.value, chief)
+        if _OVERWRITE.value:
+            # The other workers of a cluster wait for the chief to delete.
+            dist.barrier(strategy)
     # The importer creates model_dir only once the checkpoint fits.
     importing = _MODE.value == 'import_official'
     if not importing:
@@ -334,11 +343,13 @@ def _run_in_model_dir(model_dir, strategy, config, training):
 
     try:
         if _MODE.value == 'demo':
-            run_demo.demo(model_dir, strategy, overwrite=_OVERWRITE.value)
+            run_demo.demo(model_dir, strategy, overwrite=_OVERWRITE.value,
+                          owner_check=owner_check)
         else:
             modes.run(model_dir, strategy, _MODE.value,
                       overwrite=_OVERWRITE.value,
-                      official_checkpoint=_OFFICIAL_CHECKPOINT.value)
+                      official_checkpoint=_OFFICIAL_CHECKPOINT.value,
+                      owner_check=owner_check)
     except train.Preempted as stopped:
         logging.warning('%s', stopped)
         sys.exit(PREEMPTED_EXIT_CODE)

@@ -314,22 +314,6 @@ def read_weights(model):
     return model.get_weights()
 
 
-def wait_for_all(strategy):
-    """Returns once every worker of the cluster has called it (at once
-    outside MultiWorkerMirroredStrategy).
-
-    Workers whose part is done wait here for the chief's own work
-    (export, evaluation), so that the cluster ends together: a worker that
-    exits first is reported by the others' coordination service as a task
-    that crashed.
-    """
-    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
-        return
-    # A one-element all-reduce: a collective every worker must join.
-    strategy.reduce(tf.distribute.ReduceOp.SUM,
-                    strategy.run(lambda: tf.constant(1.0)), axis=None)
-
-
 def write_dir(strategy, directory):
     """Where this process writes a save of `directory`: `directory` itself
     on the chief, a private `directory/.worker_tmp_<type>_<id>` elsewhere."""
@@ -362,3 +346,23 @@ def save_dir(strategy, directory):
     finally:
         if target != directory:
             shutil.rmtree(target, ignore_errors=True)
+
+
+def barrier(strategy):
+    """Returns once every worker of a `MultiWorkerMirroredStrategy` has
+    called it; at once under any other strategy.
+
+    A cross-worker all-reduce: what the chief does to shared files before
+    it (deleting a run) is done when the other workers pass it, and workers
+    whose part is done wait here for the chief's own work (export,
+    evaluation), so that the cluster ends together: a worker that exits
+    first is reported by the others' coordination service as a task that
+    crashed.
+
+    Args:
+        strategy: the `tf.distribute.Strategy` every worker runs.
+    """
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return
+    strategy.reduce(tf.distribute.ReduceOp.SUM,
+                    strategy.run(lambda: tf.ones([])), axis=None)

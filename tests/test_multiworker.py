@@ -80,3 +80,39 @@ def test_killed_worker_cluster_resumes_from_backup_and_agrees(tmp_path):
         str(tmp_path / train.CHECKPOINT_DIR))[1] == 32
     # Only the chief's files: no worker temp directories are left.
     assert not list(tmp_path.rglob('.worker_tmp_*'))
+
+
+@pytest.mark.slow
+def test_overwrite_on_a_cluster_the_chief_deletes_the_workers_wait(
+        tmp_path):
+    """--overwrite with another config: the chief deletes the previous run
+    while the other worker waits at a barrier, so that it never reads the
+    files being deleted (here a backup that cannot be restored)."""
+    (tmp_path / 'config.gin').write_text('train.num_epochs = 99\n')
+    backup = tmp_path / train.BACKUP_DIR / 'chief'
+    backup.mkdir(parents=True)
+    (backup / 'checkpoint').write_text('model_checkpoint_path: "ckpt-1"\n')
+    (backup / 'ckpt-1.index').write_bytes(b'not a checkpoint')
+    (tmp_path / 'run_history.txt').write_text('the previous run\n')
+    # Deleted before the backup, these keep the chief deleting for seconds:
+    # a worker that did not wait would find the backup still there.
+    slow = tmp_path / train.CHECKPOINT_DIR
+    slow.mkdir()
+    for i in range(30_000):
+        (slow / f'events.{i}').touch()
+    script, *args = run_py_args(tmp_path)
+    results = launch_cluster(script, args + ['--overwrite'], timeout=600)
+    outputs = [output for _, output in results]
+    for code, output in results:
+        assert code == 0, output[-3000:]
+        assert 'Training steps 0..32' in output
+        assert 'cannot be restored' not in output
+    assert '--overwrite: deleting the previous run' in outputs[0]
+    assert 'deleting' not in outputs[1]
+    prints = fingerprints(outputs)
+    assert len(prints) == 2 and prints[0] == prints[1]
+    assert checkpoints.latest(
+        str(tmp_path / train.CHECKPOINT_DIR))[1] == 32
+    history = (tmp_path / 'run_history.txt').read_text()
+    assert 'the previous run' not in history
+    assert history.count('started a new run of 32 steps') == 1

@@ -3,7 +3,6 @@ non-finite loss stops before anything bad is saved."""
 
 import os
 import signal
-import time
 
 import gin
 import numpy as np
@@ -18,18 +17,12 @@ from paws_tf.runner import train
 from tests.helpers import debug_gin
 from tests.helpers import run_py
 
-# Besides run_py.BINDINGS (backups every 4 steps, checkpoints every 8): 3
-# epochs of 16 steps, op determinism (no nondeterministic kernels).
-BINDINGS = ['train.num_epochs = 3', 'train.deterministic_ops = True']
-TOTAL_STEPS = 48
-# Even with op determinism, TF 2.21 on CPU rounds some value differently in
-# about one process in ten (measured on this run: 6 of ~60 with the default
-# intra-op threads, 2 of 24 with one), and 48 steps amplify it (one such run
-# ended 5e-4 away; one intra-op thread against two, rounding differently
-# throughout, 0.19). No tolerance separates that from a wrong restore, so an
-# attempt that differs is repeated with fresh runs: a wrong restore differs
-# every time, while one bit-identical pair proves the resume exact.
-ATTEMPTS = 4
+# Besides run_py.BINDINGS (backups every 4 steps, checkpoints every 8): 12
+# epochs of 16 steps, determinism on. Without `determinism.enable`'s Grappler
+# setting, two processes of this run differed after 9 to 95 steps in one
+# pair in two; 48 steps hid it.
+BINDINGS = ['train.num_epochs = 12', 'train.deterministic_ops = True']
+TOTAL_STEPS = 192
 
 
 def start_run(model_dir):
@@ -61,34 +54,35 @@ def uninterrupted(tmp_path_factory):
     return uninterrupted_state(tmp_path_factory.mktemp('uninterrupted'))
 
 
-def wait_for_backup(model_dir, proc, min_step, timeout=600):
-    deadline = time.time() + timeout
-    backup_dir = os.path.join(model_dir, train.BACKUP_DIR)
-    while time.time() < deadline:
-        assert proc.poll() is None, 'the run ended before it was interrupted'
-        try:
-            step = callbacks.backup_step(backup_dir)
-        except (tf.errors.OpError, ValueError):  # Being written right now.
-            step = 0
-        if step >= min_step:
-            return step
-        time.sleep(0.2)
-    raise TimeoutError('no backup appeared')
+def assert_bit_identical(state, reference):
+    """Every variable equal, bit for bit; else the ones that differ, with
+    by how much."""
+    assert state.keys() == reference.keys()
+    differing = {name: np.max(np.abs(np.subtract(state[name], value,
+                                                 dtype=np.float64)))
+                 for name, value in reference.items()
+                 if not np.array_equal(state[name], value)}
+    assert not differing, (f'{len(differing)} of {len(reference)} variables '
+                           f'differ: {differing}')
+
+
+@pytest.mark.slow
+def test_two_runs_of_one_command_are_bit_identical(tmp_path, uninterrupted):
+    assert_bit_identical(uninterrupted_state(tmp_path), uninterrupted)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGKILL],
                          ids=['SIGTERM', 'SIGKILL'])
-def killed_and_resumed_state(model_dir, sig):
-    """Kills a run mid-epoch with `sig`, resumes it; its final variables."""
-    proc = start_run(model_dir)
-    # Mid-epoch: a backup of step 20 or later lies inside epoch 2 (16..31).
-    wait_for_backup(model_dir, proc, 20)
+def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, sig,
+                                                         uninterrupted):
+    proc = start_run(tmp_path)
+    # Mid-epoch: a backup of step 100 or later lies inside epoch 7 (96..111).
+    run_py.wait_for_backup(tmp_path, proc, 100)
     proc.send_signal(sig)
     code, output = run_py.finish(proc)
-    stopped_at = callbacks.backup_step(os.path.join(model_dir,
-                                                    train.BACKUP_DIR))
-    lock = os.path.join(model_dir, run_lock.LOCK_FILENAME)
+    stopped_at = run_py.backup_step(tmp_path)
+    lock = os.path.join(tmp_path, run_lock.LOCK_FILENAME)
     if sig == signal.SIGTERM:
         # Backed up at the end of the step running when the signal came.
         assert code == 143, output[-3000:]
@@ -97,40 +91,30 @@ def killed_and_resumed_state(model_dir, sig):
     else:
         assert code == -signal.SIGKILL
         assert os.path.exists(lock)  # Left behind...
-    assert 20 <= stopped_at < TOTAL_STEPS
+    assert 100 <= stopped_at < TOTAL_STEPS
 
-    code, output = run_py.finish(start_run(model_dir))
+    code, output = run_py.finish(start_run(tmp_path))
     assert code == 0, output[-3000:]
+    epoch, batch = divmod(stopped_at, 16)
+    resumed = (f'resumed at step {stopped_at} of {TOTAL_STEPS} (epoch '
+               f'{epoch + 1} of 12, step {batch} of it) from the backup '
+               f'{tmp_path}/backup/chief/ckpt-')
+    assert f'Run {resumed}' in output
     assert f'Training steps {stopped_at}..{TOTAL_STEPS}' in output
     if sig == signal.SIGKILL:  # ...and taken over, its process being gone.
         assert f'process {proc.pid} is not running on this host' in output
-    return final_state(model_dir)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGKILL],
-                         ids=['SIGTERM', 'SIGKILL'])
-def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, sig,
-                                                         uninterrupted):
-    reference, attempts = uninterrupted, []
-    for attempt in range(ATTEMPTS):
-        if attempt:
-            reference = uninterrupted_state(
-                tmp_path / f'uninterrupted{attempt}')
-        resumed = killed_and_resumed_state(tmp_path / f'killed{attempt}', sig)
-        assert resumed.keys() == reference.keys()
-        # Every variable that differs, with by how much, for the report.
-        differing = {name: np.max(np.abs(np.subtract(resumed[name], value,
-                                                     dtype=np.float64)))
-                     for name, value in reference.items()
-                     if not np.array_equal(resumed[name], value)}
-        if not differing:
-            return
-        attempts.append(f'{len(differing)} of {len(reference)} variables '
-                        f'differ (max abs {max(differing.values()):.3g}): '
-                        f'{differing}')
-    pytest.fail(f'No attempt of {ATTEMPTS} resumed to the uninterrupted '
-                'weights:\n' + '\n'.join(attempts))
+    # The run's history: one line per start, stop and end, with times.
+    history = (tmp_path / 'run_history.txt').read_text().splitlines()
+    events = [line.split(': ', 1)[1] for line in history]
+    stopped = ([f'stopped by SIGTERM at step {stopped_at}, backed up in '
+                f'{tmp_path}/backup'] if sig == signal.SIGTERM else [])
+    assert events[0] == f'started a new run of {TOTAL_STEPS} steps'
+    assert events[1:-2] == stopped
+    assert events[-2].startswith(resumed)
+    assert events[-1].startswith(f'finished at step {TOTAL_STEPS}; weights '
+                                 'SHA-256 ')
+    assert all(line[:2] == '20' and line[19] == 'Z' for line in history)
+    assert_bit_identical(final_state(tmp_path), uninterrupted)
 
 
 class ExplodingSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):

@@ -153,3 +153,56 @@ def test_cluster_workers_refuse_a_directory_another_run_holds(tmp_path):
             assert code == os.EX_TEMPFAIL, output[-3000:]
             assert f'pid {os.getpid()}' in output
     assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_check_fails_once_another_run_took_the_lock_over(tmp_path):
+    lock = run_lock.RunLock(str(tmp_path)).acquire()
+    try:
+        lock.check()  # Still ours.
+        # A run on another host found this one's heartbeat stale and took
+        # the lock over (renamed it away and created its own).
+        now = time.time()
+        write_lock(tmp_path, host='node7', pid=4242, started=now,
+                   heartbeat=now, token='theirs')
+        with pytest.raises(run_lock.Lost) as lost:
+            lock.check()
+        message = str(lost.value)
+        assert 'no longer this run' in message
+        assert 'host node7, pid 4242' in message
+        assert 'without saving' in message
+        (tmp_path / run_lock.LOCK_FILENAME).unlink()
+        with pytest.raises(run_lock.Lost, match='deleted'):
+            lock.check()
+    finally:
+        lock.release()
+
+
+@pytest.mark.slow
+def test_a_run_whose_lock_was_taken_over_stops_before_its_next_save(
+        tmp_path):
+    proc = run_py.start(tmp_path, ['train.num_epochs = 50'])
+    try:
+        lock_holder(tmp_path, proc)
+        run_py.wait_for_backup(tmp_path, proc, 8)
+        # What a run on another host does to a lock whose heartbeat it
+        # found stale: renames it away and creates its own.
+        now = time.time()
+        intruder = dict(host='node7', pid=4242, started=now, heartbeat=now,
+                        token='theirs')
+        staged = tmp_path / 'run.lock.new'
+        staged.write_text(json.dumps(intruder))
+        os.replace(staged, tmp_path / run_lock.LOCK_FILENAME)
+        taken_at = run_py.backup_step(tmp_path)
+        code, output = run_py.finish(proc, timeout=300)
+    finally:
+        proc.kill()
+    assert code == os.EX_TEMPFAIL, output[-3000:]
+    assert 'no longer this run' in output and 'host node7' in output
+    # At most the save running when the lock was replaced completed; none
+    # after it (backups every 4 steps).
+    assert run_py.backup_step(tmp_path) <= taken_at + 4
+    assert 'Final weights fingerprint' not in output
+    # The other run's lock is left as it is.
+    assert run_lock.read(str(tmp_path)) == intruder
+    history = (tmp_path / 'run_history.txt').read_text()
+    assert 'stopped at step' in history and 'Lost' in history

@@ -19,7 +19,7 @@ from paws_tf.runner import modes
 from paws_tf.runner import train
 
 
-def demo(model_dir, strategy, *, overwrite=False):
+def demo(model_dir, strategy, *, overwrite=False, owner_check=None):
     """The paper's pipeline against a supervised-only baseline on the same
     labels.
 
@@ -34,12 +34,14 @@ def demo(model_dir, strategy, *, overwrite=False):
         model_dir: the run directory.
         strategy: the `tf.distribute.Strategy`.
         overwrite: passed to `train.train`.
+        owner_check: passed to `train.train`.
 
     Returns:
         The results dict (also in `model_dir/results.json`).
     """
     start = time.perf_counter()
-    train.train(model_dir, strategy, overwrite=overwrite)
+    train.train(model_dir, strategy, overwrite=overwrite,
+                owner_check=owner_check)
     paws_seconds = time.perf_counter() - start
     paws = modes.export_and_evaluate(model_dir, strategy,
                                      'train_and_evaluate')
@@ -51,7 +53,7 @@ def demo(model_dir, strategy, *, overwrite=False):
                                 **preprocessing)
     tune_seconds = time.perf_counter() - tune_start
     if not dist.is_chief(strategy):
-        dist.wait_for_all(strategy)  # The chief's baseline and report.
+        dist.barrier(strategy)  # The chief's baseline and report.
         return None
     baseline = supervised.train_supervised(
         model_dir, labeled=bundle.labeled, test=bundle.test,
@@ -107,5 +109,5 @@ def demo(model_dir, strategy, *, overwrite=False):
     print(f'total wall time {results["wall_seconds"]:.0f} s; results in '
           f'{results_path}, figure in '
           f'{os.path.join(model_dir, report.FIGURE_FILENAME)}')
-    dist.wait_for_all(strategy)
+    dist.barrier(strategy)
     return results

@@ -110,11 +110,14 @@ class BackupAndRestore(tf_keras.callbacks.BackupAndRestore):
             was restored to from a checkpoint: fit then starts at that step
             of its epoch instead of at the epoch's start.
         steps_per_epoch: steps of an epoch, for `start_step`.
+        owner_check: called before every backup; raises when this run no
+            longer owns its directory (`run_lock.RunLock.check`).
     """
 
     def __init__(self, backup_dir, *, save_freq, on_sigterm, checkpoint_dir,
-                 start_step=0, steps_per_epoch=1):
+                 start_step=0, steps_per_epoch=1, owner_check=None):
         super().__init__(backup_dir, save_freq=save_freq)
+        self._owner_check = owner_check
         self._on_sigterm = on_sigterm
         self._checkpoint_dir = checkpoint_dir
         self._start_step = start_step
@@ -151,6 +154,8 @@ class BackupAndRestore(tf_keras.callbacks.BackupAndRestore):
             self.model.stop_training = True
 
     def _backup(self, epoch, batch=0):
+        if self._owner_check is not None:
+            self._owner_check()
         check_finite(self.model, self._checkpoint_dir)
         try:
             super()._backup(epoch, batch)
@@ -175,11 +180,14 @@ class Checkpointer(tf_keras.callbacks.Callback):
 
     Under MultiWorkerMirroredStrategy every worker saves (reading mirrored
     variables needs collectives); only the chief's files are kept.
+    `owner_check`, when given, is called before every save and raises when
+    this run no longer owns its directory (`run_lock.RunLock.check`).
     """
 
     def __init__(self, directory, strategy, *, every_steps, keep,
-                 backup_dir=None):
+                 backup_dir=None, owner_check=None):
         super().__init__()
+        self._owner_check = owner_check
         self._directory = directory
         self._backup_dir = backup_dir
         self._strategy = strategy
@@ -200,6 +208,8 @@ class Checkpointer(tf_keras.callbacks.Callback):
         step = global_step(self.model)
         if step == self._last_saved:
             return
+        if self._owner_check is not None:
+            self._owner_check()
         check_finite(self.model, self._directory)
         try:
             self._manager.save(checkpoint_number=step)

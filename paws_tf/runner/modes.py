@@ -147,16 +147,17 @@ def export_and_evaluate(model_dir, strategy, mode, *, imported=False):
             export_run(model_dir, model, bundle)
         if mode in ('evaluate_nn', 'train_and_evaluate'):
             results = evaluate_run(model_dir, bundle, model=model, step=step)
-    dist.wait_for_all(strategy)
+    dist.barrier(strategy)
     return results
 
 
 def run(model_dir, strategy, mode, *, overwrite=False,
-        official_checkpoint=None):
+        official_checkpoint=None, owner_check=None):
     """Runs one of run.py's modes (`MODES`, see run.py).
 
     `overwrite` (run.py's --overwrite) is passed to `train.train` and the
-    importer; `official_checkpoint` is the `.pth.tar` file that
+    importer, `owner_check` (the run lock's check before every save) to
+    `train.train`; `official_checkpoint` is the `.pth.tar` file that
     `import_official` reads. On a `model_dir` holding an import, export,
     evaluate_nn and fine_tune run on the imported weights, built from the
     gin config alone (the import already exported the embedder).
@@ -175,13 +176,14 @@ def run(model_dir, strategy, mode, *, overwrite=False,
             imported = official_import.import_official(
                 model_dir, official_checkpoint,
                 strategy=tf.distribute.get_strategy(), overwrite=overwrite)
-        dist.wait_for_all(strategy)
+        dist.barrier(strategy)
         return imported
     record = official_import.read_record(model_dir)
     if record is not None:
         official_import.refuse(record, mode, model_dir)
     if mode in ('train', 'train_and_evaluate'):
-        train.train(model_dir, strategy, overwrite=overwrite)
+        train.train(model_dir, strategy, overwrite=overwrite,
+                    owner_check=owner_check)
         if mode == 'train':
             return None
     imported = record is not None

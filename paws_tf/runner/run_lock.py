@@ -7,7 +7,9 @@ from a daemon thread, and deletes it when it exits. The file is JSON:
 
 A lock whose holder is gone is taken over with a warning: same host and the
 process is not alive (or its pid now belongs to another process), or, from
-another host, a heartbeat older than `STALE_AFTER_SECONDS`.
+another host, a heartbeat older than `STALE_AFTER_SECONDS`. A holder that
+was taken over while still alive finds out before its next save
+(`RunLock.check`) and stops.
 """
 
 import datetime
@@ -32,6 +34,11 @@ STALE_AFTER_SECONDS = 300
 
 class Held(RuntimeError):
     """Another live run holds the lock of this run directory."""
+
+
+class Lost(RuntimeError):
+    """Another run took over the lock this run held (its heartbeat looked
+    stale to a run on another host)."""
 
 
 def _process_start(pid):
@@ -216,6 +223,29 @@ class RunLock:
             except OSError as error:  # A full disk must not stop training.
                 logging.warning('Could not refresh the heartbeat of %s: %s',
                                 self._path, error)
+
+    def check(self):
+        """Raises `Lost` unless the lock is still this run's.
+
+        Called before every save: a holder that missed its heartbeats (a
+        suspended process, a host cut off from the shared filesystem) may
+        have been taken over by another run, which writes the directory now.
+
+        Raises:
+            Lost: the lock file is gone or holds another run's token.
+        """
+        holder = read(self._model_dir)
+        if holder is not None and holder.get('token') == self._token:
+            return
+        now = (f'held by another run ({describe(holder)})' if holder
+               else 'deleted')
+        raise Lost(
+            f'The lock of {self._model_dir} is no longer this run\'s: it was '
+            f'{now} while this run trained (this run\'s heartbeat was late, '
+            f'more than {STALE_AFTER_SECONDS} s: a suspended process or a '
+            'host cut off from the filesystem). Stopped without saving, so '
+            'as not to write over the other run, which continues this one '
+            'from its last backup or checkpoint.')
 
     def release(self):
         """Stops the heartbeat and deletes the lock if it is still ours."""

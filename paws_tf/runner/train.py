@@ -1,5 +1,6 @@
 """PAWS pre-training: strategy, data, model, fit, checkpoints, resume."""
 
+import functools
 import hashlib
 import os
 import shutil
@@ -13,6 +14,7 @@ import tf_keras
 
 from paws_tf import checkpoints
 from paws_tf import checks
+from paws_tf import determinism
 from paws_tf.data import data_fingerprint
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import pipeline
@@ -24,6 +26,7 @@ from paws_tf.nets import weights
 from paws_tf.runner import callbacks
 from paws_tf.runner import experiment
 from paws_tf.runner import progress
+from paws_tf.runner import run_history
 from paws_tf import schedules
 
 PRECISIONS = ('float32', 'mixed_bfloat16', 'mixed_float16')
@@ -35,7 +38,7 @@ TENSORBOARD_DIR = 'tensorboard'
 DAMAGED_DIR = 'damaged'
 # What a training run writes besides its config and data records.
 RUN_OUTPUTS = (CHECKPOINT_DIR, BACKUP_DIR, TENSORBOARD_DIR, DAMAGED_DIR,
-               'export', 'eval', 'fine_tune')
+               'export', 'eval', 'fine_tune', run_history.HISTORY_FILENAME)
 _STAGING_DIR = '.data_staging'
 
 
@@ -243,8 +246,10 @@ def _load_data(model_dir, *, chief, resuming, on_change, overwrite):
     return bundle, restart
 
 
-@gin.configurable(denylist=['model_dir', 'strategy', 'overwrite'])
-def train(model_dir, strategy, *, overwrite=False, num_epochs=gin.REQUIRED,
+@gin.configurable(denylist=['model_dir', 'strategy', 'overwrite',
+                            'owner_check'])
+def train(model_dir, strategy, *, overwrite=False, owner_check=None,
+          num_epochs=gin.REQUIRED,
           optimizer_cls=lars.LARS, schedule_cls=schedules.WarmupCosineDecay,
           precision='float32', jit_compile=False, steps_per_execution=1,
           seed=0, deterministic_ops=False, checkpoint_every_steps=1000,
@@ -264,6 +269,9 @@ def train(model_dir, strategy, *, overwrite=False, num_epochs=gin.REQUIRED,
         strategy: the `tf.distribute.Strategy` to train under.
         overwrite: when the data differs from what the run started on,
             delete the run and start again (run.py's --overwrite).
+        owner_check: called before every checkpoint and backup; raises
+            when this run no longer owns `model_dir`
+            (`run_lock.RunLock.check`).
         num_epochs: epochs, one pass over the unlabeled set each.
         optimizer_cls: optimizer class called with `learning_rate=schedule`
             (gin: `@LARS`, configured in gin).
@@ -274,10 +282,9 @@ def train(model_dir, strategy, *, overwrite=False, num_epochs=gin.REQUIRED,
         jit_compile: compile the train step with XLA.
         steps_per_execution: train steps per `tf.function` call.
         seed: seed of initialisation, data order and augmentations.
-        deterministic_ops: enable TF op determinism (no nondeterministic
-            kernels; slower). Reruns on CPU are bit-identical but for about
-            one process in ten, in which TF 2.21 still rounds some value
-            differently (measured on debug.gin).
+        deterministic_ops: bit-identical reruns on the same machine
+            (`determinism.enable`: TF op determinism, and Grappler's
+            arithmetic rewrites off); slower.
         checkpoint_every_steps: also checkpoint every this many steps (0:
             epoch ends only).
         keep_checkpoints: checkpoints kept in `model_dir/checkpoints`.
@@ -317,7 +324,7 @@ def train(model_dir, strategy, *, overwrite=False, num_epochs=gin.REQUIRED,
             'from the newest state.')
     tf_keras.utils.set_random_seed(seed)
     if deterministic_ops:
-        tf.config.experimental.enable_op_determinism()
+        determinism.enable()
     data_fingerprint.check_on_change(on_data_change)
     backup_dir = os.path.join(model_dir, BACKUP_DIR)
     checkpoint_dir = os.path.join(model_dir, CHECKPOINT_DIR)
@@ -332,6 +339,10 @@ def train(model_dir, strategy, *, overwrite=False, num_epochs=gin.REQUIRED,
         start_step, checkpoint_path = 0, None
     else:
         start_step, checkpoint_path = resume_point(model_dir, chief=chief)
+    if overwrite:
+        # The other workers read the run's files only once the chief has
+        # deleted what it deletes.
+        dist.barrier(strategy)
     pretrain = pipeline.make_pretrain_dataset_fn(
         bundle.unlabeled, bundle.labeled,
         num_replicas=strategy.num_replicas_in_sync, start_step=start_step,
@@ -353,6 +364,16 @@ def train(model_dir, strategy, *, overwrite=False, num_epochs=gin.REQUIRED,
             logging.info('%s holds a finished run (%d steps): not training '
                          'it again.', model_dir, start_step)
             return model
+    history = (functools.partial(run_history.record, model_dir) if chief
+               else lambda event: event)
+    if start_step:
+        source = (f'the checkpoint {checkpoint_path}' if checkpoint_path else
+                  'the backup ' + tf.train.latest_checkpoint(
+                      os.path.join(backup_dir, 'chief')))
+        logging.info('Run %s.', history(run_history.resumed(
+            start_step, total_steps, steps_per_epoch, source)))
+    else:
+        history(f'started a new run of {total_steps} steps')
     logging.info('Training steps %d..%d: %d epochs of %d steps.', start_step,
                  total_steps, num_epochs, steps_per_epoch)
 
@@ -362,13 +383,14 @@ def train(model_dir, strategy, *, overwrite=False, num_epochs=gin.REQUIRED,
             strategy, tf.distribute.MultiWorkerMirroredStrategy),
         checkpoint_dir=checkpoint_dir,
         start_step=start_step if checkpoint_path else 0,
-        steps_per_epoch=steps_per_epoch)
+        steps_per_epoch=steps_per_epoch, owner_check=owner_check)
     fit_callbacks = [
         callbacks.StopOnNonFiniteLoss(checkpoint_dir),  # Before any save.
         backup,
         callbacks.Checkpointer(checkpoint_dir, strategy,
                                every_steps=checkpoint_every_steps,
-                               keep=keep_checkpoints, backup_dir=backup_dir),
+                               keep=keep_checkpoints, backup_dir=backup_dir,
+                               owner_check=owner_check),
         tf_keras.callbacks.TensorBoard(log_dir, update_freq=log_every_steps,
                                        write_graph=False, profile_batch=0),
         callbacks.ProgressLog(os.path.join(log_dir, 'train'),
@@ -399,7 +421,9 @@ def train(model_dir, strategy, *, overwrite=False, num_epochs=gin.REQUIRED,
             tf_keras.utils.experimental.DatasetCreator(pretrain.dataset_fn),
             epochs=num_epochs, steps_per_epoch=steps_per_epoch,
             callbacks=fit_callbacks, verbose=verbose)
-    except tf.errors.OpError as error:
+    except BaseException as error:
+        why = ': '.join([type(error).__name__] + str(error).splitlines()[:1])
+        history(f'stopped at step {callbacks.global_step(model)} by {why}')
         failure = dist.cluster_failure(
             strategy, error, what='training',
             step=callbacks.global_step(model),
@@ -409,11 +433,15 @@ def train(model_dir, strategy, *, overwrite=False, num_epochs=gin.REQUIRED,
         if failure is None:
             raise
         raise failure from error
-    logging.info('Final weights fingerprint (SHA-256): %s',
-                 weights_fingerprint(model))
+    fingerprint = weights_fingerprint(model)
+    logging.info('Final weights fingerprint (SHA-256): %s', fingerprint)
     if backup.preempted_at is not None:
+        history(f'stopped by SIGTERM at step {backup.preempted_at}, backed '
+                f'up in {backup_dir}')
         raise Preempted(
             f'Stopped by SIGTERM after step {backup.preempted_at} of '
             f'{total_steps}, backed up in {backup_dir}: run the same command '
             'again to resume.')
+    history(f'finished at step {callbacks.global_step(model)}; weights '
+            f'SHA-256 {fingerprint}')
     return model

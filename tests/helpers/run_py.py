@@ -4,6 +4,11 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
+
+import tensorflow as tf
+
+from paws_tf.runner import callbacks
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # debug.gin: 16 steps per epoch; 2 epochs, backups every 4 steps,
@@ -51,3 +56,25 @@ def finish(proc, timeout=600):
     finally:
         proc.kill()
     return proc.returncode, output
+
+
+def backup_step(model_dir):
+    """The step of the run's backup; 0 while there is none or while it is
+    being written."""
+    try:
+        return callbacks.backup_step(os.path.join(model_dir, 'backup'))
+    except (tf.errors.OpError, ValueError):
+        return 0
+
+
+def wait_for_backup(model_dir, proc, min_step, timeout=600):
+    """Waits until `proc`'s run has a backup of step `min_step` or later;
+    returns that step."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, 'the run ended before it was interrupted'
+        step = backup_step(model_dir)
+        if step >= min_step:
+            return step
+        time.sleep(0.2)
+    raise TimeoutError('no backup appeared')
