@@ -52,8 +52,7 @@ def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
     assert time.time() - killed < 120
     assert code == cli.CLUSTER_FAILED_EXIT_CODE, output[-3000:]
     assert 'worker 0 stopped at step' in output
-    assert 'stopped sending heartbeats' in output
-    assert '/job:worker/replica:0/task:1' in output
+    assert '/job:worker/replica:0/task:1' in output, output[-3000:]
     assert 'Free space' not in output
     stopped_at, checkpoint = train.resume_point(str(tmp_path))
     assert 4 <= stopped_at < 16 and checkpoint is None  # The backup's.

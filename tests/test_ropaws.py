@@ -12,7 +12,7 @@ from paws_tf import configurables  # noqa: F401  (registers configurables)
 from paws_tf import dist
 from paws_tf import losses
 from paws_tf.runner import config_checks
-from tests import test_multiworker
+from tests.helpers import cluster
 from tests.helpers import ropaws_reference as ref
 from tests.helpers import tiny_model
 from tests.test_losses import np_paws
@@ -157,8 +157,8 @@ def test_two_replicas_gather_the_targets_and_keep_their_rows(
 def test_two_workers_gather_the_targets_and_keep_their_rows(tmp_path):
     """A real MultiWorkerMirroredStrategy cluster of two processes, one
     replica each (tests/helpers/ropaws_worker.py)."""
-    results = test_multiworker.launch_cluster(
-        REPO / 'tests' / 'helpers' / 'ropaws_worker.py', [tmp_path])
+    results = cluster.launch_cluster(
+        [REPO / 'tests' / 'helpers' / 'ropaws_worker.py', tmp_path])
     for code, output in results:
         assert code == 0, output[-3000:]
     outputs = [np.load(tmp_path / f'{i}.npz') for i in range(2)]
