@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST := -n $(PYTEST_WORKERS) --dist worksteal
 
-.PHONY: venv test test-fast demo demo-quick fashion-mnist clean
+.PHONY: venv test test-long test-fast demo demo-quick fashion-mnist clean
 
 venv: $(STAMP)
 
@@ -28,8 +28,13 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
+# Every test but the `long` ones: the runs end to end through run.py and on
+# two-process clusters, which test-long runs (CI runs both).
 test: $(STAMP)
-	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not long" $(PYTEST_ARGS)
+
+test-long: $(STAMP)
+	$(PY) -m pytest $(XDIST) -m long $(PYTEST_ARGS)
 
 # Everything except the tests marked slow (those of over ~5 s).
 test-fast: $(STAMP)

@@ -159,7 +159,7 @@ def race_official(root, setting, args):
                        measure_official(root, *setting[2:], args)):
             print(json.dumps(result), flush=True)
             rates[result['pipeline']].append(result['views_per_s'])
-    medians = {k: float(np.median(v)) for k, v in rates.items()}
+    medians = {k: round(float(np.median(v)), 1) for k, v in rates.items()}
     print(json.dumps({
         'benchmark': 'against_official', 'rounds': args.rounds,
         'cores': _cores(),

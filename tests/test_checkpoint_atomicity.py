@@ -60,6 +60,7 @@ def test_killed_during_a_save_the_latest_checkpoint_is_whole(tmp_path, delay):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_leftovers_of_a_crashed_save_do_not_break_resuming(tmp_path):
     """Files a crash can leave mid-save (a data shard with no index, a
     temporary directory) are ignored: the run resumes from the last whole

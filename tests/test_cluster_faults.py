@@ -22,6 +22,7 @@ def cluster_command(model_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_workers_started_with_different_configs_stop_before_any_work(
         tmp_path):
     results = cluster.launch_cluster(
@@ -35,6 +36,7 @@ def test_workers_started_with_different_configs_stop_before_any_work(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
         tmp_path):
     procs = cluster.start_cluster(cluster_command(tmp_path))

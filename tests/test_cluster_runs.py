@@ -91,6 +91,7 @@ def trained(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_chief_writes_what_one_process_writes_and_the_worker_nothing(
         trained):
     root, results = trained
@@ -116,6 +117,7 @@ def test_chief_writes_what_one_process_writes_and_the_worker_nothing(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_two_workers_end_where_one_process_with_two_replicas_ends(trained):
     """The cluster computes what MirroredStrategy computes in one process
     with the same two replicas: the same per-replica batches, supports and
@@ -151,6 +153,7 @@ def test_two_workers_end_where_one_process_with_two_replicas_ends(trained):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_demo_on_the_cluster_exports_evaluates_and_fine_tunes(trained,
                                                                tmp_path):
     """--mode=demo on the trained run: training is done, so it exports,
@@ -191,6 +194,7 @@ def free_port_pair():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_srun_launch_builds_the_cluster_from_slurm(tmp_path):
     """README's srun recipe: every task runs the same command; Slurm's
     environment (here: one node, 127.0.0.1, two tasks) describes the job

@@ -22,6 +22,7 @@ def digests(directory):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_files_added_to_an_image_folder_stop_the_resumed_run(tmp_path):
     bindings = image_folders.SMALL + image_folders.write_experiment(
         tmp_path, unlabeled=8, test=2) + ['train.num_epochs = 1',
@@ -56,6 +57,7 @@ def test_files_added_to_an_image_folder_stop_the_resumed_run(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_an_edited_split_file_stops_the_resumed_run(tmp_path):
     split = tmp_path / 'split.txt'
     split.write_text(''.join(f'{i}\n' for i in range(64)))  # 16 per class.

@@ -43,6 +43,7 @@ def run_py(model_dir, mode, wait=True):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_the_whole_workflow_through_run_py(tmp_path):
     # 1. Train, preempted after its first backup, then resumed.
     proc = run_py(tmp_path, 'train', wait=False)
@@ -118,6 +119,7 @@ CIFAR10_BINDINGS = [
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_cifar10_experiment_on_mock_tfds(tmp_path):
     """cifar10_wrn28_2_4000.gin end to end on TFDS mock data: pre-training
     with the solarize + equalize views, export, PAWS-NN, then the official

@@ -33,6 +33,7 @@ def _folders(root):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_corrected_command_runs_after_a_failed_start(tmp_path):
     labeled = _folders(tmp_path)
     common = image_folders.path_bindings(tmp_path)[1:] + SMALL

@@ -21,6 +21,7 @@ HELPER = pathlib.Path(failing_saves.__file__)
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize(
     'subdir, succeed, name, cause, kept_checkpoint, kept_backup', [
         # ckpt-8 and ckpt-16 are written, ckpt-24 fails; the backup of

@@ -133,6 +133,7 @@ def venv_with_this_environment(venv):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_paws_tf_installed_runs_from_any_directory(tmp_path):
     python, site_packages = venv_with_this_environment(tmp_path / 'venv')
     sources = copy_sources(tmp_path / 'src')

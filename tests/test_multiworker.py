@@ -52,6 +52,7 @@ def fingerprints(outputs):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_killed_worker_cluster_resumes_from_backup_and_agrees(tmp_path):
     """Kill one of two workers mid-run; the scheduler restarts the job;
     it resumes from the shared backup and both workers finish agreeing."""
@@ -83,6 +84,7 @@ def test_killed_worker_cluster_resumes_from_backup_and_agrees(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_overwrite_on_a_cluster_the_chief_deletes_the_workers_wait(
         tmp_path):
     """--overwrite with another config: the chief deletes the previous run

@@ -339,6 +339,7 @@ def test_fine_tuned_linear_layout_and_refusals(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_run_py_imports_then_fine_tunes(tmp_path):
     """run.py --mode=import_official: a truncated file exits with 65 and
     writes nothing; a good one gives a run that --mode=fine_tune (here

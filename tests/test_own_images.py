@@ -19,6 +19,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_demo_on_image_folders(tmp_path):
     paths = image_folders.write_experiment(tmp_path, unlabeled=20, test=5)
     (tmp_path / 'unlabeled' / 'broken.jpg').write_bytes(b'')

@@ -67,11 +67,13 @@ def assert_bit_identical(state, reference):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_two_runs_of_one_command_are_bit_identical(tmp_path, uninterrupted):
     assert_bit_identical(uninterrupted_state(tmp_path), uninterrupted)
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGKILL],
                          ids=['SIGTERM', 'SIGKILL'])
 def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, sig,

@@ -103,6 +103,7 @@ def lock_holder(model_dir, proc, timeout=300):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_second_run_stops_before_touching_a_live_runs_directory(tmp_path):
     # Long enough to outlive the second run; stopped by SIGTERM.
     bindings = ['train.num_epochs = 50']
@@ -178,6 +179,7 @@ def test_check_fails_once_another_run_took_the_lock_over(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_run_whose_lock_was_taken_over_stops_before_its_next_save(
         tmp_path):
     proc = run_py.start(tmp_path, ['train.num_epochs = 50'])

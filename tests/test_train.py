@@ -93,6 +93,7 @@ def run_py(model_dir, *extra):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_run_py_refuses_another_config_unless_overwrite(tmp_path):
     first = run_py(tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
