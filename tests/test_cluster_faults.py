@@ -6,7 +6,6 @@ import time
 import pytest
 
 from paws_tf import cli
-from paws_tf.runner import callbacks
 from paws_tf.runner import train
 from tests.helpers import cluster
 from tests.helpers import run_py
@@ -41,13 +40,7 @@ def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
         tmp_path):
     procs = cluster.start_cluster(cluster_command(tmp_path))
     backup_dir = str(tmp_path / train.BACKUP_DIR)
-    deadline = time.time() + 600
-    while callbacks.backup_step(backup_dir) < 4:
-        assert all(p.poll() is None for p in procs), 'ended too early'
-        assert time.time() < deadline
-        time.sleep(0.2)
-    procs[1].kill()
-    procs[1].wait()
+    cluster.kill_worker_after_backup(procs, backup_dir, 4)
     killed = time.time()
     code, output = cluster.finish_all(procs[:1], timeout=300)[0]
     # The coordination service misses the dead worker's heartbeats.

@@ -2,7 +2,6 @@
 
 import os
 import pathlib
-import time
 
 import numpy as np
 import pytest
@@ -58,13 +57,8 @@ def test_killed_worker_cluster_resumes_from_backup_and_agrees(tmp_path):
     it resumes from the shared backup and both workers finish agreeing."""
     procs = cluster.start_cluster(run_py_args(tmp_path))
     backup_dir = str(tmp_path / train.BACKUP_DIR)
-    deadline = time.time() + 600
-    while callbacks.backup_step(backup_dir) < 8:
-        assert all(p.poll() is None for p in procs), 'ended too early'
-        assert time.time() < deadline
-        time.sleep(0.2)
-    procs[1].kill()  # One worker dies mid-run (an epoch has 16 steps)...
-    procs[1].wait()
+    # One worker dies mid-run (an epoch has 16 steps)...
+    cluster.kill_worker_after_backup(procs, backup_dir, 8)
     procs[0].kill()  # ...and the scheduler stops the job to restart it.
     procs[0].wait()
     stopped_at = callbacks.backup_step(backup_dir)
@@ -102,8 +96,8 @@ def test_overwrite_on_a_cluster_the_chief_deletes_the_workers_wait(
     slow.mkdir()
     for i in range(30_000):
         (slow / f'events.{i}').touch()
-    script, *args = run_py_args(tmp_path)
-    results = launch_cluster(script, args + ['--overwrite'], timeout=600)
+    results = cluster.launch_cluster(run_py_args(tmp_path) + ['--overwrite'],
+                                     timeout=600)
     outputs = [output for _, output in results]
     for code, output in results:
         assert code == 0, output[-3000:]

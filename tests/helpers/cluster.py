@@ -5,8 +5,10 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 from paws_tf import dist
+from paws_tf.runner import callbacks
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -48,3 +50,16 @@ def launch_cluster(argv, timeout=600, env=None, extra_args=None):
     `[(returncode, output)]` by task index."""
     return finish_all(start_cluster(argv, env=env, extra_args=extra_args),
                       timeout)
+
+
+def kill_worker_after_backup(procs, backup_dir, step, worker=1,
+                             timeout=600):
+    """Kills `procs[worker]` once the run's backup in `backup_dir` holds
+    `step` or a later one; the workers must all run until then."""
+    deadline = time.time() + timeout
+    while callbacks.backup_step(backup_dir) < step:
+        assert all(p.poll() is None for p in procs), 'ended too early'
+        assert time.time() < deadline
+        time.sleep(0.2)
+    procs[worker].kill()
+    procs[worker].wait()
