@@ -73,7 +73,7 @@ def test_corrected_command_runs_after_a_failed_start(tmp_path):
         config = (tmp_path / name / 'config.gin').read_text()
         assert starts[name][3] in config and starts[name][4] not in config
         assert (tmp_path / name / 'checkpoints').is_dir()
-        # What README says a training run writes, for folders too.
+        # What docs/operations.md says a training run writes, for folders too.
         split = sources.read_split_file(tmp_path / name / 'labeled_split.txt')
         assert split == [f'{c}/{i}.png' for c in sorted(image_folders.CLASSES)
                          for i in range(4)]

@@ -74,7 +74,7 @@ def test_a_folder_left_out_is_named(run_main, tmp_path, bound, missing,
 
 
 def test_one_labeled_folder_needs_no_unlabeled_dir(run_main, tmp_path):
-    """README's binding for labeled images picked out of one folder: only
+    """docs/own_images.md's binding for labeled images picked out of one folder: only
     LABELED_DIR and TEST_DIR; the config check reaches the support check
     (3 class folders), which proves the folders resolved."""
     for name in ('labeled', 'test'):

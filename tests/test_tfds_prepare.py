@@ -182,7 +182,7 @@ def test_imagenet_prepares_from_manual_archives(tmp_path, monkeypatch):
     data_dir = str(tmp_path / 'tfds')
     config = tfds.download.DownloadConfig(manual_dir=str(manual_dir),
                                           force_checksums_validation=True)
-    # The preparation README gives for the ImageNet configs.
+    # The preparation docs/experiments.md gives for the ImageNet configs.
     for name in ('imagenet2012', 'imagenet2012_subset/1pct'):
         tfds.builder(name, data_dir=data_dir).download_and_prepare(
             download_config=config)
