@@ -44,6 +44,7 @@ from paws_tf.data import augment  # noqa: E402
 from paws_tf.data import folders
 from paws_tf.data import pipeline  # noqa: E402
 from paws_tf.data import sources  # noqa: E402
+from paws_tf.data import splits
 
 
 def cifar10_setting():
@@ -51,7 +52,7 @@ def cifar10_setting():
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, [50000, 32, 32, 3], np.uint8)
     source = sources.from_arrays(images, np.arange(50000) % 10)
-    labeled, unlabeled = sources.select_labeled(source, labels_per_class=400)
+    labeled, unlabeled = splits.select_labeled(source, labels_per_class=400)
     return unlabeled, labeled, augment.CIFAR10_MULTICROP, {
         'global_batch_size': 256, 'classes_per_step': 10,
         'images_per_class': 64, 'support_views': 2}

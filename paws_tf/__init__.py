@@ -62,7 +62,7 @@ _EXPORTS = {
     'WarmupCosineDecay': 'schedules',
     # Data.
     'from_arrays': 'data.sources',
-    'select_labeled': 'data.sources',
+    'select_labeled': 'data.splits',
     'image_folder': 'data.folders',
     'MultiCropConfig': 'data.augment',
     'CIFAR10_MULTICROP': 'data.augment',

@@ -6,6 +6,7 @@ from paws_tf.data import augment  # noqa: F401
 from paws_tf.data import folders  # noqa: F401
 from paws_tf.data import pipeline  # noqa: F401
 from paws_tf.data import sources  # noqa: F401
+from paws_tf.data import splits  # noqa: F401
 from paws_tf.data import tfds_sources  # noqa: F401
 from paws_tf.demo import fashion_mnist  # noqa: F401
 from paws_tf.demo import supervised  # noqa: F401

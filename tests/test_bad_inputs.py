@@ -12,7 +12,7 @@ import pytest
 
 from paws_tf.data import folders
 from paws_tf.data import pipeline
-from paws_tf.data import sources
+from paws_tf.data import splits
 from paws_tf.runner import experiment
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -131,11 +131,11 @@ def test_label_files_naming_missing_or_duplicate_images(tmp_path):
     missing = tmp_path / 'missing.txt'
     missing.write_text('cat/0.jpg\ncat/9.jpg\n')
     with pytest.raises(ValueError, match=r"cat/9\.jpg"):
-        sources.select_labeled(source, split_file=str(missing))
+        splits.select_labeled(source, split_file=str(missing))
     duplicated = tmp_path / 'duplicated.txt'
     duplicated.write_text('cat/0.jpg\ncat/1.jpg\ncat/0.jpg\n')
     with pytest.raises(ValueError, match='more than once'):
-        sources.select_labeled(source, split_file=str(duplicated))
+        splits.select_labeled(source, split_file=str(duplicated))
 
 
 def test_batch_sizes_that_do_not_divide_across_replicas():

@@ -12,7 +12,7 @@ from tests.helpers import image_folders
 from tests.helpers import run_py
 from paws_tf import checkpoints
 from paws_tf.data import data_fingerprint
-from paws_tf.data import sources
+from paws_tf.data import splits
 from paws_tf.runner import train
 
 
@@ -66,7 +66,7 @@ def test_an_edited_split_file_stops_the_resumed_run(tmp_path):
     model_dir = tmp_path / 'run'
     code, output = run_py.finish(run_py.start(model_dir, bindings))
     assert code == 0, output[-3000:]
-    recorded = (model_dir / sources.SPLIT_FILENAME).read_text()
+    recorded = (model_dir / splits.SPLIT_FILENAME).read_text()
 
     split.write_text(''.join(f'{i}\n' for i in range(64, 128)))
     code, output = run_py.finish(run_py.start(model_dir, bindings))
@@ -75,12 +75,12 @@ def test_an_edited_split_file_stops_the_resumed_run(tmp_path):
     # All images stay unlabeled ones too (include_labeled_in_unlabeled).
     assert '\n  unlabeled: ' not in output
     # The recorded split is the one the checkpoints were trained on.
-    assert (model_dir / sources.SPLIT_FILENAME).read_text() == recorded
+    assert (model_dir / splits.SPLIT_FILENAME).read_text() == recorded
 
     code, output = run_py.finish(run_py.start(model_dir, bindings,
                                               ['--overwrite']))
     assert code == 0, output[-3000:]
     assert '--overwrite: starting the run again' in output
     assert 'Training steps 0..16' in output
-    assert (model_dir / sources.SPLIT_FILENAME).read_text() != recorded
+    assert (model_dir / splits.SPLIT_FILENAME).read_text() != recorded
     assert checkpoints.latest(str(model_dir / train.CHECKPOINT_DIR))[1] == 16

@@ -11,6 +11,7 @@ import tf_keras
 from paws_tf.data import augment
 from paws_tf.data import pipeline
 from paws_tf.data import sources
+from paws_tf.data import splits
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import export
 from tests.helpers import tiny_model
@@ -115,7 +116,7 @@ def run(tmp_path_factory):
     classes = rng.integers(0, 8, 460)
     train = sources.from_arrays(images[:400], classes[:400])
     test = sources.from_arrays(images[400:], classes[400:])
-    labeled, _ = sources.select_labeled(train, labels_per_class=5,
+    labeled, _ = splits.select_labeled(train, labels_per_class=5,
                                         record_dir=model_dir)
     model = tiny_model.build(size=SIZE)
     export.export_embedder(model, os.path.join(model_dir,
@@ -146,7 +147,7 @@ def test_evaluate_nn_with_the_saved_model(run, capsys):
     assert stored['source_path'] == os.path.join(run['model_dir'],
                                                  export.EMBEDDER_DIR)
     assert stored['split_file'] == os.path.join(run['model_dir'],
-                                                sources.SPLIT_FILENAME)
+                                                splits.SPLIT_FILENAME)
     expected = reference_results(run['model'], run['labeled'], run['test'])
     for key in ('top1', 'top5', 'per_class_accuracy'):
         assert stored[key] == pytest.approx(expected[key])

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from paws_tf.data import sources
+from paws_tf.data import splits
 from tests.helpers import image_folders
 from tests.helpers import run_py
 
@@ -74,7 +74,7 @@ def test_corrected_command_runs_after_a_failed_start(tmp_path):
         assert starts[name][3] in config and starts[name][4] not in config
         assert (tmp_path / name / 'checkpoints').is_dir()
         # What docs/operations.md says a training run writes, for folders too.
-        split = sources.read_split_file(tmp_path / name / 'labeled_split.txt')
+        split = splits.read_split_file(tmp_path / name / 'labeled_split.txt')
         assert split == [f'{c}/{i}.png' for c in sorted(image_folders.CLASSES)
                          for i in range(4)]
         assert (tmp_path / name / 'normalization.json').exists()

@@ -8,6 +8,7 @@ import tensorflow as tf
 from tests.helpers import idx
 from paws_tf.data import folders
 from paws_tf.data import sources
+from paws_tf.data import splits
 
 
 def _read_all(source):
@@ -119,7 +120,7 @@ def test_labeled_paths_file(folder, tmp_path):
     root, _ = folder
     split = tmp_path / 'labeled.txt'
     split.write_text('# two labeled images\ndog/more/d.png\n\ncat/a.jpg\n')
-    labeled, unlabeled = sources.select_labeled(
+    labeled, unlabeled = splits.select_labeled(
         folders.image_folder(root), split_file=split,
         include_labeled_in_unlabeled=False)
     assert labeled.names == ('cat/a.jpg', 'dog/more/d.png')
@@ -136,23 +137,23 @@ def _cifar_like_labels(seed=0):
 
 def test_cifar_split_400_per_class_recorded_and_reloaded(tmp_path):
     source = _cifar_like_labels()
-    labeled, unlabeled = sources.select_labeled(
+    labeled, unlabeled = splits.select_labeled(
         source, labels_per_class=400, seed=3, record_dir=tmp_path)
     assert labeled.num_examples == 4000 and unlabeled is source
     np.testing.assert_array_equal(np.bincount(labeled.labels), [400] * 10)
     assert len(set(labeled.names)) == 4000
-    recorded = tmp_path / sources.SPLIT_FILENAME
-    reloaded, _ = sources.select_labeled(source, split_file=recorded)
+    recorded = tmp_path / splits.SPLIT_FILENAME
+    reloaded, _ = splits.select_labeled(source, split_file=recorded)
     assert reloaded.names == labeled.names
     np.testing.assert_array_equal(reloaded.labels, labeled.labels)
-    again, _ = sources.select_labeled(source, labels_per_class=400, seed=3)
-    other, _ = sources.select_labeled(source, labels_per_class=400, seed=4)
+    again, _ = splits.select_labeled(source, labels_per_class=400, seed=3)
+    other, _ = splits.select_labeled(source, labels_per_class=400, seed=4)
     assert again.names == labeled.names and other.names != labeled.names
 
 
 def test_select_labeled_fraction_and_complement():
     source = _cifar_like_labels()
-    labeled, unlabeled = sources.select_labeled(
+    labeled, unlabeled = splits.select_labeled(
         source, fraction=0.01, include_labeled_in_unlabeled=False)
     np.testing.assert_array_equal(np.bincount(labeled.labels), [50] * 10)
     assert unlabeled.num_examples == 50000 - 500
@@ -164,12 +165,12 @@ def test_select_labeled_errors(tmp_path):
                                  [0, 0, 0, 1, 1, 2], ['a', 'b', 'c'])
     with pytest.raises(ValueError, match="Class 'c' .id 2. has 1 images, "
                        'fewer than labels_per_class=2'):
-        sources.select_labeled(source, labels_per_class=2)
+        splits.select_labeled(source, labels_per_class=2)
     with pytest.raises(ValueError, match='exactly one of'):
-        sources.select_labeled(source, labels_per_class=1, fraction=0.5)
+        splits.select_labeled(source, labels_per_class=1, fraction=0.5)
     (tmp_path / 'unknown.txt').write_text('1\n99\n')
     with pytest.raises(ValueError, match=r"names are not in the source.*'99'"):
-        sources.select_labeled(source, split_file=tmp_path / 'unknown.txt')
+        splits.select_labeled(source, split_file=tmp_path / 'unknown.txt')
     (tmp_path / 'twice.txt').write_text('1\n1\n')
     with pytest.raises(ValueError, match='more than once'):
-        sources.select_labeled(source, split_file=tmp_path / 'twice.txt')
+        splits.select_labeled(source, split_file=tmp_path / 'twice.txt')

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from paws_tf.data import sources
+from paws_tf.data import splits
 from paws_tf.data import tfds_sources
 
 
@@ -34,11 +34,11 @@ def test_tfds_in_memory(tmp_path, name, shape, num_classes):
     assert source.num_examples == 40 and source.channels == shape[-1]
     assert len(source.class_names) == num_classes
     assert _read_all(source.subset([0]))[0].shape == shape
-    labeled, _ = sources.select_labeled(source, fraction=0.5, seed=0,
+    labeled, _ = splits.select_labeled(source, fraction=0.5, seed=0,
                                         record_dir=tmp_path / 'run')
     assert len(set(labeled.names)) == labeled.num_examples > 0
-    reloaded, _ = sources.select_labeled(
-        source, split_file=tmp_path / 'run' / sources.SPLIT_FILENAME)
+    reloaded, _ = splits.select_labeled(
+        source, split_file=tmp_path / 'run' / splits.SPLIT_FILENAME)
     assert reloaded.names == labeled.names
 
 

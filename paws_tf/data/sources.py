@@ -1,16 +1,11 @@
 """Image sources: uint8 images and labels, by position or as a stream."""
 
 import gzip
-import os
 
 import gin
 import numpy as np
 import tensorflow as tf
 
-from paws_tf import files
-
-# The file in `record_dir` that records which images a run used as labeled.
-SPLIT_FILENAME = 'labeled_split.txt'
 FASHION_MNIST_CLASS_NAMES = (
     'T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt',
     'Sneaker', 'Bag', 'Ankle boot')
@@ -328,100 +323,3 @@ def keep_classes(source, classes):
     return ImageSource(kept._store, kept._rows, kept.names,
                        labels=new_id[kept.labels],
                        class_names=[source.class_names[c] for c in classes])
-
-
-def read_split_file(path):
-    """Reads item names, one per line; blank and `#` lines are skipped."""
-    with open(path) as f:
-        lines = (line.strip() for line in f)
-        return [line for line in lines if line and not line.startswith('#')]
-
-
-def record_split(record_dir, names, header):
-    """Writes the labeled images' `names` to `record_dir/SPLIT_FILENAME`
-    under a `# header` line (`read_split_file` reads it back)."""
-    os.makedirs(record_dir, exist_ok=True)
-    files.write_text(os.path.join(record_dir, SPLIT_FILENAME),
-                     f'# {header}\n' + ''.join(f'{name}\n' for name in names))
-
-
-def _positions_of(source, names, split_file):
-    position = {name: i for i, name in enumerate(source.names)}
-    unknown = [name for name in names if name not in position]
-    if unknown:
-        raise ValueError(
-            f'{split_file}: {len(unknown)} names are not in the source, e.g. '
-            f'{unknown[:3]} (source names look like {list(source.names[:3])}).')
-    if len(set(names)) != len(names):
-        raise ValueError(f'{split_file} lists some images more than once.')
-    return np.array([position[name] for name in names], np.int64)
-
-
-def _sample_per_class(source, labels_per_class, fraction, seed):
-    rng = np.random.default_rng(seed)
-    chosen = []
-    for class_id, class_name in enumerate(source.class_names):
-        members = np.flatnonzero(source.labels == class_id)
-        count = (labels_per_class if labels_per_class is not None
-                 else int(round(fraction * len(members))))
-        if count > len(members):
-            raise ValueError(
-                f'Class {class_name!r} (id {class_id}) has {len(members)} '
-                f'images, fewer than labels_per_class={count}: lower it.')
-        # Without replacement: an earlier TF port drew duplicates here.
-        chosen.append(rng.choice(members, size=count, replace=False))
-    return np.sort(np.concatenate(chosen)) if chosen else np.zeros([0], int)
-
-
-@gin.configurable(denylist=['source'])
-def select_labeled(source, *, labels_per_class=None, fraction=None, seed=0,
-                   split_file=None, record_dir=None,
-                   include_labeled_in_unlabeled=True):
-    """Splits a labeled source into the labeled subset and the unlabeled set.
-
-    Give exactly one of `labels_per_class`, `fraction` or `split_file`.
-
-    Args:
-        source: `ImageSource` with labels.
-        labels_per_class: images drawn per class without replacement
-            (CIFAR-10 with 4000 labels: 400).
-        fraction: share of each class drawn (rounded per class).
-        seed: seed of the draw.
-        split_file: text file of item names, one per line (paths relative
-            to the folder root, or indices for array and TFDS sources:
-            suncet's `cifar10_subsets/*.txt` work as they are).
-        record_dir: if set, the chosen names are written to
-            `record_dir/SPLIT_FILENAME`, so that the run records its split.
-        include_labeled_in_unlabeled: keep the labeled images in the
-            unlabeled set (paper footnote 1: they may overlap).
-
-    Returns:
-        `(labeled, unlabeled)` `ImageSource`s, both in source order.
-
-    Raises:
-        ValueError: if the arguments conflict, a class is too small, or the
-            split file names unknown or repeated images.
-    """
-    if sum(x is not None for x in (labels_per_class, fraction,
-                                   split_file)) != 1:
-        raise ValueError('Give exactly one of labels_per_class, fraction and '
-                         'split_file.')
-    if source.labels is None:
-        raise ValueError('select_labeled needs a source with labels.')
-    if split_file is not None:
-        positions = np.sort(_positions_of(
-            source, read_split_file(split_file), split_file))
-        how = f'from {split_file}'
-    else:
-        positions = _sample_per_class(source, labels_per_class, fraction, seed)
-        how = (f'{labels_per_class} per class' if fraction is None
-               else f'fraction {fraction} per class') + f', seed {seed}'
-    if record_dir is not None:
-        record_split(record_dir, [source.names[p] for p in positions],
-                     f'{len(positions)} labeled of {source.num_examples} '
-                     f'({how})')
-    labeled = source.subset(positions)
-    if include_labeled_in_unlabeled:
-        return labeled, source
-    rest = np.setdiff1d(np.arange(source.num_examples), positions)
-    return labeled, source.subset(rest)

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from paws_tf import checkpoints
 from paws_tf.data import pipeline
-from paws_tf.data import sources
+from paws_tf.data import splits
 from paws_tf.evaluation import export
 from paws_tf import losses
 
@@ -258,7 +258,7 @@ def _check_export_preprocessing(export_dir, expected):
 
 def _check_split(labeled, split_file):
     """Raises ValueError unless `labeled` holds exactly the split's images."""
-    names = sources.read_split_file(split_file)
+    names = splits.read_split_file(split_file)
     if sorted(names) != sorted(labeled.names):
         raise ValueError(
             f'The labeled set has {labeled.num_examples} images but the '
@@ -314,7 +314,7 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
         checkpoint_path: for `'checkpoint'`: a checkpoint prefix, or a
             directory whose latest checkpoint is used.
         split_file: the run's recorded labeled split; default
-            `model_dir/sources.SPLIT_FILENAME` when it exists. The labeled
+            `model_dir/splits.SPLIT_FILENAME` when it exists. The labeled
             set must hold exactly its images.
         tau: similarity temperature.
         embedding: the representation compared, 'projection' or
@@ -340,7 +340,7 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
     if test.class_names and test.class_names != labeled.class_names:
         raise ValueError('The labeled and test sets name their classes '
                          'differently.')
-    default_split = os.path.join(model_dir, sources.SPLIT_FILENAME)
+    default_split = os.path.join(model_dir, splits.SPLIT_FILENAME)
     if split_file is None and tf.io.gfile.exists(default_split):
         split_file = default_split
     if split_file is None:

@@ -12,6 +12,7 @@ import numpy as np
 from paws_tf.data import folders
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import sources
+from paws_tf.data import splits
 
 # Which images `load_data.normalization = 'data'` is computed from.
 NORMALIZATION_IMAGES = ('labeled', 'unlabeled')
@@ -29,11 +30,11 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None, unlabeled=None,
 
     Args:
         record_dir: where the labeled split is recorded (the run's
-            `model_dir`): `sources.select_labeled`'s draw, or the names of
+            `model_dir`): `splits.select_labeled`'s draw, or the names of
             a ready labeled source; None records nothing.
         train: zero-argument callable (a gin reference such as
             `@train/load_idx`) returning either one labeled `ImageSource`,
-            which `sources.select_labeled` (configured in gin) splits into
+            which `splits.select_labeled` (configured in gin) splits into
             labeled and unlabeled, or a ready `(labeled, unlabeled)` pair
             (`tfds_sources.imagenet_sources`, `image_folders`).
         test: zero-argument callable returning the labeled test
@@ -74,11 +75,11 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None, unlabeled=None,
     if isinstance(loaded, tuple):
         labeled, unlabeled_source = loaded
         if record_dir is not None:
-            sources.record_split(record_dir, labeled.names,
+            splits.record_split(record_dir, labeled.names,
                                  f'{labeled.num_examples} labeled: all the '
                                  'images of the labeled source')
     else:
-        labeled, unlabeled_source = sources.select_labeled(
+        labeled, unlabeled_source = splits.select_labeled(
             loaded, record_dir=record_dir)
     unlabeled = unlabeled() if unlabeled is not None else unlabeled_source
     if max_unlabeled is not None and max_unlabeled < unlabeled.num_examples:

@@ -18,7 +18,7 @@ from paws_tf import determinism
 from paws_tf.data import data_fingerprint
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import pipeline
-from paws_tf.data import sources
+from paws_tf.data import splits
 from paws_tf import dist
 from paws_tf import lars
 from paws_tf import model as model_lib
@@ -234,7 +234,7 @@ def _load_data(model_dir, *, chief, resuming, on_change, overwrite):
         restart = data_fingerprint.check(
             model_dir, bundle, resuming=resuming, on_change=on_change,
             overwrite=overwrite, write=chief)
-        records = (sources.SPLIT_FILENAME,
+        records = (splits.SPLIT_FILENAME,
                    normalization_lib.NORMALIZATION_FILENAME)
         for name in records if chief else ():
             if os.path.exists(os.path.join(staging, name)):
