@@ -57,8 +57,9 @@ SAVE_FAILED_EXIT_CODE = os.EX_IOERR
 # An official checkpoint that cannot be imported, likewise.
 NONE_RESTORABLE_EXIT_CODE = DATA_CHANGED_EXIT_CODE = os.EX_DATAERR
 IMPORT_FAILED_EXIT_CODE = os.EX_DATAERR
-# A collective across the cluster's workers failed (EX_UNAVAILABLE).
-CLUSTER_FAILED_EXIT_CODE = os.EX_UNAVAILABLE
+# A collective across the cluster's workers failed, or the cluster did not
+# form (EX_UNAVAILABLE).
+CLUSTER_FAILED_EXIT_CODE = dist.CLUSTER_FAILED_EXIT_CODE
 # Faults that end a run with their message and an exit code of their own.
 _FAULT_EXIT_CODES = {
     checkpoints.SaveFailed: SAVE_FAILED_EXIT_CODE,
@@ -72,8 +73,10 @@ _FAULT_EXIT_CODES = {
 _RUN_STATE = train.RUN_OUTPUTS + (CONFIG_FILE, OPERATIVE_CONFIG_FILE,
                                   data_fingerprint.FILENAME,
                                   normalization_lib.NORMALIZATION_FILENAME)
-# Gin bindings that may change when a run resumes.
-_RESUME_ONLY_BINDINGS = ('train.on_data_change',)
+# Gin bindings that may change when a run resumes (how it resumes, how long
+# its cluster may take to form).
+_RESUME_ONLY_BINDINGS = ('train.on_data_change',
+                         'make_strategy.start_timeout')
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # The shipped configs include each other as 'gin_configs/NAME.gin', so gin
 # searches the directory that holds gin_configs/: the package once installed
@@ -306,8 +309,8 @@ def main(argv):
     model_dir = _MODEL_DIR.value
     config = gin.config_str()
     training = _MODE.value in ('train', 'train_and_evaluate', 'demo')
-    strategy = dist.make_strategy(_STRATEGY.value)
     try:
+        strategy = dist.make_strategy(_STRATEGY.value)
         dist.check_same_config(strategy, f'--mode={_MODE.value}\n{config}')
         lock = _writer_lock(model_dir, strategy, training)
         with lock:

@@ -14,7 +14,13 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from paws_tf import checks
+from paws_tf import rendezvous
+
 STRATEGY_KINDS = ('auto', 'one_device', 'mirrored', 'multi_worker')
+# A collective across the cluster's workers failed, or a task did not start
+# (EX_UNAVAILABLE).
+CLUSTER_FAILED_EXIT_CODE = os.EX_UNAVAILABLE
 
 
 def cluster_in_environment():
@@ -46,7 +52,8 @@ def _cluster_resolver(slurm_port_base):
 
 
 @gin.configurable
-def make_strategy(kind='auto', devices=None, slurm_port_base=8888):
+def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
+                  start_timeout=600):
     """Builds the distribution strategy by name.
 
     Create it at the start of the program: `MultiWorkerMirroredStrategy`
@@ -62,12 +69,16 @@ def make_strategy(kind='auto', devices=None, slurm_port_base=8888):
             instead of running collectives); default all GPUs (or the CPU).
         slurm_port_base: under Slurm, the port of a node's first task (its
             others take the next ports).
+        start_timeout: seconds `multi_worker` waits for every task of the
+            cluster to start (`rendezvous.wait_for_tasks`), then stops
+            with an error naming those that did not; 0 waits for ever.
 
     Returns:
         A `tf.distribute.Strategy`.
 
     Raises:
         ValueError: unknown kind, or `multi_worker` without a cluster.
+        ClusterFailed: a task of the cluster did not start in time.
     """
     if kind not in STRATEGY_KINDS:
         raise ValueError(f'Unknown strategy {kind!r}; choose one of '
@@ -88,7 +99,12 @@ def make_strategy(kind='auto', devices=None, slurm_port_base=8888):
     if kind == 'mirrored':
         return tf.distribute.MirroredStrategy(
             devices, cross_device_ops=_cross_device_ops(devices))
+    checks.number('make_strategy.start_timeout', start_timeout, low=0)
     resolver = _cluster_resolver(slurm_port_base)
+    try:
+        rendezvous.wait_for_tasks(resolver, start_timeout)
+    except rendezvous.NotStarted as error:
+        raise ClusterFailed(str(error)) from None
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=resolver)
     logging.info('MultiWorkerMirroredStrategy: %s of the cluster %s (from '

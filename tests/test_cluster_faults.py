@@ -1,11 +1,13 @@
 """Faults of a two-worker cluster of run.py: each stops every worker within
 a bounded time, with an error naming the worker, the step and what to do."""
 
+import json
 import time
 
 import pytest
 
 from paws_tf import cli
+from paws_tf import dist
 from paws_tf.runner import train
 from tests.helpers import cluster
 from tests.helpers import run_py
@@ -15,8 +17,8 @@ from tests.helpers import run_py
 SMALL = ('train/synthetic_source.num_images = 256',)
 
 
-def cluster_command(model_dir):
-    return ['run.py'] + run_py.command(model_dir, SMALL,
+def cluster_command(model_dir, bindings=SMALL):
+    return ['run.py'] + run_py.command(model_dir, bindings,
                                        ['--strategy=multi_worker'])
 
 
@@ -59,3 +61,34 @@ def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
         assert code == 0, output[-3000:]
         assert f'Training steps {stopped_at}..16' in output
 
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_worker_that_never_starts_stops_the_other_then_all_start(
+        tmp_path):
+    """Worker 0 alone waits make_strategy.start_timeout, names worker 1
+    (whose port nothing listens on) and exits; nothing of the run is
+    written, so the same command then runs on both workers."""
+    timeout = 30
+    command = cluster_command(tmp_path, SMALL + (
+        'train.num_epochs = 1', f'make_strategy.start_timeout = {timeout}'))
+    tf_configs = dist.loopback_tf_configs(2)
+    worker_1 = json.loads(tf_configs[1])['cluster']['worker'][1]
+    started = time.time()
+    [(code, output)] = cluster.finish_all(cluster.start_cluster(
+        command, tf_configs=tf_configs, only=[0]), timeout=300)
+    # Python and TensorFlow start in well under a minute, even loaded.
+    assert timeout <= time.time() - started < timeout + 90
+    assert code == cli.CLUSTER_FAILED_EXIT_CODE, output[-3000:]
+    assert (f'worker 0: the cluster did not form within {timeout} s '
+            f'(make_strategy.start_timeout): nothing answers at worker 1 '
+            f'({worker_1}): never started') in output, output[-3000:]
+    assert 'Start the missing worker with the same command' in output
+    assert not list(tmp_path.iterdir())
+
+    results = cluster.finish_all(
+        cluster.start_cluster(command, tf_configs=tf_configs), timeout=600)
+    for code, output in results:
+        assert code == 0, output[-3000:]
+        assert 'Training steps 0..8' in output

@@ -6,10 +6,12 @@ TensorBoard, checkpoints, backups, progress); bindings only shorten it to
 2 epochs of 8 steps.
 """
 
+import ast
 import glob
 import json
 import os
 import pathlib
+import re
 import shutil
 import socket
 
@@ -33,10 +35,13 @@ TWO_CPUS = REPO / 'tests' / 'helpers' / 'two_cpus.py'
 WORKER_TEMP = ('.worker_tmp_*', 'workertemp_*')
 
 
-def cluster_command(model_dir, mode):
+def cluster_command(model_dir, mode, *, flags=(), **config):
+    """run.py's command on every worker; `config`: `run_py.command`'s
+    `gin_file` and `base_bindings` (default debug.gin, `SHRINK`)."""
+    config.setdefault('base_bindings', SHRINK)
     return [REPO / 'run.py'] + run_py.command(
-        model_dir, flags=['--strategy=multi_worker'], mode=mode,
-        base_bindings=SHRINK)
+        model_dir, flags=['--strategy=multi_worker', *flags], mode=mode,
+        **config)
 
 
 def check_ran(results):
@@ -68,6 +73,30 @@ def tensor_tags(log_dir):
         events.Reload()
         tags.update(events.Tags()['tensors'])
     return tags
+
+
+def test_images():
+    """debug.gin's test images (`SHRINK`), preprocessed for evaluation."""
+    with debug_gin.parsed(SHRINK):
+        bundle = experiment.load_data(None)
+        preprocessing = experiment.eval_preprocessing(bundle)
+    images, _ = next(iter(pipeline.make_eval_dataset(
+        bundle.test, batch_size=bundle.test.num_examples, **preprocessing)))
+    return images
+
+
+def exported_embeddings(model_dir, images):
+    embedder = tf.saved_model.load(str(model_dir / 'export' / 'embedder'))
+    return embedder.call_preprocessed(images)['embeddings'].numpy()
+
+
+def trained_copy(trained, model_dir, *remove):
+    """A copy of the cluster's trained run without its `remove` outputs."""
+    root, _ = trained
+    shutil.copytree(root / 'cluster', model_dir)
+    for name in remove:
+        shutil.rmtree(model_dir / name)
+    return model_dir
 
 
 @pytest.fixture(scope='module')
@@ -128,15 +157,9 @@ def test_two_workers_end_where_one_process_with_two_replicas_ends(trained):
     to 1e-4. The same command with one replica is another computation
     (each replica samples its own support), not compared here."""
     root, _ = trained
-    with debug_gin.parsed(SHRINK):
-        bundle = experiment.load_data(None)
-        preprocessing = experiment.eval_preprocessing(bundle)
-    images, _ = next(iter(pipeline.make_eval_dataset(
-        bundle.test, batch_size=bundle.test.num_examples, **preprocessing)))
-    embedders = [tf.saved_model.load(str(root / run / 'export' / 'embedder'))
-                 for run in ('cluster', 'one_process')]
-    embeddings = [embedder.call_preprocessed(images)['embeddings'].numpy()
-                  for embedder in embedders]
+    images = test_images()
+    embeddings = [exported_embeddings(root / run, images)
+                  for run in ('cluster', 'one_process')]
     np.testing.assert_allclose(embeddings[0], embeddings[1], atol=1e-4)
     assert np.abs(embeddings[1]).max() > 1  # Not a degenerate output.
     results = [json.loads((root / run / 'eval' / 'paws_nn.json').read_text())
@@ -159,10 +182,7 @@ def test_demo_on_the_cluster_exports_evaluates_and_fine_tunes(trained,
     """--mode=demo on the trained run: training is done, so it exports,
     evaluates, fine-tunes (every worker), then the chief trains the
     supervised baseline and writes the report while the worker waits."""
-    root, _ = trained
-    model_dir = tmp_path / 'run'
-    shutil.copytree(root / 'cluster', model_dir)
-    shutil.rmtree(model_dir / 'export')
+    model_dir = trained_copy(trained, tmp_path / 'run', 'export')
     results = cluster.launch_cluster(cluster_command(model_dir, 'demo'),
                                      timeout=900)
     check_ran(results)
@@ -176,6 +196,140 @@ def test_demo_on_the_cluster_exports_evaluates_and_fine_tunes(trained,
     assert (model_dir / 'export' / 'embedder' / 'saved_model.pb').exists()
     assert (model_dir / report.FIGURE_FILENAME).exists()
     assert not worker_leftovers(model_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_export_on_the_cluster_is_what_one_process_exports(trained,
+                                                            tmp_path):
+    """--mode=export on the trained run: the chief exports what one
+    process exports from the same checkpoint (the same restore and the
+    same float32 computation on plain variables: equal to 1e-6), and the
+    worker leaves nothing."""
+    runs = [trained_copy(trained, tmp_path / name, 'export')
+            for name in ('cluster', 'one_process')]
+    one_process = run_py.start(runs[1], mode='export', base_bindings=SHRINK)
+    check_ran(cluster.launch_cluster(cluster_command(runs[0], 'export'),
+                                     timeout=900))
+    code, output = run_py.finish(one_process, timeout=900)
+    assert code == 0, output[-4000:]
+    assert written(runs[0]) == written(runs[1])
+    assert 'export/classifier/saved_model.pb' in written(runs[0])
+    assert not worker_leftovers(runs[0])
+    images = test_images()
+    np.testing.assert_allclose(exported_embeddings(runs[0], images),
+                               exported_embeddings(runs[1], images),
+                               atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_evaluate_nn_on_the_cluster_repeats_the_training_run_figure(
+        trained, tmp_path):
+    """--mode=evaluate_nn on the trained run reads its exported embedder:
+    the chief finds the figure train_and_evaluate found (the same embedder,
+    the same queries) and writes it; the worker leaves nothing."""
+    model_dir = trained_copy(trained, tmp_path / 'run', 'eval')
+    results = cluster.launch_cluster(
+        cluster_command(model_dir, 'evaluate_nn'), timeout=900)
+    check_ran(results)
+    root, _ = trained
+    figures = [json.loads((run / 'eval' / 'paws_nn.json').read_text())
+               for run in (root / 'cluster', model_dir)]
+    for key in ('top1', 'num_support', 'num_queries', 'source', 'tau'):
+        assert figures[1][key] == figures[0][key], key
+    assert 'PAWS-NN' in results[0][1]
+    assert not worker_leftovers(model_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_fine_tune_on_the_cluster(trained, tmp_path):
+    """--mode=fine_tune on the trained run: every worker fine-tunes (the
+    steps are collectives), the chief alone writes the results."""
+    model_dir = trained_copy(trained, tmp_path / 'run')
+    check_ran(cluster.launch_cluster(cluster_command(model_dir, 'fine_tune'),
+                                     timeout=900))
+    tuned = json.loads(
+        (model_dir / 'fine_tune' / 'results.json').read_text())
+    assert tuned['steps'] == 10  # 2 epochs of 5 steps (debug.gin).
+    assert tuned['top1'] > 0.25  # 4 classes: chance is 0.25.
+    assert not worker_leftovers(model_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_import_official_on_the_cluster_is_what_one_process_imports(
+        tmp_path):
+    """--mode=import_official of an official WRN-28-2 checkpoint (built in
+    PyTorch with random weights): the chief imports what one process
+    imports, and the worker writes nothing."""
+    pytest.importorskip('torch')  # An optional extra, which this imports:
+    from tests.helpers import official_torch
+    encoder = official_torch.randomize(official_torch.add_pretraining_heads(
+        official_torch.WideResNet(), 128, use_pred=False), seed=3)
+    checkpoint = tmp_path / 'wrn.pth.tar'
+    official_torch.save_official(encoder, checkpoint)
+    # The config's data replaced by small synthetic images.
+    config = dict(gin_file='gin_configs/cifar10_wrn28_2_4000.gin',
+                  base_bindings=('load_data.train = @train/synthetic_source',
+                                 'load_data.test = @test/synthetic_source',
+                                 'synthetic_source.image_size = 32',
+                                 'select_labeled.labels_per_class = 4'))
+    flags = [f'--official_checkpoint={checkpoint}']
+    runs = [tmp_path / name for name in ('cluster', 'one_process')]
+    one_process = run_py.start(runs[1], mode='import_official', flags=flags,
+                               **config)
+    check_ran(cluster.launch_cluster(
+        cluster_command(runs[0], 'import_official', flags=flags, **config),
+        timeout=900))
+    code, output = run_py.finish(one_process, timeout=900)
+    assert code == 0, output[-4000:]
+    assert written(runs[0]) == written(runs[1])
+    assert 'export/embedder/saved_model.pb' in written(runs[0])
+    assert not worker_leftovers(runs[0])
+    records = [json.loads((run / 'imported.json').read_text())
+               for run in runs]
+    assert records[0] == records[1]
+    images = tf.random.stateless_uniform([8, 32, 32, 3], seed=[0, 1])
+    np.testing.assert_array_equal(exported_embeddings(runs[0], images),
+                                  exported_embeddings(runs[1], images))
+
+
+# debug.gin normalised by statistics computed from its labeled images.
+DATA_NORMALIZATION = ('MEAN = None', 'STD = None',
+                      "load_data.normalization = 'data'")
+COMPUTED = re.compile(r'Normalisation computed from (\d+) labeled images'
+                      r'.*: mean (\(.*\)), std (\(.*\))')
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_every_worker_normalises_with_the_statistics_of_the_data(tmp_path):
+    """NORMALIZATION = 'data' on a cluster: every worker computes the
+    labeled images' statistics (exact integer sums: the same numbers on
+    every machine), the chief records them; both equal NumPy's."""
+    results = cluster.launch_cluster(cluster_command(
+        tmp_path, 'train', base_bindings=SHRINK + DATA_NORMALIZATION +
+        ('train.num_epochs = 1',)), timeout=900)
+    check_ran(results)
+    computed = [COMPUTED.findall(output) for _, output in results]
+    assert len(computed[0]) == len(computed[1]) == 1, computed
+    assert computed[0] == computed[1]
+    count, mean, std = computed[0][0]
+    recorded = json.loads((tmp_path / 'normalization.json').read_text())
+    assert (recorded['images'], recorded['mean'], recorded['std']) == (
+        int(count), list(ast.literal_eval(mean)),
+        list(ast.literal_eval(std)))
+    with debug_gin.parsed(SHRINK):
+        labeled = experiment.load_data(None).labeled
+    pixels = np.concatenate([
+        image.reshape(-1, 3) / 255.0 for image, _ in
+        labeled.ordered_dataset().as_numpy_iterator()])
+    assert len(pixels) == int(count) * 16 * 16
+    np.testing.assert_allclose(recorded['mean'], pixels.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(recorded['std'], pixels.std(0), rtol=1e-9)
+    assert not worker_leftovers(tmp_path)
 
 
 def free_port_pair():

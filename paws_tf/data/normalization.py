@@ -3,6 +3,7 @@ from the images (`FROM_DATA`) and recorded in the run's directory, checked
 against the channels."""
 
 import json
+import math
 import os
 
 from absl import logging
@@ -126,10 +127,11 @@ def channel_statistics(source, max_images=None, seed=0):
     """Per-channel mean and std of a source's pixels, scaled to [0, 1].
 
     Every pixel of every image counts once (images of different sizes
-    weigh by their pixel count); sums are taken in float64.
+    weigh by their pixel count). The sums are exact integers, so every
+    machine, in any order, computes the same numbers, rounded once.
 
     Args:
-        source: `sources.ImageSource`.
+        source: `sources.ImageSource` (uint8 images).
         max_images: use a seeded random subset of this many images; None
             uses them all.
         seed: seed of that subset.
@@ -143,22 +145,27 @@ def channel_statistics(source, max_images=None, seed=0):
             source.num_examples, max_images, replace=False))
 
     def moments(position):
-        pixels = tf.reshape(tf.cast(source.read(position), tf.float64),
-                            [-1, source.channels]) / 255.0
+        pixels = tf.reshape(tf.cast(source.read(position), tf.int64),
+                            [-1, source.channels])
         return (tf.reduce_sum(pixels, 0), tf.reduce_sum(pixels ** 2, 0),
-                tf.cast(tf.shape(pixels)[0], tf.float64))
+                tf.shape(pixels, out_type=tf.int64)[0])
 
-    totals = np.zeros([2, source.channels])
-    count = 0.0
-    for first, second, pixels in (
+    first = [0] * source.channels
+    second = [0] * source.channels
+    count = 0
+    for image_first, image_second, pixels in (
             tf.data.Dataset.from_tensor_slices(positions)
             .map(moments, num_parallel_calls=tf.data.AUTOTUNE)
             .as_numpy_iterator()):
-        totals += (first, second)
-        count += pixels
-    mean = totals[0] / count
-    std = np.sqrt(np.maximum(totals[1] / count - mean ** 2, 0.0))
-    return tuple(float(m) for m in mean), tuple(float(s) for s in std)
+        # Python integers: no overflow, however many images.
+        first = [a + int(b) for a, b in zip(first, image_first)]
+        second = [a + int(b) for a, b in zip(second, image_second)]
+        count += int(pixels)
+    mean = tuple(total / (255 * count) for total in first)
+    # count^2 * 255^2 * variance = count * sum(x^2) - sum(x)^2, exactly.
+    std = tuple(math.sqrt(count * squares - total * total) / (255 * count)
+                for total, squares in zip(first, second))
+    return mean, std
 
 
 def _record(path, info):
@@ -179,7 +186,10 @@ def resolve_normalization(spec, *, source, record_dir, max_images=5000,
             name of `augment.NORMALIZATIONS` or a `(mean, std)` pair: those
             values.
         source: the `sources.ImageSource` of the statistics.
-        record_dir: where the values are recorded (the run's `model_dir`).
+        record_dir: where the values are recorded (the run's `model_dir`);
+            None neither reads nor writes a record (a cluster's workers
+            but the chief compute the numbers the chief records:
+            `channel_statistics` gives the same on every machine).
         max_images: images the statistics are computed from.
         seed: seed of that subset.
         description: what the images of `source` are, for the record and
@@ -194,11 +204,11 @@ def resolve_normalization(spec, *, source, record_dir, max_images=5000,
             another normalisation than `spec` (a run trained one way is
             exported and evaluated the same way).
     """
-    path = os.path.join(record_dir, NORMALIZATION_FILENAME)
+    path = record_dir and os.path.join(record_dir, NORMALIZATION_FILENAME)
     fixed = None
     if spec != FROM_DATA:
         fixed = normalization(spec, channels=source.channels)
-    if os.path.exists(path):
+    if path and os.path.exists(path):
         with open(path) as f:
             recorded = json.load(f)
         values = tuple(recorded['mean']), tuple(recorded['std'])
@@ -222,8 +232,9 @@ def resolve_normalization(spec, *, source, record_dir, max_images=5000,
                      *values)
         return values
     if fixed is not None:
-        _record(path, dict(mean=fixed[0], std=fixed[1],
-                           channels=source.channels, spec=spec))
+        if path:
+            _record(path, dict(mean=fixed[0], std=fixed[1],
+                               channels=source.channels, spec=spec))
         return fixed
     mean, std = channel_statistics(source, max_images, seed)
     images = min(source.num_examples, max_images or source.num_examples)
@@ -232,9 +243,11 @@ def resolve_normalization(spec, *, source, record_dir, max_images=5000,
             f'The {images} {description} images have a channel of constant '
             f'value (std {std}): normalisation from the data is impossible; '
             f"bind {NORMALIZATION_MACRO} = 'imagenet' or a (mean, std) pair.")
-    _record(path, dict(
-        mean=mean, std=std, channels=source.channels, spec=spec,
-        images=images, of=source.num_examples, source=description))
-    logging.info('Normalisation computed from %d %s images and recorded in '
-                 '%s: mean %s, std %s', images, description, path, mean, std)
+    if path:
+        _record(path, dict(
+            mean=mean, std=std, channels=source.channels, spec=spec,
+            images=images, of=source.num_examples, source=description))
+    logging.info('Normalisation computed from %d %s images%s: mean %s, std '
+                 '%s', images, description,
+                 f' and recorded in {path}' if path else '', mean, std)
     return mean, std

@@ -13,15 +13,25 @@ from paws_tf.runner import callbacks
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-def start_cluster(argv, workers=2, env=None, extra_args=None):
+def start_cluster(argv, workers=2, env=None, extra_args=None,
+                  tf_configs=None, only=None):
     """Starts `python argv` as every worker of a cluster on 127.0.0.1,
     worker i with `extra_args[i]` after `argv` when given.
 
+    Args:
+        tf_configs: the workers' TF_CONFIG values (default
+            `dist.loopback_tf_configs(workers)`).
+        only: the task indices to start (default all).
+
     Returns:
-        The workers' `subprocess.Popen`s, by task index, output captured.
+        The started workers' `subprocess.Popen`s, by task index, output
+        captured.
     """
     procs = []
-    for index, tf_config in enumerate(dist.loopback_tf_configs(workers)):
+    for index, tf_config in enumerate(
+            tf_configs or dist.loopback_tf_configs(workers)):
+        if only is not None and index not in only:
+            continue
         args = list(argv) + list((extra_args or {}).get(index, ()))
         procs.append(subprocess.Popen(
             [sys.executable] + [str(a) for a in args], cwd=REPO,

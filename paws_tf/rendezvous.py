@@ -1,0 +1,197 @@
+"""The start of a cluster: each task waits, for a bounded time, until it
+has exchanged a greeting with every other task on their cluster ports.
+
+TensorFlow 2.21's cluster registration, which building
+`MultiWorkerMirroredStrategy` runs, waits for ever for a task that never
+starts, holding the Python interpreter's lock (no Python thread or signal
+handler runs meanwhile) and ignoring SIGTERM. Every task therefore meets
+the others here first, over plain TCP on the port TensorFlow binds next,
+and stops with an error naming the missing tasks when they do not come.
+"""
+
+import hashlib
+import json
+import socket
+import threading
+import time
+
+from absl import logging
+
+# The jobs whose tasks run MultiWorkerMirroredStrategy's collectives.
+_JOBS = ('chief', 'worker')
+_RETRY_SECONDS = 0.5
+_IO_SECONDS = 5
+_MAX_LINE = 256
+_OK = 'ok'
+
+
+class NotStarted(RuntimeError):
+    """A task of the cluster did not start within the timeout."""
+
+
+def _tasks(resolver):
+    """{'worker 0': 'host:port', ...} of the jobs in `_JOBS`."""
+    tasks = {}
+    for job, addresses in resolver.cluster_spec().as_dict().items():
+        if job not in _JOBS:
+            continue
+        if not isinstance(addresses, dict):  # A sparse spec is a dict.
+            addresses = dict(enumerate(addresses))
+        tasks.update({f'{job} {index}': address
+                      for index, address in addresses.items()})
+    return tasks
+
+
+def _split(address):
+    host, port = address.rsplit(':', 1)
+    return host.strip('[]'), int(port)
+
+
+def _read_line(connection):
+    data = b''
+    while not data.endswith(b'\n') and len(data) < _MAX_LINE:
+        chunk = connection.recv(_MAX_LINE)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors='replace').strip()
+
+
+class _Listener:
+    """Answers the other tasks' greetings on this task's cluster port and
+    records who greeted (`heard`), in a thread, until `close`."""
+
+    def __init__(self, me, port, token):
+        self.heard = set()
+        self._token = token
+        dual = socket.has_dualstack_ipv6()
+        try:
+            self._server = socket.create_server(
+                ('', port), family=socket.AF_INET6 if dual else
+                socket.AF_INET, dualstack_ipv6=dual)
+        except OSError as error:
+            raise NotStarted(
+                f'{me} cannot listen on port {port}, its address in the '
+                f'cluster description ({error}): another process uses it, '
+                'perhaps a task of an earlier launch that still runs. Stop '
+                'it, or describe the cluster with a free port.') from None
+        self._server.settimeout(_RETRY_SECONDS)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True,
+                                        name='cluster_rendezvous')
+        self._thread.start()
+
+    def _serve(self):
+        while not self._stop.is_set():
+            try:
+                connection, _ = self._server.accept()
+            except socket.timeout:
+                continue
+            with connection:
+                try:
+                    connection.settimeout(_IO_SECONDS)
+                    token, _, task = _read_line(connection).partition(' ')
+                    if token != self._token:  # Not a task of this job.
+                        continue
+                    connection.sendall(f'{_OK}\n'.encode())
+                    # The greeting task closes first, so that the closed
+                    # connection lingers (TIME_WAIT) on its side, not on
+                    # the port TensorFlow binds next.
+                    connection.recv(1)
+                    self.heard.add(task)
+                except OSError:
+                    continue
+
+    def close(self):
+        self._stop.set()
+        self._thread.join()
+        self._server.close()
+
+
+def _greet(address, greeting):
+    """How the task at `address` answers `greeting`: `_OK`, another
+    answer (a process of another job), or None (nothing listens)."""
+    try:
+        with socket.create_connection(_split(address),
+                                      timeout=_IO_SECONDS) as connection:
+            connection.sendall(greeting)
+            return _read_line(connection)
+    except OSError:
+        return None
+
+
+def wait_for_tasks(resolver, timeout):
+    """Returns once this task and every other chief or worker task of the
+    cluster have greeted each other on their cluster addresses.
+
+    Each task listens on the port of its own address until every other
+    task has greeted it and it has greeted every other task; then no task
+    needs it any more, and TensorFlow binds the port. A task that starts
+    late is waited for; one that does not start within `timeout` seconds
+    is named, before any file of the run is written, so that the same
+    command launches again.
+
+    Args:
+        resolver: the cluster resolver the strategy is built from.
+        timeout: seconds to wait; 0 waits for ever.
+
+    Raises:
+        NotStarted: naming this task, the tasks it did not meet, the
+            timeout and what to do.
+    """
+    tasks = _tasks(resolver)
+    me = f'{resolver.task_type} {resolver.task_id}'
+    if me not in tasks or len(tasks) < 2:
+        return
+    token = hashlib.sha256(json.dumps(tasks, sort_keys=True).encode())
+    token = token.hexdigest()[:16]
+    peers = {task: address for task, address in tasks.items() if task != me}
+    greeting = f'{token} {me}\n'.encode()
+    listener = _Listener(me, _split(tasks[me])[1], token)
+    logging.info('%s waits up to %s s (make_strategy.start_timeout) for the '
+                 'other tasks of the cluster: %s.', me, timeout or 'infinite',
+                 ', '.join(peers))
+    deadline = time.monotonic() + timeout if timeout else None
+    answers = dict.fromkeys(peers)
+    try:
+        while True:
+            for task, address in peers.items():
+                if answers[task] != _OK:
+                    # A stranger that answered once is remembered as one.
+                    answers[task] = _greet(address, greeting) or answers[task]
+            greeted = {task for task in peers if answers[task] == _OK}
+            if greeted == set(peers) and greeted <= listener.heard:
+                logging.info('All %d tasks of the cluster started.',
+                             len(tasks))
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            time.sleep(_RETRY_SECONDS)
+    finally:
+        listener.close()
+
+    def named(tasks_):
+        return ', '.join(f'{task} ({peers[task]})' for task in tasks_)
+
+    silent = [task for task in peers if answers[task] is None]
+    other = [task for task in peers if answers[task] not in (None, _OK)]
+    deaf = [task for task in peers
+            if answers[task] == _OK and task not in listener.heard]
+    causes = []
+    if silent:
+        causes.append(f'nothing answers at {named(silent)}: never '
+                      'started, or stopped while starting')
+    if other:
+        causes.append(f'a process that is no task of this cluster listens '
+                      f'at {named(other)}: another program, or a task '
+                      'given another cluster description')
+    if deaf:
+        causes.append(f'{named(deaf)} answers but did not reach '
+                      f'{me} at {tasks[me]}: a wrong address in its cluster '
+                      'description, or a firewall between them')
+    raise NotStarted(
+        f'{me}: the cluster did not form within {timeout:g} s '
+        f'(make_strategy.start_timeout): {"; ".join(causes)}. Start the '
+        'missing worker with the same command, or stop the job and start the '
+        'same command on every worker again; a relaunch resumes from the '
+        "run's backup or newest checkpoint.")
