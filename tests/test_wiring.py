@@ -117,8 +117,8 @@ def test_unlabeled_stream_covers_every_image_once_per_epoch(pipelines,
         assert len(set(ids)) == len(ids)  # Nothing twice in an epoch.
         assert set(ids) <= set(range(num_unlabeled))
         epochs.append(ids)
-    if num_unlabeled % 8 == 0:
-        assert set(epochs[0]) == set(range(num_unlabeled))
+    if num_unlabeled % 8 == 0:  # Then every image, in each epoch.
+        assert set(epochs[0]) == set(epochs[1]) == set(range(num_unlabeled))
     assert epochs[0] != epochs[1]
 
 
