@@ -103,17 +103,21 @@ def parse_args():
                              'replicas > 1, as the trainer does')
     parser.add_argument('--recompute_bn_relu', choices=('on', 'off'),
                         default='on',
-                        help='build_backbone.recompute_bn_relu (the '
-                             'default on: less memory, ~5%% more CPU time)')
+                        help='build_backbone.recompute_bn_relu (default '
+                             'on, as the CPU configs: less memory, ~5%% more '
+                             'CPU time; build_backbone defaults to off)')
     parser.add_argument('--sync_bn_impl', choices=('custom', 'keras'),
                         default='custom',
                         help="build_backbone.sync_bn_impl: paws_tf's "
-                             "GlobalBatchNormalization or tf_keras' "
-                             'synchronized=True layer')
+                             "GlobalBatchNormalization (default, as the CPU "
+                             "configs) or tf_keras' synchronized=True layer "
+                             "(build_backbone's default)")
     parser.add_argument('--padding_impl', choices=('custom', 'keras'),
                         default='custom',
                         help="build_backbone.padding_impl: paws_tf's padded "
-                             "layers or ZeroPadding2D and tf_keras' layers")
+                             "layers (default, as the CPU configs) or "
+                             "ZeroPadding2D and tf_keras' layers "
+                             "(build_backbone's default)")
     parser.add_argument('--deterministic_ops', action='store_true',
                         help='determinism.enable(), as '
                              'train.deterministic_ops = True')

@@ -1,5 +1,8 @@
-"""Tests for build_backbone's switches between paws_tf's CPU layers and
-tf_keras' standard ones: the same variables, values and gradients."""
+"""Tests for build_backbone's switches between tf_keras' standard layers
+(the defaults) and paws_tf's CPU layers: the same variables, values and
+gradients; which configs select which."""
+
+import pathlib
 
 import gin
 import numpy as np
@@ -7,6 +10,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import configurables  # noqa: F401  (what the configs bind)
 from paws_tf.nets import backbones
 from paws_tf.nets import padded_layers
 from paws_tf.nets import recompute
@@ -21,6 +25,10 @@ WIDE = ('wide_resnet', {'depth': 10, 'width': 1})
 RESNET50 = ('resnet50', {})
 STANDARD = {'sync_bn_impl': 'keras', 'padding_impl': 'keras',
             'recompute_bn_relu': False}
+# paws_tf's CPU-tuned layers, which the CPU configs select.
+CPU = {'sync_bn_impl': 'custom', 'padding_impl': 'custom',
+       'recompute_bn_relu': True}
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _build(arch, strategy=None, **switches):
@@ -96,12 +104,12 @@ def _assert_all_close(got, want, rtol=1e-5):
 @pytest.mark.slow
 def test_padding_switch_gives_the_same_values_and_gradients(arch, tmp_path):
     """`padding_impl='keras'` (ZeroPadding2D before 'valid' tf_keras
-    layers) against the default PaddedConv2D / PaddedMaxPool2D, with the
-    other switches at their defaults (recomputed NormReLUThen units then
-    pad inside): same features, image and weight gradients and moving
+    layers) against PaddedConv2D / PaddedMaxPool2D, with the other
+    switches at the CPU settings (recomputed NormReLUThen units then pad
+    inside): same features, image and weight gradients and moving
     statistics."""
-    custom = _build(arch)
-    keras = _build(arch, padding_impl='keras')
+    custom = _build(arch, **CPU)
+    keras = _build(arch, **dict(CPU, padding_impl='keras'))
     kinds = {type(layer) for layer in keras.submodules}
     assert not kinds & {padded_layers.PaddedConv2D,
                         padded_layers.PaddedMaxPool2D}
@@ -118,10 +126,10 @@ def test_padding_switch_gives_the_same_values_and_gradients(arch, tmp_path):
 def test_recompute_switch_gives_the_same_values_and_gradients(arch,
                                                               tmp_path):
     """`recompute_bn_relu=False` (the tf_keras layers composed) against the
-    default recomputation: same features, image and weight gradients and
-    moving statistics."""
-    custom = _build(arch)
-    held = _build(arch, recompute_bn_relu=False)
+    recomputation of the CPU settings: same features, image and weight
+    gradients and moving statistics."""
+    custom = _build(arch, **CPU)
+    held = _build(arch, **dict(CPU, recompute_bn_relu=False))
     _randomise(custom)
     _copy_through_checkpoint(custom, held, tmp_path)
     images, upstream = _inputs(arch)
@@ -135,8 +143,8 @@ def test_recompute_bn_relu_switch_keeps_variables_and_values():
     same values: only what the backward pass holds differs."""
     images = tf.random.normal([4, 12, 12, 1], mean=1.0)
     on, off = [backbones.build_backbone(
-        'small_resnet', input_channels=1, recompute_bn_relu=setting,
-        **tiny_model.TINY) for setting in (True, False)]
+        'small_resnet', input_channels=1, **tiny_model.TINY,
+        **dict(CPU, recompute_bn_relu=setting)) for setting in (True, False)]
     off.set_weights(on.get_weights())
     results = []
     for model in (on, off):
@@ -173,14 +181,14 @@ def test_sync_bn_switch_gives_the_same_values_and_gradients(
         arch, switches, strategy_fixture, request, tmp_path):
     """On a two-replica MirroredStrategy (logical CPUs), tf_keras'
     `BatchNormalization(synchronized=True)` (alone, and with the other two
-    switches at tf_keras' layers too) against the default
+    switches at tf_keras' layers too) against the CPU settings'
     GlobalBatchNormalization: same features, image and weight gradients and
     moving statistics; and both against one device with local batch norm
     on the whole batch (without the moving variance, which that layer keeps
     with Bessel's correction)."""
     strategy = request.getfixturevalue(strategy_fixture)
-    custom = _build(arch, strategy, sync_bn=True)
-    keras = _build(arch, strategy, sync_bn=True, **switches)
+    custom = _build(arch, strategy, sync_bn=True, **CPU)
+    keras = _build(arch, strategy, sync_bn=True, **dict(CPU, **switches))
     reference = _build(arch)
     kinds = {type(layer) for layer in keras.submodules}
     assert sync_batch_norm.GlobalBatchNormalization not in kinds
@@ -206,34 +214,29 @@ def test_sync_bn_switch_gives_the_same_values_and_gradients(
 
 @pytest.mark.parametrize('sync_bn', [False, True])
 @pytest.mark.parametrize('arch', [SMALL, WIDE], ids=lambda arch: arch[0])
-def test_default_backbone_checkpoint_restores_into_a_new_one(arch, sync_bn,
-                                                             tmp_path):
-    """A tf.train.Checkpoint of a backbone with the default switches
-    restores into a freshly built one, every value matched."""
-    source = _build(arch, sync_bn=sync_bn)
+@pytest.mark.parametrize('source_switches,target_switches', [
+    ({}, {}), ({}, CPU), (CPU, {})], ids=['default', 'to_cpu', 'from_cpu'])
+def test_backbone_checkpoint_restores_into_a_new_one(
+        arch, sync_bn, source_switches, target_switches, tmp_path):
+    """A tf.train.Checkpoint of a backbone restores into a freshly built
+    one with the same switches or the other settings, every value
+    matched, with the same inference features."""
+    source = _build(arch, sync_bn=sync_bn, **source_switches)
     _randomise(source)
     checkpoint = tf.train.Checkpoint(backbone=source)
     path = checkpoint.save(str(tmp_path / 'ckpt'))
-    target = _build(arch, sync_bn=sync_bn)
+    target = _build(arch, sync_bn=sync_bn, **target_switches)
     tf.train.Checkpoint(backbone=target).restore(path).assert_consumed()
     for want, got in zip(source.variables, target.variables):
         assert got.name == want.name
         np.testing.assert_array_equal(got.numpy(), want.numpy())
     images, _ = _inputs(arch)
-    np.testing.assert_array_equal(target(images), source(images))
+    np.testing.assert_allclose(target(images), source(images), rtol=1e-5,
+                               atol=1e-5)
 
 
-def test_gin_binds_the_switches(clean_gin):
-    gin.parse_config("""
-        build_backbone.name = 'wide_resnet'
-        build_backbone.depth = 10
-        build_backbone.width = 1
-        build_backbone.sync_bn = True
-        build_backbone.sync_bn_impl = 'keras'
-        build_backbone.padding_impl = 'keras'
-        build_backbone.recompute_bn_relu = False
-    """)
-    model = backbones.build_backbone()
+def _assert_standard_layers(model):
+    """Synchronised tf_keras batch norms, ZeroPadding2D, no recomputation."""
     norms = [layer for layer in model.submodules
              if isinstance(layer, tf_keras.layers.BatchNormalization)]
     assert norms and all(
@@ -245,6 +248,57 @@ def test_gin_binds_the_switches(clean_gin):
                         padded_layers.PaddedMaxPool2D}
     assert not any(layer.recompute for layer in model.submodules
                    if isinstance(layer, recompute.NormReLUThen))
+
+
+def test_defaults_are_the_standard_tf_keras_layers():
+    _assert_standard_layers(_build(WIDE, sync_bn=True))
+
+
+def test_gin_binds_the_switches(clean_gin):
+    gin.parse_config("""
+        build_backbone.name = 'wide_resnet'
+        build_backbone.depth = 10
+        build_backbone.width = 1
+        build_backbone.sync_bn = True
+        build_backbone.sync_bn_impl = 'custom'
+        build_backbone.padding_impl = 'custom'
+        build_backbone.recompute_bn_relu = True
+    """)
+    model = backbones.build_backbone()
+    kinds = {type(layer) for layer in model.submodules}
+    assert sync_batch_norm.GlobalBatchNormalization in kinds
+    assert padded_layers.PaddedConv2D in kinds
+    assert tf_keras.layers.ZeroPadding2D not in kinds
+    assert all(layer.recompute for layer in model.submodules
+               if isinstance(layer, recompute.NormReLUThen))
+
+
+# The configs meant for CPUs; the others (ImageNet, CIFAR-10, own images at
+# full size) are for GPUs and keep the defaults.
+CPU_CONFIGS = ('debug', 'demo_fashion_mnist', 'demo_fashion_mnist_quick',
+               'demo_fashion_mnist_validation', 'image_folders_small',
+               'mismatch_fashion_mnist', 'mismatch_fashion_mnist_curated',
+               'mismatch_fashion_mnist_curated_ropaws',
+               'mismatch_fashion_mnist_ropaws',
+               'mismatch_fashion_mnist_validation')
+
+
+@pytest.mark.parametrize('config', sorted(
+    path.stem for path in (REPO / 'gin_configs').glob('*.gin')
+    if path.stem != 'base'))
+def test_cpu_configs_select_the_cpu_layers_and_gpu_configs_the_defaults(
+        config, clean_gin):
+    bindings = ["LABELED_DIR = 'l'", "UNLABELED_DIR = 'u'", "TEST_DIR = 't'"]
+    gin.parse_config_files_and_bindings(
+        [str(REPO / 'gin_configs' / f'{config}.gin')],
+        bindings if config.startswith('image_folders') else [])
+    switches = {}
+    for key in CPU:
+        try:
+            switches[key] = gin.query_parameter(f'build_backbone.{key}')
+        except ValueError:  # Not bound: the default.
+            pass
+    assert switches == (CPU if config in CPU_CONFIGS else {})
 
 
 @pytest.mark.parametrize('binding', ['sync_bn_impl', 'padding_impl'])

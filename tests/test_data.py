@@ -60,23 +60,6 @@ def test_pipeline_errors():
         _build().dataset_fn(tf.distribute.InputContext(1, 0, 4))
 
 
-def test_unlabeled_indices_partition_epochs_and_ignore_replica_count():
-    kwargs = {'num_examples': 50, 'global_batch_size': 8, 'seed': 3}
-    for epoch in range(2):
-        steps = range(epoch * 6, epoch * 6 + 6)  # 50 // 8 = 6 steps/epoch
-        whole = [pipeline.unlabeled_indices(s, 0, num_replicas=1,
-                                            **kwargs).numpy() for s in steps]
-        assert len(set(np.concatenate(whole))) == 48
-        for s, expected in zip(steps, whole):
-            split = [pipeline.unlabeled_indices(s, r, num_replicas=4,
-                                                **kwargs).numpy()
-                     for r in range(4)]
-            np.testing.assert_array_equal(np.concatenate(split), expected)
-    first = pipeline.unlabeled_indices(0, 0, num_replicas=1, **kwargs).numpy()
-    later = pipeline.unlabeled_indices(6, 0, num_replicas=1, **kwargs).numpy()
-    assert (first != later).any()  # each epoch is reshuffled
-
-
 @pytest.mark.slow
 def test_element_spec_and_summary():
     pretrain = _build(unique_classes_per_replica=True)

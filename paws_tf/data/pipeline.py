@@ -90,36 +90,6 @@ class PretrainInput(typing.NamedTuple):
     views_per_step: int  # images forwarded per step, over all replicas
 
 
-def unlabeled_indices(step, replica_id, *, num_examples, global_batch_size,
-                      num_replicas, seed):
-    """Positions in the unlabeled source that a replica gets at a step.
-
-    Epoch e = step // steps_per_epoch is a permutation of all N positions
-    drawn from (seed, e); the step takes its G consecutive entries (the
-    remainder of an epoch is dropped) and replica r the r-th slice of G / R.
-
-    Args:
-        step: int scalar, global step.
-        replica_id: int scalar, global replica id.
-        num_examples: N, size of the unlabeled source.
-        global_batch_size: G, images per step over all replicas.
-        num_replicas: R.
-        seed: int.
-
-    Returns:
-        int64 [G / R] positions.
-    """
-    steps_per_epoch = num_examples // global_batch_size
-    batch = global_batch_size // num_replicas
-    step = tf.cast(step, tf.int64)
-    order = sampling.permutation(
-        num_examples, sampling.derive_seed(seed, sampling.UNLABELED_ORDER,
-                                           step // steps_per_epoch))
-    start = (step % steps_per_epoch) * global_batch_size + (
-        tf.cast(replica_id, tf.int64) * batch)
-    return order[start:start + batch]  # [B]
-
-
 def _check_divisible(value, name, divisor, divisor_name, fix):
     if value % divisor:
         raise ValueError(f'{name}={value} is not divisible by the '

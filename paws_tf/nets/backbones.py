@@ -278,17 +278,17 @@ def downsampling(name, *, stem_stride=1, stage_strides=(2, 2, 2)):
 
 @gin.configurable
 def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
-                   bn_epsilon=1e-5, sync_bn_impl=sync_batch_norm.CUSTOM,
-                   padding_impl=padded_layers.CUSTOM, recompute_bn_relu=True,
+                   bn_epsilon=1e-5, sync_bn_impl=sync_batch_norm.KERAS,
+                   padding_impl=padded_layers.KERAS, recompute_bn_relu=False,
                    **kwargs):
     """Builds a channels-last feature extractor that accepts any image size.
 
-    Three switches choose between paws_tf's CPU-tuned layers (the defaults)
-    and tf_keras' standard ones. Each pair has the same variables and gives
-    the same values and gradients, so checkpoints move between settings.
-    The custom layers' gains were measured on a 2-core CPU only
-    (docs/performance.md); on GPUs the tf_keras layers are a reasonable
-    choice.
+    Three switches choose between tf_keras' standard layers (the defaults)
+    and paws_tf's CPU-tuned ones, which the CPU configs (demo, debug, the
+    small own-images recipe) select. Each pair has the same variables and
+    gives the same values and gradients, so checkpoints move between
+    settings. The custom layers' gains were measured on 2-core CPUs only
+    (docs/performance.md); they have not run on a GPU.
 
     Args:
         name: one of
@@ -310,29 +310,30 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
             BN, PAWS Sec. 5); use False with a single replica (fusable BN).
         bn_momentum: batch-norm moving-average decay (Keras convention).
         bn_epsilon: batch-norm epsilon.
-        sync_bn_impl: with `sync_bn`, 'custom' for
-            `sync_batch_norm.GlobalBatchNormalization` (one all-reduce each
-            way around TensorFlow's fused kernels, where tf_keras' layer
-            makes three forward and two backward around unfused ops),
-            'keras' for `tf_keras.layers.BatchNormalization(
-            synchronized=True)`. Measured on 2 CPU cores (two replicas on
-            logical devices, the `cifar_small` step without recomputation):
-            6% less CPU time with 'custom'. Only 'custom' is recomputed
+        sync_bn_impl: with `sync_bn`, 'keras' (default) for
+            `tf_keras.layers.BatchNormalization(synchronized=True)`,
+            'custom' for `sync_batch_norm.GlobalBatchNormalization` (one
+            all-reduce each way around TensorFlow's fused kernels, where
+            tf_keras' layer makes three forward and two backward around
+            unfused ops). Measured on 2 CPU cores (two replicas on logical
+            devices, the `cifar_small` step without recomputation): 6% less
+            CPU time with 'custom'. Only 'custom' is recomputed
             (`recompute_bn_relu`); 'keras' holds the ReLU outputs.
         padding_impl: the strided convolutions and the ResNet-50 max pool,
-            padded symmetrically as in PyTorch. 'custom':
-            `padded_layers.PaddedConv2D` and `PaddedMaxPool2D`, which pad
-            again in the backward pass instead of holding the padded copy
-            (measured on 2 CPU cores: 169 MiB less tensor peak in a
-            `cifar_small` step, 83 MiB in `rn50_tiny`'s). 'keras': a
+            padded symmetrically as in PyTorch. 'keras' (default): a
             `tf_keras.layers.ZeroPadding2D` before a 'valid' Conv2D or
-            MaxPool2D.
+            MaxPool2D. 'custom': `padded_layers.PaddedConv2D` and
+            `PaddedMaxPool2D`, which pad again in the backward pass instead
+            of holding the padded copy (measured on 2 CPU cores: 169 MiB
+            less tensor peak in a `cifar_small` step, 83 MiB in
+            `rn50_tiny`'s).
         recompute_bn_relu: where a batch norm and ReLU feed a convolution or
             max pool alone, recompute the ReLU output in the backward pass
             instead of holding it (`recompute.NormReLUThen`): measured on 2
             CPU cores with local batch norm, the step's tensor peak 12-14%
             lower for ResNet-50 and 48% for WRN-28-2, at about 5% more CPU
-            time. False: the tf_keras layers composed, which hold it.
+            time. False (default): the tf_keras layers composed, which hold
+            it.
         **kwargs: architecture arguments of the chosen backbone.
 
     Returns:
