@@ -73,7 +73,7 @@ _RUN_STATE = train.RUN_OUTPUTS + (CONFIG_FILE, OPERATIVE_CONFIG_FILE,
                                   data_fingerprint.FILENAME,
                                   normalization_lib.NORMALIZATION_FILENAME)
 # Gin bindings that may change when a run resumes.
-_RESUME_ONLY_BINDINGS = ('train.on_data_change',)
+_RESUME_ONLY_BINDINGS = ('train.on_data_change', 'ProgressBar.')
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # The shipped configs include each other as 'gin_configs/NAME.gin', so gin
 # searches the directory that holds gin_configs/: the package once installed

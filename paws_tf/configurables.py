@@ -15,6 +15,7 @@ from paws_tf.evaluation import export  # noqa: F401
 from paws_tf.evaluation import fine_tune  # noqa: F401
 from paws_tf import lars  # noqa: F401
 from paws_tf import model  # noqa: F401
+from paws_tf import progress  # noqa: F401
 from paws_tf.nets import backbones  # noqa: F401
 from paws_tf.nets import heads  # noqa: F401
 from paws_tf.runner import experiment  # noqa: F401

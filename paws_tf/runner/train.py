@@ -23,9 +23,9 @@ from paws_tf import dist
 from paws_tf import lars
 from paws_tf import model as model_lib
 from paws_tf.nets import weights
+from paws_tf import progress
 from paws_tf.runner import callbacks
 from paws_tf.runner import experiment
-from paws_tf.runner import progress
 from paws_tf.runner import run_history
 from paws_tf import schedules
 
