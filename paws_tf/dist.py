@@ -202,6 +202,7 @@ def all_reduce_mean(x):
 class ClusterFailed(RuntimeError):
     """A collective across the workers of a cluster failed: a worker died,
     was stopped, never started, or runs another program."""
+    EXIT_CODE = os.EX_UNAVAILABLE  # run.py's exit code.
 
 
 # Errors of a collective whose peer is gone or stuck, beside the
