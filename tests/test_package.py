@@ -1,4 +1,5 @@
-"""The package selects the Keras 2 API for the whole process."""
+"""The package selects the Keras 2 API for the whole process and does not
+load the demo."""
 
 import os
 import pathlib
