@@ -77,7 +77,7 @@ _EXPORTS = {
     'export_embedder': 'evaluation.export',
     'export_classifier': 'evaluation.export',
     # Training.
-    'ProgressBar': 'runner.progress',
+    'ProgressBar': 'progress',
 }
 __all__ = sorted(_EXPORTS)
 

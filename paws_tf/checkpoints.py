@@ -10,6 +10,7 @@ CHECKPOINT_PREFIX = 'ckpt'
 class SaveFailed(RuntimeError):
     """A checkpoint or backup could not be written (no space, no permission,
     a read-only filesystem); what was saved before is unchanged."""
+    EXIT_CODE = os.EX_IOERR  # run.py's exit code.
 
 
 def latest(directory):
@@ -41,6 +42,7 @@ def resolve_prefix(path):
 class NoneRestorable(RuntimeError):
     """Checkpoints exist but none can be restored (truncated or corrupted
     files)."""
+    EXIT_CODE = os.EX_DATAERR  # run.py's exit code.
 
 
 def all_checkpoints(directory):

@@ -1,5 +1,9 @@
 """Registers every gin configurable of paws_tf (run.py imports it), so gin
-files need no `import` lines."""
+files need no `import` lines, and finds and parses gin configs: a path, or
+a config shipped with the package."""
+
+import os
+import re
 
 # pylint: disable=unused-import
 from paws_tf.data import augment  # noqa: F401
@@ -18,6 +22,7 @@ from paws_tf import lars  # noqa: F401
 from paws_tf import model  # noqa: F401
 from paws_tf.nets import backbones  # noqa: F401
 from paws_tf.nets import heads  # noqa: F401
+from paws_tf import progress  # noqa: F401
 from paws_tf.runner import experiment  # noqa: F401
 from paws_tf.runner import train  # noqa: F401
 from paws_tf import schedules  # noqa: F401
@@ -28,3 +33,84 @@ import gin  # noqa: E402
 # copying numbers.
 for _name in augment.GIN_CONSTANTS:
     gin.constant(_name, getattr(augment, _name))
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# The shipped configs include each other as 'gin_configs/NAME.gin', so gin
+# searches the directory that holds gin_configs/: the package once installed
+# (pyproject.toml maps the repository's gin_configs/ into it), else the
+# checkout the package is imported from (run.py, editable installs).
+CONFIG_ROOT = next(
+    (root for root in (_PACKAGE_DIR, os.path.dirname(_PACKAGE_DIR))
+     if os.path.isdir(os.path.join(root, 'gin_configs'))), _PACKAGE_DIR)
+CONFIG_DIR = os.path.join(CONFIG_ROOT, 'gin_configs')
+
+
+def shipped_configs():
+    """The names of the gin configs shipped with the package.
+
+    Returns:
+        Sorted file names such as 'debug.gin'.
+    """
+    if not os.path.isdir(CONFIG_DIR):
+        return []
+    return sorted(name for name in os.listdir(CONFIG_DIR)
+                  if name.endswith('.gin'))
+
+
+def resolve_gin_file(name):
+    """The file a --gin_file names: a path that exists, else a shipped
+    config, by file name ('debug.gin') or as the repository spells it
+    ('gin_configs/debug.gin').
+
+    Args:
+        name: the --gin_file value.
+
+    Returns:
+        A path gin can open.
+
+    Raises:
+        ValueError: `name` is neither.
+    """
+    for path in (name, os.path.join(CONFIG_DIR, name),
+                 os.path.join(CONFIG_ROOT, name)):
+        if os.path.isfile(path):
+            return path
+    raise ValueError(
+        f'--gin_file={name}: no such file, and no shipped config of that '
+        f'name. Shipped configs (in {CONFIG_DIR}): '
+        f'{", ".join(shipped_configs()) or "none"}.')
+
+
+def parse(gin_files, bindings):
+    """Parses the gin files (paths or shipped configs' names), then each
+    binding, and finalizes the config; includes resolve against
+    `CONFIG_ROOT`.
+
+    Raises:
+        ValueError: a file that is neither a path nor a shipped config, a
+            binding that is not valid gin (named: gin's own message does
+            not say which), or a macro the config uses but nothing binds
+            (gin's message prints the whole config after it).
+    """
+    gin.add_config_file_search_path(CONFIG_ROOT)
+    gin.parse_config_files_and_bindings(
+        [resolve_gin_file(name) for name in gin_files], None,
+        finalize_config=False)
+    for binding in bindings:
+        try:
+            gin.parse_config(binding)
+        except (SyntaxError, ValueError) as error:
+            raise ValueError(
+                f'--gin_bindings={binding!r} is not valid gin: {error}') \
+                from error
+    try:
+        gin.finalize()
+    except ValueError as error:
+        macro = re.match(r"No bindings specified for '(\w+)/gin\.macro'",
+                         str(error))
+        if macro is None:
+            raise
+        name = macro.group(1)
+        raise ValueError(
+            f'{name} is not bound: the config uses %{name}. Bind it, e.g. '
+            f'--gin_bindings="{name} = ..."') from None

@@ -18,9 +18,6 @@ from paws_tf import checks
 from paws_tf import rendezvous
 
 STRATEGY_KINDS = ('auto', 'one_device', 'mirrored', 'multi_worker')
-# A collective across the cluster's workers failed, or a task did not start
-# (EX_UNAVAILABLE).
-CLUSTER_FAILED_EXIT_CODE = os.EX_UNAVAILABLE
 
 
 def cluster_in_environment():
@@ -218,6 +215,7 @@ def all_reduce_mean(x):
 class ClusterFailed(RuntimeError):
     """A collective across the workers of a cluster failed: a worker died,
     was stopped, never started, or runs another program."""
+    EXIT_CODE = os.EX_UNAVAILABLE  # run.py's exit code.
 
 
 # Errors of a collective whose peer is gone or stuck, beside the

@@ -6,7 +6,6 @@ import time
 
 import pytest
 
-from paws_tf import cli
 from paws_tf import dist
 from paws_tf.runner import train
 from tests.helpers import cluster
@@ -30,7 +29,7 @@ def test_workers_started_with_different_configs_stop_before_any_work(
         cluster_command(tmp_path), timeout=300,
         extra_args={1: ['--gin_bindings=train.seed = 1']})
     for code, output in results:
-        assert code == cli.CLUSTER_FAILED_EXIT_CODE, output[-3000:]
+        assert code == dist.ClusterFailed.EXIT_CODE, output[-3000:]
         assert ('the workers were started with different configs: that of '
                 'worker 1 differs from that of worker 0') in output
     assert not (tmp_path / train.CHECKPOINT_DIR).exists()
@@ -47,7 +46,7 @@ def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
     code, output = cluster.finish_all(procs[:1], timeout=300)[0]
     # The coordination service misses the dead worker's heartbeats.
     assert time.time() - killed < 120
-    assert code == cli.CLUSTER_FAILED_EXIT_CODE, output[-3000:]
+    assert code == dist.ClusterFailed.EXIT_CODE, output[-3000:]
     assert 'worker 0 stopped at step' in output
     assert '/job:worker/replica:0/task:1' in output, output[-3000:]
     assert 'Free space' not in output
@@ -80,7 +79,7 @@ def test_a_worker_that_never_starts_stops_the_other_then_all_start(
         command, tf_configs=tf_configs, only=[0]), timeout=300)
     # Python and TensorFlow start in well under a minute, even loaded.
     assert timeout <= time.time() - started < timeout + 90
-    assert code == cli.CLUSTER_FAILED_EXIT_CODE, output[-3000:]
+    assert code == dist.ClusterFailed.EXIT_CODE, output[-3000:]
     assert (f'worker 0: the cluster did not form within {timeout} s '
             f'(make_strategy.start_timeout): nothing answers at worker 1 '
             f'({worker_1}): never started') in output, output[-3000:]

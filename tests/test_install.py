@@ -10,10 +10,9 @@ import sys
 import sysconfig
 import zipfile
 
-from absl import app
 import pytest
 
-from paws_tf import cli
+from paws_tf import configurables
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # What a build reads from the checkout (pyproject.toml names README.md).
@@ -77,11 +76,12 @@ def test_the_wheel_holds_every_module_config_and_the_program(tmp_path):
 
 def test_a_config_name_resolves_to_the_shipped_config(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    shipped = os.path.join(cli.CONFIG_DIR, 'debug.gin')
-    assert cli.resolve_gin_file('debug.gin') == shipped
-    assert cli.resolve_gin_file('gin_configs/debug.gin') == os.path.join(
-        cli.CONFIG_ROOT, 'gin_configs', 'debug.gin')
-    assert cli.shipped_configs() == sorted(
+    shipped = os.path.join(configurables.CONFIG_DIR, 'debug.gin')
+    assert configurables.resolve_gin_file('debug.gin') == shipped
+    assert configurables.resolve_gin_file(
+        'gin_configs/debug.gin') == os.path.join(
+            configurables.CONFIG_ROOT, 'gin_configs', 'debug.gin')
+    assert configurables.shipped_configs() == sorted(
         p.name for p in (REPO / 'gin_configs').glob('*.gin'))
 
 
@@ -89,18 +89,18 @@ def test_a_path_that_exists_wins_over_a_shipped_config(tmp_path,
                                                         monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / 'debug.gin').write_text("include 'gin_configs/debug.gin'\n")
-    assert cli.resolve_gin_file('debug.gin') == 'debug.gin'
+    assert configurables.resolve_gin_file('debug.gin') == 'debug.gin'
     path = str(tmp_path / 'debug.gin')
-    assert cli.resolve_gin_file(path) == path
+    assert configurables.resolve_gin_file(path) == path
 
 
 def test_an_unknown_config_lists_the_shipped_ones(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(app.UsageError) as error:
-        cli.resolve_gin_file('demo_fashion_mnist_typo.gin')
+    with pytest.raises(ValueError) as error:
+        configurables.resolve_gin_file('demo_fashion_mnist_typo.gin')
     message = str(error.value)
     assert '--gin_file=demo_fashion_mnist_typo.gin: no such file' in message
-    for name in cli.shipped_configs():
+    for name in configurables.shipped_configs():
         assert name in message
 
 
@@ -153,8 +153,9 @@ def test_paws_tf_installed_runs_from_any_directory(tmp_path):
             proc.stdout + proc.stderr)[-3000:]
         return proc.stdout
 
-    where = run(str(python), '-c', 'import paws_tf, paws_tf.cli; '
-                'print(paws_tf.__file__); print(paws_tf.cli.CONFIG_DIR)')
+    where = run(str(python), '-c', 'import paws_tf, paws_tf.configurables; '
+                'print(paws_tf.__file__); '
+                'print(paws_tf.configurables.CONFIG_DIR)')
     package = site_packages.resolve() / 'paws_tf'
     assert [pathlib.Path(p).resolve() for p in where.split()] == [
         package / '__init__.py', package / 'gin_configs']

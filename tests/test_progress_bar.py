@@ -1,5 +1,7 @@
-"""The progress bar shows what a user watches, on one 80-column line."""
+"""Progress shows what a user watches: on a terminal one 80-column line
+redrawn, in a log whole lines at most every interval and at epoch ends."""
 
+import io
 import re
 
 from absl import logging
@@ -9,12 +11,35 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf.runner import callbacks
-from paws_tf.runner import progress
+from paws_tf import progress
 from paws_tf.runner import train
 from tests.helpers import debug_gin
 
 SHOWN = ('loss', 'ce', 'me-max', 'conf', 'lr')
 HIDDEN = ('trust', 'nt_xent', 'suncet', 'cross_entropy')
+
+
+class _Terminal(io.StringIO):
+    """A stream that says it is a terminal, as `sys.stdout` on one does."""
+
+    def isatty(self):
+        return True
+
+
+class _Clock:
+    """A clock the test moves: `ProgressBar`'s seconds."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+LOGS = {'loss': 0.25, 'cross_entropy': 1.5, 'me_max': -1.25,
+        'target_confidence': 0.75, 'learning_rate': 5e-4,
+        'trust_ratio_mean': 0.5, 'nt_xent': 4.0, 'suncet': 1.0}
+WATCHED = 'loss 0.25  ce 1.5  me-max -1.25  conf 0.75  lr 0.0005'
 
 
 def _lines(text):
@@ -24,52 +49,78 @@ def _lines(text):
             for part in line.split('\r') if part.strip()]
 
 
-def _train_one_epoch(tmp_path, verbose):
-    with debug_gin.parsed(['train.num_epochs = 1',
-                           f'train.verbose = {verbose}',
+@pytest.mark.slow
+def test_a_debug_run_logs_lines_with_the_watched_values(tmp_path, capsys):
+    # Output captured, not a terminal: whole lines, here one per step.
+    with debug_gin.parsed(['train.num_epochs = 1', 'train.verbose = 1',
                            'train.checkpoint_every_steps = 0',
                            'train.view_images = False',
-                           'train.eval_max_queries = 32']):
+                           'train.eval_max_queries = 32',
+                           'ProgressBar.log_every_seconds = 0']):
         train.train(str(tmp_path), tf.distribute.get_strategy())
-
-
-@pytest.mark.slow
-def test_a_debug_run_shows_the_watched_values_in_80_columns(
-        tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv('COLUMNS', '80')
-    _train_one_epoch(tmp_path, verbose=1)
-    lines = _lines(capsys.readouterr().out)
-    steps = [line for line in lines if re.match(r'\d+/16 ', line)]
-    assert len(steps) >= 16  # One redraw per step of the epoch.
-    assert all(len(line) <= 79 for line in lines), max(lines, key=len)
+    out = capsys.readouterr().out
+    assert '\r' not in out
+    steps = [line for line in out.splitlines()
+             if line.startswith('epoch 1/1  step ')]
+    assert [line.split()[3] for line in steps] == [
+        f'{step}/16' for step in range(1, 17)]
     for line in steps:
         assert not any(word in line for word in HIDDEN), line
-    # A step line holds every watched value; the epoch's last one, which
-    # PAWS-NN joins, wraps between values instead of being cut.
-    assert all(f'{label} ' in steps[0] for label in SHOWN), steps[0]
-    end = '  '.join(lines[lines.index(steps[-1]):])
-    assert re.search(r'paws-nn (0(\.\d+)?|1)\b', end), end
-    assert all(f'{label} ' in end for label in SHOWN), end
+        assert all(f'  {label} ' in line for label in SHOWN), line
+    assert all(re.search(r'  ETA \d+ s$', line) for line in steps[:-1])
+    # The epoch's last line: PAWS-NN joins, and the time it took.
+    assert re.search(r'  paws-nn (0(\.\d+)?|1)  \d+ s$', steps[-1]), steps[-1]
 
 
-def test_values_are_those_logged(capsys, monkeypatch):
+def test_a_terminal_gets_one_line_redrawn_in_80_columns(monkeypatch):
     monkeypatch.setenv('COLUMNS', '80')
-    bar = progress.ProgressBar()
-    bar.set_params({'verbose': 1, 'epochs': 1, 'steps': 3})
+    terminal = _Terminal()
+    bar = progress.ProgressBar(stream=terminal)
+    bar.set_params({'verbose': 1, 'epochs': 2, 'steps': 3})
     bar.on_train_begin()
     bar.on_epoch_begin(0)
-    logs = {'loss': 0.25, 'cross_entropy': 1.5, 'me_max': -1.25,
-            'target_confidence': 0.75, 'learning_rate': 5e-4,
-            'trust_ratio_mean': 0.5, 'nt_xent': 4.0, 'suncet': 1.0}
-    bar.on_train_batch_end(0, logs)
-    first = _lines(capsys.readouterr().out)[-1]
-    assert first.startswith('1/3  loss 0.25  ce 1.5  me-max -1.25  conf 0.75'
-                            '  lr 0.0005  ETA '), first
-    bar.on_epoch_end(0, dict(logs, paws_nn_top1=0.875))
-    end = _lines(capsys.readouterr().out)
+    bar.on_train_batch_end(0, LOGS)
+    bar.on_train_batch_end(1, LOGS)
+    drawn = terminal.getvalue()
+    assert drawn.startswith('Epoch 1/2\n\r1/3  ' + WATCHED + '  ETA ')
+    assert drawn.count('\r') == 2 and drawn.count('\n') == 1
+    assert _lines(drawn)[-1].startswith('2/3  ' + WATCHED), drawn
+    assert all(len(line) <= 79 for line in _lines(drawn))
+    bar.on_epoch_end(0, dict(LOGS, paws_nn_top1=0.875))
+    end = _lines(terminal.getvalue()[len(drawn):])
+    # The final line wraps between values instead of being cut.
     assert end[0].startswith('3/3  loss 0.25  ce 1.5'), end
     assert 'paws-nn 0.875' in '  '.join(end)
     assert all(len(line) <= 79 for line in end)
+    assert not any(word in '  '.join(end) for word in HIDDEN)
+
+
+def test_a_log_gets_a_line_every_interval_and_at_the_epoch_end():
+    log, clock = io.StringIO(), _Clock()
+    bar = progress.ProgressBar(log_every_seconds=30, stream=log, clock=clock)
+    bar.set_params({'verbose': 1, 'epochs': 2, 'steps': 10})
+    bar.on_train_begin()
+    for epoch in range(2):
+        bar.on_epoch_begin(epoch)
+        for step in range(10):
+            clock.now += 10  # Ten seconds a step.
+            bar.on_train_batch_end(step, LOGS)
+        bar.on_epoch_end(epoch, dict(LOGS, paws_nn_top1=0.875))
+    # Each epoch starts its clock at 100 s per epoch; a line once 30 s have
+    # passed since the last: after steps 3, 6 and 9 (the ETA is the time
+    # per step times the steps left), then the epoch's end (its seconds).
+    expected = []
+    for epoch in (1, 2):
+        expected += [f'epoch {epoch}/2  step {step}/10  {WATCHED}  ETA '
+                     f'{10 * (10 - step)} s' for step in (3, 6, 9)]
+        expected.append(f'epoch {epoch}/2  step 10/10  {WATCHED}  '
+                        'paws-nn 0.875  100 s')
+    assert log.getvalue() == ''.join(line + '\n' for line in expected)
+
+
+def test_log_interval_is_checked():
+    with pytest.raises(ValueError, match='ProgressBar.log_every_seconds'):
+        progress.ProgressBar(log_every_seconds=-1)
 
 
 @pytest.mark.parametrize('verbose', [0, 2])
@@ -78,12 +129,13 @@ def test_verbosity(verbose, capsys):
     model.compile(loss='mse')
     model.fit(np.ones([8, 2]), np.ones([8, 1]), batch_size=4, epochs=2,
               verbose=verbose, callbacks=[progress.ProgressBar()])
-    lines = _lines(capsys.readouterr().out)
+    out = capsys.readouterr().out
     if verbose == 0:
-        assert not lines
-    else:  # Per epoch: the header and the final line.
-        assert [line.split()[0] for line in lines] == [
-            'Epoch', '2/2', 'Epoch', '2/2']
+        assert not out
+    else:  # One line per epoch, written to sys.stdout when fit runs.
+        assert '\r' not in out
+        assert [line.split()[:4] for line in out.splitlines()] == [
+            ['epoch', '1/2', 'step', '2/2'], ['epoch', '2/2', 'step', '2/2']]
 
 
 def test_the_epoch_log_line_keeps_every_value(tmp_path, caplog):

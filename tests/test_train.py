@@ -11,8 +11,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
+import tf_keras
 
 from paws_tf import checkpoints
+from paws_tf import progress
+from paws_tf.runner import run_history
 from paws_tf.runner import train
 from tests.helpers import debug_gin
 
@@ -64,6 +67,12 @@ def test_train_checkpoints_logs_and_does_not_retrain(debug_config, tmp_path):
             'batch_loss'} <= scalars
     assert {'views/global_views', 'views/local_views',
             'views/support_views'} <= scalars
+    # gin's operative config: the bound values and the defaults of what
+    # training called.
+    operative = (tmp_path / 'operative_config.gin').read_text()
+    assert 'train.num_epochs = 2' in operative
+    assert 'PAWSModel.tau = ' in operative
+    assert 'train.seed = 0' in operative  # A default.
 
     # Running it again restores the finished run instead of training.
     weights = [w.copy() for w in model.get_weights()]
@@ -72,6 +81,24 @@ def test_train_checkpoints_logs_and_does_not_retrain(debug_config, tmp_path):
     for want, got in zip(weights, again.get_weights()):
         np.testing.assert_array_equal(want, got)
     assert len(glob.glob(str(tmp_path / 'checkpoints' / '*.index'))) == 2
+
+
+def test_the_operative_config_is_written_once_the_first_step_ran(
+        clean_gin, tmp_path):
+    gin.parse_config('ProgressBar.log_every_seconds = 5')
+    path = tmp_path / run_history.OPERATIVE_CONFIG_FILE
+    seen = []
+    probe = tf_keras.callbacks.LambdaCallback(
+        on_train_begin=lambda logs: seen.append(path.exists()),
+        on_train_batch_end=lambda batch, logs: seen.append(path.exists()))
+    model = tf_keras.Sequential([tf_keras.layers.Dense(1)])
+    model.compile(loss='mse')
+    model.fit(np.ones([8, 2]), np.ones([8, 1]), batch_size=4, epochs=1,
+              verbose=0, callbacks=[
+                  progress.ProgressBar(),
+                  run_history.OperativeConfig(str(tmp_path)), probe])
+    assert seen == [False, True, True]
+    assert 'ProgressBar.log_every_seconds = 5' in path.read_text()
 
 
 def test_backups_must_be_at_least_as_frequent_as_checkpoints(debug_config,

@@ -22,6 +22,7 @@ _ROLES = ('labeled', 'unlabeled', 'test')
 
 class Changed(ValueError):
     """The data differs from what the run started on."""
+    EXIT_CODE = os.EX_DATAERR  # run.py's exit code.
 
 
 def _digest(items):

@@ -43,8 +43,7 @@ def demo(model_dir, strategy, *, overwrite=False, owner_check=None):
     train.train(model_dir, strategy, overwrite=overwrite,
                 owner_check=owner_check)
     paws_seconds = time.perf_counter() - start
-    paws = modes.export_and_evaluate(model_dir, strategy,
-                                     'train_and_evaluate')
+    paws = modes.export_and_evaluate(model_dir, strategy)
     model, bundle, _ = modes.load_trained_model(model_dir, strategy)
     preprocessing = experiment.eval_preprocessing(bundle)
     tune_start = time.perf_counter()

@@ -15,6 +15,7 @@ from paws_tf.data import augment
 from paws_tf.data import pipeline
 from paws_tf.data import sampling
 from paws_tf.nets import backbones
+from paws_tf import progress
 
 RESULTS_SUBDIR = 'supervised'
 RESULTS_FILENAME = 'results.json'
@@ -82,7 +83,8 @@ def train_supervised(model_dir, *, labeled, test, preprocessing,
         learning_rate: peak learning rate.
         weight_decay: decoupled weight decay.
         seed: seed of initialisation, order and views.
-        verbose: Keras `fit` verbosity ('auto': a progress bar).
+        verbose: Keras `fit` verbosity ('auto': progress within the epoch,
+            `progress.ProgressBar`).
 
     Returns:
         dict with `top1`, `wall_seconds`, `images_per_second`, `steps`.
@@ -104,7 +106,8 @@ def train_supervised(model_dir, *, labeled, test, preprocessing,
         metrics=['accuracy'])
     start = time.perf_counter()
     model.fit(_training_dataset(labeled, multicrop, batch_size, seed),
-              epochs=1, steps_per_epoch=steps, verbose=verbose)
+              epochs=1, steps_per_epoch=steps, verbose=verbose,
+              callbacks=[progress.ProgressBar()])
     train_seconds = time.perf_counter() - start
     correct = total = 0
     for images, labels in pipeline.make_eval_dataset(test, batch_size=256,

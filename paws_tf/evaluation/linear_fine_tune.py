@@ -17,6 +17,7 @@ from paws_tf.data import pipeline
 from paws_tf.data import sampling
 from paws_tf import dist
 from paws_tf.evaluation import tuning
+from paws_tf import progress
 from paws_tf import schedules
 
 HOLDOUT_FILENAME = 'holdout.txt'
@@ -176,7 +177,8 @@ def _train_classifier(model, source, *, strategy, num_classes,
             size=image_size, scale=crop_scale, mean=mean, std=std))
     classifier.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
                    callbacks=list(callbacks) + (
-                       [tuning.tensorboard(log_dir)] if log_dir else []))
+                       [tuning.tensorboard(log_dir)] if log_dir else []) +
+                   [progress.ProgressBar()])
     return classifier
 
 

@@ -18,6 +18,7 @@ from paws_tf.evaluation import tuning
 from paws_tf import lars as lars_lib
 from paws_tf import losses
 from paws_tf import model as model_lib
+from paws_tf import progress
 from paws_tf import schedules
 
 # `sampling.derive_seed` tag of the views, apart from sampling's and the
@@ -261,7 +262,8 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
     trainer.fit(strategy.distribute_datasets_from_function(dataset_fn),
                 epochs=num_epochs, steps_per_epoch=steps_per_epoch,
                 callbacks=[step_log, epoch_eval,
-                           tuning.tensorboard(output_dir, 10)])
+                           tuning.tensorboard(output_dir, 10),
+                           progress.ProgressBar()])
     after = by_epoch[-1]
     best = max(by_epoch, key=lambda entry: entry['top1'])
     results = {

@@ -1,16 +1,30 @@
-"""The checks of a whole gin config, made before any data is read."""
+"""The checks of a whole gin config, made before any data is read: its
+values, and whether it is the config of the run already in `model_dir`."""
 
 import inspect
 import numbers
 import os
 
+from absl import logging
 import gin
 
 from paws_tf import checks
 from paws_tf import model as model_lib
 from paws_tf.data import augment
+from paws_tf.data import data_fingerprint
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.nets import backbones
+from paws_tf.runner import train
+
+# The gin config of a training run, recorded in its model_dir at the start.
+CONFIG_FILE = 'config.gin'
+# Gin bindings that may change when a run resumes: what to do on changed
+# data, how often progress is logged, how long its cluster may take to form.
+RESUME_ONLY_BINDINGS = ('train.on_data_change', 'ProgressBar.',
+                        'make_strategy.start_timeout')
+# What a training run writes; overwriting it deletes these.
+RUN_STATE = train.RUN_OUTPUTS + (CONFIG_FILE, data_fingerprint.FILENAME,
+                                 normalization_lib.NORMALIZATION_FILENAME)
 
 
 def _reference(selector):
@@ -230,3 +244,53 @@ def check_config():
             sizes.append(support_size[::-1])
     for size_name, size in sizes:
         _check_size(size, size_name, minimum, backbone, backbone_name)
+
+
+def _experiment_lines(config):
+    """The lines of a gin config that define the experiment: all but the
+    bindings that only say how to resume it."""
+    return [line for line in config.splitlines()
+            if not line.startswith(RESUME_ONLY_BINDINGS)]
+
+
+def check_model_dir(model_dir, config, *, overwrite, chief):
+    """Refuses to train over a run of another config unless `overwrite`
+    says to, and then the chief deletes that run. The config of a start
+    that saved nothing is replaced, with the logs of its first steps.
+
+    Args:
+        model_dir: the run directory.
+        config: the gin config to train with (`gin.config_str()`).
+        overwrite: delete a run of another config (run.py's --overwrite).
+        chief: whether this process writes (deletes) in `model_dir`.
+
+    Raises:
+        ValueError: `model_dir` holds a run of another config (the changed
+            lines are listed) and `overwrite` is False.
+    """
+    path = os.path.join(model_dir, CONFIG_FILE)
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        previous = f.read()
+    old, new = _experiment_lines(previous), _experiment_lines(config)
+    if old == new:
+        return
+    if not train.has_progress(model_dir):
+        logging.info('%s holds the config of a start that saved no backup '
+                     'or checkpoint: starting with this config.', model_dir)
+        if chief:
+            train.delete_outputs(model_dir, (train.TENSORBOARD_DIR,))
+        return
+    if not overwrite:
+        changed = [f'  - {line}' for line in old if line not in new][:5] + [
+            f'  + {line}' for line in new if line not in old][:5]
+        raise ValueError(
+            f'{model_dir} holds a run with a different gin config:\n' +
+            '\n'.join(changed) + '\nUse another --model_dir, undo the change '
+            'to resume that run, or pass --overwrite to delete it and start '
+            'again.')
+    if chief:
+        logging.warning('--overwrite: deleting the previous run in %s.',
+                        model_dir)
+        train.delete_outputs(model_dir, RUN_STATE)

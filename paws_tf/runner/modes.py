@@ -1,7 +1,9 @@
-"""What each run.py mode does after training: restore, export, evaluate."""
+"""run.py's modes, one function each (`MODES`), and what they share:
+restoring a trained run, exporting and evaluating it."""
 
 import contextlib
 import os
+import typing
 
 from absl import logging
 import tensorflow as tf
@@ -16,8 +18,6 @@ from paws_tf.runner import experiment
 from paws_tf.runner import official_import
 from paws_tf.runner import train
 
-MODES = ('train', 'evaluate_nn', 'fine_tune', 'export', 'train_and_evaluate',
-         'import_official')
 EMBED_BATCH_SIZE = 256
 
 
@@ -130,11 +130,11 @@ def _restore(model_dir, strategy, imported, *, local=False):
     return model, experiment.load_data(model_dir), 0
 
 
-def export_and_evaluate(model_dir, strategy, mode, *, imported=False):
-    """What `mode` does with a trained run that one process does alone:
-    export (`export`, `train_and_evaluate`), then PAWS-NN (`evaluate_nn`,
-    `train_and_evaluate`), on the chief from the newest checkpoint; the
-    other workers wait for it.
+def export_and_evaluate(model_dir, strategy, *, exports=True,
+                        evaluates=True, imported=False):
+    """What one process does alone with a trained run: export it
+    (`exports`), then PAWS-NN (`evaluates`), on the chief from the newest
+    checkpoint (or the imported weights); the other workers wait for it.
 
     Returns:
         The PAWS-NN results when evaluated on the chief, else None.
@@ -143,53 +143,134 @@ def export_and_evaluate(model_dir, strategy, mode, *, imported=False):
     if dist.is_chief(strategy):
         model, bundle, step = _restore(model_dir, strategy, imported,
                                        local=True)
-        if mode in ('export', 'train_and_evaluate'):
+        if exports:
             export_run(model_dir, model, bundle)
-        if mode in ('evaluate_nn', 'train_and_evaluate'):
+        if evaluates:
             results = evaluate_run(model_dir, bundle, model=model, step=step)
     dist.barrier(strategy)
     return results
 
 
-def run(model_dir, strategy, mode, *, overwrite=False,
-        official_checkpoint=None, owner_check=None):
-    """Runs one of run.py's modes (`MODES`, see run.py).
+class Options(typing.NamedTuple):
+    """What run.py's flags give a mode besides the run directory."""
+    overwrite: bool = False  # --overwrite.
+    owner_check: typing.Optional[typing.Callable[[], None]] = None
+    official_checkpoint: typing.Optional[str] = None  # --official_checkpoint
 
-    `overwrite` (run.py's --overwrite) is passed to `train.train` and the
-    importer, `owner_check` (the run lock's check before every save) to
-    `train.train`; `official_checkpoint` is the `.pth.tar` file that
-    `import_official` reads. On a `model_dir` holding an import, export,
-    evaluate_nn and fine_tune run on the imported weights, built from the
-    gin config alone (the import already exported the embedder).
 
-    Returns:
-        The PAWS-NN results for modes that evaluate, the import record for
-        `import_official`, else None.
+def _imported(model_dir, mode, trains=False):
+    """Whether `model_dir` holds imported weights (`import_official`) that
+    `mode` (a mode that `trains`, or not) runs on.
+
+    Raises:
+        official_import.ImportFailed: `mode` cannot run on that import.
     """
-    if mode not in MODES:
-        raise ValueError(f'Unknown mode {mode!r}; choose one of {MODES}.')
-    if mode == 'import_official':
-        # One process's work: the chief imports into plain variables, the
-        # other workers wait for it.
-        imported = None
-        if dist.is_chief(strategy):
-            imported = official_import.import_official(
-                model_dir, official_checkpoint,
-                strategy=tf.distribute.get_strategy(), overwrite=overwrite)
-        dist.barrier(strategy)
-        return imported
     record = official_import.read_record(model_dir)
     if record is not None:
-        official_import.refuse(record, mode, model_dir)
-    if mode in ('train', 'train_and_evaluate'):
-        train.train(model_dir, strategy, overwrite=overwrite,
-                    owner_check=owner_check)
-        if mode == 'train':
-            return None
-    imported = record is not None
-    if mode == 'fine_tune':
-        model, bundle, _ = _restore(model_dir, strategy, imported)
-        return fine_tune.fine_tune(model_dir, model, labeled=bundle.labeled,
-                                   test=bundle.test, strategy=strategy,
-                                   **experiment.eval_preprocessing(bundle))
-    return export_and_evaluate(model_dir, strategy, mode, imported=imported)
+        official_import.refuse(record, mode, model_dir, trains=trains)
+    return record is not None
+
+
+def _train(model_dir, strategy, options):
+    _imported(model_dir, 'train', trains=True)
+    train.train(model_dir, strategy, overwrite=options.overwrite,
+                owner_check=options.owner_check)
+
+
+def _train_and_evaluate(model_dir, strategy, options):
+    _train(model_dir, strategy, options)
+    return export_and_evaluate(model_dir, strategy)
+
+
+def _export(model_dir, strategy, options):
+    del options  # Unused.
+    export_and_evaluate(model_dir, strategy, evaluates=False,
+                        imported=_imported(model_dir, 'export'))
+
+
+def _evaluate_nn(model_dir, strategy, options):
+    del options  # Unused.
+    return export_and_evaluate(model_dir, strategy, exports=False,
+                               imported=_imported(model_dir, 'evaluate_nn'))
+
+
+def _fine_tune(model_dir, strategy, options):
+    del options  # Unused.
+    model, bundle, _ = _restore(model_dir, strategy,
+                                _imported(model_dir, 'fine_tune'))
+    return fine_tune.fine_tune(model_dir, model, labeled=bundle.labeled,
+                               test=bundle.test, strategy=strategy,
+                               **experiment.eval_preprocessing(bundle))
+
+
+def _import_official(model_dir, strategy, options):
+    # One process's work: the chief imports into plain variables, the
+    # other workers wait for it.
+    record = None
+    if dist.is_chief(strategy):
+        record = official_import.import_official(
+            model_dir, options.official_checkpoint,
+            strategy=tf.distribute.get_strategy(),
+            overwrite=options.overwrite)
+    dist.barrier(strategy)
+    return record
+
+
+def _demo(model_dir, strategy, options):
+    _imported(model_dir, 'demo', trains=True)
+    # Imported when it runs: the library does not load the demo (nor its
+    # report's plotting).
+    # pylint: disable-next=import-outside-toplevel
+    from paws_tf.demo import run_demo
+    return run_demo.demo(model_dir, strategy, overwrite=options.overwrite,
+                         owner_check=options.owner_check)
+
+
+class Mode(typing.NamedTuple):
+    """A run.py mode: `run(model_dir, strategy, options)` returns its
+    results (PAWS-NN's, fine-tuning's, the import record) or None."""
+    run: typing.Callable[[str, tf.distribute.Strategy, Options], typing.Any]
+    # Trains: takes the run lock and records the config in model_dir.
+    trains: bool = False
+    # Reads Options.official_checkpoint, and creates model_dir only once
+    # the checkpoint fits.
+    imports: bool = False
+
+
+# run.py's --mode (README.md, "run.py"). On a model_dir holding an import,
+# export, evaluate_nn and fine_tune run on the imported weights, built from
+# the gin config alone (the import already exported the embedder).
+MODES = {
+    'train': Mode(_train, trains=True),
+    'evaluate_nn': Mode(_evaluate_nn),
+    'fine_tune': Mode(_fine_tune),
+    'export': Mode(_export),
+    'train_and_evaluate': Mode(_train_and_evaluate, trains=True),
+    # train_and_evaluate, the configured fine-tuning, then a supervised-only
+    # baseline on the same labels: results.json, a figure and a table.
+    'demo': Mode(_demo, trains=True),
+    'import_official': Mode(_import_official, imports=True),
+}
+
+
+def run(model_dir, strategy, mode, **options):
+    """Runs the mode named `mode` (a key of `MODES`).
+
+    Args:
+        model_dir: the run directory.
+        strategy: the running `tf.distribute.Strategy`.
+        mode: the mode's name.
+        **options: the fields of `Options`: `overwrite` (run.py's
+            --overwrite) for training and the importer, `owner_check` (the
+            run lock's check before every save) for training,
+            `official_checkpoint` (the `.pth.tar` file) for
+            `import_official`.
+
+    Returns:
+        What the mode returns: PAWS-NN results, fine-tuning results, the
+        import record, or None.
+    """
+    if mode not in MODES:
+        raise ValueError(f'Unknown mode {mode!r}; choose one of '
+                         f'{sorted(MODES)}.')
+    return MODES[mode].run(model_dir, strategy, Options(**options))

@@ -42,6 +42,7 @@ _EXPECTED = ('an official PAWS checkpoint: a dict whose "encoder" entry is '
 
 class ImportFailed(ValueError):
     """The official checkpoint cannot be imported; nothing was written."""
+    EXIT_CODE = os.EX_DATAERR  # run.py's exit code.
 
 
 def read_checkpoint(path):
@@ -290,15 +291,21 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
     return record
 
 
-def refuse(record, mode, model_dir):
+def refuse(record, mode, model_dir, *, trains=False):
     """Raises the error for a mode an imported run cannot run, if it is
     one.
+
+    Args:
+        record: the import's record (`read_record`).
+        mode: the mode's name, for the message.
+        model_dir: the run directory.
+        trains: whether the mode trains.
 
     Raises:
         ImportFailed: pre-training on an import, or any mode but
             `import_official` on an imported fine-tuned classifier.
     """
-    if mode in ('train', 'train_and_evaluate'):
+    if trains:
         raise ImportFailed(
             f'{model_dir} holds weights imported from {record["source"]}, '
             'not a paws_tf training run: pre-train in another --model_dir '

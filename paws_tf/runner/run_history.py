@@ -1,11 +1,18 @@
-"""A training run's history in its directory: one line per start, resume and
-end, so that its interruptions can be read afterwards."""
+"""A training run's records in its directory: its history, one line per
+start, resume and end, so that its interruptions can be read afterwards, and
+its operative gin config."""
 
 import datetime
 import os
 import socket
 
+import gin
+import tf_keras
+
+from paws_tf import files
+
 HISTORY_FILENAME = 'run_history.txt'
+OPERATIVE_CONFIG_FILE = 'operative_config.gin'
 
 
 def _now():
@@ -41,3 +48,21 @@ def resumed(step, total_steps, steps_per_epoch, source):
             f'{total_steps // steps_per_epoch}, step {batch} of it) from '
             f'{source}')
 
+
+
+class OperativeConfig(tf_keras.callbacks.Callback):
+    """Writes gin's operative config (every value the configurables that
+    the run called received, defaults included) to
+    `model_dir/OPERATIVE_CONFIG_FILE` once the first step has run: gin
+    lists a configurable only once it has been called, and by then training
+    has called all of its own. The chief's alone."""
+
+    def __init__(self, model_dir):
+        super().__init__()
+        self._path = os.path.join(model_dir, OPERATIVE_CONFIG_FILE)
+        self._written = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._written:
+            files.write_text(self._path, gin.operative_config_str())
+            self._written = True

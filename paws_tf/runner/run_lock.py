@@ -12,6 +12,7 @@ was taken over while still alive finds out before its next save
 (`RunLock.check`) and stops.
 """
 
+import contextlib
 import datetime
 import json
 import os
@@ -22,6 +23,7 @@ import uuid
 
 from absl import logging
 
+from paws_tf import dist
 from paws_tf import files
 
 LOCK_FILENAME = 'run.lock'
@@ -34,11 +36,15 @@ STALE_AFTER_SECONDS = 300
 
 class Held(RuntimeError):
     """Another live run holds the lock of this run directory."""
+    # run.py's exit code: try again later (the other run goes on).
+    EXIT_CODE = os.EX_TEMPFAIL
 
 
 class Lost(RuntimeError):
     """Another run took over the lock this run held (its heartbeat looked
-    stale to a run on another host)."""
+    stale to a run on another host); this run stopped before saving."""
+    # run.py's exit code: the other run goes on with the run directory.
+    EXIT_CODE = os.EX_TEMPFAIL
 
 
 def _process_start(pid):
@@ -275,3 +281,35 @@ def check_held_by_job(model_dir, job):
         return
     if stale_reason(holder) is None:
         raise _held_error(model_dir, holder)
+
+
+def _job(strategy):
+    """What the processes of one job share and another job does not: the
+    cluster spec under MultiWorkerMirroredStrategy, else None."""
+    resolver = getattr(strategy, 'cluster_resolver', None)
+    if resolver is None:
+        return None
+    return json.dumps(resolver.cluster_spec().as_dict(), sort_keys=True)
+
+
+def for_process(model_dir, strategy, *, training):
+    """The lock this process holds while it runs in `model_dir`: a
+    `RunLock` on a training chief, else a no-op context after the checks
+    the other processes make.
+
+    Raises:
+        Held: `training`, and another live run holds the lock.
+    """
+    if training and dist.is_chief(strategy):
+        return RunLock(model_dir, job=_job(strategy))
+    if training:
+        # The chief holds the lock for the job's other workers.
+        check_held_by_job(model_dir, _job(strategy))
+        return contextlib.nullcontext()
+    holder = read(model_dir)
+    if holder is not None and stale_reason(holder) is None:
+        logging.warning(
+            'A training run (%s) is writing %s: reading its newest complete '
+            'checkpoint (the checkpoint state file names a checkpoint only '
+            'once its files are written).', describe(holder), model_dir)
+    return contextlib.nullcontext()

@@ -23,9 +23,9 @@ from paws_tf import dist
 from paws_tf import lars
 from paws_tf import model as model_lib
 from paws_tf.nets import weights
+from paws_tf import progress
 from paws_tf.runner import callbacks
 from paws_tf.runner import experiment
-from paws_tf.runner import progress
 from paws_tf.runner import run_history
 from paws_tf import schedules
 
@@ -38,13 +38,14 @@ TENSORBOARD_DIR = 'tensorboard'
 DAMAGED_DIR = 'damaged'
 # What a training run writes besides its config and data records.
 RUN_OUTPUTS = (CHECKPOINT_DIR, BACKUP_DIR, TENSORBOARD_DIR, DAMAGED_DIR,
-               'export', 'eval', 'fine_tune', run_history.HISTORY_FILENAME)
+               'export', 'eval', 'fine_tune', run_history.HISTORY_FILENAME,
+               run_history.OPERATIVE_CONFIG_FILE)
 _STAGING_DIR = '.data_staging'
 
 
 class Preempted(RuntimeError):
-    """Training stopped on SIGTERM after backing up (see `run.py`'s exit
-    code 143)."""
+    """Training stopped on SIGTERM after backing up."""
+    EXIT_CODE = 143  # run.py's: what a job killed by SIGTERM reports.
 
 
 def weights_fingerprint(model):
@@ -400,6 +401,8 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
         progress.ProgressBar(),  # After PawsNNEvaluation, inserted at 1.
     ]
     preprocessing = experiment.eval_preprocessing(bundle)
+    if chief:
+        fit_callbacks.append(run_history.OperativeConfig(model_dir))
     if view_images and chief and start_step == 0:
         fit_callbacks.append(callbacks.ViewImages(
             os.path.join(log_dir, 'train'), pretrain.dataset_fn,

@@ -1,0 +1,171 @@
+"""Progress a person reads: on a terminal, one bar line redrawn every step;
+in a log file, a line at most every `LOG_EVERY_SECONDS` and at each epoch
+end. Both show what a user watches (loss, its two terms, target confidence,
+learning rate, a fine-tuning's accuracy), PAWS-NN at the end of an epoch."""
+
+import shutil
+import sys
+import time
+
+import gin
+import tf_keras
+
+from paws_tf import checks
+
+# What the progress shows, with its labels: the values a user watches while
+# training. The other logged values (trust ratios, NT-Xent, SuNCEt) go to
+# TensorBoard and the epoch's log line (`runner.callbacks.ProgressLog`)
+# only, so that the bar stays on one terminal line.
+BAR_VALUES = (('loss', 'loss'), ('cross_entropy', 'ce'), ('me_max', 'me-max'),
+              ('target_confidence', 'conf'), ('accuracy', 'acc'),
+              ('top1', 'top-1'), ('top5', 'top-5'), ('learning_rate', 'lr'),
+              ('paws_nn_top1', 'paws-nn'))
+# A log file gets a line at most this often (and one at each epoch end): a
+# few hundred lines for a day of training.
+LOG_EVERY_SECONDS = 60
+
+
+def _fields(current, target, values, seconds, finalize):
+    """`step/target`, the `BAR_VALUES` logged, then the time taken (at the
+    end) or the estimated time left."""
+    logged = dict(values or ())
+    fields = [f'{current}/{target or "?"}']
+    fields += [f'{label} {float(logged[key]):.4g}'
+               for key, label in BAR_VALUES if key in logged]
+    if finalize:
+        fields.append(f'{seconds:.0f} s')
+    elif target and current:
+        fields.append(f'ETA {seconds / current * (target - current):.0f} s')
+    return fields
+
+
+class _LiveBar:
+    """What `ProgbarLogger` drives (`tf_keras.utils.Progbar`'s `update`) on
+    a terminal: one line redrawn in place, cut to the terminal width; the
+    final line of an epoch wraps between values instead."""
+
+    def __init__(self, target, verbose, stream):
+        self.target = target
+        self.verbose = verbose
+        self._stream = stream
+        self._start = time.monotonic()
+        self._drawn = 0  # Characters of the line being redrawn.
+
+    def update(self, current, values=None, finalize=None):
+        if finalize is None:
+            finalize = self.target is not None and current >= self.target
+        if not self.verbose or (self.verbose != 1 and not finalize):
+            return
+        fields = _fields(current, self.target, values,
+                         time.monotonic() - self._start, finalize)
+        width = shutil.get_terminal_size().columns - 1
+        if not finalize:
+            line = '  '.join(fields)[:width]
+            self._stream.write('\r' + line.ljust(self._drawn))
+            self._drawn = len(line)
+        else:
+            lines = [fields[0]]
+            for field in fields[1:]:
+                if len(lines[-1]) + 2 + len(field) > width:
+                    lines.append(field)
+                else:
+                    lines[-1] += '  ' + field
+            start = '\r' + ' ' * self._drawn + '\r' if self._drawn else ''
+            self._stream.write(start + '\n'.join(lines) + '\n')
+            self._drawn = 0
+        self._stream.flush()
+
+
+class _LogLines:
+    """The same `update` for a file or a pipe: whole lines, each readable
+    alone (`epoch e/E  step s/S  values  ETA`), at most every
+    `every_seconds` and at the end of the epoch."""
+
+    def __init__(self, target, verbose, stream, *, epoch, every_seconds,
+                 clock):
+        self.target = target
+        self.verbose = verbose
+        self._stream = stream
+        self._epoch = epoch
+        self._every_seconds = every_seconds
+        self._clock = clock
+        self._start = self._written = clock()
+
+    def update(self, current, values=None, finalize=None):
+        if finalize is None:
+            finalize = self.target is not None and current >= self.target
+        if not self.verbose or (self.verbose != 1 and not finalize):
+            return
+        now = self._clock()
+        # The last step's line waits for the epoch end's (with PAWS-NN).
+        if not finalize and (now - self._written < self._every_seconds or
+                             self.target and current >= self.target):
+            return
+        self._written = now
+        fields = _fields(current, self.target, values, now - self._start,
+                         finalize)
+        fields[0] = f'step {fields[0]}'
+        if self._epoch:
+            fields.insert(0, self._epoch)
+        self._stream.write('  '.join(fields) + '\n')
+        self._stream.flush()
+
+
+def _is_terminal(stream):
+    isatty = getattr(stream, 'isatty', None)
+    return bool(isatty and isatty())
+
+
+@gin.configurable
+class ProgressBar(tf_keras.callbacks.ProgbarLogger):
+    """Keras' progress bar, showing `BAR_VALUES` only (PAWS-NN at the end
+    of an epoch when `callbacks.PawsNNEvaluation` runs before it): on a
+    terminal one line redrawn every step, else (output redirected to a
+    file, a cluster job's log) a line at most every `log_every_seconds` and
+    at each epoch end.
+
+    Pass it in `fit`'s callbacks, after `callbacks.PawsNNEvaluation`; `fit`
+    then adds no bar of its own, and its `verbose` still applies (0: silent,
+    1: progress within the epoch, 2: one line per epoch).
+
+    Args:
+        log_every_seconds: the shortest time between two lines in a log
+            (0: a line every step); a terminal's bar is redrawn every step.
+        stream: where to write; None: `sys.stdout` at the time of writing.
+        clock: seconds of a monotonic clock, for the log's interval.
+    """
+
+    def __init__(self, log_every_seconds=LOG_EVERY_SECONDS, stream=None,
+                 clock=time.monotonic):
+        super().__init__(count_mode='steps')
+        self.log_every_seconds = checks.number(
+            'ProgressBar.log_every_seconds', log_every_seconds, low=0)
+        self._stream = stream
+        self._clock = clock
+        self._epoch = None
+
+    def _output(self):
+        return self._stream or sys.stdout
+
+    def on_epoch_begin(self, epoch, logs=None):
+        # A terminal shows the epoch above its bar; each line of a log
+        # names it.
+        self._epoch = f'epoch {epoch + 1}/{self.epochs}'
+        self._reset_progbar()
+        self._maybe_init_progbar()
+        stream = self._output()
+        if self.verbose and self.epochs > 1 and _is_terminal(stream):
+            stream.write(f'Epoch {epoch + 1}/{self.epochs}\n')
+
+    def _maybe_init_progbar(self):
+        # tf_keras' ProgbarLogger builds its Progbar here; the rest of its
+        # logic (targets, verbosity, epoch headers) is kept.
+        if self.progbar is not None:
+            return
+        stream = self._output()
+        if _is_terminal(stream):
+            self.progbar = _LiveBar(self.target, self.verbose, stream)
+        else:
+            self.progbar = _LogLines(
+                self.target, self.verbose, stream, epoch=self._epoch,
+                every_seconds=self.log_every_seconds, clock=self._clock)
