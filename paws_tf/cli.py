@@ -300,7 +300,8 @@ def main(argv):
     # Then the config as a whole (normalisation, warm-up, support, image
     # sizes): a run that cannot work fails in seconds, not after reading.
     try:
-        config_checks.check_config()
+        config_checks.check_config(pretraining=_MODE.value in (
+            'train', 'train_and_evaluate', 'demo'))
     except ValueError as error:
         raise app.UsageError(str(error)) from error
     model_dir = _MODEL_DIR.value
@@ -350,6 +351,8 @@ def _run_in_model_dir(model_dir, strategy, config, training, owner_check):
                       overwrite=_OVERWRITE.value,
                       official_checkpoint=_OFFICIAL_CHECKPOINT.value,
                       owner_check=owner_check)
+    except modes.MissingLabeledFolder as missing:
+        raise app.UsageError(str(missing)) from missing
     except train.Preempted as stopped:
         logging.warning('%s', stopped)
         sys.exit(PREEMPTED_EXIT_CODE)
