@@ -256,9 +256,11 @@ def test_train_step_under_mixed_precision_logs_the_in_domain_share():
 
 def test_the_model_reads_images_per_class_from_the_support_rows():
     """3 images x 2 views per class: r = label_ratio B / 3, counted from
-    the rows of view 0 (not / 6, every row)."""
+    the rows of view 0 (not / 6, every row). Seeded weights; a small prior
+    temperature, so that p_in depends on r (by 8e-4 here)."""
+    tf_keras.utils.set_random_seed(0)
     model = tiny_model.make(prediction_head=False, objective='ropaws',
-                            ropaws_prior_tau=0.5, ropaws_label_ratio=2.0)
+                            ropaws_prior_tau=0.05, ropaws_label_ratio=2.0)
     tiny_model.compile_and_build(model)
     data = tiny_model.random_step(np.random.default_rng(8), 3, 2, 3, 2, 0)
     _, terms, z_global, z_support, _ = model._forward(data, training=False)
@@ -269,14 +271,15 @@ def test_the_model_reads_images_per_class_from_the_support_rows():
         return losses.ropaws_loss(
             z_global, z_support, labels, swapped, z_support, labels,
             multicrop=0, tau=TAU, sharpen_temperature=T,
-            images_per_class=images_per_class, prior_tau=0.5, prior_pow=1.0,
-            label_ratio=2.0)
+            images_per_class=images_per_class, prior_tau=0.05,
+            prior_pow=1.0, label_ratio=2.0)
 
     np.testing.assert_allclose(terms.targets, ropaws(3).targets, rtol=1e-6,
                                atol=1e-7)
     np.testing.assert_allclose(terms.in_domain, ropaws(3).in_domain,
                                rtol=1e-6)
     assert np.abs(terms.in_domain - ropaws(6).in_domain).max() > 1e-4
+    assert np.abs(terms.targets - ropaws(6).targets).max() > 1e-4
 
 
 @pytest.mark.parametrize('kwargs,message', [
