@@ -105,7 +105,7 @@ def test_loss_and_predictions_are_float32_under_mixed_precision(policy):
     with precision(policy):
         model = _build()
         features = model.backbone(tf.zeros([1, 8, 8, 3]))
-        loss, terms, z_global, z_support = model._forward(_batch(), True)
+        loss, terms, z_global, z_support, _ = model._forward(_batch(), True)
     assert features.dtype == tf.dtypes.as_dtype(policy.split('_')[1])
     for tensor in (loss, terms.cross_entropy, terms.me_max, terms.targets,
                    terms.log_probs, z_global, z_support):
