@@ -171,36 +171,42 @@ def configure_devices(args):
         'mirrored', [f'CPU:{i}' for i in range(args.replicas)])
 
 
-def build(config, replicas, sync_bn, switches, objective='paws'):
-    """The PAWS model of a config, per-replica support layout; `switches`:
-    `build_backbone`'s implementation arguments."""
+def build(config, sync_bn, switches, objective='paws'):
+    """The PAWS model of a config; `switches`: `build_backbone`'s
+    implementation arguments."""
     backbone = backbones.build_backbone(sync_bn=sync_bn, **switches,
                                         **config['backbone'])
     projection = heads.ProjectionHead(sync_bn=sync_bn, **config['projection'])
     prediction = (heads.PredictionHead(sync_bn=sync_bn,
                                        **config['prediction'])
                   if config['prediction'] else None)
-    return model_lib.PAWSModel(
-        backbone, projection, prediction,
-        classes_per_replica=config['classes'],
-        images_per_class=config['images_per_class'] // replicas,
-        support_views=config['support_views'], num_replicas=replicas,
-        multicrop=config['multicrop'], objective=objective)
+    return model_lib.PAWSModel(backbone, projection, prediction,
+                               objective=objective)
 
 
 def synthetic_batch(config, replicas, rng):
-    """One replica's batch of normalised-looking random views."""
+    """One replica's batch of normalised-looking random views; every
+    replica samples the same classes, each its share of their images."""
     batch = config['batch'] // replicas
-    support = (config['support_views'] * config['classes']
-               * config['images_per_class'] // replicas)
+    classes, views_per_image = config['classes'], config['support_views']
+    images = config['images_per_class'] // replicas
+    rows = classes * images  # Per view.
 
     def views(count, size):
         return rng.normal(size=(count, size, size, 3)).astype(np.float32)
 
-    return {'global_views': views(2 * batch, config['global_size']),
+    data = {'global_views': views(2 * batch, config['global_size']),
             'local_views': views(config['multicrop'] * batch,
                                  config['local_size']),
-            'support_views': views(support, config['global_size'])}
+            'support_views': views(views_per_image * rows,
+                                   config['global_size']),
+            'support_one_hot': np.eye(classes, dtype=np.float32)[np.tile(
+                np.repeat(np.arange(classes), images), views_per_image)],
+            'support_view_index': np.repeat(
+                np.arange(views_per_image, dtype=np.int32), rows)}
+    if not config['multicrop']:
+        del data['local_views']  # As the pipeline: no local views.
+    return data
 
 
 def run_in_subprocess(arguments):
@@ -251,7 +257,7 @@ def make_step(config, strategy, sync_bn, switches, xla, objective='paws'):
     batches = [synthetic_batch(config, replicas, rng)
                for _ in range(replicas)]
     with strategy.scope():
-        model = build(config, replicas, sync_bn, switches, objective)
+        model = build(config, sync_bn, switches, objective)
         # LARS as in training; the learning rate only keeps the synthetic
         # run finite. mixed_float16 makes compile add loss scaling.
         model.compile(optimizer=lars.LARS(learning_rate=0.1),

@@ -1,6 +1,6 @@
 """Cost of the PAWS objective against the support size (not a test).
 
-The objective alone (`losses.paws_terms` forward and backward under a
+The objective alone (`losses.paws_loss` forward and backward under a
 `tf.function`) on random embeddings, against the support size M (640 ->
 6720 gathered support embeddings of D = 2048, C classes), on one replica
 and on 2 replicas (MirroredStrategy on 2 logical CPU devices: each replica
@@ -69,10 +69,10 @@ def support_scaling(args, strategy):
     for support, classes in SUPPORT_SIZES:
         replicas = strategy.num_replicas_in_sync
         per_replica = support // replicas
-        # Each replica samples C / R classes of n images (ImageNet's layout).
-        labels = losses.support_labels(
-            classes // replicas, support // classes, num_replicas=replicas,
-            unique_classes_per_replica=True, smoothing=0.1)  # [M, C]
+        # Each replica samples C / R classes of n images (ImageNet's layout):
+        # gathered, class c's n rows are the c-th block.
+        labels = losses.label_matrix(np.repeat(
+            np.arange(classes), support // classes), classes, 0.1)  # [M, C]
 
         def values(rows):
             return strategy.experimental_distribute_values_from_function(
@@ -87,7 +87,7 @@ def support_scaling(args, strategy):
             with tf.GradientTape() as tape:
                 tape.watch([anchors, supports])
                 gathered = dist.all_gather(supports)  # [M, D]
-                terms = losses.paws_terms(
+                terms = losses.paws_loss(
                     anchors, gathered, labels, targets,
                     tf.stop_gradient(gathered), labels,
                     multicrop=args.multicrop, tau=0.1,
@@ -129,8 +129,8 @@ def ropaws_cost(args):
     """
     rng = np.random.default_rng(0)
     support, classes = SUPPORT_SIZES[-1]
-    labels = losses.support_labels(classes, support // classes,
-                                   smoothing=0.1)  # [N, C]
+    labels = losses.label_matrix(np.repeat(
+        np.arange(classes), support // classes), classes, 0.1)  # [N, C]
     sizes = [m for m in UNLABELED_SIZES if m <= args.max_unlabeled]
     for batch in sizes:
         def normal(rows):
@@ -153,8 +153,8 @@ def ropaws_cost(args):
                 return grads[0][0, 0] + grads[1][0, 0]
             return lambda: step().numpy()
 
-        runs = {'paws': step_fn(losses.paws_terms, {}),
-                'ropaws': step_fn(losses.ropaws_terms, dict(
+        runs = {'paws': step_fn(losses.paws_loss, {}),
+                'ropaws': step_fn(losses.ropaws_loss, dict(
                     images_per_class=support // classes, prior_tau=3.0,
                     prior_pow=1.0, label_ratio=5.0))}
         times = {name: [] for name in runs}

@@ -9,7 +9,7 @@ The pieces a Keras user composes are attributes of the package, loaded on
 first use so that `import paws_tf` stays as cheap as importing TensorFlow:
 
     model = paws_tf.PAWSModel(paws_tf.build_backbone(...),
-                              paws_tf.ProjectionHead(...), **layout)
+                              paws_tf.ProjectionHead(...))
     model.compile(optimizer=paws_tf.LARS(paws_tf.WarmupCosineDecay(...)))
 
 README.md, "PAWS in your own Keras code", trains one on NumPy arrays.
@@ -47,13 +47,12 @@ _EXPORTS = {
     'PredictionHead': 'nets.heads',
     # The objective.
     'paws_loss': 'losses',
-    'paws_terms': 'losses',
     'paws_targets': 'losses',
-    'ropaws_terms': 'losses',
+    'ropaws_loss': 'losses',
     'ropaws_targets': 'losses',
     'snn': 'losses',
     'sharpen': 'losses',
-    'support_labels': 'losses',
+    'label_matrix': 'losses',
     'target_confidence': 'losses',
     'nt_xent_loss': 'losses',
     'suncet_loss': 'losses',

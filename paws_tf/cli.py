@@ -119,7 +119,7 @@ def main(argv):
         # as a whole (normalisation, warm-up, support, image sizes): a run
         # that cannot work fails in seconds, not after reading.
         configurables.parse(_GIN_FILES.value, _GIN_BINDINGS.value)
-        config_checks.check_config()
+        config_checks.check_config(pretraining=mode.trains)
     except ValueError as error:
         raise app.UsageError(str(error)) from error
     model_dir = _MODEL_DIR.value
@@ -168,9 +168,12 @@ def _run_in_model_dir(model_dir, strategy, mode, config, owner_check):
             files.write_text(
                 os.path.join(model_dir, config_checks.CONFIG_FILE), config)
     logging.info('gin config:\n%s', config)
-    mode.run(model_dir, strategy, modes.Options(
-        overwrite=_OVERWRITE.value, owner_check=owner_check,
-        official_checkpoint=_OFFICIAL_CHECKPOINT.value))
+    try:
+        mode.run(model_dir, strategy, modes.Options(
+            overwrite=_OVERWRITE.value, owner_check=owner_check,
+            official_checkpoint=_OFFICIAL_CHECKPOINT.value))
+    except modes.MissingLabeledFolder as missing:
+        raise app.UsageError(str(missing)) from missing
 
 
 def run():

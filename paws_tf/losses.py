@@ -1,6 +1,10 @@
 """The PAWS and RoPAWS objectives, the support label matrix and logging
 diagnostics.
 
+`paws_loss` and `ropaws_loss` take the same arguments (RoPAWS adds its own):
+the embeddings and the label matrices of the supports, which `label_matrix`
+builds from the support rows' columns.
+
 Pure tensor functions: callers pass already-gathered support tensors. The
 cross-replica operations are the me-max average, which `dist` reduces over
 replicas when a distribution strategy runs the step, and RoPAWS's gather of
@@ -105,7 +109,8 @@ def paws_targets(target_views, target_supports, target_support_labels, *,
         target_views: `[2B, D]` swapped global target embeddings.
         target_supports: `[M, D]` gathered support target embeddings.
         target_support_labels: `[M, C]` label matrix.
-        multicrop: number m of local views per image.
+        multicrop: number m of local views per image (int or int scalar
+            tensor).
         tau: similarity temperature.
         sharpen_temperature: sharpening temperature T.
 
@@ -123,10 +128,10 @@ def paws_targets(target_views, target_supports, target_support_labels, *,
 def _multicrop_targets(targets, multicrop):
     """Appends the local views' targets (the mean of the two global ones)
     and zeroes entries below `TARGET_FLOOR`."""
-    if multicrop > 0:
-        global_1, global_2 = tf.split(targets, 2, axis=0)  # [B, C] each
-        local_target = 0.5 * (global_1 + global_2)
-        targets = tf.concat([targets] + [local_target] * multicrop, axis=0)
+    global_1, global_2 = tf.split(targets, 2, axis=0)  # [B, C] each
+    local_target = 0.5 * (global_1 + global_2)
+    targets = tf.concat([targets, tf.tile(local_target, [multicrop, 1])],
+                        axis=0)  # [(2 + m) B, C]
     targets = tf.where(targets < TARGET_FLOOR, tf.zeros_like(targets), targets)
     return tf.stop_gradient(targets)
 
@@ -138,14 +143,37 @@ def _me_max(log_probs, sharpen_temperature):
     return tf.reduce_sum(tf.math.xlogy(mean_prob, mean_prob))
 
 
-def paws_terms(anchor_views, anchor_supports, anchor_support_labels,
-               target_views, target_supports, target_support_labels, *,
-               multicrop, tau, sharpen_temperature, me_max=True):
-    """The PAWS objective and its intermediate tensors (see `paws_loss`).
+def paws_loss(anchor_views, anchor_supports, anchor_support_labels,
+              target_views, target_supports, target_support_labels, *,
+              multicrop, tau, sharpen_temperature, me_max=True):
+    """The multi-crop PAWS objective of Appendix A, Eq. (multicrop_objective).
+
+    `loss = cross_entropy + me_max` is what training minimises (the trainer
+    weights the me-max term).
+
+    Args:
+        anchor_views: `[(2 + m) B, D]` anchor embeddings z, ordered
+            `[global_1; global_2; local_1; ...; local_m]` (B rows each).
+        anchor_supports: `[M, D]` support embeddings z_S gathered over
+            replicas.
+        anchor_support_labels: `[M, C]` label matrix of those rows
+            (`label_matrix`).
+        target_views: `[2B, D]` target embeddings of the global views,
+            already swapped: `[global_2; global_1]`. No gradient flows here.
+        target_supports: `[M, D]` support target embeddings (no gradient).
+        target_support_labels: `[M, C]` label matrix for the targets.
+        multicrop: number m of local views per image (0 for two views); an
+            int or an int scalar tensor.
+        tau: similarity temperature (0.1 in the paper).
+        sharpen_temperature: sharpening temperature T (0.25 in the paper).
+        me_max: whether to compute the mean-entropy maximisation term.
 
     Returns:
         `PawsTerms(cross_entropy, me_max, targets, log_probs)`: the two
-        scalar loss terms, the `[(2 + m) B, C]` targets and the anchors'
+        float32 scalar loss terms, with `me_max = -H(mean_p)` (0 when
+        `me_max` is False) where `mean_p` averages the sharpened anchor
+        predictions over all views and, under a distribution strategy, over
+        all replicas; the `[(2 + m) B, C]` targets and the anchors'
         log-probabilities.
     """
     # 1. Anchor predictions p = snn(z, z_S), in log space.
@@ -162,41 +190,6 @@ def paws_terms(anchor_views, anchor_supports, anchor_support_labels,
     me_max_term = (_me_max(log_probs, sharpen_temperature) if me_max
                    else tf.constant(0.0))
     return PawsTerms(cross_entropy, me_max_term, targets, log_probs)
-
-
-def paws_loss(anchor_views, anchor_supports, anchor_support_labels,
-              target_views, target_supports, target_support_labels, *,
-              multicrop, tau, T, me_max=True):
-    """The multi-crop PAWS objective of Appendix A, Eq. (multicrop_objective).
-
-    `loss = cross_entropy + me_max_term` is what training minimises.
-
-    Args:
-        anchor_views: `[(2 + m) B, D]` anchor embeddings z, ordered
-            `[global_1; global_2; local_1; ...; local_m]` (B rows each).
-        anchor_supports: `[M, D]` support embeddings z_S gathered over
-            replicas.
-        anchor_support_labels: `[M, C]` label matrix (`support_labels`).
-        target_views: `[2B, D]` target embeddings of the global views,
-            already swapped: `[global_2; global_1]`. No gradient flows here.
-        target_supports: `[M, D]` support target embeddings (no gradient).
-        target_support_labels: `[M, C]` label matrix for the targets.
-        multicrop: number m of local views per image (0 for two views).
-        tau: similarity temperature (0.1 in the paper).
-        T: sharpening temperature (0.25 in the paper).
-        me_max: whether to add the mean-entropy maximisation term.
-
-    Returns:
-        `(cross_entropy, me_max_term)` float32 scalars, with
-        `me_max_term = -H(mean_p)` (0 when `me_max` is False) where `mean_p`
-        averages the sharpened anchor predictions over all views and, under
-        a distribution strategy, over all replicas.
-    """
-    terms = paws_terms(
-        anchor_views, anchor_supports, anchor_support_labels, target_views,
-        target_supports, target_support_labels, multicrop=multicrop, tau=tau,
-        sharpen_temperature=T, me_max=me_max)
-    return terms.cross_entropy, terms.me_max
 
 
 def ropaws_targets(target_views, target_supports, target_support_labels, *,
@@ -221,10 +214,12 @@ def ropaws_targets(target_views, target_supports, target_support_labels, *,
         target_supports: `[N, D]` gathered support target embeddings.
         target_support_labels: `[N, C]` label matrix (label smoothing kept,
             as the official code keeps it).
-        multicrop: number m of local views per image.
+        multicrop: number m of local views per image (int or int scalar
+            tensor).
         tau: similarity temperature.
         sharpen_temperature: sharpening temperature T.
-        images_per_class: n, support images per class per replica.
+        images_per_class: n, support images per class per replica (a
+            number or a float32 scalar).
         prior_tau: temperature of the in-domain prior.
         label_ratio: weight of the labeled supports against the unlabeled
             targets (r above).
@@ -272,16 +267,23 @@ def ropaws_targets(target_views, target_supports, target_support_labels, *,
             tf.stop_gradient(tf.reduce_mean(in_domain[..., 0], axis=0)))
 
 
-def ropaws_terms(anchor_views, anchor_supports, anchor_support_labels,
-                 target_views, target_supports, target_support_labels, *,
-                 multicrop, tau, sharpen_temperature, images_per_class,
-                 prior_tau, prior_pow, label_ratio, me_max=True):
+def ropaws_loss(anchor_views, anchor_supports, anchor_support_labels,
+                target_views, target_supports, target_support_labels, *,
+                multicrop, tau, sharpen_temperature, images_per_class,
+                prior_tau, prior_pow, label_ratio, me_max=True):
     """The RoPAWS objective: PAWS with `ropaws_targets` and weighted views.
 
     Predictions, me-max and inference are PAWS's (arguments as
     `paws_loss`); the targets come from `ropaws_targets` (`images_per_class`,
     `prior_tau` and `label_ratio` are its arguments), and each anchor view's
     cross-entropy is weighted by its image's `p_in ** prior_pow`.
+
+    Args:
+        anchor_views, anchor_supports, anchor_support_labels, target_views,
+            target_supports, target_support_labels, multicrop, tau,
+            sharpen_temperature, me_max: as `paws_loss`.
+        images_per_class, prior_tau, label_ratio: as `ropaws_targets`.
+        prior_pow: exponent of p_in weighting each view's cross-entropy.
 
     Returns:
         `PawsTerms(cross_entropy, me_max, targets, log_probs, in_domain)`,
@@ -307,51 +309,32 @@ def ropaws_terms(anchor_views, anchor_supports, anchor_support_labels,
                      in_domain)
 
 
-def support_labels(classes_per_replica, images_per_class, *, num_views=1,
-                   num_replicas=1, unique_classes_per_replica=False,
-                   smoothing=0.0):
-    """Label matrix of the gathered support batch, with label smoothing.
+def label_matrix(columns, num_classes, smoothing=0.0):
+    """Label matrix of support rows, with label smoothing.
 
-    Row layout (what the support sampler produces and `all_gather` stacks):
-    replica-major, then view-major, then class-major: the rows
-    `r*V*K*n + v*K*n + k*n ... + n` hold the n images of class slot k of
-    replica r, view v. Columns are the classes sampled in the step: `r*K + k`
-    when replicas sample disjoint classes, `k` when all replicas sample the
-    same K classes. Smoothing spreads `smoothing` uniformly over the C columns:
-    `on = 1 - smoothing + smoothing / C`, `off = smoothing / C`.
+    Row i is the one-hot of `columns[i]`, its class among the step's
+    `num_classes` support classes, with `smoothing` spread uniformly over
+    the columns: `on = 1 - smoothing + smoothing / C`, `off = smoothing /
+    C`.
 
     Args:
-        classes_per_replica: K, classes sampled by each replica.
-        images_per_class: n, images per class per replica.
-        num_views: V, augmented views per support image (1 or 2).
-        num_replicas: R, replicas whose supports are gathered.
-        unique_classes_per_replica: replicas sample disjoint classes.
+        columns: int `[M]` column of each support row, in `[0, C)`.
+        num_classes: C, a Python int.
         smoothing: label smoothing factor in [0, 1).
 
     Returns:
-        `[R * V * K * n, C]` float32 constant, C = R*K or K.
+        `[M, C]` float32.
 
     Raises:
-        ValueError: non-positive sizes or smoothing outside [0, 1).
+        ValueError: `num_classes` not a positive int, or `smoothing` outside
+            [0, 1).
     """
-    for name, value in (('classes_per_replica', classes_per_replica),
-                        ('images_per_class', images_per_class),
-                        ('num_views', num_views),
-                        ('num_replicas', num_replicas)):
-        checks.integer(name, value)
+    checks.integer('num_classes', num_classes)
     checks.number('smoothing', smoothing, low=0.0, high=1.0)
-    k, n = classes_per_replica, images_per_class
-    columns = num_replicas * k if unique_classes_per_replica else k
-    # Column of every row within one replica's block: class-major per view.
-    slot = np.tile(np.repeat(np.arange(k), n), num_views)  # [V*K*n]
-    if unique_classes_per_replica:
-        column = np.concatenate([r * k + slot for r in range(num_replicas)])
-    else:
-        column = np.tile(slot, num_replicas)  # [R*V*K*n]
-    off = smoothing / columns
-    labels = np.full((column.size, columns), off, dtype=np.float32)
-    labels[np.arange(column.size), column] = 1.0 - smoothing + off
-    return tf.constant(labels)
+    off = smoothing / num_classes
+    return tf.where(tf.one_hot(columns, num_classes, on_value=True,
+                               off_value=False, dtype=tf.bool),
+                    1.0 - smoothing + off, off)
 
 
 def nt_xent_loss(view_1, view_2, tau):

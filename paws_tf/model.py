@@ -69,30 +69,26 @@ class LastValue(tf_keras.metrics.Metric):
         value computed every N steps must not read 0 in between."""
 
 
-@gin.configurable(denylist=[
-    'backbone', 'projection_head', 'prediction_head', 'classes_per_replica',
-    'images_per_class', 'support_views', 'num_replicas',
-    'unique_classes_per_replica', 'multicrop'])
+@gin.configurable(denylist=['backbone', 'projection_head', 'prediction_head'])
 class PAWSModel(tf_keras.Model):
     """Encoder f (backbone + projection head) and optional prediction head g.
 
     `train_step` consumes the per-replica batches of `data/pipeline.py`: a
     dict with `global_views` `[2B, H, W, C]`, `local_views` `[mB, h, w, C]`
-    (absent when m = 0) and `support_views` `[V K n, H', W', C]`
-    (class-major blocks per view). `call` maps images to inference embeddings.
-
-    The support layout (K, n, V, R, disjoint classes) is fixed when the model
-    is built because it determines the label matrix; the trainer derives the
-    per-replica values from the global configuration.
+    (absent when m = 0), `support_views` `[M, H', W', C]`, and the support
+    rows' own description: `support_one_hot` `[M, C]` (each row's class
+    among the step's C support classes) and `support_view_index` `[M]`
+    (which view of its image the row is; RoPAWS counts the images per class
+    with it). The support rows and their columns are gathered over replicas
+    together, so the model holds no layout: a restored model needs only its
+    weights. `call` maps images to inference embeddings.
     """
 
     def __init__(self, backbone, projection_head, prediction_head=None, *,
-                 classes_per_replica, images_per_class, support_views=1,
-                 num_replicas=1, unique_classes_per_replica=False,
-                 multicrop=6, tau=0.1, sharpen_temperature=0.25,
-                 me_max_weight=1.0, label_smoothing=0.1,
-                 diagnostics_every=10, nn_embedding='projection',
-                 objective='paws', ropaws_prior_tau=3.0, ropaws_prior_pow=1.0,
+                 tau=0.1, sharpen_temperature=0.25, me_max_weight=1.0,
+                 label_smoothing=0.1, diagnostics_every=10,
+                 nn_embedding='projection', objective='paws',
+                 ropaws_prior_tau=3.0, ropaws_prior_pow=1.0,
                  ropaws_label_ratio=5.0, **kwargs):
         """Builds the model.
 
@@ -101,12 +97,6 @@ class PAWSModel(tf_keras.Model):
             projection_head: `[B, F] -> [B, D]`, its output is h.
             prediction_head: optional `[B, D] -> [B, D']`, its output is z
                 (z = h without it).
-            classes_per_replica: K, support classes sampled per replica.
-            images_per_class: n, support images per class per replica.
-            support_views: V, augmented views per support image.
-            num_replicas: R, replicas whose supports are gathered.
-            unique_classes_per_replica: replicas sample disjoint classes.
-            multicrop: m, local views per unlabeled image.
             tau: similarity temperature (paper: 0.1).
             sharpen_temperature: target sharpening temperature T (0.25).
             me_max_weight: weight of the me-max term (1 in the paper, 0 in
@@ -119,16 +109,17 @@ class PAWSModel(tf_keras.Model):
                 'prediction' (the prediction head's output, which the
                 official ImageNet PAWS-NN figures used).
             objective: 'paws', or 'ropaws' (RoPAWS's targets and weights,
-                `losses.ropaws_terms`, for unlabeled images that may hold
+                `losses.ropaws_loss`, for unlabeled images that may hold
                 other classes).
             ropaws_prior_tau: RoPAWS's in-domain prior temperature (> 0;
                 official: 0.1 on CIFAR-10, 3.0 on ImageNet).
             ropaws_prior_pow: exponent of p_in weighting each view's loss
                 (>= 0; 0 leaves the views unweighted; official: 1).
             ropaws_label_ratio: RoPAWS's label_ratio (> 0; official: 5):
-                the supports weigh `label_ratio * B / images_per_class`
-                times an unlabeled target, B the unlabeled images per
-                replica, as the official code's per-GPU sizes.
+                the supports weigh `label_ratio * B / n` times an unlabeled
+                target, B the unlabeled images and n the support images of
+                a class on one replica, as the official code's per-GPU
+                sizes (both read from the batch).
             **kwargs: passed to `tf_keras.Model`.
 
         Raises:
@@ -140,15 +131,15 @@ class PAWSModel(tf_keras.Model):
         checks.number('sharpen_temperature', sharpen_temperature,
                       positive=True)
         checks.number('me_max_weight', me_max_weight, low=0.0)
-        checks.integer('multicrop', multicrop, minimum=0)
+        checks.number('label_smoothing', label_smoothing, low=0.0, high=1.0)
         checks.integer('diagnostics_every', diagnostics_every, minimum=0)
         check_objective(objective, prior_tau=ropaws_prior_tau,
                         prior_pow=ropaws_prior_pow,
                         label_ratio=ropaws_label_ratio)
         self.objective = objective
-        self.ropaws_settings = dict(
-            images_per_class=images_per_class, prior_tau=ropaws_prior_tau,
-            prior_pow=ropaws_prior_pow, label_ratio=ropaws_label_ratio)
+        self.ropaws_settings = dict(prior_tau=ropaws_prior_tau,
+                                    prior_pow=ropaws_prior_pow,
+                                    label_ratio=ropaws_label_ratio)
         if nn_embedding not in NN_EMBEDDINGS:
             raise ValueError(
                 f'PAWSModel.nn_embedding must be one of {NN_EMBEDDINGS}, got '
@@ -162,17 +153,11 @@ class PAWSModel(tf_keras.Model):
         self.backbone = backbone
         self.projection_head = projection_head
         self.prediction_head = prediction_head
-        self.multicrop = multicrop
         self.tau = tau
         self.sharpen_temperature = sharpen_temperature
         self.me_max_weight = me_max_weight
+        self.label_smoothing = label_smoothing
         self.diagnostics_every = diagnostics_every
-        self.num_replicas = num_replicas
-        self.label_matrix = losses.support_labels(
-            classes_per_replica, images_per_class, num_views=support_views,
-            num_replicas=num_replicas,
-            unique_classes_per_replica=unique_classes_per_replica,
-            smoothing=label_smoothing)  # [R V K n, C]
         self._create_metrics()
 
     @tf.__internal__.tracking.no_automatic_dependency_tracking
@@ -226,7 +211,12 @@ class PAWSModel(tf_keras.Model):
         return tf.cast(h, tf.float32), tf.cast(z, tf.float32)
 
     def _forward(self, data, training):
-        """Encodes a step's views and evaluates the objective."""
+        """Encodes a step's views and evaluates the objective.
+
+        Returns:
+            `(loss, terms, z_global, z_support, labels)`: `labels` the
+            label matrix of the gathered supports `z_support`.
+        """
         supports = data['support_views']  # [V K n, Hs, Ws, C]
         global_views = data['global_views']  # [2B, Hg, Wg, C]
         num_support = tf.shape(supports)[0]
@@ -241,55 +231,55 @@ class PAWSModel(tf_keras.Model):
             h_support, z_support = self._encode(supports, training)
             h_global, z_global = self._encode(global_views, training)
         anchors = z_global  # [2B, D]
-        if self.multicrop > 0:
+        multicrop = _num_local(global_views, data.get('local_views'))
+        if not isinstance(multicrop, int) or multicrop > 0:
             _, z_local = self._encode(data['local_views'], training)
             anchors = tf.concat([z_global, z_local], 0)  # [(2 + m) B, D]
-        # Support embeddings of all replicas, replica-major (label layout).
+        # The supports of all replicas, replica-major, with their columns.
+        one_hot = data['support_one_hot']  # [V K n, C]
         z_support = dist.all_gather(z_support)  # [R V K n, D]
         if self.prediction_head is None:  # h = z: one collective, not two.
             h_support = tf.stop_gradient(z_support)
         else:
             h_support = dist.all_gather(tf.stop_gradient(h_support))
+        labels = losses.label_matrix(  # [R V K n, C]
+            dist.all_gather(tf.argmax(one_hot, axis=1, output_type=tf.int32)),
+            one_hot.shape[-1], self.label_smoothing)
         view_1, view_2 = tf.split(h_global, 2, axis=0)
         targets = tf.concat([view_2, view_1], 0)  # Swapped: view 1 <- 2.
-        objective, settings = losses.paws_terms, {}
+        objective, settings = losses.paws_loss, {}
         if self.objective == 'ropaws':
             self._check_gather(targets)
-            objective, settings = losses.ropaws_terms, self.ropaws_settings
+            objective = losses.ropaws_loss
+            settings = dict(self.ropaws_settings,
+                            images_per_class=_images_per_class(
+                                one_hot, data['support_view_index']))
         terms = objective(
-            anchors, z_support, self.label_matrix, targets, h_support,
-            self.label_matrix, multicrop=self.multicrop, tau=self.tau,
+            anchors, z_support, labels, targets, h_support, labels,
+            multicrop=multicrop, tau=self.tau,
             sharpen_temperature=self.sharpen_temperature,
             me_max=self.me_max_weight > 0, **settings)
         loss = terms.cross_entropy + self.me_max_weight * terms.me_max
-        return loss, terms, z_global, z_support
+        return loss, terms, z_global, z_support, labels
 
-    def _check_gather(self, targets):
+    @staticmethod
+    def _check_gather(targets):
         """RoPAWS all-gathers the unlabeled targets and takes back this
-        replica's rows: the replica count must be the layout's and the batch
-        static (else the collective hangs or the rows are wrong)."""
-        replicas = dist.num_replicas()
-        if replicas != self.num_replicas:
-            raise ValueError(
-                f'PAWSModel was built for num_replicas={self.num_replicas} '
-                f'but runs on {replicas} replicas: RoPAWS gathers the '
-                'unlabeled targets of every replica. Build the input and '
-                'the model with num_replicas=strategy.num_replicas_in_sync.')
-        if replicas > 1 and targets.shape[0] is None:
+        replica's rows: the batch must be static (else the rows are
+        wrong)."""
+        if dist.num_replicas() > 1 and targets.shape[0] is None:
             raise ValueError(
                 "PAWSModel.objective = 'ropaws' on several replicas needs a "
                 'static unlabeled batch to gather the targets of every '
                 'replica: batch the unlabeled views with drop_remainder=True '
                 '(make_pretrain_dataset_fn does).')
 
-    def _update_means(self, loss, terms):
+    def _update_means(self, loss, terms, num_global):
         self._means['loss'].update_state(loss)
         self._means['cross_entropy'].update_state(terms.cross_entropy)
         self._means['me_max'].update_state(terms.me_max)
-        global_targets = terms.targets[:2 * tf.shape(terms.targets)[0] //
-                                       (2 + self.multicrop)]
         self._means['target_confidence'].update_state(
-            losses.target_confidence(global_targets))
+            losses.target_confidence(terms.targets[:num_global]))
         if terms.in_domain is not None:
             self._means['in_domain'].update_state(
                 tf.reduce_mean(terms.in_domain))
@@ -297,7 +287,8 @@ class PAWSModel(tf_keras.Model):
     def train_step(self, data):
         optimizer = self.optimizer
         with tf.GradientTape() as tape:
-            loss, terms, z_global, z_support = self._forward(data, True)
+            loss, terms, z_global, z_support, labels = self._forward(
+                data, True)
             # The optimizer sums replica gradients, so divide by
             # num_replicas: the sum is then the global-batch loss gradient.
             scaled_loss = loss / dist.num_replicas()
@@ -306,7 +297,7 @@ class PAWSModel(tf_keras.Model):
         # update just applied (read before `minimize`, the previous one's).
         self._last['learning_rate'].update_state(optimizer.learning_rate)
 
-        self._update_means(loss, terms)
+        self._update_means(loss, terms, tf.shape(z_global)[0])
         lars = getattr(optimizer, 'inner_optimizer', optimizer)
         if hasattr(lars, 'trust_ratio_stats'):
             stats = lars.trust_ratio_stats()
@@ -316,39 +307,37 @@ class PAWSModel(tf_keras.Model):
             step = optimizer.iterations - 1  # This step's index, from 0.
             tf.cond(
                 step % self.diagnostics_every == 0,
-                lambda: self._update_diagnostics(z_global, z_support),
+                lambda: self._update_diagnostics(z_global, z_support, labels),
                 lambda: None)
         return {m.name: m.result() for m in self.metrics}
 
-    def _update_diagnostics(self, z_global, z_support):
+    def _update_diagnostics(self, z_global, z_support, labels):
         """PAWS Fig. 4b: NT-Xent of the two global views, SuNCEt of the
         supports; logged only, no gradient."""
         view_1, view_2 = tf.split(tf.stop_gradient(z_global), 2, axis=0)
         self._last['nt_xent'].update_state(
             losses.nt_xent_loss(view_1, view_2, self.tau))
         self._last['suncet'].update_state(losses.suncet_loss(
-            tf.stop_gradient(z_support), self.label_matrix, self.tau))
+            tf.stop_gradient(z_support), labels, self.tau))
 
     def test_step(self, data):
         """The PAWS loss on held-out data, without updating anything."""
-        loss, terms, _, _ = self._forward(data, training=False)
-        self._update_means(loss, terms)
+        loss, terms, z_global, _, _ = self._forward(data, training=False)
+        self._update_means(loss, terms, tf.shape(z_global)[0])
         return {name: self._means[name].result() for name in self._means}
 
 
-@gin.configurable(denylist=['input_channels', 'sync_bn', 'layout'])
-def build_model(*, input_channels, sync_bn, layout, prediction_head=True):
+@gin.configurable(denylist=['input_channels', 'sync_bn'])
+def build_model(*, input_channels, sync_bn, prediction_head=True):
     """The PAWS model from gin-configured parts.
 
-    The backbone comes from `backbones.build_backbone` and the heads from
-    `heads.ProjectionHead` / `heads.PredictionHead`, each configured in gin.
+    The backbone comes from `backbones.build_backbone`, the heads from
+    `heads.ProjectionHead` / `heads.PredictionHead` and the objective's
+    settings from `PAWSModel`, each configured in gin.
 
     Args:
         input_channels: image channels (3 RGB, 1 grayscale).
         sync_bn: synchronise batch norm across replicas (global BN).
-        layout: dict of the support layout arguments of `PAWSModel`
-            (`classes_per_replica`, `images_per_class`, `support_views`,
-            `num_replicas`, `unique_classes_per_replica`, `multicrop`).
         prediction_head: add the prediction head (the paper's ImageNet
             default; CIFAR-10 runs without).
 
@@ -361,4 +350,23 @@ def build_model(*, input_channels, sync_bn, layout, prediction_head=True):
     prediction = (heads.PredictionHead(output_dim=projection.output_dim,
                                        sync_bn=sync_bn)
                   if prediction_head else None)
-    return PAWSModel(backbone, projection, prediction, **layout)
+    return PAWSModel(backbone, projection, prediction)
+
+
+def _num_local(global_views, local_views):
+    """m, the local views per image: a Python int when the batch's shapes
+    are static, else an int32 scalar tensor."""
+    if local_views is None:
+        return 0
+    rows, images = local_views.shape[0], global_views.shape[0]
+    if rows is not None and images is not None:
+        return rows // (images // 2)
+    return tf.shape(local_views)[0] // (tf.shape(global_views)[0] // 2)
+
+
+def _images_per_class(support_one_hot, support_view_index):
+    """n, the support images of each class on this replica: the rows of
+    view 0 in a column (float32 scalar)."""
+    first_view = tf.cast(tf.equal(support_view_index, 0), tf.float32)
+    return tf.reduce_max(tf.reduce_sum(
+        tf.cast(support_one_hot, tf.float32) * first_view[:, None], axis=0))

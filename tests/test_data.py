@@ -68,18 +68,12 @@ def test_element_spec_and_summary():
         'global_views': tf.TensorSpec([8, 12, 12, 3], tf.float32),
         'local_views': tf.TensorSpec([8, 6, 6, 3], tf.float32),
         'support_views': tf.TensorSpec([6, 12, 12, 3], tf.float32),
-        'support_labels': tf.TensorSpec([6], tf.int32)}
+        'support_labels': tf.TensorSpec([6], tf.int32),
+        'support_one_hot': tf.TensorSpec([6, 2], tf.float32),
+        'support_view_index': tf.TensorSpec([6], tf.int32)}
     assert pretrain.steps_per_epoch == 6
     assert '2 label columns' in pretrain.summary
     assert '1 classes x 3 images x 2 view(s)' in pretrain.summary
-    # The model's label layout matches the rows the pipeline yields.
-    assert pretrain.model_layout == dict(
-        classes_per_replica=1, images_per_class=3, support_views=2,
-        num_replicas=2, unique_classes_per_replica=True, multicrop=2)
-    layout = pretrain.model_layout
-    assert spec['support_views'].shape[0] == (
-        layout['support_views'] * layout['classes_per_replica'] *
-        layout['images_per_class'])
     assert pretrain.views_per_step == 8 * (2 + 2) + 2 * (2 * 1 * 3)
     no_local = _build(multicrop=_multicrop(num_local=0), support_views=1,
                       support_view_size=8)
@@ -95,9 +89,32 @@ def test_pipeline_support_labels_follow_sampler_round_robin():
         np.arange(48) % 6, classes_per_step=4, images_per_class=2,
         num_replicas=2, unique_classes_per_replica=True, seed=0)
     for i, element in enumerate(_elements(pretrain, 6)):
-        _, class_ids = sampler(i // 2, i % 2)
+        _, class_ids, _ = sampler(i // 2, i % 2)
         np.testing.assert_array_equal(element['support_labels'],
                                       np.tile(class_ids.numpy(), 2))
+
+
+@pytest.mark.parametrize('unique', [False, True])
+def test_support_rows_carry_their_columns_and_views(unique):
+    # 4 classes per step over 2 replicas, 2 images, 2 views: replica r's
+    # rows are [view 0 | view 1] blocks of class-major slots, slot k in
+    # column r*2 + k (disjoint classes) or k (shared classes).
+    pretrain = _build(unique_classes_per_replica=unique, classes_per_step=4,
+                      images_per_class=2)
+    elements = _elements(pretrain, 4)  # Steps 0 and 1 of replicas 0, 1.
+    k = 2 if unique else 4
+    for i, element in enumerate(elements):
+        first = (i % 2) * k if unique else 0
+        columns = np.tile(np.repeat(first + np.arange(k), 2), 2)
+        np.testing.assert_array_equal(element['support_one_hot'],
+                                      np.eye(4)[columns])
+        np.testing.assert_array_equal(element['support_view_index'],
+                                      np.repeat([0, 1], 2 * k))
+    for step in range(2):  # One class per column over the two replicas.
+        pairs = {(c, label) for e in elements[2 * step:2 * step + 2]
+                 for c, label in zip(e['support_one_hot'].argmax(1),
+                                     e['support_labels'])}
+        assert len(pairs) == len({c for c, _ in pairs}) == 4
 
 
 @pytest.mark.slow

@@ -66,8 +66,9 @@ def test_the_whole_workflow_through_run_py(tmp_path):
     embedder = tf.saved_model.load(str(tmp_path / 'export' / 'embedder'))
     classifier = tf.saved_model.load(str(tmp_path / 'export' / 'classifier'))
     with debug_gin.parsed(BINDINGS):
-        model, bundle, step = modes.load_trained_model(
+        model, step = modes.load_trained_model(
             str(tmp_path), tf.distribute.get_strategy())
+        bundle = experiment.load_data(str(tmp_path))
         preprocessing = experiment.eval_preprocessing()
     assert step == 32
     images = np.stack([bundle.test.read(i).numpy() for i in range(10)])

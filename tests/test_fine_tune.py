@@ -29,8 +29,7 @@ def build_model(sync_bn=False, seed=None, init_seed=0):
     """A tiny PAWSModel: Keras' seeded initialisation, or with `seed`, every
     weight random (BN statistics too)."""
     tf_keras.utils.set_random_seed(init_seed)
-    model = tiny_model.make(classes=1, images=1, multicrop=0, sync_bn=sync_bn,
-                            hidden=HID, width=HID)
+    model = tiny_model.make(sync_bn=sync_bn, hidden=HID, width=HID)
     model._encode(tf.zeros([1, SIZE, SIZE, 3]), training=False)
     if seed is None:
         return model

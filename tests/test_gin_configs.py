@@ -17,8 +17,6 @@ from paws_tf import model as model_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GIN_FILES = sorted((REPO / 'gin_configs').glob('*.gin'))
-LAYOUT = dict(classes_per_replica=2, images_per_class=2, support_views=1,
-              num_replicas=1, unique_classes_per_replica=False, multicrop=2)
 
 
 def parse(name, bindings=()):
@@ -30,8 +28,7 @@ def trainable_parameters(channels=3):
     """Builds the configured model in a throwaway graph (no initialisation,
     so even ResNet-50 4x is cheap) and counts its trainable parameters."""
     with tf.Graph().as_default():
-        model = model_lib.build_model(input_channels=channels, sync_bn=False,
-                                      layout=LAYOUT)
+        model = model_lib.build_model(input_channels=channels, sync_bn=False)
         model._encode(tf.zeros([2, 32, 32, channels]), training=False)
         return model, sum(int(np.prod(v.shape))
                           for v in model.trainable_variables)

@@ -117,7 +117,8 @@ def test_paws_loss_values_and_gradients(multicrop, smoothing, me_max):
     with tf.GradientTape() as tape:
         ce, reg = losses.paws_loss(
             anchors_v, a_sup_v, labels, targets, t_sup, labels,
-            multicrop=multicrop, tau=TAU, T=T, me_max=me_max)
+            multicrop=multicrop, tau=TAU, sharpen_temperature=T,
+            me_max=me_max)[:2]
         total = ce + reg
     grad_anchors, grad_sup = tape.gradient(total, [anchors_v, a_sup_v])
 
@@ -144,7 +145,7 @@ def test_no_gradient_flows_into_targets():
     with tf.GradientTape() as tape:
         ce, reg = losses.paws_loss(
             variables[0], variables[1], labels, variables[2], variables[3],
-            labels, multicrop=2, tau=TAU, T=T)
+            labels, multicrop=2, tau=TAU, sharpen_temperature=T)[:2]
         total = ce + reg
     grads = tape.gradient(total, variables)
     assert grads[0] is not None and grads[1] is not None
@@ -164,8 +165,9 @@ def test_shared_embeddings_only_differentiate_the_anchor_path():
     sup_v = tf.Variable(sup, dtype=tf.float32)
     with tf.GradientTape() as tape:
         swapped_v = tf.concat([views_v[batch:], views_v[:batch]], 0)
-        total = sum(losses.paws_loss(views_v, sup_v, labels, swapped_v, sup_v,
-                                     labels, multicrop=0, tau=TAU, T=T))
+        total = sum(losses.paws_loss(
+            views_v, sup_v, labels, swapped_v, sup_v, labels, multicrop=0,
+            tau=TAU, sharpen_temperature=T)[:2])
     got = tape.gradient(total, views_v)
     # Targets frozen at their current value: only the anchor path counts.
     want = numeric_grad(
@@ -189,14 +191,16 @@ def test_targets_swap_average_and_floor():
 def test_large_support_and_small_tau_stay_finite():
     rng = np.random.default_rng(2)
     k, n, batch, dim = 960, 7, 16, 64
-    labels = losses.support_labels(k, n)  # 6720 supports, no smoothing
+    labels = losses.label_matrix(  # 6720 supports, no smoothing
+        np.repeat(np.arange(k), n), k)
     anchors = tf.Variable(rng.normal(size=(8 * batch, dim)), dtype=tf.float32)
     sup = tf.constant(rng.normal(size=(k * n, dim)), tf.float32)
     targets = tf.constant(rng.normal(size=(2 * batch, dim)), tf.float32)
     for tau in (0.1, 0.005):  # 0.005: most probabilities underflow float32.
         with tf.GradientTape() as tape:
-            total = sum(losses.paws_loss(anchors, sup, labels, targets, sup,
-                                         labels, multicrop=6, tau=tau, T=T))
+            total = sum(losses.paws_loss(
+                anchors, sup, labels, targets, sup, labels, multicrop=6,
+                tau=tau, sharpen_temperature=T)[:2])
         grad = tape.gradient(total, anchors)
         assert np.isfinite(total.numpy())
         assert np.all(np.isfinite(grad.numpy()))
@@ -207,7 +211,7 @@ def test_low_precision_inputs_are_computed_in_float32(dtype):
     anchors, a_sup, labels, targets, t_sup = make_problem(9, multicrop=2)
     low = [tf.cast(x, dtype) for x in (anchors, a_sup, targets, t_sup)]
     got = losses.paws_loss(low[0], low[1], labels, low[2], low[3], labels,
-                           multicrop=2, tau=TAU, T=T)
+                           multicrop=2, tau=TAU, sharpen_temperature=T)[:2]
     # Reference: the same (rounded) inputs, in float64.
     rounded = [tf.cast(x, tf.float64).numpy() for x in low]
     want = np_paws(rounded[0], rounded[1], labels, rounded[2], rounded[3], 2)
@@ -266,7 +270,8 @@ def test_near_collapse_is_not_a_minimum():
 
     def loss():
         return losses.paws_loss(anchors, sup, labels, targets, t_sup, labels,
-                                multicrop=0, tau=TAU, T=T, me_max=False)[0]
+                                multicrop=0, tau=TAU, sharpen_temperature=T,
+                                me_max=False)[0]
 
     def min_cosine():
         z = tf.math.l2_normalize(tf.concat([anchors, sup], 0), axis=1)
@@ -292,10 +297,15 @@ def test_near_collapse_is_not_a_minimum():
                                              (2, True), (3, True)])
 @pytest.mark.parametrize('views', [1, 2])
 @pytest.mark.parametrize('smoothing', [0.0, 0.1])
-def test_support_labels_layout(replicas, unique, views, smoothing):
-    got = losses.support_labels(4, 3, num_views=views, num_replicas=replicas,
-                                unique_classes_per_replica=unique,
-                                smoothing=smoothing).numpy()
+def test_label_matrix_of_the_gathered_columns(replicas, unique, views,
+                                              smoothing):
+    # The columns of the gathered support rows, replica by replica as each
+    # replica's sampler gives them (class-major blocks per view).
+    columns = np.concatenate([
+        np.tile(np.repeat(np.arange(4) + (4 * r if unique else 0), 3), views)
+        for r in range(replicas)])
+    got = losses.label_matrix(columns, 4 * replicas if unique else 4,
+                              smoothing).numpy()
     want = np_labels(4, 3, views, replicas, unique, smoothing)
     np.testing.assert_allclose(got, want, rtol=1e-6)
     np.testing.assert_allclose(got.sum(axis=1), 1.0, rtol=1e-6)
@@ -304,15 +314,13 @@ def test_support_labels_layout(replicas, unique, views, smoothing):
 
 
 @pytest.mark.parametrize('kwargs,match', [
-    (dict(classes_per_replica=0, images_per_class=2), 'classes_per_replica'),
-    (dict(classes_per_replica=2, images_per_class=2, smoothing=1.0),
-     'smoothing'),
-    (dict(classes_per_replica=2, images_per_class=2, num_views=1.5),
-     'num_views'),
+    (dict(num_classes=0), 'num_classes'),
+    (dict(num_classes=2, smoothing=1.0), 'smoothing'),
+    (dict(num_classes=1.5), 'num_classes'),
 ])
-def test_support_labels_rejects_bad_sizes(kwargs, match):
+def test_label_matrix_rejects_bad_sizes(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        losses.support_labels(**kwargs)
+        losses.label_matrix([0, 1], **kwargs)
 
 
 # --- me-max and gathering across replicas ------------------------------------
@@ -324,9 +332,7 @@ def test_loss_under_two_replicas_equals_global_batch(two_replicas):
     per_replica = [dict(a=rng.normal(size=((2 + multicrop) * batch, dim)),
                         t=rng.normal(size=(2 * batch, dim)),
                         s=rng.normal(size=(k * n, dim))) for _ in range(2)]
-    labels = losses.support_labels(k, n, num_replicas=2,
-                                   unique_classes_per_replica=True,
-                                   smoothing=0.1)
+    labels = np_labels(k, n, replicas=2, unique=True, smoothing=0.1)
 
     def regroup(key, views):
         """Global batch in the single-device layout: view-major rows."""
@@ -336,7 +342,7 @@ def test_loss_under_two_replicas_equals_global_batch(two_replicas):
 
     want = np_paws(regroup('a', 2 + multicrop),
                    np.concatenate([r['s'] for r in per_replica]),
-                   labels.numpy(), regroup('t', 2),
+                   labels, regroup('t', 2),
                    np.concatenate([r['s'] for r in per_replica]), multicrop)
 
     strategy = two_replicas
@@ -347,8 +353,12 @@ def test_loss_under_two_replicas_equals_global_batch(two_replicas):
             tf.constant(np.stack([r[key] for r in per_replica]), tf.float32),
             rid)
         sup = losses.dist.all_gather(pick('s'))
-        return losses.paws_loss(pick('a'), sup, labels, pick('t'), sup, labels,
-                                multicrop=multicrop, tau=TAU, T=T)
+        # Each replica's columns (its own classes), gathered with the rows.
+        columns = losses.dist.all_gather(tf.repeat(rid * k + tf.range(k), n))
+        gathered = losses.label_matrix(columns, 2 * k, 0.1)
+        return losses.paws_loss(pick('a'), sup, gathered, pick('t'), sup,
+                                gathered, multicrop=multicrop, tau=TAU,
+                                sharpen_temperature=T)[:2]
 
     ce, reg = strategy.run(tf.function(step))
     ce = strategy.reduce(tf.distribute.ReduceOp.MEAN, ce, axis=None)

@@ -11,6 +11,7 @@ from paws_tf import losses
 from paws_tf import model as model_lib
 from paws_tf import schedules
 from tests.helpers import tiny_model
+from tests.test_losses import np_labels
 
 
 def _one_step_each(two_replicas, views, unique, optimizer_fn):
@@ -27,16 +28,14 @@ def _one_step_each(two_replicas, views, unique, optimizer_fn):
     batch, classes, images, multicrop = 2, 2, 2, 2
     rng = np.random.default_rng(0)
     per_replica = [tiny_model.random_step(rng, batch, classes, images, views,
-                                          multicrop) for _ in range(2)]
+                                          multicrop, replica=r, num_replicas=2,
+                                          unique=unique) for r in range(2)]
     with two_replicas.scope():
-        distributed = tiny_model.make(2, classes, images, views, unique,
-                                      sync_bn=True)
+        distributed = tiny_model.make(sync_bn=True)
         tiny_model.compile_and_build(distributed, optimizer=optimizer_fn())
     # Same BN math on one device (fused BN would apply Bessel's correction
     # to the moving variance, synchronised BN does not).
-    single = tiny_model.make(1, 2 * classes if unique else classes,
-                             images if unique else 2 * images, views, False,
-                             sync_bn=True)
+    single = tiny_model.make(sync_bn=True)
     tiny_model.compile_and_build(single, optimizer=optimizer_fn())
     single.set_weights(distributed.get_weights())
     before = [w.copy() for w in single.get_weights()]
@@ -109,8 +108,7 @@ def test_collapsed_encoder_gives_uniform_predictions_and_escapes_near_it():
     tf_keras.utils.set_random_seed(0)
     rng = np.random.default_rng(1)
     data = tiny_model.random_step(rng, batch, classes, images, 1, 0)
-    model = tiny_model.make(1, classes, images, multicrop=0,
-                            label_smoothing=0.0, me_max_weight=0.0)
+    model = tiny_model.make(label_smoothing=0.0, me_max_weight=0.0)
     tiny_model.compile_and_build(model)
     final = model.prediction_head.mlp_layers[-1]
     kernel = final.kernel.numpy()
@@ -118,7 +116,7 @@ def test_collapsed_encoder_gives_uniform_predictions_and_escapes_near_it():
 
     def loss_and_grad():
         with tf.GradientTape() as tape:
-            loss, terms, z_global, _ = model._forward(data, training=True)
+            loss, terms, z_global, *_ = model._forward(data, training=True)
         return loss, terms, z_global, tape.gradient(loss, final.kernel)
 
     def min_cosine(z):
@@ -151,7 +149,7 @@ def test_collapsed_encoder_gives_uniform_predictions_and_escapes_near_it():
 @pytest.mark.parametrize('nn_embedding', ['projection', 'prediction'])
 def test_call_returns_features_projection_prediction_and_nn_embeddings(
         nn_embedding):
-    model = tiny_model.make(1, 2, 2, nn_embedding=nn_embedding)
+    model = tiny_model.make(nn_embedding=nn_embedding)
     tiny_model.compile_and_build(model)
     images = np.random.default_rng(2).normal(size=(3, 8, 8, 3))
     out = model(images)
@@ -165,21 +163,21 @@ def test_call_returns_features_projection_prediction_and_nn_embeddings(
         out['prediction'], model.prediction_head(projection, training=False),
         rtol=1e-6)
     np.testing.assert_array_equal(out['embeddings'], out[nn_embedding])
-    without_head = tiny_model.make(1, 2, 2, prediction_head=False)
+    without_head = tiny_model.make(prediction_head=False)
     assert set(without_head(images)) == {'features', 'projection',
                                          'embeddings'}
 
 
 def test_prediction_embedding_needs_a_prediction_head():
     with pytest.raises(ValueError, match=r'build_model\.prediction_head'):
-        tiny_model.make(1, 2, 2, prediction_head=False,
+        tiny_model.make(prediction_head=False,
                         nn_embedding='prediction')
     with pytest.raises(ValueError, match=r'PAWSModel\.nn_embedding'):
-        tiny_model.make(1, 2, 2, nn_embedding='features')
+        tiny_model.make(nn_embedding='features')
 
 
 def test_test_step_does_not_update_anything():
-    model = tiny_model.make(1, 2, 2)
+    model = tiny_model.make()
     tiny_model.compile_and_build(model)
     data = tiny_model.random_step(np.random.default_rng(3), 2, 2, 2, 1, 2)
     before = [w.copy() for w in model.get_weights()]
@@ -191,10 +189,10 @@ def test_test_step_does_not_update_anything():
 
 
 def test_train_step_metrics_match_the_objective():
-    model = tiny_model.make(1, 2, 2, diagnostics_every=1)
+    model = tiny_model.make(diagnostics_every=1)
     tiny_model.compile_and_build(model, learning_rate=0.3)
     data = tiny_model.random_step(np.random.default_rng(4), 2, 2, 2, 1, 2)
-    loss, terms, z_global, z_support = model._forward(data, training=True)
+    loss, terms, z_global, z_support, _ = model._forward(data, training=True)
     stats_names = ('trust_ratio_mean', 'trust_ratio_min', 'trust_ratio_max')
     logs = tf.function(model.train_step)(data)
     np.testing.assert_allclose(logs['loss'], loss, rtol=1e-5)
@@ -205,8 +203,8 @@ def test_train_step_metrics_match_the_objective():
     np.testing.assert_allclose(
         logs['nt_xent'], losses.nt_xent_loss(view_1, view_2, 0.1), rtol=1e-5)
     np.testing.assert_allclose(
-        logs['suncet'], losses.suncet_loss(z_support, model.label_matrix, 0.1),
-        rtol=1e-5)
+        logs['suncet'], losses.suncet_loss(
+            z_support, np_labels(2, 2, smoothing=0.1), 0.1), rtol=1e-5)
     stats = model.optimizer.trust_ratio_stats()
     for name in stats_names:
         np.testing.assert_allclose(logs[name], stats[name.split('_')[-1]])
@@ -226,11 +224,7 @@ def test_build_model_from_gin():
             'PredictionHead.hidden_dim = 3',
             'PAWSModel.tau = 0.2',
         ])
-        layout = dict(classes_per_replica=2, images_per_class=2,
-                      support_views=1, num_replicas=1,
-                      unique_classes_per_replica=False, multicrop=0)
-        model = model_lib.build_model(input_channels=1, sync_bn=False,
-                                      layout=layout)
+        model = model_lib.build_model(input_channels=1, sync_bn=False)
         h, z = model._encode(tf.zeros([2, 8, 8, 1]), training=False)
     finally:
         gin.clear_config()
@@ -240,7 +234,7 @@ def test_build_model_from_gin():
 
 
 def test_logged_learning_rate_is_the_one_each_step_used():
-    model = tiny_model.make(1, 2, 2)
+    model = tiny_model.make()
     schedule = schedules.WarmupCosineDecay(steps_per_epoch=2, num_epochs=3,
                                            start_lr=0.1, ref_lr=1.0,
                                            final_lr=0.0, warmup_epochs=1)

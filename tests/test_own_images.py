@@ -208,3 +208,54 @@ def test_fashion_mnist_folders_script(tmp_path):
     for path in unlabeled:
         np.testing.assert_array_equal(np.asarray(Image.open(path)),
                                       images['train'][int(path.stem)])
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_trained_run_exports_its_embedder_without_the_images(tmp_path):
+    """Restoring and exporting the embedder need only model_dir: the
+    folders moved away, --mode=export writes the embedder with the recorded
+    normalisation; the classifier and PAWS-NN, which read the labeled
+    images, name the binding."""
+    data = tmp_path / 'data'
+    classes = ['dark', 'mid', 'light']
+    labeled = write_class_images(data / 'labeled', classes, 4, 3, seed=0)
+    write_class_images(data / 'unlabeled', [''], 32, 3, seed=1)
+    test = write_class_images(data / 'test', classes, 2, 3, seed=2)
+    bindings = image_folders.path_bindings(data) + SECONDS
+    run = tmp_path / 'run'
+    proc = run_py('gin_configs/image_folders_small.gin', run, bindings,
+                  mode='train')
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data.rename(tmp_path / 'elsewhere')
+
+    proc = run_py('gin_configs/image_folders_small.gin', run, bindings,
+                  mode='export')
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    missing = f"LABELED_DIR = '{data / 'labeled'}' is not a folder"
+    assert f'not the classifier: {missing}' in proc.stderr
+    assert not (run / 'export' / 'classifier').exists()
+    # The normalisation of the labeled pixels, recorded when training
+    # started, by NumPy.
+    pixels = np.concatenate([i.reshape(-1, 3) for i in labeled]) / 255
+    mean, std = pixels.mean(axis=0), pixels.std(axis=0)
+    stored = json.loads(
+        (run / 'export' / 'embedder' / 'preprocessing.json').read_text())
+    assert stored['channels'] == 3 and stored['image_size'] == 28
+    np.testing.assert_allclose(stored['mean'], mean, rtol=1e-6)
+    np.testing.assert_allclose(stored['std'], std, rtol=1e-6)
+    embedder = tf.saved_model.load(str(run / 'export' / 'embedder'))
+    raw = np.stack([i for i in test if i.shape[:2] == (28, 28)])
+    by_hand = ((raw / 255 - mean) / std).astype(np.float32)
+    np.testing.assert_allclose(
+        embedder(tf.constant(raw))['embeddings'].numpy(),
+        embedder.signatures['embed_preprocessed'](
+            images=tf.constant(by_hand))['embeddings'].numpy(),
+        rtol=1e-4, atol=1e-5)
+
+    proc = run_py('gin_configs/image_folders_small.gin', run, bindings,
+                  mode='evaluate_nn')
+    assert proc.returncode != 0
+    assert (f'{missing}: bind it to the folder of labeled class subfolders '
+            '(PAWS-NN compares the test images with them)') in proc.stderr
+    assert not (run / 'eval').exists()

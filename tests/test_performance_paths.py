@@ -50,9 +50,7 @@ def _build():
     short at initialisation that the L2 normalisation's gradient (~1 / |z|)
     overflows float16 even at a loss scale of 2.
     """
-    return tiny_model.make(classes=CLASSES, images=IMAGES,
-                           multicrop=MULTICROP, hidden=16, width=16,
-                           prediction_hidden=8)
+    return tiny_model.make(hidden=16, width=16, prediction_hidden=8)
 
 
 def _model(optimizer, weights=None, jit_compile=False):
@@ -107,7 +105,7 @@ def test_loss_and_predictions_are_float32_under_mixed_precision(policy):
     with precision(policy):
         model = _build()
         features = model.backbone(tf.zeros([1, 8, 8, 3]))
-        loss, terms, z_global, z_support = model._forward(_batch(), True)
+        loss, terms, z_global, z_support, _ = model._forward(_batch(), True)
     assert features.dtype == tf.dtypes.as_dtype(policy.split('_')[1])
     for tensor in (loss, terms.cross_entropy, terms.me_max, terms.targets,
                    terms.log_probs, z_global, z_support):
@@ -206,14 +204,13 @@ def test_two_replicas_without_prediction_head_gather_supports_once(
     batch, classes, images, views = 2, 2, 2, 2  # As tests/test_model.py.
     rng = np.random.default_rng(5)
     per_replica = [tiny_model.random_step(rng, batch, classes, images, views,
-                                          MULTICROP) for _ in range(2)]
+                                          MULTICROP, replica=r, num_replicas=2)
+                   for r in range(2)]
     optimizer = lambda: tf_keras.optimizers.SGD(learning_rate=1.0)  # noqa
     with two_replicas.scope():
-        distributed = tiny_model.make(2, classes, images, views,
-                                      sync_bn=True, prediction_head=False)
+        distributed = tiny_model.make(sync_bn=True, prediction_head=False)
         tiny_model.compile_and_build(distributed, optimizer=optimizer())
-    single = tiny_model.make(1, classes, 2 * images, views, sync_bn=True,
-                             prediction_head=False)
+    single = tiny_model.make(sync_bn=True, prediction_head=False)
     tiny_model.compile_and_build(single, optimizer=optimizer())
     single.set_weights(distributed.get_weights())
     before = single.get_weights()
@@ -263,8 +260,7 @@ def test_prefetch_to_device_feeds_each_replica_on_its_device(two_replicas):
         assert [(d.device_type, d.device_index) for d in devices] == [
             ('CPU', 0), ('CPU', 1)], key
     with two_replicas.scope():
-        model = tiny_model.make(2, CLASSES, IMAGES, sync_bn=True,
-                                multicrop=MULTICROP)
+        model = tiny_model.make(sync_bn=True)
         tiny_model.compile_and_build(model)
     history = model.fit(
         tf_keras.utils.experimental.DatasetCreator(pretrain.dataset_fn,

@@ -15,6 +15,7 @@ from paws_tf.runner import config_checks
 from tests.helpers import cluster
 from tests.helpers import ropaws_reference as ref
 from tests.helpers import tiny_model
+from tests.test_losses import np_labels
 from tests.test_losses import np_paws
 from tests.test_losses import numeric_grad
 
@@ -32,10 +33,7 @@ def make_case(seed, *, replicas=1, batch=3, dim=5, k=3, n=2, views=2,
                   s=rng.normal(size=(views * k * n, dim)),
                   h=rng.normal(size=(views * k * n, dim)))
              for _ in range(replicas)]
-    labels = losses.support_labels(
-        k, n, num_views=views, num_replicas=replicas,
-        unique_classes_per_replica=unique, smoothing=smoothing)
-    return ranks, labels.numpy().astype(np.float64)
+    return ranks, np_labels(k, n, views, replicas, unique, smoothing)
 
 
 def reference(ranks, labels, settings, **changed):
@@ -64,7 +62,7 @@ def replica_objective(a, s, t, h, labels, settings):
         tape.watch([a, s])
         supports = dist.all_gather(s)
         targets = tf.stop_gradient(dist.all_gather(h))
-        terms = losses.ropaws_terms(
+        terms = losses.ropaws_loss(
             a, supports, labels, t, targets, labels, tau=TAU,
             sharpen_temperature=T, **settings)
         loss = terms.cross_entropy + terms.me_max
@@ -179,11 +177,11 @@ def test_without_unlabeled_term_unit_ratio_and_flat_prior_it_is_paws(
     common = dict(multicrop=multicrop, tau=TAU, sharpen_temperature=T)
 
     def both(a, s):
-        ropaws = losses.ropaws_terms(
+        ropaws = losses.ropaws_loss(
             a, s, labels, r['t'], r['h'], labels, images_per_class=n,
             prior_tau=1e12, prior_pow=1.0, label_ratio=float(n), **common)
-        paws = losses.paws_terms(a, s, labels, r['t'], r['h'], labels,
-                                 **common)
+        paws = losses.paws_loss(a, s, labels, r['t'], r['h'], labels,
+                                **common)
         return ropaws, paws
 
     with tf.GradientTape(persistent=True) as tape:
@@ -208,11 +206,11 @@ def test_an_image_far_from_every_support_gets_a_small_weight():
     """p_in <= prior = exp((max cos - 1) / prior_tau): a target orthogonal
     to the supports weighs at most exp(-1 / prior_tau)."""
     supports = np.eye(4, 6)  # [4, 6], classes 0 0 1 1
-    labels = losses.support_labels(2, 2)
+    labels = np_labels(2, 2)
     near = supports[:2] + 0.05
     far = np.eye(6)[4:]  # Orthogonal to every support.
     targets = np.concatenate([near[:1], far[:1], near[1:], far[1:]])
-    terms = losses.ropaws_terms(
+    terms = losses.ropaws_loss(
         tf.constant(targets, tf.float32), supports, labels,
         tf.constant(targets, tf.float32), supports, labels, multicrop=0,
         tau=TAU, sharpen_temperature=T, images_per_class=2, prior_tau=0.5,
@@ -228,12 +226,12 @@ def test_low_precision_embeddings_are_solved_in_float32(dtype):
     ranks, labels = make_case(4)
     r = ranks[0]
     low = [tf.constant(r[key], dtype) for key in 'asth']
-    got = losses.ropaws_terms(low[0], low[1], labels, low[2], low[3], labels,
-                              tau=TAU, sharpen_temperature=T, **settings)
-    want = losses.ropaws_terms(*(tf.cast(x, tf.float32) for x in low[:2]),
-                               labels, *(tf.cast(x, tf.float32)
-                                         for x in low[2:]), labels, tau=TAU,
-                               sharpen_temperature=T, **settings)
+    got = losses.ropaws_loss(low[0], low[1], labels, low[2], low[3], labels,
+                             tau=TAU, sharpen_temperature=T, **settings)
+    want = losses.ropaws_loss(*(tf.cast(x, tf.float32) for x in low[:2]),
+                              labels, *(tf.cast(x, tf.float32)
+                                        for x in low[2:]), labels, tau=TAU,
+                              sharpen_temperature=T, **settings)
     assert got.cross_entropy.dtype == tf.float32
     assert got.in_domain.dtype == tf.float32
     np.testing.assert_allclose(got.cross_entropy, want.cross_entropy,
@@ -243,11 +241,10 @@ def test_low_precision_embeddings_are_solved_in_float32(dtype):
 def test_train_step_under_mixed_precision_logs_the_in_domain_share():
     tf_keras.mixed_precision.set_global_policy('mixed_float16')
     try:
-        model = tiny_model.make(1, 2, 2, objective='ropaws',
-                                ropaws_prior_tau=0.5)
+        model = tiny_model.make(objective='ropaws', ropaws_prior_tau=0.5)
         tiny_model.compile_and_build(model, learning_rate=0.3)
         data = tiny_model.random_step(np.random.default_rng(5), 3, 2, 2, 1, 2)
-        loss, terms, _, _ = model._forward(data, training=False)
+        loss, terms, *_ = model._forward(data, training=False)
         logs = tf.function(model.train_step)(data)
     finally:
         tf_keras.mixed_precision.set_global_policy('float32')
@@ -255,6 +252,34 @@ def test_train_step_under_mixed_precision_logs_the_in_domain_share():
     assert terms.in_domain.shape == (3,)
     assert np.isfinite(logs['loss'])
     assert 0.0 < logs['in_domain'] <= 1.0
+
+
+def test_the_model_reads_images_per_class_from_the_support_rows():
+    """3 images x 2 views per class: r = label_ratio B / 3, counted from
+    the rows of view 0 (not / 6, every row). Seeded weights; a small prior
+    temperature, so that p_in depends on r (by 8e-4 here)."""
+    tf_keras.utils.set_random_seed(0)
+    model = tiny_model.make(prediction_head=False, objective='ropaws',
+                            ropaws_prior_tau=0.05, ropaws_label_ratio=2.0)
+    tiny_model.compile_and_build(model)
+    data = tiny_model.random_step(np.random.default_rng(8), 3, 2, 3, 2, 0)
+    _, terms, z_global, z_support, _ = model._forward(data, training=False)
+    labels = np_labels(2, 3, views=2, smoothing=0.1)
+    swapped = tf.concat(tf.split(z_global, 2)[::-1], 0)
+
+    def ropaws(images_per_class):
+        return losses.ropaws_loss(
+            z_global, z_support, labels, swapped, z_support, labels,
+            multicrop=0, tau=TAU, sharpen_temperature=T,
+            images_per_class=images_per_class, prior_tau=0.05,
+            prior_pow=1.0, label_ratio=2.0)
+
+    np.testing.assert_allclose(terms.targets, ropaws(3).targets, rtol=1e-6,
+                               atol=1e-7)
+    np.testing.assert_allclose(terms.in_domain, ropaws(3).in_domain,
+                               rtol=1e-6)
+    assert np.abs(terms.in_domain - ropaws(6).in_domain).max() > 1e-4
+    assert np.abs(terms.targets - ropaws(6).targets).max() > 1e-4
 
 
 @pytest.mark.parametrize('kwargs,message', [
@@ -281,24 +306,12 @@ def test_paws_ignores_the_ropaws_settings():
     assert model.objective == 'paws'
 
 
-def test_a_model_built_for_fewer_replicas_fails_before_a_step(two_replicas):
-    with two_replicas.scope():
-        model = tiny_model.make(1, 2, 2, objective='ropaws')
-        tiny_model.compile_and_build(model)
-    data = tiny_model.random_step(np.random.default_rng(6), 2, 2, 2, 1, 2)
-    with pytest.raises(ValueError, match='built for num_replicas=1 but runs '
-                       'on 2 replicas'):
-        tf.function(lambda: two_replicas.run(model.train_step,
-                                             args=(data,)))()
-    assert int(model.optimizer.iterations.numpy()) == 0
-
-
 def test_unlabeled_batches_of_no_fixed_size_cannot_be_gathered(two_replicas):
     with two_replicas.scope():
-        model = tiny_model.make(2, 2, 2, objective='ropaws')
+        model = tiny_model.make(objective='ropaws')
         tiny_model.compile_and_build(model)
     data = tiny_model.random_step(np.random.default_rng(7), 2, 2, 2, 1, 2)
-    spec = {key: tf.TensorSpec([None, *value.shape[1:]], tf.float32)
+    spec = {key: tf.TensorSpec([None, *value.shape[1:]], value.dtype)
             for key, value in data.items()}
     step = tf.function(lambda d: two_replicas.run(model.train_step,
                                                   args=(d,)),

@@ -14,7 +14,7 @@ def _sampler(labels, num_replicas=2, **kwargs):
 
 
 def _support_draws(sampler, steps):
-    """{(step, replica): (positions, class_ids)} as NumPy."""
+    """{(step, replica): (positions, class_ids, columns)} as NumPy."""
     call = tf.function(sampler)
     return {(s, r): tuple(t.numpy() for t in call(tf.constant(s),
                                                   tf.constant(r)))
@@ -34,7 +34,7 @@ def test_support_balanced_unique_and_matching_labels(unique):
     assert sampler.classes_per_replica == k
     draws = _support_draws(sampler, 200)
     for step in range(200):
-        (p0, c0), (p1, c1) = draws[step, 0], draws[step, 1]
+        (p0, c0, _), (p1, c1, _) = draws[step, 0], draws[step, 1]
         for positions, class_ids in ((p0, c0), (p1, c1)):
             assert positions.shape == class_ids.shape == (k * n,)
             np.testing.assert_array_equal(_LABELS[positions], class_ids)
@@ -58,7 +58,7 @@ def test_items_interleave_a_pipelines_replicas_step_by_step():
     batches = list(tf.data.Dataset.range(6).flat_map(
         lambda i: sampler.items(i, 2, 2)).batch(rows))
     assert len(batches) == 6
-    for i, (steps, positions, class_ids) in enumerate(batches):
+    for i, (steps, positions, class_ids, columns) in enumerate(batches):
         step, replica = i // 2, 2 + i % 2
         np.testing.assert_array_equal(steps.numpy(), [step] * rows)
         np.testing.assert_array_equal(positions.numpy(),
@@ -67,6 +67,29 @@ def test_items_interleave_a_pipelines_replicas_step_by_step():
                                       draws[step, replica][1])
         np.testing.assert_array_equal(_LABELS[positions.numpy()],
                                       class_ids.numpy())
+        np.testing.assert_array_equal(columns.numpy(),
+                                      draws[step, replica][2])
+
+
+@pytest.mark.parametrize('unique', [False, True])
+def test_columns_name_one_class_per_step_and_the_slots_by_replica(unique):
+    # Columns index the step's classes_per_step support classes: replica r's
+    # slot k is column r*K + k with disjoint classes, k with shared ones, and
+    # one column is one class over all replicas.
+    k, n = (2, 3) if unique else (4, 3)
+    sampler = _sampler(_LABELS, classes_per_step=4,
+                       unique_classes_per_replica=unique)
+    draws = _support_draws(sampler, 20)
+    for step in range(20):
+        column_class = {}
+        for replica in range(2):
+            _, class_ids, columns = draws[step, replica]
+            first = replica * k if unique else 0
+            np.testing.assert_array_equal(
+                columns, np.repeat(np.arange(first, first + k), n))
+            for column, class_id in zip(columns, class_ids):
+                assert column_class.setdefault(column, class_id) == class_id
+        assert sorted(column_class) == list(range(4))
 
 def test_support_draws_with_replacement_across_steps_and_covers_classes():
     draws = _support_draws(_sampler(_LABELS), 50)

@@ -124,15 +124,6 @@ def test_unlabeled_stream_covers_every_image_once_per_epoch(pipelines,
 
 # --- the supports -----------------------------------------------------------
 
-def _label_columns(pretrain):
-    """Column of each gathered support row in the model's label matrix."""
-    layout = pretrain.model_layout
-    built = model_lib.PAWSModel(
-        tf_keras.layers.Flatten(), tf_keras.layers.Dense(2),
-        **layout).label_matrix.numpy()
-    return built.argmax(axis=1)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize('unique', [False, True])
 def test_each_support_row_shows_an_image_of_its_class(unique):
@@ -144,10 +135,9 @@ def test_each_support_row_shows_an_image_of_its_class(unique):
     replicas = 2
     pretrain = _pretrain(classes_per_step=4 if unique else 2,
                          unique_classes_per_replica=unique)
-    columns = _label_columns(pretrain)  # [R V K n]
     elements = _elements(pretrain, 3 * replicas)
     for step in range(3):
-        gathered = []
+        gathered, columns = [], []
         for replica in range(replicas):
             element = elements[step * replicas + replica]
             ids = _decode(element['support_views']) - LABELED_BASE
@@ -156,8 +146,11 @@ def test_each_support_row_shows_an_image_of_its_class(unique):
             first, second = np.split(ids, 2)  # V = 2 views of each image
             np.testing.assert_array_equal(first, second)
             gathered.extend(ids)
+            # The label-matrix column the row carries to the model.
+            columns.extend(element['support_one_hot'].argmax(axis=1))
         assert len(set(gathered)) == len(gathered) // 2  # Distinct images.
         true_class = classes[np.asarray(gathered)]
+        columns = np.asarray(columns)
         same_column = columns[:, None] == columns[None, :]
         np.testing.assert_array_equal(
             same_column, true_class[:, None] == true_class[None, :])
@@ -209,8 +202,7 @@ def test_first_global_view_learns_from_the_second_views_targets():
         tf_keras.layers.Dense(4, use_bias=False,
                               kernel_initializer=tf_keras.initializers
                               .Constant(kernel)),
-        classes_per_replica=classes, images_per_class=images,
-        multicrop=multicrop, tau=tau, sharpen_temperature=temperature,
+        tau=tau, sharpen_temperature=temperature,
         label_smoothing=smoothing, diagnostics_every=0)
     model.compile(optimizer=tf_keras.optimizers.SGD(learning_rate=0.0))
     f32 = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa
@@ -219,6 +211,9 @@ def test_first_global_view_learns_from_the_second_views_targets():
             'support_views': f32(classes * images, 4, 4, 3)}
     embed = {key: views.astype(np.float64).mean(axis=(1, 2)) @ kernel
              for key, views in data.items()}
+    data['support_one_hot'] = np.eye(classes, dtype=np.float32).repeat(
+        images, axis=0)
+    data['support_view_index'] = np.zeros(classes * images, np.int32)
     labels = np.full([classes * images, classes], smoothing / classes)
     labels[np.arange(classes * images),
            np.repeat(np.arange(classes), images)] += 1.0 - smoothing

@@ -2,6 +2,7 @@
 from the images (`FROM_DATA`) and recorded in the run's directory, checked
 against the channels."""
 
+import dataclasses
 import json
 import math
 import os
@@ -173,6 +174,54 @@ def _record(path, info):
     files.write_json(path, info, indent=2)
 
 
+def _read_record(path, spec, fixed, channels):
+    """The values recorded in `path`, checked against `spec` (its values
+    `fixed`, None for `FROM_DATA`) and, when given, the `channels`."""
+    with open(path) as f:
+        recorded = json.load(f)
+    values = tuple(recorded['mean']), tuple(recorded['std'])
+    if channels is not None and recorded.get('channels') != channels:
+        raise ValueError(
+            f'{path} holds the normalisation of {recorded.get("channels")}'
+            f'-channel images but the images are now decoded to '
+            f'{channels} channels: delete it to compute it again '
+            '(or start the run again with --overwrite).')
+    if (fixed or FROM_DATA) != (
+            values if recorded.get('spec') != FROM_DATA else FROM_DATA):
+        # A run normalised one way must be exported and evaluated the
+        # same way.
+        raise ValueError(
+            f'{path} records the normalisation this run was trained '
+            f'with, {NORMALIZATION_MACRO} = '
+            f'{recorded.get("spec")!r} (mean {values[0]}, std '
+            f'{values[1]}), not {spec!r}: bind it back.')
+    logging.info('Normalisation read from %s: mean %s, std %s', path,
+                 *values)
+    return values
+
+
+def recorded_normalization(spec, record_dir):
+    """The `(mean, std)` that `spec` stands for in a run, without its
+    images: what `resolve_normalization` recorded in `record_dir`, or the
+    values of a preset or pair.
+
+    Raises:
+        ValueError: `spec` is `FROM_DATA` and `record_dir` holds no record
+            (the run never started training), or the record disagrees
+            with `spec`.
+    """
+    path = os.path.join(record_dir, NORMALIZATION_FILENAME)
+    fixed = None if spec == FROM_DATA else normalization(spec)
+    if os.path.exists(path):
+        return _read_record(path, spec, fixed, None)
+    if fixed is None:
+        raise ValueError(
+            f"{NORMALIZATION_MACRO} = '{FROM_DATA}' is recorded in {path} "
+            'when training starts, and there is no such file: train the '
+            'run first (or bind the values the run was trained with).')
+    return fixed
+
+
 def resolve_normalization(spec, *, source, record_dir, max_images=5000,
                           seed=0, description='labeled'):
     """The `(mean, std)` that `spec` stands for, recorded in `record_dir`.
@@ -209,28 +258,7 @@ def resolve_normalization(spec, *, source, record_dir, max_images=5000,
     if spec != FROM_DATA:
         fixed = normalization(spec, channels=source.channels)
     if path and os.path.exists(path):
-        with open(path) as f:
-            recorded = json.load(f)
-        values = tuple(recorded['mean']), tuple(recorded['std'])
-        if recorded.get('channels') != source.channels:
-            raise ValueError(
-                f'{path} holds the normalisation of {recorded.get("channels")}'
-                f'-channel images but the images are now decoded to '
-                f'{source.channels} channels: delete it to compute it again '
-                '(or start the run again with --overwrite).')
-        if (fixed or FROM_DATA) != (
-                values if recorded.get('spec') != FROM_DATA
-                else FROM_DATA):
-            # A run normalised one way must be exported and evaluated the
-            # same way.
-            raise ValueError(
-                f'{path} records the normalisation this run was trained '
-                f'with, {NORMALIZATION_MACRO} = '
-                f'{recorded.get("spec")!r} (mean {values[0]}, std '
-                f'{values[1]}), not {spec!r}: bind it back.')
-        logging.info('Normalisation read from %s: mean %s, std %s', path,
-                     *values)
-        return values
+        return _read_record(path, spec, fixed, source.channels)
     if fixed is not None:
         if path:
             _record(path, dict(mean=fixed[0], std=fixed[1],
@@ -251,3 +279,25 @@ def resolve_normalization(spec, *, source, record_dir, max_images=5000,
                  '%s', images, description,
                  f' and recorded in {path}' if path else '', mean, std)
     return mean, std
+
+
+def normalized_multicrop(multicrop, normalization, channels):
+    """`multicrop` with the run's normalisation filled in.
+
+    Args:
+        multicrop: `augment.MultiCropConfig`, whose mean and std are None
+            when `normalization` gives them.
+        normalization: the run's `(mean, std)` (`load_data.normalization`)
+            or None.
+        channels: the images' channel count.
+
+    Returns:
+        A `MultiCropConfig` with float mean and std tuples.
+
+    Raises:
+        ValueError: a normalisation given twice or not at all, or one of
+            another channel count.
+    """
+    mean, std = one_normalization('MultiCropConfig', multicrop.mean,
+                                  multicrop.std, normalization, channels)
+    return dataclasses.replace(multicrop, mean=mean, std=std)

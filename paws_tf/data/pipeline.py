@@ -46,15 +46,6 @@ class _Layout:
                 self.support_views * s.classes_per_replica *
                 s.images_per_class * self.num_replicas)
 
-    def model_layout(self):
-        s = self.sampler
-        return dict(classes_per_replica=s.classes_per_replica,
-                    images_per_class=s.images_per_class,
-                    support_views=self.support_views,
-                    num_replicas=self.num_replicas,
-                    unique_classes_per_replica=s.unique_classes_per_replica,
-                    multicrop=self.multicrop.num_local)
-
     def describe(self):
         s, m, r = self.sampler, self.multicrop, self.num_replicas
         k, n, v = s.classes_per_replica, s.images_per_class, self.support_views
@@ -86,7 +77,6 @@ class PretrainInput(typing.NamedTuple):
     dataset_fn: typing.Callable  # InputContext or None -> tf.data.Dataset
     steps_per_epoch: int
     summary: str  # effective global sizes, for the trainer to log
-    model_layout: dict  # the support layout arguments of model.PAWSModel
     views_per_step: int  # images forwarded per step, over all replicas
 
 
@@ -162,7 +152,7 @@ def _support(labeled, layout, seed, start_step, first_replica,
     """Support views and labels of this pipeline's replicas, per step."""
     sampler, mc = layout.sampler, layout.multicrop
 
-    def views(step, position, class_id):
+    def views(step, position, class_id, column):
         image = labeled.read(position)
         return tuple(augment.make_view(
             image, sampling.derive_seed(seed, sampling.SUPPORT_VIEWS, step,
@@ -170,40 +160,17 @@ def _support(labeled, layout, seed, start_step, first_replica,
             size=layout.support_view_size, scale=support_scale,
             color_strength=mc.color_strength, blur_prob=mc.blur_prob,
             mean=mc.mean, std=mc.std, distortion=mc.distortion)
-            for v in range(layout.support_views)), class_id
+            for v in range(layout.support_views)), class_id, column
 
     rows = sampler.classes_per_replica * sampler.images_per_class
-    # Always in order, even for deterministic=False: the model reads the
-    # class of a support row from its position.
+    # Always in order, even for deterministic=False: a batch is one step's
+    # rows of one replica.
     return (tf.data.Dataset.counter(start_step * local_replicas)
             .flat_map(lambda i: sampler.items(i, first_replica,
                                               local_replicas))
             .map(views, num_parallel_calls=tf.data.AUTOTUNE,
                  deterministic=True)
             .batch(rows, drop_remainder=True))
-
-
-def normalized_multicrop(multicrop, normalization, channels):
-    """`multicrop` with the run's normalisation filled in.
-
-    Args:
-        multicrop: `augment.MultiCropConfig`, whose mean and std are None
-            when `normalization` gives them.
-        normalization: the run's `(mean, std)` (`load_data.normalization`)
-            or None.
-        channels: the images' channel count.
-
-    Returns:
-        A `MultiCropConfig` with float mean and std tuples.
-
-    Raises:
-        ValueError: a normalisation given twice or not at all, or one of
-            another channel count.
-    """
-    mean, std = normalization_lib.one_normalization(
-        'MultiCropConfig', multicrop.mean, multicrop.std, normalization,
-                                         channels)
-    return dataclasses.replace(multicrop, mean=mean, std=std)
 
 
 @gin.configurable(denylist=['unlabeled', 'labeled', 'num_replicas',
@@ -233,6 +200,12 @@ def make_pretrain_dataset_fn(
           inside a block rows k*n:(k+1)*n are the n images of class slot k,
           the same image at the same row of every block.
       'support_labels': int32 [V*K*n], the true class ids of those rows.
+      'support_one_hot': float32 [V*K*n, classes_per_step], the one-hot of
+          each row's column: its class among the step's support classes
+          (`sampling.SupportSampler`), what the objective's label matrix
+          is built from.
+      'support_view_index': int32 [V*K*n], the view of its image each row
+          is (0..V-1).
 
     Args:
         unlabeled: `sources.ImageSource` (exact resume) or
@@ -260,11 +233,10 @@ def make_pretrain_dataset_fn(
             (`experiment.DataBundle.normalization`), or None.
 
     Returns:
-        `PretrainInput(dataset_fn, steps_per_epoch, summary, model_layout,
+        `PretrainInput(dataset_fn, steps_per_epoch, summary,
         views_per_step)`: the function takes a `tf.distribute.InputContext`
         (None: one pipeline), the summary is a human-readable account of the
-        effective sizes, `model_layout` the matching support-layout keyword
-        arguments of `model.PAWSModel`.
+        effective sizes.
 
     Raises:
         ValueError: sizes that do not divide or do not fit the data (see
@@ -289,8 +261,8 @@ def make_pretrain_dataset_fn(
         raise ValueError(
             f'The labeled images have {labeled.channels} channels, the '
             f'unlabeled ones {unlabeled.channels}: decode both to the same.')
-    multicrop = normalized_multicrop(multicrop, normalization,
-                                     labeled.channels)
+    multicrop = normalization_lib.normalized_multicrop(
+        multicrop, normalization, labeled.channels)
     sampler = sampling.SupportSampler(
         labeled.labels,
         classes_per_step=classes_per_step, images_per_class=images_per_class,
@@ -331,8 +303,8 @@ def make_pretrain_dataset_fn(
                            local_replicas, support_scale)
 
         def element(views, support):
-            (global_views, local_views), (support_views_, class_ids) = (
-                views, support)
+            (global_views, local_views), (support_views_, class_ids,
+                                          columns) = views, support
             mc = layout.multicrop
             out = {'global_views': _concat(  # [2*B, Hg, Wg, C]
                 global_views, mc.global_size, unlabeled.channels)}
@@ -341,15 +313,21 @@ def make_pretrain_dataset_fn(
                     local_views, mc.local_size, unlabeled.channels)
             out['support_views'] = _concat(  # [V*K*n, Hs, Ws, C]
                 support_views_, layout.support_view_size, labeled.channels)
+            num_views = layout.support_views
             out['support_labels'] = tf.tile(  # [V*K*n]
-                tf.cast(class_ids, tf.int32), [layout.support_views])
+                tf.cast(class_ids, tf.int32), [num_views])
+            out['support_one_hot'] = tf.one_hot(  # [V*K*n, classes_per_step]
+                tf.tile(columns, [num_views]), sampler.classes_per_step)
+            out['support_view_index'] = tf.constant(np.repeat(  # [V*K*n]
+                np.arange(num_views, dtype=np.int32),
+                sampler.classes_per_replica * sampler.images_per_class))
             return out
 
         return (tf.data.Dataset.zip((views, support)).map(element)
                 .prefetch(prefetch).with_options(options))
 
     return PretrainInput(dataset_fn, layout.steps_per_epoch, layout.describe(),
-                         layout.model_layout(), layout.views_per_step)
+                         layout.views_per_step)
 
 
 @gin.configurable(denylist=['source'])

@@ -158,9 +158,9 @@ class SupportSampler:
             replica_id: int scalar (tensor allowed), global replica id.
 
         Returns:
-            `(positions, class_ids)`: int64 [K*n] positions in the labeled
-            source and their int32 [K*n] class ids, class-major (rows
-            k*n:(k+1)*n belong to slot k).
+            `(positions, class_ids, columns)`: int64 [K*n] positions in the
+            labeled source, their int32 [K*n] class ids and int32 [K*n]
+            columns, class-major (rows k*n:(k+1)*n belong to slot k).
         """
         if self._tensors is None:
             with tf.init_scope(), tf.device('CPU:0'):
@@ -184,8 +184,10 @@ class SupportSampler:
         first_image = 0 if self.unique_classes_per_replica else replica_id * n
         order = order[:, first_image:first_image + n]  # [K, n]
         positions = tf.gather(tf.gather(table, slots), order, batch_dims=1)
+        columns = tf.cast(first_slot + tf.range(k, dtype=tf.int64), tf.int32)
         return (tf.reshape(positions, [k * n]),
-                tf.repeat(tf.gather(class_ids, slots), n))
+                tf.repeat(tf.gather(class_ids, slots), n),
+                tf.repeat(columns, n))
 
     def items(self, i, first_replica, local_replicas):
         """Element `i` of an input pipeline's support stream, as a Dataset.
@@ -196,10 +198,12 @@ class SupportSampler:
         local_replicas`, for `Dataset.flat_map`.
 
         Returns:
-            A `Dataset` of `(step, position, class_id)`, one per support
-            row of that replica and step, class-major.
+            A `Dataset` of `(step, position, class_id, column)`, one per
+            support row of that replica and step, class-major.
         """
         step = i // local_replicas
-        positions, class_ids = self(step, first_replica + i % local_replicas)
+        positions, class_ids, columns = self(
+            step, first_replica + i % local_replicas)
         return tf.data.Dataset.from_tensor_slices(
-            (tf.fill(tf.shape(positions), step), positions, class_ids))
+            (tf.fill(tf.shape(positions), step), positions, class_ids,
+             columns))

@@ -44,7 +44,8 @@ def demo(model_dir, strategy, *, overwrite=False, owner_check=None):
                 owner_check=owner_check)
     paws_seconds = time.perf_counter() - start
     paws = modes.export_and_evaluate(model_dir, strategy)
-    model, bundle, _ = modes.load_trained_model(model_dir, strategy)
+    model, _ = modes.load_trained_model(model_dir, strategy)
+    bundle = experiment.load_data(model_dir)
     preprocessing = experiment.eval_preprocessing(bundle)
     tune_start = time.perf_counter()
     tuned = fine_tune.fine_tune(model_dir, model, labeled=bundle.labeled,

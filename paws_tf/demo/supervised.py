@@ -12,6 +12,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf.data import augment
+from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import pipeline
 from paws_tf.data import sampling
 from paws_tf.nets import backbones
@@ -92,7 +93,7 @@ def train_supervised(model_dir, *, labeled, test, preprocessing,
     own = multicrop.mean is not None or multicrop.std is not None
     # Without its own mean and std, the views take the run's normalisation,
     # which the evaluation preprocessing holds.
-    multicrop = pipeline.normalized_multicrop(
+    multicrop = normalization_lib.normalized_multicrop(
         multicrop, None if own else (preprocessing['mean'],
                                      preprocessing['std']), labeled.channels)
     tf_keras.utils.set_random_seed(seed)

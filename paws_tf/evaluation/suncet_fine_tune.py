@@ -55,7 +55,7 @@ def _suncet_dataset_fn(labeled, *, num_steps, classes_per_step,
     def dataset_fn(context=None):
         first, local = tuning.pipeline_replicas(context, num_replicas)
 
-        def image_views(step, position, class_id):
+        def image_views(step, position, class_id, _):
             view = augment.center_view(
                 labeled.read(position), image_size,
                 crop_fraction=crop_fraction, mean=mean, std=std)

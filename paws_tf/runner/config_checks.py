@@ -116,14 +116,39 @@ def _check_folders_bound(folder):
                 f"e.g. --gin_bindings=\"{name} = '/data/mine/...'\".")
 
 
-def _check_support(folder):
+def _labeled_root(folder):
+    """`(root, binding)` of a folder source's labeled class subfolders, or
+    None when it is not a bound labeled folder."""
     prefix, parameter = folder
     root, root_name = checks.binding(f'{prefix}.{parameter}')
     if not isinstance(root, str) or not checks.bound(f'{prefix}.labeled', True):
-        return
-    if not os.path.isdir(root):
+        return None
+    return root, root_name
+
+
+def check_labeled_folder(what):
+    """Raises ValueError naming the binding when the config reads its
+    labeled images from a folder that does not exist.
+
+    Args:
+        what: what needs the labeled images, for the message (e.g. 'PAWS-NN
+            compares the test images with them').
+    """
+    folder = _folder_source()
+    labeled = _labeled_root(folder) if folder is not None else None
+    if labeled is not None and not os.path.isdir(labeled[0]):
+        root, root_name = labeled
         raise ValueError(f'{root_name} = {root!r} is not a folder: bind it '
-                         'to the folder of labeled class subfolders.')
+                         f'to the folder of labeled class subfolders '
+                         f'({what}).')
+
+
+def _check_support(folder):
+    check_labeled_folder('the supports of pre-training are drawn from them')
+    labeled = _labeled_root(folder)
+    if labeled is None:
+        return
+    root, root_name = labeled
     classes = sum(entry.is_dir() for entry in os.scandir(root))
     wanted, wanted_name = checks.binding(
         'make_pretrain_dataset_fn.classes_per_step')
@@ -165,7 +190,7 @@ def _check_size(size, size_name, minimum, backbone, backbone_name):
             f'{size_name} = {minimum} or more, or {other}.')
 
 
-def check_config():
+def check_config(pretraining=True):
     """Checks the parsed gin config before any data is read.
 
     Catches, in the first seconds and naming the binding to change with a
@@ -180,6 +205,11 @@ def check_config():
     other than folders are known once they are read, where
     `pipeline.make_pretrain_dataset_fn` and `experiment.eval_preprocessing`
     check them again.
+
+    Args:
+        pretraining: the run pre-trains, so the labeled folder must exist
+            and hold enough classes for the support (modes that only read
+            a trained run check the folder when they read it).
 
     Raises:
         ValueError: on the first problem found.
@@ -220,7 +250,7 @@ def check_config():
     _check_warmup()
     _check_objective()
     _check_folders_bound(folder)
-    if folder is not None:
+    if folder is not None and pretraining:
         _check_support(folder)
     backbone, backbone_name = checks.binding('build_backbone.name')
     if not isinstance(backbone, str):

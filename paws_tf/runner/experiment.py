@@ -9,6 +9,7 @@ import os
 import gin
 import numpy as np
 
+from paws_tf import checks
 from paws_tf.data import folders
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import sources
@@ -140,14 +141,17 @@ def image_folders(labeled_root, unlabeled_root, *, channels=3,
     return labeled, unlabeled
 
 
-@gin.configurable(denylist=['bundle'])
-def eval_preprocessing(bundle=None, *, image_size=gin.REQUIRED,
-                       crop_fraction=1.0, mean=None, std=None):
+@gin.configurable(denylist=['bundle', 'normalization'])
+def eval_preprocessing(bundle=None, *, normalization=None,
+                       image_size=gin.REQUIRED, crop_fraction=1.0, mean=None,
+                       std=None):
     """Single centre-crop evaluation preprocessing (PAWS Appendix A).
 
     Args:
         bundle: the run's `DataBundle`: its `normalization`, when it has
             one, gives the mean and std, and its channels are checked.
+        normalization: the run's `(mean, std)` without a `bundle`
+            (`recorded_preprocessing`), or None.
         image_size: side S of the evaluated crop.
         crop_fraction: the shorter side is resized to S / crop_fraction
             before the centre crop (0.875 for ImageNet; 1.0 keeps CIFAR-10
@@ -164,12 +168,31 @@ def eval_preprocessing(bundle=None, *, image_size=gin.REQUIRED,
         ValueError: a normalisation given twice or not at all, or one that
             does not match the images' channels.
     """
-    normalization = None if bundle is None else bundle.normalization
+    if bundle is not None:
+        normalization = bundle.normalization
     mean, std = normalization_lib.one_normalization(
         'eval_preprocessing', mean, std, normalization,
         channels=None if bundle is None else bundle.labeled.channels)
     return dict(image_size=image_size, crop_fraction=crop_fraction,
                 mean=mean, std=std)
+
+
+def recorded_preprocessing(model_dir):
+    """`eval_preprocessing` of a trained run, without reading its images.
+
+    The normalisation comes from the config or the run's record
+    (`normalization.recorded_normalization`), so that restoring the model
+    and exporting its embedder need only `model_dir`.
+
+    Returns:
+        `(preprocessing, channels)`: the `eval_preprocessing` dict and the
+        images' channel count (one mean per channel).
+    """
+    spec = checks.bound('load_data.normalization')
+    normalization = (None if spec is None else
+                     normalization_lib.recorded_normalization(spec, model_dir))
+    preprocessing = eval_preprocessing(normalization=normalization)
+    return preprocessing, len(preprocessing['mean'])
 
 
 @gin.configurable

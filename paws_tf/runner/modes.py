@@ -14,6 +14,7 @@ from paws_tf import dist
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import export
 from paws_tf.evaluation import fine_tune
+from paws_tf.runner import config_checks
 from paws_tf.runner import experiment
 from paws_tf.runner import official_import
 from paws_tf.runner import train
@@ -22,8 +23,13 @@ EMBED_BATCH_SIZE = 256
 
 
 def load_trained_model(model_dir, strategy, *, local=False):
-    """The run's data and its model restored from the newest checkpoint
-    that can be restored (damaged newer ones are skipped with a warning).
+    """The run's model restored from the newest checkpoint that can be
+    restored (damaged newer ones are skipped with a warning).
+
+    Needs only `model_dir` and the gin config, not the run's images: the
+    model holds no data layout, and the evaluation preprocessing (image
+    size, channels) comes from the config and the run's recorded
+    normalisation (`experiment.recorded_preprocessing`).
 
     Args:
         model_dir: the run directory.
@@ -33,29 +39,22 @@ def load_trained_model(model_dir, strategy, *, local=False):
             scope, for what every worker runs together (fine-tuning).
 
     Returns:
-        `(model, bundle, step)`: the `PAWSModel` built from the gin config,
-        the `experiment.DataBundle`, and the checkpoint's global step.
+        `(model, step)`: the `PAWSModel` built from the gin config and the
+        checkpoint's global step.
 
     Raises:
         FileNotFoundError: the run has no checkpoint yet.
         checkpoints.NoneRestorable: none of its checkpoints restores.
     """
-    bundle = experiment.load_data(model_dir)
-    pretrain = pipeline.make_pretrain_dataset_fn(
-        bundle.unlabeled, bundle.labeled,
-        num_replicas=strategy.num_replicas_in_sync,
-        normalization=bundle.normalization)
-    preprocessing = experiment.eval_preprocessing(bundle)
+    preprocessing, channels = experiment.recorded_preprocessing(model_dir)
     size = preprocessing['image_size']
     # Float32 whatever the training precision: portable exports.
     train.set_precision('float32')
-    channels = bundle.labeled.channels
     if local:
-        model = train.build_local_model(pretrain, input_channels=channels)
+        model = train.build_local_model(input_channels=channels)
         scope = contextlib.nullcontext()
     else:
-        model = train.build_model(strategy, pretrain,
-                                  input_channels=channels)
+        model = train.build_model(strategy, input_channels=channels)
         scope = strategy.scope()
     checkpoint_dir = os.path.join(model_dir, train.CHECKPOINT_DIR)
     path, step, skipped = checkpoints.newest_restorable(checkpoint_dir)
@@ -71,20 +70,52 @@ def load_trained_model(model_dir, strategy, *, local=False):
         # No checkpoint at all: restore_model names what it expected.
         evaluate.restore_model(model, path or checkpoint_dir,
                                input_shape=(size, size, channels))
-    return model, bundle, step
+    return model, step
 
 
-def export_run(model_dir, model, bundle):
-    """Writes the embedder and the PAWS-NN classifier SavedModels.
+class MissingLabeledFolder(ValueError):
+    """A mode that reads the labeled images finds no labeled folder."""
+
+
+def load_labeled_data(model_dir, what):
+    """The run's data (`experiment.load_data`), for `what` that reads its
+    labeled images.
+
+    Args:
+        model_dir: the run directory (its recorded labeled split).
+        what: what the labeled images are for, named in the error.
+
+    Raises:
+        MissingLabeledFolder: naming the binding, when the config's labeled
+            folder does not exist.
+    """
+    try:
+        config_checks.check_labeled_folder(what)
+    except ValueError as error:
+        raise MissingLabeledFolder(str(error)) from None
+    return experiment.load_data(model_dir)
+
+
+def export_run(model_dir, model, bundle=None):
+    """Writes the embedder SavedModel, then the PAWS-NN classifier's.
 
     The chief alone calls it, with the model `load_trained_model(...,
-    local=True)` restores; the classifier bundles the embeddings of exactly
-    the run's labeled images.
+    local=True)` restores. The embedder needs only `model_dir`; the
+    classifier bundles the embeddings of exactly the run's labeled images
+    (`bundle`, the run's data, else read here), and is skipped with a
+    warning naming the binding when the labeled folder is missing.
     """
-    preprocessing = experiment.eval_preprocessing(bundle)
-    channels = bundle.labeled.channels
+    preprocessing, channels = experiment.recorded_preprocessing(model_dir)
     export.export_embedder(model, os.path.join(model_dir, export.EMBEDDER_DIR),
                            channels=channels, **preprocessing)
+    if bundle is None:
+        try:
+            bundle = load_labeled_data(
+                model_dir, 'the classifier bundles their embeddings')
+        except MissingLabeledFolder as missing:
+            logging.warning('Exported the embedder under %s/export, not the '
+                            'classifier: %s', model_dir, missing)
+            return
     supports, labels = evaluate.embed_dataset(
         evaluate.embedder_from_model(model),
         pipeline.make_eval_dataset(bundle.labeled, batch_size=EMBED_BATCH_SIZE,
@@ -127,7 +158,7 @@ def _restore(model_dir, strategy, imported, *, local=False):
         return load_trained_model(model_dir, strategy, local=local)
     model = official_import.restore_imported(
         model_dir, tf.distribute.get_strategy() if local else strategy)
-    return model, experiment.load_data(model_dir), 0
+    return model, 0
 
 
 def export_and_evaluate(model_dir, strategy, *, exports=True,
@@ -141,11 +172,14 @@ def export_and_evaluate(model_dir, strategy, *, exports=True,
     """
     results = None
     if dist.is_chief(strategy):
-        model, bundle, step = _restore(model_dir, strategy, imported,
-                                       local=True)
+        bundle = None
+        if evaluates:
+            bundle = load_labeled_data(
+                model_dir, 'PAWS-NN compares the test images with them')
+        model, step = _restore(model_dir, strategy, imported, local=True)
         if exports:
             export_run(model_dir, model, bundle)
-        if evaluates:
+        if bundle is not None:
             results = evaluate_run(model_dir, bundle, model=model, step=step)
     dist.barrier(strategy)
     return results
@@ -196,8 +230,9 @@ def _evaluate_nn(model_dir, strategy, options):
 
 def _fine_tune(model_dir, strategy, options):
     del options  # Unused.
-    model, bundle, _ = _restore(model_dir, strategy,
-                                _imported(model_dir, 'fine_tune'))
+    imported = _imported(model_dir, 'fine_tune')
+    bundle = load_labeled_data(model_dir, 'fine-tuning trains on them')
+    model, _ = _restore(model_dir, strategy, imported)
     return fine_tune.fine_tune(model_dir, model, labeled=bundle.labeled,
                                test=bundle.test, strategy=strategy,
                                **experiment.eval_preprocessing(bundle))

@@ -26,11 +26,6 @@ PRETRAINED, FINE_TUNED = 'pretrained', 'fine_tuned'
 FINE_TUNED_DIR = os.path.join('export', 'fine_tuned')
 # The official networks take RGB images.
 CHANNELS = 3
-# The support layout does not change any variable: an imported model is
-# only evaluated, exported or fine-tuned, never pre-trained further here.
-_INFERENCE_LAYOUT = dict(classes_per_replica=1, images_per_class=1,
-                         support_views=1, num_replicas=1,
-                         unique_classes_per_replica=False, multicrop=0)
 _INSTALL_HINT = ('Reading official .pth.tar checkpoints needs PyTorch: '
                  'pip install .[torch] (or pip install paws_tf[torch]; the '
                  'CPU wheel suffices).')
@@ -134,8 +129,7 @@ def build_inference_model(strategy):
     `build_backbone`, `ProjectionHead`, `PredictionHead`, `PAWSModel`)."""
     train.set_precision('float32')
     with strategy.scope():
-        model = model_lib.build_model(input_channels=CHANNELS, sync_bn=False,
-                                      layout=_INFERENCE_LAYOUT)
+        model = model_lib.build_model(input_channels=CHANNELS, sync_bn=False)
         model(tf.zeros([1, 32, 32, CHANNELS]))
     return model
 

@@ -68,7 +68,7 @@ def set_precision(precision):
     tf_keras.mixed_precision.set_global_policy(precision)
 
 
-def build_model(strategy, pretrain, *, input_channels):
+def build_model(strategy, *, input_channels):
     """Builds the PAWS model's variables in the strategy's scope.
 
     Batch norm is synchronised across replicas when there are several
@@ -77,8 +77,7 @@ def build_model(strategy, pretrain, *, input_channels):
     with strategy.scope():
         model = model_lib.build_model(
             input_channels=input_channels,
-            sync_bn=strategy.num_replicas_in_sync > 1,
-            layout=pretrain.model_layout)
+            sync_bn=strategy.num_replicas_in_sync > 1)
         images = tf.zeros([1, 8, 8, input_channels])
         # `model(...)` sets Keras' `built` (BackupAndRestore checks it) and
         # builds every head.
@@ -86,7 +85,7 @@ def build_model(strategy, pretrain, *, input_channels):
     return model
 
 
-def build_local_model(pretrain, *, input_channels):
+def build_local_model(*, input_channels):
     """The PAWS model with plain variables, outside any strategy.
 
     What one process runs alone under MultiWorkerMirroredStrategy
@@ -101,13 +100,14 @@ def build_local_model(pretrain, *, input_channels):
     if tf.distribute.has_strategy():
         raise RuntimeError('build_local_model must be called outside any '
                            'tf.distribute strategy scope.')
-    return build_model(tf.distribute.get_strategy(), pretrain,
+    return build_model(tf.distribute.get_strategy(),
                        input_channels=input_channels)
 
 
-def build_compiled_model(strategy, pretrain, *, input_channels, num_epochs,
-                         optimizer_cls, schedule_cls, precision, jit_compile,
-                         steps_per_execution, pretrained_backbone=None):
+def build_compiled_model(strategy, *, input_channels, steps_per_epoch,
+                         num_epochs, optimizer_cls, schedule_cls, precision,
+                         jit_compile, steps_per_execution,
+                         pretrained_backbone=None):
     """Builds the PAWS model and its optimizer in the strategy's scope.
 
     Returns:
@@ -120,12 +120,12 @@ def build_compiled_model(strategy, pretrain, *, input_channels, num_epochs,
             'TensorFlow 2.21 (XLA cannot read the mirrored variables of the '
             'other CPU devices); use XLA with GPUs or with one replica.')
     set_precision(precision)
-    model = build_model(strategy, pretrain, input_channels=input_channels)
+    model = build_model(strategy, input_channels=input_channels)
     with strategy.scope():
         if pretrained_backbone:
             weights.load_backbone_weights(model.backbone,
                                           pretrained_backbone)
-        schedule = schedule_cls(steps_per_epoch=pretrain.steps_per_epoch,
+        schedule = schedule_cls(steps_per_epoch=steps_per_epoch,
                                 num_epochs=num_epochs)
         optimizer = optimizer_cls(learning_rate=schedule)
         if precision == 'mixed_float16':
@@ -352,9 +352,10 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
     steps_per_epoch = pretrain.steps_per_epoch
     total_steps = num_epochs * steps_per_epoch
     model = build_compiled_model(
-        strategy, pretrain, input_channels=bundle.labeled.channels,
-        num_epochs=num_epochs, optimizer_cls=optimizer_cls,
-        schedule_cls=schedule_cls, precision=precision,
+        strategy, input_channels=bundle.labeled.channels,
+        steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
+        optimizer_cls=optimizer_cls, schedule_cls=schedule_cls,
+        precision=precision,
         jit_compile=jit_compile, steps_per_execution=steps_per_execution,
         pretrained_backbone=pretrained_backbone)
 
@@ -411,8 +412,7 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
         # Every worker reads the weights at the epoch end (a collective);
         # the chief alone evaluates them, on a copy of its own.
         local_model = build_local_model(
-            pretrain, input_channels=bundle.labeled.channels) if chief \
-            else None
+            input_channels=bundle.labeled.channels) if chief else None
         fit_callbacks.insert(1, callbacks.PawsNNEvaluation(  # Before saves.
             os.path.join(log_dir, 'eval'), local_model,
             labeled=bundle.labeled, test=bundle.test,

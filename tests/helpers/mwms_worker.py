@@ -23,14 +23,20 @@ BATCH, CLASSES, IMAGES, LOCAL = 2, 2, 2, 2
 
 
 def dataset_fn(ctx):
-    """Different views on every worker: the all-reduce must reconcile them."""
+    """Different views on every worker: the all-reduce must reconcile them.
+    Each worker's replica samples its own classes (columns r*K..)."""
+    rows = tiny_model.support_rows(
+        CLASSES, IMAGES, 1, ctx.input_pipeline_id * CLASSES,
+        ctx.num_replicas_in_sync * CLASSES)
+
     def element(step):
         seed = tf.stack([tf.cast(ctx.input_pipeline_id, tf.int64), step])
         normal = lambda shape, k: tf.random.stateless_normal(  # noqa: E731
             shape, seed + [0, 1000 * k])
         return {'global_views': normal([2 * BATCH, 8, 8, 3], 1),
                 'local_views': normal([LOCAL * BATCH, 4, 4, 3], 2),
-                'support_views': normal([CLASSES * IMAGES, 8, 8, 3], 3)}
+                'support_views': normal([CLASSES * IMAGES, 8, 8, 3], 3),
+                **{key: tf.constant(value) for key, value in rows.items()}}
     return tf.data.Dataset.range(1_000_000).map(element)
 
 
@@ -39,10 +45,8 @@ def main(model_dir, out_dir):
     task = json.loads(os.environ['TF_CONFIG'])['task']
     tf_keras.utils.set_random_seed(0)  # Same initial weights on every worker.
     with strategy.scope():
-        model = tiny_model.make(
-            strategy.num_replicas_in_sync, CLASSES, IMAGES, unique=True,
-            sync_bn=True, multicrop=LOCAL, prediction_head=False,
-            diagnostics_every=10)
+        model = tiny_model.make(sync_bn=True, prediction_head=False,
+                                diagnostics_every=10)
         model.compile(optimizer=lars.LARS(learning_rate=0.5))
     model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn),
               epochs=2, steps_per_epoch=2, verbose=2)

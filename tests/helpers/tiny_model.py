@@ -13,17 +13,12 @@ from paws_tf.nets import heads
 TINY = dict(widths=(8, 16), blocks_per_stage=(1, 1), stage_strides=(2, 2))
 
 
-def make(num_replicas=1, classes=2, images=2, views=1, unique=False,
-         sync_bn=False, multicrop=2, prediction_head=True, *, channels=3,
-         hidden=8, width=6, prediction_hidden=4, **kwargs):
+def make(sync_bn=False, prediction_head=True, *, channels=3, hidden=8,
+         width=6, prediction_hidden=4, **kwargs):
     """An unbuilt tiny PAWSModel: the `TINY` backbone (F = 16), projection
     `hidden` -> `width`, prediction `prediction_hidden` -> `width`.
 
     Args:
-        num_replicas, classes, images, views, unique, multicrop: the
-            support layout (`PAWSModel`'s `num_replicas`,
-            `classes_per_replica`, `images_per_class`, `support_views`,
-            `unique_classes_per_replica`, `multicrop`).
         sync_bn: synchronised batch norm in the backbone and heads.
         prediction_head: with a prediction head.
         channels: input channels.
@@ -39,11 +34,7 @@ def make(num_replicas=1, classes=2, images=2, views=1, unique=False,
                                        output_dim=width, sync_bn=sync_bn)
                   if prediction_head else None)
     kwargs.setdefault('diagnostics_every', 0)
-    return model_lib.PAWSModel(
-        backbone, projection, prediction, classes_per_replica=classes,
-        images_per_class=images, support_views=views,
-        num_replicas=num_replicas, unique_classes_per_replica=unique,
-        multicrop=multicrop, **kwargs)
+    return model_lib.PAWSModel(backbone, projection, prediction, **kwargs)
 
 
 def build(channels=3, size=16, seed=0):
@@ -52,7 +43,7 @@ def build(channels=3, size=16, seed=0):
     Moving means and variances are random too, so inference-mode batch norm
     differs from training mode and from the initial identity.
     """
-    model = make(multicrop=0, channels=channels)
+    model = make(channels=channels)
     model(np.zeros([1, size, size, channels], np.float32))
     rng = np.random.default_rng(seed)
     for variable in model.variables:
@@ -72,12 +63,35 @@ def compile_and_build(model, size=8, optimizer=None, **lars_kwargs):
     model.optimizer.build(model.trainable_variables)
 
 
-def random_step(rng, batch, classes, images, views, multicrop, size=8):
-    """One replica's batch of random views (`PAWSModel.train_step`)."""
+def support_rows(classes, images, views, first_column, num_columns):
+    """`support_one_hot` and `support_view_index` of `views` blocks of
+    `classes` x `images` rows, slot k in column `first_column + k` of
+    `num_columns`, as the pipeline lays them out (class-major blocks per
+    view)."""
+    column = np.tile(np.repeat(first_column + np.arange(classes), images),
+                     views)
+    return {'support_one_hot': np.eye(num_columns, dtype=np.float32)[column],
+            'support_view_index': np.repeat(
+                np.arange(views, dtype=np.int32), classes * images)}
+
+
+def random_step(rng, batch, classes, images, views, multicrop, size=8, *,
+                replica=0, num_replicas=1, unique=False):
+    """One replica's batch of random views (`PAWSModel.train_step`), with
+    its support rows' columns: replica r's slot k is column r*K + k when
+    the replicas sample disjoint classes (`unique`), else k."""
     f32 = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa
-    return {'global_views': f32(2 * batch, size, size, 3),
+    data = {'global_views': f32(2 * batch, size, size, 3),
             'local_views': f32(multicrop * batch, size // 2, size // 2, 3),
             'support_views': f32(views * classes * images, size, size, 3)}
+    if not multicrop:
+        del data['local_views']  # As the pipeline: no local views.
+    if unique:
+        data.update(support_rows(classes, images, views, replica * classes,
+                                 num_replicas * classes))
+    else:
+        data.update(support_rows(classes, images, views, 0, classes))
+    return data
 
 
 def single_device_batch(per_replica, views, classes, images, unique,
@@ -93,6 +107,10 @@ def single_device_batch(per_replica, views, classes, images, unique,
     # Disjoint classes: replica r's slots become slots r*K..; shared classes:
     # the replicas' images of a class become one class block of 2n images.
     supports = np.concatenate(supports, axis=1 if unique else 2)
-    return {'global_views': by_blocks('global_views', 2),
-            'local_views': by_blocks('local_views', multicrop),
+    data = {'global_views': by_blocks('global_views', 2),
             'support_views': supports.reshape((-1,) + supports.shape[3:])}
+    if multicrop:
+        data['local_views'] = by_blocks('local_views', multicrop)
+    slots, rows = supports.shape[1], supports.shape[2]
+    data.update(support_rows(slots, rows, views, 0, slots))
+    return data
