@@ -69,6 +69,15 @@ CONFIGS = {
         prediction=dict(hidden_dim=512, output_dim=2048),
         batch=8, global_size=96, local_size=48, multicrop=6,
         classes=16, images_per_class=2, support_views=1),
+    # A slice of one GPU's step of the ImageNet configs (per GPU: 64 x (2 x
+    # 224 + 6 x 96 px) and 15 x 7 supports of 224 px, 15.2M pixels): 4 x
+    # (2 x 224 + 6 x 96) and 4 x 2 supports, 1.02M pixels, 1/14.9 of it.
+    'rn50_imagenet_slice': dict(
+        backbone=dict(name='resnet50'),
+        projection=dict(hidden_dim=2048, output_dim=2048),
+        prediction=dict(hidden_dim=512, output_dim=2048),
+        batch=4, global_size=224, local_size=96, multicrop=6,
+        classes=4, images_per_class=2, support_views=1),
 }
 # Environment variables that change CPU performance, echoed in the output.
 ENV_KNOBS = ('TF_ENABLE_ONEDNN_OPTS', 'TF_CPU_ALLOCATOR_USE_BFC',

@@ -120,12 +120,18 @@ def support_scaling(args, strategy):
 
 
 def ropaws_cost(args):
-    """PAWS's and RoPAWS's objectives, forward and backward, alternating.
+    """PAWS's and RoPAWS's objectives, forward and backward, alternating,
+    and RoPAWS's targets alone.
 
-    One replica holding the whole batch: with R replicas each one still
-    propagates over all M gathered targets (as the official code does), so
-    the RoPAWS-only work per replica is this one's. The anchors are the two
-    global views only (2M rows): the local views' cost is PAWS's in both.
+    One replica holding the whole batch; the anchors are the two global
+    views only (2M rows): the local views' cost is PAWS's in both. With R
+    replicas, each one still computes RoPAWS's targets over all M gathered
+    target rows (similarities to the supports and to each other, two M x M
+    solves), where PAWS's targets cover its own M / R rows: the RoPAWS-only
+    work of a replica is `step_s['ropaws_targets']` less PAWS's targets of
+    M / R rows, so at most `step_s['ropaws_targets']`. `ropaws_extra_s`,
+    the difference of the two objectives on one replica, leaves out the
+    similarities of the other replicas' rows to the supports.
     """
     rng = np.random.default_rng(0)
     support, classes = SUPPORT_SIZES[-1]
@@ -153,10 +159,18 @@ def ropaws_cost(args):
                 return grads[0][0, 0] + grads[1][0, 0]
             return lambda: step().numpy()
 
+        ropaws = dict(images_per_class=support // classes, prior_tau=3.0,
+                      label_ratio=5.0)
+
+        @tf.function
+        def targets_only():
+            return losses.ropaws_targets(targets, target_supports, labels,
+                                         **settings, **ropaws)[0][0, 0]
+
         runs = {'paws': step_fn(losses.paws_loss, {}),
-                'ropaws': step_fn(losses.ropaws_loss, dict(
-                    images_per_class=support // classes, prior_tau=3.0,
-                    prior_pow=1.0, label_ratio=5.0))}
+                'ropaws': step_fn(losses.ropaws_loss,
+                                  dict(ropaws, prior_pow=1.0)),
+                'ropaws_targets': lambda: targets_only().numpy()}
         times = {name: [] for name in runs}
         for _ in range(args.warmup):
             for run in runs.values():
