@@ -18,6 +18,19 @@ from tests.helpers import image_folders
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+def _assert_normalises_raw_images(embedder, test, mean, std):
+    """The SavedModel normalises raw images with `mean` and `std`: 28 x 28
+    test images go through it whole (crop_fraction 1), so its raw signature
+    equals the preprocessed one fed (x / 255 - mean) / std."""
+    raw = np.stack([i for i in test if i.shape[:2] == (28, 28)])
+    by_hand = ((raw / 255 - mean) / std).astype(np.float32)
+    np.testing.assert_allclose(
+        embedder(tf.constant(raw))['embeddings'].numpy(),
+        embedder.signatures['embed_preprocessed'](
+            images=tf.constant(by_hand))['embeddings'].numpy(),
+        rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.slow
 @pytest.mark.long
 def test_demo_on_image_folders(tmp_path):
@@ -135,16 +148,7 @@ def test_small_recipe_normalises_with_the_images(tmp_path, channels):
     embedder = tf.saved_model.load(str(run / 'export' / 'embedder'))
     np.testing.assert_allclose(embedder.mean.numpy(), mean, rtol=1e-6)
     np.testing.assert_allclose(embedder.std.numpy(), std, rtol=1e-6)
-    # The SavedModel normalises raw images with those values: 28 x 28 test
-    # images go through it whole (crop_fraction 1), so its raw signature
-    # equals the preprocessed one fed (x / 255 - mean) / std.
-    raw = np.stack([i for i in test if i.shape[:2] == (28, 28)])
-    by_hand = ((raw / 255 - mean) / std).astype(np.float32)
-    np.testing.assert_allclose(
-        embedder(tf.constant(raw))['embeddings'].numpy(),
-        embedder.signatures['embed_preprocessed'](
-            images=tf.constant(by_hand))['embeddings'].numpy(),
-        rtol=1e-4, atol=1e-5)
+    _assert_normalises_raw_images(embedder, test, mean, std)
     results = json.loads((run / 'eval' / 'paws_nn.json').read_text())
     assert results['num_support'] == 12 and results['num_queries'] == 6
     assert 0 <= results['top1'] <= 1
@@ -245,13 +249,7 @@ def test_a_trained_run_exports_its_embedder_without_the_images(tmp_path):
     np.testing.assert_allclose(stored['mean'], mean, rtol=1e-6)
     np.testing.assert_allclose(stored['std'], std, rtol=1e-6)
     embedder = tf.saved_model.load(str(run / 'export' / 'embedder'))
-    raw = np.stack([i for i in test if i.shape[:2] == (28, 28)])
-    by_hand = ((raw / 255 - mean) / std).astype(np.float32)
-    np.testing.assert_allclose(
-        embedder(tf.constant(raw))['embeddings'].numpy(),
-        embedder.signatures['embed_preprocessed'](
-            images=tf.constant(by_hand))['embeddings'].numpy(),
-        rtol=1e-4, atol=1e-5)
+    _assert_normalises_raw_images(embedder, test, mean, std)
 
     proc = run_py('gin_configs/image_folders_small.gin', run, bindings,
                   mode='evaluate_nn')

@@ -15,14 +15,19 @@ def test_tf_keras_is_tf_keras():
     assert tf.keras.Model is tf_keras.Model
 
 
+def _python(code):
+    """Runs `code` in a fresh Python that imports this checkout."""
+    env = dict(os.environ,
+               PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
+    return subprocess.run([sys.executable, '-c', code], capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
 def test_import_after_keras3_resolved_fails_clearly():
     code = ('import os; os.environ["TF_USE_LEGACY_KERAS"] = "0"\n'
             'import tensorflow as tf; tf.keras.Model\n'
             'import paws_tf\n')
-    env = dict(os.environ,
-               PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
-    proc = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                          text=True, timeout=300, env=env)
+    proc = _python(code)
     assert proc.returncode != 0
     assert 'TF_USE_LEGACY_KERAS=1' in proc.stderr
 
@@ -45,10 +50,7 @@ def test_the_library_does_not_load_the_demo():
         'loaded()\n'
         'from paws_tf import cli\n'
         'loaded()\n')
-    env = dict(os.environ,
-               PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
-    proc = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                          text=True, timeout=300, env=env)
+    proc = _python(code)
     assert proc.returncode == 0, proc.stderr[-3000:]
     library, program = (set(line.split())
                         for line in proc.stdout.splitlines()[-2:])
