@@ -74,20 +74,3 @@ def damage(prefix):
         message = getattr(error, 'message', None) or str(error)
         return message.strip().splitlines()[0]
     return None
-
-
-def newest_restorable(directory):
-    """The newest checkpoint in `directory` that can be restored.
-
-    Returns:
-        `(path, step, skipped)`: `path` None (and `step` 0) when none can;
-        `skipped` lists each newer checkpoint that cannot, as
-        `'path: why'`.
-    """
-    skipped = []
-    for path, step in all_checkpoints(directory):
-        why = damage(path)
-        if why is None:
-            return path, step, skipped
-        skipped.append(f'{path}: {why}')
-    return None, 0, skipped

@@ -90,8 +90,7 @@ def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
             kind = 'one_device'
     if kind == 'one_device':
         # TF's default strategy: one replica on the first visible device (a
-        # GPU if there is one). OneDeviceStrategy would do the same, but
-        # tf_keras' BackupAndRestore refuses it.
+        # GPU if there is one), as OneDeviceStrategy would place it.
         return tf.distribute.get_strategy()
     if kind == 'mirrored':
         return tf.distribute.MirroredStrategy(

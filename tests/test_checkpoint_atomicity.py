@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 
 from paws_tf import checkpoints
+from paws_tf.runner import saving
 from paws_tf.runner import train
 from tests.helpers import debug_gin
 
@@ -51,7 +52,7 @@ def test_killed_during_a_save_the_latest_checkpoint_is_whole(tmp_path, delay):
         proc.wait()
     finally:
         proc.kill()
-    path, step = checkpoints.latest(str(tmp_path))
+    path, step = checkpoints.latest(str(tmp_path / saving.CHECKPOINT_DIR))
     assert step >= 3
     values = checkpoint_values(path)
     assert len(values) >= 5  # Kernels, biases, momenta, iterations.
@@ -70,7 +71,7 @@ def test_leftovers_of_a_crashed_save_do_not_break_resuming(tmp_path):
                 'train.view_images = False', 'train.verbose = 0']
     with debug_gin.parsed(bindings):
         train.train(str(tmp_path), tf.distribute.get_strategy())
-    checkpoint_dir = tmp_path / train.CHECKPOINT_DIR
+    checkpoint_dir = tmp_path / saving.CHECKPOINT_DIR
     assert checkpoints.latest(str(checkpoint_dir))[1] == 16
     # What a crash while writing ckpt-24 can leave behind.
     (checkpoint_dir / 'ckpt-24.data-00000-of-00001').write_bytes(b'\0' * 99)

@@ -2,12 +2,13 @@
 a bounded time, with an error naming the worker, the step and what to do."""
 
 import json
+import os
 import time
 
 import pytest
 
 from paws_tf import dist
-from paws_tf.runner import train
+from paws_tf.runner import saving
 from tests.helpers import cluster
 from tests.helpers import run_py
 
@@ -32,7 +33,7 @@ def test_workers_started_with_different_configs_stop_before_any_work(
         assert code == dist.ClusterFailed.EXIT_CODE, output[-3000:]
         assert ('the workers were started with different configs: that of '
                 'worker 1 differs from that of worker 0') in output
-    assert not (tmp_path / train.CHECKPOINT_DIR).exists()
+    assert not (tmp_path / saving.CHECKPOINT_DIR).exists()
 
 
 @pytest.mark.slow
@@ -40,7 +41,7 @@ def test_workers_started_with_different_configs_stop_before_any_work(
 def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
         tmp_path):
     procs = cluster.start_cluster(cluster_command(tmp_path))
-    backup_dir = str(tmp_path / train.BACKUP_DIR)
+    backup_dir = str(tmp_path / saving.BACKUP_DIR)
     cluster.kill_worker_after_backup(procs, backup_dir, 4)
     killed = time.time()
     code, output = cluster.finish_all(procs[:1], timeout=300)[0]
@@ -50,8 +51,9 @@ def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
     assert 'worker 0 stopped at step' in output
     assert '/job:worker/replica:0/task:1' in output, output[-3000:]
     assert 'Free space' not in output
-    stopped_at, checkpoint = train.resume_point(str(tmp_path))
-    assert 4 <= stopped_at < 16 and checkpoint is None  # The backup's.
+    path, stopped_at = saving.newest_restorable(str(tmp_path))
+    assert 4 <= stopped_at < 16
+    assert path.startswith(backup_dir + os.sep)  # The backup's.
     assert 'the run resumes from' in output
     assert f'{backup_dir} (step {stopped_at})' in output
 

@@ -14,8 +14,7 @@ import tf_keras
 from tests.helpers import failing_saves
 from tests.helpers import run_py
 from paws_tf import checkpoints
-from paws_tf.runner import callbacks
-from paws_tf.runner import train
+from paws_tf.runner import saving
 
 HELPER = pathlib.Path(failing_saves.__file__)
 
@@ -26,11 +25,11 @@ HELPER = pathlib.Path(failing_saves.__file__)
     'subdir, succeed, name, cause, kept_checkpoint, kept_backup', [
         # ckpt-8 and ckpt-16 are written, ckpt-24 fails; the backup of
         # step 24 was written just before it.
-        (train.CHECKPOINT_DIR, 2, 'ENOSPC', 'No space left on device', 16,
+        (saving.CHECKPOINT_DIR, 2, 'ENOSPC', 'No space left on device', 16,
          24),
         # Backups of steps 4..20 are written, step 24's fails (before that
         # step's checkpoint).
-        (train.BACKUP_DIR, 5, 'EROFS', 'Read-only file system', 16, 20),
+        (saving.BACKUP_DIR, 5, 'EROFS', 'Read-only file system', 16, 20),
     ], ids=['checkpoint-ENOSPC', 'backup-EROFS'])
 def test_a_failing_save_loses_nothing_and_the_rerun_resumes(
         tmp_path, subdir, succeed, name, cause, kept_checkpoint, kept_backup):
@@ -39,11 +38,11 @@ def test_a_failing_save_loses_nothing_and_the_rerun_resumes(
     assert code == os.EX_IOERR, output[-3000:]
     assert 'Could not write the ' in output
     assert f'in {tmp_path / subdir}' in output and cause in output
-    checkpoint_dir = tmp_path / train.CHECKPOINT_DIR
-    backup_dir = tmp_path / train.BACKUP_DIR
+    checkpoint_dir = tmp_path / saving.CHECKPOINT_DIR
+    backup_dir = tmp_path / saving.BACKUP_DIR
     path, step = checkpoints.latest(str(checkpoint_dir))
     assert step == kept_checkpoint and checkpoints.damage(path) is None
-    assert callbacks.backup_step(str(backup_dir)) == kept_backup
+    assert saving.backup_step(str(backup_dir)) == kept_backup
     assert checkpoints.damage(
         tf.train.latest_checkpoint(str(backup_dir / 'chief'))) is None
     assert (f'unchanged: the checkpoint {path} (step {step}) and the backup '
@@ -61,20 +60,19 @@ def test_a_checkpoint_write_without_permission_names_path_and_cause(
     model = tf_keras.Model(inputs, tf_keras.layers.Dense(2)(inputs))
     model.compile(optimizer=tf_keras.optimizers.SGD(0.1))
     model.optimizer.build(model.trainable_variables)
-    saver = callbacks.Checkpointer(str(tmp_path), tf.distribute.get_strategy(),
-                                   every_steps=1, keep=3)
-    saver.set_model(model)
-    saver.on_train_begin()
-    with failing_saves.inject(str(tmp_path), 1, errno.EACCES):
+    state = saving.RunState(str(tmp_path), model,
+                            tf.distribute.get_strategy(), keep_checkpoints=3)
+    checkpoint_dir = tmp_path / saving.CHECKPOINT_DIR
+    with failing_saves.inject(str(checkpoint_dir), 1, errno.EACCES):
         model.optimizer.iterations.assign(1)
-        saver.on_train_batch_end(0)
+        state.save(saving.CHECKPOINT)
         model.optimizer.iterations.assign(2)
         with pytest.raises(checkpoints.SaveFailed) as failed:
-            saver.on_train_batch_end(0)
-    assert (f'Could not write the checkpoint ckpt-2 in {tmp_path}: '
+            state.save(saving.CHECKPOINT)
+    assert (f'Could not write the checkpoint ckpt-2 in {checkpoint_dir}: '
             in str(failed.value))
     assert 'Permission denied' in str(failed.value)
-    assert f'the checkpoint {tmp_path / "ckpt-1"} (step 1)' in str(
+    assert f'the checkpoint {checkpoint_dir / "ckpt-1"} (step 1)' in str(
         failed.value)
-    path, step = checkpoints.latest(str(tmp_path))
+    path, step = checkpoints.latest(str(checkpoint_dir))
     assert step == 1 and checkpoints.damage(path) is None

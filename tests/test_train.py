@@ -53,7 +53,7 @@ def test_train_checkpoints_logs_and_does_not_retrain(debug_config, tmp_path):
         glob.glob(str(tmp_path / 'checkpoints' / 'ckpt-*.index')))
     assert steps == [24, 32]
     assert checkpoints.latest(str(tmp_path / 'checkpoints'))[1] == 32
-    # BackupAndRestore removes its backup once the run finished.
+    # The backup is deleted once the run finished.
     assert not glob.glob(str(tmp_path / 'backup' / '**' / '*.index'),
                          recursive=True)
     # The labeled split is recorded: 16 images of each of 4 classes.

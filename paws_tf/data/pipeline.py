@@ -1,8 +1,8 @@
 """Input pipelines: multi-crop unlabeled views, class-balanced supports, eval.
 
 Every random choice is a stateless function of the seed and of positions in
-the stream (step, epoch, image): BackupAndRestore does not restore a tf.data
-iterator, so a pipeline rebuilt with `start_step` continues exactly where an
+the stream (step, epoch, image): a resumed run restores no tf.data iterator,
+and a pipeline rebuilt with `start_step` continues exactly where an
 interrupted one stopped. Shards are cut by hand (`AutoShardPolicy.OFF`):
 each worker builds exactly its replicas' share of every step from the seed
 and the replica indices, which tf.data must not shard again.

@@ -14,6 +14,7 @@ from paws_tf.data import augment
 from paws_tf.data import data_fingerprint
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.nets import backbones
+from paws_tf.runner import saving
 from paws_tf.runner import train
 
 # The gin config of a training run, recorded in its model_dir at the start.
@@ -306,7 +307,7 @@ def check_model_dir(model_dir, config, *, overwrite, chief):
     old, new = _experiment_lines(previous), _experiment_lines(config)
     if old == new:
         return
-    if not train.has_progress(model_dir):
+    if not saving.has_progress(model_dir):
         logging.info('%s holds the config of a start that saved no backup '
                      'or checkpoint: starting with this config.', model_dir)
         if chief:

@@ -8,15 +8,16 @@ import typing
 from absl import logging
 import tensorflow as tf
 
-from paws_tf import checkpoints
 from paws_tf.data import pipeline
 from paws_tf import dist
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import export
 from paws_tf.evaluation import fine_tune
+from paws_tf.runner import building
 from paws_tf.runner import config_checks
 from paws_tf.runner import experiment
 from paws_tf.runner import official_import
+from paws_tf.runner import saving
 from paws_tf.runner import train
 
 EMBED_BATCH_SIZE = 256
@@ -49,27 +50,19 @@ def load_trained_model(model_dir, strategy, *, local=False):
     preprocessing, channels = experiment.recorded_preprocessing(model_dir)
     size = preprocessing['image_size']
     # Float32 whatever the training precision: portable exports.
-    train.set_precision('float32')
+    building.set_precision('float32')
     if local:
-        model = train.build_local_model(input_channels=channels)
+        model = building.build_local_model(input_channels=channels)
         scope = contextlib.nullcontext()
     else:
-        model = train.build_model(strategy, input_channels=channels)
+        model = building.build_model(strategy, input_channels=channels)
         scope = strategy.scope()
-    checkpoint_dir = os.path.join(model_dir, train.CHECKPOINT_DIR)
-    path, step, skipped = checkpoints.newest_restorable(checkpoint_dir)
-    if skipped and path is None:
-        raise checkpoints.NoneRestorable(
-            f'No checkpoint of {model_dir} can be restored; tried:\n  ' +
-            '\n  '.join(skipped))
-    if skipped:
-        logging.warning('Skipping checkpoints that cannot be restored:\n  '
-                        '%s\nReading %s (step %d).', '\n  '.join(skipped),
-                        path, step)
+    path, step = saving.newest_restorable(model_dir, backups=False)
     with scope:
         # No checkpoint at all: restore_model names what it expected.
-        evaluate.restore_model(model, path or checkpoint_dir,
-                               input_shape=(size, size, channels))
+        evaluate.restore_model(
+            model, path or os.path.join(model_dir, saving.CHECKPOINT_DIR),
+            input_shape=(size, size, channels))
     return model, step
 
 
@@ -144,7 +137,7 @@ def evaluate_run(model_dir, bundle, *, model, step=0):
         kwargs = dict(source='saved_model', saved_model_dir=embedder_dir)
     else:
         kwargs = dict(source='checkpoint', model=model, checkpoint_path=(
-            os.path.join(model_dir, train.CHECKPOINT_DIR)))
+            os.path.join(model_dir, saving.CHECKPOINT_DIR)))
     return evaluate.evaluate_nn(
         model_dir, labeled=bundle.labeled, test=bundle.test, tau=model.tau,
         embedding=model.nn_embedding, step=step, **kwargs,

@@ -17,7 +17,9 @@ from paws_tf.nets import backbones
 from paws_tf.nets import heads
 from paws_tf.nets import sync_batch_norm
 from paws_tf.nets import torch_names
+from paws_tf.runner import building
 from paws_tf.runner import experiment
+from paws_tf.runner import saving
 from paws_tf.runner import train
 
 RECORD_FILENAME = 'imported.json'
@@ -127,7 +129,7 @@ def read_record(model_dir):
 def build_inference_model(strategy):
     """The configured `PAWSModel`, built in float32 for inference (gin:
     `build_backbone`, `ProjectionHead`, `PredictionHead`, `PAWSModel`)."""
-    train.set_precision('float32')
+    building.set_precision('float32')
     with strategy.scope():
         model = model_lib.build_model(input_channels=CHANNELS, sync_bn=False)
         model(tf.zeros([1, 32, 32, CHANNELS]))
@@ -200,7 +202,7 @@ def build_fine_tuned_classifier(state):
 
 
 def _fine_tuned_classifier(path, state, strategy):
-    train.set_precision('float32')
+    building.set_precision('float32')
     with strategy.scope():
         classifier, layers = build_fine_tuned_classifier(state)
     backbone = classifier.layers[1]
@@ -240,9 +242,9 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
         ImportFailed: PyTorch missing, a bad file, another architecture,
             unmatched or mis-shaped tensors, or `model_dir` holding a run.
     """
-    checkpoint_dir = os.path.join(model_dir, train.CHECKPOINT_DIR)
-    taken = [name for name in (RECORD_FILENAME, train.CHECKPOINT_DIR,
-                               train.BACKUP_DIR, 'export')
+    checkpoint_dir = os.path.join(model_dir, saving.CHECKPOINT_DIR)
+    taken = [name for name in (RECORD_FILENAME, saving.CHECKPOINT_DIR,
+                               saving.BACKUP_DIR, 'export')
              if os.path.exists(os.path.join(model_dir, name))]
     if taken and not overwrite:
         raise ImportFailed(
@@ -318,7 +320,7 @@ def restore_imported(model_dir, strategy):
     """The imported pre-trained `PAWSModel` of `model_dir`."""
     model = build_inference_model(strategy)
     prefix = tf.train.latest_checkpoint(
-        os.path.join(model_dir, train.CHECKPOINT_DIR))
+        os.path.join(model_dir, saving.CHECKPOINT_DIR))
     with strategy.scope():
         tf.train.Checkpoint(model=model).read(
             prefix).assert_existing_objects_matched()

@@ -8,7 +8,7 @@ import sys
 import time
 
 from paws_tf import dist
-from paws_tf.runner import callbacks
+from paws_tf.runner import saving
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -67,7 +67,7 @@ def kill_worker_after_backup(procs, backup_dir, step, worker=1,
     """Kills `procs[worker]` once the run's backup in `backup_dir` holds
     `step` or a later one; the workers must all run until then."""
     deadline = time.time() + timeout
-    while callbacks.backup_step(backup_dir) < step:
+    while saving.backup_step(backup_dir) < step:
         assert all(p.poll() is None for p in procs), 'ended too early'
         assert time.time() < deadline
         time.sleep(0.2)

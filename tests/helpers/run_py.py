@@ -8,7 +8,7 @@ import time
 
 import tensorflow as tf
 
-from paws_tf.runner import callbacks
+from paws_tf.runner import saving
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # debug.gin: 16 steps per epoch; 2 epochs, backups every 4 steps,
@@ -62,7 +62,7 @@ def backup_step(model_dir):
     """The step of the run's backup; 0 while there is none or while it is
     being written."""
     try:
-        return callbacks.backup_step(os.path.join(model_dir, 'backup'))
+        return saving.backup_step(os.path.join(model_dir, 'backup'))
     except (tf.errors.OpError, ValueError):
         return 0
 

@@ -1,4 +1,4 @@
-"""Saves checkpoints through callbacks.Checkpointer in a loop, for ever.
+"""Saves checkpoints through saving.RunState in a loop, for ever.
 
 Every weight of checkpoint `ckpt-<s>` equals s, so a checkpoint mixing two
 saves is detectable. The weights are large (64 MB) to widen the window in
@@ -11,7 +11,7 @@ import paws_tf  # noqa: F401  (selects tf_keras)
 import tensorflow as tf
 import tf_keras
 
-from paws_tf.runner import callbacks
+from paws_tf.runner import saving
 
 
 def main(directory):
@@ -20,10 +20,8 @@ def main(directory):
     model = tf_keras.Model(inputs, tf_keras.layers.Dense(2048)(hidden))
     model.compile(optimizer=tf_keras.optimizers.SGD(0.1, momentum=0.9))
     model.optimizer.build(model.trainable_variables)
-    saver = callbacks.Checkpointer(directory, tf.distribute.get_strategy(),
-                                   every_steps=1, keep=3)
-    saver.set_model(model)
-    saver.on_train_begin()
+    state = saving.RunState(directory, model, tf.distribute.get_strategy(),
+                            keep_checkpoints=3)
     step = 0
     while True:
         step += 1
@@ -31,7 +29,7 @@ def main(directory):
         for variable in model.variables + model.optimizer.variables():
             if variable.dtype.is_floating:
                 variable.assign(tf.fill(variable.shape, float(step)))
-        saver.on_train_batch_end(0)
+        state.save(saving.CHECKPOINT)
         print('saved', step, flush=True)
 
 

@@ -1,0 +1,89 @@
+"""The PAWS model and its optimizer, built under a strategy and a
+precision policy."""
+
+import tensorflow as tf
+import tf_keras
+
+from paws_tf import model as model_lib
+from paws_tf.nets import weights
+
+PRECISIONS = ('float32', 'mixed_bfloat16', 'mixed_float16')
+
+
+def check_precision(precision):
+    if precision not in PRECISIONS:
+        raise ValueError(f'precision must be one of {PRECISIONS}, got '
+                         f'{precision!r}.')
+
+
+def set_precision(precision):
+    """Sets the global tf_keras mixed-precision policy by name."""
+    check_precision(precision)
+    tf_keras.mixed_precision.set_global_policy(precision)
+
+
+def build_model(strategy, *, input_channels):
+    """Builds the PAWS model's variables in the strategy's scope.
+
+    Batch norm is synchronised across replicas when there are several
+    (global BN, PAWS Sec. 5) and fused otherwise.
+    """
+    with strategy.scope():
+        model = model_lib.build_model(
+            input_channels=input_channels,
+            sync_bn=strategy.num_replicas_in_sync > 1)
+        images = tf.zeros([1, 8, 8, input_channels])
+        # `model(...)` sets Keras' `built` and builds every head.
+        model(images)
+    return model
+
+
+def build_local_model(*, input_channels):
+    """The PAWS model with plain variables, outside any strategy.
+
+    What one process runs alone under MultiWorkerMirroredStrategy
+    (evaluation, export) runs on such a copy: calling the distributed
+    model there reads its sync-on-read variables (batch-norm moving
+    statistics) through an all-reduce that the other workers never join,
+    and a SavedModel cannot hold its distributed variables.
+
+    Raises:
+        RuntimeError: called inside a strategy's scope.
+    """
+    if tf.distribute.has_strategy():
+        raise RuntimeError('build_local_model must be called outside any '
+                           'tf.distribute strategy scope.')
+    return build_model(tf.distribute.get_strategy(),
+                       input_channels=input_channels)
+
+
+def build_compiled_model(strategy, *, input_channels, steps_per_epoch,
+                         num_epochs, optimizer_cls, schedule_cls, precision,
+                         jit_compile, steps_per_execution,
+                         pretrained_backbone=None):
+    """Builds the PAWS model and its optimizer in the strategy's scope.
+
+    Returns:
+        The compiled, built `PAWSModel`.
+    """
+    if (jit_compile and strategy.num_replicas_in_sync > 1 and
+            not tf.config.list_physical_devices('GPU')):
+        raise ValueError(
+            'jit_compile=True with several replicas on CPU devices fails in '
+            'TensorFlow 2.21 (XLA cannot read the mirrored variables of the '
+            'other CPU devices); use XLA with GPUs or with one replica.')
+    set_precision(precision)
+    model = build_model(strategy, input_channels=input_channels)
+    with strategy.scope():
+        if pretrained_backbone:
+            weights.load_backbone_weights(model.backbone,
+                                          pretrained_backbone)
+        schedule = schedule_cls(steps_per_epoch=steps_per_epoch,
+                                num_epochs=num_epochs)
+        optimizer = optimizer_cls(learning_rate=schedule)
+        if precision == 'mixed_float16':
+            optimizer = tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
+        model.compile(optimizer=optimizer, jit_compile=jit_compile,
+                      steps_per_execution=steps_per_execution)
+        optimizer.build(model.trainable_variables)
+    return model
