@@ -81,6 +81,24 @@ def test_a_file_named_for_another_step_is_refused(tmp_path):
         state.restore(str(tmp_path / 'checkpoints' / 'ckpt-7'))
 
 
+@pytest.mark.parametrize('width', [2, 4], ids=['extra-layer', 'other-shapes'])
+def test_another_models_checkpoint_is_refused_naming_it(tmp_path, width):
+    model = small_model()
+    model.optimizer.iterations.assign(5)
+    saving.RunState(str(tmp_path), model, tf.distribute.get_strategy(),
+                    keep_checkpoints=3).save(saving.CHECKPOINT)
+    inputs = tf_keras.Input([3])
+    wider = tf_keras.Model(inputs, tf_keras.layers.Dense(width)(
+        tf_keras.layers.Dense(width)(inputs)))
+    wider.compile(optimizer=tf_keras.optimizers.SGD(0.1, momentum=0.9))
+    wider.optimizer.build(wider.trainable_variables)
+    path = str(tmp_path / 'checkpoints' / 'ckpt-5')
+    with pytest.raises(ValueError, match='does not hold this run'):
+        saving.RunState(str(tmp_path / 'other'), wider,
+                        tf.distribute.get_strategy(),
+                        keep_checkpoints=3).restore(path)
+
+
 def test_the_newest_that_restores_wins_whichever_its_directory(tmp_path):
     model = small_model()
     state = saving.RunState(str(tmp_path), model,

@@ -179,8 +179,22 @@ class RunState:
         self._saved_at = {BACKUP: None, CHECKPOINT: None}
 
     def restore(self, path):
-        """Restores the model and optimizer saved at `path`."""
-        self._checkpoint.restore(path).assert_existing_objects_matched()
+        """Restores the model and optimizer saved at `path`.
+
+        Raises:
+            ValueError: `path` does not hold this model and optimizer at the
+                step its name gives (another config, or not written here).
+        """
+        try:
+            self._checkpoint.restore(path).assert_existing_objects_matched()
+        # Missing variables (AssertionError) or other shapes (ValueError);
+        # TF's message goes on to list the unmatched variables' values.
+        except (AssertionError, ValueError) as error:
+            raise ValueError(
+                f'{path} does not hold this run\'s model and optimizer '
+                f'({str(error).split(".")[0]}): it was written with another '
+                'config or by another program. Run with the config it was '
+                'written with, or move it away to start again.') from error
         step = int(path.rsplit('-', 1)[1])
         if global_step(self.model) != step:
             raise ValueError(
