@@ -12,6 +12,7 @@ from paws_tf import checkpoints
 from paws_tf.data import pipeline
 from paws_tf import dist
 from paws_tf.evaluation import evaluate
+from paws_tf.evaluation import evaluate_nn
 from paws_tf.evaluation import export
 from paws_tf.evaluation import fine_tune
 from paws_tf.runner import config_checks
@@ -145,7 +146,7 @@ def evaluate_run(model_dir, bundle, *, model, step=0):
     else:
         kwargs = dict(source='checkpoint', model=model, checkpoint_path=(
             os.path.join(model_dir, train.CHECKPOINT_DIR)))
-    return evaluate.evaluate_nn(
+    return evaluate_nn.evaluate_nn(
         model_dir, labeled=bundle.labeled, test=bundle.test, tau=model.tau,
         embedding=model.nn_embedding, step=step, **kwargs,
         **experiment.eval_preprocessing(bundle))
