@@ -53,7 +53,7 @@ def _suncet_dataset_fn(labeled, *, num_steps, classes_per_step,
     rows = classes_per_step * images_per_class // num_replicas
 
     def dataset_fn(context=None):
-        first, local = tuning.pipeline_replicas(context, num_replicas)
+        first, local = pipeline.pipeline_replicas(context, num_replicas)
 
         def image_views(step, position, class_id, _):
             view = augment.center_view(
