@@ -15,7 +15,7 @@ from paws_tf.data import tfds_sources  # noqa: F401
 from paws_tf.demo import fashion_mnist  # noqa: F401
 from paws_tf.demo import supervised  # noqa: F401
 from paws_tf import dist  # noqa: F401
-from paws_tf.evaluation import evaluate  # noqa: F401
+from paws_tf.evaluation import evaluate_nn  # noqa: F401
 from paws_tf.evaluation import export  # noqa: F401
 from paws_tf.evaluation import fine_tune  # noqa: F401
 from paws_tf import lars  # noqa: F401

@@ -90,6 +90,28 @@ def exported_embeddings(model_dir, images):
     return embedder.call_preprocessed(images)['embeddings'].numpy()
 
 
+def run_beside_one_process(runs, mode, *, flags=(), **config):
+    """Runs `mode` on `runs[0]` by a two-worker cluster and on `runs[1]` by
+    one process (default strategy), side by side, with the same `flags`
+    and `config` (`cluster_command`'s). Checks that every process ended
+    well, that the cluster wrote what the one process wrote, and that the
+    worker left nothing.
+
+    Returns:
+        The relative paths written (`written`).
+    """
+    config.setdefault('base_bindings', SHRINK)
+    one_process = run_py.start(runs[1], mode=mode, flags=flags, **config)
+    check_ran(cluster.launch_cluster(
+        cluster_command(runs[0], mode, flags=flags, **config), timeout=900))
+    code, output = run_py.finish(one_process, timeout=900)
+    assert code == 0, output[-4000:]
+    paths = written(runs[0])
+    assert paths == written(runs[1])
+    assert not worker_leftovers(runs[0])
+    return paths
+
+
 def trained_copy(trained, model_dir, *remove):
     """A copy of the cluster's trained run without its `remove` outputs."""
     root, _ = trained
@@ -208,14 +230,8 @@ def test_export_on_the_cluster_is_what_one_process_exports(trained,
     worker leaves nothing."""
     runs = [trained_copy(trained, tmp_path / name, 'export')
             for name in ('cluster', 'one_process')]
-    one_process = run_py.start(runs[1], mode='export', base_bindings=SHRINK)
-    check_ran(cluster.launch_cluster(cluster_command(runs[0], 'export'),
-                                     timeout=900))
-    code, output = run_py.finish(one_process, timeout=900)
-    assert code == 0, output[-4000:]
-    assert written(runs[0]) == written(runs[1])
-    assert 'export/classifier/saved_model.pb' in written(runs[0])
-    assert not worker_leftovers(runs[0])
+    paths = run_beside_one_process(runs, 'export')
+    assert 'export/classifier/saved_model.pb' in paths
     images = test_images()
     np.testing.assert_allclose(exported_embeddings(runs[0], images),
                                exported_embeddings(runs[1], images),
@@ -278,16 +294,9 @@ def test_import_official_on_the_cluster_is_what_one_process_imports(
                                  'select_labeled.labels_per_class = 4'))
     flags = [f'--official_checkpoint={checkpoint}']
     runs = [tmp_path / name for name in ('cluster', 'one_process')]
-    one_process = run_py.start(runs[1], mode='import_official', flags=flags,
-                               **config)
-    check_ran(cluster.launch_cluster(
-        cluster_command(runs[0], 'import_official', flags=flags, **config),
-        timeout=900))
-    code, output = run_py.finish(one_process, timeout=900)
-    assert code == 0, output[-4000:]
-    assert written(runs[0]) == written(runs[1])
-    assert 'export/embedder/saved_model.pb' in written(runs[0])
-    assert not worker_leftovers(runs[0])
+    paths = run_beside_one_process(runs, 'import_official', flags=flags,
+                                   **config)
+    assert 'export/embedder/saved_model.pb' in paths
     records = [json.loads((run / 'imported.json').read_text())
                for run in runs]
     assert records[0] == records[1]

@@ -60,6 +60,19 @@ def test_pipeline_errors():
         _build().dataset_fn(tf.distribute.InputContext(1, 0, 4))
 
 
+def test_pipeline_replicas_are_each_pipelines_contiguous_share():
+    # Pipeline p of P holds replicas p R / P to (p + 1) R / P - 1.
+    for pipelines, pipeline_id, replicas, expected in (
+            (1, 0, 2, (0, 2)), (2, 1, 4, (2, 2)), (4, 3, 4, (3, 1))):
+        context = tf.distribute.InputContext(pipelines, pipeline_id,
+                                             replicas)
+        assert pipeline.pipeline_replicas(context, replicas) == expected
+    assert pipeline.pipeline_replicas(None, 3) == (0, 3)
+    with pytest.raises(ValueError, match='num_replicas=3 is not divisible '
+                       'by the 2 input pipelines'):
+        pipeline.pipeline_replicas(tf.distribute.InputContext(2, 0, 3), 3)
+
+
 @pytest.mark.slow
 def test_element_spec_and_summary():
     pretrain = _build(unique_classes_per_replica=True)

@@ -13,6 +13,7 @@ from paws_tf.data import pipeline
 from paws_tf.data import sources
 from paws_tf.data import splits
 from paws_tf.evaluation import evaluate
+from paws_tf.evaluation import evaluate_nn
 from paws_tf.evaluation import export
 from tests.helpers import tiny_model
 
@@ -135,8 +136,9 @@ def reference_results(model, labeled, test):
 
 
 def test_evaluate_nn_with_the_saved_model(run, capsys):
-    results = evaluate.evaluate_nn(run['model_dir'], labeled=run['labeled'],
-                                   test=run['test'], batch_size=16, **EVAL)
+    results = evaluate_nn.evaluate_nn(
+        run['model_dir'], labeled=run['labeled'], test=run['test'],
+        batch_size=16, **EVAL)
     path = os.path.join(run['model_dir'], 'eval', 'paws_nn.json')
     assert results['results_file'] == path
     with open(path) as f:
@@ -159,23 +161,24 @@ def test_evaluate_nn_with_the_saved_model(run, capsys):
 
 def test_evaluate_nn_refuses_a_support_other_than_the_split(run):
     with pytest.raises(ValueError, match='has 400 images but the split file'):
-        evaluate.evaluate_nn(run['model_dir'], labeled=run['train'],
-                             test=run['test'], **EVAL)
+        evaluate_nn.evaluate_nn(run['model_dir'], labeled=run['train'],
+                                test=run['test'], **EVAL)
 
 
 def test_evaluate_nn_refuses_an_export_with_other_preprocessing(run):
     with pytest.raises(ValueError, match='image_size: export 16, '
                                          'evaluation 12'):
-        evaluate.evaluate_nn(run['model_dir'], labeled=run['labeled'],
-                             test=run['test'], **dict(EVAL, image_size=12))
+        evaluate_nn.evaluate_nn(run['model_dir'], labeled=run['labeled'],
+                                test=run['test'],
+                                **dict(EVAL, image_size=12))
 
 
 def test_evaluate_nn_refuses_an_export_of_another_embedding(run):
     with pytest.raises(ValueError, match='embedding: export projection, '
                                          'evaluation prediction'):
-        evaluate.evaluate_nn(run['model_dir'], labeled=run['labeled'],
-                             test=run['test'], embedding='prediction',
-                             **EVAL)
+        evaluate_nn.evaluate_nn(run['model_dir'], labeled=run['labeled'],
+                                test=run['test'], embedding='prediction',
+                                **EVAL)
 
 
 def test_evaluate_nn_from_a_training_checkpoint(run, tmp_path):
@@ -187,7 +190,7 @@ def test_evaluate_nn_from_a_training_checkpoint(run, tmp_path):
     prefix = manager.save()
     fresh = tiny_model.build(size=SIZE, seed=1)
     model_dir = str(tmp_path / 'eval_run')
-    results = evaluate.evaluate_nn(
+    results = evaluate_nn.evaluate_nn(
         model_dir, labeled=run['labeled'], test=run['test'],
         source='checkpoint', model=fresh, checkpoint_path=str(tmp_path),
         **EVAL)

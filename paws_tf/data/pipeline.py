@@ -173,6 +173,79 @@ def _support(labeled, layout, seed, start_step, first_replica,
             .batch(rows, drop_remainder=True))
 
 
+def _check_sizes(unlabeled, labeled, *, num_replicas, global_batch_size,
+                 classes_per_step, images_per_class, support_views,
+                 start_step):
+    """Raises ValueError on sizes `make_pretrain_dataset_fn` cannot use."""
+    for name, value in (('global_batch_size', global_batch_size),
+                        ('classes_per_step', classes_per_step),
+                        ('images_per_class', images_per_class)):
+        checks.integer(name, value)
+    checks.integer('start_step', start_step, minimum=0)
+    _check_divisible(global_batch_size, 'global_batch_size', num_replicas,
+                     'replicas', 'make it a multiple of the replica count')
+    if unlabeled.num_examples < global_batch_size:
+        raise ValueError(
+            f'The unlabeled set has {unlabeled.num_examples} images, fewer '
+            f'than global_batch_size={global_batch_size}: lower the batch.')
+    if support_views not in (1, 2):
+        raise ValueError(f'support_views must be 1 or 2, got {support_views}.')
+    if labeled.labels is None:
+        raise ValueError('The labeled source has no labels.')
+    if labeled.channels != unlabeled.channels:
+        raise ValueError(
+            f'The labeled images have {labeled.channels} channels, the '
+            f'unlabeled ones {unlabeled.channels}: decode both to the same.')
+
+
+def pipeline_replicas(input_context, num_replicas):
+    """(first global replica, local replicas) of an input pipeline.
+
+    Args:
+        input_context: the pipeline's `tf.distribute.InputContext`, or None
+            for the one pipeline of every replica.
+        num_replicas: the replicas the input is built for.
+
+    Raises:
+        ValueError: the strategy has another replica count, or its workers
+            hold different counts.
+    """
+    context = input_context or tf.distribute.InputContext(
+        num_replicas_in_sync=num_replicas)
+    if context.num_replicas_in_sync != num_replicas:
+        raise ValueError(
+            f'The input was built for num_replicas={num_replicas} but the '
+            f'strategy has {context.num_replicas_in_sync} replicas.')
+    _check_divisible(num_replicas, 'num_replicas',
+                     context.num_input_pipelines, 'input pipelines',
+                     'every worker must hold as many replicas')
+    local_replicas = num_replicas // context.num_input_pipelines
+    return context.input_pipeline_id * local_replicas, local_replicas
+
+
+def _step_element(views, support, layout, channels):
+    """One replica's element of a step (`make_pretrain_dataset_fn`)."""
+    (global_views, local_views), (support_views, class_ids, columns) = (
+        views, support)
+    mc, sampler = layout.multicrop, layout.sampler
+    num_views = layout.support_views
+    out = {'global_views': _concat(  # [2*B, Hg, Wg, C]
+        global_views, mc.global_size, channels)}
+    if local_views:
+        out['local_views'] = _concat(  # [m*B, Hl, Wl, C]
+            local_views, mc.local_size, channels)
+    out['support_views'] = _concat(  # [V*K*n, Hs, Ws, C]
+        support_views, layout.support_view_size, channels)
+    out['support_labels'] = tf.tile(  # [V*K*n]
+        tf.cast(class_ids, tf.int32), [num_views])
+    out['support_one_hot'] = tf.one_hot(  # [V*K*n, classes_per_step]
+        tf.tile(columns, [num_views]), sampler.classes_per_step)
+    out['support_view_index'] = tf.constant(np.repeat(  # [V*K*n]
+        np.arange(num_views, dtype=np.int32),
+        sampler.classes_per_replica * sampler.images_per_class))
+    return out
+
+
 @gin.configurable(denylist=['unlabeled', 'labeled', 'num_replicas',
                             'normalization'])
 def make_pretrain_dataset_fn(
@@ -242,25 +315,11 @@ def make_pretrain_dataset_fn(
         ValueError: sizes that do not divide or do not fit the data (see
             `sampling.SupportSampler`), checked here, before training.
     """
-    for name, value in (('global_batch_size', global_batch_size),
-                        ('classes_per_step', classes_per_step),
-                        ('images_per_class', images_per_class)):
-        checks.integer(name, value)
-    checks.integer('start_step', start_step, minimum=0)
-    _check_divisible(global_batch_size, 'global_batch_size', num_replicas,
-                     'replicas', 'make it a multiple of the replica count')
-    if unlabeled.num_examples < global_batch_size:
-        raise ValueError(
-            f'The unlabeled set has {unlabeled.num_examples} images, fewer '
-            f'than global_batch_size={global_batch_size}: lower the batch.')
-    if support_views not in (1, 2):
-        raise ValueError(f'support_views must be 1 or 2, got {support_views}.')
-    if labeled.labels is None:
-        raise ValueError('The labeled source has no labels.')
-    if labeled.channels != unlabeled.channels:
-        raise ValueError(
-            f'The labeled images have {labeled.channels} channels, the '
-            f'unlabeled ones {unlabeled.channels}: decode both to the same.')
+    _check_sizes(unlabeled, labeled, num_replicas=num_replicas,
+                 global_batch_size=global_batch_size,
+                 classes_per_step=classes_per_step,
+                 images_per_class=images_per_class,
+                 support_views=support_views, start_step=start_step)
     multicrop = normalization_lib.normalized_multicrop(
         multicrop, normalization, labeled.channels)
     sampler = sampling.SupportSampler(
@@ -284,15 +343,8 @@ def make_pretrain_dataset_fn(
     def dataset_fn(input_context=None):
         context = input_context or tf.distribute.InputContext(
             num_replicas_in_sync=num_replicas)
-        if context.num_replicas_in_sync != num_replicas:
-            raise ValueError(
-                f'The input was built for num_replicas={num_replicas} but the '
-                f'strategy has {context.num_replicas_in_sync} replicas.')
-        _check_divisible(num_replicas, 'num_replicas',
-                         context.num_input_pipelines, 'input pipelines',
-                         'every worker must hold as many replicas')
-        local_replicas = num_replicas // context.num_input_pipelines
-        first_replica = context.input_pipeline_id * local_replicas
+        first_replica, local_replicas = pipeline_replicas(context,
+                                                          num_replicas)
         if isinstance(unlabeled, sources.StreamSource):
             views = _streamed_unlabeled(unlabeled, layout, seed, start_step,
                                         context)
@@ -301,29 +353,9 @@ def make_pretrain_dataset_fn(
                                        first_replica, local_replicas)
         support = _support(labeled, layout, seed, start_step, first_replica,
                            local_replicas, support_scale)
-
-        def element(views, support):
-            (global_views, local_views), (support_views_, class_ids,
-                                          columns) = views, support
-            mc = layout.multicrop
-            out = {'global_views': _concat(  # [2*B, Hg, Wg, C]
-                global_views, mc.global_size, unlabeled.channels)}
-            if local_views:
-                out['local_views'] = _concat(  # [m*B, Hl, Wl, C]
-                    local_views, mc.local_size, unlabeled.channels)
-            out['support_views'] = _concat(  # [V*K*n, Hs, Ws, C]
-                support_views_, layout.support_view_size, labeled.channels)
-            num_views = layout.support_views
-            out['support_labels'] = tf.tile(  # [V*K*n]
-                tf.cast(class_ids, tf.int32), [num_views])
-            out['support_one_hot'] = tf.one_hot(  # [V*K*n, classes_per_step]
-                tf.tile(columns, [num_views]), sampler.classes_per_step)
-            out['support_view_index'] = tf.constant(np.repeat(  # [V*K*n]
-                np.arange(num_views, dtype=np.int32),
-                sampler.classes_per_replica * sampler.images_per_class))
-            return out
-
-        return (tf.data.Dataset.zip((views, support)).map(element)
+        return (tf.data.Dataset.zip((views, support))
+                .map(lambda views, support: _step_element(
+                    views, support, layout, labeled.channels))
                 .prefetch(prefetch).with_options(options))
 
     return PretrainInput(dataset_fn, layout.steps_per_epoch, layout.describe(),

@@ -43,9 +43,11 @@ def demo(model_dir, strategy, *, overwrite=False, owner_check=None):
     train.train(model_dir, strategy, overwrite=overwrite,
                 owner_check=owner_check)
     paws_seconds = time.perf_counter() - start
-    paws = modes.export_and_evaluate(model_dir, strategy)
+    # Read once, for PAWS-NN, the export, fine-tuning and the baseline.
+    bundle = modes.load_labeled_data(
+        model_dir, "the demo's PAWS-NN, fine-tuning and baseline use them")
+    paws = modes.export_and_evaluate(model_dir, strategy, bundle=bundle)
     model, _ = modes.load_trained_model(model_dir, strategy)
-    bundle = experiment.load_data(model_dir)
     preprocessing = experiment.eval_preprocessing(bundle)
     tune_start = time.perf_counter()
     tuned = fine_tune.fine_tune(model_dir, model, labeled=bundle.labeled,
@@ -58,13 +60,8 @@ def demo(model_dir, strategy, *, overwrite=False, owner_check=None):
     baseline = supervised.train_supervised(
         model_dir, labeled=bundle.labeled, test=bundle.test,
         preprocessing=preprocessing)
-    embeddings, labels = evaluate.embed_dataset(
-        evaluate.embedder_from_saved_model(
-            os.path.join(model_dir, export.EMBEDDER_DIR)),
-        pipeline.make_eval_dataset(bundle.test,
-                                   batch_size=modes.EMBED_BATCH_SIZE,
-                                   **preprocessing),
-        description='test images')
+    embeddings, labels = _embed_test_images(model_dir, bundle.test,
+                                            preprocessing)
     log_dir = os.path.join(model_dir, train.TENSORBOARD_DIR)
     per_class = np.bincount(bundle.labeled.labels)
     results = dict(
@@ -93,21 +90,39 @@ def demo(model_dir, strategy, *, overwrite=False, owner_check=None):
         f'{100 * results["paws_finetune_top1"]:.1f}% vs supervised '
         f'{100 * results["supervised_top1"]:.1f}% top-1 '
         f'({results["num_labeled"]} labels)')
-    print(report.table([
-        {'method': 'PAWS-NN', 'top-1': f'{100 * paws["top1"]:.2f}%',
-         'wall time': f'{paws_seconds:.0f} s (pre-training)',
-         'images/s': ('not logged' if results['images_per_second'] is None
-                      else f'{results["images_per_second"]:.0f} views/s')},
-        {'method': 'PAWS-NN, fine-tuned',
-         'top-1': f'{100 * tuned["top1"]:.2f}%',
-         'wall time': f'{tune_seconds:.0f} s (fine-tuning)', 'images/s': ''},
-        {'method': 'supervised only',
-         'top-1': f'{100 * baseline["top1"]:.2f}%',
-         'wall time': f'{baseline["wall_seconds"]:.0f} s',
-         'images/s': f'{baseline["images_per_second"]:.0f} images/s'},
-    ]))
+    print(_table(results, baseline_images_per_second=baseline[
+        'images_per_second']))
     print(f'total wall time {results["wall_seconds"]:.0f} s; results in '
           f'{results_path}, figure in '
           f'{os.path.join(model_dir, report.FIGURE_FILENAME)}')
     dist.barrier(strategy)
     return results
+
+
+def _embed_test_images(model_dir, test, preprocessing):
+    """`(embeddings, labels)` of the test images by the exported embedder."""
+    return evaluate.embed_dataset(
+        evaluate.embedder_from_saved_model(
+            os.path.join(model_dir, export.EMBEDDER_DIR)),
+        pipeline.make_eval_dataset(test, batch_size=modes.EMBED_BATCH_SIZE,
+                                   **preprocessing),
+        description='test images')
+
+
+def _table(results, *, baseline_images_per_second):
+    """The printed comparison of the demo's `results`."""
+    views = results['images_per_second']
+    return report.table([
+        {'method': 'PAWS-NN', 'top-1': f'{100 * results["paws_nn_top1"]:.2f}%',
+         'wall time': f'{results["paws_train_seconds"]:.0f} s (pre-training)',
+         'images/s': ('not logged' if views is None
+                      else f'{views:.0f} views/s')},
+        {'method': 'PAWS-NN, fine-tuned',
+         'top-1': f'{100 * results["paws_finetune_top1"]:.2f}%',
+         'wall time': f'{results["finetune_seconds"]:.0f} s (fine-tuning)',
+         'images/s': ''},
+        {'method': 'supervised only',
+         'top-1': f'{100 * results["supervised_top1"]:.2f}%',
+         'wall time': f'{results["supervised_seconds"]:.0f} s',
+         'images/s': f'{baseline_images_per_second:.0f} images/s'},
+    ])

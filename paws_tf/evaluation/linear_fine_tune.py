@@ -120,7 +120,7 @@ def _classifier_dataset_fn(source, global_batch_size, num_replicas, seed,
     n, batch = source.num_examples, global_batch_size // num_replicas
 
     def dataset_fn(context=None):
-        first, local = tuning.pipeline_replicas(context, num_replicas)
+        first, local = pipeline.pipeline_replicas(context, num_replicas)
         label_table = tf.constant(source.labels, tf.int32)
         rows = slice(first * batch, (first + local) * batch)
 

@@ -53,7 +53,7 @@ def _suncet_dataset_fn(labeled, *, num_steps, classes_per_step,
     rows = classes_per_step * images_per_class // num_replicas
 
     def dataset_fn(context=None):
-        first, local = tuning.pipeline_replicas(context, num_replicas)
+        first, local = pipeline.pipeline_replicas(context, num_replicas)
 
         def image_views(step, position, class_id, _):
             view = augment.center_view(
@@ -153,6 +153,27 @@ def _suncet_optimizer(*, learning_rate, final_learning_rate,
                              trust_coefficient=trust_coefficient)
     # tf_keras' momentum is classical: v = mu v - lr g; w += v.
     return tf_keras.optimizers.SGD(schedule, momentum=momentum)
+
+
+def _results(by_epoch, steps, *, epochs, steps_per_epoch, total_steps):
+    """`fine_tune_suncet`'s results from its PAWS-NN figures `by_epoch`
+    (epoch 0 first) and its steps' logs."""
+    after = by_epoch[-1]
+    best = max(by_epoch, key=lambda entry: entry['top1'])
+    return {
+        'protocol': 'cifar10', 'top1': after['top1'],
+        'top5': after.get('top5'), 'paws_nn_before': by_epoch[0],
+        'paws_nn_after': after,
+        'paws_nn_by_epoch': [
+            {key: entry[key] for key in ('epoch', 'top1', 'top5')
+             if key in entry} for entry in by_epoch],
+        'best_epoch_top1_selected_on_test': best['top1'],
+        'best_epoch': best['epoch'],
+        'epochs': epochs, 'steps_per_epoch': steps_per_epoch,
+        'steps': total_steps,
+        'loss': [step['loss'] for step in steps],
+        'learning_rate': [step['learning_rate'] for step in steps],
+        'weights': tuning.TRUNK_WEIGHTS}
 
 
 @gin.configurable(denylist=tuning.PASSED)
@@ -264,25 +285,13 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
                 callbacks=[step_log, epoch_eval,
                            tuning.tensorboard(output_dir, 10),
                            progress.ProgressBar()])
-    after = by_epoch[-1]
-    best = max(by_epoch, key=lambda entry: entry['top1'])
-    results = {
-        'protocol': 'cifar10', 'top1': after['top1'],
-        'top5': after.get('top5'), 'paws_nn_before': by_epoch[0],
-        'paws_nn_after': after,
-        'paws_nn_by_epoch': [
-            {key: entry[key] for key in ('epoch', 'top1', 'top5')
-             if key in entry} for entry in by_epoch],
-        'best_epoch_top1_selected_on_test': best['top1'],
-        'best_epoch': best['epoch'],
-        'epochs': num_epochs, 'steps_per_epoch': steps_per_epoch,
-        'steps': int(trainer.optimizer.iterations.numpy()),
-        'loss': [step['loss'] for step in steps],
-        'learning_rate': [step['learning_rate'] for step in steps],
-        'weights': tuning.TRUNK_WEIGHTS}
+    results = _results(
+        by_epoch, steps, epochs=num_epochs, steps_per_epoch=steps_per_epoch,
+        total_steps=int(trainer.optimizer.iterations.numpy()))
     logging.info('PAWS-NN after fine-tuning: top-1 %.2f%% (best epoch %d: '
-                 '%.2f%%, selected on the test set)', 100 * after['top1'],
-                 best['epoch'], 100 * best['top1'])
+                 '%.2f%%, selected on the test set)', 100 * results['top1'],
+                 results['best_epoch'],
+                 100 * results['best_epoch_top1_selected_on_test'])
     tuning.write_outputs(strategy, output_dir, trunk, tuning.TRUNK_WEIGHTS,
                          results)
     return trunk, results

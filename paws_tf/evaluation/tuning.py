@@ -1,5 +1,5 @@
-"""What the fine-tuning protocols share: the pre-trained trunk, each input
-pipeline's replicas, TensorBoard logging and the results files."""
+"""What the fine-tuning protocols share: the pre-trained trunk, the end of
+their input pipelines, TensorBoard logging and the results files."""
 
 import os
 
@@ -56,14 +56,6 @@ def build_trunk(model):
     inputs = tf_keras.Input(model.backbone.input_shape[1:])
     return tf_keras.Model(inputs, copy_into(inputs, layers),
                           name='fine_tune_trunk')
-
-
-def pipeline_replicas(context, num_replicas):
-    """(first global replica, local replicas) of an input pipeline."""
-    context = context or tf.distribute.InputContext(
-        num_replicas_in_sync=num_replicas)
-    local = num_replicas // context.num_input_pipelines
-    return context.input_pipeline_id * local, local
 
 
 def finish(dataset):

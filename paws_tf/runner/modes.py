@@ -11,6 +11,7 @@ import tensorflow as tf
 from paws_tf.data import pipeline
 from paws_tf import dist
 from paws_tf.evaluation import evaluate
+from paws_tf.evaluation import evaluate_nn
 from paws_tf.evaluation import export
 from paws_tf.evaluation import fine_tune
 from paws_tf.runner import building
@@ -138,7 +139,7 @@ def evaluate_run(model_dir, bundle, *, model, step=0):
     else:
         kwargs = dict(source='checkpoint', model=model, checkpoint_path=(
             os.path.join(model_dir, saving.CHECKPOINT_DIR)))
-    return evaluate.evaluate_nn(
+    return evaluate_nn.evaluate_nn(
         model_dir, labeled=bundle.labeled, test=bundle.test, tau=model.tau,
         embedding=model.nn_embedding, step=step, **kwargs,
         **experiment.eval_preprocessing(bundle))
@@ -155,24 +156,27 @@ def _restore(model_dir, strategy, imported, *, local=False):
 
 
 def export_and_evaluate(model_dir, strategy, *, exports=True,
-                        evaluates=True, imported=False):
+                        evaluates=True, imported=False, bundle=None):
     """What one process does alone with a trained run: export it
     (`exports`), then PAWS-NN (`evaluates`), on the chief from the newest
     checkpoint (or the imported weights); the other workers wait for it.
+
+    `bundle` is the run's data (`load_labeled_data`) when the caller has
+    read it already; else it is read here, for PAWS-NN, and for the
+    exported classifier when the labeled folder exists.
 
     Returns:
         The PAWS-NN results when evaluated on the chief, else None.
     """
     results = None
     if dist.is_chief(strategy):
-        bundle = None
-        if evaluates:
+        if evaluates and bundle is None:
             bundle = load_labeled_data(
                 model_dir, 'PAWS-NN compares the test images with them')
         model, step = _restore(model_dir, strategy, imported, local=True)
         if exports:
             export_run(model_dir, model, bundle)
-        if bundle is not None:
+        if evaluates:
             results = evaluate_run(model_dir, bundle, model=model, step=step)
     dist.barrier(strategy)
     return results
