@@ -117,10 +117,11 @@ def parse_args():
                              'CPU time; build_backbone defaults to off)')
     parser.add_argument('--sync_bn_impl', choices=('custom', 'keras'),
                         default='custom',
-                        help="build_backbone.sync_bn_impl: paws_tf's "
-                             "GlobalBatchNormalization (default, as the CPU "
-                             "configs) or tf_keras' synchronized=True layer "
-                             "(build_backbone's default)")
+                        help="build_model.sync_bn_impl, for the backbone "
+                             "and heads: paws_tf's GlobalBatchNormalization "
+                             "(default, as the CPU configs) or tf_keras' "
+                             "synchronized=True layer (build_model's "
+                             "default)")
     parser.add_argument('--padding_impl', choices=('custom', 'keras'),
                         default='custom',
                         help="build_backbone.padding_impl: paws_tf's padded "
@@ -182,12 +183,13 @@ def configure_devices(args):
 
 def build(config, sync_bn, switches, objective='paws'):
     """The PAWS model of a config; `switches`: `build_backbone`'s
-    implementation arguments."""
+    implementation arguments, whose `sync_bn_impl` the heads take too (as
+    `model.build_model` passes it)."""
     backbone = backbones.build_backbone(sync_bn=sync_bn, **switches,
                                         **config['backbone'])
-    projection = heads.ProjectionHead(sync_bn=sync_bn, **config['projection'])
-    prediction = (heads.PredictionHead(sync_bn=sync_bn,
-                                       **config['prediction'])
+    norms = dict(sync_bn=sync_bn, sync_bn_impl=switches['sync_bn_impl'])
+    projection = heads.ProjectionHead(**norms, **config['projection'])
+    prediction = (heads.PredictionHead(**norms, **config['prediction'])
                   if config['prediction'] else None)
     return model_lib.PAWSModel(backbone, projection, prediction,
                                objective=objective)

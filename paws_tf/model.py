@@ -9,6 +9,7 @@ from paws_tf import dist
 from paws_tf import losses
 from paws_tf.nets import backbones
 from paws_tf.nets import heads
+from paws_tf.nets import sync_batch_norm
 
 # What PAWS-NN may compare: the projection h or the prediction head's output.
 NN_EMBEDDINGS = ('projection', 'prediction')
@@ -328,27 +329,42 @@ class PAWSModel(tf_keras.Model):
 
 
 @gin.configurable(denylist=['input_channels', 'sync_bn'])
-def build_model(*, input_channels, sync_bn, prediction_head=True):
+def build_model(*, input_channels, sync_bn, sync_bn_impl=sync_batch_norm.KERAS,
+                prediction_head=True):
     """The PAWS model from gin-configured parts.
 
     The backbone comes from `backbones.build_backbone`, the heads from
     `heads.ProjectionHead` / `heads.PredictionHead` and the objective's
-    settings from `PAWSModel`, each configured in gin.
+    settings from `PAWSModel`, each configured in gin. How batch norm is
+    synchronised is set here, for the backbone and the heads alike.
 
     Args:
         input_channels: image channels (3 RGB, 1 grayscale).
         sync_bn: synchronise batch norm across replicas (global BN).
+        sync_bn_impl: with `sync_bn`, every batch norm's implementation:
+            'keras' (default) for tf_keras'
+            `BatchNormalization(synchronized=True)`, 'custom' for
+            `sync_batch_norm.GlobalBatchNormalization` (one all-reduce each
+            way around fused kernels), which the CPU configs select. Both
+            have the same variables and give the same values, so
+            checkpoints move between them; the custom layer's gain was
+            measured on 2-core CPUs only (docs/performance.md).
         prediction_head: add the prediction head (the paper's ImageNet
             default; CIFAR-10 runs without).
 
     Returns:
         An unbuilt `PAWSModel`.
+
+    Raises:
+        ValueError: `sync_bn_impl` is not 'keras' or 'custom'.
     """
+    sync_batch_norm.check_impl(sync_bn_impl, 'build_model.sync_bn_impl')
+    norms = dict(sync_bn=sync_bn, sync_bn_impl=sync_bn_impl)
     backbone = backbones.build_backbone(input_channels=input_channels,
-                                        sync_bn=sync_bn)
-    projection = heads.ProjectionHead(sync_bn=sync_bn)
+                                        **norms)
+    projection = heads.ProjectionHead(**norms)
     prediction = (heads.PredictionHead(output_dim=projection.output_dim,
-                                       sync_bn=sync_bn)
+                                       **norms)
                   if prediction_head else None)
     return PAWSModel(backbone, projection, prediction)
 

@@ -1,5 +1,6 @@
-"""Tests for build_backbone's switches between tf_keras' standard layers
-(the defaults) and paws_tf's CPU layers: the same variables, values and
+"""Tests for the switches between tf_keras' standard layers (the defaults)
+and paws_tf's CPU layers (build_backbone's, and build_model's batch-norm
+implementation for the backbone and heads): the same variables, values and
 gradients; which configs select which."""
 
 import pathlib
@@ -11,6 +12,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import configurables  # noqa: F401  (what the configs bind)
+from paws_tf import model as model_lib
 from paws_tf.nets import backbones
 from paws_tf.nets import padded_layers
 from paws_tf.nets import recompute
@@ -28,6 +30,11 @@ STANDARD = {'sync_bn_impl': 'keras', 'padding_impl': 'keras',
 # paws_tf's CPU-tuned layers, which the CPU configs select.
 CPU = {'sync_bn_impl': 'custom', 'padding_impl': 'custom',
        'recompute_bn_relu': True}
+# Where gin binds each switch: how batch norm is synchronised is
+# build_model's, for the backbone and the heads alike.
+CONFIGURABLE = {'sync_bn_impl': 'build_model',
+                'padding_impl': 'build_backbone',
+                'recompute_bn_relu': 'build_backbone'}
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -254,23 +261,86 @@ def test_defaults_are_the_standard_tf_keras_layers():
     _assert_standard_layers(_build(WIDE, sync_bn=True))
 
 
+def _gin_model(impl=None, **bindings):
+    """`model.build_model` with sync_bn (the tiny WideResNet and heads),
+    `build_model.sync_bn_impl = impl` unless None, and `bindings`."""
+    lines = ["build_backbone.name = 'wide_resnet'",
+             'build_backbone.depth = 10', 'build_backbone.width = 1',
+             'ProjectionHead.hidden_dim = 8', 'ProjectionHead.output_dim = 4',
+             'PredictionHead.hidden_dim = 2']
+    if impl is not None:
+        lines.append(f"build_model.sync_bn_impl = '{impl}'")
+    lines += [f'{key} = {value!r}' for key, value in bindings.items()]
+    gin.parse_config(lines)
+    return model_lib.build_model(input_channels=3, sync_bn=True)
+
+
+def _norm_kinds(model):
+    """The batch norms' classes in the backbone, each head, of `model`."""
+    return [{type(layer) for layer in part.submodules
+             if isinstance(layer, tf_keras.layers.BatchNormalization)}
+            for part in (model.backbone, model.projection_head,
+                         model.prediction_head)]
+
+
+@pytest.mark.parametrize('impl,kind', [
+    (None, tf_keras.layers.BatchNormalization),
+    ('keras', tf_keras.layers.BatchNormalization),
+    ('custom', sync_batch_norm.GlobalBatchNormalization)],
+    ids=['default', 'keras', 'custom'])
+def test_build_model_sync_bn_impl_sets_every_batch_norm(impl, kind,
+                                                        clean_gin):
+    """One binding selects the synchronised batch norm of the backbone and
+    both heads; unbound, tf_keras' layer."""
+    model = _gin_model(impl)
+    assert _norm_kinds(model) == [{kind}] * 3
+    assert all(layer.synchronized for layer in model.submodules
+               if isinstance(layer, tf_keras.layers.BatchNormalization))
+
+
 def test_gin_binds_the_switches(clean_gin):
-    gin.parse_config("""
-        build_backbone.name = 'wide_resnet'
-        build_backbone.depth = 10
-        build_backbone.width = 1
-        build_backbone.sync_bn = True
-        build_backbone.sync_bn_impl = 'custom'
-        build_backbone.padding_impl = 'custom'
-        build_backbone.recompute_bn_relu = True
-    """)
-    model = backbones.build_backbone()
-    kinds = {type(layer) for layer in model.submodules}
+    model = _gin_model('custom', **{'build_backbone.padding_impl': 'custom',
+                                    'build_backbone.recompute_bn_relu': True})
+    kinds = {type(layer) for layer in model.backbone.submodules}
     assert sync_batch_norm.GlobalBatchNormalization in kinds
     assert padded_layers.PaddedConv2D in kinds
     assert tf_keras.layers.ZeroPadding2D not in kinds
-    assert all(layer.recompute for layer in model.submodules
+    assert all(layer.recompute for layer in model.backbone.submodules
                if isinstance(layer, recompute.NormReLUThen))
+
+
+@pytest.mark.parametrize('source,target', [('custom', 'keras'),
+                                           ('keras', 'custom')])
+def test_model_checkpoint_restores_across_sync_bn_impls(source, target,
+                                                        two_replicas,
+                                                        tmp_path, clean_gin):
+    """A tf.train.Checkpoint of the whole model (backbone and heads) on two
+    replicas with one implementation restores into a model with the other:
+    the same variable names, every value matched on every replica, the
+    same inference outputs of the prediction head."""
+    models = {}
+    for impl in (source, target):
+        gin.clear_config()
+        with two_replicas.scope():
+            models[impl] = _gin_model(impl)
+            models[impl](tf.zeros([1, 18, 18, 3]))
+    _randomise(models[source])
+    path = tf.train.Checkpoint(model=models[source]).save(
+        str(tmp_path / 'ckpt'))
+    tf.train.Checkpoint(model=models[target]).restore(
+        path).assert_consumed()
+    names = [[v.name.removeprefix(model.name + '/')
+              for v in model.variables]
+             for model in (models[source], models[target])]
+    assert names[0] == names[1]
+    for want, got in zip(models[source].variables,
+                         models[target].variables):
+        for replica_value in two_replicas.experimental_local_results(got):
+            np.testing.assert_array_equal(replica_value, want.numpy())
+    images, _ = _inputs(WIDE)
+    np.testing.assert_allclose(models[target](images)['prediction'],
+                               models[source](images)['prediction'],
+                               rtol=1e-5, atol=1e-5)
 
 
 # The configs meant for CPUs; the others (ImageNet, CIFAR-10, own images at
@@ -293,18 +363,36 @@ def test_cpu_configs_select_the_cpu_layers_and_gpu_configs_the_defaults(
         [str(REPO / 'gin_configs' / f'{config}.gin')],
         bindings if config.startswith('image_folders') else [])
     switches = {}
-    for key in CPU:
+    for key, configurable in CONFIGURABLE.items():
         try:
-            switches[key] = gin.query_parameter(f'build_backbone.{key}')
+            switches[key] = gin.query_parameter(f'{configurable}.{key}')
         except ValueError:  # Not bound: the default.
             pass
     assert switches == (CPU if config in CPU_CONFIGS else {})
 
 
-@pytest.mark.parametrize('binding', ['sync_bn_impl', 'padding_impl'])
-def test_bad_switch_values_are_refused(binding):
+@pytest.mark.parametrize('build,binding', [
+    (lambda: backbones.build_backbone('small_resnet', **tiny_model.TINY,
+                                      padding_impl='tf_keras'),
+     r'build_backbone\.padding_impl'),
+    (lambda: backbones.build_backbone('small_resnet', **tiny_model.TINY,
+                                      sync_bn_impl='tf_keras'),
+     'sync_bn_impl'),
+    (lambda: model_lib.build_model(input_channels=3, sync_bn=True,
+                                   sync_bn_impl='tf_keras'),
+     r'build_model\.sync_bn_impl')],
+    ids=['padding_impl', 'backbone_sync_bn_impl', 'model_sync_bn_impl'])
+def test_bad_switch_values_are_refused(build, binding):
     with pytest.raises(ValueError, match=(
-            rf"build_backbone\.{binding} must be one of "
-            rf"\('custom', 'keras'\), got 'tf_keras'")):
-        backbones.build_backbone('small_resnet', **tiny_model.TINY,
-                                 **{binding: 'tf_keras'})
+            rf"^{binding} must be one of \('custom', 'keras'\), got "
+            "'tf_keras'")):
+        build()
+
+
+@pytest.mark.parametrize('parameter', ['sync_bn', 'sync_bn_impl'])
+def test_gin_refuses_the_backbones_batch_norm_settings(parameter, clean_gin):
+    """`build_model` sets them for the backbone and heads alike: bound on
+    `build_backbone` they would be overridden unseen."""
+    with pytest.raises(ValueError, match=(
+            f"'build_backbone' has denylisted kwarg '{parameter}'")):
+        gin.parse_config(f"build_backbone.{parameter} = 'custom'")

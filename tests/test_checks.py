@@ -126,6 +126,9 @@ def test_folder_recipes_need_no_other_binding(clean_gin, folders, name,
     ('image_folders.gin', ["OBJECTIVE = 'ropaws'",
                            'PAWSModel.ropaws_prior_tau = -3.0'],
      'PAWSModel.ropaws_prior_tau must be positive, got -3.0'),
+    ('imagenet_rn50_10pct_8gpu.gin', ["build_model.sync_bn_impl = 'tf'"],
+     r"build_model\.sync_bn_impl must be one of \('custom', 'keras'\), "
+     r"got 'tf'"),
     ('demo_fashion_mnist.gin', ['MEAN = (0.5, 0.5)'],
      r'MultiCropConfig.mean / MultiCropConfig.std: mean \(0\.5, 0\.5\) and '
      r'std \(0\.353,\) must have one value per channel'),

@@ -7,6 +7,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf.nets import heads
+from paws_tf.nets import sync_batch_norm
 
 EPSILON = 1e-5
 EXCLUDED_SUFFIXES = ('bias', 'beta', 'gamma')
@@ -117,40 +118,89 @@ def test_training_mode_uses_batch_stats_and_updates_moving_stats():
     assert not np.allclose(inference, want, atol=1e-3)
 
 
-def test_sync_bn_heads_use_global_batch_statistics(two_replicas):
+def _bn_training(x, layer, groups):
+    """Batch norm of x [B, C] in training mode, each of `groups` equal row
+    blocks on its own mean and variance (no Bessel's correction)."""
+    out = []
+    for block in np.split(x, groups):
+        out.append((block - block.mean(0)) / np.sqrt(block.var(0) + EPSILON)
+                   * layer.gamma.numpy() + layer.beta.numpy())
+    return np.concatenate(out)
+
+
+# With `sync_bn`, either implementation; without, each replica's own batch.
+NORMS = [dict(sync_bn=True, sync_bn_impl='keras'),
+         dict(sync_bn=True, sync_bn_impl='custom'),
+         dict(sync_bn=False)]
+
+
+@pytest.mark.parametrize('norms', NORMS, ids=['keras', 'custom', 'local'])
+def test_heads_train_on_the_global_batch_statistics(norms, two_replicas):
+    """Both heads on two replicas (logical CPUs), each replica on half of a
+    batch whose halves differ: with `sync_bn`, for either implementation,
+    the outputs and moving statistics are those of batch norm over the
+    whole batch, by hand in NumPy; without, of each half alone."""
     strategy = two_replicas
-    features = np.random.RandomState(3).normal(
-        size=(8, 6)).astype(np.float32)
+    rng = np.random.RandomState(3)
+    features = rng.normal(size=(8, 6)).astype(np.float32)
     features[4:] = 3.0 * features[4:] - 1.0
-    results = {}
-    for sync_bn in (True, False):
-        with strategy.scope():
-            projection = heads.ProjectionHead(hidden_dim=5, output_dim=4,
-                                              sync_bn=sync_bn)
-            prediction = heads.PredictionHead(hidden_dim=3, output_dim=4,
-                                              sync_bn=sync_bn)
-        reference = [heads.ProjectionHead(hidden_dim=5, output_dim=4),
-                     heads.PredictionHead(hidden_dim=3, output_dim=4)]
-        reference[1](reference[0](features))
+    with strategy.scope():
+        projection = heads.ProjectionHead(hidden_dim=5, output_dim=4,
+                                          bn_momentum=0.8, **norms)
+        prediction = heads.PredictionHead(hidden_dim=3, output_dim=4,
+                                          bn_momentum=0.8, **norms)
         prediction(projection(features))
-        for ref, head in zip(reference, (projection, prediction)):
-            ref.set_weights(head.get_weights())
-        halves = strategy.experimental_distribute_values_from_function(
-            lambda ctx: features[4 * ctx.replica_id_in_sync_group:][:4])
+    norm_layers = [layer for head in (projection, prediction)
+                   for layer in head.mlp_layers
+                   if isinstance(layer, tf_keras.layers.BatchNormalization)]
+    assert len(norm_layers) == 4
+    for layer in norm_layers:
+        assert layer.synchronized == norms['sync_bn']
+        assert isinstance(
+            layer, sync_batch_norm.GlobalBatchNormalization) == (
+                norms.get('sync_bn_impl') == 'custom')
+    for head in (projection, prediction):
+        _randomise(head, rng)
+    before = [(layer.moving_mean.numpy(), layer.moving_variance.numpy())
+              for layer in norm_layers]
+    # NumPy: every batch norm on the global batch (1 group) or per replica.
+    groups = 1 if norms['sync_bn'] else 2
+    fc1, bn1, _, fc2, bn2, _, fc3 = projection.mlp_layers
+    p_bn0, p_fc1, p_bn1, _, p_fc2 = prediction.mlp_layers
+    inputs = {}  # Each batch norm's input, for its moving statistics.
 
-        @tf.function
-        def forward(x):
-            return strategy.run(
-                lambda h: prediction(projection(h, training=True),
-                                     training=True), args=(x,))
+    def norm(x, layer):
+        inputs[id(layer)] = x
+        return _bn_training(x, layer, groups)
 
-        got = np.concatenate(strategy.experimental_local_results(
-            forward(halves)))  # [8, 4]
-        want = reference[1](reference[0](features, training=True),
-                            training=True).numpy()
-        results[sync_bn] = np.abs(got - want).max()
-    assert results[True] < 1e-5
-    assert results[False] > 1e-2
+    h = np.maximum(norm(_dense(features, fc1), bn1), 0.0)
+    h = _dense(np.maximum(norm(_dense(h, fc2), bn2), 0.0), fc3)
+    y = norm(h, p_bn0)
+    want = _dense(np.maximum(norm(_dense(y, p_fc1), p_bn1), 0.0), p_fc2)
+
+    halves = strategy.experimental_distribute_values_from_function(
+        lambda ctx: features[4 * ctx.replica_id_in_sync_group:][:4])
+
+    @tf.function
+    def forward(x):
+        return strategy.run(
+            lambda h: prediction(projection(h, training=True),
+                                 training=True), args=(x,))
+
+    got = np.concatenate(strategy.experimental_local_results(
+        forward(halves)))  # [8, 4]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    if not norms['sync_bn']:
+        return
+    for layer, (mean, variance) in zip(norm_layers, before):
+        x = inputs[id(layer)]
+        for moving, old, batch in ((layer.moving_mean, mean, x.mean(0)),
+                                   (layer.moving_variance, variance,
+                                    x.var(0))):
+            for replica_value in strategy.experimental_local_results(moving):
+                np.testing.assert_allclose(replica_value,
+                                           0.8 * old + 0.2 * batch,
+                                           rtol=1e-4, atol=1e-4)
 
 
 def test_lars_exclusion_names():
@@ -214,13 +264,16 @@ def test_linear_layers_have_pytorchs_default_init():
                 rtol=0.1 if values.ndim == 2 else 0.25, err_msg=layer.name)
 
 
-def test_get_config_round_trip():
+@pytest.mark.parametrize('sync_bn_impl', ['keras', 'custom'])
+def test_get_config_round_trip(sync_bn_impl):
     head = heads.ProjectionHead(num_layers=2, hidden_dim=7, output_dim=5,
-                                sync_bn=True, bn_momentum=0.5)
+                                sync_bn=True, sync_bn_impl=sync_bn_impl,
+                                bn_momentum=0.5)
     clone = heads.ProjectionHead.from_config(head.get_config())
     assert clone.get_config() == head.get_config()
     assert _layer_types(clone) == _layer_types(head)
     assert clone.mlp_layers[1].synchronized
+    assert type(clone.mlp_layers[1]) is type(head.mlp_layers[1])
     pred = heads.PredictionHead(hidden_dim=3, output_dim=6)
     assert heads.PredictionHead.from_config(
         pred.get_config()).get_config() == pred.get_config()
@@ -242,6 +295,20 @@ def test_gin_configures_heads():
     assert prediction.hidden_dim == 32
 
 
+@pytest.mark.parametrize('head', ['ProjectionHead', 'PredictionHead'])
+def test_gin_refuses_the_batch_norm_settings_of_build_model(head):
+    """`sync_bn` and `sync_bn_impl` are `build_model`'s, for the backbone
+    and heads alike: bound on a head they would be overridden unseen."""
+    gin.clear_config()
+    try:
+        for parameter in ('sync_bn', 'sync_bn_impl'):
+            with pytest.raises(ValueError, match=(
+                    f"'{head}' has denylisted kwarg '{parameter}'")):
+                gin.parse_config(f"{head}.{parameter} = 'custom'")
+    finally:
+        gin.clear_config()
+
+
 @pytest.mark.parametrize('make,message', [
     (lambda: heads.ProjectionHead(num_layers=0), 'num_layers'),
     (lambda: heads.ProjectionHead(hidden_dim=0), 'hidden_dim'),
@@ -252,3 +319,11 @@ def test_bad_sizes(make, message):
     with pytest.raises(ValueError,
                        match=f'{message} must be a positive integer, got'):
         make()
+
+
+@pytest.mark.parametrize('head', [heads.ProjectionHead, heads.PredictionHead])
+def test_bad_sync_bn_impl(head):
+    with pytest.raises(ValueError, match=(
+            r"sync_bn_impl must be one of \('custom', 'keras'\), got "
+            r"'global'")):
+        head(sync_bn=True, sync_bn_impl='global')

@@ -119,7 +119,8 @@ def test_global_batch_norm_all_reduces_once_each_way(two_replicas_collective):
 
     def norm():
         return sync_batch_norm.batch_norm('bn', sync_bn=True, momentum=0.9,
-                                          epsilon=1e-3)
+                                          epsilon=1e-3,
+                                          impl=sync_batch_norm.CUSTOM)
 
     assert collectives_per_replica(norm) == 2
     assert collectives_per_replica(lambda: recompute.NormReLUThen(
@@ -137,7 +138,8 @@ def test_global_batch_norm_elsewhere_runs_tf_keras_layer(two_replicas):
     x = np.random.default_rng(9).normal(size=(4, 3, 3, 2)).astype(np.float32)
     with two_replicas.scope():
         norm = sync_batch_norm.batch_norm('bn', sync_bn=True, momentum=0.9,
-                                          epsilon=1e-3)
+                                          epsilon=1e-3,
+                                          impl=sync_batch_norm.CUSTOM)
         assert isinstance(norm, sync_batch_norm.GlobalBatchNormalization)
         np.testing.assert_allclose(
             norm(x, training=True),
@@ -172,3 +174,16 @@ def test_global_batch_norm_elsewhere_runs_tf_keras_layer(two_replicas):
             np.testing.assert_array_equal(layer.moving_mean.numpy(), before)
     with pytest.raises(ValueError, match=r'needs \[B, C\] or \[B, H, W, C\]'):
         sync_batch_norm.GlobalBatchNormalization()(tf.zeros([2, 3, 4]))
+
+
+def test_batch_norm_defaults_to_tf_keras_synchronized_layer():
+    """`impl` defaults to tf_keras' layer (the GPU-first default); a bad
+    value is refused with the allowed ones."""
+    norm = sync_batch_norm.batch_norm('bn', sync_bn=True, momentum=0.9,
+                                      epsilon=1e-3)
+    assert type(norm) is tf_keras.layers.BatchNormalization
+    assert norm.synchronized
+    with pytest.raises(ValueError, match=(
+            r"impl must be one of \('custom', 'keras'\), got 'tf_keras'")):
+        sync_batch_norm.batch_norm('bn', sync_bn=True, momentum=0.9,
+                                   epsilon=1e-3, impl='tf_keras')

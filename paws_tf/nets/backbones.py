@@ -18,6 +18,9 @@ WIDE_RESNET_STEM_WIDTH = 16
 # Keras decay of the official WideResNet's last batch norm (PyTorch
 # momentum 0.99).
 WIDE_RESNET_FINAL_BN_MOMENTUM = 0.01
+# What `model.build_model` sets for the backbone and the heads alike (how
+# batch norm is synchronised): gin may not bind them on these builders.
+SET_BY_BUILD_MODEL = ['sync_bn', 'sync_bn_impl']
 
 
 def torch_default_init(fan_in):
@@ -276,7 +279,7 @@ def downsampling(name, *, stem_stride=1, stage_strides=(2, 2, 2)):
     return stem_stride * math.prod(stage_strides)
 
 
-@gin.configurable
+@gin.configurable(denylist=SET_BY_BUILD_MODEL)
 def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
                    bn_epsilon=1e-5, sync_bn_impl=sync_batch_norm.KERAS,
                    padding_impl=padded_layers.KERAS, recompute_bn_relu=False,
@@ -288,7 +291,9 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
     small own-images recipe) select. Each pair has the same variables and
     gives the same values and gradients, so checkpoints move between
     settings. The custom layers' gains were measured on 2-core CPUs only
-    (docs/performance.md); they have not run on a GPU.
+    (docs/performance.md); they have not run on a GPU. `sync_bn` and
+    `sync_bn_impl` concern the heads too: `model.build_model` passes them
+    to both, and gin binds `build_model.sync_bn_impl`, not these.
 
     Args:
         name: one of
@@ -315,10 +320,9 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
             'custom' for `sync_batch_norm.GlobalBatchNormalization` (one
             all-reduce each way around TensorFlow's fused kernels, where
             tf_keras' layer makes three forward and two backward around
-            unfused ops). Measured on 2 CPU cores (two replicas on logical
-            devices, the `cifar_small` step without recomputation): 6% less
-            CPU time with 'custom'. Only 'custom' is recomputed
-            (`recompute_bn_relu`); 'keras' holds the ReLU outputs.
+            unfused ops; measured in docs/performance.md).
+            Only 'custom' is recomputed (`recompute_bn_relu`); 'keras'
+            holds the ReLU outputs.
         padding_impl: the strided convolutions and the ResNet-50 max pool,
             padded symmetrically as in PyTorch. 'keras' (default): a
             `tf_keras.layers.ZeroPadding2D` before a 'valid' Conv2D or
@@ -358,12 +362,11 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
             f'input_channels must be >= 1, got {input_channels!r}')
     if not 0.0 <= bn_momentum < 1.0:
         raise ValueError(f'bn_momentum must be in [0, 1), got {bn_momentum!r}')
-    for binding, value, choices in (
-            ('sync_bn_impl', sync_bn_impl, sync_batch_norm.IMPLEMENTATIONS),
-            ('padding_impl', padding_impl, padded_layers.IMPLEMENTATIONS)):
-        if value not in choices:
-            raise ValueError(f'build_backbone.{binding} must be one of '
-                             f'{choices}, got {value!r}')
+    sync_batch_norm.check_impl(sync_bn_impl, 'sync_bn_impl')
+    if padding_impl not in padded_layers.IMPLEMENTATIONS:
+        raise ValueError(f'build_backbone.padding_impl must be one of '
+                         f'{padded_layers.IMPLEMENTATIONS}, got '
+                         f'{padding_impl!r}')
     make = _Layers(recompute_bn_relu=recompute_bn_relu,
                    padding_impl=padding_impl, sync_bn=sync_bn,
                    impl=sync_bn_impl, momentum=bn_momentum,

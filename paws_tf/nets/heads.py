@@ -24,14 +24,18 @@ class Linear(tf_keras.layers.Dense):
 class _MLPHead(tf_keras.layers.Layer):
     """Runs `mlp_layers` in order; `training` selects the BN statistics."""
 
-    def __init__(self, *, sync_bn, bn_momentum, bn_epsilon, **kwargs):
+    def __init__(self, *, sync_bn, sync_bn_impl, bn_momentum, bn_epsilon,
+                 **kwargs):
         super().__init__(**kwargs)
+        sync_batch_norm.check_impl(sync_bn_impl, 'sync_bn_impl')
         self.sync_bn = sync_bn
+        self.sync_bn_impl = sync_bn_impl
         self.bn_momentum = bn_momentum
         self.bn_epsilon = bn_epsilon
 
     def _batch_norm(self, name):
         return sync_batch_norm.batch_norm(name, sync_bn=self.sync_bn,
+                                          impl=self.sync_bn_impl,
                                           momentum=self.bn_momentum,
                                           epsilon=self.bn_epsilon)
 
@@ -44,12 +48,13 @@ class _MLPHead(tf_keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(sync_bn=self.sync_bn, bn_momentum=self.bn_momentum,
+        config.update(sync_bn=self.sync_bn, sync_bn_impl=self.sync_bn_impl,
+                      bn_momentum=self.bn_momentum,
                       bn_epsilon=self.bn_epsilon)
         return config
 
 
-@gin.configurable
+@gin.configurable(denylist=backbones.SET_BY_BUILD_MODEL)
 class ProjectionHead(_MLPHead):
     """PAWS projection head: `num_layers`-layer MLP with BN on hidden layers.
 
@@ -61,8 +66,9 @@ class ProjectionHead(_MLPHead):
     """
 
     def __init__(self, num_layers=3, hidden_dim=2048, output_dim=2048, *,
-                 sync_bn=False, bn_momentum=0.9, bn_epsilon=1e-5,
-                 name='projection_head', **kwargs):
+                 sync_bn=False, sync_bn_impl=sync_batch_norm.KERAS,
+                 bn_momentum=0.9, bn_epsilon=1e-5, name='projection_head',
+                 **kwargs):
         """Creates the layers; they are built on the first call.
 
         Args:
@@ -70,16 +76,19 @@ class ProjectionHead(_MLPHead):
             hidden_dim: width of the hidden layers.
             output_dim: width of the output representation h.
             sync_bn: synchronise BN statistics across replicas (global BN).
+            sync_bn_impl: with `sync_bn`, `sync_batch_norm.KERAS` (default)
+                or `CUSTOM` (`sync_batch_norm.batch_norm`'s `impl`).
             bn_momentum: BN moving-average decay (Keras convention).
             bn_epsilon: BN epsilon.
             name: layer name.
             **kwargs: passed to `tf_keras.layers.Layer`.
 
         Raises:
-            ValueError: a size is < 1.
+            ValueError: a size is < 1, or a bad `sync_bn_impl`.
         """
-        super().__init__(sync_bn=sync_bn, bn_momentum=bn_momentum,
-                         bn_epsilon=bn_epsilon, name=name, **kwargs)
+        super().__init__(sync_bn=sync_bn, sync_bn_impl=sync_bn_impl,
+                         bn_momentum=bn_momentum, bn_epsilon=bn_epsilon,
+                         name=name, **kwargs)
         for arg, value in (('num_layers', num_layers),
                            ('hidden_dim', hidden_dim),
                            ('output_dim', output_dim)):
@@ -103,7 +112,7 @@ class ProjectionHead(_MLPHead):
         return config
 
 
-@gin.configurable
+@gin.configurable(denylist=backbones.SET_BY_BUILD_MODEL)
 class PredictionHead(_MLPHead):
     """PAWS prediction head: BN -> Dense -> BN -> ReLU -> Dense (App. A).
 
@@ -112,24 +121,27 @@ class PredictionHead(_MLPHead):
     """
 
     def __init__(self, hidden_dim=512, output_dim=2048, *, sync_bn=False,
-                 bn_momentum=0.9, bn_epsilon=1e-5, name='prediction_head',
-                 **kwargs):
+                 sync_bn_impl=sync_batch_norm.KERAS, bn_momentum=0.9,
+                 bn_epsilon=1e-5, name='prediction_head', **kwargs):
         """Creates the layers; they are built on the first call.
 
         Args:
             hidden_dim: width of the hidden layer.
             output_dim: width of the output z.
             sync_bn: synchronise BN statistics across replicas (global BN).
+            sync_bn_impl: with `sync_bn`, `sync_batch_norm.KERAS` (default)
+                or `CUSTOM` (`sync_batch_norm.batch_norm`'s `impl`).
             bn_momentum: BN moving-average decay (Keras convention).
             bn_epsilon: BN epsilon.
             name: layer name.
             **kwargs: passed to `tf_keras.layers.Layer`.
 
         Raises:
-            ValueError: a size is < 1.
+            ValueError: a size is < 1, or a bad `sync_bn_impl`.
         """
-        super().__init__(sync_bn=sync_bn, bn_momentum=bn_momentum,
-                         bn_epsilon=bn_epsilon, name=name, **kwargs)
+        super().__init__(sync_bn=sync_bn, sync_bn_impl=sync_bn_impl,
+                         bn_momentum=bn_momentum, bn_epsilon=bn_epsilon,
+                         name=name, **kwargs)
         checks.integer('hidden_dim', hidden_dim)
         checks.integer('output_dim', output_dim)
         self.hidden_dim = hidden_dim

@@ -3,14 +3,22 @@
 import tensorflow as tf
 import tf_keras
 
-# `batch_norm`'s implementations of synchronised batch norm.
+# The implementations of synchronised batch norm (`batch_norm`'s `impl`).
 CUSTOM = 'custom'
 KERAS = 'keras'
 IMPLEMENTATIONS = (CUSTOM, KERAS)
 
 
+def check_impl(impl, name='impl'):
+    """Raises ValueError naming `name` (the argument or gin binding that
+    gave it) unless `impl` is one of `IMPLEMENTATIONS`."""
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f'{name} must be one of {IMPLEMENTATIONS}, got '
+                         f'{impl!r}.')
+
+
 def batch_norm(name, *, sync_bn, momentum, epsilon, zero_init=False,
-               impl=CUSTOM):
+               impl=KERAS):
     """Returns a BatchNormalization layer over the last (channel) axis.
 
     Args:
@@ -24,10 +32,11 @@ def batch_norm(name, *, sync_bn, momentum, epsilon, zero_init=False,
             the old statistic, i.e. PyTorch momentum 0.1).
         epsilon: added to the variance.
         zero_init: initialise gamma to zero instead of one.
-        impl: with `sync_bn`, `CUSTOM` for a `GlobalBatchNormalization` (one
-            all-reduce each way around fused kernels), `KERAS` for
-            `tf_keras.layers.BatchNormalization(synchronized=True)`. Both
-            give the same values and have the same variables.
+        impl: with `sync_bn`, `KERAS` (default) for
+            `tf_keras.layers.BatchNormalization(synchronized=True)`,
+            `CUSTOM` for a `GlobalBatchNormalization` (one all-reduce each
+            way around fused kernels). Both give the same values and have
+            the same variables.
 
     Returns:
         A `tf_keras.layers.BatchNormalization`.
@@ -35,9 +44,7 @@ def batch_norm(name, *, sync_bn, momentum, epsilon, zero_init=False,
     Raises:
         ValueError: `impl` is not one of `IMPLEMENTATIONS`.
     """
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(f'synchronised batch norm impl must be one of '
-                         f'{IMPLEMENTATIONS}, got {impl!r}')
+    check_impl(impl)
     kwargs = dict(momentum=momentum, epsilon=epsilon,
                   gamma_initializer='zeros' if zero_init else 'ones',
                   name=name)
@@ -182,9 +189,10 @@ class GlobalBatchNormalization(tf_keras.layers.BatchNormalization):
     Bessel's correction. Where `global_replica_context` says so, tf_keras'
     layer runs instead. Channels-last only; inputs of rank 2 or 4.
 
-    On 2 CPU cores (two replicas on logical devices) the `cifar_small` step
-    took 6% less CPU time than with tf_keras' layer (docs/performance.md);
-    it was not measured on GPUs.
+    docs/performance.md compares the CPU time of a step with each layer,
+    measured on 2 CPU cores (two replicas on logical devices); it was not
+    measured on GPUs. `build_model.sync_bn_impl = 'custom'` selects it for
+    the backbone and heads.
 
     Takes `BatchNormalization`'s keyword arguments; `synchronized` is
     always True.

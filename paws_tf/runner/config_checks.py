@@ -14,6 +14,7 @@ from paws_tf.data import augment
 from paws_tf.data import data_fingerprint
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.nets import backbones
+from paws_tf.nets import sync_batch_norm
 from paws_tf.runner import saving
 from paws_tf.runner import train
 
@@ -198,7 +199,8 @@ def check_config(pretraining=True):
     valid value: rebound gin constants (`IMAGENET_MEAN = ...` changes
     nothing), a normalisation given twice, not at all or with the wrong
     number of channels, a warm-up longer than the run, an unknown objective
-    or RoPAWS settings out of range, an image folder left unbound, a support
+    or RoPAWS settings out of range, an unknown batch-norm implementation
+    (`build_model.sync_bn_impl`), an image folder left unbound, a support
     of more classes than the labeled folder holds (its class folders are
     listed, no image is read), and image sizes below the backbone's
     downsampling.
@@ -250,6 +252,8 @@ def check_config(pretraining=True):
                       checks.bound('eval_preprocessing.std'), spec, channels)
     _check_warmup()
     _check_objective()
+    sync_batch_norm.check_impl(*checks.binding('build_model.sync_bn_impl',
+                                               sync_batch_norm.KERAS))
     _check_folders_bound(folder)
     if folder is not None and pretraining:
         _check_support(folder)
