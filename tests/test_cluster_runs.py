@@ -75,7 +75,7 @@ def tensor_tags(log_dir):
     return tags
 
 
-def test_images():
+def preprocessed_test_images():
     """debug.gin's test images (`SHRINK`), preprocessed for evaluation."""
     with debug_gin.parsed(SHRINK):
         bundle = experiment.load_data(None)
@@ -179,7 +179,7 @@ def test_two_workers_end_where_one_process_with_two_replicas_ends(trained):
     to 1e-4. The same command with one replica is another computation
     (each replica samples its own support), not compared here."""
     root, _ = trained
-    images = test_images()
+    images = preprocessed_test_images()
     embeddings = [exported_embeddings(root / run, images)
                   for run in ('cluster', 'one_process')]
     np.testing.assert_allclose(embeddings[0], embeddings[1], atol=1e-4)
@@ -232,7 +232,7 @@ def test_export_on_the_cluster_is_what_one_process_exports(trained,
             for name in ('cluster', 'one_process')]
     paths = run_beside_one_process(runs, 'export')
     assert 'export/classifier/saved_model.pb' in paths
-    images = test_images()
+    images = preprocessed_test_images()
     np.testing.assert_allclose(exported_embeddings(runs[0], images),
                                exported_embeddings(runs[1], images),
                                atol=1e-6)
