@@ -117,6 +117,45 @@ def test_the_newest_that_restores_wins_whichever_its_directory(tmp_path):
     assert saving.newest_restorable(str(tmp_path / 'elsewhere')) == (None, 0)
 
 
+def corrupt(prefix):
+    """Flips bytes mid-file, keeping its size (a checksum catches it)."""
+    path = f'{prefix}.data-00000-of-00001'
+    data = bytearray(open(path, 'rb').read())
+    for i in range(len(data) // 2, len(data) // 2 + 8):
+        data[i] ^= 0xFF
+    open(path, 'wb').write(bytes(data))
+
+
+def test_damaged_ones_are_skipped_and_a_damaged_backup_moved_aside(
+        tmp_path, caplog):
+    model = small_model()
+    state = saving.RunState(str(tmp_path), model,
+                            tf.distribute.get_strategy(), keep_checkpoints=3)
+    for step, kind in ((8, saving.CHECKPOINT), (12, saving.BACKUP),
+                       (16, saving.CHECKPOINT)):
+        model.optimizer.iterations.assign(step)
+        state.save(kind)
+    backup = tmp_path / 'backup' / 'chief' / 'ckpt-12'
+    corrupt(backup)
+    corrupt(tmp_path / 'checkpoints' / 'ckpt-16')
+    # A worker of a cluster decides alike and moves nothing.
+    assert saving.newest_restorable(str(tmp_path), chief=False) == (
+        str(tmp_path / 'checkpoints' / 'ckpt-8'), 8)
+    assert backup.with_suffix('.index').exists()
+    caplog.clear()
+    with caplog.at_level('WARNING'):
+        assert saving.newest_restorable(str(tmp_path)) == (
+            str(tmp_path / 'checkpoints' / 'ckpt-8'), 8)
+    moved, = (tmp_path / 'damaged').iterdir()
+    assert (moved / 'chief' / 'ckpt-12.index').exists()
+    assert not (tmp_path / 'backup').exists()
+    warning = caplog.text
+    assert f'{tmp_path}/checkpoints/ckpt-16: ' in warning
+    assert f'the backup {backup}: ' in warning
+    assert f'(moved to {moved})' in warning.split(f'the backup {backup}')[1]
+    assert f'Resuming from {tmp_path}/checkpoints/ckpt-8 (step 8)' in warning
+
+
 class Positions(tf_keras.callbacks.Callback):
     """The (epoch, batch) of every step fit runs."""
 

@@ -110,14 +110,13 @@ def newest_restorable(model_dir, *, backups=True, chief=True):
             'can be restored; tried:\n  ' + '\n  '.join(tried) +
             '\nRestore those files from a copy, move them away to start '
             'again, or use another --model_dir.')
-    backup_dir = os.path.join(model_dir, BACKUP_DIR)
-    if chief and kind != BACKUP and any(
-            what == BACKUP for what, _ in skipped):
+    damaged = [i for i, (what, _) in enumerate(skipped) if what == BACKUP]
+    if chief and kind != BACKUP and damaged:
         aside = os.path.join(model_dir, DAMAGED_DIR, time.strftime(
             f'{BACKUP_DIR}-%Y%m%dT%H%M%S', time.gmtime()))
         os.makedirs(os.path.dirname(aside), exist_ok=True)
-        os.rename(backup_dir, aside)
-        tried[0] += f' (moved to {aside})'
+        os.rename(os.path.join(model_dir, BACKUP_DIR), aside)
+        tried[damaged[0]] += f' (moved to {aside})'
     if tried:
         logging.warning('Skipping what cannot be restored:\n  %s\n'
                         '%s %s (step %d).', '\n  '.join(tried),
