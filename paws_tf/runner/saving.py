@@ -242,7 +242,7 @@ class RunState:
                     step, self.checkpoint_dir)
 
     def kept(self):
-        """What a rerun resumes from, for messages."""
+        """What is saved, for messages: a rerun resumes from the newest."""
         path, step = checkpoints.latest(self.checkpoint_dir)
         kept = (f'the checkpoint {path} (step {step})' if path
                 else 'no checkpoint')

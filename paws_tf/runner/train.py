@@ -264,9 +264,7 @@ def _fit(model, pretrain, fit_callbacks, saver, *, strategy, start_step,
         history(f'stopped at step {step} by {why}')
         failure = dist.cluster_failure(
             strategy, error, what='training', step=step,
-            resume=f'its backup in {state.backup_dir} (step '
-            f'{saving.backup_step(state.backup_dir) or "none yet"}), else '
-            f'its newest checkpoint in {state.checkpoint_dir}')
+            resume=f'the newest of {state.kept()}')
         if failure is None:
             raise
         raise failure from error
