@@ -127,6 +127,12 @@ def main(argv):
     try:
         strategy = dist.make_strategy(_STRATEGY.value)
         dist.check_same_config(strategy, f'--mode={_MODE.value}\n{config}')
+        if mode.trains:
+            # Once the strategy exists; still before any data is read.
+            try:
+                config_checks.check_pretrained_backbone()
+            except (ValueError, FileNotFoundError) as error:
+                raise app.UsageError(str(error)) from error
         lock = run_lock.for_process(model_dir, strategy,
                                     training=mode.trains)
         with lock:

@@ -15,6 +15,8 @@ from paws_tf.data import data_fingerprint
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.nets import backbones
 from paws_tf.nets import sync_batch_norm
+from paws_tf.nets import weights
+from paws_tf.runner import building
 from paws_tf.runner import saving
 from paws_tf.runner import train
 
@@ -279,6 +281,39 @@ def check_config(pretraining=True):
             sizes.append(support_size[::-1])
     for size_name, size in sizes:
         _check_size(size, size_name, minimum, backbone, backbone_name)
+
+
+def check_pretrained_backbone():
+    """Refuses a `train.pretrained_backbone` file that does not fit the
+    configured backbone, before any data is read.
+
+    Builds the backbone outside any strategy and loads the file into it
+    (`weights.load_backbone_weights`), so call it once the strategy exists
+    (`MultiWorkerMirroredStrategy` must precede other TensorFlow ops). The
+    images' channels come from the config for folder sources; other
+    sources' are known once read, so their backbone is tried with 3
+    channels, then 1, and training checks the file again on the data's.
+
+    Raises:
+        ValueError: the file does not fit (the message names the binding
+            and the variables that do not fit).
+        FileNotFoundError: the file does not exist.
+    """
+    path, name = checks.binding('train.pretrained_backbone')
+    if not path:
+        return
+    folder = _folder_source()
+    tried = ((checks.binding(f'{folder[0]}.channels', 3)[0],)
+             if folder is not None else (3, 1))
+    for channels in tried:
+        backbone = building.build_local_model(input_channels=channels).backbone
+        try:
+            weights.load_backbone_weights(backbone, path)
+            return
+        except ValueError as error:
+            refused = error
+    raise ValueError(f'{name} = {path!r} does not fit the configured '
+                     f'backbone (build_backbone): {refused}')
 
 
 def _experiment_lines(config):

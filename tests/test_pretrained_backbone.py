@@ -1,0 +1,117 @@
+"""`train.pretrained_backbone` through run.py, as docs/operations.md gives
+it: the run starts from the file's backbone weights, and a file of another
+architecture is refused before any image is read."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from paws_tf.nets import backbones
+from paws_tf.runner import saving
+from tests.helpers import image_folders
+from tests.helpers import run_py
+
+# image_folders.SMALL's backbone.
+WIDTHS = (8, 16)
+# One epoch at a learning rate of 0: LARS moves no weight, so the trained
+# backbone's trainable variables are the ones the first step started from.
+BINDINGS = image_folders.SMALL + [
+    'train.num_epochs = 1', 'train.eval_every_epochs = 0',
+    'train.view_images = False', 'WarmupCosineDecay.start_lr = 0.0',
+    'WarmupCosineDecay.ref_lr = 0.0', 'WarmupCosineDecay.final_lr = 0.0']
+
+
+def small_backbone(widths=WIDTHS):
+    """The backbone run.py builds for `BINDINGS`, with weights drawn here
+    (not its initialiser's)."""
+    backbone = backbones.build_backbone(
+        'small_resnet', input_channels=3, widths=widths,
+        blocks_per_stage=(1,) * len(widths), stage_strides=(2,) * len(widths),
+        recompute_bn_relu=True, padding_impl='custom')
+    backbone(tf.zeros([1, 32, 32, 3]))
+    rng = np.random.default_rng(7)
+    for variable in backbone.variables:
+        variable.assign(rng.uniform(0.5, 1.5, variable.shape).astype(
+            np.float32))
+    return backbone
+
+
+def write_weights(folder, kind, backbone):
+    """The backbone's weights as a tf_keras weights file or a
+    `tf.train.Checkpoint(backbone=...)` checkpoint; returns the path."""
+    if kind == 'h5':
+        path = str(folder / 'backbone.h5')
+        backbone.save_weights(path)
+        return path
+    return tf.train.Checkpoint(backbone=backbone).write(
+        str(folder / 'backbone_ckpt'))
+
+
+def run(tmp_path, weights_path, data):
+    return run_py.finish(run_py.start(
+        tmp_path / 'run',
+        data + [f"train.pretrained_backbone = '{weights_path}'"],
+        gin_file='gin_configs/image_folders_small.gin',
+        base_bindings=BINDINGS), timeout=300)
+
+
+@pytest.fixture(scope='module')
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp('images')
+    return image_folders.write_experiment(root, unlabeled=6, test=1)
+
+
+@pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.parametrize('kind', ['h5', 'checkpoint'])
+def test_run_starts_from_the_files_backbone(tmp_path, kind, data):
+    """Fails if train.pretrained_backbone is not loaded into the trained
+    model (building.py's load_backbone_weights call skipped)."""
+    backbone = small_backbone()
+    path = write_weights(tmp_path, kind, backbone)
+    code, output = run(tmp_path, path, data)
+    assert code == 0, output[-3000:]
+    trained = tf.train.load_checkpoint(tf.train.latest_checkpoint(
+        str(tmp_path / 'run' / saving.CHECKPOINT_DIR)))
+    # The file's values under the run checkpoint's names: run.py saves the
+    # backbone as `tf.train.Checkpoint(model=...)` does, under
+    # model/backbone/.
+    reference = write_weights(tmp_path / 'reference', 'checkpoint', backbone)
+    compared = 0
+    for name, _ in tf.train.list_variables(reference):
+        if not name.startswith('backbone/') or 'moving_' in name:
+            continue  # Batch norm's moving statistics moved in the step.
+        np.testing.assert_array_equal(
+            trained.get_tensor(f'model/{name}'),
+            tf.train.load_checkpoint(reference).get_tensor(name), name)
+        compared += 1
+    # 7 convolutions, 7 batch norms' gamma and beta.
+    assert compared == len(backbone.trainable_variables) == 21
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_file_of_another_architecture_is_refused_before_reading(
+        tmp_path, data):
+    """Fails if run.py reads the data before checking the file
+    (cli.py's config_checks.check_pretrained_backbone call removed: the
+    missing unlabeled folder is found first)."""
+    # Wider second stage; the unlabeled folder does not exist, so a run
+    # that read its data first would stop on that instead.
+    backbone = small_backbone(widths=(8, 32))
+    data = data[:1] + [f"UNLABELED_DIR = '{tmp_path / 'missing'}'"] + data[2:]
+    for kind in ('h5', 'checkpoint'):
+        path = write_weights(tmp_path, kind, backbone)
+        code, output = run(tmp_path, path, data)
+        assert code == 1, output[-3000:]
+        assert (f"train.pretrained_backbone = '{path}' does not fit the "
+                f"configured backbone (build_backbone): could not load "
+                f"'{path}' into backbone 'small_resnet'") in output, output
+        # The first variable that does not fit, with both shapes.
+        assert 'stage2_block1_' in output
+        assert '16' in output.split('Cause:')[1]
+        assert '32' in output.split('Cause:')[1]
+        assert 'Normalisation computed' not in output
+        assert not (tmp_path / 'run').exists()
