@@ -180,3 +180,27 @@ def test_fit_starts_at_the_global_step(start):
                   verbose=0)
     assert positions.seen == [divmod(step, 5) for step in range(start, 15)]
     assert model._training_state is None  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize('start', [0, 7])
+def test_fit_logs_per_step_summaries_at_the_global_step(start, tmp_path):
+    """TensorBoard's per-step summaries of a fit from global step `start`
+    carry steps start + 1, ..., 15, as those of an uninterrupted fit do.
+    Fails if fit_starting_at leaves fit's step counter at 0 (a resumed run
+    logs from step 1 again, over the first run's curves)."""
+    model = small_model()
+    data = tf.data.Dataset.from_tensors(
+        (tf.zeros([4, 3]), tf.zeros([4, 2]))).repeat()
+    positions = Positions()  # Per-step hooks run, as in training.
+    positions.seen = []
+    with saving.fit_starting_at(model, start):
+        model.fit(data, epochs=3, steps_per_epoch=5, verbose=0,
+                  callbacks=[positions, tf_keras.callbacks.TensorBoard(
+                      str(tmp_path), update_freq=1, write_graph=False,
+                      profile_batch=0)])
+    steps = []
+    for path in (tmp_path / 'train').iterdir():
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            steps += [event.step for value in event.summary.value
+                      if value.tag == 'batch_loss']
+    assert sorted(steps) == list(range(start + 1, 16))

@@ -346,23 +346,29 @@ class _FitStart:
 
     tf_keras has no public argument for starting mid-epoch: `fit` asks
     `model._training_state` (which its BackupAndRestore sets) for the first
-    epoch and step, and only that. This answers from the global step.
+    epoch and step, and only that. This answers from the global step, and
+    sets the model's step counter, which `fit` has just reset to 0, to it.
     """
 
-    def __init__(self, step):
+    def __init__(self, model, step):
+        self._model = model
         self._step = step
 
     def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch,
                                               initial_epoch, mode):
         del initial_epoch, mode  # Unused: the step decides.
+        # pylint: disable-next=protected-access
+        self._model._train_counter.assign(self._step)
         return divmod(self._step, steps_per_epoch)
 
 
 @contextlib.contextmanager
 def fit_starting_at(model, step):
     """Within it, `model.fit` starts at global `step`: epoch
-    `step // steps_per_epoch`, its step `step % steps_per_epoch`."""
-    model._training_state = _FitStart(step)  # pylint: disable=protected-access
+    `step // steps_per_epoch`, its step `step % steps_per_epoch`, and its
+    step counter (the step of TensorBoard's per-step summaries) at
+    `step`."""
+    model._training_state = _FitStart(model, step)  # pylint: disable=protected-access
     try:
         yield
     finally:
