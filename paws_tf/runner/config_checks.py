@@ -306,7 +306,8 @@ def check_pretrained_backbone():
     tried = ((checks.binding(f'{folder[0]}.channels', 3)[0],)
              if folder is not None else (3, 1))
     for channels in tried:
-        backbone = building.build_local_model(input_channels=channels).backbone
+        backbone = building.build_local_model(
+            input_channels=channels).backbone
         try:
             weights.load_backbone_weights(backbone, path)
             return

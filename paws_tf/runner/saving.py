@@ -368,7 +368,8 @@ def fit_starting_at(model, step):
     `step // steps_per_epoch`, its step `step % steps_per_epoch`, and its
     step counter (the step of TensorBoard's per-step summaries) at
     `step`."""
-    model._training_state = _FitStart(model, step)  # pylint: disable=protected-access
+    # pylint: disable-next=protected-access
+    model._training_state = _FitStart(model, step)
     try:
         yield
     finally:
