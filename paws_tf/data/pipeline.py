@@ -3,9 +3,11 @@
 Every random choice is a stateless function of the seed and of positions in
 the stream (step, epoch, image): a resumed run restores no tf.data iterator,
 and a pipeline rebuilt with `start_step` continues exactly where an
-interrupted one stopped. Shards are cut by hand (`AutoShardPolicy.OFF`):
-each worker builds exactly its replicas' share of every step from the seed
-and the replica indices, which tf.data must not shard again.
+interrupted one stopped, but for a streamed unlabeled source, which starts a
+fresh pass (`_streamed_unlabeled`). Shards are cut by hand
+(`AutoShardPolicy.OFF`): each worker builds exactly its replicas' share of
+every step from the seed and the replica indices, which tf.data must not
+shard again.
 """
 
 import dataclasses
