@@ -7,7 +7,10 @@ import pytest
 import tensorflow as tf
 
 from paws_tf.nets import backbones
+from paws_tf.runner import building
+from paws_tf.runner import config_checks
 from paws_tf.runner import saving
+from tests.helpers import debug_gin
 from tests.helpers import image_folders
 from tests.helpers import run_py
 
@@ -113,3 +116,26 @@ def test_a_file_of_another_architecture_is_refused_before_reading(
         assert '32' in output.split('Cause:')[1]
         assert 'Normalisation computed' not in output
         assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.parametrize('channels', [1, 3])
+def test_the_check_of_a_source_of_unknown_channels(tmp_path, channels):
+    """debug.gin's synthetic source has its channels known only once read:
+    a file of its backbone for 1 or 3 channels passes the check before
+    reading, one of a wider backbone is refused naming the binding.
+    Fails if check_pretrained_backbone tries only 3 channels there."""
+    with debug_gin.parsed():
+        fitting = building.build_local_model(
+            input_channels=channels).backbone
+    wider = small_backbone(widths=(8, 32))
+    for backbone, fits in ((fitting, True), (wider, False)):
+        path = write_weights(tmp_path, 'h5', backbone)
+        with debug_gin.parsed(
+                [f"train.pretrained_backbone = '{path}'"]):
+            if fits:
+                config_checks.check_pretrained_backbone()
+            else:
+                with pytest.raises(ValueError, match=(
+                        "train.pretrained_backbone = '.*' does not fit the "
+                        'configured backbone')):
+                    config_checks.check_pretrained_backbone()
