@@ -295,19 +295,21 @@ def _callbacks(model_dir, bundle, pretrain, saver, *, tau, chief, num_epochs,
                log_every_steps, view_images, eval_every_epochs,
                eval_max_queries):
     """`fit`'s callbacks, in order: nothing is saved before the loss and
-    the evaluation of its step have run, and the progress bar comes last."""
+    the evaluation of its step have run and its summaries are written (the
+    saver flushes them, so that the logs reach the backup's step), and the
+    progress bar comes last."""
     log_dir = os.path.join(model_dir, TENSORBOARD_DIR)
     preprocessing = experiment.eval_preprocessing(bundle)
     fit_callbacks = [
         callbacks.StopOnNonFiniteLoss(
             os.path.join(model_dir, saving.CHECKPOINT_DIR)),
-        saver,
         tf_keras.callbacks.TensorBoard(log_dir, update_freq=log_every_steps,
                                        write_graph=False, profile_batch=0),
         callbacks.ProgressLog(os.path.join(log_dir, 'train'),
                               views_per_step=pretrain.views_per_step,
                               every_steps=log_every_steps,
                               num_epochs=num_epochs, is_chief=chief),
+        saver,
     ]
     if eval_every_epochs and bundle.test is not None:
         # Every worker reads the weights at the epoch end (a collective);
