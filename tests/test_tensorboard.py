@@ -1,6 +1,7 @@
 """What a run writes for TensorBoard, read back from its event files: one
-`model_dir/tensorboard/` with a run per stage, grouped tags, and per-step
-points that are the step's values, not means since the epoch start."""
+`model_dir/tensorboard/` with the runs `train` and `eval`, grouped tags,
+and per-step points that are the step's values, not means since the epoch
+start."""
 
 import json
 import pathlib
@@ -53,8 +54,8 @@ def trained(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.long
 def test_one_tensorboard_directory_with_a_run_per_stage(trained):
-    """Fails if a stage logs outside model_dir/tensorboard, or a tag
-    without its group (Keras' TensorBoard callback's `batch_loss`)."""
+    """Fails if evaluate_nn writes its scalars to model_dir/eval instead of
+    tensorboard/eval, or a tag comes without its group (`batch_loss`)."""
     board = pathlib.Path(trained) / 'tensorboard'
     assert sorted(p.name for p in board.iterdir()) == ['eval', 'train']
     assert tags(board / 'train') == TRAIN_TAGS
