@@ -1,10 +1,12 @@
-# paws_tf: every target runs inside a virtualenv built from requirements.txt.
+# paws_tf: every target runs inside a virtualenv built from requirements.txt
+# (the runtime); the test targets add requirements-test.txt (pytest, PyTorch).
 # VENV can point at a shared environment: `make test VENV=/path/to/venv`.
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.requirements-stamp
+TEST_STAMP := $(VENV)/.requirements-test-stamp
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist): most of a test's time is single-threaded
 # (tracing, process start-up), so two processes fill 2 cores better than
@@ -14,7 +16,8 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST := -n $(PYTEST_WORKERS) --dist worksteal
 
-.PHONY: venv test test-long test-fast demo demo-quick fashion-mnist clean
+.PHONY: venv check test test-long test-fast demo demo-quick fashion-mnist \
+	clean
 
 venv: $(STAMP)
 
@@ -28,16 +31,27 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
+$(TEST_STAMP): $(STAMP) requirements-test.txt
+	$(PY) -m pip install --quiet -r requirements-test.txt
+	touch $@
+
+# README's install check: a tiny ResNet on 4 synthetic classes, 128 steps.
+CHECK_DIR ?= /tmp/paws_debug
+
+check: $(STAMP)
+	$(PY) run.py --gin_file=gin_configs/debug.gin --model_dir=$(CHECK_DIR) \
+	  --mode=train_and_evaluate
+
 # Every test but the `long` ones: the runs end to end through run.py and on
 # two-process clusters, which test-long runs (CI runs both).
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(PY) -m pytest $(XDIST) -m "not long" $(PYTEST_ARGS)
 
-test-long: $(STAMP)
+test-long: $(TEST_STAMP)
 	$(PY) -m pytest $(XDIST) -m long $(PYTEST_ARGS)
 
 # Everything except the tests marked slow (those of over ~5 s).
-test-fast: $(STAMP)
+test-fast: $(TEST_STAMP)
 	$(PY) -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # The demo reads Debian's Fashion-MNIST IDX files; when they are missing it

@@ -44,6 +44,10 @@ def check_objective(objective, *, prior_tau, prior_pow, label_ratio,
     checks.number(names['ropaws_prior_pow'], prior_pow, low=0.0)
 
 
+# `train_step`'s per-step values are its means' names with this prefix.
+STEP_PREFIX = 'step_'
+
+
 class LastValue(tf_keras.metrics.Metric):
     """The most recent value, averaged over replicas (not over steps).
 
@@ -169,13 +173,18 @@ class PAWSModel(tf_keras.Model):
             names.append('in_domain')  # Mean p_in: RoPAWS's in-class share.
         self._means = {name: tf_keras.metrics.Mean(name=name)
                        for name in names}
+        # The same values of the last step alone (TensorBoard's per-step
+        # points; the means above run over the epoch).
+        self._steps = {name: LastValue(name=STEP_PREFIX + name)
+                       for name in names}
         self._last = {name: LastValue(name=name) for name in (
             'learning_rate', 'trust_ratio_mean', 'trust_ratio_min',
             'trust_ratio_max', 'nt_xent', 'suncet')}
 
     @property
     def metrics(self):
-        return list(self._means.values()) + list(self._last.values())
+        return (list(self._means.values()) + list(self._steps.values()) +
+                list(self._last.values()))
 
     def call(self, images, training=False):
         """Inference embeddings.
@@ -275,15 +284,18 @@ class PAWSModel(tf_keras.Model):
                 'replica: batch the unlabeled views with drop_remainder=True '
                 '(make_pretrain_dataset_fn does).')
 
-    def _update_means(self, loss, terms, num_global):
-        self._means['loss'].update_state(loss)
-        self._means['cross_entropy'].update_state(terms.cross_entropy)
-        self._means['me_max'].update_state(terms.me_max)
-        self._means['target_confidence'].update_state(
-            losses.target_confidence(terms.targets[:num_global]))
+    def _update_means(self, loss, terms, num_global, steps=None):
+        """Adds a step's loss terms to the epoch means, and makes them the
+        per-step values of `steps` when given (`self._steps`)."""
+        values = dict(
+            loss=loss, cross_entropy=terms.cross_entropy,
+            me_max=terms.me_max, target_confidence=losses.target_confidence(
+                terms.targets[:num_global]))
         if terms.in_domain is not None:
-            self._means['in_domain'].update_state(
-                tf.reduce_mean(terms.in_domain))
+            values['in_domain'] = tf.reduce_mean(terms.in_domain)
+        for group in (self._means,) + ((steps,) if steps else ()):
+            for name, value in values.items():
+                group[name].update_state(value)
 
     def train_step(self, data):
         optimizer = self.optimizer
@@ -298,7 +310,7 @@ class PAWSModel(tf_keras.Model):
         # update just applied (read before `minimize`, the previous one's).
         self._last['learning_rate'].update_state(optimizer.learning_rate)
 
-        self._update_means(loss, terms, tf.shape(z_global)[0])
+        self._update_means(loss, terms, tf.shape(z_global)[0], self._steps)
         lars = getattr(optimizer, 'inner_optimizer', optimizer)
         if hasattr(lars, 'trust_ratio_stats'):
             stats = lars.trust_ratio_stats()

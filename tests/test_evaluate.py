@@ -154,8 +154,8 @@ def test_evaluate_nn_with_the_saved_model(run, capsys):
     for key in ('top1', 'top5', 'per_class_accuracy'):
         assert stored[key] == pytest.approx(expected[key])
     assert 'support = the 40 labeled images' in capsys.readouterr().out
-    events = tf.io.gfile.glob(os.path.join(run['model_dir'], 'eval',
-                                           'events.out.tfevents.*'))
+    events = tf.io.gfile.glob(os.path.join(
+        run['model_dir'], 'tensorboard', 'eval', 'events.out.tfevents.*'))
     assert events
 
 

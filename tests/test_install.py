@@ -2,12 +2,14 @@
 the `paws-tf` program, which runs from any directory."""
 
 import os
+import re
 import pathlib
 import shutil
 import site
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import zipfile
 
 import pytest
@@ -177,3 +179,47 @@ def test_paws_tf_installed_runs_from_any_directory(tmp_path):
         assert (model_dir / 'export' / name / 'saved_model.pb').exists()
     assert (model_dir / 'eval' / 'paws_nn.json').exists()
     assert (model_dir / 'operative_config.gin').exists()
+
+
+def make_commands(target):
+    """The commands `make -n TARGET` would run for a venv not yet built."""
+    proc = subprocess.run(
+        ['make', '-n', target, 'VENV=/nonexistent/venv'], cwd=REPO,
+        capture_output=True, text=True, timeout=60, check=True)
+    return proc.stdout
+
+
+def requirement_names(path):
+    return {re.split(r'[=<>\[ ;]', line.strip())[0].lower()
+            for line in (REPO / path).read_text().splitlines()
+            if line.strip() and not line.startswith('#')}
+
+
+def test_the_runtime_install_holds_no_pytorch_and_the_tests_do(tmp_path):
+    """`make`, `make demo`, `make check` and `pip install .` install the
+    runtime alone; the test targets add PyTorch and pytest.
+
+    Fails if torch (or pytest) moves into requirements.txt or pyproject's
+    dependencies, or if `make test` stops installing
+    requirements-test.txt."""
+    runtime = requirement_names('requirements.txt')
+    tests = requirement_names('requirements-test.txt')
+    assert {'tensorflow', 'tf_keras', 'tensorboard'} <= runtime
+    assert not {'torch', 'torchvision', 'pytest'} & runtime
+    assert {'torch', 'pytest', 'pytest-xdist'} <= tests
+    with open(REPO / 'pyproject.toml', 'rb') as f:
+        project = tomllib.load(f)['project']
+    depends = {re.split(r'[=<>\[ ;]', d)[0].lower()
+               for d in project['dependencies']}
+    assert not {'torch', 'torchvision', 'pytest'} & depends
+    assert 'torch' in ' '.join(project['optional-dependencies']['torch'])
+    for target in ('venv', 'demo', 'check'):
+        commands = make_commands(target)
+        assert 'pip install --quiet -r requirements.txt' in commands
+        assert 'requirements-test.txt' not in commands, target
+    for target in ('test', 'test-long', 'test-fast'):
+        commands = make_commands(target)
+        assert 'pip install --quiet -r requirements.txt' in commands
+        assert 'pip install --quiet -r requirements-test.txt' in commands
+        assert commands.index('requirements-test.txt') < commands.index(
+            '-m pytest'), target

@@ -20,7 +20,7 @@ def test_short_fit_lowers_the_loss_and_learns_the_classes(tmp_path):
                            'train.num_epochs = 16']):
         train.train(str(tmp_path), tf.distribute.get_strategy())
     logs = tmp_path / train.TENSORBOARD_DIR
-    _, loss = report.read_scalars(str(logs / 'train'), 'epoch_loss')
+    _, loss = report.read_scalars(str(logs / 'train'), 'epoch/loss')
     _, top1 = report.read_scalars(str(logs / 'eval'), 'paws_nn/top1')
     _, views_per_second = report.read_scalars(
         str(logs / 'train'), 'throughput/views_per_second')

@@ -12,6 +12,9 @@ from PIL import Image
 import pytest
 import tensorflow as tf
 
+from paws_tf.data import augment
+from paws_tf.data import pipeline
+from paws_tf.runner import experiment
 from tests.helpers import idx
 from tests.helpers import image_folders
 
@@ -259,3 +262,28 @@ def test_a_trained_run_exports_its_embedder_without_the_images(tmp_path):
     assert (f'{missing}: bind it to the folder of labeled class subfolders '
             '(PAWS-NN compares the test images with them)') in proc.stderr
     assert not (run / 'eval').exists()
+
+
+def test_the_labeled_images_join_the_unlabeled_set(tmp_path):
+    """docs/own_images.md: the unlabeled set is the unlabeled folder's
+    files plus the labeled images, and the input summary counts both.
+
+    Fails if image_folders stops adding the labeled images (or adds them
+    twice), or if the summary's count is the folder's alone."""
+    image_folders.write_experiment(tmp_path, unlabeled=5, test=1)
+    labeled, unlabeled = experiment.image_folders(
+        str(tmp_path / 'labeled'), str(tmp_path / 'unlabeled'))
+    on_disk = sorted(str(p) for p in tmp_path.rglob('*')
+                     if p.suffix in ('.png', '.jpg')
+                     and 'test' not in p.relative_to(tmp_path).parts)
+    assert labeled.num_examples == 12
+    assert unlabeled.num_examples == 15 + 12
+    assert sorted(unlabeled.names) == on_disk
+    pretrain = pipeline.make_pretrain_dataset_fn(
+        unlabeled, labeled, num_replicas=1, global_batch_size=8,
+        classes_per_step=3, images_per_class=2,
+        multicrop=augment.MultiCropConfig(
+            16, (0.5, 1.0), 8, (0.3, 0.5), num_local=1, color_strength=0.5,
+            blur_prob=0.0, mean=(0.5,) * 3, std=(0.25,) * 3))
+    assert '  unlabeled: 27 images, global batch 8 = 1 x 8, 3 steps/epoch' \
+        in pretrain.summary

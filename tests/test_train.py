@@ -61,10 +61,11 @@ def test_train_checkpoints_logs_and_does_not_retrain(debug_config, tmp_path):
 
     train_logs = str(tmp_path / 'tensorboard' / 'train')
     scalars = tags(train_logs, 'tensors')
-    assert {'throughput/views_per_second', 'epoch_loss',
-            'epoch_cross_entropy', 'epoch_me_max', 'epoch_learning_rate',
-            'epoch_trust_ratio_mean', 'epoch_target_confidence',
-            'batch_loss'} <= scalars
+    assert {'throughput/views_per_second', 'epoch/loss',
+            'epoch/cross_entropy', 'epoch/me_max', 'lars/learning_rate',
+            'lars/trust_ratio_mean', 'epoch/target_confidence',
+            'loss/total'} <= scalars
+    assert all('/' in tag for tag in scalars), scalars  # Grouped.
     assert {'views/global_views', 'views/local_views',
             'views/support_views'} <= scalars
     # gin's operative config: the bound values and the defaults of what

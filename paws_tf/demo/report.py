@@ -67,8 +67,8 @@ def write_figure(path, *, log_dir, embeddings, labels, class_names, title,
         supervised_top1: the baseline's top-1, drawn as a level.
     """
     figure, axes = pyplot.subplots(1, 3, figsize=(16, 4.8))
-    for tag, label in (('epoch_loss', 'loss'),
-                       ('epoch_cross_entropy', 'cross-entropy')):
+    for tag, label in (('epoch/loss', 'loss'),
+                       ('epoch/cross_entropy', 'cross-entropy')):
         steps, values = read_scalars(os.path.join(log_dir, 'train'), tag)
         axes[0].plot(np.arange(1, len(values) + 1), values, marker='o',
                      label=label)

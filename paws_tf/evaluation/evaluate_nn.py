@@ -17,6 +17,10 @@ from paws_tf.evaluation import export
 
 SOURCES = ('saved_model', 'checkpoint')
 EVAL_SUBDIR = 'eval'
+# The run's TensorBoard directory (`runner.train.TENSORBOARD_DIR`) and the
+# run of the evaluations in it.
+TENSORBOARD_DIR = 'tensorboard'
+TENSORBOARD_EVAL = os.path.join(TENSORBOARD_DIR, 'eval')
 RESULTS_FILENAME = 'paws_nn.json'
 
 
@@ -48,13 +52,17 @@ def _check_split(labeled, split_file):
 
 
 def _write_results(model_dir, results, step):
-    """TensorBoard scalars and the JSON file under `model_dir/eval`."""
+    """The JSON file under `model_dir/eval`, and TensorBoard scalars in
+    `model_dir/tensorboard/eval` beside the training's PAWS-NN curve (which
+    may use fewer test images): `paws_nn_test/top1`, `.../top5`."""
     eval_dir = os.path.join(model_dir, EVAL_SUBDIR)
     tf.io.gfile.makedirs(eval_dir)
-    with tf.summary.create_file_writer(eval_dir).as_default():
+    writer = tf.summary.create_file_writer(
+        os.path.join(model_dir, TENSORBOARD_EVAL))
+    with writer.as_default():
         for key, value in results.items():
             if key.startswith('top'):
-                tf.summary.scalar(f'paws_nn/{key}', value, step=step)
+                tf.summary.scalar(f'paws_nn_test/{key}', value, step=step)
     path = os.path.join(eval_dir, RESULTS_FILENAME)
     with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
         json.dump(results, f, indent=2)

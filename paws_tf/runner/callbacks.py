@@ -10,6 +10,7 @@ import tf_keras
 
 from paws_tf.data import pipeline
 from paws_tf import dist
+from paws_tf import model as model_lib
 from paws_tf.evaluation import evaluate
 from paws_tf.runner import saving
 
@@ -34,12 +35,33 @@ class StopOnNonFiniteLoss(tf_keras.callbacks.Callback):
                 self._checkpoint_dir)
 
 
-class ProgressLog(tf_keras.callbacks.Callback):
-    """Throughput to TensorBoard every N steps and per epoch, one log line
-    per epoch.
+# TensorBoard's tag of each value `PAWSModel.train_step` returns, grouped.
+TRAIN_TAGS = {
+    'loss': 'loss/total', 'cross_entropy': 'loss/cross_entropy',
+    'me_max': 'loss/me_max', 'target_confidence': 'paws/target_confidence',
+    'in_domain': 'paws/in_domain', 'learning_rate': 'lars/learning_rate',
+    'trust_ratio_mean': 'lars/trust_ratio_mean',
+    'trust_ratio_min': 'lars/trust_ratio_min',
+    'trust_ratio_max': 'lars/trust_ratio_max',
+    'nt_xent': 'diagnostics/nt_xent', 'suncet': 'diagnostics/suncet'}
+# The values that are means over the epoch in `fit`'s logs: their per-step
+# values come as `model.STEP_PREFIX + name`, their epoch means go under
+# `epoch/`.
+EPOCH_MEANS = ('loss', 'cross_entropy', 'me_max', 'target_confidence',
+               'in_domain')
+DIAGNOSTICS = ('nt_xent', 'suncet')
 
-    Throughput counts every view forwarded (unlabeled views and support
-    views), as the benchmarks do.
+
+class ProgressLog(tf_keras.callbacks.Callback):
+    """The training scalars to TensorBoard and one log line per epoch.
+
+    Every `every_steps` steps: each value of that step alone (`TRAIN_TAGS`:
+    `loss/`, `paws/`, `lars/`), and the throughput since the last point
+    (`throughput/`); the diagnostics (`diagnostics/`) at the steps that
+    compute them (`PAWSModel.diagnostics_every`). At each epoch end: the
+    epoch's means (`epoch/loss`, ...) and its throughput. Throughput
+    counts every view forwarded (unlabeled views and support views), as
+    the benchmarks do.
     """
 
     def __init__(self, log_dir, *, views_per_step, every_steps, num_epochs,
@@ -68,6 +90,16 @@ class ProgressLog(tf_keras.callbacks.Callback):
         steps = max(end[1] - start[1], 1)
         return steps * self._views_per_step / seconds, seconds / steps, seconds
 
+    def _step_scalars(self, step, logs):
+        """This step's values, and the diagnostics if it computed them."""
+        every = getattr(self.model, 'diagnostics_every', 0)
+        for key, tag in TRAIN_TAGS.items():
+            name = (model_lib.STEP_PREFIX + key if key in EPOCH_MEANS
+                    else key)
+            if name in logs and (key not in DIAGNOSTICS or (
+                    every and (step - 1) % every == 0)):
+                tf.summary.scalar(tag, float(logs[name]))
+
     def on_train_batch_end(self, batch, logs=None):
         # Epoch throughput ends at the last step, not after the epoch-end
         # evaluation and saves.
@@ -78,8 +110,12 @@ class ProgressLog(tf_keras.callbacks.Callback):
         views_per_second, seconds_per_step, _ = self._rate(
             self._interval_start)
         with self._writer.as_default(step=step):
+            self._step_scalars(step, logs or {})
             tf.summary.scalar('throughput/views_per_second', views_per_second)
             tf.summary.scalar('throughput/seconds_per_step', seconds_per_step)
+        # On disk before the saver (after this callback) backs the step up:
+        # a run killed then and resumed from it has logged every step.
+        self._writer.flush()
         self._interval_start = self._mark()
 
     def on_epoch_end(self, epoch, logs=None):
@@ -94,11 +130,11 @@ class ProgressLog(tf_keras.callbacks.Callback):
             if k in logs)
         logging.info('epoch %d/%d: %s | %.0f views/s, %.1f s', epoch + 1,
                      self._num_epochs, shown, views_per_second, seconds)
-        # Also for runs shorter than `every_steps` (the demo's figure);
-        # recorded whatever the TensorBoard callback's `record_if` says at
-        # this step.
-        with self._writer.as_default(step=saving.global_step(self.model)), \
-                tf.summary.record_if(True):
+        # Also for runs shorter than `every_steps` (the demo's figure).
+        with self._writer.as_default(step=saving.global_step(self.model)):
+            for key in EPOCH_MEANS:
+                if key in logs:
+                    tf.summary.scalar(f'epoch/{key}', float(logs[key]))
             tf.summary.scalar('throughput/epoch_views_per_second',
                               views_per_second)
         self._writer.flush()
@@ -178,10 +214,7 @@ class PawsNNEvaluation(tf_keras.callbacks.Callback):
         results = evaluate.paws_nn(
             self._embed_fn, self._support,
             self._queries, num_classes=self._num_classes, tau=self._tau)
-        # During fit, Keras' TensorBoard callback records summaries only on
-        # steps that are multiples of its update_freq; an epoch end is not.
-        with self._writer.as_default(step=saving.global_step(self.model)), \
-                tf.summary.record_if(True):
+        with self._writer.as_default(step=saving.global_step(self.model)):
             for key in ('top1', 'top5'):
                 if key in results:
                     tf.summary.scalar(f'paws_nn/{key}', results[key])

@@ -276,9 +276,8 @@ class Saver(tf_keras.callbacks.Callback):
 
     A step is saved when the global step reaches a multiple of an interval
     (with `steps_per_execution > 1`, when it passes one); at the same step
-    the backup is written before the checkpoint. The default summary
-    writer is flushed before each save (place it after the callbacks that
-    write summaries).
+    the backup is written before the checkpoint. Place it after the
+    callbacks that write summaries.
 
     On SIGTERM (what Slurm and most schedulers send before killing a job),
     inside `handling_sigterm()`, the run backs up at the end of the current
@@ -328,22 +327,15 @@ class Saver(tf_keras.callbacks.Callback):
         for kind in (BACKUP, CHECKPOINT):
             every = self._every[kind]
             if every and step // every > self._last_step // every:
-                self._save(kind)
+                self.state.save(kind)
         self._last_step = step
         if self._stop_requested and self.preempted_at is None:
-            self._save(BACKUP)
+            self.state.save(BACKUP)
             self.preempted_at = step
             self.model.stop_training = True
 
     def on_epoch_end(self, epoch, logs=None):
-        self._save(CHECKPOINT)
-
-    def _save(self, kind):
-        # The summaries written so far (TensorBoard's, through the default
-        # writer fit sets) go to disk first: a run killed after this save
-        # and resumed from it has logged every step up to it.
-        tf.summary.flush()
-        self.state.save(kind)
+        self.state.save(CHECKPOINT)
 
     def on_train_end(self, logs=None):
         if self.preempted_at is None:

@@ -18,6 +18,7 @@ from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import pipeline
 from paws_tf.data import splits
 from paws_tf import dist
+from paws_tf.evaluation import evaluate_nn
 from paws_tf import lars
 from paws_tf import progress
 from paws_tf.runner import building
@@ -27,7 +28,7 @@ from paws_tf.runner import run_history
 from paws_tf.runner import saving
 from paws_tf import schedules
 
-TENSORBOARD_DIR = 'tensorboard'
+TENSORBOARD_DIR = evaluate_nn.TENSORBOARD_DIR
 # What a training run writes besides its config and data records.
 RUN_OUTPUTS = (saving.CHECKPOINT_DIR, saving.BACKUP_DIR, TENSORBOARD_DIR,
                saving.DAMAGED_DIR,
@@ -295,16 +296,14 @@ def _callbacks(model_dir, bundle, pretrain, saver, *, tau, chief, num_epochs,
                log_every_steps, view_images, eval_every_epochs,
                eval_max_queries):
     """`fit`'s callbacks, in order: nothing is saved before the loss and
-    the evaluation of its step have run and its summaries are written (the
-    saver flushes them, so that the logs reach the backup's step), and the
-    progress bar comes last."""
+    the evaluation of its step have run and its summaries are written (so
+    that the logs reach the backup's step), and the progress bar comes
+    last."""
     log_dir = os.path.join(model_dir, TENSORBOARD_DIR)
     preprocessing = experiment.eval_preprocessing(bundle)
     fit_callbacks = [
         callbacks.StopOnNonFiniteLoss(
             os.path.join(model_dir, saving.CHECKPOINT_DIR)),
-        tf_keras.callbacks.TensorBoard(log_dir, update_freq=log_every_steps,
-                                       write_graph=False, profile_batch=0),
         callbacks.ProgressLog(os.path.join(log_dir, 'train'),
                               views_per_step=pretrain.views_per_step,
                               every_steps=log_every_steps,
