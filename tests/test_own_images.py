@@ -31,6 +31,13 @@ def _assert_normalises_raw_images(embedder, test, mean, std):
         rtol=1e-4, atol=1e-5)
 
 
+def _read_classes(root):
+    """Class name -> the images of `root/<class>/` (PIL, file order)."""
+    return {d.name: [np.asarray(Image.open(f).convert('RGB'))
+                     for f in sorted(d.iterdir())]
+            for d in sorted(root.iterdir())}
+
+
 def _assert_paws_nn_by_hand(embedder, results, supports, queries):
     """`results` (paws_nn.json) against a NumPy soft nearest-neighbour over
     the export's embeddings of `supports` and `queries`, dicts of class
@@ -63,6 +70,8 @@ def _assert_paws_nn_by_hand(embedder, results, supports, queries):
 @pytest.mark.slow
 @pytest.mark.long
 def test_demo_on_image_folders(tmp_path):
+    """Fails if PAWS-NN pairs the supports with labels shifted by one
+    class (`np.roll(support_labels, 4)` in evaluate.paws_nn)."""
     paths = image_folders.write_experiment(tmp_path, unlabeled=20, test=5)
     (tmp_path / 'unlabeled' / 'broken.jpg').write_bytes(b'')
     bindings = image_folders.SMALL + paths + ['SEED = 5',
@@ -90,7 +99,13 @@ def test_demo_on_image_folders(tmp_path):
     assert results['num_labeled'] == 12 and results['num_test'] == 15
     assert results['num_unlabeled'] == 60 + 12  # Labeled ones included.
     assert results['seed'] == 5  # Through a macro.
-    assert 0 <= results['paws_nn_top1'] <= 1
+    paws = json.loads((tmp_path / 'run' / 'eval' / 'paws_nn.json')
+                      .read_text())
+    assert results['paws_nn_top1'] == paws['top1']
+    _assert_paws_nn_by_hand(
+        tf.saved_model.load(str(tmp_path / 'run' / 'export' / 'embedder')),
+        paws, _read_classes(tmp_path / 'labeled'),
+        _read_classes(tmp_path / 'test'))
     # 4 steps per epoch, fewer than the every-50-steps throughput: the
     # figure is the median of the two epochs' logged ones.
     logged = [float(line.rsplit('| ', 1)[1].split(' views/s')[0])
