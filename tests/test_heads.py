@@ -238,12 +238,15 @@ def _heads(policy, inputs):
                                              ('mixed_float16', 2 ** -11)])
 def test_mixed_precision(policy, roundoff):
     """Float32 variables, outputs in the compute dtype that equal float32's
-    with the same weights within 4 unit roundoffs (measured: 0.7 for
-    bfloat16, 1.3 for float16, as the relative norm of the difference).
+    with the same weights within 6 unit roundoffs, as the relative norm of
+    the difference (batch norm over 4 rows amplifies rounding; measured
+    over initialisation seeds 0-19: at most 4.3 for bfloat16, 4.7 for
+    float16; 1.5 and 1.3 at seed 0, used here).
 
-    Fails if the mixed-precision heads scale their output by 1.02 (1.01:
+    Fails if the mixed-precision heads scale their output by 1.03 (1.01:
     float16 only).
     """
+    tf_keras.utils.set_random_seed(0)
     inputs = tf.random.stateless_normal([4, 6], seed=[1, 2])
     projection, prediction = _heads(policy, inputs)
     reference = _heads('float32', inputs)
@@ -255,7 +258,7 @@ def test_mixed_precision(policy, roundoff):
     assert z.dtype == tf_keras.mixed_precision.Policy(policy).compute_dtype
     assert all(v.dtype == tf.float32 for v in projection.variables)
     error = np.linalg.norm(tf.cast(z, tf.float32).numpy() - want)
-    assert error < 4 * roundoff * np.linalg.norm(want), error
+    assert error < 6 * roundoff * np.linalg.norm(want), error
 
 
 def test_linear_layers_have_pytorchs_default_init():
