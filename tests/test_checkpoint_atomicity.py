@@ -34,34 +34,64 @@ def checkpoint_values(path):
     return values
 
 
+def _shard_bytes(temp_dir):
+    """Bytes written so far to the data shards of an unfinished save, or
+    None while its temporary directory does not exist."""
+    try:
+        return sum(entry.stat().st_size for entry in os.scandir(temp_dir)
+                   if '.data-' in entry.name)
+    except FileNotFoundError:
+        return None
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize('delay', [0.0, 0.07, 0.15, 0.3])
-def test_killed_during_a_save_the_latest_checkpoint_is_whole(tmp_path, delay):
+@pytest.mark.parametrize('written', [0.0, 0.5])
+def test_killed_during_a_save_the_latest_checkpoint_is_whole(tmp_path,
+                                                            written):
+    """SIGKILL inside the fourth save, once its temporary directory exists
+    and once half of its 64 MB are written (watched on disk, so the kill
+    lands inside the save); the kept checkpoint is the third, whole.
+
+    Fails if RunState.save names ckpt-N in the `checkpoint` state file
+    before writing it (tf.train.update_checkpoint_state first).
+    """
+    checkpoint_dir = tmp_path / saving.CHECKPOINT_DIR
     proc = subprocess.Popen(
         [sys.executable, str(REPO / 'tests' / 'helpers' / 'save_loop.py'),
          str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
     try:
         saved = 0
-        while saved < 3:  # Wait until saves are under way...
+        while saved < 3:  # Wait until three saves are done...
             line = proc.stdout.readline()
             assert line, 'the saving process died'
             saved = int(line.split()[1])
-        time.sleep(delay)  # ...then kill at varying points of one.
+        # ...then kill inside the fourth, the next the loop writes.
+        temp_dir = checkpoint_dir / 'ckpt-4_temp'
+        size = checkpoint_dir / 'ckpt-3.data-00000-of-00001'
+        target = written * size.stat().st_size
+        while True:
+            done = _shard_bytes(temp_dir)
+            if done is not None and done >= target:
+                break
+            assert proc.poll() is None, 'the saving process died'
+            time.sleep(0.001)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     finally:
         proc.kill()
-    path, step = checkpoints.latest(str(tmp_path / saving.CHECKPOINT_DIR))
-    assert step >= 3
+    # The kill landed inside the fourth save: it left its temporary
+    # directory, and the checkpoint state did not name it.
+    assert temp_dir.is_dir()
+    assert not (checkpoint_dir / 'ckpt-4.index').exists()
+    path, step = checkpoints.latest(str(checkpoint_dir))
+    assert step == 3
     values = checkpoint_values(path)
     assert len(values) >= 5  # Kernels, biases, momenta, iterations.
     for name, value in values.items():
         assert np.all(value == step), (path, name)  # One save, whole.
 
 
-@pytest.mark.slow
-@pytest.mark.long
 def test_leftovers_of_a_crashed_save_do_not_break_resuming(tmp_path):
     """Files a crash can leave mid-save (a data shard with no index, a
     temporary directory) are ignored: the run resumes from the last whole

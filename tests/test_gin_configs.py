@@ -10,10 +10,12 @@ import gin
 import numpy as np
 import pytest
 import tensorflow as tf
+import torch
 
 from paws_tf import configurables  # noqa: F401
 from paws_tf.evaluation import suncet_fine_tune
 from paws_tf import model as model_lib
+from tests.helpers import official_torch
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GIN_FILES = sorted((REPO / 'gin_configs').glob('*.gin'))
@@ -51,14 +53,78 @@ USER_BINDINGS = {'image_folders.gin': FOLDERS,
                  'image_folders_small.gin': FOLDERS}
 
 
+def official_parameters(encoder, output_dim, use_pred):
+    """Trainable parameters of an official network with its pre-training
+    heads, built on PyTorch's meta device (no memory, no initialisation)."""
+    with torch.device('meta'):
+        encoder = official_torch.add_pretraining_heads(encoder(), output_dim,
+                                                       use_pred)
+    return sum(p.numel() for p in encoder.parameters() if p.requires_grad)
+
+
+def small_resnet_parameters(widths, channels=3):
+    """Hand sum of small_resnet's layers (one basic block per stage, convs
+    without bias, batch norms' gamma and beta)."""
+    total = 9 * channels * widths[0] + 2 * widths[0]  # Stem conv, BN.
+    inputs = widths[0]
+    for filters in widths:  # Strided blocks: a 1x1 projection each.
+        total += (9 * inputs * filters + 9 * filters * filters +
+                  inputs * filters + 3 * 2 * filters)
+        inputs = filters
+    return total
+
+
+def head_parameters(features, hidden, output):
+    """Three-layer projection head: Dense + BN twice, then Dense."""
+    return (features * hidden + hidden + 2 * hidden + hidden * hidden +
+            hidden + 2 * hidden + hidden * output + output)
+
+
+def resnet50(widen):
+    return lambda: official_parameters(
+        lambda: official_torch.ResNet50(widen), 2048, True)
+
+
+SMALL_96 = lambda: (small_resnet_parameters((24, 48, 96)) +  # noqa: E731
+                    head_parameters(96, 128, 128))
+# Each config's trainable parameters (3 input channels), counted without
+# paws_tf: the official networks for ResNet-50 and WRN-28-2, a hand sum of
+# the layers' shapes for small_resnet. A new config needs its line here.
+PARAMETERS = {
+    'cifar10_wrn28_2_4000.gin': lambda: official_parameters(
+        lambda: official_torch.WideResNet(28, 2), 128, False),
+    'debug.gin': lambda: (small_resnet_parameters((8, 16)) +
+                          head_parameters(16, 32, 32)),
+    'demo_fashion_mnist.gin': SMALL_96,
+    'demo_fashion_mnist_quick.gin': SMALL_96,
+    'demo_fashion_mnist_validation.gin': SMALL_96,
+    'image_folders.gin': resnet50(1),
+    'image_folders_small.gin': SMALL_96,
+    'imagenet.gin': resnet50(1),
+    'imagenet_rn50_10pct.gin': resnet50(1),
+    'imagenet_rn50_10pct_8gpu.gin': resnet50(1),
+    'imagenet_rn50_1pct.gin': resnet50(1),
+    'imagenet_rn50x2_10pct.gin': resnet50(2),
+    'imagenet_rn50x4_10pct.gin': resnet50(4),
+    'mismatch_fashion_mnist.gin': SMALL_96,
+    'mismatch_fashion_mnist_curated.gin': SMALL_96,
+    'mismatch_fashion_mnist_curated_ropaws.gin': SMALL_96,
+    'mismatch_fashion_mnist_ropaws.gin': SMALL_96,
+    'mismatch_fashion_mnist_validation.gin': SMALL_96,
+}
+
+
 @pytest.mark.parametrize('path', GIN_FILES, ids=lambda p: p.name)
 def test_every_config_parses_and_builds_its_model(clean_gin, path):
+    """Fails if a config builds another network than its table line, e.g.
+    the projection head without its second hidden layer (ProjectionHead
+    num_layers 2) or the prediction head off in imagenet.gin."""
     parse(path.name, USER_BINDINGS.get(path.name, ()))
     if path.name == 'base.gin':  # Shared values only, no model.
         assert gin.query_parameter('PAWSModel.tau') == 0.1
         return
     model, params = trainable_parameters()
-    assert params > 0
+    assert params == PARAMETERS[path.name]()
     assert model.tau == 0.1 and model.sharpen_temperature == 0.25
 
 

@@ -45,16 +45,26 @@ def np_labels(k, n, views=1, replicas=1, unique=False, smoothing=0.0):
 
 
 def np_paws(anchors, anchor_sup, labels, targets, target_sup, multicrop,
-            me_max=True):
-    """Eq. (multicrop_objective): returns (cross_entropy, -H(mean p))."""
+            me_max=True, tau=TAU, log_floor=0.0):
+    """Eq. (multicrop_objective): returns (cross_entropy, -H(mean p)).
+
+    `log_floor` > 0 floors the anchors' log-probabilities as the
+    implementation documents for those that underflow float32:
+    `log p = log(max(e @ Y, log_floor)) - log(sum(e))` with
+    `e = exp(logits - max)`.
+    """
     batch = targets.shape[0] // 2
-    probs = np_snn(anchors, anchor_sup, labels)
-    tgt = np_sharpen(np_snn(targets, target_sup, labels))
+    probs = np_snn(anchors, anchor_sup, labels, tau)
+    logits = np_normalize(anchors) @ np_normalize(anchor_sup).T / tau
+    weights = np.exp(logits - logits.max(axis=1, keepdims=True))
+    tgt = np_sharpen(np_snn(targets, target_sup, labels, tau))
     if multicrop:
         local = 0.5 * (tgt[:batch] + tgt[batch:])
         tgt = np.concatenate([tgt] + [local] * multicrop)
     tgt[tgt < 1e-4] = 0.0
-    cross_entropy = np.mean(np.sum(-tgt * np.log(probs), axis=1))
+    log_probs = (np.log(np.maximum(weights @ labels, log_floor)) -
+                 np.log(weights.sum(axis=1, keepdims=True)))
+    cross_entropy = np.mean(np.sum(-tgt * log_probs, axis=1))
     reg = 0.0
     if me_max:
         mean_p = np_sharpen(probs).mean(axis=0)
@@ -188,22 +198,45 @@ def test_targets_swap_average_and_floor():
 
 
 # --- numerical safety and precision ------------------------------------------
-def test_large_support_and_small_tau_stay_finite():
+def test_large_support_and_small_tau_match_float64():
+    """6720 supports at tau 0.1 and 0.005 against the float64 reference.
+
+    At tau 0.005 the logits span about 400, so most probabilities underflow
+    float32 and take the documented floor; the reference applies the same
+    floor in float64. Fails if the softmax is not shifted by its row
+    maximum (exp overflows: NaN), or if the logits are computed in float16
+    (the tau 0.1 slope is then 0.9% off).
+    """
     rng = np.random.default_rng(2)
     k, n, batch, dim = 960, 7, 16, 64
     labels = losses.label_matrix(  # 6720 supports, no smoothing
         np.repeat(np.arange(k), n), k)
-    anchors = tf.Variable(rng.normal(size=(8 * batch, dim)), dtype=tf.float32)
-    sup = tf.constant(rng.normal(size=(k * n, dim)), tf.float32)
-    targets = tf.constant(rng.normal(size=(2 * batch, dim)), tf.float32)
-    for tau in (0.1, 0.005):  # 0.005: most probabilities underflow float32.
+    anchors = rng.normal(size=(8 * batch, dim))
+    sup = rng.normal(size=(k * n, dim))
+    targets = rng.normal(size=(2 * batch, dim))
+    anchors_v = tf.Variable(anchors, dtype=tf.float32)
+    direction = rng.normal(size=anchors.shape)
+    floor = np.finfo(np.float32).tiny
+    for tau in (0.1, 0.005):
         with tf.GradientTape() as tape:
-            total = sum(losses.paws_loss(
-                anchors, sup, labels, targets, sup, labels, multicrop=6,
-                tau=tau, sharpen_temperature=T)[:2])
-        grad = tape.gradient(total, anchors)
-        assert np.isfinite(total.numpy())
-        assert np.all(np.isfinite(grad.numpy()))
+            terms = losses.paws_loss(
+                anchors_v, sup, labels, targets, sup, labels, multicrop=6,
+                tau=tau, sharpen_temperature=T)[:2]
+            total = sum(terms)
+        grad = tape.gradient(total, anchors_v).numpy()
+
+        def reference(a, tau=tau):
+            return np_paws(a, sup, labels.numpy(), targets, sup, 6,
+                           tau=tau, log_floor=floor)
+
+        np.testing.assert_allclose(terms, reference(anchors), rtol=1e-4)
+        assert np.all(np.isfinite(grad))
+        if tau == 0.1:  # No floored entry: the true directional derivative.
+            h = 1e-6
+            slope = (sum(reference(anchors + h * direction)) -
+                     sum(reference(anchors - h * direction))) / (2 * h)
+            np.testing.assert_allclose(np.sum(grad * direction), slope,
+                                       rtol=1e-3)
 
 
 @pytest.mark.parametrize('dtype', [tf.bfloat16, tf.float16])

@@ -34,9 +34,47 @@ def _assert_normalises_raw_images(embedder, test, mean, std):
         rtol=1e-4, atol=1e-5)
 
 
+def _read_classes(root):
+    """Class name -> the images of `root/<class>/` (PIL, file order)."""
+    return {d.name: [np.asarray(Image.open(f).convert('RGB'))
+                     for f in sorted(d.iterdir())]
+            for d in sorted(root.iterdir())}
+
+
+def _assert_paws_nn_by_hand(embedder, results, supports, queries):
+    """`results` (paws_nn.json) against a NumPy soft nearest-neighbour over
+    the export's embeddings of `supports` and `queries`, dicts of class
+    name -> raw images (class ids: the names in sorted order)."""
+    def embed(images):
+        return np.concatenate([
+            embedder(tf.constant(i[None]))['embeddings'].numpy()
+            for i in images])
+
+    def normalized(x):
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    names = sorted(supports)
+    sup = normalized(np.concatenate([embed(supports[n]) for n in names]))
+    sup_labels = np.repeat(np.arange(len(names)),
+                           [len(supports[n]) for n in names])
+    query = normalized(np.concatenate([embed(queries[n]) for n in names]))
+    query_labels = np.repeat(np.arange(len(names)),
+                             [len(queries[n]) for n in names])
+    logits = query @ sup.T / results['tau']
+    weights = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probabilities = weights @ np.eye(len(names))[sup_labels]
+    hits = probabilities.argmax(axis=1) == query_labels
+    assert results['top1'] == pytest.approx(hits.mean(), abs=1e-9)
+    assert results['per_class_accuracy'] == pytest.approx(
+        [hits[query_labels == c].mean() for c in range(len(names))],
+        abs=1e-9)
+
+
 @pytest.mark.slow
 @pytest.mark.long
 def test_demo_on_image_folders(tmp_path):
+    """Fails if PAWS-NN pairs the supports with labels shifted by one
+    class (`np.roll(support_labels, 4)` in evaluate.paws_nn)."""
     paths = image_folders.write_experiment(tmp_path, unlabeled=20, test=5)
     (tmp_path / 'unlabeled' / 'broken.jpg').write_bytes(b'')
     bindings = image_folders.SMALL + paths + ['SEED = 5',
@@ -64,7 +102,13 @@ def test_demo_on_image_folders(tmp_path):
     assert results['num_labeled'] == 12 and results['num_test'] == 15
     assert results['num_unlabeled'] == 60 + 12  # Labeled ones included.
     assert results['seed'] == 5  # Through a macro.
-    assert 0 <= results['paws_nn_top1'] <= 1
+    paws = json.loads((tmp_path / 'run' / 'eval' / 'paws_nn.json')
+                      .read_text())
+    assert results['paws_nn_top1'] == paws['top1']
+    _assert_paws_nn_by_hand(
+        tf.saved_model.load(str(tmp_path / 'run' / 'export' / 'embedder')),
+        paws, _read_classes(tmp_path / 'labeled'),
+        _read_classes(tmp_path / 'test'))
     # 4 steps per epoch, fewer than the every-50-steps throughput: the
     # figure is the median of the two epochs' logged ones.
     logged = [float(line.rsplit('| ', 1)[1].split(' views/s')[0])
@@ -126,6 +170,12 @@ SECONDS = ['train.num_epochs = 1', 'SUPPORT_CLASSES = 3',
 @pytest.mark.slow
 @pytest.mark.parametrize('channels', [1, 3])
 def test_small_recipe_normalises_with_the_images(tmp_path, channels):
+    """The small recipe trains, exports and evaluates with the images' own
+    normalisation; its PAWS-NN figures are the export's by hand.
+
+    Fails if PAWS-NN pairs the supports with labels shifted by one class
+    (`np.roll(support_labels, 4)` in evaluate.paws_nn: top-1 1/6, not 4/6).
+    """
     classes = ['dark', 'mid', 'light']
     labeled = write_class_images(tmp_path / 'labeled', classes, 4, channels,
                                  seed=0)
@@ -156,7 +206,10 @@ def test_small_recipe_normalises_with_the_images(tmp_path, channels):
     _assert_normalises_raw_images(embedder, test, mean, std)
     results = json.loads((run / 'eval' / 'paws_nn.json').read_text())
     assert results['num_support'] == 12 and results['num_queries'] == 6
-    assert 0 <= results['top1'] <= 1
+    _assert_paws_nn_by_hand(
+        embedder, results,
+        {n: labeled[4 * c:4 * c + 4] for c, n in enumerate(classes)},
+        {n: test[2 * c:2 * c + 2] for c, n in enumerate(classes)})
 
 
 @pytest.mark.parametrize('bindings,message', [

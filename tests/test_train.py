@@ -70,9 +70,10 @@ def test_train_checkpoints_logs_and_does_not_retrain(debug_config, tmp_path):
             'views/support_views'} <= scalars
     # gin's operative config: the bound values and the defaults of what
     # training called.
-    operative = (tmp_path / 'operative_config.gin').read_text()
+    # Whole lines: 'train.num_epochs = 2' would also match 20.
+    operative = (tmp_path / 'operative_config.gin').read_text().splitlines()
     assert 'train.num_epochs = 2' in operative
-    assert 'PAWSModel.tau = ' in operative
+    assert 'PAWSModel.tau = 0.1' in operative
     assert 'train.seed = 0' in operative  # A default.
 
     # Running it again restores the finished run instead of training.
@@ -126,7 +127,8 @@ def test_run_py_refuses_another_config_unless_overwrite(tmp_path):
     first = run_py(tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     assert (tmp_path / 'operative_config.gin').exists()
-    assert 'train.num_epochs = 1' in (tmp_path / 'config.gin').read_text()
+    assert 'train.num_epochs = 1' in (
+        tmp_path / 'config.gin').read_text().splitlines()
     assert '--mode=train' in (tmp_path / 'flags.txt').read_text()
 
     changed = run_py(tmp_path, '--gin_bindings=PAWSModel.tau = 0.2')
@@ -142,7 +144,8 @@ def test_run_py_refuses_another_config_unless_overwrite(tmp_path):
     overwritten = run_py(tmp_path, '--gin_bindings=PAWSModel.tau = 0.2',
                          '--overwrite')
     assert overwritten.returncode == 0, overwritten.stderr[-2000:]
-    assert 'PAWSModel.tau = 0.2' in (tmp_path / 'config.gin').read_text()
+    assert 'PAWSModel.tau = 0.2' in (
+        tmp_path / 'config.gin').read_text().splitlines()
 
 
 def test_xla_with_several_cpu_replicas_is_refused(debug_config, tmp_path,
