@@ -105,10 +105,11 @@ def test_ropaws_run_logs_in_domain(trained):
     """Fails if the run trains PAWS's objective instead (PAWSModel's
     objective ignored: no in_domain)."""
     model_dir, _, output = trained
-    # 36 unlabeled images in batches of 16: 2 steps an epoch, 4 epochs.
+    # 36 unlabeled images and the 12 labeled ones, which join them, in
+    # batches of 16: 3 steps an epoch; the epoch means at its last step.
     logged = logged_scalars(str(model_dir / 'tensorboard' / 'train'),
                             'epoch/in_domain')
-    assert [step for step, _ in logged] == [2, 4, 6, 8], logged
+    assert [step for step, _ in logged] == [3, 6, 9, 12], logged
     assert all(0 < value <= 1 for _, value in logged), logged
     assert 'in_domain=' in output
 
