@@ -159,8 +159,9 @@ def test_sweep_selects_best_setting_and_writes_outputs(tmp_path):
     calibrate_batch_norm(model, labeled)
     before = weights_by_name(model)
     output_dir = str(tmp_path / 'fine_tune')
+    log_dir = str(tmp_path / 'tensorboard')
     classifier, results = linear_fine_tune.fine_tune_linear(
-        model, labeled, test, output_dir=output_dir, seed=5,
+        model, labeled, test, output_dir=output_dir, log_dir=log_dir, seed=5,
         learning_rates=(0.0, 0.1), epochs=(4,), holdout=0.25,
         global_batch_size=8, eval_batch_size=16, **PRE)
     # lr 0 keeps the zero classifier: every prediction is class 0.
@@ -171,14 +172,18 @@ def test_sweep_selects_best_setting_and_writes_outputs(tmp_path):
     assert results['best'] == {'learning_rate': 0.1, 'epochs': 4}
     assert results['top1'] >= 0.875 and results['num_train'] == 24
     assert results['holdout']['per_class'].tolist() == [4, 4]
-    with open(os.path.join(output_dir, linear_fine_tune.HOLDOUT_FILENAME)) as f:
+    with open(os.path.join(output_dir,
+                           linear_fine_tune.HOLDOUT_FILENAME)) as f:
         assert f.read().split() == [labeled.names[p] for p in held]
     with open(os.path.join(output_dir, tuning.RESULTS_FILENAME)) as f:
         written = json.load(f)
     assert written['sweep'] == results['sweep']
     assert written['top1'] == results['top1']
     assert written['holdout']['per_class'] == [4, 4]
-    assert os.path.isdir(os.path.join(output_dir, 'final', 'train'))
+    assert sorted(os.listdir(log_dir)) == ['final', 'sweep']
+    assert sorted(os.listdir(os.path.join(log_dir, 'sweep'))) == [
+        'lr0.1_ep4', 'lr0_ep4']
+    assert os.path.isdir(os.path.join(log_dir, 'final', 'train'))
     restored = linear_fine_tune.build_classifier(model, 2)
     restored.load_weights(os.path.join(output_dir,
                                        linear_fine_tune.CLASSIFIER_WEIGHTS))
@@ -457,8 +462,9 @@ def test_best_epoch_keeps_the_epoch_of_best_validation_top1(tmp_path):
     validation = clustered(2, 5, seed=2)
     calibrate_batch_norm(model, labeled)
     output_dir = str(tmp_path / 'fine_tune')
+    log_dir = str(tmp_path / 'tensorboard')
     classifier, results = linear_fine_tune.fine_tune_linear(
-        model, labeled, test, output_dir=output_dir, seed=5,
+        model, labeled, test, output_dir=output_dir, log_dir=log_dir, seed=5,
         selection='best_epoch', validation=lambda: validation,
         learning_rates=(0.1,), epochs=(3,), global_batch_size=8,
         eval_batch_size=16, **PRE)

@@ -1,7 +1,7 @@
 """What a run writes for TensorBoard, read back from its event files: one
-`model_dir/tensorboard/` with the runs `train` and `eval`, grouped tags,
-and per-step points that are the step's values, not means since the epoch
-start."""
+`model_dir/tensorboard/` with a run per stage (pre-training, evaluation,
+fine-tuning, the demo's supervised baseline), grouped tags, and per-step
+points that are the step's values, not means since the epoch start."""
 
 import json
 import pathlib
@@ -19,7 +19,7 @@ DIAGNOSTICS_EVERY = 8
 BINDINGS = (f'train.num_epochs = {EPOCHS}', 'train.log_every_steps = 1',
             f'PAWSModel.diagnostics_every = {DIAGNOSTICS_EVERY}',
             'train.eval_every_epochs = 1', 'train.backup_every_steps = 16',
-            'train.verbose = 0')
+            'train.verbose = 0', 'train_supervised.steps = 20')
 TRAIN_TAGS = {
     'loss/total', 'loss/cross_entropy', 'loss/me_max',
     'paws/target_confidence', 'lars/learning_rate', 'lars/trust_ratio_mean',
@@ -44,8 +44,7 @@ def tags(log_dir):
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp('run')
-    proc = run_py.start(model_dir, mode='train_and_evaluate',
-                        base_bindings=BINDINGS)
+    proc = run_py.start(model_dir, mode='demo', base_bindings=BINDINGS)
     returncode, output = run_py.finish(proc, timeout=900)
     assert returncode == 0, output[-3000:]
     return model_dir
@@ -55,9 +54,18 @@ def trained(tmp_path_factory):
 @pytest.mark.long
 def test_one_tensorboard_directory_with_a_run_per_stage(trained):
     """Fails if evaluate_nn writes its scalars to model_dir/eval instead of
-    tensorboard/eval, or a tag comes without its group (`batch_loss`)."""
+    tensorboard/eval, fine-tuning its logs to model_dir/fine_tune, or a
+    tag comes without its group (`batch_loss`)."""
     board = pathlib.Path(trained) / 'tensorboard'
-    assert sorted(p.name for p in board.iterdir()) == ['eval', 'train']
+    assert sorted(p.name for p in board.iterdir()) == [
+        'eval', 'fine_tune', 'supervised', 'train']
+    # tf_keras' epoch values only: its per-step values are running means.
+    for stage, expected in (('fine_tune', {'epoch_loss'}),
+                            ('supervised', {'epoch_loss', 'epoch_accuracy'})):
+        stage_tags = tags(board / stage / 'train')
+        assert expected <= stage_tags, stage_tags
+        assert not any(tag.startswith('batch_') for tag in stage_tags)
+    assert not list((pathlib.Path(trained) / 'fine_tune').rglob('events.*'))
     assert tags(board / 'train') == TRAIN_TAGS
     # debug.gin has 4 classes: no top-5.
     assert tags(board / 'eval') == {'paws_nn/top1', 'paws_nn_test/top1'}

@@ -15,6 +15,8 @@ from paws_tf.data import augment
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import pipeline
 from paws_tf.data import sampling
+from paws_tf.evaluation import evaluate_nn
+from paws_tf.evaluation import tuning
 from paws_tf.nets import backbones
 from paws_tf import progress
 
@@ -73,7 +75,8 @@ def train_supervised(model_dir, *, labeled, test, preprocessing,
     with the single centre crop of PAWS-NN.
 
     Args:
-        model_dir: results go to `model_dir/supervised/`.
+        model_dir: results go to `model_dir/supervised/`, TensorBoard
+            logs to `model_dir/tensorboard/supervised`.
         labeled: `sources.ImageSource`, the labeled images.
         test: `sources.ImageSource`, the evaluation split.
         preprocessing: `experiment.eval_preprocessing()` dict.
@@ -108,7 +111,9 @@ def train_supervised(model_dir, *, labeled, test, preprocessing,
     start = time.perf_counter()
     model.fit(_training_dataset(labeled, multicrop, batch_size, seed),
               epochs=1, steps_per_epoch=steps, verbose=verbose,
-              callbacks=[progress.ProgressBar()])
+              callbacks=[progress.ProgressBar(), tuning.tensorboard(
+                  os.path.join(model_dir, evaluate_nn.TENSORBOARD_DIR,
+                               RESULTS_SUBDIR))])
     train_seconds = time.perf_counter() - start
     correct = total = 0
     for images, labels in pipeline.make_eval_dataset(test, batch_size=256,

@@ -5,6 +5,7 @@ import os
 import gin
 
 from paws_tf.data import augment
+from paws_tf.evaluation import evaluate_nn
 from paws_tf.evaluation import linear_fine_tune
 from paws_tf.evaluation import suncet_fine_tune
 
@@ -16,7 +17,8 @@ _PROTOCOLS = {'imagenet': linear_fine_tune.fine_tune_linear,
 def fine_tune(model_dir, model, *, labeled, test, protocol='imagenet',
               strategy=None, image_size=224, crop_fraction=0.875,
               mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD, seed=0):
-    """Fine-tunes a pre-trained PAWS model into `model_dir/fine_tune`.
+    """Fine-tunes a pre-trained PAWS model into `model_dir/fine_tune`,
+    with TensorBoard logs in `model_dir/tensorboard/fine_tune`.
 
     The protocol's hyper-parameters are gin bindings of `fine_tune_linear`
     ('imagenet', App. A, `linear_fine_tune.py`) or `fine_tune_suncet`
@@ -45,6 +47,8 @@ def fine_tune(model_dir, model, *, labeled, test, protocol='imagenet',
                          f'one of {sorted(_PROTOCOLS)}.')
     _, results = _PROTOCOLS[protocol](
         model, labeled, test, output_dir=os.path.join(model_dir, 'fine_tune'),
+        log_dir=os.path.join(model_dir, evaluate_nn.TENSORBOARD_DIR,
+                             'fine_tune'),
         strategy=strategy, image_size=image_size,
         crop_fraction=crop_fraction, mean=mean, std=std, seed=seed)
     return results

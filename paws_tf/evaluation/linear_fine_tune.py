@@ -215,6 +215,7 @@ def _scores(classifier, dataset):
 @gin.configurable(denylist=tuning.PASSED)
 def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
                      crop_fraction, mean, std, strategy=None, seed=0,
+                     log_dir=None,
                      selection='sweep', validation=None,
                      learning_rates=(0.01, 0.02, 0.05, 0.1, 0.2),
                      epochs=(30, 50), holdout=12000, global_batch_size=1024,
@@ -231,14 +232,16 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
     epochs) pair trains a fresh classifier on the labeled images outside a
     held-out split and is scored on that split; the best top-1 (the first
     in sweep order on ties) is retrained on the whole labeled set and
-    tested. `output_dir` receives the held-out names (sweep), TensorBoard
-    logs (`sweep/*`, `final`), the weights and the results JSON.
+    tested. `output_dir` receives the held-out names (sweep), the weights
+    and the results JSON; `log_dir` the TensorBoard logs of each epoch
+    (`sweep/*`, `final`).
 
     Args:
         model, labeled, test, image_size, crop_fraction, mean, std,
             strategy, seed: as in `fine_tune.fine_tune`; `crop_fraction` is for
             evaluation (training takes random crops).
         output_dir: where outputs go.
+        log_dir: TensorBoard directory, or None.
         selection: one of `SELECTIONS`.
         validation: for 'best_epoch': a zero-argument callable returning
             the labeled validation source (ImageNet:
@@ -280,7 +283,8 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
                       crop_fraction=crop_fraction, mean=mean, std=std)
     if selection == 'best_epoch':
         return _best_epoch(model, labeled, test, validation, output_dir,
-                           learning_rates, epochs, train, evaluation)
+                           log_dir, learning_rates, epochs, train,
+                           evaluation)
     train_positions, held = split_holdout(labeled.labels, holdout, seed)
     train_source = labeled.subset(train_positions)
     held_dataset = pipeline.make_eval_dataset(labeled.subset(held),
@@ -297,8 +301,8 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
             classifier = _train_classifier(
                 model, train_source, learning_rate=learning_rate,
                 epochs=num_epochs,
-                log_dir=os.path.join(output_dir, 'sweep',
-                                     f'lr{learning_rate:g}_ep{num_epochs}'),
+                log_dir=log_dir and os.path.join(
+                    log_dir, 'sweep', f'lr{learning_rate:g}_ep{num_epochs}'),
                 **train)
             sweep.append(dict(learning_rate=learning_rate, epochs=num_epochs,
                               **_scores(classifier, held_dataset)))
@@ -306,7 +310,7 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
     best = max(sweep, key=lambda entry: entry['top1'])
     best = {'learning_rate': best['learning_rate'], 'epochs': best['epochs']}
     classifier = _train_classifier(
-        model, labeled, log_dir=os.path.join(output_dir, 'final'),
+        model, labeled, log_dir=log_dir and os.path.join(log_dir, 'final'),
         **best, **train)
     scores = _scores(classifier, test_dataset)
     logging.info('Fine-tuned with %s: test %s', best, scores)
@@ -323,8 +327,8 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
     return classifier, results
 
 
-def _best_epoch(model, labeled, test, validation, output_dir, learning_rates,
-                epochs, train, evaluation):
+def _best_epoch(model, labeled, test, validation, output_dir, log_dir,
+                learning_rates, epochs, train, evaluation):
     """`fine_tune_linear` with `selection='best_epoch'`."""
     if validation is None:
         raise ValueError(
@@ -345,7 +349,8 @@ def _best_epoch(model, labeled, test, validation, output_dir, learning_rates,
     os.makedirs(output_dir, exist_ok=True)
     classifier = _train_classifier(
         model, labeled, learning_rate=learning_rates[0], epochs=epochs[0],
-        log_dir=os.path.join(output_dir, 'final'), callbacks=[best], **train)
+        log_dir=log_dir and os.path.join(log_dir, 'final'), callbacks=[best],
+        **train)
     scores = _scores(classifier, pipeline.make_eval_dataset(test,
                                                             **evaluation))
     logging.info('Fine-tuned, epoch %d of %d (best on validation): test %s',

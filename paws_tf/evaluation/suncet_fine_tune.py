@@ -179,6 +179,7 @@ def _results(by_epoch, steps, *, epochs, steps_per_epoch, total_steps):
 @gin.configurable(denylist=tuning.PASSED)
 def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
                      crop_fraction, mean, std, strategy=None, seed=0,
+                     log_dir=None,
                      num_epochs=30, steps_per_epoch=None,
                      classes_per_step=10, images_per_class=64, views=2,
                      flip=True, learning_rate=0.1, final_learning_rate=0.01,
@@ -195,13 +196,14 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
     queries) is measured before, after every `eval_every_epochs` epochs and
     at the end. The paper's text describes 180 plain momentum-SGD steps on
     one view with frozen batch norm; the defaults are the official code's,
-    which produced its 96.0. `output_dir` receives TensorBoard logs, the
-    trunk weights and the results JSON.
+    which produced its 96.0. `output_dir` receives the trunk weights and
+    the results JSON; `log_dir` the TensorBoard logs of each epoch.
 
     Args:
         model, labeled, test, image_size, crop_fraction, mean, std,
             strategy, seed: as in `fine_tune.fine_tune`.
         output_dir: where outputs go.
+        log_dir: TensorBoard directory, or None.
         num_epochs: epochs (official: 30).
         steps_per_epoch: steps per epoch; default the labeled images over
             the batch's distinct images (4000 // 640 = 6 for CIFAR-10:
@@ -282,9 +284,8 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
                               by_epoch)
     trainer.fit(strategy.distribute_datasets_from_function(dataset_fn),
                 epochs=num_epochs, steps_per_epoch=steps_per_epoch,
-                callbacks=[step_log, epoch_eval,
-                           tuning.tensorboard(output_dir, 10),
-                           progress.ProgressBar()])
+                callbacks=[step_log, epoch_eval, progress.ProgressBar()] + (
+                    [tuning.tensorboard(log_dir)] if log_dir else []))
     results = _results(
         by_epoch, steps, epochs=num_epochs, steps_per_epoch=steps_per_epoch,
         total_steps=int(trainer.optimizer.iterations.numpy()))

@@ -15,7 +15,7 @@ RESULTS_FILENAME = 'results.json'
 TRUNK_WEIGHTS = 'trunk'
 # Arguments `fine_tune.fine_tune` passes to the protocols, so gin must not
 # bind them.
-PASSED = ['model', 'labeled', 'test', 'output_dir', 'strategy',
+PASSED = ['model', 'labeled', 'test', 'output_dir', 'log_dir', 'strategy',
           'image_size', 'crop_fraction', 'mean', 'std', 'seed']
 
 
@@ -65,9 +65,11 @@ def finish(dataset):
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
-def tensorboard(log_dir, update_freq='epoch'):
+def tensorboard(log_dir):
+    """Keras' TensorBoard callback, epoch values only: Keras' per-step
+    values are running means since the epoch began, not the step's."""
     return tf_keras.callbacks.TensorBoard(
-        log_dir, update_freq=update_freq, write_graph=False, profile_batch=0)
+        log_dir, update_freq='epoch', write_graph=False, profile_batch=0)
 
 
 def num_classes(labeled):
