@@ -30,9 +30,6 @@ from tests.helpers import run_py
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHRINK = ('train.num_epochs = 2', 'train/synthetic_source.num_images = 256')
-TWO_CPUS = REPO / 'tests' / 'helpers' / 'two_cpus.py'
-# What a worker but the chief writes while it runs, and deletes.
-WORKER_TEMP = ('.worker_tmp_*', 'workertemp_*')
 
 
 def cluster_command(model_dir, mode, *, flags=(), **config):
@@ -42,28 +39,6 @@ def cluster_command(model_dir, mode, *, flags=(), **config):
     return [REPO / 'run.py'] + run_py.command(
         model_dir, flags=['--strategy=multi_worker', *flags], mode=mode,
         **config)
-
-
-def check_ran(results):
-    for index, (code, output) in enumerate(results):
-        assert code == 0, f'worker {index}:\n{output[-4000:]}'
-
-
-def written(model_dir):
-    """The relative paths under `model_dir`, TensorBoard event files named
-    by their directory (their names hold the host, process and time)."""
-    paths = []
-    for path in pathlib.Path(model_dir).rglob('*'):
-        relative = str(path.relative_to(model_dir))
-        if path.name.startswith('events.out.tfevents.'):
-            relative = os.path.join(os.path.dirname(relative), 'EVENTS')
-        paths.append(relative)
-    return sorted(paths)
-
-
-def worker_leftovers(model_dir):
-    return [path for pattern in WORKER_TEMP
-            for path in pathlib.Path(model_dir).rglob(pattern)]
 
 
 def tensor_tags(log_dir):
@@ -85,11 +60,6 @@ def preprocessed_test_images():
     return images
 
 
-def exported_embeddings(model_dir, images):
-    embedder = tf.saved_model.load(str(model_dir / 'export' / 'embedder'))
-    return embedder.call_preprocessed(images)['embeddings'].numpy()
-
-
 def run_beside_one_process(runs, mode, *, flags=(), **config):
     """Runs `mode` on `runs[0]` by a two-worker cluster and on `runs[1]` by
     one process (default strategy), side by side, with the same `flags`
@@ -102,13 +72,13 @@ def run_beside_one_process(runs, mode, *, flags=(), **config):
     """
     config.setdefault('base_bindings', SHRINK)
     one_process = run_py.start(runs[1], mode=mode, flags=flags, **config)
-    check_ran(cluster.launch_cluster(
+    cluster.check_ran(cluster.launch_cluster(
         cluster_command(runs[0], mode, flags=flags, **config), timeout=900))
     code, output = run_py.finish(one_process, timeout=900)
     assert code == 0, output[-4000:]
-    paths = written(runs[0])
-    assert paths == written(runs[1])
-    assert not worker_leftovers(runs[0])
+    paths = cluster.written(runs[0])
+    assert paths == cluster.written(runs[1])
+    assert not cluster.worker_leftovers(runs[0])
     return paths
 
 
@@ -129,13 +99,13 @@ def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp('cluster_runs')
     one_process = run_py.start(
         root / 'one_process', base_bindings=SHRINK,
-        bindings=["make_strategy.devices = ['CPU:0', 'CPU:1']"],
+        bindings=[cluster.ONE_PROCESS_TWO_REPLICAS],
         flags=['--strategy=mirrored'], mode='train_and_evaluate',
-        script=TWO_CPUS)
+        script=cluster.TWO_CPUS)
     workers = cluster.start_cluster(
         cluster_command(root / 'cluster', 'train_and_evaluate'))
     results = cluster.finish_all(workers, timeout=900)
-    check_ran(results)
+    cluster.check_ran(results)
     code, output = run_py.finish(one_process, timeout=900)
     assert code == 0, output[-4000:]
     return root, results
@@ -147,8 +117,9 @@ def test_chief_writes_what_one_process_writes_and_the_worker_nothing(
         trained):
     root, results = trained
     chief_log, worker_log = results[0][1], results[1][1]
-    assert written(root / 'cluster') == written(root / 'one_process')
-    assert not worker_leftovers(root / 'cluster')
+    assert (cluster.written(root / 'cluster') ==
+            cluster.written(root / 'one_process'))
+    assert not cluster.worker_leftovers(root / 'cluster')
     # Every worker took part in both epoch-end evaluations; only the
     # chief evaluated and logged them.
     for epoch in (1, 2):
@@ -180,7 +151,7 @@ def test_two_workers_end_where_one_process_with_two_replicas_ends(trained):
     (each replica samples its own support), not compared here."""
     root, _ = trained
     images = preprocessed_test_images()
-    embeddings = [exported_embeddings(root / run, images)
+    embeddings = [cluster.exported_embeddings(root / run, images)
                   for run in ('cluster', 'one_process')]
     np.testing.assert_allclose(embeddings[0], embeddings[1], atol=1e-4)
     assert np.abs(embeddings[1]).max() > 1  # Not a degenerate output.
@@ -207,7 +178,7 @@ def test_demo_on_the_cluster_exports_evaluates_and_fine_tunes(trained,
     model_dir = trained_copy(trained, tmp_path / 'run', 'export')
     results = cluster.launch_cluster(cluster_command(model_dir, 'demo'),
                                      timeout=900)
-    check_ran(results)
+    cluster.check_ran(results)
     assert 'not training it again' in results[0][1]
     demo = json.loads((model_dir / report.RESULTS_FILENAME).read_text())
     assert demo['paws_nn_top1'] > 0.5 and demo['supervised_top1'] > 0.25
@@ -217,7 +188,7 @@ def test_demo_on_the_cluster_exports_evaluates_and_fine_tunes(trained,
     assert demo['paws_finetune_top1'] == tuned['top1']
     assert (model_dir / 'export' / 'embedder' / 'saved_model.pb').exists()
     assert (model_dir / report.FIGURE_FILENAME).exists()
-    assert not worker_leftovers(model_dir)
+    assert not cluster.worker_leftovers(model_dir)
 
 
 @pytest.mark.slow
@@ -233,9 +204,9 @@ def test_export_on_the_cluster_is_what_one_process_exports(trained,
     paths = run_beside_one_process(runs, 'export')
     assert 'export/classifier/saved_model.pb' in paths
     images = preprocessed_test_images()
-    np.testing.assert_allclose(exported_embeddings(runs[0], images),
-                               exported_embeddings(runs[1], images),
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        cluster.exported_embeddings(runs[0], images),
+        cluster.exported_embeddings(runs[1], images), atol=1e-6)
 
 
 @pytest.mark.slow
@@ -248,14 +219,14 @@ def test_evaluate_nn_on_the_cluster_repeats_the_training_run_figure(
     model_dir = trained_copy(trained, tmp_path / 'run', 'eval')
     results = cluster.launch_cluster(
         cluster_command(model_dir, 'evaluate_nn'), timeout=900)
-    check_ran(results)
+    cluster.check_ran(results)
     root, _ = trained
     figures = [json.loads((run / 'eval' / 'paws_nn.json').read_text())
                for run in (root / 'cluster', model_dir)]
     for key in ('top1', 'num_support', 'num_queries', 'source', 'tau'):
         assert figures[1][key] == figures[0][key], key
     assert 'PAWS-NN' in results[0][1]
-    assert not worker_leftovers(model_dir)
+    assert not cluster.worker_leftovers(model_dir)
 
 
 @pytest.mark.slow
@@ -264,13 +235,13 @@ def test_fine_tune_on_the_cluster(trained, tmp_path):
     """--mode=fine_tune on the trained run: every worker fine-tunes (the
     steps are collectives), the chief alone writes the results."""
     model_dir = trained_copy(trained, tmp_path / 'run')
-    check_ran(cluster.launch_cluster(cluster_command(model_dir, 'fine_tune'),
-                                     timeout=900))
+    cluster.check_ran(cluster.launch_cluster(
+        cluster_command(model_dir, 'fine_tune'), timeout=900))
     tuned = json.loads(
         (model_dir / 'fine_tune' / 'results.json').read_text())
     assert tuned['steps'] == 10  # 2 epochs of 5 steps (debug.gin).
     assert tuned['top1'] > 0.25  # 4 classes: chance is 0.25.
-    assert not worker_leftovers(model_dir)
+    assert not cluster.worker_leftovers(model_dir)
 
 
 @pytest.mark.slow
@@ -301,8 +272,9 @@ def test_import_official_on_the_cluster_is_what_one_process_imports(
                for run in runs]
     assert records[0] == records[1]
     images = tf.random.stateless_uniform([8, 32, 32, 3], seed=[0, 1])
-    np.testing.assert_array_equal(exported_embeddings(runs[0], images),
-                                  exported_embeddings(runs[1], images))
+    np.testing.assert_array_equal(
+        cluster.exported_embeddings(runs[0], images),
+        cluster.exported_embeddings(runs[1], images))
 
 
 # debug.gin normalised by statistics computed from its labeled images.
@@ -321,7 +293,7 @@ def test_every_worker_normalises_with_the_statistics_of_the_data(tmp_path):
     results = cluster.launch_cluster(cluster_command(
         tmp_path, 'train', base_bindings=SHRINK + DATA_NORMALIZATION +
         ('train.num_epochs = 1',)), timeout=900)
-    check_ran(results)
+    cluster.check_ran(results)
     computed = [COMPUTED.findall(output) for _, output in results]
     assert len(computed[0]) == len(computed[1]) == 1, computed
     assert computed[0] == computed[1]
@@ -338,7 +310,7 @@ def test_every_worker_normalises_with_the_statistics_of_the_data(tmp_path):
     assert len(pixels) == int(count) * 16 * 16
     np.testing.assert_allclose(recorded['mean'], pixels.mean(0), rtol=1e-12)
     np.testing.assert_allclose(recorded['std'], pixels.std(0), rtol=1e-9)
-    assert not worker_leftovers(tmp_path)
+    assert not cluster.worker_leftovers(tmp_path)
 
 
 def free_port_pair():
@@ -385,4 +357,4 @@ def test_srun_launch_builds_the_cluster_from_slurm(tmp_path):
               if 'Final weights fingerprint' in line]
     assert len(prints) == 2 and prints[0] == prints[1]
     assert checkpoints.latest(str(tmp_path / 'checkpoints'))[1] == 8
-    assert not worker_leftovers(tmp_path)
+    assert not cluster.worker_leftovers(tmp_path)

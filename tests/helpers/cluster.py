@@ -7,10 +7,19 @@ import subprocess
 import sys
 import time
 
+import tensorflow as tf
+
 from paws_tf import dist
 from paws_tf.runner import saving
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+# run.py in one process whose CPU holds two logical devices: with
+# `--strategy=mirrored` and `ONE_PROCESS_TWO_REPLICAS`, the two replicas of
+# a two-worker cluster.
+TWO_CPUS = REPO / 'tests' / 'helpers' / 'two_cpus.py'
+ONE_PROCESS_TWO_REPLICAS = "make_strategy.devices = ['CPU:0', 'CPU:1']"
+# What a worker but the chief writes while it runs, and deletes.
+WORKER_TEMP = ('.worker_tmp_*', 'workertemp_*')
 
 
 def start_cluster(argv, workers=2, env=None, extra_args=None,
@@ -73,3 +82,34 @@ def kill_worker_after_backup(procs, backup_dir, step, worker=1,
         time.sleep(0.2)
     procs[worker].kill()
     procs[worker].wait()
+
+
+def check_ran(results):
+    """Checks that every `(returncode, output)` of `results` ended well."""
+    for index, (code, output) in enumerate(results):
+        assert code == 0, f'worker {index}:\n{output[-4000:]}'
+
+
+def written(model_dir):
+    """The relative paths under `model_dir`, TensorBoard event files named
+    by their directory (their names hold the host, process and time)."""
+    paths = []
+    for path in pathlib.Path(model_dir).rglob('*'):
+        relative = str(path.relative_to(model_dir))
+        if path.name.startswith('events.out.tfevents.'):
+            relative = os.path.join(os.path.dirname(relative), 'EVENTS')
+        paths.append(relative)
+    return sorted(paths)
+
+
+def worker_leftovers(model_dir):
+    """What a worker but the chief left under `model_dir`."""
+    return [path for pattern in WORKER_TEMP
+            for path in pathlib.Path(model_dir).rglob(pattern)]
+
+
+def exported_embeddings(model_dir, images):
+    """The embeddings of preprocessed `images` by `model_dir`'s exported
+    embedder."""
+    embedder = tf.saved_model.load(str(model_dir / 'export' / 'embedder'))
+    return embedder.call_preprocessed(images)['embeddings'].numpy()
