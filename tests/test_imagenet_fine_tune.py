@@ -46,8 +46,9 @@ def test_imagenet_fine_tuning_bindings_are_the_official_runs(gin_file):
     in imagenet.gin)."""
     with debug_gin.parsed(gin_file=f'gin_configs/{gin_file}'):
         assert gin.query_parameter('fine_tune.protocol') == 'imagenet'
-        assert gin.query_parameter('fine_tune_linear.selection') == 'best_epoch'
-        assert tuple(gin.query_parameter('fine_tune_linear.learning_rates')) == (
+        query = gin.query_parameter
+        assert query('fine_tune_linear.selection') == 'best_epoch'
+        assert tuple(query('fine_tune_linear.learning_rates')) == (
             OFFICIAL['learning_rate'],)
         assert tuple(gin.query_parameter('fine_tune_linear.epochs')) == (
             OFFICIAL['epochs'],)

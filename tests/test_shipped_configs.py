@@ -15,12 +15,12 @@ import json
 import pathlib
 import re
 
-import gin
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from paws_tf.data import pipeline
 from paws_tf.runner import experiment
 from paws_tf.runner import modes
 from tests.helpers import debug_gin
@@ -42,19 +42,22 @@ def _binds_data(name):
 
 
 _CPU = ["train.precision = 'float32'", 'train.verbose = 0',
-        'train.view_images = False', 'WarmupCosineDecay.warmup_epochs = 0']
-_IMAGENET = _CPU + [
+        'train.view_images = False']
+# A one-epoch run's warm-up, for the configs that count it in epochs.
+_NO_WARMUP = ['WarmupCosineDecay.warmup_epochs = 0']
+_IMAGENET = _CPU + _NO_WARMUP + [
     'make_pretrain_dataset_fn.global_batch_size = 4',
     'make_pretrain_dataset_fn.classes_per_step = 2',
     'make_pretrain_dataset_fn.images_per_class = 1',
-    'imagenet_multicrop.global_size = 64', 'imagenet_multicrop.local_size = 32',
+    'imagenet_multicrop.global_size = 64',
+    'imagenet_multicrop.local_size = 32',
     'imagenet_multicrop.num_local = 2', 'eval_preprocessing.image_size = 64',
     'ProjectionHead.hidden_dim = 16', 'ProjectionHead.output_dim = 16',
     'PredictionHead.hidden_dim = 8', 'train.num_epochs = 1',
     'imagenet_validation.per_class = 2', 'fine_tune_linear.epochs = (3,)',
     'fine_tune_linear.global_batch_size = 2',
     'fine_tune_linear.eval_batch_size = 4']
-_FASHION = _CPU + [
+_FASHION = _CPU + _NO_WARMUP + [
     'select_labeled.labels_per_class = 2',
     'make_pretrain_dataset_fn.global_batch_size = 16',
     'make_pretrain_dataset_fn.images_per_class = 1',
@@ -71,7 +74,7 @@ _FOLDERS = [b for b in image_folders.SMALL
 # One row per shipped config: the bindings that shrink it to seconds on a
 # CPU (sizes and steps only; the data's paths come from its source kind).
 SHRINK = {
-    'cifar10_wrn28_2_4000.gin': _CPU + [
+    'cifar10_wrn28_2_4000.gin': _CPU + _NO_WARMUP + [
         'select_labeled.labels_per_class = 2',
         'make_pretrain_dataset_fn.global_batch_size = 16',
         'make_pretrain_dataset_fn.images_per_class = 1',
@@ -81,7 +84,7 @@ SHRINK = {
         'train.num_epochs = 1', 'fine_tune_suncet.num_epochs = 2',
         'fine_tune_suncet.steps_per_epoch = 2',
         'fine_tune_suncet.images_per_class = 1'],
-    'debug.gin': _CPU + ['train.num_epochs = 1'],
+    'debug.gin': _CPU + _NO_WARMUP + ['train.num_epochs = 1'],
     'demo_fashion_mnist.gin': _FASHION,
     'demo_fashion_mnist_quick.gin': _FASHION + [
         'load_data.max_unlabeled = 64'],
@@ -92,8 +95,12 @@ SHRINK = {
     'imagenet_rn50_10pct.gin': _IMAGENET,
     'imagenet_rn50_10pct_8gpu.gin': _IMAGENET,
     'imagenet_rn50_1pct.gin': _IMAGENET,
-    'imagenet_rn50x2_10pct.gin': _IMAGENET,
-    'imagenet_rn50x4_10pct.gin': _IMAGENET,
+    # ResNet-50 x2 and x4 (94M and 375M parameters) take minutes a step on
+    # two cores; test_gin_configs builds them at full width.
+    'imagenet_rn50x2_10pct.gin': _IMAGENET + [
+        'build_backbone.width_multiplier = 1'],
+    'imagenet_rn50x4_10pct.gin': _IMAGENET + [
+        'build_backbone.width_multiplier = 1'],
     'mismatch_fashion_mnist.gin': _FASHION,
     'mismatch_fashion_mnist_curated.gin': _FASHION,
     'mismatch_fashion_mnist_curated_ropaws.gin': _FASHION,
@@ -203,7 +210,6 @@ def _check_export_and_nn(gin_file, model_dir, bindings):
                                        query_labels, model.tau))
     # The checkpoint's model on the same images, preprocessed by the
     # config's evaluation pipeline.
-    from paws_tf.data import pipeline
     images, _ = next(iter(pipeline.make_eval_dataset(
         bundle.labeled, batch_size=len(support_labels), **preprocessing)))
     np.testing.assert_allclose(
@@ -247,30 +253,133 @@ def _check_imagenet_fine_tune(model_dir, cache_dir, output):
     assert tuned['num_validation'] == len(expected)
 
 
-IMAGENET_CONFIGS = [name for name in sorted(
+
+def _check_imagenet_learning_rates(model_dir, epochs, learning_rate):
+    """The rate TensorBoard logged after each fine-tuning epoch against the
+    official cosine from the lr to 0 (suncet WarmupCosineSchedule with no
+    warm-up and final_lr 0), at the step ending that epoch."""
+    logged = {}
+    for path in (pathlib.Path(model_dir) / 'fine_tune' / 'final' /
+                 'train').glob('events.out.tfevents.*'):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag == 'epoch_learning_rate':
+                    logged[event.step] = float(
+                        tf.make_ndarray(value.tensor))
+    np.testing.assert_allclose(
+        [logged[epoch] for epoch in range(epochs)],
+        [learning_rate * 0.5 * (1 + np.cos(np.pi * (epoch + 1) / epochs))
+         for epoch in range(epochs)], atol=1e-7)
+
+
+def _check_cifar10_fine_tune(model_dir, output):
+    """The kept (best) epoch against the per-epoch PAWS-NN the run
+    logged."""
+    tuned = json.loads((pathlib.Path(model_dir) / 'fine_tune' /
+                        'results.json').read_text())
+    assert tuned['protocol'] == 'cifar10'
+    logged = re.findall(
+        r'Fine-tuning epoch (\d+)/\d+: PAWS-NN top-1 ([0-9.]+)%', output)
+    assert logged and [e['epoch'] for e in tuned['paws_nn_by_epoch'][1:]] == [
+        int(epoch) for epoch, _ in logged]
+    figures = [tuned['paws_nn_before']['top1']] + [
+        float(top1) / 100 for _, top1 in logged]
+    np.testing.assert_allclose(
+        [e['top1'] for e in tuned['paws_nn_by_epoch']], figures, atol=5e-5)
+    best = int(np.argmax(np.round(figures, 4)))
+    assert tuned['best_epoch'] == tuned['paws_nn_by_epoch'][best]['epoch']
+
+
+@pytest.fixture(scope='module')
+def fashion_mnist_dir(tmp_path_factory):
+    """Fashion-MNIST's four IDX files as Debian installs them: 120
+    training and 40 test images, every class alike often."""
+    folder = tmp_path_factory.mktemp('fashion_mnist')
+    rng = np.random.default_rng(0)
+    for prefix, count in (('train', 120), ('t10k', 40)):
+        labels = np.arange(count) % 10
+        images = rng.integers(0, 80, size=(count, 28, 28))
+        images += 17 * labels[:, None, None]
+        idx.write_idx(folder / f'{prefix}-images-idx3-ubyte.gz', images)
+        idx.write_idx(folder / f'{prefix}-labels-idx1-ubyte.gz', labels)
+    return folder
+
+
+@pytest.fixture(scope='module')
+def cifar10_data_dir(tmp_path_factory):
+    """CIFAR-10 prepared once by the real TFDS builder from a tiny archive
+    in the real layout (100 training, 3 test images)."""
+    root = tmp_path_factory.mktemp('cifar10')
+    archive = root / 'cifar-10-binary.tar.gz'
+    tfds_archives.cifar10_archive(archive, np.random.default_rng(0),
+                                  per_batch=20)
+    data_dir = str(root / 'tfds')
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        tfds_archives.serve(monkeypatch, 'cifar10',
+                            {tfds_archives.CIFAR10_URL: archive})
+        tfds.builder('cifar10', data_dir=data_dir).download_and_prepare()
+    return data_dir
+
+
+def _data_bindings(gin_file, request, tmp_path):
+    """The bindings that point `gin_file` at test data of its own source
+    kind."""
+    if gin_file.startswith('imagenet'):
+        return _imagenet_bindings(request.getfixturevalue('imagenet_data'),
+                                  str(tmp_path / 'cache'))
+    if gin_file.startswith('image_folders'):
+        return image_folders.write_experiment(tmp_path / 'images',
+                                              unlabeled=4, test=2)
+    if 'fashion_mnist' in gin_file:
+        folder = request.getfixturevalue('fashion_mnist_dir')
+        return [f"fashion_mnist.idx_dir = '{folder}'"]
+    if gin_file.startswith('cifar10'):
+        data_dir = request.getfixturevalue('cifar10_data_dir')
+        return [f"train/load_tfds.data_dir = '{data_dir}'",
+                f"test/load_tfds.data_dir = '{data_dir}'"]
+    assert gin_file == 'debug.gin', (
+        f'{gin_file}: give it test data of its source kind in '
+        '_data_bindings.')
+    return []  # Its own synthetic images.
+
+
+CONFIGS = [name for name in sorted(
     path.name for path in (REPO / 'gin_configs').glob('*.gin'))
-    if name.startswith('imagenet') and _binds_data(name)]
+    if _binds_data(name)]
 
 
 @pytest.mark.slow
 @pytest.mark.long
-@pytest.mark.parametrize('gin_file', IMAGENET_CONFIGS)
-def test_imagenet_config_runs_every_mode(gin_file, imagenet_data, tmp_path):
-    """train_and_evaluate, then fine_tune with the 'imagenet' protocol, on
-    the tiny ImageNet the real TFDS builders prepared.
+@pytest.mark.parametrize('gin_file', CONFIGS)
+def test_shipped_config_runs_every_mode(gin_file, request, tmp_path):
+    """train_and_evaluate then fine_tune (or demo, for the demo configs)
+    through run.py, on data of the config's source kind.
 
-    Fails if the export differs from the checkpoint, if PAWS-NN is not Eq.
-    (1) over the exported embeddings, if the validation draw takes a
-    labeled image (tried: `excluded` left empty in
-    `tfds_sources._validation_examples`) or if the kept epoch is not the
-    best logged one (tried: `>=` for `>` in `_BestEpoch`).
+    Fails if the export differs from the checkpoint (tried: the embedder's
+    preprocessing without its normalisation), if PAWS-NN is not Eq. (1)
+    over the exported embeddings (tried: tau doubled in
+    `evaluate.paws_nn`), if the ImageNet validation draw takes a labeled
+    image (tried: `excluded` left empty in
+    `tfds_sources._validation_examples`), if the fine-tuning rate is not
+    the official cosine to 0 (tried: `final_lr` left to gin in
+    `linear_fine_tune._optimizer`) or if the kept epoch is not the best
+    logged one.
     """
     assert gin_file in SHRINK, (
-        f'Add a row for {gin_file} to SHRINK in {pathlib.Path(__file__).name}')
-    cache_dir = str(tmp_path / 'cache')
+        f'Add a row for {gin_file} to SHRINK in {pathlib.Path(__file__).name}'
+        ' (size and step bindings that run it in seconds on a CPU).')
     model_dir = str(tmp_path / 'run')
-    bindings = SHRINK[gin_file] + _imagenet_bindings(imagenet_data, cache_dir)
-    _run(gin_file, model_dir, bindings, 'train_and_evaluate')
+    bindings = SHRINK[gin_file] + _data_bindings(gin_file, request, tmp_path)
+    if gin_file.startswith('demo_'):
+        output = _run(gin_file, model_dir, bindings, 'demo')
+    else:
+        _run(gin_file, model_dir, bindings, 'train_and_evaluate')
+        output = None
     _check_export_and_nn(gin_file, model_dir, bindings)
-    output = _run(gin_file, model_dir, bindings, 'fine_tune')
-    _check_imagenet_fine_tune(model_dir, cache_dir, output)
+    if output is None:
+        output = _run(gin_file, model_dir, bindings, 'fine_tune')
+    if gin_file.startswith('imagenet'):
+        _check_imagenet_fine_tune(model_dir, str(tmp_path / 'cache'), output)
+        _check_imagenet_learning_rates(model_dir, 3, 0.02)
+    else:
+        _check_cifar10_fine_tune(model_dir, output)

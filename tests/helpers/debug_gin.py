@@ -1,4 +1,5 @@
-"""A gin config (gin_configs/debug.gin by default) parsed in-process for the duration of a test."""
+"""A gin config (gin_configs/debug.gin by default) parsed in-process for
+the duration of a test."""
 
 import contextlib
 import pathlib

@@ -51,12 +51,13 @@ def write_tar(path, members, mode='w'):
             tar.addfile(info, io.BytesIO(data))
 
 
-def cifar10_archive(path, rng):
-    """A cifar-10-binary.tar.gz in the real layout, 2 images per training
-    batch file and 3 test images; returns the training images (HWC) and
-    labels in file order."""
-    images = rng.integers(0, 256, size=(13, 32, 32, 3), dtype=np.uint8)
-    labels = rng.integers(0, 10, size=13, dtype=np.uint8)
+def cifar10_archive(path, rng, per_batch=2):
+    """A cifar-10-binary.tar.gz in the real layout, `per_batch` images per
+    training batch file and 3 test images; returns the training images
+    (HWC) and labels in file order."""
+    count = 5 * per_batch + 3
+    images = rng.integers(0, 256, size=(count, 32, 32, 3), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=count, dtype=np.uint8)
 
     def records(rows):
         return b''.join(bytes([labels[i]]) + images[i].transpose(2, 0, 1)
@@ -65,11 +66,12 @@ def cifar10_archive(path, rng):
     names = [f'class_{k}' for k in range(10)]
     prefix = 'cifar-10-batches-bin/'
     members = [(f'{prefix}data_batch_{b + 1}.bin',
-                records(range(2 * b, 2 * b + 2))) for b in range(5)]
-    members += [(f'{prefix}test_batch.bin', records(range(10, 13))),
+                records(range(per_batch * b, per_batch * (b + 1))))
+               for b in range(5)]
+    members += [(f'{prefix}test_batch.bin', records(range(count - 3, count))),
                 (f'{prefix}batches.meta.txt', '\n'.join(names).encode())]
     write_tar(path, members, mode='w:gz')
-    return images[:10], labels[:10], names
+    return images[:count - 3], labels[:count - 3], names
 
 
 def idx_files(folder, split, count, rng):
