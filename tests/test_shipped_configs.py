@@ -362,7 +362,9 @@ def test_shipped_config_runs_every_mode(gin_file, request, tmp_path):
     `linear_fine_tune._optimizer`, imagenet_rn50_1pct.gin logged 0.031,
     0.053, 0.064 for 0.015, 0.005, 0), if the export differs from the
     checkpoint, if the ImageNet validation draw is not the hand-drawn one
-    outside both subsets, or if the kept epoch is not the best logged one.
+    outside both subsets (tried, imagenet_rn50_1pct.gin: the subsets'
+    images not excluded in `tfds_sources._validation_examples`), or if the
+    kept epoch is not the best logged one.
     """
     assert gin_file in SHRINK, (
         f'Add a row for {gin_file} to SHRINK in {pathlib.Path(__file__).name}'
