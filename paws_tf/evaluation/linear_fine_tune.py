@@ -70,8 +70,12 @@ def _optimizer(learning_rate, total_steps, *, momentum, cosine_decay=True):
     tf_keras' Nesterov update: `v = mu v - lr g; w += mu v - lr g`.
     """
     if cosine_decay:
+        # Every argument explicit: WarmupCosineDecay is gin-configurable, and
+        # the pre-training's bindings (its final rate, a warm-up fraction)
+        # must not reach it.
         learning_rate = schedules.WarmupCosineDecay(
-            total_steps, 1, learning_rate, learning_rate, warmup_epochs=0)
+            total_steps, 1, learning_rate, learning_rate, final_lr=0.0,
+            warmup_epochs=0, warmup_fraction=None)
     return tf_keras.optimizers.SGD(learning_rate, momentum=momentum,
                                    nesterov=True)
 

@@ -1,4 +1,5 @@
-"""gin_configs/debug.gin parsed in-process for the duration of a test."""
+"""A gin config (gin_configs/debug.gin by default) parsed in-process for
+the duration of a test."""
 
 import contextlib
 import pathlib
@@ -11,13 +12,14 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 @contextlib.contextmanager
-def parsed(bindings=()):
-    """debug.gin with `bindings`, from a clean gin state; cleared on exit."""
+def parsed(bindings=(), gin_file='gin_configs/debug.gin'):
+    """`gin_file` (default debug.gin) with `bindings`, from a clean gin
+    state; cleared on exit."""
     gin.clear_config()
     gin.add_config_file_search_path(str(REPO))
     try:
         gin.parse_config_files_and_bindings(
-            [str(REPO / 'gin_configs' / 'debug.gin')], list(bindings))
+            [str(REPO / gin_file)], list(bindings))
         yield
     finally:
         gin.clear_config()

@@ -1,0 +1,386 @@
+"""Every shipped gin config through run.py, as a user runs it, on data of
+its own source kind, shrunk only by the size and step bindings of `SHRINK`.
+
+Which files run: every `gin_configs/*.gin` that binds `load_data.train`
+(itself or through its includes); a file that binds no data (`base.gin`)
+is an include only, never run alone. Each config runs
+`--mode=train_and_evaluate` (train, export, evaluate_nn) then
+`--mode=fine_tune` with its own protocol, or `--mode=demo` for the demo
+configs (the demo's fine-tuning included), and its results are checked
+against NumPy and against the logged figures, not only its exit code.
+"""
+
+import hashlib
+import json
+import pathlib
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from paws_tf.data import pipeline
+from paws_tf.runner import experiment
+from paws_tf.runner import modes
+from tests.helpers import debug_gin
+from tests.helpers import idx
+from tests.helpers import image_folders
+from tests.helpers import run_py
+from tests.helpers import tfds_archives
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _binds_data(name):
+    """Whether gin_configs/`name` binds `load_data.train`, itself or
+    through its includes."""
+    text = (REPO / 'gin_configs' / name).read_text()
+    return bool(re.search(r'^load_data\.train\s*=', text, re.M)) or any(
+        _binds_data(pathlib.Path(include).name) for include in
+        re.findall(r"^include '([^']+)'", text, re.M))
+
+
+_CPU = ["train.precision = 'float32'", 'train.verbose = 0',
+        'train.view_images = False']
+# A one-epoch run's warm-up, for the configs that count it in epochs.
+_NO_WARMUP = ['WarmupCosineDecay.warmup_epochs = 0']
+_IMAGENET = _CPU + _NO_WARMUP + [
+    'make_pretrain_dataset_fn.global_batch_size = 4',
+    'make_pretrain_dataset_fn.classes_per_step = 2',
+    'make_pretrain_dataset_fn.images_per_class = 1',
+    'imagenet_multicrop.global_size = 64',
+    'imagenet_multicrop.local_size = 32',
+    'imagenet_multicrop.num_local = 2', 'eval_preprocessing.image_size = 64',
+    'ProjectionHead.hidden_dim = 16', 'ProjectionHead.output_dim = 16',
+    'PredictionHead.hidden_dim = 8', 'train.num_epochs = 1',
+    'imagenet_validation.per_class = 2', 'fine_tune_linear.epochs = (3,)',
+    'fine_tune_linear.global_batch_size = 2',
+    'fine_tune_linear.eval_batch_size = 4']
+_FASHION = _CPU + _NO_WARMUP + [
+    'select_labeled.labels_per_class = 2',
+    'make_pretrain_dataset_fn.global_batch_size = 16',
+    'make_pretrain_dataset_fn.images_per_class = 1',
+    'MultiCropConfig.num_local = 2', 'build_backbone.widths = (8, 8, 8)',
+    'ProjectionHead.hidden_dim = 16', 'ProjectionHead.output_dim = 16',
+    'train.num_epochs = 1', 'train_supervised.steps = 4',
+    'train_supervised.batch_size = 16', 'fine_tune_suncet.num_epochs = 2',
+    'fine_tune_suncet.steps_per_epoch = 2',
+    'fine_tune_suncet.images_per_class = 1']
+_FASHION_VALIDATION = _FASHION + ['held_out.size = 40']
+_FOLDERS = [b for b in image_folders.SMALL
+            if not b.startswith('train.num_epochs')] + _CPU + [
+    'train.num_epochs = 1', 'fine_tune_suncet.steps_per_epoch = 2']
+# One row per shipped config: the bindings that shrink it to seconds on a
+# CPU (sizes and steps only; the data's paths come from its source kind).
+SHRINK = {
+    'cifar10_wrn28_2_4000.gin': _CPU + _NO_WARMUP + [
+        'select_labeled.labels_per_class = 2',
+        'make_pretrain_dataset_fn.global_batch_size = 16',
+        'make_pretrain_dataset_fn.images_per_class = 1',
+        'cifar10_multicrop.num_local = 2',
+        'build_backbone.depth = 10', 'build_backbone.width = 1',
+        'ProjectionHead.hidden_dim = 16', 'ProjectionHead.output_dim = 16',
+        'train.num_epochs = 1', 'fine_tune_suncet.num_epochs = 2',
+        'fine_tune_suncet.steps_per_epoch = 2',
+        'fine_tune_suncet.images_per_class = 1'],
+    'debug.gin': _CPU + _NO_WARMUP + ['train.num_epochs = 1'],
+    'demo_fashion_mnist.gin': _FASHION,
+    'demo_fashion_mnist_quick.gin': _FASHION + [
+        'load_data.max_unlabeled = 64'],
+    'demo_fashion_mnist_validation.gin': _FASHION_VALIDATION,
+    'image_folders.gin': _FOLDERS,
+    'image_folders_small.gin': _FOLDERS,
+    'imagenet.gin': _IMAGENET,
+    'imagenet_rn50_10pct.gin': _IMAGENET,
+    'imagenet_rn50_10pct_8gpu.gin': _IMAGENET,
+    'imagenet_rn50_1pct.gin': _IMAGENET,
+    # ResNet-50 x2 and x4 (94M and 375M parameters) take minutes a step on
+    # two cores; test_gin_configs builds them at full width.
+    'imagenet_rn50x2_10pct.gin': _IMAGENET + [
+        'build_backbone.width_multiplier = 1'],
+    'imagenet_rn50x4_10pct.gin': _IMAGENET + [
+        'build_backbone.width_multiplier = 1'],
+    'mismatch_fashion_mnist.gin': _FASHION,
+    'mismatch_fashion_mnist_curated.gin': _FASHION,
+    'mismatch_fashion_mnist_curated_ropaws.gin': _FASHION,
+    'mismatch_fashion_mnist_ropaws.gin': _FASHION,
+    'mismatch_fashion_mnist_validation.gin': _FASHION_VALIDATION,
+}
+IMAGENET_PER_CLASS = 6
+# The tiny archive's labeled subsets, as the SimCLR subset files list them.
+SUBSETS = {'1pct': (0,), '10pct': (0, 1)}
+
+
+def _imagenet_image(k, i):
+    rng = np.random.default_rng(100 * k + i)
+    image = rng.integers(0, 60, size=(20, 24, 3))
+    image[..., k] += 150  # class k: a bright channel k
+    return image.astype(np.uint8)
+
+
+@pytest.fixture(scope='module')
+def imagenet_data(tmp_path_factory):
+    """ImageNet and both labeled subsets prepared once by the real TFDS
+    builders from a tiny manual_dir: 2 classes of `IMAGENET_PER_CLASS`
+    training images, 2 validation images."""
+    root = tmp_path_factory.mktemp('imagenet')
+    tfds_archives.imagenet_manual_dir(
+        root / 'manual', per_class=IMAGENET_PER_CLASS, images=_imagenet_image)
+    served = {}
+    (root / 'served').mkdir()
+    for subset, indices in SUBSETS.items():
+        path = root / 'served' / f'{subset}.txt'
+        path.write_text(''.join(f'{synset}_{i}.JPEG\n'
+                                for synset in tfds_archives.SYNSETS
+                                for i in indices))
+        served[subset] = path
+    data_dir = str(root / 'tfds')
+    config = tfds.download.DownloadConfig(manual_dir=str(root / 'manual'),
+                                          force_checksums_validation=True)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        tfds.builder('imagenet2012', data_dir=data_dir).download_and_prepare(
+            download_config=config)
+        for subset, path in served.items():
+            tfds_archives.serve(monkeypatch, f'imagenet2012_subset/{subset}',
+                                {tfds_archives.SUBSET_URLS[subset]: path})
+            tfds.builder(f'imagenet2012_subset/{subset}',
+                         data_dir=data_dir).download_and_prepare(
+                             download_config=config)
+    return data_dir
+
+
+def _imagenet_bindings(data_dir, cache_dir):
+    return [f"imagenet_sources.data_dir = '{data_dir}'",
+            f"imagenet_sources.cache_dir = '{cache_dir}'",
+            f"test/tfds_stream.data_dir = '{data_dir}'",
+            f"imagenet_validation.data_dir = '{data_dir}'",
+            f"imagenet_validation.cache_dir = '{cache_dir}'"]
+
+
+def _run(gin_file, model_dir, bindings, mode):
+    """run.py `--mode=mode` on `gin_file`; its output."""
+    code, output = run_py.finish(run_py.start(
+        model_dir, bindings, mode=mode, gin_file=f'gin_configs/{gin_file}',
+        base_bindings=()), timeout=900)
+    assert code == 0, output[-4000:]
+    return output
+
+
+def _soft_nn_top1(support, support_labels, queries, query_labels, tau):
+    """PAWS Eq. (1) by hand: softmax over cosine similarities / tau, summed
+    per class; the top-1 of the argmax."""
+    def normalise(x):
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    logits = normalise(queries) @ normalise(support).T / tau
+    weights = np.exp(logits - logits.max(axis=1, keepdims=True))
+    weights /= weights.sum(axis=1, keepdims=True)
+    onehot = np.eye(support_labels.max() + 1)[support_labels]
+    return np.mean(np.argmax(weights @ onehot, axis=1) == query_labels)
+
+
+def _check_export_and_nn(gin_file, model_dir, bindings):
+    """The exported embedder against the restored checkpoint on the same
+    images, and evaluate_nn's top-1 against NumPy's soft nearest neighbour
+    over the exported embeddings of the labeled and test images."""
+    results = json.loads(
+        (pathlib.Path(model_dir) / 'eval' / 'paws_nn.json').read_text())
+    embedder = tf.saved_model.load(str(pathlib.Path(model_dir) / 'export' /
+                                       'embedder'))
+    with debug_gin.parsed(bindings, gin_file=f'gin_configs/{gin_file}'):
+        model, _ = modes.load_trained_model(
+            model_dir, tf.distribute.get_strategy(), local=True)
+        bundle = experiment.load_data(model_dir)
+        preprocessing = experiment.eval_preprocessing(bundle)
+
+    def embed(source):
+        embeddings, labels = [], []
+        for image, label in source.ordered_dataset().as_numpy_iterator():
+            embeddings.append(embedder(image[None])['embeddings'][0].numpy())
+            labels.append(label)
+        return np.stack(embeddings), np.array(labels)
+
+    support, support_labels = embed(bundle.labeled)
+    queries, query_labels = embed(bundle.test)
+    assert results['num_support'] == len(support_labels)
+    assert results['num_queries'] == len(query_labels)
+    np.testing.assert_allclose(
+        results['top1'], _soft_nn_top1(support, support_labels, queries,
+                                       query_labels, model.tau))
+    # The checkpoint's model on the same images, preprocessed by the
+    # config's evaluation pipeline.
+    images, _ = next(iter(pipeline.make_eval_dataset(
+        bundle.labeled, batch_size=len(support_labels), **preprocessing)))
+    np.testing.assert_allclose(
+        model(images, training=False)[
+            'prediction' if model.nn_embedding == 'prediction'
+            else 'embeddings'], support, rtol=1e-4, atol=1e-5)
+    return results
+
+
+def _validation_draw(per_class, seed=0):
+    """The validation names by hand: per class, the `per_class` training
+    images outside both subsets with the smallest SHA-256 of
+    '<seed>:<file name>'."""
+    labeled = {f'{synset}_{i}.JPEG' for synset in tfds_archives.SYNSETS
+               for indices in SUBSETS.values() for i in indices}
+    chosen = set()
+    for synset in tfds_archives.SYNSETS:
+        rest = [f'{synset}_{i}.JPEG' for i in range(IMAGENET_PER_CLASS)
+                if f'{synset}_{i}.JPEG' not in labeled]
+        chosen.update(sorted(rest, key=lambda name: hashlib.sha256(
+            f'{seed}:{name}'.encode()).digest())[:per_class])
+    return chosen, labeled
+
+
+def _check_imagenet_fine_tune(model_dir, cache_dir, output):
+    """The validation draw against the hand-drawn names, and the kept epoch
+    against the per-epoch validation top-1 the run logged."""
+    tuned = json.loads((pathlib.Path(model_dir) / 'fine_tune' /
+                        'results.json').read_text())
+    assert tuned['protocol'] == 'imagenet'
+    logged = [float(v) for v in re.findall(
+        r'Fine-tuning epoch \d+: validation top-1 ([0-9.]+)', output)]
+    assert len(logged) == tuned['epochs'] == 3
+    assert tuned['best_epoch'] == 1 + int(np.argmax(logged))
+    manifest = next(pathlib.Path(cache_dir).glob(
+        'imagenet2012_validation_2_per_class_seed_0/manifest.tsv'))
+    names = {line.split('\t')[2] for line in
+             manifest.read_text().splitlines()}
+    expected, labeled = _validation_draw(per_class=2)
+    assert names == expected and not names & labeled
+    assert tuned['num_validation'] == len(expected)
+
+
+
+def _check_imagenet_learning_rates(model_dir, epochs, learning_rate):
+    """The rate TensorBoard logged after each fine-tuning epoch against the
+    official cosine from the lr to 0 (suncet WarmupCosineSchedule with no
+    warm-up and final_lr 0), at the step ending that epoch."""
+    logged = {}
+    for path in (pathlib.Path(model_dir) / 'fine_tune' / 'final' /
+                 'train').glob('events.out.tfevents.*'):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag == 'epoch_learning_rate':
+                    logged[event.step] = float(
+                        tf.make_ndarray(value.tensor))
+    np.testing.assert_allclose(
+        [logged[epoch] for epoch in range(epochs)],
+        [learning_rate * 0.5 * (1 + np.cos(np.pi * (epoch + 1) / epochs))
+         for epoch in range(epochs)], atol=1e-7)
+
+
+def _check_cifar10_fine_tune(model_dir, output):
+    """The kept (best) epoch against the per-epoch PAWS-NN the run
+    logged."""
+    tuned = json.loads((pathlib.Path(model_dir) / 'fine_tune' /
+                        'results.json').read_text())
+    assert tuned['protocol'] == 'cifar10'
+    logged = re.findall(
+        r'Fine-tuning epoch (\d+)/\d+: PAWS-NN top-1 ([0-9.]+)%', output)
+    assert logged and [e['epoch'] for e in tuned['paws_nn_by_epoch'][1:]] == [
+        int(epoch) for epoch, _ in logged]
+    figures = [tuned['paws_nn_before']['top1']] + [
+        float(top1) / 100 for _, top1 in logged]
+    np.testing.assert_allclose(
+        [e['top1'] for e in tuned['paws_nn_by_epoch']], figures, atol=5e-5)
+    best = int(np.argmax(np.round(figures, 4)))
+    assert tuned['best_epoch'] == tuned['paws_nn_by_epoch'][best]['epoch']
+
+
+@pytest.fixture(scope='module')
+def fashion_mnist_dir(tmp_path_factory):
+    """Fashion-MNIST's four IDX files as Debian installs them: 120
+    training and 40 test images, every class alike often."""
+    folder = tmp_path_factory.mktemp('fashion_mnist')
+    rng = np.random.default_rng(0)
+    for prefix, count in (('train', 120), ('t10k', 40)):
+        labels = np.arange(count) % 10
+        images = rng.integers(0, 80, size=(count, 28, 28))
+        images += 17 * labels[:, None, None]
+        idx.write_idx(folder / f'{prefix}-images-idx3-ubyte.gz', images)
+        idx.write_idx(folder / f'{prefix}-labels-idx1-ubyte.gz', labels)
+    return folder
+
+
+@pytest.fixture(scope='module')
+def cifar10_data_dir(tmp_path_factory):
+    """CIFAR-10 prepared once by the real TFDS builder from a tiny archive
+    in the real layout (100 training, 3 test images)."""
+    root = tmp_path_factory.mktemp('cifar10')
+    archive = root / 'cifar-10-binary.tar.gz'
+    tfds_archives.cifar10_archive(archive, np.random.default_rng(0),
+                                  per_batch=20)
+    data_dir = str(root / 'tfds')
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        tfds_archives.serve(monkeypatch, 'cifar10',
+                            {tfds_archives.CIFAR10_URL: archive})
+        tfds.builder('cifar10', data_dir=data_dir).download_and_prepare()
+    return data_dir
+
+
+def _data_bindings(gin_file, request, tmp_path):
+    """The bindings that point `gin_file` at test data of its own source
+    kind."""
+    if gin_file.startswith('imagenet'):
+        return _imagenet_bindings(request.getfixturevalue('imagenet_data'),
+                                  str(tmp_path / 'cache'))
+    if gin_file.startswith('image_folders'):
+        return image_folders.write_experiment(tmp_path / 'images',
+                                              unlabeled=4, test=2)
+    if 'fashion_mnist' in gin_file:
+        folder = request.getfixturevalue('fashion_mnist_dir')
+        return [f"fashion_mnist.idx_dir = '{folder}'"]
+    if gin_file.startswith('cifar10'):
+        data_dir = request.getfixturevalue('cifar10_data_dir')
+        return [f"train/load_tfds.data_dir = '{data_dir}'",
+                f"test/load_tfds.data_dir = '{data_dir}'"]
+    assert gin_file == 'debug.gin', (
+        f'{gin_file}: give it test data of its source kind in '
+        '_data_bindings.')
+    return []  # Its own synthetic images.
+
+
+CONFIGS = [name for name in sorted(
+    path.name for path in (REPO / 'gin_configs').glob('*.gin'))
+    if _binds_data(name)]
+
+
+@pytest.mark.slow
+@pytest.mark.long
+@pytest.mark.parametrize('gin_file', CONFIGS)
+def test_shipped_config_runs_every_mode(gin_file, request, tmp_path):
+    """train_and_evaluate then fine_tune (or demo, for the demo configs)
+    through run.py, on data of the config's source kind.
+
+    Fails if PAWS-NN is not Eq. (1) over the exported embeddings (tried,
+    debug.gin: support labels shifted by one class in
+    `evaluate.classify`), if the ImageNet fine-tuning rate is not the
+    official cosine to 0 (with `final_lr` left to gin in
+    `linear_fine_tune._optimizer`, imagenet_rn50_1pct.gin logged 0.031,
+    0.053, 0.064 for 0.015, 0.005, 0), if the export differs from the
+    checkpoint, if the ImageNet validation draw is not the hand-drawn one
+    outside both subsets (tried, imagenet_rn50_1pct.gin: the subsets'
+    images not excluded in `tfds_sources._validation_examples`), or if the
+    kept epoch is not the best logged one.
+    """
+    assert gin_file in SHRINK, (
+        f'Add a row for {gin_file} to SHRINK in {pathlib.Path(__file__).name}'
+        ' (size and step bindings that run it in seconds on a CPU).')
+    model_dir = str(tmp_path / 'run')
+    bindings = SHRINK[gin_file] + _data_bindings(gin_file, request, tmp_path)
+    if gin_file.startswith('demo_'):
+        output = _run(gin_file, model_dir, bindings, 'demo')
+    else:
+        _run(gin_file, model_dir, bindings, 'train_and_evaluate')
+        output = None
+    _check_export_and_nn(gin_file, model_dir, bindings)
+    if output is None:
+        output = _run(gin_file, model_dir, bindings, 'fine_tune')
+    if gin_file.startswith('imagenet'):
+        _check_imagenet_fine_tune(model_dir, str(tmp_path / 'cache'), output)
+        _check_imagenet_learning_rates(model_dir, 3, 0.02)
+    else:
+        _check_cifar10_fine_tune(model_dir, output)
