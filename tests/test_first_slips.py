@@ -1,10 +1,10 @@
 """A new user's usual slips: each gets one message naming it and the fix,
 before any data is read or any run state is written."""
 
-from absl import app
 from absl import flags
 import pytest
 
+from paws_tf import checks
 from paws_tf import cli
 from tests.helpers import image_folders
 
@@ -24,7 +24,7 @@ def run_main(clean_gin):
 
 
 def test_no_gin_file(run_main, tmp_path):
-    with pytest.raises(app.UsageError, match=r'^--gin_file is required: .*'
+    with pytest.raises(checks.ConfigError, match=r'^--gin_file is required: .*'
                        r'--gin_file=debug.gin .*--list_configs'):
         run_main(f'--model_dir={tmp_path / "run"}')
     assert not (tmp_path / 'run').exists()
@@ -33,11 +33,11 @@ def test_no_gin_file(run_main, tmp_path):
 @pytest.mark.parametrize('mode', ['train', 'evaluate_nn'])
 def test_model_dir_that_is_a_file(run_main, tmp_path, mode):
     (tmp_path / 'run').write_text('a file')
-    with pytest.raises(app.UsageError, match=(
+    with pytest.raises(checks.ConfigError, match=(
             f'--model_dir={tmp_path / "run"} is a file: give a directory')):
         run_main('--gin_file=debug.gin', f'--model_dir={tmp_path / "run"}',
                  f'--mode={mode}')
-    with pytest.raises(app.UsageError, match=(
+    with pytest.raises(checks.ConfigError, match=(
             f'is inside {tmp_path / "run"}, which is a file: give a dir')):
         run_main('--gin_file=debug.gin',
                  f'--model_dir={tmp_path / "run" / "sub"}', f'--mode={mode}')
@@ -45,7 +45,7 @@ def test_model_dir_that_is_a_file(run_main, tmp_path, mode):
 
 
 def test_an_unbound_macro_is_named(run_main, tmp_path):
-    with pytest.raises(app.UsageError, match=(
+    with pytest.raises(checks.ConfigError, match=(
             r'^EPOCHS is not bound: the config uses %EPOCHS\. Bind it, e\.g\. '
             r'--gin_bindings="EPOCHS = \.\.\."$')):
         run_main('--gin_file=debug.gin', f'--model_dir={tmp_path / "run"}',
@@ -64,7 +64,7 @@ def test_a_folder_left_out_is_named(run_main, tmp_path, bound, missing,
                 if b.split(' =')[0] in bound]
     for name in ('labeled', 'unlabeled', 'test'):
         (tmp_path / name / 'a').mkdir(parents=True)
-    with pytest.raises(app.UsageError, match=(
+    with pytest.raises(checks.ConfigError, match=(
             f'^{missing} is not bound: bind it to your folder of {what}, '
             f'e.g. --gin_bindings="{missing} = ')):
         run_main('--gin_file=image_folders_small.gin',
@@ -84,7 +84,7 @@ def test_one_labeled_folder_needs_no_unlabeled_dir(run_main, tmp_path):
                 f"TEST_DIR = '{tmp_path / 'test'}'",
                 'load_data.train = @image_folder',
                 'select_labeled.fraction = 0.1']
-    with pytest.raises(app.UsageError, match=(
+    with pytest.raises(checks.ConfigError, match=(
             "SUPPORT_CLASSES = 10 support classes per step, but LABELED_DIR "
             f"= '{tmp_path / 'labeled'}' holds 3 class folder")):
         run_main('--gin_file=image_folders_small.gin',
