@@ -103,8 +103,9 @@ def _check_flags(mode):
             '--model_dir is required: the run directory, e.g. '
             '--model_dir=runs/mine.')
     if mode.imports != bool(_OFFICIAL_CHECKPOINT.value):
-        raise checks.ConfigError('--official_checkpoint=FILE.pth.tar goes with '
-                             '--mode=import_official, and only with it.')
+        raise checks.ConfigError(
+            '--official_checkpoint=FILE.pth.tar goes with '
+            '--mode=import_official, and only with it.')
     _check_model_dir_path(_MODEL_DIR.value)
 
 
@@ -133,13 +134,11 @@ def main(argv):
     try:
         configurables.parse(_GIN_FILES.value, _GIN_BINDINGS.value)
         config_checks.check_config(pretraining=mode.trains)
-    except checks.DataError:
+    except checks.UserError:
         raise
     except ValueError as error:
         # gin's own errors (an unknown configurable or parameter) and the
         # value checks config_checks calls name the binding already.
-        if isinstance(error, checks.ConfigError):
-            raise
         raise checks.ConfigError(str(error)) from error
     model_dir = _MODEL_DIR.value
     config = gin.config_str()
@@ -182,7 +181,6 @@ def _run_in_model_dir(model_dir, strategy, mode, config, owner_check):
     # The importer creates model_dir only once the checkpoint fits.
     if not mode.imports:
         os.makedirs(model_dir, exist_ok=True)
-    if not mode.imports:
         # A training run's config is the run's record (config_checks
         # compares a resumed run's with it); the other modes' is kept
         # beside it under their own name.

@@ -55,8 +55,9 @@ def _closest(message):
             return ''
         # gin has no public list of its configurables: its registry's
         # selectors end in their names.
+        registry = gin.config._REGISTRY  # pylint: disable=protected-access
         known = {selector.rsplit('.', 1)[-1]
-                 for selector, _ in gin.config._REGISTRY.items()}  # pylint: disable=protected-access
+                 for selector, _ in registry.items()}
         typo, prefix = configurable.group(1), ''
     close = difflib.get_close_matches(typo, sorted(known), n=1)
     return f' Did you mean {prefix}{close[0]}?' if close else ''
@@ -143,11 +144,12 @@ def parse(gin_files, bindings):
     `CONFIG_ROOT`.
 
     Raises:
-        checks.ConfigError: a file that is neither a path nor a shipped config, a
-            binding that is not valid gin (named: gin's own message does
-            not say which), a macro the config uses but nothing binds
-            (gin's message prints the whole config after it), or one bound
-            that nothing uses.
+        checks.ConfigError: a file that is neither a path nor a shipped
+            config, a binding that is not valid gin (named, with the
+            closest known name: gin's own message does not say which), a
+            macro the config uses but nothing binds (gin's message prints
+            the whole config after it), or one bound that nothing
+            uses.
     """
     gin.add_config_file_search_path(CONFIG_ROOT)
     gin.parse_config_files_and_bindings(

@@ -45,7 +45,8 @@ def test_a_run_prints_a_few_lines_before_its_progress(tmp_path):
     for text in STARTUP_LOGS:
         assert text not in output, output[:3000]
     assert f'gin config: {run / "config.gin"}' in output
-    assert 'build_backbone.widths = (8, 16)' in (run / 'config.gin').read_text()
+    config = (run / 'config.gin').read_text()
+    assert 'build_backbone.widths = (8, 16)' in config
     assert '# Parameters for' not in output
     assert (f'PAWS input: 512 unlabeled images, 16 steps/epoch of 32; 64 '
             f'labeled in 4 classes; 160 views per step; the sizes per '
@@ -122,7 +123,8 @@ def _mistakes(root):
             f"Class folders under {with_empty} hold no usable images: "
             "['zebra']. Add images or remove the folders."),
         'bad image': (
-            [f"LABELED_DIR = '{corrupt}'", "image_folder.on_bad_image = 'fail'"],
+            [f"LABELED_DIR = '{corrupt}'",
+             "image_folder.on_bad_image = 'fail'"],
             data, f'1 of 13 files under {corrupt} cannot be decoded as '
             "images: up/broken.jpg. Remove or repair them, or set "
             "on_bad_image='skip'."),

@@ -92,8 +92,9 @@ def image_folder(root, *, labeled=True, channels=3, check_images=True,
         checks.ConfigError: an unknown `on_bad_image`.
     """
     if on_bad_image not in BAD_IMAGE_POLICIES:
-        raise checks.ConfigError(f'image_folder.on_bad_image must be one of {BAD_IMAGE_POLICIES}, '
-                         f'got {on_bad_image!r}.')
+        raise checks.ConfigError(
+            'image_folder.on_bad_image must be one of '
+            f'{BAD_IMAGE_POLICIES}, got {on_bad_image!r}.')
     root = pathlib.Path(root)
     if not root.is_dir():
         raise checks.DataError(f'Image folder {root} does not exist.')

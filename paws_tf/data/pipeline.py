@@ -316,9 +316,9 @@ def make_pretrain_dataset_fn(
 
     Returns:
         `PretrainInput(dataset_fn, steps_per_epoch, summary,
-        views_per_step, summary_line)`: the function takes a `tf.distribute.InputContext`
-        (None: one pipeline), the summary is a human-readable account of the
-        effective sizes.
+        views_per_step, summary_line)`: the function takes a
+        `tf.distribute.InputContext` (None: one pipeline), the summaries
+        are human-readable accounts of the effective sizes.
 
     Raises:
         ValueError: sizes that do not divide or do not fit the data (see

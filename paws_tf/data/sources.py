@@ -261,9 +261,10 @@ def read_idx(path):
     shape = tuple(int(d) for d in np.frombuffer(data, '>u4', ndim, offset=4))
     offset = 4 + 4 * ndim
     if len(data) - offset != int(np.prod(shape)):
-        raise checks.DataError(f'{path}: header says shape {shape} '
-                         f'({int(np.prod(shape))} bytes) but the file holds '
-                         f'{len(data) - offset} bytes of data.')
+        raise checks.DataError(
+            f'{path}: header says shape {shape} ({int(np.prod(shape))} '
+            f'bytes) but the file holds {len(data) - offset} bytes of '
+            'data.')
     return np.frombuffer(data, np.uint8, offset=offset).reshape(shape)
 
 
@@ -286,11 +287,13 @@ def load_idx(images_path, labels_path=None, class_names=None):
     images = read_idx(images_path)
     labels = None if labels_path is None else read_idx(labels_path)
     if images.ndim != 3:
-        raise checks.DataError(f'{images_path}: expected [N, H, W] images, got '
-                         f'shape {images.shape}.')
+        raise checks.DataError(
+            f'{images_path}: expected [N, H, W] images, got '
+            f'shape {images.shape}.')
     if labels is not None and labels.shape != images.shape[:1]:
-        raise checks.DataError(f'{labels_path} holds labels of shape {labels.shape} '
-                         f'but {images_path} holds {len(images)} images.')
+        raise checks.DataError(
+            f'{labels_path} holds labels of shape {labels.shape} '
+            f'but {images_path} holds {len(images)} images.')
     return from_arrays(images, labels, class_names)
 
 

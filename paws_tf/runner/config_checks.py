@@ -82,8 +82,9 @@ def _check_warmup():
         if (isinstance(fraction, bool) or
                 not isinstance(fraction, numbers.Real) or
                 not 0 <= fraction <= 1):
-            raise checks.ConfigError(f'{fraction_name} must be a number in [0, 1] '
-                             f'(a share of the run), got {fraction!r}.')
+            raise checks.ConfigError(
+                f'{fraction_name} must be a number in [0, 1] (a share of '
+                f'the run), got {fraction!r}.')
         return
     if (isinstance(num_epochs, numbers.Integral) and
             isinstance(warmup, numbers.Real) and warmup > num_epochs):
@@ -140,9 +141,9 @@ def check_labeled_folder(what):
     labeled = _labeled_root(folder) if folder is not None else None
     if labeled is not None and not os.path.isdir(labeled[0]):
         root, root_name = labeled
-        raise checks.ConfigError(f'{root_name} = {root!r} is not a folder: bind it '
-                         f'to the folder of labeled class subfolders '
-                         f'({what}).')
+        raise checks.ConfigError(
+            f'{root_name} = {root!r} is not a folder: bind it to the '
+            f'folder of labeled class subfolders ({what}).')
 
 
 def _check_support(folder):
@@ -211,8 +212,9 @@ def _check_objective():
 def _check_size(size, size_name, minimum, backbone, backbone_name):
     if (isinstance(size, bool) or not isinstance(size, numbers.Integral)
             or size < 1):
-        raise checks.ConfigError(f'{size_name} must be a positive integer (pixels), '
-                         f'got {size!r}.')
+        raise checks.ConfigError(
+            f'{size_name} must be a positive integer (pixels), got '
+            f'{size!r}.')
     if size < minimum:
         other = ("fewer build_backbone.stage_strides" if backbone ==
                  'small_resnet' else "a backbone for small images "
@@ -231,12 +233,14 @@ def check_config(pretraining=True):
     Catches, in the first seconds and naming the binding to change with a
     valid value: `train`'s counts and `PAWSModel`'s values out of range
     (`train.num_epochs = 'ten'`, `PAWSModel.tau = -0.1`), rebound gin
-    constants (`IMAGENET_MEAN = ...` changes nothing), a normalisation given twice, not at all or with the wrong
-    number of channels, a warm-up longer than the run, an unknown objective
-    or RoPAWS settings out of range, an unknown batch-norm implementation
-    (`build_model.sync_bn_impl`), an image folder left unbound, a support
-    of more classes than the labeled folder holds (its class folders are
-    listed, no image is read), and image sizes below the backbone's
+    constants (`IMAGENET_MEAN = ...` changes nothing), a normalisation
+    given twice, not at all or with the wrong number of channels, a
+    warm-up longer than the run, an unknown objective or RoPAWS settings
+    out of range, an unknown batch-norm implementation
+    (`build_model.sync_bn_impl`), an image folder left unbound, a labeled
+    folder of one class, a support of more classes than the labeled
+    folder holds (its class folders are listed, no image is read), an
+    unknown backbone argument, and image sizes below the backbone's
     downsampling.
     Only what the config determines is checked: the channels of sources
     other than folders are known once they are read, where
@@ -339,8 +343,8 @@ def check_model_dir(model_dir, config, *, overwrite, chief):
         chief: whether this process writes (deletes) in `model_dir`.
 
     Raises:
-        checks.ConfigError: `model_dir` holds a run of another config (the changed
-            lines are listed) and `overwrite` is False.
+        checks.ConfigError: `model_dir` holds a run of another config (the
+            changed lines are listed) and `overwrite` is False.
     """
     path = os.path.join(model_dir, CONFIG_FILE)
     if not os.path.exists(path):
