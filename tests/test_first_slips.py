@@ -90,3 +90,40 @@ def test_one_labeled_folder_needs_no_unlabeled_dir(run_main, tmp_path):
         run_main('--gin_file=image_folders_small.gin',
                  f'--model_dir={tmp_path / "run"}',
                  *[f'--gin_bindings={b}' for b in bindings])
+
+
+@pytest.mark.parametrize('binding,message', [
+    ('CHANNEL = 1', r'^CHANNEL is bound but nothing in the config reads '
+     r'%CHANNEL: did you mean CHANNELS\? The config reads .*CHANNELS.*\. '
+     r'Correct the name or remove the binding of CHANNEL\.$'),
+    ('train.num_epoch = 3', r"doesn't have a parameter named 'num_epoch'\. "
+     r'Did you mean train\.num_epochs\?$'),
+    ('buid_backbone.widths = (8,)', r"No configurable matching "
+     r"'buid_backbone'\. Did you mean build_backbone\?$"),
+])
+def test_a_name_nothing_reads_is_named_with_the_closest(run_main, tmp_path,
+                                                         binding, message):
+    """Fails if configurables' finalize hook lets a macro nothing reads
+    pass, or if _closest suggests no name."""
+    with pytest.raises(checks.ConfigError, match=message):
+        run_main('--gin_file=image_folders_small.gin',
+                 f'--model_dir={tmp_path / "run"}',
+                 f'--gin_bindings={binding}')
+    assert not (tmp_path / 'run').exists()
+
+
+def test_a_labeled_folder_of_one_class_is_refused(run_main, tmp_path):
+    """PAWS classifies each view among the support's classes: one class
+    would train on a constant target. Fails if config_checks lets a
+    labeled folder of one class through (or advises SUPPORT_CLASSES = 1)."""
+    for name in ('labeled/cats', 'unlabeled', 'test/cats'):
+        (tmp_path / name).mkdir(parents=True)
+    with pytest.raises(checks.DataError, match=(
+            f"^LABELED_DIR = '{tmp_path / 'labeled'}' holds one class "
+            r"folder \('cats'\): PAWS needs labeled images of at least two "
+            r'classes .* Add a folder of images for each other class\.$')):
+        run_main('--gin_file=image_folders_small.gin',
+                 f'--model_dir={tmp_path / "run"}',
+                 *[f'--gin_bindings={b}'
+                   for b in image_folders.path_bindings(tmp_path)])
+    assert not (tmp_path / 'run').exists()
