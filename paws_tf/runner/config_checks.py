@@ -301,7 +301,8 @@ def check_config(pretraining=True):
         return
     explicit = inspect.signature(backbones.build_backbone).parameters
     backbones.check_arguments(backbone, [
-        key for key in gin.get_bindings('build_backbone')
+        key for key in gin.get_bindings('build_backbone',
+                                        resolve_references=False)
         if key not in explicit])
     strides = {}
     for key in ('stem_stride', 'stage_strides'):
