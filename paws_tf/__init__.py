@@ -6,7 +6,7 @@ process, so that `tf.keras`, `tf_keras` and our code agree (Keras 3 cannot run
 oneDNN CPU kernels unless TF_ENABLE_ONEDNN_OPTS says otherwise (see BUILD.md).
 
 The pieces a Keras user composes are attributes of the package, loaded on
-first use so that `import paws_tf` stays as cheap as importing TensorFlow:
+first use; `import paws_tf` does not load TensorFlow:
 
     model = paws_tf.PAWSModel(paws_tf.build_backbone(...),
                               paws_tf.ProjectionHead(...))
@@ -17,6 +17,7 @@ README.md, "PAWS in your own Keras code", trains one on NumPy arrays.
 
 import importlib
 import os
+import sys
 
 os.environ['TF_USE_LEGACY_KERAS'] = '1'
 # TensorFlow leaves its oneDNN CPU kernels off on x86 CPUs without AVX-512
@@ -25,14 +26,19 @@ os.environ['TF_USE_LEGACY_KERAS'] = '1'
 # TF_ENABLE_ONEDNN_OPTS=0 wins.
 os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '1')
 
-import tensorflow as tf  # noqa: E402  (must follow the environment switch)
-import tf_keras  # noqa: E402
+# TensorFlow loaded later reads the switches above; one loaded already may
+# have resolved tf.keras to Keras 3. The package itself does not load
+# TensorFlow, so that the program can keep its start-up logs quiet
+# (tf_logs.py).
+if 'tensorflow' in sys.modules:
+    import tensorflow as tf  # noqa: E402
+    import tf_keras  # noqa: E402
 
-if tf.keras.Model is not tf_keras.Model:
-    raise ImportError(
-        'tf.keras was already resolved to Keras 3 before paws_tf was '
-        'imported. Import paws_tf before touching tf.keras, or start Python '
-        'with TF_USE_LEGACY_KERAS=1 in the environment.')
+    if tf.keras.Model is not tf_keras.Model:
+        raise ImportError(
+            'tf.keras was already resolved to Keras 3 before paws_tf was '
+            'imported. Import paws_tf before touching tf.keras, or start '
+            'Python with TF_USE_LEGACY_KERAS=1 in the environment.')
 
 __version__ = '0.1.0'
 

@@ -2,9 +2,39 @@
 the values gin binds, with macros followed."""
 
 import numbers
+import os
 
 import gin
 
+
+class UserError(ValueError):
+    """A mistake of the user's, said in words they act on: the program
+    prints `message` alone and exits with `EXIT_CODE`."""
+
+    EXIT_CODE = os.EX_USAGE  # run.py's exit code.
+
+    def __init__(self, message):
+        super().__init__(message)
+        # gin re-raises an error of a configurable as a proxy whose str()
+        # appends 'In call to configurable ...' lines; the proxy reads
+        # attributes it lacks from the error, so `message` stays the
+        # message.
+        self.message = message
+
+
+class ConfigError(UserError):
+    """A mistake in the flags or the gin config. Its message names the
+    flag or binding and the fix."""
+
+    EXIT_CODE = os.EX_CONFIG  # run.py's exit code.
+
+
+class DataError(UserError):
+    """A mistake in the data: a folder, file or label set that cannot be
+    used as it is. Its message names the folder or file (and the binding)
+    and the fix."""
+
+    EXIT_CODE = os.EX_DATAERR  # run.py's exit code.
 
 
 def integer(name, value, minimum=1):
@@ -15,7 +45,7 @@ def integer(name, value, minimum=1):
         kind = ('a positive integer' if minimum == 1 else
                 'a non-negative integer' if minimum == 0 else
                 f'an integer >= {minimum}')
-        raise ValueError(f'{name} must be {kind}, got {value!r}.')
+        raise ConfigError(f'{name} must be {kind}, got {value!r}.')
     return int(value)
 
 
@@ -32,7 +62,7 @@ def number(name, value, *, positive=False, low=None, high=None):
         else:
             kind = 'a number' + (f' >= {low}' if low is not None else '') + (
                 f' and < {high}' if high is not None else '')
-        raise ValueError(f'{name} must be {kind}, got {value!r}.')
+        raise ConfigError(f'{name} must be {kind}, got {value!r}.')
     return float(value)
 
 
@@ -65,3 +95,14 @@ def bound(selector, default=None):
     """The value gin binds to `selector` with macros resolved, else
     `default`."""
     return binding(selector, default)[0]
+
+
+def referenced_binding(selector, parameter):
+    """`(value, name)` of `parameter` of the configurable that `selector`
+    references (`load_data.test = @test/image_folder` and `'root'` give
+    the test folder and `'TEST_DIR'`), with `binding`'s `name`; `(None,
+    None)` when `selector` binds no reference."""
+    reference = bound(selector)
+    if not isinstance(reference, gin.config.ConfigurableReference):
+        return None, None
+    return binding(f'{reference.scoped_selector}.{parameter}')

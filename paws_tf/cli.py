@@ -24,13 +24,19 @@ from absl import logging
 import gin
 
 import paws_tf  # noqa: F401  (selects tf_keras before TensorFlow is used)
-from paws_tf import configurables
-from paws_tf import dist
-from paws_tf import files
-from paws_tf.runner import config_checks
-from paws_tf.runner import modes
-from paws_tf.runner import run_lock
-from paws_tf.runner import train
+from paws_tf import checks
+from paws_tf import tf_logs
+
+# TensorFlow loads here, its start-up logs held back (tf_logs.py).
+with tf_logs.quiet_start(sys.argv):
+    # pylint: disable=g-import-not-at-top,wrong-import-position
+    from paws_tf import configurables
+    from paws_tf import dist
+    from paws_tf import files
+    from paws_tf.runner import config_checks
+    from paws_tf.runner import modes
+    from paws_tf.runner import run_lock
+    from paws_tf.runner import train
 
 FLAGS_FILE = 'flags.txt'
 
@@ -54,6 +60,10 @@ _OFFICIAL_CHECKPOINT = flags.DEFINE_string(
     'official_checkpoint', None, 'With --mode=import_official: an official '
     'PAWS .pth.tar checkpoint (pre-trained or fine-tuned) to import into '
     '--model_dir.')
+_VERBOSE = flags.DEFINE_bool(
+    'verbose', tf_logs.verbose_from_env(), 'Show TensorFlow\'s start-up '
+    'logs, the gin config and the traceback of a config or data error (for '
+    f'a bug report); {tf_logs.VERBOSE_ENV}=1 does the same.')
 _LIST_CONFIGS = flags.DEFINE_bool(
     'list_configs', False, 'Print the names of the shipped gin configs, '
     'which --gin_file accepts from any directory, and exit.')
@@ -76,7 +86,7 @@ def _check_model_dir_path(model_dir):
     if not os.path.isdir(path):
         what = ('is a file' if path == os.path.abspath(model_dir)
                 else f'is inside {path}, which is a file')
-        raise app.UsageError(
+        raise checks.ConfigError(
             f'--model_dir={model_dir} {what}: give a directory (it is '
             'created if missing), e.g. --model_dir=runs/mine.')
 
@@ -84,15 +94,18 @@ def _check_model_dir_path(model_dir):
 def _check_flags(mode):
     """The flags every mode needs, and those that go with one mode."""
     if not _GIN_FILES.value:
-        raise app.UsageError(
+        raise checks.ConfigError(
             '--gin_file is required: it names the experiment, e.g. '
             '--gin_file=debug.gin (an install check); --list_configs names '
             'the shipped configs.')
     if _MODEL_DIR.value is None:
-        raise app.UsageError('--model_dir is required.')
+        raise checks.ConfigError(
+            '--model_dir is required: the run directory, e.g. '
+            '--model_dir=runs/mine.')
     if mode.imports != bool(_OFFICIAL_CHECKPOINT.value):
-        raise app.UsageError('--official_checkpoint=FILE.pth.tar goes with '
-                             '--mode=import_official, and only with it.')
+        raise checks.ConfigError(
+            '--official_checkpoint=FILE.pth.tar goes with '
+            '--mode=import_official, and only with it.')
     _check_model_dir_path(_MODEL_DIR.value)
 
 
@@ -103,7 +116,8 @@ def main(argv):
         argv: the arguments absl left after parsing the flags.
     """
     if len(argv) > 1:
-        raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+        raise checks.ConfigError(
+            f'Unexpected arguments: {argv[1:]}: flags are --name=value.')
     if _LIST_CONFIGS.value:
         print('\n'.join(configurables.shipped_configs()))
         return
@@ -113,41 +127,52 @@ def main(argv):
     # TensorFlow's own INFO records go through the 'tensorflow' logger.
     logging.get_absl_handler().python_handler.addFilter(_QuietTensorFlow())
     pylogging.getLogger('tensorflow').setLevel(pylogging.WARNING)
+    # Parsing first: a typo fails here, with gin's message, before any
+    # data is read or any TensorFlow device is set up. Then the config
+    # as a whole (normalisation, warm-up, support, image sizes): a run
+    # that cannot work fails in seconds, not after reading.
     try:
-        # Parsing first: a typo fails here, with gin's message, before any
-        # data is read or any TensorFlow device is set up. Then the config
-        # as a whole (normalisation, warm-up, support, image sizes): a run
-        # that cannot work fails in seconds, not after reading.
         configurables.parse(_GIN_FILES.value, _GIN_BINDINGS.value)
         config_checks.check_config(pretraining=mode.trains)
+    except checks.UserError:
+        raise
     except ValueError as error:
-        raise app.UsageError(str(error)) from error
+        # gin's own errors (an unknown configurable or parameter) and the
+        # value checks config_checks calls name the binding already.
+        raise checks.ConfigError(str(error)) from error
     model_dir = _MODEL_DIR.value
     config = gin.config_str()
+    strategy = dist.make_strategy(_STRATEGY.value)
+    dist.check_same_config(strategy, f'--mode={_MODE.value}\n{config}')
+    if mode.trains:
+        # Once the strategy exists; still before any data is read.
+        try:
+            config_checks.check_pretrained_backbone()
+        except (ValueError, FileNotFoundError) as error:
+            if isinstance(error, checks.UserError):
+                raise
+            raise checks.ConfigError(str(error)) from error
+    lock = run_lock.for_process(model_dir, strategy, training=mode.trains)
+    with lock:
+        _run_in_model_dir(model_dir, strategy, mode, config,
+                          owner_check=getattr(lock, 'check', None))
+
+
+def _main_with_messages(argv):
+    """`main`, with the faults that end a run with their message and an
+    exit code of their own (`EXIT_CODE`: a config or data mistake, a lost
+    cluster, a held lock, ...) printed as that message alone; every other
+    error, a bug, keeps its traceback, and --verbose shows all of them."""
     try:
-        strategy = dist.make_strategy(_STRATEGY.value)
-        dist.check_same_config(strategy, f'--mode={_MODE.value}\n{config}')
-        if mode.trains:
-            # Once the strategy exists; still before any data is read.
-            try:
-                config_checks.check_pretrained_backbone()
-            except (ValueError, FileNotFoundError) as error:
-                raise app.UsageError(str(error)) from error
-        lock = run_lock.for_process(model_dir, strategy,
-                                    training=mode.trains)
-        with lock:
-            _run_in_model_dir(model_dir, strategy, mode, config,
-                              owner_check=getattr(lock, 'check', None))
+        main(argv)
     except Exception as error:  # pylint: disable=broad-except
-        # The faults that end a run with their message and an exit code
-        # of their own (`EXIT_CODE`).
         code = getattr(error, 'EXIT_CODE', None)
-        if code is None:
+        if code is None or _VERBOSE.value:
             raise
         if isinstance(error, train.Preempted):
             logging.warning('%s', error)
         else:
-            logging.error('%s', error)
+            logging.error('%s', getattr(error, 'message', error))
         sys.exit(code)
 
 
@@ -156,30 +181,30 @@ def _run_in_model_dir(model_dir, strategy, mode, config, owner_check):
     `owner_check` raises when another run took the lock over."""
     chief = dist.is_chief(strategy)
     if mode.trains:
-        try:
-            config_checks.check_model_dir(
-                model_dir, config, overwrite=_OVERWRITE.value, chief=chief)
-        except ValueError as error:
-            raise app.UsageError(str(error)) from error
+        config_checks.check_model_dir(
+            model_dir, config, overwrite=_OVERWRITE.value, chief=chief)
         if _OVERWRITE.value:
             # The other workers of a cluster wait for the chief to delete.
             dist.barrier(strategy)
     # The importer creates model_dir only once the checkpoint fits.
     if not mode.imports:
         os.makedirs(model_dir, exist_ok=True)
-    if chief and not mode.imports:
-        files.write_text(os.path.join(model_dir, FLAGS_FILE),
-                         flags.FLAGS.flags_into_string())
-        if mode.trains:
-            files.write_text(
-                os.path.join(model_dir, config_checks.CONFIG_FILE), config)
-    logging.info('gin config:\n%s', config)
-    try:
-        mode.run(model_dir, strategy, modes.Options(
-            overwrite=_OVERWRITE.value, owner_check=owner_check,
-            official_checkpoint=_OFFICIAL_CHECKPOINT.value))
-    except modes.MissingLabeledFolder as missing:
-        raise app.UsageError(str(missing)) from missing
+        # A training run's config is the run's record (config_checks
+        # compares a resumed run's with it); the other modes' is kept
+        # beside it under their own name.
+        config_path = os.path.join(
+            model_dir, config_checks.CONFIG_FILE if mode.trains else
+            f'config_{_MODE.value}.gin')
+        if chief:
+            files.write_text(os.path.join(model_dir, FLAGS_FILE),
+                             flags.FLAGS.flags_into_string())
+            files.write_text(config_path, config)
+        logging.info('gin config: %s', config_path)
+    if _VERBOSE.value:
+        logging.info('gin config:\n%s', config)
+    mode.run(model_dir, strategy, modes.Options(
+        overwrite=_OVERWRITE.value, owner_check=owner_check,
+        official_checkpoint=_OFFICIAL_CHECKPOINT.value))
 
 
 def run():
@@ -190,4 +215,4 @@ def run():
     sys.modules['__main__'].__doc__ = __doc__
     for flag in flags.FLAGS.get_key_flags_for_module(__name__):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-    app.run(main)
+    app.run(_main_with_messages)

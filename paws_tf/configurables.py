@@ -2,10 +2,13 @@
 files need no `import` lines, and finds and parses gin configs: a path, or
 a config shipped with the package."""
 
+import difflib
+import inspect
 import os
 import re
 
 # pylint: disable=unused-import
+from paws_tf import checks
 from paws_tf.data import augment  # noqa: F401
 from paws_tf.data import folders  # noqa: F401
 from paws_tf.data import pipeline  # noqa: F401
@@ -33,6 +36,60 @@ import gin  # noqa: E402
 # copying numbers.
 for _name in augment.GIN_CONSTANTS:
     gin.constant(_name, getattr(augment, _name))
+
+
+
+def _closest(message):
+    """' Did you mean NAME?' for gin's message of an unknown parameter or
+    configurable, with the closest name gin knows; else ''."""
+    parameter = re.match(r"Configurable '([\w.]+)' doesn't have a "
+                         r"parameter named '(\w+)'", message)
+    if parameter:
+        known = inspect.signature(
+            gin.config.get_configurable(parameter.group(1))).parameters
+        typo, prefix = parameter.group(2), f'{parameter.group(1)}.'
+    else:
+        configurable = re.match(r"No configurable matching '([\w.]+)'",
+                                message)
+        if configurable is None:
+            return ''
+        # gin has no public list of its configurables: its registry's
+        # selectors end in their names.
+        registry = gin.config._REGISTRY  # pylint: disable=protected-access
+        known = {selector.rsplit('.', 1)[-1]
+                 for selector, _ in registry.items()}
+        typo, prefix = configurable.group(1), ''
+    close = difflib.get_close_matches(typo, sorted(known), n=1)
+    return f' Did you mean {prefix}{close[0]}?' if close else ''
+
+
+@gin.config.register_finalize_hook
+def _refuse_unused_macros(config):
+    """Raises ConfigError naming a macro that the config binds but no
+    `%NAME` reads (`CHANNEL = 1` beside `%CHANNELS`), with the closest
+    name it reads. A finalize hook is gin's public view of every binding
+    (`config` maps `(scope, selector)` to the bound parameters; a macro is
+    `(NAME, 'gin.macro')`); only `parse` finalizes gin in paws_tf. Bound
+    gin constants (`IMAGENET_MEAN = ...`) are left to
+    `config_checks.check_config`, which says why binding them does
+    nothing."""
+    macro = gin.config.get_configurable(gin.config.macro)
+    read = {ref.config_key[0]
+            for ref in gin.config.iterate_references(config, to=macro)}
+    bound = [scope for scope, selector in config
+             if selector == 'gin.macro' and scope not in read and
+             scope not in augment.GIN_CONSTANTS]
+    if not bound:
+        return None
+    name = bound[0]
+    close = difflib.get_close_matches(name, sorted(read), n=1)
+    hint = (f'did you mean {close[0]}? ' if close else '') + (
+        f'The config reads {", ".join(sorted(read))}.' if read else
+        'The config reads no macro.')
+    raise checks.ConfigError(
+        f'{name} is bound but nothing in the config reads %{name}: {hint} '
+        f'Correct the name or remove the binding of {name}.')
+
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # The shipped configs include each other as 'gin_configs/NAME.gin', so gin
@@ -69,13 +126,13 @@ def resolve_gin_file(name):
         A path gin can open.
 
     Raises:
-        ValueError: `name` is neither.
+        checks.ConfigError: `name` is neither.
     """
     for path in (name, os.path.join(CONFIG_DIR, name),
                  os.path.join(CONFIG_ROOT, name)):
         if os.path.isfile(path):
             return path
-    raise ValueError(
+    raise checks.ConfigError(
         f'--gin_file={name}: no such file, and no shipped config of that '
         f'name. Shipped configs (in {CONFIG_DIR}): '
         f'{", ".join(shipped_configs()) or "none"}.')
@@ -87,10 +144,12 @@ def parse(gin_files, bindings):
     `CONFIG_ROOT`.
 
     Raises:
-        ValueError: a file that is neither a path nor a shipped config, a
-            binding that is not valid gin (named: gin's own message does
-            not say which), or a macro the config uses but nothing binds
-            (gin's message prints the whole config after it).
+        checks.ConfigError: a file that is neither a path nor a shipped
+            config, a binding that is not valid gin (named, with the
+            closest known name: gin's own message does not say which), a
+            macro the config uses but nothing binds (gin's message prints
+            the whole config after it), or one bound that nothing
+            uses.
     """
     gin.add_config_file_search_path(CONFIG_ROOT)
     gin.parse_config_files_and_bindings(
@@ -100,8 +159,9 @@ def parse(gin_files, bindings):
         try:
             gin.parse_config(binding)
         except (SyntaxError, ValueError) as error:
-            raise ValueError(
-                f'--gin_bindings={binding!r} is not valid gin: {error}') \
+            raise checks.ConfigError(
+                f'--gin_bindings={binding!r} is not valid gin: '
+                f'{str(error).splitlines()[0]}{_closest(str(error))}') \
                 from error
     try:
         gin.finalize()
@@ -111,6 +171,6 @@ def parse(gin_files, bindings):
         if macro is None:
             raise
         name = macro.group(1)
-        raise ValueError(
+        raise checks.ConfigError(
             f'{name} is not bound: the config uses %{name}. Bind it, e.g. '
             f'--gin_bindings="{name} = ..."') from None

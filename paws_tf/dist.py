@@ -231,6 +231,25 @@ def task_name(strategy):
     return f'{resolver.task_type} {resolver.task_id}'
 
 
+def _lost_task(strategy, message):
+    """'worker 1 (127.0.0.1:2223)': the first other task of the cluster
+    that TensorFlow's `message` names (`/job:worker/replica:0/task:1`),
+    with its address from TF_CONFIG; None when it names none."""
+    resolver = strategy.cluster_resolver
+    spec = resolver.cluster_spec()
+    for kind, index in re.findall(r'/job:(\w+)/replica:\d+/task:(\d+)',
+                                  message):
+        index = int(index)
+        if (kind, index) == (resolver.task_type, resolver.task_id):
+            continue
+        try:
+            address = spec.task_address(kind, index)
+        except ValueError:
+            address = None
+        return f'{kind} {index}' + (f' ({address})' if address else '')
+    return None
+
+
 def cluster_failure(strategy, error, *, what, step, resume):
     """The `ClusterFailed` that `error` stands for, or None when it is not
     a failure of the cluster (no MultiWorkerMirroredStrategy, or another
@@ -253,12 +272,20 @@ def cluster_failure(strategy, error, *, what, step, resume):
     # that stopped, or the mismatched collective) follows on two lines.
     cause = ' '.join(re.sub(r'\{\{.*?\}\}\s*', '', error.message)
                      .split('\n')[:2]).strip()[:500]
+    lost = _lost_task(strategy, error.message)
+    if lost:
+        culprit = f'{lost} was lost'
+        logs = f'the log of {lost.split(" (")[0]}'
+    else:
+        culprit = "TensorFlow's error names no other worker"
+        logs = "every worker's log"
     return ClusterFailed(
-        f'{task_name(strategy)} stopped at step {step}: a collective with '
-        f'the other workers failed during {what} ({type(error).__name__}: '
-        f'{cause}). A worker died, was stopped, or runs another config or '
-        'program. Find the first error in every worker\'s log, fix it, then '
-        'start the same command on every worker again: the run resumes '
+        f'{task_name(strategy)} stopped at step {step}: {culprit}; a '
+        f'collective with the other workers failed during {what} '
+        f'({type(error).__name__}: {cause}). A worker died, was stopped, or '
+        f'runs another config or program. Find the first error in {logs}, '
+        'fix it, then start the same command on every worker again: the '
+        'run resumes '
         f'from {resume}.')
 
 

@@ -40,7 +40,13 @@ def test_workers_started_with_different_configs_stop_before_any_work(
 @pytest.mark.long
 def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
         tmp_path):
-    procs = cluster.start_cluster(cluster_command(tmp_path))
+    """The survivor names the lost task and its TF_CONFIG address. Fails
+    if dist.cluster_failure names no task, or takes the address from
+    another task of the cluster spec."""
+    tf_configs = dist.loopback_tf_configs(2)
+    address = json.loads(tf_configs[0])['cluster']['worker'][1]
+    procs = cluster.start_cluster(cluster_command(tmp_path),
+                                  tf_configs=tf_configs)
     backup_dir = str(tmp_path / saving.BACKUP_DIR)
     cluster.kill_worker_after_backup(procs, backup_dir, 4)
     killed = time.time()
@@ -48,7 +54,10 @@ def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
     # The coordination service misses the dead worker's heartbeats.
     assert time.time() - killed < 120
     assert code == dist.ClusterFailed.EXIT_CODE, output[-3000:]
-    assert 'worker 0 stopped at step' in output
+    assert (f'worker 0 stopped at step ' in output and
+            f': worker 1 ({address}) was lost; ' in output), output[-3000:]
+    assert 'Find the first error in the log of worker 1,' in output
+    assert 'Traceback' not in output
     assert '/job:worker/replica:0/task:1' in output, output[-3000:]
     assert 'Free space' not in output
     path, stopped_at = saving.newest_restorable(str(tmp_path))

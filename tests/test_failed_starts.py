@@ -39,12 +39,14 @@ def test_corrected_command_runs_after_a_failed_start(tmp_path):
     common = image_folders.path_bindings(tmp_path)[1:] + SMALL
     # (failed start, its message, the corrected command, what its config
     # holds and what it does not): each start fails after config.gin is
-    # written.
+    # written. (A config error such as train.num_epochs = 'ten' stops
+    # before: tests/test_terminal_output.py.)
     starts = {
-        'epochs': (
-            [labeled['labeled'], "train.num_epochs = 'ten'"],
-            'num_epochs must be a positive integer',
-            [labeled['labeled']], 'train.num_epochs = 2', "'ten'"),
+        'policy': (
+            [labeled['with_corrupt'], "image_folder.on_bad_image = 'fail'",
+             'train.num_epochs = 3'],
+            'cannot be decoded as images: up/broken.jpg',
+            [labeled['labeled']], 'train.num_epochs = 2', 'num_epochs = 3'),
         'empty': (
             [labeled['with_empty']], "hold no usable images: ['zebra']",
             [labeled['labeled']], f"{tmp_path / 'labeled'}'", 'with_empty'),

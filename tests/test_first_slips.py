@@ -1,10 +1,10 @@
 """A new user's usual slips: each gets one message naming it and the fix,
 before any data is read or any run state is written."""
 
-from absl import app
 from absl import flags
 import pytest
 
+from paws_tf import checks
 from paws_tf import cli
 from tests.helpers import image_folders
 
@@ -24,7 +24,7 @@ def run_main(clean_gin):
 
 
 def test_no_gin_file(run_main, tmp_path):
-    with pytest.raises(app.UsageError, match=r'^--gin_file is required: .*'
+    with pytest.raises(checks.ConfigError, match=r'^--gin_file is required: .*'
                        r'--gin_file=debug.gin .*--list_configs'):
         run_main(f'--model_dir={tmp_path / "run"}')
     assert not (tmp_path / 'run').exists()
@@ -33,11 +33,11 @@ def test_no_gin_file(run_main, tmp_path):
 @pytest.mark.parametrize('mode', ['train', 'evaluate_nn'])
 def test_model_dir_that_is_a_file(run_main, tmp_path, mode):
     (tmp_path / 'run').write_text('a file')
-    with pytest.raises(app.UsageError, match=(
+    with pytest.raises(checks.ConfigError, match=(
             f'--model_dir={tmp_path / "run"} is a file: give a directory')):
         run_main('--gin_file=debug.gin', f'--model_dir={tmp_path / "run"}',
                  f'--mode={mode}')
-    with pytest.raises(app.UsageError, match=(
+    with pytest.raises(checks.ConfigError, match=(
             f'is inside {tmp_path / "run"}, which is a file: give a dir')):
         run_main('--gin_file=debug.gin',
                  f'--model_dir={tmp_path / "run" / "sub"}', f'--mode={mode}')
@@ -45,7 +45,7 @@ def test_model_dir_that_is_a_file(run_main, tmp_path, mode):
 
 
 def test_an_unbound_macro_is_named(run_main, tmp_path):
-    with pytest.raises(app.UsageError, match=(
+    with pytest.raises(checks.ConfigError, match=(
             r'^EPOCHS is not bound: the config uses %EPOCHS\. Bind it, e\.g\. '
             r'--gin_bindings="EPOCHS = \.\.\."$')):
         run_main('--gin_file=debug.gin', f'--model_dir={tmp_path / "run"}',
@@ -64,7 +64,7 @@ def test_a_folder_left_out_is_named(run_main, tmp_path, bound, missing,
                 if b.split(' =')[0] in bound]
     for name in ('labeled', 'unlabeled', 'test'):
         (tmp_path / name / 'a').mkdir(parents=True)
-    with pytest.raises(app.UsageError, match=(
+    with pytest.raises(checks.ConfigError, match=(
             f'^{missing} is not bound: bind it to your folder of {what}, '
             f'e.g. --gin_bindings="{missing} = ')):
         run_main('--gin_file=image_folders_small.gin',
@@ -84,9 +84,46 @@ def test_one_labeled_folder_needs_no_unlabeled_dir(run_main, tmp_path):
                 f"TEST_DIR = '{tmp_path / 'test'}'",
                 'load_data.train = @image_folder',
                 'select_labeled.fraction = 0.1']
-    with pytest.raises(app.UsageError, match=(
+    with pytest.raises(checks.ConfigError, match=(
             "SUPPORT_CLASSES = 10 support classes per step, but LABELED_DIR "
             f"= '{tmp_path / 'labeled'}' holds 3 class folder")):
         run_main('--gin_file=image_folders_small.gin',
                  f'--model_dir={tmp_path / "run"}',
                  *[f'--gin_bindings={b}' for b in bindings])
+
+
+@pytest.mark.parametrize('binding,message', [
+    ('CHANNEL = 1', r'^CHANNEL is bound but nothing in the config reads '
+     r'%CHANNEL: did you mean CHANNELS\? The config reads .*CHANNELS.*\. '
+     r'Correct the name or remove the binding of CHANNEL\.$'),
+    ('train.num_epoch = 3', r"doesn't have a parameter named 'num_epoch'\. "
+     r'Did you mean train\.num_epochs\?$'),
+    ('buid_backbone.widths = (8,)', r"No configurable matching "
+     r"'buid_backbone'\. Did you mean build_backbone\?$"),
+])
+def test_a_name_nothing_reads_is_named_with_the_closest(run_main, tmp_path,
+                                                         binding, message):
+    """Fails if configurables' finalize hook lets a macro nothing reads
+    pass, or if _closest suggests no name."""
+    with pytest.raises(checks.ConfigError, match=message):
+        run_main('--gin_file=image_folders_small.gin',
+                 f'--model_dir={tmp_path / "run"}',
+                 f'--gin_bindings={binding}')
+    assert not (tmp_path / 'run').exists()
+
+
+def test_a_labeled_folder_of_one_class_is_refused(run_main, tmp_path):
+    """PAWS classifies each view among the support's classes: one class
+    would train on a constant target. Fails if config_checks lets a
+    labeled folder of one class through (or advises SUPPORT_CLASSES = 1)."""
+    for name in ('labeled/cats', 'unlabeled', 'test/cats'):
+        (tmp_path / name).mkdir(parents=True)
+    with pytest.raises(checks.DataError, match=(
+            f"^LABELED_DIR = '{tmp_path / 'labeled'}' holds one class "
+            r"folder \('cats'\): PAWS needs labeled images of at least two "
+            r'classes .* Add a folder of images for each other class\.$')):
+        run_main('--gin_file=image_folders_small.gin',
+                 f'--model_dir={tmp_path / "run"}',
+                 *[f'--gin_bindings={b}'
+                   for b in image_folders.path_bindings(tmp_path)])
+    assert not (tmp_path / 'run').exists()

@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from tests.helpers import idx
+from paws_tf import checks
 from paws_tf.data import folders
 from paws_tf.data import sources
 from paws_tf.data import splits
@@ -51,12 +52,15 @@ def test_load_idx(tmp_path, suffix):
 
 
 def test_idx_errors(tmp_path):
+    """Data errors, which run.py prints as one line. Fails if read_idx
+    raises a plain ValueError."""
     (tmp_path / 'bad').write_bytes(b'\x00\x00\x0d\x03' + bytes(16))
-    with pytest.raises(ValueError, match='bad IDX magic number'):
+    with pytest.raises(checks.DataError, match='bad IDX magic number'):
         sources.read_idx(tmp_path / 'bad')
     idx.write_idx(tmp_path / 'short', np.zeros([3, 2, 2], np.uint8))
     (tmp_path / 'short').write_bytes((tmp_path / 'short').read_bytes()[:-1])
-    with pytest.raises(ValueError, match=r'shape \(3, 2, 2\) \(12 bytes\)'):
+    with pytest.raises(checks.DataError,
+                       match=r'shape \(3, 2, 2\) \(12 bytes\)'):
         sources.read_idx(tmp_path / 'short')
     idx.write_idx(tmp_path / 'img', np.zeros([3, 2, 2], np.uint8))
     idx.write_idx(tmp_path / 'lab', np.zeros([4], np.uint8))

@@ -8,6 +8,7 @@ from absl import logging
 import gin
 import tensorflow as tf
 
+from paws_tf import checks
 from paws_tf.data import sources
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif')
@@ -86,15 +87,17 @@ def image_folder(root, *, labeled=True, channels=3, check_images=True,
         An `ImageSource` whose names are paths relative to `root`.
 
     Raises:
-        ValueError: if `root` holds no images, a class folder is empty, or
-            a file is broken and `on_bad_image` is `'fail'`.
+        checks.DataError: if `root` holds no images, a class folder is
+            empty, or a file is broken and `on_bad_image` is `'fail'`.
+        checks.ConfigError: an unknown `on_bad_image`.
     """
     if on_bad_image not in BAD_IMAGE_POLICIES:
-        raise ValueError(f'on_bad_image must be one of {BAD_IMAGE_POLICIES}, '
-                         f'got {on_bad_image!r}.')
+        raise checks.ConfigError(
+            'image_folder.on_bad_image must be one of '
+            f'{BAD_IMAGE_POLICIES}, got {on_bad_image!r}.')
     root = pathlib.Path(root)
     if not root.is_dir():
-        raise ValueError(f'Image folder {root} does not exist.')
+        raise checks.DataError(f'Image folder {root} does not exist.')
     other = collections.Counter()
     if labeled:
         class_names = sorted(d.name for d in root.iterdir() if d.is_dir())
@@ -107,7 +110,7 @@ def image_folder(root, *, labeled=True, channels=3, check_images=True,
     else:
         (files, other), class_names, labels = _image_files(root), [], None
     if not files:
-        raise ValueError(
+        raise checks.DataError(
             f'No {"/".join(IMAGE_EXTENSIONS)} images under {root}' +
             (' in class subfolders' if labeled else '') +
             (f'; {_other_types(other)}.' if other else '.'))
@@ -116,7 +119,7 @@ def image_folder(root, *, labeled=True, channels=3, check_images=True,
     shown = ', '.join(files[i].relative_to(root).as_posix()
                       for i in bad[:_MAX_LISTED])
     if bad and on_bad_image == 'fail':
-        raise ValueError(
+        raise checks.DataError(
             f'{len(bad)} of {len(files)} files under {root} cannot '
             f'be decoded as images: {shown}. Remove or repair them, '
             "or set on_bad_image='skip'.")
@@ -140,7 +143,7 @@ def image_folder(root, *, labeled=True, channels=3, check_images=True,
         empty = [name for class_id, name in enumerate(class_names)
                  if class_id not in present]
         if empty:
-            raise ValueError(
+            raise checks.DataError(
                 f'Class folders under {root} hold no usable images: '
                 f'{empty[:_MAX_LISTED]}. Add images or remove the folders.')
     return sources.from_files([str(p) for p in files],

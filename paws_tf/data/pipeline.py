@@ -48,6 +48,14 @@ class _Layout:
                 self.support_views * s.classes_per_replica *
                 s.images_per_class * self.num_replicas)
 
+    def describe_briefly(self):
+        s = self.sampler
+        return (f'PAWS input: {self.num_unlabeled} unlabeled images, '
+                f'{self.steps_per_epoch} steps/epoch of '
+                f'{self.global_batch_size}; {s.num_labeled} labeled in '
+                f'{s.num_classes} classes; {self.views_per_step} views '
+                'per step')
+
     def describe(self):
         s, m, r = self.sampler, self.multicrop, self.num_replicas
         k, n, v = s.classes_per_replica, s.images_per_class, self.support_views
@@ -78,8 +86,9 @@ class PretrainInput(typing.NamedTuple):
 
     dataset_fn: typing.Callable  # InputContext or None -> tf.data.Dataset
     steps_per_epoch: int
-    summary: str  # effective global sizes, for the trainer to log
+    summary: str  # effective global and per-replica sizes, a few lines
     views_per_step: int  # images forwarded per step, over all replicas
+    summary_line: str  # the main sizes in one line, for the trainer's log
 
 
 def _check_divisible(value, name, divisor, divisor_name, fix):
@@ -187,7 +196,7 @@ def _check_sizes(unlabeled, labeled, *, num_replicas, global_batch_size,
     _check_divisible(global_batch_size, 'global_batch_size', num_replicas,
                      'replicas', 'make it a multiple of the replica count')
     if unlabeled.num_examples < global_batch_size:
-        raise ValueError(
+        raise checks.DataError(
             f'The unlabeled set has {unlabeled.num_examples} images, fewer '
             f'than global_batch_size={global_batch_size}: lower the batch.')
     if support_views not in (1, 2):
@@ -195,7 +204,7 @@ def _check_sizes(unlabeled, labeled, *, num_replicas, global_batch_size,
     if labeled.labels is None:
         raise ValueError('The labeled source has no labels.')
     if labeled.channels != unlabeled.channels:
-        raise ValueError(
+        raise checks.DataError(
             f'The labeled images have {labeled.channels} channels, the '
             f'unlabeled ones {unlabeled.channels}: decode both to the same.')
 
@@ -309,9 +318,9 @@ def make_pretrain_dataset_fn(
 
     Returns:
         `PretrainInput(dataset_fn, steps_per_epoch, summary,
-        views_per_step)`: the function takes a `tf.distribute.InputContext`
-        (None: one pipeline), the summary is a human-readable account of the
-        effective sizes.
+        views_per_step, summary_line)`: the function takes a
+        `tf.distribute.InputContext` (None: one pipeline), the summaries
+        are human-readable accounts of the effective sizes.
 
     Raises:
         ValueError: sizes that do not divide or do not fit the data (see
@@ -361,7 +370,7 @@ def make_pretrain_dataset_fn(
                 .prefetch(prefetch).with_options(options))
 
     return PretrainInput(dataset_fn, layout.steps_per_epoch, layout.describe(),
-                         layout.views_per_step)
+                         layout.views_per_step, layout.describe_briefly())
 
 
 @gin.configurable(denylist=['source'])

@@ -3,6 +3,14 @@
 import numpy as np
 import tensorflow as tf
 
+from paws_tf import checks
+
+def _class_name(class_names, class_id):
+    """A class's name for a message, else its id."""
+    return (repr(class_names[class_id]) if class_id < len(class_names)
+            else str(class_id))
+
+
 # Tags that keep the random streams derived from one user seed apart.
 UNLABELED_ORDER = 1
 UNLABELED_VIEWS = 2
@@ -86,12 +94,13 @@ class SupportSampler:
                 named in error messages.
 
         Raises:
-            ValueError: empty labeled set; too many classes per step; a
-                class with too few images; sizes that do not divide.
+            checks.DataError: empty labeled set; more classes per step
+                than it holds; a class with too few images.
+            ValueError: sizes that do not divide.
         """
         labels = np.asarray(labels, np.int64)
         if labels.size == 0:
-            raise ValueError(
+            raise checks.DataError(
                 'The labeled set is empty: PAWS needs labeled support images. '
                 'Check labels_per_class / the split file of the labeled set.')
         if classes_per_step < 1 or images_per_class < 1:
@@ -99,6 +108,12 @@ class SupportSampler:
                              f'{binding}.images_per_class must be >= 1, got '
                              f'{classes_per_step} and {images_per_class}.')
         class_ids, counts = np.unique(labels, return_counts=True)
+        if len(class_ids) < 2:
+            raise checks.DataError(
+                f'The labeled set holds one class '
+                f'({_class_name(class_names, class_ids[0])}): PAWS needs'
+                ' labeled images of at least two classes (each view is '
+                'classified among the support\'s classes).')
         if unique_classes_per_replica:
             if classes_per_step % num_replicas:
                 raise ValueError(
@@ -113,7 +128,7 @@ class SupportSampler:
             per_replica = classes_per_step
             needed = images_per_class * num_replicas
         if classes_per_step > len(class_ids):
-            raise ValueError(
+            raise checks.DataError(
                 f'{binding}.classes_per_step={classes_per_step} (global'
                 + (f' = {per_replica} per replica x {num_replicas} replicas'
                    if unique_classes_per_replica else '')
@@ -122,9 +137,9 @@ class SupportSampler:
         small = [(c, k) for c, k in zip(class_ids, counts) if k < needed]
         if small:
             names = ', '.join(
-                f'{class_names[c] if c < len(class_names) else c!r} (id {c}) '
+                f'{_class_name(class_names, c)} (id {c}) '
                 f'has {k}' for c, k in small[:_MAX_LISTED])
-            raise ValueError(
+            raise checks.DataError(
                 f'{len(small)} class(es) have fewer labeled images than a step '
                 f'draws without replacement ({needed} = images_per_class '
                 f'{images_per_class}'

@@ -6,6 +6,8 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from paws_tf import checks
+
 FASHION_MNIST_CLASS_NAMES = (
     'T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt',
     'Sneaker', 'Bag', 'Ankle boot')
@@ -251,7 +253,7 @@ def read_idx(path):
     with opener(path, 'rb') as f:
         data = f.read()
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != _IDX_UBYTE:
-        raise ValueError(
+        raise checks.DataError(
             f'{path}: bad IDX magic number {data[:4].hex()}; expected '
             '0000 08 NN (unsigned bytes, NN dimensions). Is it an MNIST-style '
             'file (and gzipped only if the name ends in .gz)?')
@@ -259,9 +261,10 @@ def read_idx(path):
     shape = tuple(int(d) for d in np.frombuffer(data, '>u4', ndim, offset=4))
     offset = 4 + 4 * ndim
     if len(data) - offset != int(np.prod(shape)):
-        raise ValueError(f'{path}: header says shape {shape} '
-                         f'({int(np.prod(shape))} bytes) but the file holds '
-                         f'{len(data) - offset} bytes of data.')
+        raise checks.DataError(
+            f'{path}: header says shape {shape} ({int(np.prod(shape))} '
+            f'bytes) but the file holds {len(data) - offset} bytes of '
+            'data.')
     return np.frombuffer(data, np.uint8, offset=offset).reshape(shape)
 
 
@@ -278,16 +281,19 @@ def load_idx(images_path, labels_path=None, class_names=None):
         An `ImageSource` of one-channel images.
 
     Raises:
-        ValueError: on malformed files or different image and label counts.
+        checks.DataError: on malformed files or different image and label
+            counts.
     """
     images = read_idx(images_path)
     labels = None if labels_path is None else read_idx(labels_path)
     if images.ndim != 3:
-        raise ValueError(f'{images_path}: expected [N, H, W] images, got '
-                         f'shape {images.shape}.')
+        raise checks.DataError(
+            f'{images_path}: expected [N, H, W] images, got '
+            f'shape {images.shape}.')
     if labels is not None and labels.shape != images.shape[:1]:
-        raise ValueError(f'{labels_path} holds labels of shape {labels.shape} '
-                         f'but {images_path} holds {len(images)} images.')
+        raise checks.DataError(
+            f'{labels_path} holds labels of shape {labels.shape} '
+            f'but {images_path} holds {len(images)} images.')
     return from_arrays(images, labels, class_names)
 
 

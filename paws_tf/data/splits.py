@@ -6,6 +6,7 @@ import os
 import gin
 import numpy as np
 
+from paws_tf import checks
 from paws_tf import files
 
 # The file in `record_dir` that records which images a run used as labeled.
@@ -31,11 +32,12 @@ def _positions_of(source, names, split_file):
     position = {name: i for i, name in enumerate(source.names)}
     unknown = [name for name in names if name not in position]
     if unknown:
-        raise ValueError(
+        raise checks.DataError(
             f'{split_file}: {len(unknown)} names are not in the source, e.g. '
             f'{unknown[:3]} (source names look like {list(source.names[:3])}).')
     if len(set(names)) != len(names):
-        raise ValueError(f'{split_file} lists some images more than once.')
+        raise checks.DataError(
+            f'{split_file} lists some images more than once.')
     return np.array([position[name] for name in names], np.int64)
 
 
@@ -47,7 +49,7 @@ def _sample_per_class(source, labels_per_class, fraction, seed):
         count = (labels_per_class if labels_per_class is not None
                  else int(round(fraction * len(members))))
         if count > len(members):
-            raise ValueError(
+            raise checks.DataError(
                 f'Class {class_name!r} (id {class_id}) has {len(members)} '
                 f'images, fewer than labels_per_class={count}: lower it.')
         # Without replacement: an earlier TF port drew duplicates here.

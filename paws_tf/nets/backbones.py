@@ -1,11 +1,13 @@
 """ResNet feature extractors: images [B, H, W, C] -> features [B, F]."""
 
+import difflib
 import inspect
 import math
 
 import gin
 import tf_keras
 
+from paws_tf import checks
 from paws_tf.nets import onednn
 from paws_tf.nets import padded_layers
 from paws_tf.nets import recompute
@@ -279,6 +281,23 @@ def downsampling(name, *, stem_stride=1, stage_strides=(2, 2, 2)):
     return stem_stride * math.prod(stage_strides)
 
 
+def check_arguments(name, arguments):
+    """Raises ConfigError naming the binding (and the closest argument)
+    unless `name` is a backbone and `arguments` (names) its architecture
+    arguments; gin accepts any argument of `build_backbone`."""
+    if name not in _BUILDERS:
+        raise checks.ConfigError(
+            f'build_backbone.name = {name!r} is not a backbone; valid '
+            f'choices: {sorted(_BUILDERS)}.')
+    valid = list(inspect.signature(_BUILDERS[name]).parameters)[2:]
+    for argument in sorted(set(arguments) - set(valid)):
+        close = difflib.get_close_matches(argument, valid, n=1)
+        raise checks.ConfigError(
+            f'build_backbone.{argument} is not an argument of backbone '
+            f'{name!r}: ' + (f'did you mean build_backbone.{close[0]}? '
+                             if close else '') + f'Its arguments: {valid}.')
+
+
 @gin.configurable(denylist=SET_BY_BUILD_MODEL)
 def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
                    bn_epsilon=1e-5, sync_bn_impl=sync_batch_norm.KERAS,
@@ -348,15 +367,8 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
     Raises:
         ValueError: unknown `name` or architecture argument, or a bad value.
     """
-    if name not in _BUILDERS:
-        raise ValueError(f'unknown backbone {name!r}; valid choices: '
-                         f'{sorted(_BUILDERS)}')
+    check_arguments(name, kwargs)
     builder = _BUILDERS[name]
-    valid = list(inspect.signature(builder).parameters)[2:]
-    unknown = sorted(set(kwargs) - set(valid))
-    if unknown:
-        raise ValueError(f'unknown argument(s) {unknown} for backbone '
-                         f'{name!r}; valid choices: {valid}')
     if input_channels < 1:
         raise ValueError(
             f'input_channels must be >= 1, got {input_channels!r}')

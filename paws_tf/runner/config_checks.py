@@ -77,19 +77,20 @@ def _check_warmup():
         'WarmupCosineDecay.warmup_fraction')
     if fraction is not None:
         if warmup is not None:
-            raise ValueError(
+            raise checks.ConfigError(
                 f'{warmup_name} = {warmup!r} and {fraction_name} = '
                 f'{fraction!r} both set the warm-up: bind {warmup_name} = '
                 'None to use the fraction.')
         if (isinstance(fraction, bool) or
                 not isinstance(fraction, numbers.Real) or
                 not 0 <= fraction <= 1):
-            raise ValueError(f'{fraction_name} must be a number in [0, 1] '
-                             f'(a share of the run), got {fraction!r}.')
+            raise checks.ConfigError(
+                f'{fraction_name} must be a number in [0, 1] (a share of '
+                f'the run), got {fraction!r}.')
         return
     if (isinstance(num_epochs, numbers.Integral) and
             isinstance(warmup, numbers.Real) and warmup > num_epochs):
-        raise ValueError(
+        raise checks.ConfigError(
             f'The warm-up is longer than the run: {warmup_name} = {warmup!r} '
             f'> {epochs_name} = {num_epochs}. Bind {warmup_name} = '
             f'{num_epochs / 10:g} (a tenth of the run), or '
@@ -115,7 +116,7 @@ def _check_folders_bound(folder):
     for selector, what in roots:
         root, name = checks.binding(selector)
         if root is None:
-            raise ValueError(
+            raise checks.ConfigError(
                 f'{name} is not bound: bind it to your folder of {what}, '
                 f"e.g. --gin_bindings=\"{name} = '/data/mine/...'\".")
 
@@ -131,7 +132,7 @@ def _labeled_root(folder):
 
 
 def check_labeled_folder(what):
-    """Raises ValueError naming the binding when the config reads its
+    """Raises ConfigError naming the binding when the config reads its
     labeled images from a folder that does not exist.
 
     Args:
@@ -142,9 +143,9 @@ def check_labeled_folder(what):
     labeled = _labeled_root(folder) if folder is not None else None
     if labeled is not None and not os.path.isdir(labeled[0]):
         root, root_name = labeled
-        raise ValueError(f'{root_name} = {root!r} is not a folder: bind it '
-                         f'to the folder of labeled class subfolders '
-                         f'({what}).')
+        raise checks.ConfigError(
+            f'{root_name} = {root!r} is not a folder: bind it to the '
+            f'folder of labeled class subfolders ({what}).')
 
 
 def _check_support(folder):
@@ -153,15 +154,48 @@ def _check_support(folder):
     if labeled is None:
         return
     root, root_name = labeled
-    classes = sum(entry.is_dir() for entry in os.scandir(root))
+    classes = sorted(entry.name for entry in os.scandir(root)
+                     if entry.is_dir())
+    if len(classes) == 1:
+        raise checks.DataError(
+            f'{root_name} = {root!r} holds one class folder ({classes[0]!r})'
+            ': PAWS needs labeled images of at least two classes (each view '
+            'is classified among the support\'s classes). Add a folder of '
+            'images for each other class.')
+    classes = len(classes)
     wanted, wanted_name = checks.binding(
         'make_pretrain_dataset_fn.classes_per_step')
     if (isinstance(wanted, numbers.Integral) and classes
             and wanted > classes):
-        raise ValueError(
+        raise checks.ConfigError(
             f'{wanted_name} = {wanted} support classes per step, but '
             f'{root_name} = {root!r} holds {classes} class folder(s): bind '
             f'{wanted_name} = {classes}.')
+
+
+# `train`'s counts and `PAWSModel`'s values, checked with their bindings
+# named (macros followed) before any data is read; the functions check them
+# again, for callers other than run.py.
+_TRAIN_COUNTS = {'num_epochs': 1, 'keep_checkpoints': 1,
+                 'backup_every_steps': 1, 'steps_per_execution': 1,
+                 'checkpoint_every_steps': 0, 'log_every_steps': 0,
+                 'eval_every_epochs': 0, 'seed': 0}
+_MODEL_VALUES = {'tau': {'positive': True},
+                 'sharpen_temperature': {'positive': True},
+                 'me_max_weight': {'low': 0.0},
+                 'label_smoothing': {'low': 0.0, 'high': 1.0}}
+
+
+def _check_values(pretraining):
+    if pretraining:
+        for parameter, minimum in _TRAIN_COUNTS.items():
+            value, name = checks.binding(f'train.{parameter}')
+            if value is not None:
+                checks.integer(name, value, minimum=minimum)
+    for parameter, limits in _MODEL_VALUES.items():
+        value, name = checks.binding(f'PAWSModel.{parameter}')
+        if value is not None:
+            checks.number(name, value, **limits)
 
 
 def _check_objective():
@@ -180,14 +214,15 @@ def _check_objective():
 def _check_size(size, size_name, minimum, backbone, backbone_name):
     if (isinstance(size, bool) or not isinstance(size, numbers.Integral)
             or size < 1):
-        raise ValueError(f'{size_name} must be a positive integer (pixels), '
-                         f'got {size!r}.')
+        raise checks.ConfigError(
+            f'{size_name} must be a positive integer (pixels), got '
+            f'{size!r}.')
     if size < minimum:
         other = ("fewer build_backbone.stage_strides" if backbone ==
                  'small_resnet' else "a backbone for small images "
                  "(build_backbone.name = 'small_resnet', as the recipe "
                  "gin_configs/image_folders_small.gin)")
-        raise ValueError(
+        raise checks.ConfigError(
             f'{size_name} = {size} is smaller than {minimum} px, the '
             f'downsampling of {backbone_name} = {backbone!r}: its last '
             'stages would see a single pixel padded with zeros. Bind '
@@ -198,13 +233,16 @@ def check_config(pretraining=True):
     """Checks the parsed gin config before any data is read.
 
     Catches, in the first seconds and naming the binding to change with a
-    valid value: rebound gin constants (`IMAGENET_MEAN = ...` changes
-    nothing), a normalisation given twice, not at all or with the wrong
-    number of channels, a warm-up longer than the run, an unknown objective
-    or RoPAWS settings out of range, an unknown batch-norm implementation
-    (`build_model.sync_bn_impl`), an image folder left unbound, a support
-    of more classes than the labeled folder holds (its class folders are
-    listed, no image is read), and image sizes below the backbone's
+    valid value: `train`'s counts and `PAWSModel`'s values out of range
+    (`train.num_epochs = 'ten'`, `PAWSModel.tau = -0.1`), rebound gin
+    constants (`IMAGENET_MEAN = ...` changes nothing), a normalisation
+    given twice, not at all or with the wrong number of channels, a
+    warm-up longer than the run, an unknown objective or RoPAWS settings
+    out of range, an unknown batch-norm implementation
+    (`build_model.sync_bn_impl`), an image folder left unbound, a labeled
+    folder of one class, a support of more classes than the labeled
+    folder holds (its class folders are listed, no image is read), an
+    unknown backbone argument, and image sizes below the backbone's
     downsampling.
     Only what the config determines is checked: the channels of sources
     other than folders are known once they are read, where
@@ -217,12 +255,12 @@ def check_config(pretraining=True):
             a trained run check the folder when they read it).
 
     Raises:
-        ValueError: on the first problem found.
+        checks.ConfigError: on the first problem found.
     """
     rebound = _bound_constants()
     if rebound:
         one = len(rebound) == 1
-        raise ValueError(
+        raise checks.ConfigError(
             f'{" and ".join(rebound)} '
             f'{"is a constant" if one else "are constants"} of paws_tf '
             '(values fixed in paws_tf.data.augment): binding '
@@ -236,7 +274,7 @@ def check_config(pretraining=True):
     if folder is not None:
         channels, channels_name = checks.binding(f'{folder[0]}.channels', 3)
         if channels not in (1, 3) or isinstance(channels, bool):
-            raise ValueError(
+            raise checks.ConfigError(
                 f'{channels_name} = {channels!r}: images are decoded to 1 '
                 '(grayscale) or 3 (RGB) channels.')
     spec = normalization_lib.normalization(
@@ -252,6 +290,7 @@ def check_config(pretraining=True):
     normalization_lib.one_normalization('eval_preprocessing',
                       checks.bound('eval_preprocessing.mean'),
                       checks.bound('eval_preprocessing.std'), spec, channels)
+    _check_values(pretraining)
     _check_warmup()
     _check_objective()
     sync_batch_norm.check_impl(*checks.binding('build_model.sync_bn_impl',
@@ -262,6 +301,11 @@ def check_config(pretraining=True):
     backbone, backbone_name = checks.binding('build_backbone.name')
     if not isinstance(backbone, str):
         return
+    explicit = inspect.signature(backbones.build_backbone).parameters
+    backbones.check_arguments(backbone, [
+        key for key in gin.get_bindings('build_backbone',
+                                        resolve_references=False)
+        if key not in explicit])
     strides = {}
     for key in ('stem_stride', 'stage_strides'):
         value = checks.bound(f'build_backbone.{key}')
@@ -336,8 +380,8 @@ def check_model_dir(model_dir, config, *, overwrite, chief):
         chief: whether this process writes (deletes) in `model_dir`.
 
     Raises:
-        ValueError: `model_dir` holds a run of another config (the changed
-            lines are listed) and `overwrite` is False.
+        checks.ConfigError: `model_dir` holds a run of another config (the
+            changed lines are listed) and `overwrite` is False.
     """
     path = os.path.join(model_dir, CONFIG_FILE)
     if not os.path.exists(path):
@@ -356,7 +400,7 @@ def check_model_dir(model_dir, config, *, overwrite, chief):
     if not overwrite:
         changed = [f'  - {line}' for line in old if line not in new][:5] + [
             f'  + {line}' for line in new if line not in old][:5]
-        raise ValueError(
+        raise checks.ConfigError(
             f'{model_dir} holds a run with a different gin config:\n' +
             '\n'.join(changed) + '\nUse another --model_dir, undo the change '
             'to resume that run, or pass --overwrite to delete it and start '

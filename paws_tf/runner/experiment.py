@@ -23,6 +23,22 @@ DataBundle = collections.namedtuple(
     defaults=[None])
 
 
+def _folder(selector):
+    """' (NAME = 'folder')': the binding that gives the folder of the
+    source `selector` references, for a message; '' for other sources."""
+    for parameter in ('root', 'labeled_root'):
+        root, name = checks.referenced_binding(selector, parameter)
+        if isinstance(root, str):
+            return f' ({name} = {root!r})'
+    return ''
+
+
+def _classes(source):
+    """A source's class names for a message, the first few."""
+    names = list(source.class_names)
+    return str(names[:8])[:-1] + (', ...]' if len(names) > 8 else ']')
+
+
 @gin.configurable(denylist=['record_dir'])
 def load_data(record_dir, *, train=gin.REQUIRED, test=None, unlabeled=None,
               max_unlabeled=None, seed=0, normalization=None,
@@ -64,8 +80,9 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None, unlabeled=None,
         None, `normalization` is `(mean, std)` or None.
 
     Raises:
-        ValueError: if the test classes or channels differ from the labeled
-            ones, or on a bad `normalization`.
+        checks.DataError: if the test classes or channels differ from the
+            labeled ones.
+        ValueError: on a bad `normalization`.
     """
     normalization_lib.normalization(normalization)
     if normalization_from not in NORMALIZATION_IMAGES:
@@ -93,12 +110,16 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None, unlabeled=None,
     test_source = test() if test is not None else None
     if test_source is not None:
         if tuple(test_source.class_names) != tuple(labeled.class_names):
-            raise ValueError(
-                f'The test set has classes {list(test_source.class_names)[:5]}'
-                f'... but the labeled set {list(labeled.class_names)[:5]}...: '
-                'both must list the same classes in the same order.')
+            raise checks.DataError(
+                f'The test set{_folder("load_data.test")} has classes '
+                f'{_classes(test_source)} but the labeled set'
+                f'{_folder("load_data.train")} has '
+                f'{_classes(labeled)}: both need the same class folder '
+                'names (classes are numbered in sorted order). Rename the '
+                'test class folders, or bind the test folder to one that '
+                'holds the labeled classes.')
         if test_source.channels != labeled.channels:
-            raise ValueError(
+            raise checks.DataError(
                 f'The test images have {test_source.channels} channels, the '
                 f'labeled ones {labeled.channels}: decode both to the same.')
     if normalization is not None:

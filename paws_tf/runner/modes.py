@@ -8,6 +8,7 @@ import typing
 from absl import logging
 import tensorflow as tf
 
+from paws_tf import checks
 from paws_tf.data import pipeline
 from paws_tf import dist
 from paws_tf.evaluation import evaluate
@@ -67,7 +68,7 @@ def load_trained_model(model_dir, strategy, *, local=False):
     return model, step
 
 
-class MissingLabeledFolder(ValueError):
+class MissingLabeledFolder(checks.DataError):
     """A mode that reads the labeled images finds no labeled folder."""
 
 

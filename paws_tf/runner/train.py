@@ -19,6 +19,7 @@ from paws_tf.data import pipeline
 from paws_tf.data import splits
 from paws_tf import dist
 from paws_tf.evaluation import evaluate_nn
+from paws_tf import files
 from paws_tf import lars
 from paws_tf import progress
 from paws_tf.runner import building
@@ -30,10 +31,12 @@ from paws_tf import schedules
 
 TENSORBOARD_DIR = evaluate_nn.TENSORBOARD_DIR
 # What a training run writes besides its config and data records.
+# The input's global and per-replica sizes (`PretrainInput.summary`).
+INPUT_SUMMARY_FILE = 'input.txt'
 RUN_OUTPUTS = (saving.CHECKPOINT_DIR, saving.BACKUP_DIR, TENSORBOARD_DIR,
                saving.DAMAGED_DIR,
                'export', 'eval', 'fine_tune', run_history.HISTORY_FILENAME,
-               run_history.OPERATIVE_CONFIG_FILE)
+               run_history.OPERATIVE_CONFIG_FILE, INPUT_SUMMARY_FILE)
 _STAGING_DIR = '.data_staging'
 
 
@@ -164,7 +167,11 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
         bundle.unlabeled, bundle.labeled,
         num_replicas=strategy.num_replicas_in_sync, start_step=start_step,
         seed=seed, normalization=bundle.normalization)
-    logging.info('%s', pretrain.summary)
+    summary_path = os.path.join(model_dir, INPUT_SUMMARY_FILE)
+    if chief:
+        files.write_text(summary_path, pretrain.summary + '\n')
+    logging.info('%s; the sizes per replica and step: %s',
+                 pretrain.summary_line, summary_path)
     steps_per_epoch = pretrain.steps_per_epoch
     total_steps = num_epochs * steps_per_epoch
     model = building.build_compiled_model(

@@ -33,20 +33,24 @@ def start(model_dir, bindings=(), flags=(), *, mode='train', env=None,
           script=None, script_args=(), gin_file='gin_configs/debug.gin',
           base_bindings=BINDINGS):
     """Starts run.py (or `script script_args run.py-arguments`) on
-    `model_dir`, output captured.
+    `model_dir`, output captured; `env` adds to the environment (a None
+    value removes the variable).
 
     Returns:
         The `subprocess.Popen`.
     """
     program = ([str(script)] + [str(a) for a in script_args] if script
                else [str(REPO / 'run.py')])
+    environment = dict(os.environ, PYTHONPATH=str(REPO),
+                       TF_CPP_MIN_LOG_LEVEL='2')
+    environment.update(env or {})
     return subprocess.Popen(
         [sys.executable] + program + command(
             model_dir, bindings, flags, mode=mode, gin_file=gin_file,
             base_bindings=base_bindings),
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=dict(os.environ, PYTHONPATH=str(REPO), TF_CPP_MIN_LOG_LEVEL='2',
-                 **(env or {})))
+        # A variable given as None is left out.
+        env={k: v for k, v in environment.items() if v is not None})
 
 
 def finish(proc, timeout=600):

@@ -1,0 +1,193 @@
+"""What a person sees when run.py starts: a few lines before the progress,
+none of TensorFlow's start-up logs, and each mistake as one message naming
+the binding or folder and the fix, with the exit code of its kind."""
+
+import os
+import shutil
+
+import pytest
+
+from tests.helpers import image_folders
+from tests.helpers import run_py
+
+# TensorFlow's start-up logs (each printed twice without tf_logs).
+STARTUP_LOGS = ('absl::InitializeLog', 'oneDNN custom operations',
+                'cudart_stub', 'cuInit', 'cpu_feature_guard')
+# What absl prints with a usage error: the program's --help.
+HELP = ('USAGE:', 'flags:', 'Try --helpfull')
+PROGRESS = 'epoch 1/1  step '
+
+
+def _start(model_dir, bindings, flags=(), gin_file='gin_configs/debug.gin'):
+    return run_py.start(model_dir, bindings, flags, gin_file=gin_file,
+                        base_bindings=(), env={'TF_CPP_MIN_LOG_LEVEL': None})
+
+
+def _lines(output):
+    return [line for line in output.splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_run_prints_a_few_lines_before_its_progress(tmp_path):
+    """Fails if tf_logs.quiet_start leaves file descriptor 2 in place (the
+    start-up logs show, twice), if the cli logs the gin config again, or if
+    train logs the input's whole summary."""
+    run = tmp_path / 'run'
+    code, output = run_py.finish(_start(run, [
+        'train.num_epochs = 1', 'train.view_images = False',
+        'ProgressBar.log_every_seconds = 0']))
+    assert code == 0, output[-3000:]
+    lines = _lines(output)
+    first = next(i for i, line in enumerate(lines)
+                 if line.startswith(PROGRESS))
+    assert first <= 5, '\n'.join(lines[:first + 1])
+    for text in STARTUP_LOGS:
+        assert text not in output, output[:3000]
+    assert f'gin config: {run / "config.gin"}' in output
+    config = (run / 'config.gin').read_text()
+    assert 'build_backbone.widths = (8, 16)' in config
+    assert '# Parameters for' not in output
+    assert (f'PAWS input: 512 unlabeled images, 16 steps/epoch of 32; 64 '
+            f'labeled in 4 classes; 160 views per step; the sizes per '
+            f'replica and step: {run / "input.txt"}') in output
+    assert (run / 'input.txt').read_text().startswith(
+        'PAWS input on 1 replica(s), the same classes on every replica:\n'
+        '  unlabeled: 512 images, global batch 32 = 1 x 32, 16 steps/epoch')
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_verbose_shows_the_start_up_logs_and_the_traceback(tmp_path):
+    """--verbose and PAWS_TF_VERBOSE=1 bring back TensorFlow's logs and a
+    mistake's traceback (for a bug report). Fails if tf_logs.quiet_start
+    ignores them, or if the cli prints the message alone with --verbose."""
+    bad = ["train.num_epochs = 'ten'"]
+    procs = [_start(tmp_path / 'flag', bad, ['--verbose']),
+             run_py.start(tmp_path / 'env', bad, base_bindings=(),
+                          env={'TF_CPP_MIN_LOG_LEVEL': None,
+                               'PAWS_TF_VERBOSE': '1'})]
+    for proc in procs:
+        code, output = run_py.finish(proc)
+        assert code != 0
+        assert 'oneDNN custom operations' in output, output[-3000:]
+        assert 'Traceback' in output and 'ConfigError: train.num_epochs' \
+            in output, output[-3000:]
+
+
+def _mistakes(root):
+    """{name: (bindings, exit code, message)} of mistakes in the folders
+    under `root`, each made on a copy of `image_folders.write_experiment`'s
+    three folders."""
+    bindings = image_folders.write_experiment(root, unlabeled=6, test=2)
+    labeled, unlabeled, test = (root / name for name in
+                                ('labeled', 'unlabeled', 'test'))
+
+    def copy(source, name):
+        shutil.copytree(source, root / name)
+        return root / name
+
+    (root / 'empty').mkdir()
+    renamed = copy(test, 'test_renamed')
+    (renamed / 'up').rename(renamed / 'upward')
+    few = copy(labeled, 'few')
+    for path in sorted((few / 'up').iterdir())[1:]:
+        path.unlink()
+    with_empty = copy(labeled, 'with_empty')
+    (with_empty / 'zebra').mkdir()
+    corrupt = copy(labeled, 'corrupt')
+    (corrupt / 'up' / 'broken.jpg').write_bytes(b'\xff\xd8\x00')
+    one = copy(labeled, 'one')
+    for name in ('left', 'diagonal'):
+        shutil.rmtree(one / name)
+    data, config = os.EX_DATAERR, os.EX_CONFIG
+    return bindings, {
+        'empty unlabeled folder': (
+            [f"UNLABELED_DIR = '{root / 'empty'}'"], data,
+            f'No .jpg/.jpeg/.png/.bmp/.gif images under {root / "empty"}.'),
+        'test classes differ': (
+            [f"TEST_DIR = '{renamed}'"], data,
+            f"The test set (TEST_DIR = '{renamed}') has classes ['diagonal',"
+            f" 'left', 'upward'] but the labeled set (LABELED_DIR = "
+            f"'{labeled}') has ['diagonal', 'left', 'up']: both need the "
+            'same class folder names'),
+        'too few images': (
+            [f"LABELED_DIR = '{few}'"], data,
+            "1 class(es) have fewer labeled images than a step draws without "
+            "replacement (2 = images_per_class 2 x 1 replicas sharing the "
+            "classes): 'up' (id 2) has 1. Lower "
+            'make_pretrain_dataset_fn.images_per_class, label more images, '
+            'or use unique_classes_per_replica=True.'),
+        'empty class folder': (
+            [f"LABELED_DIR = '{with_empty}'"], data,
+            f"Class folders under {with_empty} hold no usable images: "
+            "['zebra']. Add images or remove the folders."),
+        'bad image': (
+            [f"LABELED_DIR = '{corrupt}'",
+             "image_folder.on_bad_image = 'fail'"],
+            data, f'1 of 13 files under {corrupt} cannot be decoded as '
+            "images: up/broken.jpg. Remove or repair them, or set "
+            "on_bad_image='skip'."),
+        'epochs in words': (
+            ["train.num_epochs = 'ten'"], config,
+            "train.num_epochs must be a positive integer, got 'ten'."),
+        'negative tau': (
+            ['PAWSModel.tau = -0.1'], config,
+            'PAWSModel.tau must be positive, got -0.1.'),
+        'misspelled macro': (
+            ['CHANNEL = 1'], config,
+            'CHANNEL is bound but nothing in the config reads %CHANNEL: did '
+            'you mean CHANNELS? '),
+        'misspelled parameter': (
+            ['train.num_epoch = 3'], config,
+            "--gin_bindings='train.num_epoch = 3' is not valid gin: "
+            "Configurable 'train' doesn't have a parameter named "
+            "'num_epoch'. Did you mean train.num_epochs?"),
+        'misspelled backbone argument': (
+            ['build_backbone.widht = (8, 16)'], config,
+            "build_backbone.widht is not an argument of backbone "
+            "'small_resnet': did you mean build_backbone.widths? "),
+        'one class': (
+            [f"LABELED_DIR = '{one}'"], data,
+            f"LABELED_DIR = '{one}' holds one class folder ('up'): PAWS "
+            'needs labeled images of at least two classes'),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_each_mistake_is_one_message_with_its_exit_code(tmp_path):
+    """Each of a new user's mistakes ends run.py with one error line that
+    names the folder or binding and the fix: no traceback, no --help, the
+    exit code of a config or data error. Fails if the cli lets a
+    checks.ConfigError travel as a traceback or logs gin's str() of a
+    DataError (its 'In call to configurable' lines), if ConfigError's exit
+    code is not 78, if load_data's class check names no binding, if the
+    config checks let one labeled class through or do not check the
+    backbone's arguments, or if configurables lets a macro that nothing
+    reads pass or names no close parameter."""
+    paths, mistakes = _mistakes(tmp_path)
+    names = list(mistakes)
+    for batch in (names[i:i + 3] for i in range(0, len(names), 3)):
+        procs = {}
+        for name in batch:
+            bindings, _, _ = mistakes[name]
+            overridden = {b.split(' =')[0] for b in bindings}
+            common = [b for b in paths if b.split(' =')[0] not in overridden]
+            procs[name] = _start(
+                tmp_path / 'runs' / name.replace(' ', '_'),
+                image_folders.SMALL + common + bindings,
+                gin_file='gin_configs/image_folders_small.gin')
+        for name, proc in procs.items():
+            code, output = run_py.finish(proc)
+            _, exit_code, message = mistakes[name]
+            lines = _lines(output)
+            assert code == exit_code, (name, output[-3000:])
+            assert message in lines[-1], (name, lines[-1])
+            assert len(lines) <= 3, (name, output)
+            assert 'Traceback' not in output
+            for text in HELP + STARTUP_LOGS:
+                assert text not in output, (name, output)
+    for name in ('misspelled_macro', 'misspelled_parameter',
+                 'misspelled_backbone_argument', 'epochs_in_words'):
+        assert not os.path.exists(tmp_path / 'runs' / name)
