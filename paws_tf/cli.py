@@ -207,12 +207,13 @@ def _run_in_model_dir(model_dir, strategy, mode, config, owner_check):
         official_checkpoint=_OFFICIAL_CHECKPOINT.value))
 
 
-def run():
-    """The `paws-tf` console script and run.py: absl parses the flags, then
-    calls `main`."""
+def run(argv=None):
+    """The `paws-tf` console script and run.py: absl parses the flags
+    (`argv`, default `sys.argv`), then calls `main`, a mistake's message
+    printed alone."""
     # absl's --help prints the docstring of __main__ and the flags of the
     # module named sys.argv[0]: the console script and run.py define neither.
     sys.modules['__main__'].__doc__ = __doc__
     for flag in flags.FLAGS.get_key_flags_for_module(__name__):
         flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
-    app.run(_main_with_messages)
+    app.run(_main_with_messages, argv=argv)

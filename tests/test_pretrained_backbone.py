@@ -3,6 +3,7 @@ it: the run starts from the file's backbone weights, and a file of another
 architecture is refused before any image is read."""
 
 import os
+
 import numpy as np
 import pytest
 import tensorflow as tf

@@ -20,7 +20,6 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from absl import app  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.python.ops import io_ops  # noqa: E402
 
@@ -67,7 +66,7 @@ def main():
                      if arg.startswith('--model_dir='))
     with inject(os.path.join(os.path.abspath(model_dir), subdir),
                 int(succeed), getattr(errno, name)):
-        app.run(cli.main, argv=argv)
+        cli.run(argv)
 
 
 if __name__ == '__main__':

@@ -14,7 +14,6 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from absl import app  # noqa: E402
 import paws_tf  # noqa: F401,E402  (selects tf_keras)
 import tensorflow as tf  # noqa: E402
 
@@ -26,7 +25,7 @@ def main():
     tf.config.set_logical_device_configuration(
         tf.config.list_physical_devices('CPU')[0],
         [tf.config.LogicalDeviceConfiguration()] * 2)
-    app.run(cli.main, argv=[str(REPO / 'run.py')] + sys.argv[1:])
+    cli.run([str(REPO / 'run.py')] + sys.argv[1:])
 
 
 if __name__ == '__main__':
