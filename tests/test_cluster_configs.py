@@ -132,7 +132,7 @@ def test_cifar10_from_tfds_on_a_cluster(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.long
-def test_imagenet_streamed_on_a_cluster(tmp_path, monkeypatch):
+def test_imagenet_streamed_on_a_cluster(tmp_path):
     """imagenet_rn50_1pct.gin on a manual_dir of 2 classes x 12 images
     prepared by TFDS' imagenet2012 and imagenet2012_subset/1pct builders:
     the unlabeled images streamed from TFDS (each worker reads its shard
@@ -142,25 +142,11 @@ def test_imagenet_streamed_on_a_cluster(tmp_path, monkeypatch):
     ResNet-50, mixed float16 as the config. The exports are not compared
     with one process's: that process reads both shard files in one
     pipeline, so its replicas get other batches than the workers."""
-    manual_dir = tmp_path / 'manual'
     rng = np.random.default_rng(6)
-    tfds_archives.imagenet_manual_dir(
-        manual_dir, per_class=12,
-        images=lambda k, i: rng.integers(0, 256, (40, 48, 3), np.uint8))
-    subset_file = tmp_path / 'served' / '1percent.txt'
-    subset_file.parent.mkdir()
-    subset_file.write_text(''.join(
-        f'{synset}_{i}.JPEG\n' for synset in tfds_archives.SYNSETS
-        for i in (0, 1)))
-    tfds_archives.serve(monkeypatch, 'imagenet2012_subset/1pct',
-                        {tfds_archives.SUBSET_URLS['1pct']: subset_file})
-    data_dir = tmp_path / 'tfds'
     # In shards, as ImageNet's (1024 and 64): each worker reads its own.
-    config = tfds.download.DownloadConfig(manual_dir=str(manual_dir),
-                                          num_shards=2)
-    for name in ('imagenet2012', 'imagenet2012_subset/1pct'):
-        tfds.builder(name, data_dir=str(data_dir)).download_and_prepare(
-            download_config=config)
+    data_dir = tfds_archives.prepare_imagenet(
+        tmp_path, per_class=12, subsets={'1pct': (0, 1)}, num_shards=2,
+        images=lambda k, i: rng.integers(0, 256, (40, 48, 3), np.uint8))
     run_beside_two_replicas(tmp_path, 'gin_configs/imagenet_rn50_1pct.gin', (
         f"imagenet_sources.cache_dir = '{tmp_path / 'cache'}'",
         f"imagenet_sources.data_dir = '{data_dir}'",

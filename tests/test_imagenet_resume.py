@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 import tensorflow as tf
-import tensorflow_datasets as tfds
 
 from paws_tf import checkpoints
 from paws_tf.data import augment
@@ -62,22 +61,9 @@ def imagenet(tmp_path_factory):
     """The data bindings of TFDS imagenet2012 and imagenet2012_subset/10pct
     prepared from a tiny manual_dir, as docs/experiments.md prepares them."""
     root = tmp_path_factory.mktemp('imagenet')
-    manual_dir = root / 'manual'
-    tfds_archives.imagenet_manual_dir(manual_dir, per_class=PER_CLASS,
-                                      images=image)
-    subset_file = root / 'served' / '10percent.txt'
-    subset_file.parent.mkdir()
-    subset_file.write_text(''.join(f'{synset}_{i}.JPEG\n'
-                                   for synset in tfds_archives.SYNSETS
-                                   for i in range(LABELED)))
-    data_dir = str(root / 'tfds')
-    config = tfds.download.DownloadConfig(manual_dir=str(manual_dir))
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        tfds_archives.serve(monkeypatch, 'imagenet2012_subset/10pct',
-                            {tfds_archives.SUBSET_URLS['10pct']: subset_file})
-        for name in ('imagenet2012', 'imagenet2012_subset/10pct'):
-            tfds.builder(name, data_dir=data_dir).download_and_prepare(
-                download_config=config)
+    data_dir = tfds_archives.prepare_imagenet(
+        root, per_class=PER_CLASS, subsets={'10pct': range(LABELED)},
+        images=image)
     return [f"imagenet_sources.data_dir = '{data_dir}'",
             f"imagenet_sources.cache_dir = '{root / 'cache'}'",
             f"test/tfds_stream.data_dir = '{data_dir}'"]

@@ -124,30 +124,9 @@ def imagenet_data(tmp_path_factory):
     """ImageNet and both labeled subsets prepared once by the real TFDS
     builders from a tiny manual_dir: 2 classes of `IMAGENET_PER_CLASS`
     training images, 2 validation images."""
-    root = tmp_path_factory.mktemp('imagenet')
-    tfds_archives.imagenet_manual_dir(
-        root / 'manual', per_class=IMAGENET_PER_CLASS, images=_imagenet_image)
-    served = {}
-    (root / 'served').mkdir()
-    for subset, indices in SUBSETS.items():
-        path = root / 'served' / f'{subset}.txt'
-        path.write_text(''.join(f'{synset}_{i}.JPEG\n'
-                                for synset in tfds_archives.SYNSETS
-                                for i in indices))
-        served[subset] = path
-    data_dir = str(root / 'tfds')
-    config = tfds.download.DownloadConfig(manual_dir=str(root / 'manual'),
-                                          force_checksums_validation=True)
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        tfds.builder('imagenet2012', data_dir=data_dir).download_and_prepare(
-            download_config=config)
-        for subset, path in served.items():
-            tfds_archives.serve(monkeypatch, f'imagenet2012_subset/{subset}',
-                                {tfds_archives.SUBSET_URLS[subset]: path})
-            tfds.builder(f'imagenet2012_subset/{subset}',
-                         data_dir=data_dir).download_and_prepare(
-                             download_config=config)
-    return data_dir
+    return tfds_archives.prepare_imagenet(
+        tmp_path_factory.mktemp('imagenet'), per_class=IMAGENET_PER_CLASS,
+        subsets=SUBSETS, images=_imagenet_image)
 
 
 def _imagenet_bindings(data_dir, cache_dir):

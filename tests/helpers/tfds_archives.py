@@ -8,10 +8,12 @@ archives come from `manual_dir` as for a real install.
 
 import gzip
 import io
+import pathlib
 import tarfile
 
 import numpy as np
 from PIL import Image
+import pytest
 import tensorflow_datasets as tfds
 from tensorflow_datasets.core.download import checksums
 from tensorflow_datasets.core.download import downloader
@@ -128,3 +130,39 @@ def imagenet_manual_dir(manual_dir, synsets=SYNSETS, per_class=2,
     write_tar(manual_dir / 'ILSVRC2012_img_val.tar',
               [(f'ILSVRC2012_val_0000000{i}.JPEG', jpeg((0, 0, 200)))
                for i in (1, 2)])
+
+
+def prepare_imagenet(root, *, per_class, subsets, images=None,
+                     num_shards=None):
+    """TFDS imagenet2012 and its labeled subsets prepared by the real
+    builders from a tiny manual_dir under `root`, as docs/experiments.md
+    prepares them; returns the TFDS data_dir.
+
+    Args:
+        per_class: training JPEGs of each of the 2 classes (`SYNSETS`).
+        subsets: subset name ('1pct', '10pct') -> the indices, within each
+            class, of the images its SimCLR subset file lists.
+        images: as in `imagenet_manual_dir`.
+        num_shards: files of each split (TFDS' default when None); a
+            cluster's workers each read their own.
+    """
+    root = pathlib.Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    imagenet_manual_dir(root / 'manual', per_class=per_class, images=images)
+    (root / 'served').mkdir()
+    data_dir = str(root / 'tfds')
+    config = tfds.download.DownloadConfig(
+        manual_dir=str(root / 'manual'), num_shards=num_shards)
+    tfds.builder('imagenet2012', data_dir=data_dir).download_and_prepare(
+        download_config=config)
+    for subset, indices in subsets.items():
+        path = root / 'served' / f'{subset}.txt'
+        path.write_text(''.join(f'{synset}_{i}.JPEG\n' for synset in SYNSETS
+                                for i in indices))
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            serve(monkeypatch, f'imagenet2012_subset/{subset}',
+                  {SUBSET_URLS[subset]: path})
+            tfds.builder(f'imagenet2012_subset/{subset}',
+                         data_dir=data_dir).download_and_prepare(
+                             download_config=config)
+    return data_dir
