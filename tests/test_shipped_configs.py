@@ -242,8 +242,8 @@ def _check_imagenet_learning_rates(model_dir, epochs, learning_rate):
     official cosine from the lr to 0 (suncet WarmupCosineSchedule with no
     warm-up and final_lr 0), at the step ending that epoch."""
     logged = {}
-    for path in (pathlib.Path(model_dir) / 'fine_tune' / 'final' /
-                 'train').glob('events.out.tfevents.*'):
+    for path in (pathlib.Path(model_dir) / 'tensorboard' / 'fine_tune' /
+                 'final' / 'train').glob('events.out.tfevents.*'):
         for event in tf.compat.v1.train.summary_iterator(str(path)):
             for value in event.summary.value:
                 if value.tag == 'epoch_learning_rate':
