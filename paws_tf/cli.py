@@ -146,12 +146,7 @@ def main(argv):
     dist.check_same_config(strategy, f'--mode={_MODE.value}\n{config}')
     if mode.trains:
         # Once the strategy exists; still before any data is read.
-        try:
-            config_checks.check_pretrained_backbone()
-        except (ValueError, FileNotFoundError) as error:
-            if isinstance(error, checks.UserError):
-                raise
-            raise checks.ConfigError(str(error)) from error
+        config_checks.check_pretrained_backbone()
     lock = run_lock.for_process(model_dir, strategy, training=mode.trains)
     with lock:
         _run_in_model_dir(model_dir, strategy, mode, config,

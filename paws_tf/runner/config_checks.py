@@ -339,9 +339,8 @@ def check_pretrained_backbone():
     channels, then 1, and training checks the file again on the data's.
 
     Raises:
-        ValueError: the file does not fit (the message names the binding
-            and the variables that do not fit).
-        FileNotFoundError: the file does not exist.
+        checks.ConfigError: the file does not exist, or does not fit (the
+            message names the binding and the variables that do not fit).
     """
     path, name = checks.binding('train.pretrained_backbone')
     if not path:
@@ -355,10 +354,13 @@ def check_pretrained_backbone():
         try:
             weights.load_backbone_weights(backbone, path)
             return
+        except FileNotFoundError as error:
+            raise checks.ConfigError(str(error)) from error
         except ValueError as error:
             refused = error
-    raise ValueError(f'{name} = {path!r} does not fit the configured '
-                     f'backbone (build_backbone): {refused}')
+    raise checks.ConfigError(
+        f'{name} = {path!r} does not fit the configured backbone '
+        f'(build_backbone): {refused}')
 
 
 def _experiment_lines(config):
