@@ -40,6 +40,20 @@ with tf_logs.quiet_start(sys.argv):
 
 FLAGS_FILE = 'flags.txt'
 
+
+def _demo(model_dir, strategy, options):
+    # Loaded when it runs: the library never imports the demo, and the
+    # program loads its mode, report and plotting for --mode=demo alone.
+    # pylint: disable-next=import-outside-toplevel
+    from paws_tf.demo import run_demo
+    return run_demo.demo(model_dir, strategy, options)
+
+
+# run.py's --mode (README.md, "run.py"): the library's modes, and the demo's
+# (train_and_evaluate, the configured fine-tuning, then a supervised-only
+# baseline on the same labels: results.json, a figure and a table).
+MODES = dict(modes.MODES, demo=modes.Mode(_demo, trains=True))
+
 _GIN_FILES = flags.DEFINE_multi_string(
     'gin_file', [], 'Gin config file: a path, or the name of a shipped config '
     '(--list_configs). Repeatable; later files override.')
@@ -49,7 +63,7 @@ _GIN_BINDINGS = flags.DEFINE_multi_string(
 # Checked in main rather than by absl (required=True), so that
 # --list_configs runs without it.
 _MODEL_DIR = flags.DEFINE_string('model_dir', None, 'Run directory.')
-_MODE = flags.DEFINE_enum('mode', 'train', list(modes.MODES), 'What to run.')
+_MODE = flags.DEFINE_enum('mode', 'train', list(MODES), 'What to run.')
 _STRATEGY = flags.DEFINE_enum('strategy', 'auto', dist.STRATEGY_KINDS,
                               'Distribution strategy.')
 _OVERWRITE = flags.DEFINE_bool(
@@ -121,7 +135,7 @@ def main(argv):
     if _LIST_CONFIGS.value:
         print('\n'.join(configurables.shipped_configs()))
         return
-    mode = modes.MODES[_MODE.value]
+    mode = MODES[_MODE.value]
     _check_flags(mode)
     # absl's handler delegates to its python_handler, which applies filters;
     # TensorFlow's own INFO records go through the 'tensorflow' logger.

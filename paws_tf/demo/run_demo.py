@@ -16,10 +16,11 @@ from paws_tf.evaluation import export
 from paws_tf.evaluation import fine_tune
 from paws_tf.runner import experiment
 from paws_tf.runner import modes
+from paws_tf.runner import official_import
 from paws_tf.runner import train
 
 
-def demo(model_dir, strategy, *, overwrite=False, owner_check=None):
+def demo(model_dir, strategy, options):
     """The paper's pipeline against a supervised-only baseline on the same
     labels.
 
@@ -33,15 +34,18 @@ def demo(model_dir, strategy, *, overwrite=False, owner_check=None):
     Args:
         model_dir: the run directory.
         strategy: the `tf.distribute.Strategy`.
-        overwrite: passed to `train.train`.
-        owner_check: passed to `train.train`.
+        options: `modes.Options`: `overwrite` and `owner_check`, passed to
+            `train.train`.
 
     Returns:
         The results dict (also in `model_dir/results.json`).
     """
+    record = official_import.read_record(model_dir)
+    if record is not None:
+        official_import.refuse(record, 'demo', model_dir, trains=True)
     start = time.perf_counter()
-    train.train(model_dir, strategy, overwrite=overwrite,
-                owner_check=owner_check)
+    train.train(model_dir, strategy, overwrite=options.overwrite,
+                owner_check=options.owner_check)
     paws_seconds = time.perf_counter() - start
     # Read once, for PAWS-NN, the export, fine-tuning and the baseline.
     bundle = modes.load_labeled_data(

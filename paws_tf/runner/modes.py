@@ -249,16 +249,6 @@ def _import_official(model_dir, strategy, options):
     return record
 
 
-def _demo(model_dir, strategy, options):
-    _imported(model_dir, 'demo', trains=True)
-    # Imported when it runs: the library does not load the demo (nor its
-    # report's plotting).
-    # pylint: disable-next=import-outside-toplevel
-    from paws_tf.demo import run_demo
-    return run_demo.demo(model_dir, strategy, overwrite=options.overwrite,
-                         owner_check=options.owner_check)
-
-
 class Mode(typing.NamedTuple):
     """A run.py mode: `run(model_dir, strategy, options)` returns its
     results (PAWS-NN's, fine-tuning's, the import record) or None."""
@@ -270,18 +260,16 @@ class Mode(typing.NamedTuple):
     imports: bool = False
 
 
-# run.py's --mode (README.md, "run.py"). On a model_dir holding an import,
-# export, evaluate_nn and fine_tune run on the imported weights, built from
-# the gin config alone (the import already exported the embedder).
+# The library's modes; run.py's --mode adds the demo's (`cli.MODES`). On a
+# model_dir holding an import, export, evaluate_nn and fine_tune run on the
+# imported weights, built from the gin config alone (the import already
+# exported the embedder).
 MODES = {
     'train': Mode(_train, trains=True),
     'evaluate_nn': Mode(_evaluate_nn),
     'fine_tune': Mode(_fine_tune),
     'export': Mode(_export),
     'train_and_evaluate': Mode(_train_and_evaluate, trains=True),
-    # train_and_evaluate, the configured fine-tuning, then a supervised-only
-    # baseline on the same labels: results.json, a figure and a table.
-    'demo': Mode(_demo, trains=True),
     'import_official': Mode(_import_official, imports=True),
 }
 
