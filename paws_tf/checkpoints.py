@@ -74,3 +74,21 @@ def damage(prefix):
         message = getattr(error, 'message', None) or str(error)
         return message.strip().splitlines()[0]
     return None
+
+
+def set_weights(model, weights):
+    """Gives `model` the values `weights`: the one place a model's weights
+    are copied in memory (an evaluation's copy, the best epoch of a
+    fine-tuning, a trunk cut from a pre-trained model).
+
+    Args:
+        model: a built `tf_keras` model or layer.
+        weights: NumPy arrays in the order of `model.get_weights()`.
+    """
+    model.set_weights(weights)
+
+
+def copy_weights(source, target):
+    """Gives `target` the weights of `source`, a model or layer of the
+    same architecture."""
+    set_weights(target, source.get_weights())

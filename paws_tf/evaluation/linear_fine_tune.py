@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import checkpoints
 from paws_tf.data import augment
 from paws_tf.data import pipeline
 from paws_tf.data import sampling
@@ -208,7 +209,7 @@ class _BestEpoch(tf_keras.callbacks.Callback):
             self._best_weights = self.model.get_weights()
 
     def on_train_end(self, logs=None):
-        self.model.set_weights(self._best_weights)
+        checkpoints.set_weights(self.model, self._best_weights)
 
 
 def _scores(classifier, dataset):

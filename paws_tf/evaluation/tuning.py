@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import checkpoints
 from paws_tf import dist
 from paws_tf import files
 from paws_tf.nets import sync_batch_norm
@@ -32,7 +33,7 @@ def copy_into(inputs, originals):
     for layer in copies:
         x = layer(x)
     for copy, original in zip(copies, originals):
-        copy.set_weights(original.get_weights())
+        checkpoints.copy_weights(original, copy)
     return x
 
 

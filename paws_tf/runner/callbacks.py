@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import checkpoints
 from paws_tf.data import pipeline
 from paws_tf import dist
 from paws_tf import model as model_lib
@@ -210,7 +211,7 @@ class PawsNNEvaluation(tf_keras.callbacks.Callback):
         weights = dist.read_weights(self.model)
         if self._local_model is None:
             return
-        self._local_model.set_weights(weights)
+        checkpoints.set_weights(self._local_model, weights)
         results = evaluate.paws_nn(
             self._embed_fn, self._support,
             self._queries, num_classes=self._num_classes, tau=self._tau)
