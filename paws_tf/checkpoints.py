@@ -76,7 +76,7 @@ def damage(prefix):
     return None
 
 
-def set_weights(model, weights):
+def assign_weights(model, weights):
     """Gives `model` the values `weights`: the one place a model's weights
     are copied in memory (an evaluation's copy, the best epoch of a
     fine-tuning, a trunk cut from a pre-trained model).
@@ -91,4 +91,4 @@ def set_weights(model, weights):
 def copy_weights(source, target):
     """Gives `target` the weights of `source`, a model or layer of the
     same architecture."""
-    set_weights(target, source.get_weights())
+    assign_weights(target, source.get_weights())

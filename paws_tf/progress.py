@@ -119,12 +119,12 @@ def _is_terminal(stream):
 @gin.configurable
 class ProgressBar(tf_keras.callbacks.ProgbarLogger):
     """Keras' progress bar, showing `BAR_VALUES` only (PAWS-NN at the end
-    of an epoch when `callbacks.PawsNNEvaluation` runs before it): on a
+    of an epoch when `evaluators.EpochEndEvaluation` runs before it): on a
     terminal one line redrawn every step, else (output redirected to a
     file, a cluster job's log) a line at most every `log_every_seconds` and
     at each epoch end.
 
-    Pass it in `fit`'s callbacks, after `callbacks.PawsNNEvaluation`; `fit`
+    Pass it in `fit`'s callbacks, after `EpochEndEvaluation`; `fit`
     then adds no bar of its own, and its `verbose` still applies (0: silent,
     1: progress within the epoch, 2: one line per epoch).
 

@@ -166,3 +166,8 @@ class RunDir:
                 self.tensorboard(), self.export, self.eval, self.fine_tune,
                 self.supervised, self.history, self.operative_config,
                 self.input_summary, self.results, self.results_figure)
+
+    @property
+    def paws_nn(self):
+        """PAWS-NN's results on the test split (`--mode=evaluate_nn`)."""
+        return self._join('eval', 'paws_nn.json')

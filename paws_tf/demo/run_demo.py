@@ -1,23 +1,22 @@
 """`--mode=demo`: PAWS pre-training, PAWS-NN and fine-tuning against a
 supervised-only baseline on the same labels, with a table and a figure."""
 
-import os
 import time
 
 import numpy as np
 
 from paws_tf import checks
-from paws_tf.data import pipeline
 from paws_tf.demo import report
 from paws_tf.demo import supervised
 from paws_tf import dist
 from paws_tf.evaluation import evaluate
-from paws_tf.evaluation import export
+from paws_tf.evaluation import evaluators
 from paws_tf.evaluation import fine_tune
 from paws_tf.runner import experiment
 from paws_tf.runner import modes
 from paws_tf.runner import official_import
 from paws_tf.runner import train
+from paws_tf import run_dir
 
 
 def demo(model_dir, strategy, options):
@@ -64,11 +63,21 @@ def demo(model_dir, strategy, options):
     baseline = supervised.train_supervised(
         model_dir, labeled=bundle.labeled, test=bundle.test,
         preprocessing=preprocessing)
-    embeddings, labels = _embed_test_images(model_dir, bundle.test,
-                                            preprocessing)
-    log_dir = os.path.join(model_dir, train.TENSORBOARD_DIR)
+    results = _results(model_dir, bundle, paws, tuned, baseline,
+                       paws_train_seconds=paws_seconds,
+                       finetune_seconds=tune_seconds, start=start)
+    _report(model_dir, results, bundle=bundle, tuned=tuned,
+            baseline=baseline, preprocessing=preprocessing)
+    dist.barrier(strategy)
+    return results
+
+
+def _results(model_dir, bundle, paws, tuned, baseline, *, paws_train_seconds,
+             finetune_seconds, start):
+    """The demo's results: PAWS-NN (`paws`), fine-tuning (`tuned`) and the
+    baseline's top-1, the data's sizes and the timings since `start`."""
     per_class = np.bincount(bundle.labeled.labels)
-    results = dict(
+    return dict(
         paws_nn_top1=paws['top1'], paws_nn_top5=paws.get('top5'),
         paws_finetune_top1=tuned['top1'], finetune_protocol=tuned['protocol'],
         supervised_top1=baseline['top1'],
@@ -78,14 +87,24 @@ def demo(model_dir, strategy, options):
         num_labeled=bundle.labeled.num_examples,
         num_unlabeled=bundle.unlabeled.num_examples,
         num_test=paws['num_queries'], seed=checks.bound('train.seed', 0),
-        paws_train_seconds=paws_seconds, finetune_seconds=tune_seconds,
+        paws_train_seconds=paws_train_seconds,
+        finetune_seconds=finetune_seconds,
         supervised_seconds=baseline['wall_seconds'],
         images_per_second=report.training_views_per_second(
-            os.path.join(log_dir, 'train')),
+            run_dir.RunDir(model_dir).tensorboard('train')),
         wall_seconds=time.perf_counter() - start)
+
+
+def _report(model_dir, results, *, bundle, tuned, baseline, preprocessing):
+    """Writes `results.json` and the figure, and prints the table."""
+    run = run_dir.RunDir(model_dir)
     results_path = report.write_results(model_dir, results)
+    # The test images embedded as PAWS-NN embeds them, by the export.
+    embeddings, labels = evaluators.PawsNN(
+        bundle.labeled, bundle.test, preprocessing=preprocessing,
+        tau=None).embed_test(evaluate.embedder_from_saved_model(run.embedder))
     report.write_figure(
-        os.path.join(model_dir, report.FIGURE_FILENAME), log_dir=log_dir,
+        run.results_figure, log_dir=run.tensorboard(),
         embeddings=embeddings.numpy(), labels=labels,
         class_names=bundle.labeled.class_names,
         fine_tune_by_epoch=tuned.get('paws_nn_by_epoch'),
@@ -97,20 +116,7 @@ def demo(model_dir, strategy, options):
     print(_table(results, baseline_images_per_second=baseline[
         'images_per_second']))
     print(f'total wall time {results["wall_seconds"]:.0f} s; results in '
-          f'{results_path}, figure in '
-          f'{os.path.join(model_dir, report.FIGURE_FILENAME)}')
-    dist.barrier(strategy)
-    return results
-
-
-def _embed_test_images(model_dir, test, preprocessing):
-    """`(embeddings, labels)` of the test images by the exported embedder."""
-    return evaluate.embed_dataset(
-        evaluate.embedder_from_saved_model(
-            os.path.join(model_dir, export.EMBEDDER_DIR)),
-        pipeline.make_eval_dataset(test, batch_size=modes.EMBED_BATCH_SIZE,
-                                   **preprocessing),
-        description='test images')
+          f'{results_path}, figure in {run.results_figure}')
 
 
 def _table(results, *, baseline_images_per_second):

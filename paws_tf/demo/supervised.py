@@ -15,10 +15,10 @@ from paws_tf.data import augment
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import pipeline
 from paws_tf.data import sampling
-from paws_tf.evaluation import evaluate_nn
 from paws_tf.evaluation import tuning
 from paws_tf.nets import backbones
 from paws_tf import progress
+from paws_tf import run_dir
 
 RESULTS_SUBDIR = 'supervised'
 RESULTS_FILENAME = 'results.json'
@@ -112,8 +112,7 @@ def train_supervised(model_dir, *, labeled, test, preprocessing,
     model.fit(_training_dataset(labeled, multicrop, batch_size, seed),
               epochs=1, steps_per_epoch=steps, verbose=verbose,
               callbacks=[progress.ProgressBar(), tuning.tensorboard(
-                  os.path.join(model_dir, evaluate_nn.TENSORBOARD_DIR,
-                               RESULTS_SUBDIR))])
+                  run_dir.RunDir(model_dir).tensorboard('supervised'))])
     train_seconds = time.perf_counter() - start
     correct = total = 0
     for images, labels in pipeline.make_eval_dataset(test, batch_size=256,

@@ -20,15 +20,18 @@ def embedder_from_model(model):
     """Returns `embed_fn` for an in-memory model, in inference mode.
 
     Args:
-        model: `model.PAWSModel` (its call returns `embeddings`).
+        model: `model.PAWSModel` (its call returns `embeddings`), or a
+            network that returns the embeddings (a fine-tuning trunk).
 
     Returns:
         `embed_fn(images)`: float32 `[b, S, S, C]` preprocessed images ->
-        `[b, D]` float32 embeddings (projection output h).
+        `[b, D]` embeddings (the output PAWS-NN compares).
     """
     @tf.function(reduce_retracing=True)
     def embed_fn(images):
-        return model(images, training=False)['embeddings']
+        outputs = model(images, training=False)
+        return (outputs['embeddings'] if isinstance(outputs, dict)
+                else outputs)
 
     return embed_fn
 

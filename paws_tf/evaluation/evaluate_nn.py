@@ -1,32 +1,26 @@
 """PAWS-NN of a run: the checks of its labeled split and export, the
 evaluation, and its results under `model_dir/eval`."""
 
-import functools
-import json
-import os
-
 from absl import logging
 import gin
 import numpy as np
 import tensorflow as tf
 
-from paws_tf.data import pipeline
 from paws_tf.data import splits
 from paws_tf.evaluation import evaluate
+from paws_tf.evaluation import evaluators
 from paws_tf.evaluation import export
+from paws_tf import run_dir
 
 SOURCES = ('saved_model', 'checkpoint')
-EVAL_SUBDIR = 'eval'
-# The run's TensorBoard directory (`runner.train.TENSORBOARD_DIR`) and the
-# run of the evaluations in it.
-TENSORBOARD_DIR = 'tensorboard'
-TENSORBOARD_EVAL = os.path.join(TENSORBOARD_DIR, 'eval')
-RESULTS_FILENAME = 'paws_nn.json'
 
 
-def _check_export_preprocessing(export_dir, expected):
-    """Raises ValueError if an export's preprocessing differs from ours."""
+def _check_export(export_dir, embedding, **expected):
+    """The embedding an export compares; raises ValueError if its
+    preprocessing or embedding (when not None) differs from ours."""
     stored = export.read_preprocessing(export_dir)
+    if embedding is not None:
+        expected['embedding'] = embedding
     differences = [
         f'{key}: export {stored.get(key)}, evaluation {value}'
         for key, value in expected.items()
@@ -38,6 +32,7 @@ def _check_export_preprocessing(export_dir, expected):
             f'preprocessing or embedding than this evaluation: '
             f'{"; ".join(differences)}. Export the run again '
             '(run.py --mode=export).')
+    return stored.get('embedding')
 
 
 def _check_split(labeled, split_file):
@@ -51,142 +46,116 @@ def _check_split(labeled, split_file):
     logging.info('PAWS-NN: the labeled set matches %s', split_file)
 
 
-def _write_results(model_dir, results, step):
-    """The JSON file under `model_dir/eval`, and TensorBoard scalars in
-    `model_dir/tensorboard/eval` beside the training's PAWS-NN curve (which
-    may use fewer test images): `paws_nn_test/top1`, `.../top5`."""
-    eval_dir = os.path.join(model_dir, EVAL_SUBDIR)
-    tf.io.gfile.makedirs(eval_dir)
-    writer = tf.summary.create_file_writer(
-        os.path.join(model_dir, TENSORBOARD_EVAL))
-    with writer.as_default():
-        for key, value in results.items():
-            if key.startswith('top'):
-                tf.summary.scalar(f'paws_nn_test/{key}', value, step=step)
-    path = os.path.join(eval_dir, RESULTS_FILENAME)
-    with tf.io.gfile.GFile(path + '.tmp', 'w') as f:
-        json.dump(results, f, indent=2)
-    tf.io.gfile.rename(path + '.tmp', path, overwrite=True)
-    return path
-
-
 @gin.configurable(denylist=['labeled', 'test', 'model'])
 def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
                 std, source='saved_model', model=None, saved_model_dir=None,
                 checkpoint_path=None, split_file=None, tau=0.1,
                 embedding=None, batch_size=256,
                 query_chunk=evaluate.DEFAULT_QUERY_CHUNK, step=0):
-    """Evaluates a run with PAWS-NN and records the result.
-
-    The support is exactly the labeled set, each image embedded once with
-    the evaluation preprocessing of `pipeline.make_eval_dataset`; the embedded
-    count is checked against `labeled.num_examples` (the official code once
-    reported 1% figures computed with the 10% support). Writes top-1/top-5
-    as TensorBoard scalars and `model_dir/eval/paws_nn.json`, and prints
-    them. Single-process: under a multi-worker strategy only the chief
-    should call it.
+    """PAWS-NN of a run (`evaluators.PawsNN`), the support exactly the
+    labeled set, checked against the run's split file: TensorBoard's
+    `paws_nn_test/*` in `tensorboard/eval`, `eval/paws_nn.json` and a
+    printed summary. Single-process (the chief alone, on a cluster).
 
     Args:
         model_dir: the run's directory.
         labeled: `sources.ImageSource`, the labeled images (the support).
         test: `sources.ImageSource` or `sources.StreamSource`, the queries.
-        image_size: S, evaluation crop side.
-        crop_fraction: centre crop fraction (0.875 ImageNet, 1 CIFAR-10).
-        mean: per-channel normalisation mean.
-        std: per-channel normalisation std.
-        source: `'saved_model'` (the `export_embedder` output) or
-            `'checkpoint'` (restore `model` from a training checkpoint).
-        model: for `'checkpoint'`: the `model.PAWSModel` built from the
-            run's gin config (`model.build_model`).
-        saved_model_dir: default `model_dir/export.EMBEDDER_DIR`.
-        checkpoint_path: for `'checkpoint'`: a checkpoint prefix, or a
-            directory whose latest checkpoint is used.
-        split_file: the run's recorded labeled split; default
-            `model_dir/splits.SPLIT_FILENAME` when it exists. The labeled
-            set must hold exactly its images.
-        tau: similarity temperature.
+        image_size, crop_fraction, mean, std: the evaluation preprocessing
+            (`pipeline.make_eval_dataset`).
+        source: `'saved_model'` (the `export_embedder` output in
+            `saved_model_dir`, default `RunDir.embedder`) or `'checkpoint'`
+            (restore `model`, built from the run's gin config by
+            `model.build_model`, from `checkpoint_path`: a checkpoint
+            prefix, or a directory whose latest checkpoint is used).
+        split_file: the run's recorded labeled split (default `RunDir.split`
+            when it exists), of exactly the labeled set's images.
         embedding: the representation compared, 'projection' or
             'prediction' (`model.PAWSModel.nn_embedding`); an export made
-            with another is refused. None: what the export or `model`
-            has.
-        batch_size: images per embedding batch.
-        query_chunk: queries classified at once.
+            with another is refused. None: what the export or `model` has.
+        tau, batch_size, query_chunk: similarity temperature, images per
+            embedding batch, queries classified at once.
         step: global step of the TensorBoard scalars.
 
     Returns:
-        The `evaluate.paws_nn` dict, plus `source`, `source_path`, `embedding`,
-        `tau`, `split_file` (None if unchecked) and `results_file`.
+        The `evaluate.paws_nn` dict, plus `source`, `source_path`,
+        `embedding`, `tau`, `split_file` (None if unchecked) and
+        `results_file`.
 
     Raises:
         ValueError: unknown source, a checkpoint source without `model` or
-            `checkpoint_path`,
-            an export with another preprocessing, mismatching class names,
-            or a labeled set that differs from the split file.
+            `checkpoint_path`, an export of another preprocessing or
+            embedding, other class names, or a labeled set other than the
+            split file's.
         FileNotFoundError: no export or checkpoint where expected.
         RuntimeError: embedded counts that differ from the sources' sizes.
     """
-    if test.class_names and test.class_names != labeled.class_names:
-        raise ValueError('The labeled and test sets name their classes '
-                         'differently.')
-    default_split = os.path.join(model_dir, splits.SPLIT_FILENAME)
-    if split_file is None and tf.io.gfile.exists(default_split):
-        split_file = default_split
-    if split_file is None:
-        logging.warning('PAWS-NN: no split file to check the labeled set '
-                        'against (%s does not exist).', default_split)
-    else:
-        _check_split(labeled, split_file)
-    if source == 'saved_model':
-        path = saved_model_dir or os.path.join(model_dir, export.EMBEDDER_DIR)
-        expected = dict(image_size=image_size, crop_fraction=crop_fraction,
-                        mean=mean, std=std, channels=labeled.channels)
-        if embedding is not None:
-            expected['embedding'] = embedding
-        _check_export_preprocessing(path, expected)
-        embedding = export.read_preprocessing(path).get('embedding')
-        embed_fn = evaluate.embedder_from_saved_model(path)
-    elif source == 'checkpoint':
-        if model is None or checkpoint_path is None:
-            raise ValueError('source="checkpoint" needs `model`, built from '
-                             'the run\'s gin config (model.build_model), and '
-                             '`checkpoint_path`.')
-        if embedding not in (None, model.nn_embedding):
-            raise ValueError(
-                f'evaluate_nn.embedding = {embedding!r} but the model '
-                f'compares {model.nn_embedding!r} (PAWSModel.nn_embedding): '
-                'bind one of them to the other.')
-        path = evaluate.restore_model(
-            model, checkpoint_path,
-            input_shape=(image_size, image_size, labeled.channels))
-        embedding = model.nn_embedding
-        embed_fn = evaluate.embedder_from_model(model)
-    else:
-        raise ValueError(f'Unknown source {source!r}; choose one of '
-                         f'{", ".join(SOURCES)}.')
-    make_dataset = functools.partial(
-        pipeline.make_eval_dataset, batch_size=batch_size,
-        image_size=image_size, crop_fraction=crop_fraction, mean=mean,
-        std=std)
-    num_classes = (len(labeled.class_names) or
-                   int(np.max(labeled.labels)) + 1)
-    results = evaluate.paws_nn(embed_fn, make_dataset(labeled),
-                               make_dataset(test), num_classes=num_classes,
-                               tau=tau, query_chunk=query_chunk)
-    for what, embedded, expected in (
-            ('support', results['num_support'], labeled.num_examples),
-            ('query', results['num_queries'], test.num_examples)):
-        if embedded != expected:
-            raise RuntimeError(f'Embedded {embedded} {what} images, but the '
-                               f'source holds {expected}.')
-    results.update(source=source, source_path=path, embedding=embedding,
-                   tau=tau, split_file=split_file)
-    results['results_file'] = _write_results(model_dir, results, step)
-    summary = (f'PAWS-NN ({source} {path}, {embedding} embedding): top-1 '
-               f'{100 * results["top1"]:.2f}%'
-               + (f', top-5 {100 * results["top5"]:.2f}%'
-                  if 'top5' in results else '') +
-               f'; support = the {results["num_support"]} labeled images, '
+    run = run_dir.RunDir(model_dir)
+    preprocessing = dict(image_size=image_size, crop_fraction=crop_fraction,
+                         mean=mean, std=std)
+    split_file = _checked_split(run, labeled, split_file)
+    path, embedding, embed_fn = _embedder(
+        source, embedding, dict(preprocessing, channels=labeled.channels),
+        saved_model_dir=saved_model_dir or run.embedder, model=model,
+        checkpoint_path=checkpoint_path)
+    results = evaluators.PawsNN(
+        labeled, test, preprocessing=preprocessing, tau=tau,
+        log_dir=run.tensorboard('eval'), tag='paws_nn_test',
+        results_file=run.paws_nn, batch_size=batch_size,
+        query_chunk=query_chunk, record=dict(
+            source=source, source_path=path, embedding=embedding, tau=tau,
+            split_file=split_file))(embed_fn, step)
+    return _printed(results)
+
+
+def _printed(results):
+    """`results`, once their summary is logged and printed."""
+    top5 = (f', top-5 {100 * results["top5"]:.2f}%' if 'top5' in results
+            else '')
+    summary = (f'PAWS-NN ({results["source"]} {results["source_path"]}, '
+               f'{results["embedding"]} embedding): top-1 '
+               f'{100 * results["top1"]:.2f}%{top5}; support = the '
+               f'{results["num_support"]} labeled images, '
                f'{results["num_queries"]} queries')
     logging.info(summary)
     print(summary)
     return results
+
+
+def _embedder(source, embedding, expected, *, saved_model_dir, model,
+              checkpoint_path):
+    """`(path, embedding, embed_fn)` of `evaluate_nn`'s `source`, checked
+    against the `expected` preprocessing and `embedding`."""
+    if source == 'saved_model':
+        embedding = _check_export(saved_model_dir, embedding, **expected)
+        return (saved_model_dir, embedding,
+                evaluate.embedder_from_saved_model(saved_model_dir))
+    if source != 'checkpoint':
+        raise ValueError(f'Unknown source {source!r}; choose one of '
+                         f'{", ".join(SOURCES)}.')
+    if model is None or checkpoint_path is None:
+        raise ValueError('source="checkpoint" needs `model`, built from '
+                         'the run\'s gin config (model.build_model), and '
+                         '`checkpoint_path`.')
+    if embedding not in (None, model.nn_embedding):
+        raise ValueError(
+            f'evaluate_nn.embedding = {embedding!r} but the model '
+            f'compares {model.nn_embedding!r} (PAWSModel.nn_embedding): '
+            'bind one of them to the other.')
+    size, channels = expected['image_size'], expected['channels']
+    path = evaluate.restore_model(model, checkpoint_path,
+                                  input_shape=(size, size, channels))
+    return path, model.nn_embedding, evaluate.embedder_from_model(model)
+
+
+def _checked_split(run, labeled, split_file):
+    """The split file `labeled` was checked against (default the run's),
+    or None when there is none."""
+    if split_file is None and tf.io.gfile.exists(run.split):
+        split_file = run.split
+    if split_file is None:
+        logging.warning('PAWS-NN: no split file to check the labeled set '
+                        'against (%s does not exist).', run.split)
+    else:
+        _check_split(labeled, split_file)
+    return split_file

@@ -1,13 +1,11 @@
 """Fine-tuning after PAWS pre-training: the ImageNet and CIFAR-10 protocols."""
 
-import os
-
 import gin
 
 from paws_tf.data import augment
-from paws_tf.evaluation import evaluate_nn
 from paws_tf.evaluation import linear_fine_tune
 from paws_tf.evaluation import suncet_fine_tune
+from paws_tf import run_dir
 
 _PROTOCOLS = {'imagenet': linear_fine_tune.fine_tune_linear,
               'cifar10': suncet_fine_tune.fine_tune_suncet}
@@ -45,10 +43,10 @@ def fine_tune(model_dir, model, *, labeled, test, protocol='imagenet',
     if protocol not in _PROTOCOLS:
         raise ValueError(f'Unknown fine-tuning protocol {protocol!r}: use '
                          f'one of {sorted(_PROTOCOLS)}.')
+    run = run_dir.RunDir(model_dir)
     _, results = _PROTOCOLS[protocol](
-        model, labeled, test, output_dir=os.path.join(model_dir, 'fine_tune'),
-        log_dir=os.path.join(model_dir, evaluate_nn.TENSORBOARD_DIR,
-                             'fine_tune'),
+        model, labeled, test, output_dir=run.fine_tune,
+        log_dir=run.tensorboard('fine_tune'),
         strategy=strategy, image_size=image_size,
         crop_fraction=crop_fraction, mean=mean, std=std, seed=seed)
     return results

@@ -209,7 +209,7 @@ class _BestEpoch(tf_keras.callbacks.Callback):
             self._best_weights = self.model.get_weights()
 
     def on_train_end(self, logs=None):
-        checkpoints.set_weights(self.model, self._best_weights)
+        checkpoints.assign_weights(self.model, self._best_weights)
 
 
 def _scores(classifier, dataset):

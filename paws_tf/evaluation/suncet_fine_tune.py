@@ -14,6 +14,7 @@ from paws_tf.data import pipeline
 from paws_tf.data import sampling
 from paws_tf import dist
 from paws_tf.evaluation import evaluate
+from paws_tf.evaluation import evaluators
 from paws_tf.evaluation import tuning
 from paws_tf import lars as lars_lib
 from paws_tf import losses
@@ -118,23 +119,6 @@ class _SuncetTrainer(tf_keras.Model):
         self._learning_rate.update_state(self.optimizer.learning_rate)
         self._loss.update_state(loss)
         return {m.name: m.result() for m in self.metrics}
-
-
-class _EpochPawsNN(tf_keras.callbacks.Callback):
-    """PAWS-NN of the trunk after every `every` epochs (and the last)."""
-
-    def __init__(self, evaluate_fn, every, num_epochs, record):
-        super().__init__()
-        self._evaluate_fn, self._every = evaluate_fn, every
-        self._num_epochs, self._record = num_epochs, record
-
-    def on_epoch_end(self, epoch, logs=None):
-        done = epoch + 1
-        if done % self._every and done != self._num_epochs:
-            return
-        self._record.append(dict(epoch=done, **self._evaluate_fn()))
-        logging.info('Fine-tuning epoch %d/%d: PAWS-NN top-1 %.2f%%', done,
-                     self._num_epochs, 100 * self._record[-1]['top1'])
 
 
 def _suncet_optimizer(*, learning_rate, final_learning_rate,
@@ -252,18 +236,10 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
         images_per_class=images_per_class, views=views, flip=flip,
         num_replicas=strategy.num_replicas_in_sync, image_size=image_size,
         crop_fraction=crop_fraction, mean=mean, std=std, seed=seed)
-    evaluation = dict(batch_size=eval_batch_size, image_size=image_size,
-                      crop_fraction=crop_fraction, mean=mean, std=std)
-    support_data = pipeline.make_eval_dataset(labeled, **evaluation)
-    query_data = pipeline.make_eval_dataset(test, **evaluation)
-
-    def paws_nn(network):
-        embed = tf.function(lambda x: tf.cast(network(x, training=False),
-                                              tf.float32),
-                            reduce_retracing=True)
-        return evaluate.paws_nn(embed, support_data, query_data,
-                                num_classes=num_classes, tau=tau)
-
+    paws_nn = evaluators.PawsNN(
+        labeled, test, tau=tau, batch_size=eval_batch_size,
+        preprocessing=dict(image_size=image_size, crop_fraction=crop_fraction,
+                           mean=mean, std=std))
     with strategy.scope():
         trunk = tuning.build_trunk(model)
         trainer = _SuncetTrainer(trunk, num_classes, tau)
@@ -274,20 +250,22 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
             momentum=momentum, lars=lars,
             trust_coefficient=trust_coefficient))
         trainer.optimizer.build(trunk.trainable_variables)
-    by_epoch = [dict(epoch=0, **paws_nn(trunk))]
-    logging.info('PAWS-NN before fine-tuning: %s', by_epoch[0])
+    embed_fn = evaluate.embedder_from_model(trunk)
+    before = dict(epoch=0, **paws_nn(embed_fn))
+    logging.info('PAWS-NN before fine-tuning: %s', before)
     steps = []
     step_log = tf_keras.callbacks.LambdaCallback(
         on_train_batch_end=lambda batch, logs: steps.append(logs))
-    epoch_eval = _EpochPawsNN(lambda: paws_nn(trunk),
-                              eval_every_epochs or num_epochs, num_epochs,
-                              by_epoch)
+    epoch_eval = evaluators.EpochEndEvaluation(
+        [paws_nn], lambda _: embed_fn, every_epochs=eval_every_epochs or
+        num_epochs, num_epochs=num_epochs, prefix='Fine-tuning ',
+        to_logs=False)
     trainer.fit(strategy.distribute_datasets_from_function(dataset_fn),
                 epochs=num_epochs, steps_per_epoch=steps_per_epoch,
                 callbacks=[step_log, epoch_eval, progress.ProgressBar()] + (
                     [tuning.tensorboard(log_dir)] if log_dir else []))
     results = _results(
-        by_epoch, steps, epochs=num_epochs, steps_per_epoch=steps_per_epoch,
+        [before] + epoch_eval.history, steps, epochs=num_epochs, steps_per_epoch=steps_per_epoch,
         total_steps=int(trainer.optimizer.iterations.numpy()))
     logging.info('PAWS-NN after fine-tuning: top-1 %.2f%% (best epoch %d: '
                  '%.2f%%, selected on the test set)', 100 * results['top1'],

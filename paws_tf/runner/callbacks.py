@@ -1,4 +1,5 @@
-"""Training callbacks: non-finite loss guard, progress, images, PAWS-NN."""
+"""Training callbacks: non-finite loss guard, progress, images, the
+epoch-end evaluation."""
 
 import math
 import time
@@ -9,10 +10,12 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import checkpoints
-from paws_tf.data import pipeline
 from paws_tf import dist
 from paws_tf import model as model_lib
 from paws_tf.evaluation import evaluate
+from paws_tf.evaluation import evaluators
+from paws_tf.runner import building
+from paws_tf.runner import experiment
 from paws_tf.runner import saving
 
 
@@ -161,67 +164,45 @@ class ViewImages(tf_keras.callbacks.Callback):
                                      max_outputs=self._count)
 
 
-class PawsNNEvaluation(tf_keras.callbacks.Callback):
-    """PAWS-NN top-1/top-5 on the held-out split at epoch ends.
-
-    The support is the whole labeled set; the queries are the first
-    `max_queries` test images (all of them when None), so the curve is
-    cheap enough to follow during training.
+def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
+                         every_epochs, max_queries):
+    """The training's evaluators at epoch ends, on the held-out split.
 
     Every worker of a cluster runs it: each reads the model's weights at
     the same epoch end (`dist.read_weights`, collectives under
-    MultiWorkerMirroredStrategy), and the chief alone evaluates them on
-    `local_model`, a copy with plain variables, and writes the scalars.
+    MultiWorkerMirroredStrategy), and the chief alone evaluates them on a
+    copy with plain variables (`building.build_local_model`) and writes
+    the TensorBoard points.
 
     Args:
-        log_dir: TensorBoard directory of the scalars (chief).
-        local_model: the chief's copy of the model, from
-            `building.build_local_model`; None on the other workers, which
-            only take part in reading the weights.
-        labeled, test: the support and query sources.
-        preprocessing: `pipeline.make_eval_dataset` keyword arguments.
+        evaluator_classes: `train.evaluators`, each called with the run's
+            data (`evaluators.PawsNN`'s arguments).
+        bundle: the run's data (`experiment.load_data`).
+        log_dir: TensorBoard directory of the points (chief).
         tau: similarity temperature.
+        chief: whether this process is the chief.
         every_epochs: evaluate every this many epochs.
-        max_queries: test images used (None: all).
-        batch_size: images per embedding batch.
+        max_queries: test images used (None: all), so that the curve is
+            cheap enough to follow during training.
+
+    Returns:
+        An `evaluators.EpochEndEvaluation` callback.
     """
+    local_model, built = None, []
+    if chief:
+        local_model = building.build_local_model(
+            input_channels=bundle.labeled.channels)
+        embed_fn = evaluate.embedder_from_model(local_model)
+        built = [cls(bundle.labeled, bundle.test, tau=tau, log_dir=log_dir,
+                     preprocessing=experiment.eval_preprocessing(bundle),
+                     max_queries=max_queries) for cls in evaluator_classes]
 
-    def __init__(self, log_dir, local_model, *, labeled, test, preprocessing,
-                 tau, every_epochs=1, max_queries=None, batch_size=256):
-        super().__init__()
-        self._local_model = local_model
-        self._every_epochs = every_epochs
+    def embedder(model):
+        weights = dist.read_weights(model)
         if local_model is None:
-            return
-        self._writer = tf.summary.create_file_writer(log_dir)
-        self._tau = tau
-        self._num_classes = len(labeled.class_names)
-        self._support = pipeline.make_eval_dataset(
-            labeled, batch_size=batch_size, **preprocessing)
-        queries = pipeline.make_eval_dataset(test, batch_size=batch_size,
-                                             **preprocessing)
-        if max_queries is not None:
-            queries = queries.unbatch().take(max_queries).batch(batch_size)
-        self._queries = queries
-        self._embed_fn = evaluate.embedder_from_model(local_model)
+            return None
+        checkpoints.assign_weights(local_model, weights)
+        return embed_fn
 
-    def on_epoch_end(self, epoch, logs=None):
-        if (epoch + 1) % self._every_epochs or self.model.stop_training:
-            return  # Not due, or stopping (a preemption's grace period).
-        weights = dist.read_weights(self.model)
-        if self._local_model is None:
-            return
-        checkpoints.set_weights(self._local_model, weights)
-        results = evaluate.paws_nn(
-            self._embed_fn, self._support,
-            self._queries, num_classes=self._num_classes, tau=self._tau)
-        with self._writer.as_default(step=saving.global_step(self.model)):
-            for key in ('top1', 'top5'):
-                if key in results:
-                    tf.summary.scalar(f'paws_nn/{key}', results[key])
-        self._writer.flush()
-        if logs is not None:
-            logs['paws_nn_top1'] = results['top1']
-        logging.info('epoch %d: PAWS-NN top-1 %.2f%% (%d queries, %d '
-                     'supports)', epoch + 1, 100 * results['top1'],
-                     results['num_queries'], results['num_support'])
+    return evaluators.EpochEndEvaluation(built, embedder,
+                                         every_epochs=every_epochs)

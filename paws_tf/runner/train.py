@@ -18,7 +18,7 @@ from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import pipeline
 from paws_tf.data import splits
 from paws_tf import dist
-from paws_tf.evaluation import evaluate_nn
+from paws_tf.evaluation import evaluators as evaluators_lib
 from paws_tf import files
 from paws_tf import lars
 from paws_tf import progress
@@ -29,7 +29,7 @@ from paws_tf.runner import run_history
 from paws_tf.runner import saving
 from paws_tf import schedules
 
-TENSORBOARD_DIR = evaluate_nn.TENSORBOARD_DIR
+TENSORBOARD_DIR = 'tensorboard'
 # What a training run writes besides its config and data records.
 # The input's global and per-replica sizes (`PretrainInput.summary`).
 INPUT_SUMMARY_FILE = 'input.txt'
@@ -100,7 +100,8 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
           precision='float32', jit_compile=False, steps_per_execution=1,
           seed=0, deterministic_ops=False, checkpoint_every_steps=1000,
           keep_checkpoints=3, backup_every_steps=100, log_every_steps=50,
-          view_images=True, eval_every_epochs=1, eval_max_queries=10_000,
+          view_images=True, evaluators=(evaluators_lib.PawsNN,),
+          eval_every_epochs=1, eval_max_queries=10_000,
           pretrained_backbone=None, on_data_change='stop', verbose='auto'):
     """PAWS pre-training into `model_dir`; resumes an unfinished run.
 
@@ -138,9 +139,11 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
             crash can lose (`saving.Saver`).
         log_every_steps: TensorBoard scalar interval.
         view_images: write augmented views of the first step to TensorBoard.
-        eval_every_epochs: PAWS-NN on the test split every this many epochs
-            when one is configured (0: never).
-        eval_max_queries: test images used by that evaluation (None: all).
+        evaluators: the evaluator classes run on the test split at epoch
+            ends (`evaluation.evaluators`; gin: `[@PawsNN, ...]`).
+        eval_every_epochs: evaluate every this many epochs when a test
+            split is configured (0: never).
+        eval_max_queries: test images the evaluators use (None: all).
         pretrained_backbone: tf_keras weights file or checkpoint to start
             the backbone from.
         on_data_change: when resuming on data that differs from what the
@@ -206,7 +209,7 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
         model_dir, bundle, pretrain, saver, tau=model.tau, chief=chief,
         num_epochs=num_epochs, log_every_steps=log_every_steps,
         view_images=view_images and chief and start_step == 0,
-        eval_every_epochs=eval_every_epochs,
+        evaluators=evaluators, eval_every_epochs=eval_every_epochs,
         eval_max_queries=eval_max_queries)
     _fit(model, pretrain, fit_callbacks, saver, strategy=strategy,
          start_step=start_step, num_epochs=num_epochs, history=history,
@@ -300,7 +303,7 @@ def _start(model_dir, strategy, *, chief, on_change, overwrite):
 
 
 def _callbacks(model_dir, bundle, pretrain, saver, *, tau, chief, num_epochs,
-               log_every_steps, view_images, eval_every_epochs,
+               log_every_steps, view_images, evaluators, eval_every_epochs,
                eval_max_queries):
     """`fit`'s callbacks, in order: nothing is saved before the loss and
     the evaluation of its step have run and its summaries are written (so
@@ -317,16 +320,11 @@ def _callbacks(model_dir, bundle, pretrain, saver, *, tau, chief, num_epochs,
                               num_epochs=num_epochs, is_chief=chief),
         saver,
     ]
-    if eval_every_epochs and bundle.test is not None:
-        # Every worker reads the weights at the epoch end (a collective);
-        # the chief alone evaluates them, on a copy of its own.
-        local_model = building.build_local_model(
-            input_channels=bundle.labeled.channels) if chief else None
-        fit_callbacks.insert(1, callbacks.PawsNNEvaluation(
-            os.path.join(log_dir, 'eval'), local_model,
-            labeled=bundle.labeled, test=bundle.test,
-            preprocessing=preprocessing, tau=tau,
-            every_epochs=eval_every_epochs, max_queries=eval_max_queries))
+    if eval_every_epochs and evaluators and bundle.test is not None:
+        fit_callbacks.insert(1, callbacks.epoch_end_evaluation(
+            evaluators, bundle, log_dir=os.path.join(log_dir, 'eval'),
+            tau=tau, chief=chief, every_epochs=eval_every_epochs,
+            max_queries=eval_max_queries))
     if chief:
         fit_callbacks.append(run_history.OperativeConfig(model_dir))
     if view_images:
