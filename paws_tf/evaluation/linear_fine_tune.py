@@ -1,8 +1,18 @@
 """The ImageNet fine-tuning protocol of PAWS App. A: a classifier on the
-pre-trained network, trained on the labeled images, its best epoch chosen
-on a validation set (the official code's), or its learning rate and epochs
-chosen on a held-out part of the labeled images (the paper's text)."""
+pre-trained network, trained on the labeled images, tested with a centre
+crop.
 
+`selection='best_epoch'` (the official `fine_tune.py` with
+`imgnt_fine_tune.yaml`: one learning rate, 0.02, and 50 epochs): one
+classifier trains on every labeled image, is scored on a validation set
+after each epoch, and the weights of its best epoch (the first on ties) are
+tested. `selection='sweep'` (the paper's text): each (learning rate, epochs)
+pair trains a fresh classifier on the labeled images outside a held-out
+split and is scored on that split; the best top-1 (the first in sweep order
+on ties) is retrained on the whole labeled set and tested.
+"""
+
+import functools
 import math
 import os
 
@@ -220,33 +230,21 @@ def _scores(classifier, dataset):
 @gin.configurable(denylist=tuning.PASSED)
 def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
                      crop_fraction, mean, std, strategy=None, seed=0,
-                     log_dir=None,
-                     selection='sweep', validation=None,
+                     log_dir=None, selection='sweep', validation=None,
                      learning_rates=(0.01, 0.02, 0.05, 0.1, 0.2),
                      epochs=(30, 50), holdout=12000, global_batch_size=1024,
                      crop_scale=(0.08, 1.0), momentum=0.9, cosine_decay=True,
                      eval_batch_size=256):
-    """PAWS App. A: a classifier fine-tuned on the labeled images, chosen on
-    held-out images, tested with a centre crop.
+    """PAWS App. A, by best epoch or by sweep (the module's docstring).
 
-    `selection='best_epoch'` (the official `fine_tune.py` with
-    `imgnt_fine_tune.yaml`: one learning rate, 0.02, and 50 epochs): one
-    classifier trains on every labeled image, is scored on `validation`
-    after each epoch, and the weights of its best epoch (the first on ties)
-    are tested. `selection='sweep'` (the paper's text): each (learning rate,
-    epochs) pair trains a fresh classifier on the labeled images outside a
-    held-out split and is scored on that split; the best top-1 (the first
-    in sweep order on ties) is retrained on the whole labeled set and
-    tested. `output_dir` receives the held-out names (sweep), the weights
-    and the results JSON; `log_dir` the TensorBoard logs of each epoch
+    `output_dir` receives the held-out names (sweep), the weights and the
+    results JSON; `log_dir` (or None) the TensorBoard logs of each epoch
     (`sweep/*`, `final`).
 
     Args:
         model, labeled, test, image_size, crop_fraction, mean, std,
             strategy, seed: as in `fine_tune.fine_tune`; `crop_fraction` is for
             evaluation (training takes random crops).
-        output_dir: where outputs go.
-        log_dir: TensorBoard directory, or None.
         selection: one of `SELECTIONS`.
         validation: for 'best_epoch': a zero-argument callable returning
             the labeled validation source (ImageNet:
@@ -255,9 +253,8 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
             for 'best_epoch'.
         holdout: for 'sweep': held-out images, a count (paper: 12000) or a
             fraction.
-        global_batch_size: images per step over all replicas.
-        crop_scale: area range of the training crops.
-        momentum: Nesterov momentum.
+        global_batch_size, crop_scale, momentum: images per step over all
+            replicas, area range of the training crops, Nesterov momentum.
         cosine_decay: cosine decay to 0 without warm-up, else constant.
         eval_batch_size: batch of the held-out and test passes.
 
@@ -270,6 +267,29 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
             set or with several settings; raised before any training.
     """
     strategy = strategy or tf.distribute.get_strategy()
+    num_classes = _checked_classes(labeled, strategy, global_batch_size,
+                                   learning_rates, epochs, selection)
+    train = dict(strategy=strategy, num_classes=num_classes,
+                 global_batch_size=global_batch_size, image_size=image_size,
+                 mean=mean, std=std, crop_scale=crop_scale, momentum=momentum,
+                 cosine_decay=cosine_decay, seed=seed)
+    evaluation = dict(batch_size=eval_batch_size, image_size=image_size,
+                      crop_fraction=crop_fraction, mean=mean, std=std)
+    select = dict(best_epoch=functools.partial(_best_epoch, validation),
+                  sweep=functools.partial(_sweep, holdout))[selection]
+    classifier, results = select(
+        model, labeled, test, output_dir=output_dir, log_dir=log_dir,
+        learning_rates=learning_rates, epochs=epochs, train=train,
+        evaluation=evaluation)
+    tuning.write_outputs(strategy, output_dir, classifier, CLASSIFIER_WEIGHTS,
+                         results)
+    return classifier, results
+
+
+def _checked_classes(labeled, strategy, global_batch_size, learning_rates,
+                     epochs, selection):
+    """The class count; raises ValueError for a bad `fine_tune_linear`
+    argument."""
     num_classes = tuning.num_classes(labeled)
     if global_batch_size % strategy.num_replicas_in_sync:
         raise ValueError(
@@ -280,16 +300,13 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
     if selection not in SELECTIONS:
         raise ValueError(f'fine_tune_linear.selection must be one of '
                          f'{SELECTIONS}, got {selection!r}.')
-    train = dict(strategy=strategy, num_classes=num_classes,
-                 global_batch_size=global_batch_size, image_size=image_size,
-                 mean=mean, std=std, crop_scale=crop_scale, momentum=momentum,
-                 cosine_decay=cosine_decay, seed=seed)
-    evaluation = dict(batch_size=eval_batch_size, image_size=image_size,
-                      crop_fraction=crop_fraction, mean=mean, std=std)
-    if selection == 'best_epoch':
-        return _best_epoch(model, labeled, test, validation, output_dir,
-                           log_dir, learning_rates, epochs, train,
-                           evaluation)
+    return num_classes
+
+
+def _sweep(holdout, model, labeled, test, *, output_dir, log_dir,
+           learning_rates, epochs, train, evaluation):
+    """`fine_tune_linear` with `selection='sweep'`."""
+    seed = train['seed']
     train_positions, held = split_holdout(labeled.labels, holdout, seed)
     train_source = labeled.subset(train_positions)
     held_dataset = pipeline.make_eval_dataset(labeled.subset(held),
@@ -297,7 +314,7 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
     test_dataset = pipeline.make_eval_dataset(test, **evaluation)
     os.makedirs(output_dir, exist_ok=True)
     holdout_file = os.path.join(output_dir, HOLDOUT_FILENAME)
-    if dist.is_chief(strategy):
+    if dist.is_chief(train['strategy']):
         with open(holdout_file, 'w') as f:
             f.writelines(f'{labeled.names[p]}\n' for p in held)
     sweep = []
@@ -319,20 +336,18 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
         **best, **train)
     scores = _scores(classifier, test_dataset)
     logging.info('Fine-tuned with %s: test %s', best, scores)
-    results = {
+    return classifier, {
         'protocol': 'imagenet', 'selection': 'sweep', 'top1': scores['top1'],
         'top5': scores.get('top5'), 'test': scores, 'best': best,
         'sweep': sweep,
         'num_train': len(train_positions), 'weights': CLASSIFIER_WEIGHTS,
         'holdout': {'count': len(held), 'seed': seed, 'file': holdout_file,
-                    'per_class': np.bincount(labeled.labels[held],
-                                             minlength=num_classes)}}
-    tuning.write_outputs(strategy, output_dir, classifier, CLASSIFIER_WEIGHTS,
-                         results)
-    return classifier, results
+                    'per_class': np.bincount(
+                        labeled.labels[held],
+                        minlength=train['num_classes'])}}
 
 
-def _best_epoch(model, labeled, test, validation, output_dir, log_dir,
+def _best_epoch(validation, model, labeled, test, *, output_dir, log_dir,
                 learning_rates, epochs, train, evaluation):
     """`fine_tune_linear` with `selection='best_epoch'`."""
     if validation is None:
@@ -360,7 +375,7 @@ def _best_epoch(model, labeled, test, validation, output_dir, log_dir,
                                                             **evaluation))
     logging.info('Fine-tuned, epoch %d of %d (best on validation): test %s',
                  best.best_epoch, epochs[0], scores)
-    results = {
+    return classifier, {
         'protocol': 'imagenet', 'selection': 'best_epoch',
         'top1': scores['top1'], 'top5': scores.get('top5'), 'test': scores,
         'learning_rate': learning_rates[0], 'epochs': epochs[0],
@@ -369,6 +384,3 @@ def _best_epoch(model, labeled, test, validation, output_dir, log_dir,
         'num_train': labeled.num_examples,
         'num_validation': validation_source.num_examples,
         'weights': CLASSIFIER_WEIGHTS}
-    tuning.write_outputs(train['strategy'], output_dir, classifier,
-                         CLASSIFIER_WEIGHTS, results)
-    return classifier, results
