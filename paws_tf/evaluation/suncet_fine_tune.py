@@ -1,6 +1,15 @@
 """The CIFAR-10 fine-tuning protocol of PAWS App. C, as the official code runs
-it: SuNCEt on class-balanced batches of two flipped views of the labeled
-images, batch norm in inference mode, then PAWS-NN of the final model."""
+it (suncet `configs/paws/cifar10_snn.yaml` run by `src/snn_fine_tune.py`).
+
+The encoder (backbone, projection head, and the prediction head when PAWS-NN
+compares its output) is fine-tuned with the SuNCEt loss (no label smoothing)
+on class-balanced batches of the labeled images, two flipped centre crops of
+each, its batch norms in inference mode but gamma and beta trained. PAWS-NN
+(labeled set as support, the test images as queries) is measured before,
+every few epochs and at the end. The paper's text describes 180 plain
+momentum-SGD steps on one view with frozen batch norm; the defaults are the
+official code's, which produced its 96.0.
+"""
 
 from absl import logging
 import gin
@@ -121,6 +130,16 @@ class _SuncetTrainer(tf_keras.Model):
         return {m.name: m.result() for m in self.metrics}
 
 
+def _compiled_trainer(model, strategy, num_classes, tau, optimizer):
+    """A compiled `_SuncetTrainer` of `tuning.build_trunk(model)` in the
+    strategy's scope, `optimizer` the `_suncet_optimizer` arguments."""
+    with strategy.scope():
+        trainer = _SuncetTrainer(tuning.build_trunk(model), num_classes, tau)
+        trainer.compile(optimizer=_suncet_optimizer(**optimizer))
+        trainer.optimizer.build(trainer.trunk.trainable_variables)
+    return trainer
+
+
 def _suncet_optimizer(*, learning_rate, final_learning_rate,
                       steps_per_epoch, num_epochs, momentum, lars,
                       trust_coefficient):
@@ -141,7 +160,11 @@ def _suncet_optimizer(*, learning_rate, final_learning_rate,
 
 def _results(by_epoch, steps, *, epochs, steps_per_epoch, total_steps):
     """`fine_tune_suncet`'s results from its PAWS-NN figures `by_epoch`
-    (epoch 0 first) and its steps' logs."""
+    (epoch 0 first) and its steps' logs: `top1`/`top5` of the final model,
+    `paws_nn_before`, `paws_nn_after`, `paws_nn_by_epoch` (epoch 0 is
+    before), and `best_epoch_top1_selected_on_test` with its `best_epoch`:
+    the best of the per-epoch test figures, which selects on the test set,
+    as the official script's logged `best-val` does."""
     after = by_epoch[-1]
     best = max(by_epoch, key=lambda entry: entry['top1'])
     return {
@@ -160,117 +183,111 @@ def _results(by_epoch, steps, *, epochs, steps_per_epoch, total_steps):
         'weights': tuning.TRUNK_WEIGHTS}
 
 
-@gin.configurable(denylist=tuning.PASSED)
-def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
-                     crop_fraction, mean, std, strategy=None, seed=0,
-                     log_dir=None,
-                     num_epochs=30, steps_per_epoch=None,
-                     classes_per_step=10, images_per_class=64, views=2,
-                     flip=True, learning_rate=0.1, final_learning_rate=0.01,
-                     momentum=0.9, lars=True, trust_coefficient=0.001,
-                     tau=0.1, eval_every_epochs=1, eval_batch_size=256):
-    """The official CIFAR-10 fine-tuning (PAWS App. C; suncet
-    `configs/paws/cifar10_snn.yaml` run by `src/snn_fine_tune.py`).
-
-    The encoder (backbone, projection head, and the prediction head when
-    PAWS-NN compares its output) is fine-tuned with the SuNCEt loss (no
-    label smoothing) on class-balanced batches of the labeled images, two
-    flipped centre crops of each, its batch norms in inference mode but
-    gamma and beta trained. PAWS-NN (labeled set as support, `test` as
-    queries) is measured before, after every `eval_every_epochs` epochs and
-    at the end. The paper's text describes 180 plain momentum-SGD steps on
-    one view with frozen batch norm; the defaults are the official code's,
-    which produced its 96.0. `output_dir` receives the trunk weights and
-    the results JSON; `log_dir` the TensorBoard logs of each epoch.
-
-    Args:
-        model, labeled, test, image_size, crop_fraction, mean, std,
-            strategy, seed: as in `fine_tune.fine_tune`.
-        output_dir: where outputs go.
-        log_dir: TensorBoard directory, or None.
-        num_epochs: epochs (official: 30).
-        steps_per_epoch: steps per epoch; default the labeled images over
-            the batch's distinct images (4000 // 640 = 6 for CIFAR-10:
-            180 steps).
-        classes_per_step, images_per_class: the global batch, 10 x 64.
-        views: views of every batch image (official: 2).
-        flip: flip each view at random (official: True).
-        learning_rate: initial rate (0.1), cosine-decayed over the run to
-            `final_learning_rate` (0.01).
-        momentum: classical momentum (0.9).
-        lars: wrap the SGD in LARS (official: True); False is the paper's
-            plain momentum SGD.
-        trust_coefficient: LARS eta (0.001).
-        tau: SuNCEt and PAWS-NN temperature (0.1).
-        eval_every_epochs: PAWS-NN every this many epochs (0: only before
-            and after).
-        eval_batch_size: batch of the PAWS-NN passes.
-
-    Returns:
-        `(trunk, results)`: the fine-tuned trunk and the results dict:
-        `top1`/`top5` of the final model, `paws_nn_before`,
-        `paws_nn_after`, `paws_nn_by_epoch` (epoch 0 is before), and
-        `best_epoch_top1_selected_on_test` with its `best_epoch`: the best
-        of the per-epoch test figures, which selects on the test set, as
-        the official script's logged `best-val` does.
-
-    Raises:
-        ValueError: empty labeled set, sizes that do not divide or fit, a
-            bad count; raised before any training.
-    """
-    strategy = strategy or tf.distribute.get_strategy()
+def _checked_sizes(labeled, steps_per_epoch, **counts):
+    """`(num_classes, steps_per_epoch)`, the steps by default the labeled
+    images over the batch's distinct images; raises ValueError for an
+    empty labeled set or naming a bad count of `counts`."""
     num_classes = tuning.num_classes(labeled)
-    for name, value in (('num_epochs', num_epochs), ('views', views),
-                        ('classes_per_step', classes_per_step),
-                        ('images_per_class', images_per_class)):
-        checks.integer(f'fine_tune_suncet.{name}', value)
-    checks.integer('fine_tune_suncet.eval_every_epochs', eval_every_epochs,
-                   minimum=0)
-    distinct = classes_per_step * images_per_class
+    for name, value in counts.items():
+        checks.integer(f'fine_tune_suncet.{name}', value,
+                       minimum=0 if name == 'eval_every_epochs' else 1)
     if steps_per_epoch is None:
-        steps_per_epoch = max(1, labeled.num_examples // distinct)
-    checks.integer('fine_tune_suncet.steps_per_epoch', steps_per_epoch)
-    num_steps = num_epochs * steps_per_epoch
-    dataset_fn = _suncet_dataset_fn(
-        labeled, num_steps=num_steps, classes_per_step=classes_per_step,
-        images_per_class=images_per_class, views=views, flip=flip,
-        num_replicas=strategy.num_replicas_in_sync, image_size=image_size,
-        crop_fraction=crop_fraction, mean=mean, std=std, seed=seed)
-    paws_nn = evaluators.PawsNN(
-        labeled, test, tau=tau, batch_size=eval_batch_size,
-        preprocessing=dict(image_size=image_size, crop_fraction=crop_fraction,
-                           mean=mean, std=std))
-    with strategy.scope():
-        trunk = tuning.build_trunk(model)
-        trainer = _SuncetTrainer(trunk, num_classes, tau)
-        trainer.compile(optimizer=_suncet_optimizer(
-            learning_rate=learning_rate,
-            final_learning_rate=final_learning_rate,
-            steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
-            momentum=momentum, lars=lars,
-            trust_coefficient=trust_coefficient))
-        trainer.optimizer.build(trunk.trainable_variables)
-    embed_fn = evaluate.embedder_from_model(trunk)
+        steps_per_epoch = max(1, labeled.num_examples // (
+            counts['classes_per_step'] * counts['images_per_class']))
+    return num_classes, checks.integer('fine_tune_suncet.steps_per_epoch',
+                                       steps_per_epoch)
+
+
+def _fit(trainer, dataset_fn, paws_nn, *, num_epochs, steps_per_epoch,
+         eval_every_epochs, log_dir, output_dir):
+    """Trains `trainer` with PAWS-NN of its trunk before, every
+    `eval_every_epochs` epochs and at the end; writes the outputs and
+    returns the results."""
+    strategy = trainer.distribute_strategy
+    embed_fn = evaluate.embedder_from_model(trainer.trunk)
     before = dict(epoch=0, **paws_nn(embed_fn))
     logging.info('PAWS-NN before fine-tuning: %s', before)
     steps = []
     step_log = tf_keras.callbacks.LambdaCallback(
         on_train_batch_end=lambda batch, logs: steps.append(logs))
     epoch_eval = evaluators.EpochEndEvaluation(
-        [paws_nn], lambda _: embed_fn, every_epochs=eval_every_epochs or
-        num_epochs, num_epochs=num_epochs, prefix='Fine-tuning ',
+        [paws_nn], lambda _: embed_fn, num_epochs=num_epochs,
+        every_epochs=eval_every_epochs or num_epochs, prefix='Fine-tuning ',
         to_logs=False)
     trainer.fit(strategy.distribute_datasets_from_function(dataset_fn),
                 epochs=num_epochs, steps_per_epoch=steps_per_epoch,
                 callbacks=[step_log, epoch_eval, progress.ProgressBar()] + (
                     [tuning.tensorboard(log_dir)] if log_dir else []))
     results = _results(
-        [before] + epoch_eval.history, steps, epochs=num_epochs, steps_per_epoch=steps_per_epoch,
+        [before] + epoch_eval.history, steps, epochs=num_epochs,
+        steps_per_epoch=steps_per_epoch,
         total_steps=int(trainer.optimizer.iterations.numpy()))
     logging.info('PAWS-NN after fine-tuning: top-1 %.2f%% (best epoch %d: '
                  '%.2f%%, selected on the test set)', 100 * results['top1'],
                  results['best_epoch'],
                  100 * results['best_epoch_top1_selected_on_test'])
-    tuning.write_outputs(strategy, output_dir, trunk, tuning.TRUNK_WEIGHTS,
-                         results)
-    return trunk, results
+    tuning.write_outputs(strategy, output_dir, trainer.trunk,
+                         tuning.TRUNK_WEIGHTS, results)
+    return results
+
+
+@gin.configurable(denylist=tuning.PASSED)
+def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
+                     crop_fraction, mean, std, strategy=None, seed=0,
+                     log_dir=None, num_epochs=30, steps_per_epoch=None,
+                     classes_per_step=10, images_per_class=64, views=2,
+                     flip=True, learning_rate=0.1, final_learning_rate=0.01,
+                     momentum=0.9, lars=True, trust_coefficient=0.001,
+                     tau=0.1, eval_every_epochs=1, eval_batch_size=256):
+    """The official CIFAR-10 fine-tuning (PAWS App. C; the module's
+    docstring): `output_dir` receives the trunk weights and the results
+    JSON, `log_dir` (or None) the TensorBoard logs of each epoch.
+
+    Args:
+        model, labeled, test, image_size, crop_fraction, mean, std,
+            strategy, seed: as in `fine_tune.fine_tune`; `output_dir` and
+            `log_dir` as above.
+        num_epochs, steps_per_epoch: 30 epochs (the official values in
+            parentheses) of, by default, the labeled images over the batch's
+            distinct images (4000 // 640 = 6 for CIFAR-10: 180 steps).
+        classes_per_step, images_per_class, views, flip: the global batch
+            (10 x 64) and the views of each image (2), flipped at random.
+        learning_rate, final_learning_rate, momentum: classical momentum
+            (0.9), the rate (0.1) cosine-decayed over the run to 0.01.
+        lars, trust_coefficient: wrap the SGD in LARS of eta 0.001 (True);
+            False is the paper's plain momentum SGD.
+        tau: SuNCEt and PAWS-NN temperature (0.1).
+        eval_every_epochs, eval_batch_size: PAWS-NN every this many epochs
+            (0: only before and after), and its batch.
+
+    Returns:
+        `(trunk, results)`: the fine-tuned trunk and `_results`.
+
+    Raises:
+        ValueError: empty labeled set, sizes that do not divide or fit, a
+            bad count; raised before any training.
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    num_classes, steps_per_epoch = _checked_sizes(
+        labeled, steps_per_epoch, num_epochs=num_epochs, views=views,
+        classes_per_step=classes_per_step, images_per_class=images_per_class,
+        eval_every_epochs=eval_every_epochs)
+    preprocessing = dict(image_size=image_size, crop_fraction=crop_fraction,
+                         mean=mean, std=std)
+    dataset_fn = _suncet_dataset_fn(
+        labeled, num_steps=num_epochs * steps_per_epoch,
+        classes_per_step=classes_per_step, images_per_class=images_per_class,
+        views=views, flip=flip, num_replicas=strategy.num_replicas_in_sync,
+        seed=seed, **preprocessing)
+    paws_nn = evaluators.PawsNN(labeled, test, preprocessing=preprocessing,
+                                tau=tau, batch_size=eval_batch_size)
+    trainer = _compiled_trainer(
+        model, strategy, num_classes, tau, optimizer=dict(
+            lars=lars, trust_coefficient=trust_coefficient, momentum=momentum,
+            learning_rate=learning_rate, steps_per_epoch=steps_per_epoch,
+            final_learning_rate=final_learning_rate, num_epochs=num_epochs))
+    results = _fit(
+        trainer, dataset_fn, paws_nn, num_epochs=num_epochs,
+        steps_per_epoch=steps_per_epoch, eval_every_epochs=eval_every_epochs,
+        log_dir=log_dir, output_dir=output_dir)
+    return trainer.trunk, results
