@@ -16,6 +16,7 @@ torch = pytest.importorskip('torch')
 
 from paws_tf import configurables  # noqa: E402,F401  (registers them)
 from paws_tf.data import augment  # noqa: E402
+from paws_tf.demo import run_demo  # noqa: E402
 from paws_tf import dist  # noqa: E402
 from paws_tf.runner import experiment  # noqa: E402
 from paws_tf.runner import modes  # noqa: E402
@@ -311,7 +312,10 @@ def test_another_architecture_is_refused(tmp_path):
 @pytest.mark.slow
 def test_fine_tuned_linear_layout_and_refusals(tmp_path):
     """The single linear `fc` layout; a second import into the same
-    directory is refused without --overwrite."""
+    directory is refused without --overwrite, and so are training and the
+    demo over it.
+
+    Fails if `run_demo.demo` trains over an import (its refusal removed)."""
     encoder = official_torch.WideResNet()
     encoder.fc = torch.nn.Linear(encoder.num_features, 3)
     encoder = official_torch.randomize(encoder, seed=9)
@@ -323,9 +327,13 @@ def test_fine_tuned_linear_layout_and_refusals(tmp_path):
         with pytest.raises(official_import.ImportFailed,
                            match='already holds imported.json'):
             _import(tmp_path / 'run', tmp_path / 'ft.pth.tar')
-        with pytest.raises(official_import.ImportFailed,
-                           match='not a paws_tf training run'):
-            modes.run(str(tmp_path / 'run'), _strategy(), 'train')
+        for train_over_it in (
+                lambda: modes.run(str(tmp_path / 'run'), _strategy(), 'train'),
+                lambda: run_demo.demo(str(tmp_path / 'run'), _strategy(),
+                                      modes.Options())):
+            with pytest.raises(official_import.ImportFailed,
+                               match='not a paws_tf training run'):
+                train_over_it()
     images = _images(10, 2, 32, 32)
     ours, theirs = _both_preprocessed(images, 32, 32, augment.CIFAR10_MEAN,
                                       augment.CIFAR10_STD)
