@@ -67,7 +67,7 @@ def demo(model_dir, strategy, options):
                        paws_train_seconds=paws_seconds,
                        finetune_seconds=tune_seconds, start=start)
     _report(model_dir, results, bundle=bundle, tuned=tuned,
-            baseline=baseline, preprocessing=preprocessing)
+            baseline=baseline, preprocessing=preprocessing, tau=paws['tau'])
     dist.barrier(strategy)
     return results
 
@@ -95,14 +95,15 @@ def _results(model_dir, bundle, paws, tuned, baseline, *, paws_train_seconds,
         wall_seconds=time.perf_counter() - start)
 
 
-def _report(model_dir, results, *, bundle, tuned, baseline, preprocessing):
+def _report(model_dir, results, *, bundle, tuned, baseline, preprocessing,
+            tau):
     """Writes `results.json` and the figure, and prints the table."""
     run = run_dir.RunDir(model_dir)
     results_path = report.write_results(model_dir, results)
     # The test images embedded as PAWS-NN embeds them, by the export.
     embeddings, labels = evaluators.PawsNN(
         bundle.labeled, bundle.test, preprocessing=preprocessing,
-        tau=None).embed_test(evaluate.embedder_from_saved_model(run.embedder))
+        tau=tau).embed_test(evaluate.embedder_from_saved_model(run.embedder))
     report.write_figure(
         run.results_figure, log_dir=run.tensorboard(),
         embeddings=embeddings.numpy(), labels=labels,

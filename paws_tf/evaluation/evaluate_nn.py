@@ -35,17 +35,6 @@ def _check_export(export_dir, embedding, **expected):
     return stored.get('embedding')
 
 
-def _check_split(labeled, split_file):
-    """Raises ValueError unless `labeled` holds exactly the split's images."""
-    names = splits.read_split_file(split_file)
-    if sorted(names) != sorted(labeled.names):
-        raise ValueError(
-            f'The labeled set has {labeled.num_examples} images but the '
-            f'split file {split_file} lists {len(names)} others: PAWS-NN '
-            f'must use exactly the run\'s labeled images as support.')
-    logging.info('PAWS-NN: the labeled set matches %s', split_file)
-
-
 @gin.configurable(denylist=['labeled', 'test', 'model'])
 def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
                 std, source='saved_model', model=None, saved_model_dir=None,
@@ -149,13 +138,19 @@ def _embedder(source, embedding, expected, *, saved_model_dir, model,
 
 
 def _checked_split(run, labeled, split_file):
-    """The split file `labeled` was checked against (default the run's),
-    or None when there is none."""
+    """The split file (default the run's) whose images `labeled` holds
+    exactly, or None when there is none; raises ValueError if it differs."""
     if split_file is None and tf.io.gfile.exists(run.split):
         split_file = run.split
     if split_file is None:
         logging.warning('PAWS-NN: no split file to check the labeled set '
                         'against (%s does not exist).', run.split)
-    else:
-        _check_split(labeled, split_file)
+        return None
+    names = splits.read_split_file(split_file)
+    if sorted(names) != sorted(labeled.names):
+        raise ValueError(
+            f'The labeled set has {labeled.num_examples} images but the '
+            f'split file {split_file} lists {len(names)} others: PAWS-NN '
+            f'must use exactly the run\'s labeled images as support.')
+    logging.info('PAWS-NN: the labeled set matches %s', split_file)
     return split_file

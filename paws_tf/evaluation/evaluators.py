@@ -4,9 +4,10 @@ same object at the training's epoch ends (`train.evaluators`), in
 
 An evaluator is a class built with the run's data,
 `Evaluator(labeled, test, *, preprocessing, tau, log_dir, max_queries)`,
-with a `name`; called with `embed_fn` (`[b, S, S, C]` preprocessed images
--> `[b, D]` embeddings) and the global step, it returns its results dict
-and writes its TensorBoard points. `PawsNN` is the one shipped; another (a
+with a `name` (its top-1's key in `fit`'s logs) and a `title` (in log
+lines); called with `embed_fn` (`[b, S, S, C]` preprocessed images ->
+`[b, D]` embeddings) and the global step, it returns its results dict and
+writes its TensorBoard points. `PawsNN` is the one shipped; another (a
 linear probe, a kNN monitor) is a new class and a binding,
 `train.evaluators = [@PawsNN, @MyEvaluator]`.
 """
