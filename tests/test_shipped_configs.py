@@ -84,7 +84,12 @@ SHRINK = {
         'train.num_epochs = 1', 'fine_tune_suncet.num_epochs = 2',
         'fine_tune_suncet.steps_per_epoch = 2',
         'fine_tune_suncet.images_per_class = 1'],
-    'debug.gin': _CPU + _NO_WARMUP + ['train.num_epochs = 1'],
+    # 4 steps, and 2048 queries: enough near a class boundary that PAWS-NN
+    # at 10 times the config's tau classifies some of them otherwise
+    # (`TAU_SENSITIVE`).
+    'debug.gin': _CPU + _NO_WARMUP + [
+        'train.num_epochs = 1', 'train/synthetic_source.num_images = 128',
+        'test/synthetic_source.num_images = 2048'],
     'demo_fashion_mnist.gin': _FASHION,
     'demo_fashion_mnist_quick.gin': _FASHION + [
         'load_data.max_unlabeled = 64'],
@@ -107,6 +112,10 @@ SHRINK = {
     'mismatch_fashion_mnist_ropaws.gin': _FASHION,
     'mismatch_fashion_mnist_validation.gin': _FASHION_VALIDATION,
 }
+# The configs whose test images are enough for PAWS-NN at 10 times tau to
+# give other per-class accuracies than at tau: their runs must show it, so
+# that their check of evaluate_nn's figures catches a wrong tau.
+TAU_SENSITIVE = ('debug.gin',)
 IMAGENET_PER_CLASS = 6
 # The tiny archive's labeled subsets, as the SimCLR subset files list them.
 SUBSETS = {'1pct': (0,), '10pct': (0, 1)}
@@ -146,23 +155,29 @@ def _run(gin_file, model_dir, bindings, mode):
     return output
 
 
-def _soft_nn_top1(support, support_labels, queries, query_labels, tau):
+def _soft_nn_accuracy(support, support_labels, queries, query_labels, tau,
+                      num_classes):
     """PAWS Eq. (1) by hand: softmax over cosine similarities / tau, summed
-    per class; the top-1 of the argmax."""
+    per class; `(top-1, per-class top-1)` of the argmax (None for a class
+    without queries)."""
     def normalise(x):
         return x / np.linalg.norm(x, axis=1, keepdims=True)
 
     logits = normalise(queries) @ normalise(support).T / tau
     weights = np.exp(logits - logits.max(axis=1, keepdims=True))
     weights /= weights.sum(axis=1, keepdims=True)
-    onehot = np.eye(support_labels.max() + 1)[support_labels]
-    return np.mean(np.argmax(weights @ onehot, axis=1) == query_labels)
+    onehot = np.eye(num_classes)[support_labels]
+    hits = np.argmax(weights @ onehot, axis=1) == query_labels
+    return np.mean(hits), [
+        np.mean(hits[query_labels == c]) if np.any(query_labels == c)
+        else None for c in range(num_classes)]
 
 
 def _check_export_and_nn(gin_file, model_dir, bindings):
     """The exported embedder against the restored checkpoint on the same
-    images, and evaluate_nn's top-1 against NumPy's soft nearest neighbour
-    over the exported embeddings of the labeled and test images."""
+    images, and evaluate_nn's top-1 and per-class top-1 against NumPy's
+    soft nearest neighbour over the exported embeddings of the labeled and
+    test images."""
     results = json.loads(
         (pathlib.Path(model_dir) / 'eval' / 'paws_nn.json').read_text())
     embedder = tf.saved_model.load(str(pathlib.Path(model_dir) / 'export' /
@@ -184,9 +199,17 @@ def _check_export_and_nn(gin_file, model_dir, bindings):
     queries, query_labels = embed(bundle.test)
     assert results['num_support'] == len(support_labels)
     assert results['num_queries'] == len(query_labels)
-    np.testing.assert_allclose(
-        results['top1'], _soft_nn_top1(support, support_labels, queries,
-                                       query_labels, model.tau))
+    num_classes = (len(bundle.labeled.class_names) or
+                   int(support_labels.max()) + 1)
+    top1, per_class = _soft_nn_accuracy(support, support_labels, queries,
+                                        query_labels, model.tau, num_classes)
+    np.testing.assert_allclose(results['top1'], top1)
+    assert results['per_class_accuracy'] == per_class
+    if gin_file in TAU_SENSITIVE:
+        # Else the figures above would pass at a wrong tau too.
+        assert _soft_nn_accuracy(support, support_labels, queries,
+                                 query_labels, 10 * model.tau,
+                                 num_classes)[1] != per_class
     # The checkpoint's model on the same images, preprocessed by the
     # config's evaluation pipeline.
     images, _ = next(iter(pipeline.make_eval_dataset(
@@ -340,8 +363,10 @@ def test_shipped_config_runs_every_mode(gin_file, request, tmp_path):
 
     Fails if PAWS-NN is not Eq. (1) over the exported embeddings (tried,
     debug.gin: support labels shifted by one class in
-    `evaluate.classify`), if the ImageNet fine-tuning rate is not the
-    official cosine to 0 (with `final_lr` left to gin in
+    `evaluate.classify`; and tau x10 there, which debug.gin's run must
+    show in its per-class figures, `TAU_SENSITIVE`), if the ImageNet
+    fine-tuning rate is not the official cosine to 0 (with `final_lr` left
+    to gin in
     `linear_fine_tune._optimizer`, imagenet_rn50_1pct.gin logged 0.031,
     0.053, 0.064 for 0.015, 0.005, 0), if the export differs from the
     checkpoint, if the ImageNet validation draw is not the hand-drawn one
