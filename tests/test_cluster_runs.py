@@ -149,10 +149,12 @@ def test_two_workers_end_where_one_process_with_two_replicas_ends(trained):
     global batch norm. Both run with `train.deterministic_ops` (`SHRINK`):
     with TensorFlow's non-deterministic kernels the exports differed by up
     to 0.01 after 32 steps on a 2-core AVX-512 CPU, the cluster or not.
-    Then only the order of the float32 sums of the all-reduces differs (a
-    ring over gRPC, one device); the exports' embeddings (values up to 3.4)
-    must agree to 1e-4. The same command with one replica is another computation
-    (each replica samples its own support), not compared here."""
+    With them the exports' embeddings (values up to 3.4) must agree to
+    1e-4; the cause of what remains is not the all-reduce's order (a sum of
+    two replicas' values is the same either way) but each process's own
+    float32 kernels. The same command with one replica is another
+    computation (each replica samples its own support), not compared
+    here."""
     root, _ = trained
     images = preprocessed_test_images()
     embeddings = [cluster.exported_embeddings(root / run, images)
