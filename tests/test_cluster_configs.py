@@ -20,7 +20,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from paws_tf import checkpoints
-from paws_tf.runner import run_history
+from paws_tf import run_dir
 from tests.helpers import cluster
 from tests.helpers import image_folders
 from tests.helpers import run_py
@@ -63,7 +63,7 @@ def run_beside_two_replicas(root, gin_file, bindings, steps, image_size,
     prints = [FINGERPRINT.findall(out) for _, out in results]
     assert len(prints[0]) == len(prints[1]) == 1, prints
     assert prints[0] == prints[1]
-    history = (root / 'cluster' / run_history.HISTORY_FILENAME).read_text()
+    history = open(run_dir.RunDir(root / 'cluster').history).read()
     assert f'finished at step {steps}; weights' in history
     assert prints[0][0] in history
     assert checkpoints.latest(str(root / 'cluster' / 'checkpoints'))[1] \

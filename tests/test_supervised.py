@@ -9,6 +9,7 @@ import pytest
 from paws_tf.data import augment
 from paws_tf.demo import report
 from paws_tf.demo import supervised
+from paws_tf import run_dir
 from paws_tf.runner import experiment
 
 TINY = ["build_backbone.name = 'small_resnet'",
@@ -31,7 +32,7 @@ def test_baseline_learns_the_labeled_classes(tiny_backbone, tmp_path):
     multicrop = augment.cifar10_multicrop(global_size=16, local_size=8,
                                           mean=(0.5,) * 3, std=(0.25,) * 3)
     results = supervised.train_supervised(
-        str(tmp_path), labeled=labeled, test=test,
+        run_dir.RunDir(tmp_path), labeled=labeled, test=test,
         preprocessing=experiment.eval_preprocessing(
             image_size=16, mean=(0.5,) * 3, std=(0.25,) * 3),
         multicrop=multicrop, steps=60, batch_size=16, learning_rate=0.05)
@@ -75,5 +76,5 @@ def test_table_and_results(tmp_path):
     lines = text.splitlines()
     assert lines[0].split() == ['method', 'top-1']
     assert lines[2].startswith('PAWS-NN ') and lines[3].endswith('80.10%')
-    path = report.write_results(str(tmp_path), {'paws_nn_top1': 0.84})
+    path = report.write_results(run_dir.RunDir(tmp_path), {'paws_nn_top1': 0.84})
     assert json.loads(open(path).read()) == {'paws_nn_top1': 0.84}

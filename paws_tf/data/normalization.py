@@ -1,21 +1,15 @@
 """The normalisation a run uses: a preset, a (mean, std) pair, or computed
-from the images (`FROM_DATA`) and recorded in the run's directory, checked
-against the channels."""
+from the images (`FROM_DATA`), checked against the channels and against
+the run's record of it (`RunDir.read_normalization`)."""
 
 import dataclasses
-import json
 import math
-import os
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
 
 from paws_tf.data import augment
-from paws_tf import files
-
-# The file in `record_dir` that records the normalisation a run uses.
-NORMALIZATION_FILENAME = 'normalization.json'
 # `load_data.normalization` (the folder recipes bind it through this macro):
 # the per-channel mean and std computed from the labeled images.
 FROM_DATA = 'data'
@@ -169,20 +163,14 @@ def channel_statistics(source, max_images=None, seed=0):
     return mean, std
 
 
-def _record(path, info):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    files.write_json(path, info, indent=2)
-
-
-def _read_record(path, spec, fixed, channels):
-    """The values recorded in `path`, checked against `spec` (its values
-    `fixed`, None for `FROM_DATA`) and, when given, the `channels`."""
-    with open(path) as f:
-        recorded = json.load(f)
+def _check_record(recorded, where, spec, fixed, channels):
+    """The values of the record `recorded` (read from `where`), checked
+    against `spec` (its values `fixed`, None for `FROM_DATA`) and, when
+    given, the `channels`."""
     values = tuple(recorded['mean']), tuple(recorded['std'])
     if channels is not None and recorded.get('channels') != channels:
         raise ValueError(
-            f'{path} holds the normalisation of {recorded.get("channels")}'
+            f'{where} holds the normalisation of {recorded.get("channels")}'
             f'-channel images but the images are now decoded to '
             f'{channels} channels: delete it to compute it again '
             '(or start the run again with --overwrite).')
@@ -191,79 +179,74 @@ def _read_record(path, spec, fixed, channels):
         # A run normalised one way must be exported and evaluated the
         # same way.
         raise ValueError(
-            f'{path} records the normalisation this run was trained '
+            f'{where} records the normalisation this run was trained '
             f'with, {NORMALIZATION_MACRO} = '
             f'{recorded.get("spec")!r} (mean {values[0]}, std '
             f'{values[1]}), not {spec!r}: bind it back.')
-    logging.info('Normalisation read from %s: mean %s, std %s', path,
+    logging.info('Normalisation read from %s: mean %s, std %s', where,
                  *values)
     return values
 
 
-def recorded_normalization(spec, record_dir):
+def recorded_normalization(spec, recorded, where):
     """The `(mean, std)` that `spec` stands for in a run, without its
-    images: what `resolve_normalization` recorded in `record_dir`, or the
-    values of a preset or pair.
+    images: the run's record `recorded` (read from `where`), or the values
+    of a preset or pair.
 
     Raises:
-        ValueError: `spec` is `FROM_DATA` and `record_dir` holds no record
-            (the run never started training), or the record disagrees
-            with `spec`.
+        ValueError: `spec` is `FROM_DATA` and there is no record (the run
+            never started training), or the record disagrees with `spec`.
     """
-    path = os.path.join(record_dir, NORMALIZATION_FILENAME)
     fixed = None if spec == FROM_DATA else normalization(spec)
-    if os.path.exists(path):
-        return _read_record(path, spec, fixed, None)
+    if recorded is not None:
+        return _check_record(recorded, where, spec, fixed, None)
     if fixed is None:
         raise ValueError(
-            f"{NORMALIZATION_MACRO} = '{FROM_DATA}' is recorded in {path} "
+            f"{NORMALIZATION_MACRO} = '{FROM_DATA}' is recorded in {where} "
             'when training starts, and there is no such file: train the '
             'run first (or bind the values the run was trained with).')
     return fixed
 
 
-def resolve_normalization(spec, *, source, record_dir, max_images=5000,
-                          seed=0, description='labeled'):
-    """The `(mean, std)` that `spec` stands for, recorded in `record_dir`.
+def resolve_normalization(spec, *, source, recorded=None, where=None,
+                          max_images=5000, seed=0, description='labeled'):
+    """The `(mean, std)` that `spec` stands for, and the record of it.
 
     Args:
         spec: `'data'` (`FROM_DATA`): the per-channel mean and std of the
             images of `source` (`channel_statistics`, at most `max_images`
-            of them), computed once: a run that finds
-            `record_dir/NORMALIZATION_FILENAME` reads it, so that resumed
-            training, export and evaluation use the same values. A preset
-            name of `augment.NORMALIZATIONS` or a `(mean, std)` pair: those
-            values.
+            of them), computed once: a run that has a record reads it, so
+            that resumed training, export and evaluation use the same
+            values. A preset name of `augment.NORMALIZATIONS` or a
+            `(mean, std)` pair: those values.
         source: the `sources.ImageSource` of the statistics.
-        record_dir: where the values are recorded (the run's `model_dir`);
-            None neither reads nor writes a record (a cluster's workers
-            but the chief compute the numbers the chief records:
-            `channel_statistics` gives the same on every machine).
+        recorded: the run's record (`RunDir.read_normalization`), or None.
+        where: where that record is, for the messages.
         max_images: images the statistics are computed from.
         seed: seed of that subset.
         description: what the images of `source` are, for the record and
             the messages.
 
     Returns:
-        `(mean, std)`, two tuples of `source.channels` floats.
+        `((mean, std), record)`: two tuples of `source.channels` floats,
+        and the dict the run records (`RunDir.write_normalization`), None
+        when the values come from `recorded`.
 
     Raises:
         ValueError: a bad `spec`, values that do not match the channels,
-            a recorded file for another channel count, or one recording
-            another normalisation than `spec` (a run trained one way is
-            exported and evaluated the same way).
+            a record for another channel count, or one recording another
+            normalisation than `spec` (a run trained one way is exported
+            and evaluated the same way).
     """
-    path = record_dir and os.path.join(record_dir, NORMALIZATION_FILENAME)
     fixed = None
     if spec != FROM_DATA:
         fixed = normalization(spec, channels=source.channels)
-    if path and os.path.exists(path):
-        return _read_record(path, spec, fixed, source.channels)
+    if recorded is not None:
+        return _check_record(recorded, where, spec, fixed,
+                             source.channels), None
     if fixed is not None:
-        if path:
-            _record(path, dict(mean=fixed[0], std=fixed[1],
-                               channels=source.channels, spec=spec))
-        return fixed
+        return fixed, dict(mean=fixed[0], std=fixed[1],
+                           channels=source.channels, spec=spec)
     mean, std = channel_statistics(source, max_images, seed)
     images = min(source.num_examples, max_images or source.num_examples)
     if min(std) <= 0:
@@ -271,14 +254,11 @@ def resolve_normalization(spec, *, source, record_dir, max_images=5000,
             f'The {images} {description} images have a channel of constant '
             f'value (std {std}): normalisation from the data is impossible; '
             f"bind {NORMALIZATION_MACRO} = 'imagenet' or a (mean, std) pair.")
-    if path:
-        _record(path, dict(
-            mean=mean, std=std, channels=source.channels, spec=spec,
-            images=images, of=source.num_examples, source=description))
-    logging.info('Normalisation computed from %d %s images%s: mean %s, std '
-                 '%s', images, description,
-                 f' and recorded in {path}' if path else '', mean, std)
-    return mean, std
+    logging.info('Normalisation computed from %d %s images: mean %s, std '
+                 '%s', images, description, mean, std)
+    return (mean, std), dict(
+        mean=mean, std=std, channels=source.channels, spec=spec,
+        images=images, of=source.num_examples, source=description)
 
 
 def normalized_multicrop(multicrop, normalization, channels):

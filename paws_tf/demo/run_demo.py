@@ -1,7 +1,6 @@
 """`--mode=demo`: PAWS pre-training, PAWS-NN and fine-tuning against a
 supervised-only baseline on the same labels, with a table and a figure."""
 
-import os
 import time
 
 import numpy as np
@@ -11,8 +10,8 @@ from paws_tf.data import pipeline
 from paws_tf.demo import report
 from paws_tf.demo import supervised
 from paws_tf import dist
+from paws_tf import run_dir
 from paws_tf.evaluation import evaluate
-from paws_tf.evaluation import export
 from paws_tf.evaluation import fine_tune
 from paws_tf.runner import experiment
 from paws_tf.runner import modes
@@ -57,12 +56,11 @@ def demo(model_dir, strategy, *, overwrite=False, owner_check=None):
     if not dist.is_chief(strategy):
         dist.barrier(strategy)  # The chief's baseline and report.
         return None
+    run = run_dir.RunDir(model_dir)
     baseline = supervised.train_supervised(
-        model_dir, labeled=bundle.labeled, test=bundle.test,
+        run, labeled=bundle.labeled, test=bundle.test,
         preprocessing=preprocessing)
-    embeddings, labels = _embed_test_images(model_dir, bundle.test,
-                                            preprocessing)
-    log_dir = os.path.join(model_dir, train.TENSORBOARD_DIR)
+    embeddings, labels = _embed_test_images(run, bundle.test, preprocessing)
     per_class = np.bincount(bundle.labeled.labels)
     results = dict(
         paws_nn_top1=paws['top1'], paws_nn_top5=paws.get('top5'),
@@ -76,13 +74,11 @@ def demo(model_dir, strategy, *, overwrite=False, owner_check=None):
         num_test=paws['num_queries'], seed=checks.bound('train.seed', 0),
         paws_train_seconds=paws_seconds, finetune_seconds=tune_seconds,
         supervised_seconds=baseline['wall_seconds'],
-        images_per_second=report.training_views_per_second(
-            os.path.join(log_dir, 'train')),
+        images_per_second=report.training_views_per_second(run.train_logs),
         wall_seconds=time.perf_counter() - start)
-    results_path = report.write_results(model_dir, results)
+    results_path = report.write_results(run, results)
     report.write_figure(
-        os.path.join(model_dir, report.FIGURE_FILENAME), log_dir=log_dir,
-        embeddings=embeddings.numpy(), labels=labels,
+        run, embeddings=embeddings.numpy(), labels=labels,
         class_names=bundle.labeled.class_names,
         fine_tune_by_epoch=tuned.get('paws_nn_by_epoch'),
         supervised_top1=baseline['top1'],
@@ -94,16 +90,15 @@ def demo(model_dir, strategy, *, overwrite=False, owner_check=None):
         'images_per_second']))
     print(f'total wall time {results["wall_seconds"]:.0f} s; results in '
           f'{results_path}, figure in '
-          f'{os.path.join(model_dir, report.FIGURE_FILENAME)}')
+          f'{run.results_figure}')
     dist.barrier(strategy)
     return results
 
 
-def _embed_test_images(model_dir, test, preprocessing):
+def _embed_test_images(run, test, preprocessing):
     """`(embeddings, labels)` of the test images by the exported embedder."""
     return evaluate.embed_dataset(
-        evaluate.embedder_from_saved_model(
-            os.path.join(model_dir, export.EMBEDDER_DIR)),
+        evaluate.embedder_from_saved_model(run.embedder),
         pipeline.make_eval_dataset(test, batch_size=modes.EMBED_BATCH_SIZE,
                                    **preprocessing),
         description='test images')

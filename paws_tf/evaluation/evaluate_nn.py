@@ -14,10 +14,11 @@ from paws_tf.data import pipeline
 from paws_tf.data import splits
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import export
+from paws_tf import run_dir
 
 SOURCES = ('saved_model', 'checkpoint')
 EVAL_SUBDIR = 'eval'
-# The run's TensorBoard directory (`runner.train.TENSORBOARD_DIR`) and the
+# The run's TensorBoard directory (`RunDir.tensorboard`) and the
 # run of the evaluations in it.
 TENSORBOARD_DIR = 'tensorboard'
 TENSORBOARD_EVAL = os.path.join(TENSORBOARD_DIR, 'eval')
@@ -98,11 +99,11 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
             `'checkpoint'` (restore `model` from a training checkpoint).
         model: for `'checkpoint'`: the `model.PAWSModel` built from the
             run's gin config (`model.build_model`).
-        saved_model_dir: default `model_dir/export.EMBEDDER_DIR`.
+        saved_model_dir: default `RunDir(model_dir).embedder`.
         checkpoint_path: for `'checkpoint'`: a checkpoint prefix, or a
             directory whose latest checkpoint is used.
         split_file: the run's recorded labeled split; default
-            `model_dir/splits.SPLIT_FILENAME` when it exists. The labeled
+            `RunDir(model_dir).split` when it exists. The labeled
             set must hold exactly its images.
         tau: similarity temperature.
         embedding: the representation compared, 'projection' or
@@ -128,7 +129,7 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
     if test.class_names and test.class_names != labeled.class_names:
         raise ValueError('The labeled and test sets name their classes '
                          'differently.')
-    default_split = os.path.join(model_dir, splits.SPLIT_FILENAME)
+    default_split = run_dir.RunDir(model_dir).split
     if split_file is None and tf.io.gfile.exists(default_split):
         split_file = default_split
     if split_file is None:
@@ -137,7 +138,7 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
     else:
         _check_split(labeled, split_file)
     if source == 'saved_model':
-        path = saved_model_dir or os.path.join(model_dir, export.EMBEDDER_DIR)
+        path = saved_model_dir or run_dir.RunDir(model_dir).embedder
         expected = dict(image_size=image_size, crop_fraction=crop_fraction,
                         mean=mean, std=std, channels=labeled.channels)
         if embedding is not None:

@@ -11,24 +11,17 @@ import gin
 from paws_tf import checks
 from paws_tf import model as model_lib
 from paws_tf.data import augment
-from paws_tf.data import data_fingerprint
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.nets import backbones
 from paws_tf.nets import sync_batch_norm
 from paws_tf.nets import weights
 from paws_tf.runner import building
 from paws_tf.runner import saving
-from paws_tf.runner import train
 
-# The gin config of a training run, recorded in its model_dir at the start.
-CONFIG_FILE = 'config.gin'
 # Gin bindings that may change when a run resumes: what to do on changed
 # data, how often progress is logged, how long its cluster may take to form.
 RESUME_ONLY_BINDINGS = ('train.on_data_change', 'ProgressBar.',
                         'make_strategy.start_timeout')
-# What a training run writes; overwriting it deletes these.
-RUN_STATE = train.RUN_OUTPUTS + (CONFIG_FILE, data_fingerprint.FILENAME,
-                                 normalization_lib.NORMALIZATION_FILENAME)
 
 
 def _reference(selector):
@@ -370,13 +363,13 @@ def _experiment_lines(config):
             if not line.startswith(RESUME_ONLY_BINDINGS)]
 
 
-def check_model_dir(model_dir, config, *, overwrite, chief):
+def check_model_dir(run, config, *, overwrite, chief):
     """Refuses to train over a run of another config unless `overwrite`
     says to, and then the chief deletes that run. The config of a start
     that saved nothing is replaced, with the logs of its first steps.
 
     Args:
-        model_dir: the run directory.
+        run: the `RunDir`.
         config: the gin config to train with (`gin.config_str()`).
         overwrite: delete a run of another config (run.py's --overwrite).
         chief: whether this process writes (deletes) in `model_dir`.
@@ -385,29 +378,29 @@ def check_model_dir(model_dir, config, *, overwrite, chief):
         checks.ConfigError: `model_dir` holds a run of another config (the
             changed lines are listed) and `overwrite` is False.
     """
-    path = os.path.join(model_dir, CONFIG_FILE)
-    if not os.path.exists(path):
+    if not os.path.exists(run.config):
         return
-    with open(path) as f:
+    with open(run.config) as f:
         previous = f.read()
     old, new = _experiment_lines(previous), _experiment_lines(config)
     if old == new:
         return
-    if not saving.has_progress(model_dir):
+    if not saving.has_progress(run.path):
         logging.info('%s holds the config of a start that saved no backup '
-                     'or checkpoint: starting with this config.', model_dir)
+                     'or checkpoint: starting with this config.', run)
         if chief:
-            train.delete_outputs(model_dir, (train.TENSORBOARD_DIR,))
+            run.delete([run.tensorboard()])
         return
     if not overwrite:
         changed = [f'  - {line}' for line in old if line not in new][:5] + [
             f'  + {line}' for line in new if line not in old][:5]
         raise checks.ConfigError(
-            f'{model_dir} holds a run with a different gin config:\n' +
+            f'{run} holds a run with a different gin config:\n' +
             '\n'.join(changed) + '\nUse another --model_dir, undo the change '
             'to resume that run, or pass --overwrite to delete it and start '
             'again.')
     if chief:
         logging.warning('--overwrite: deleting the previous run in %s.',
-                        model_dir)
-        train.delete_outputs(model_dir, RUN_STATE)
+                        run)
+        run.delete(run.training_outputs +
+                   (run.config, run.fingerprint, run.normalization))

@@ -10,6 +10,7 @@ import gin
 import numpy as np
 
 from paws_tf import checks
+from paws_tf import run_dir
 from paws_tf.data import folders
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import sources
@@ -39,16 +40,16 @@ def _classes(source):
     return str(names[:8])[:-1] + (', ...]' if len(names) > 8 else ']')
 
 
-@gin.configurable(denylist=['record_dir'])
-def load_data(record_dir, *, train=gin.REQUIRED, test=None, unlabeled=None,
+@gin.configurable(denylist=['run'])
+def load_data(run, *, train=gin.REQUIRED, test=None, unlabeled=None,
               max_unlabeled=None, seed=0, normalization=None,
               normalization_images=5000, normalization_from='labeled'):
     """Loads the sources of an experiment.
 
     Args:
-        record_dir: where the labeled split is recorded (the run's
-            `model_dir`): `splits.select_labeled`'s draw, or the names of
-            a ready labeled source; None records nothing.
+        run: the `RunDir` (or its path) that records the labeled split
+            (`splits.select_labeled`'s draw, or the names of a ready
+            labeled source) and the normalisation; None records nothing.
         train: zero-argument callable (a gin reference such as
             `@train/load_idx`) returning either one labeled `ImageSource`,
             which `splits.select_labeled` (configured in gin) splits into
@@ -89,16 +90,17 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None, unlabeled=None,
         raise ValueError(
             f'load_data.normalization_from must be one of '
             f'{NORMALIZATION_IMAGES}, got {normalization_from!r}.')
+    run = None if run is None else run_dir.RunDir(run)
     loaded = train()
     if isinstance(loaded, tuple):
         labeled, unlabeled_source = loaded
-        if record_dir is not None:
-            splits.record_split(record_dir, labeled.names,
-                                 f'{labeled.num_examples} labeled: all the '
-                                 'images of the labeled source')
+        header = (f'{labeled.num_examples} labeled: all the images of the '
+                  'labeled source')
     else:
-        labeled, unlabeled_source = splits.select_labeled(
-            loaded, record_dir=record_dir)
+        split = splits.select_labeled(loaded)
+        labeled, unlabeled_source, header = *split, split.header
+    if run is not None:
+        run.write_split(labeled.names, header)
     unlabeled = unlabeled() if unlabeled is not None else unlabeled_source
     if max_unlabeled is not None and max_unlabeled < unlabeled.num_examples:
         if not isinstance(unlabeled, sources.ImageSource):
@@ -108,32 +110,51 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None, unlabeled=None,
             unlabeled.num_examples, max_unlabeled, replace=False)
         unlabeled = unlabeled.subset(np.sort(keep))
     test_source = test() if test is not None else None
-    if test_source is not None:
-        if tuple(test_source.class_names) != tuple(labeled.class_names):
-            raise checks.DataError(
-                f'The test set{_folder("load_data.test")} has classes '
-                f'{_classes(test_source)} but the labeled set'
-                f'{_folder("load_data.train")} has '
-                f'{_classes(labeled)}: both need the same class folder '
-                'names (classes are numbered in sorted order). Rename the '
-                'test class folders, or bind the test folder to one that '
-                'holds the labeled classes.')
-        if test_source.channels != labeled.channels:
-            raise checks.DataError(
-                f'The test images have {test_source.channels} channels, the '
-                f'labeled ones {labeled.channels}: decode both to the same.')
+    _check_test(test_source, labeled)
     if normalization is not None:
-        source = labeled if normalization_from == 'labeled' else unlabeled
-        if not isinstance(source, sources.ImageSource):
-            raise ValueError(
-                'The unlabeled images are a stream, which a sample cannot '
-                "be drawn from: bind load_data.normalization_from = "
-                "'labeled'.")
-        normalization = normalization_lib.resolve_normalization(
-            normalization, source=source, record_dir=record_dir,
+        normalization = resolve_normalization(
+            normalization, run,
+            labeled if normalization_from == 'labeled' else unlabeled,
             max_images=normalization_images, seed=seed,
             description=normalization_from)
     return DataBundle(labeled, unlabeled, test_source, normalization)
+
+
+def _check_test(test_source, labeled):
+    """Raises `checks.DataError` unless the test set (if any) has the
+    labeled set's classes and channels."""
+    if test_source is None:
+        return
+    if tuple(test_source.class_names) != tuple(labeled.class_names):
+        raise checks.DataError(
+            f'The test set{_folder("load_data.test")} has classes '
+            f'{_classes(test_source)} but the labeled set'
+            f'{_folder("load_data.train")} has '
+            f'{_classes(labeled)}: both need the same class folder '
+            'names (classes are numbered in sorted order). Rename the '
+            'test class folders, or bind the test folder to one that '
+            'holds the labeled classes.')
+    if test_source.channels != labeled.channels:
+        raise checks.DataError(
+            f'The test images have {test_source.channels} channels, the '
+            f'labeled ones {labeled.channels}: decode both to the same.')
+
+
+def resolve_normalization(spec, run, source, **kwargs):
+    """`normalization.resolve_normalization` of `spec` on `source`, read
+    from and recorded in `run` (when not None)."""
+    if not isinstance(source, sources.ImageSource):
+        raise ValueError(
+            'The unlabeled images are a stream, which a sample cannot '
+            "be drawn from: bind load_data.normalization_from = "
+            "'labeled'.")
+    values, record = normalization_lib.resolve_normalization(
+        spec, source=source,
+        recorded=None if run is None else run.read_normalization(),
+        where=None if run is None else run.normalization, **kwargs)
+    if run is not None and record is not None:
+        run.write_normalization(record)
+    return values
 
 
 @gin.configurable
@@ -198,20 +219,25 @@ def eval_preprocessing(bundle=None, *, normalization=None,
                 mean=mean, std=std)
 
 
-def recorded_preprocessing(model_dir):
+def recorded_preprocessing(run):
     """`eval_preprocessing` of a trained run, without reading its images.
 
     The normalisation comes from the config or the run's record
     (`normalization.recorded_normalization`), so that restoring the model
-    and exporting its embedder need only `model_dir`.
+    and exporting its embedder need only the run directory.
+
+    Args:
+        run: the run's `RunDir` (or its path).
 
     Returns:
         `(preprocessing, channels)`: the `eval_preprocessing` dict and the
         images' channel count (one mean per channel).
     """
     spec = checks.bound('load_data.normalization')
+    run = run_dir.RunDir(run)
     normalization = (None if spec is None else
-                     normalization_lib.recorded_normalization(spec, model_dir))
+                     normalization_lib.recorded_normalization(
+                         spec, run.read_normalization(), run.normalization))
     preprocessing = eval_preprocessing(normalization=normalization)
     return preprocessing, len(preprocessing['mean'])
 

@@ -17,10 +17,10 @@ from paws_tf.nets import backbones
 from paws_tf.nets import heads
 from paws_tf.nets import sync_batch_norm
 from paws_tf.nets import torch_names
+from paws_tf import run_dir
 from paws_tf.runner import building
 from paws_tf.runner import experiment
 from paws_tf.runner import saving
-from paws_tf.runner import train
 
 RECORD_FILENAME = 'imported.json'
 PRETRAINED, FINE_TUNED = 'pretrained', 'fine_tuned'
@@ -263,14 +263,15 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
     else:
         network, count = _fine_tuned_classifier(path, state, strategy)
     if taken:
-        train.delete_outputs(model_dir, taken)
+        run_dir.RunDir(model_dir).delete(
+            [os.path.join(model_dir, name) for name in taken])
     os.makedirs(model_dir, exist_ok=True)
     if found == PRETRAINED:
         tf.train.CheckpointManager(
             tf.train.Checkpoint(model=network), checkpoint_dir,
             max_to_keep=1, checkpoint_name='ckpt').save(checkpoint_number=0)
         export.export_embedder(
-            network, os.path.join(model_dir, export.EMBEDDER_DIR),
+            network, run_dir.RunDir(model_dir).embedder,
             channels=CHANNELS, strategy=strategy, **preprocessing)
         name = network.backbone.name
     else:
