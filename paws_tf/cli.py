@@ -185,12 +185,12 @@ def _run_in_model_dir(run, strategy, mode, config, owner_check):
         # A training run's config is the run's record (config_checks
         # compares a resumed run's with it); the other modes' is kept
         # beside it under their own name.
-        mode_name = None if mode.trains else _MODE.value
+        config_path = (run.config if mode.trains else
+                       run.mode_config(_MODE.value))
         if chief:
-            run.write_flags(flags.FLAGS.flags_into_string())
-            run.write_config(config, mode_name)
-        logging.info('gin config: %s', run.config if mode.trains
-                     else run.mode_config(mode_name))
+            run.write(run.flags, flags.FLAGS.flags_into_string())
+            run.write(config_path, config)
+        logging.info('gin config: %s', config_path)
     if _VERBOSE.value:
         logging.info('gin config:\n%s', config)
     mode.run(run.path, strategy, modes.Options(

@@ -220,7 +220,9 @@ class RunDir:
                 os.remove(path)
 
     # The records.
-    def _write(self, path, text):
+    def write(self, path, text):
+        """Writes `text` to `path`, one of this run's files, whole
+        (`files.write_text`)."""
         os.makedirs(self.path, exist_ok=True)
         files.write_text(path, text)
 
@@ -232,22 +234,6 @@ class RunDir:
                 return json.load(f)
         except FileNotFoundError:
             return None
-
-    def write_config(self, config, mode=None):
-        """Records the gin config of a training run, or (`mode`) of a run
-        of a mode that does not train; returns the path."""
-        path = self.config if mode is None else self.mode_config(mode)
-        self._write(path, config)
-        return path
-
-    def write_flags(self, text):
-        self._write(self.flags, text)
-
-    def write_operative_config(self, text):
-        self._write(self.operative_config, text)
-
-    def write_input_summary(self, text):
-        self._write(self.input_summary, text + '\n')
 
     def record_event(self, event):
         """Appends `<UTC time> <host> pid <pid>: <event>` to the history.
@@ -269,7 +255,7 @@ class RunDir:
     def write_split(self, names, header):
         """Records the labeled images' `names` under a `# header` line
         (`splits.read_split_file` reads it back)."""
-        self._write(self.split, f'# {header}\n' +
+        self.write(self.split, f'# {header}\n' +
                     ''.join(f'{name}\n' for name in names))
 
     def read_normalization(self):
@@ -277,14 +263,14 @@ class RunDir:
         return self._read_json(self.normalization)
 
     def write_normalization(self, record):
-        self._write(self.normalization, json.dumps(record, indent=2))
+        self.write(self.normalization, json.dumps(record, indent=2))
 
     def read_fingerprint(self):
         """The recorded `data_fingerprint.fingerprint`, or None."""
         return self._read_json(self.fingerprint)
 
     def write_fingerprint(self, fingerprint):
-        self._write(self.fingerprint,
+        self.write(self.fingerprint,
                     json.dumps(fingerprint, indent=1, sort_keys=True))
 
     def staged(self):

@@ -7,6 +7,7 @@ import numpy as np
 from PIL import Image
 import pytest
 
+from paws_tf import checks
 from paws_tf.data import augment
 from paws_tf.data import folders
 from paws_tf.data import normalization as normalization_lib
@@ -168,12 +169,14 @@ def test_pipeline_and_evaluation_use_the_runs_normalisation():
                                (pixels - 0.3) / 0.2, atol=1e-5)
     assert experiment.eval_preprocessing(
         bundle, image_size=8)['mean'] == (0.3,)
-    with pytest.raises(ValueError, match='given twice'):
+    with pytest.raises(checks.ConfigError, match='eval_preprocessing.mean '
+                       '/ eval_preprocessing.std are bound'):
         experiment.eval_preprocessing(bundle, image_size=8, mean=(0.5,),
                                       std=(0.5,))
-    with pytest.raises(ValueError, match=r'MultiCropConfig.mean / '
-                       r'MultiCropConfig.std gives 3 channel\(s\)'):
+    with pytest.raises(ValueError, match=r'NORMALIZATION '
+                       r'\(load_data.normalization\) gives 3 channel\(s\)'):
         pipeline.make_pretrain_dataset_fn(
             labeled, labeled, num_replicas=1, global_batch_size=4,
             classes_per_step=2, images_per_class=2,
-            multicrop=augment.IMAGENET_MULTICROP)
+            multicrop=augment.IMAGENET_MULTICROP,
+            normalization=augment.NORMALIZATIONS['imagenet'])

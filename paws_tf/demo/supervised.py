@@ -76,9 +76,9 @@ def train_supervised(run, *, labeled, test, preprocessing,
             TensorBoard logs to its `supervised_logs`.
         labeled: `sources.ImageSource`, the labeled images.
         test: `sources.ImageSource`, the evaluation split.
-        preprocessing: `experiment.eval_preprocessing()` dict.
-        multicrop: the PAWS run's `augment.MultiCropConfig`; without a
-            mean and std, those of `preprocessing`.
+        preprocessing: the `experiment.eval_preprocessing` dict.
+        multicrop: the PAWS run's `augment.MultiCropConfig`; the views
+            take the run's normalisation, which `preprocessing` holds.
         steps: optimizer steps.
         batch_size: labeled images per step.
         learning_rate: peak learning rate.
@@ -90,21 +90,11 @@ def train_supervised(run, *, labeled, test, preprocessing,
     Returns:
         dict with `top1`, `wall_seconds`, `images_per_second`, `steps`.
     """
-    own = multicrop.mean is not None or multicrop.std is not None
-    # Without its own mean and std, the views take the run's normalisation,
-    # which the evaluation preprocessing holds.
     multicrop = normalization_lib.normalized_multicrop(
-        multicrop, None if own else (preprocessing['mean'],
-                                     preprocessing['std']), labeled.channels)
+        multicrop, (preprocessing['mean'], preprocessing['std']),
+        labeled.channels)
     tf_keras.utils.set_random_seed(seed)
-    num_classes = len(labeled.class_names)
-    model = build_classifier(num_classes, labeled.channels)
-    schedule = tf_keras.optimizers.schedules.CosineDecay(learning_rate, steps)
-    model.compile(
-        optimizer=tf_keras.optimizers.SGD(
-            schedule, momentum=0.9, nesterov=True, weight_decay=weight_decay),
-        loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=['accuracy'])
+    model = _compiled_classifier(labeled, steps, learning_rate, weight_decay)
     start = time.perf_counter()
     model.fit(_training_dataset(labeled, multicrop, batch_size, seed),
               epochs=1, steps_per_epoch=steps, verbose=verbose,
@@ -123,6 +113,19 @@ def train_supervised(run, *, labeled, test, preprocessing,
                  100 * results['top1'], total, labeled.num_examples,
                  train_seconds)
     return results
+
+
+def _compiled_classifier(labeled, steps, learning_rate, weight_decay):
+    """`build_classifier` for the classes of `labeled`, compiled with SGD
+    (Nesterov momentum 0.9, cosine decay over `steps`)."""
+    model = build_classifier(len(labeled.class_names), labeled.channels)
+    schedule = tf_keras.optimizers.schedules.CosineDecay(learning_rate, steps)
+    model.compile(
+        optimizer=tf_keras.optimizers.SGD(
+            schedule, momentum=0.9, nesterov=True, weight_decay=weight_decay),
+        loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=['accuracy'])
+    return model
 
 
 def _correct(model, test, preprocessing):

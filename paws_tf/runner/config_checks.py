@@ -229,7 +229,8 @@ def check_config(pretraining=True):
     valid value: `train`'s counts and `PAWSModel`'s values out of range
     (`train.num_epochs = 'ten'`, `PAWSModel.tau = -0.1`), rebound gin
     constants (`IMAGENET_MEAN = ...` changes nothing), a normalisation
-    given twice, not at all or with the wrong number of channels, a
+    bound anywhere but `load_data.normalization`, missing, or of the wrong
+    number of channels, a
     warm-up longer than the run, an unknown objective or RoPAWS settings
     out of range, an unknown batch-norm implementation
     (`build_model.sync_bn_impl`), an image folder left unbound, a labeled
@@ -258,10 +259,10 @@ def check_config(pretraining=True):
             f'{"is a constant" if one else "are constants"} of paws_tf '
             '(values fixed in paws_tf.data.augment): binding '
             f'{"it" if one else "them"} changes nothing. Bind '
-            f'{normalization_lib.NORMALIZATION_MACRO} = (mean, std), '
+            f'{normalization_lib.NORMALIZATION_MACRO} '
+            '(load_data.normalization) = (mean, std), '
             "'data' or a preset "
-            f'({sorted(augment.NORMALIZATIONS)}) in the folder recipes, or '
-            'the mean and std of MultiCropConfig and eval_preprocessing.')
+            f'({sorted(augment.NORMALIZATIONS)}).')
     folder = _folder_source()
     channels = None
     if folder is not None:
@@ -270,19 +271,18 @@ def check_config(pretraining=True):
             raise checks.ConfigError(
                 f'{channels_name} = {channels!r}: images are decoded to 1 '
                 '(grayscale) or 3 (RGB) channels.')
-    spec = normalization_lib.normalization(
-        checks.bound('load_data.normalization'), channels)
     multicrop = _reference('make_pretrain_dataset_fn.multicrop')
     if multicrop is not None and multicrop.evaluate:
         config = multicrop.scoped_configurable_fn()
         selector = multicrop.scoped_selector
-        normalization_lib.one_normalization(selector, config.mean,
-                                            config.std, spec, channels)
+        normalization_lib.refuse_own(selector, config.mean, config.std)
     else:
         config = selector = None
-    normalization_lib.one_normalization('eval_preprocessing',
-                      checks.bound('eval_preprocessing.mean'),
-                      checks.bound('eval_preprocessing.std'), spec, channels)
+    normalization_lib.refuse_own('eval_preprocessing',
+                                 checks.bound('eval_preprocessing.mean'),
+                                 checks.bound('eval_preprocessing.std'))
+    normalization_lib.normalization(normalization_lib.required(
+        checks.bound('load_data.normalization')), channels)
     _check_values(pretraining)
     _check_warmup()
     _check_objective()

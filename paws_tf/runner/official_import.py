@@ -257,7 +257,7 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
             f'{path} has neither a projection head (fc.fc3.*, pre-trained) '
             f'nor a classifier (fc.fc2.* or fc.*, fine-tuned); expected '
             f'{_EXPECTED}.')
-    preprocessing = experiment.eval_preprocessing(None)
+    preprocessing, _ = experiment.recorded_preprocessing()
     if found == PRETRAINED:
         network, count = _pretrained_model(path, state, strategy)
     else:

@@ -33,5 +33,6 @@ class OperativeConfig(tf_keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         if not self._written:
-            self._run.write_operative_config(gin.operative_config_str())
+            self._run.write(self._run.operative_config,
+                            gin.operative_config_str())
             self._written = True

@@ -142,7 +142,7 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
         num_replicas=strategy.num_replicas_in_sync, start_step=start_step,
         seed=seed, normalization=bundle.normalization)
     if chief:
-        run.write_input_summary(pretrain.summary)
+        run.write(run.input_summary, pretrain.summary + '\n')
     logging.info('%s; the sizes per replica and step: %s',
                  pretrain.summary_line, run.input_summary)
     steps_per_epoch = pretrain.steps_per_epoch
