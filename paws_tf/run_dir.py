@@ -36,6 +36,11 @@ from paws_tf import files
 _STAGED = ('split', 'normalization')
 
 
+def _path(*names, doc=None):
+    """A `RunDir` property: the path `names` joined under the run's."""
+    return property(lambda run: os.path.join(run.path, *names), doc=doc)
+
+
 class RunDir:
     """The paths of one run directory.
 
@@ -55,152 +60,58 @@ class RunDir:
     def __fspath__(self):
         return self.path
 
-    def _join(self, *names):
-        return os.path.join(self.path, *names)
-
     # What the run was started with.
-    @property
-    def config(self):
-        """The gin config of a training run."""
-        return self._join('config.gin')
+    config = _path('config.gin', doc='The gin config of a training run.')
+    flags = _path('flags.txt')
+    operative_config = _path('operative_config.gin')
+    input_summary = _path('input.txt')
+    history = _path('run_history.txt')
+    lock = _path('run.lock')
 
     def mode_config(self, mode):
         """The gin config of a run of `mode` that does not train."""
-        return self._join(f'config_{mode}.gin')
-
-    @property
-    def flags(self):
-        return self._join('flags.txt')
-
-    @property
-    def operative_config(self):
-        return self._join('operative_config.gin')
-
-    @property
-    def input_summary(self):
-        return self._join('input.txt')
-
-    @property
-    def history(self):
-        return self._join('run_history.txt')
-
-    @property
-    def lock(self):
-        return self._join('run.lock')
+        return os.path.join(self.path, f'config_{mode}.gin')
 
     # The run's data records.
-    @property
-    def split(self):
-        return self._join('labeled_split.txt')
-
-    @property
-    def normalization(self):
-        return self._join('normalization.json')
-
-    @property
-    def fingerprint(self):
-        return self._join('data_fingerprint.json')
-
-    @property
-    def staging(self):
-        """Where the data records wait until the data is accepted."""
-        return self._join('.data_staging')
-
-    @property
-    def imported(self):
-        return self._join('imported.json')
+    split = _path('labeled_split.txt')
+    normalization = _path('normalization.json')
+    fingerprint = _path('data_fingerprint.json')
+    staging = _path('.data_staging', doc='Where the data records wait '
+                    'until the data is accepted.')
+    imported = _path('imported.json')
 
     # The model and optimizer.
-    @property
-    def checkpoints(self):
-        return self._join('checkpoints')
-
-    @property
-    def backup(self):
-        return self._join('backup')
-
-    @property
-    def chief_backup(self):
-        """The chief's backup, the one kept (`dist.write_dir`)."""
-        return self._join('backup', 'chief')
-
-    @property
-    def damaged(self):
-        return self._join('damaged')
+    checkpoints = _path('checkpoints')
+    backup = _path('backup')
+    chief_backup = _path('backup', 'chief', doc="The chief's backup, the "
+                         'one kept (`dist.write_dir`).')
+    damaged = _path('damaged')
 
     # What is derived from the model.
-    @property
-    def export(self):
-        return self._join('export')
-
-    @property
-    def embedder(self):
-        return self._join('export', 'embedder')
-
-    @property
-    def classifier(self):
-        return self._join('export', 'classifier')
-
-    @property
-    def fine_tuned(self):
-        """The SavedModel of an imported fine-tuned classifier."""
-        return self._join('export', 'fine_tuned')
-
-    @property
-    def eval(self):
-        return self._join('eval')
-
-    @property
-    def nn_results(self):
-        """PAWS-NN's results (`evaluate_nn`)."""
-        return self._join('eval', 'paws_nn.json')
-
-    @property
-    def fine_tune(self):
-        return self._join('fine_tune')
-
-    @property
-    def fine_tune_results(self):
-        return self._join('fine_tune', 'results.json')
-
-    @property
-    def supervised(self):
-        return self._join('supervised')
-
-    @property
-    def supervised_results(self):
-        """The demo's baseline's results."""
-        return self._join('supervised', 'results.json')
-
-    @property
-    def results(self):
-        """The demo's results."""
-        return self._join('results.json')
-
-    @property
-    def results_figure(self):
-        return self._join('results.png')
+    export = _path('export')
+    embedder = _path('export', 'embedder')
+    classifier = _path('export', 'classifier')
+    fine_tuned = _path('export', 'fine_tuned', doc='The SavedModel of an '
+                       'imported fine-tuned classifier.')
+    eval = _path('eval')
+    nn_results = _path('eval', 'paws_nn.json', doc="PAWS-NN's results.")
+    fine_tune = _path('fine_tune')
+    fine_tune_results = _path('fine_tune', 'results.json')
+    supervised = _path('supervised')
+    supervised_results = _path('supervised', 'results.json',
+                               doc="The demo's baseline's results.")
+    results = _path('results.json', doc="The demo's results.")
+    results_figure = _path('results.png')
 
     def tensorboard(self, run=None):
         """TensorBoard's log directory, or that of one of its runs
         (`'train'`, `'eval'`, `'fine_tune'`, `'supervised'`)."""
-        return self._join('tensorboard', *([run] if run else []))
+        return os.path.join(self.path, 'tensorboard', *([run] if run else []))
 
-    @property
-    def train_logs(self):
-        return self.tensorboard('train')
-
-    @property
-    def eval_logs(self):
-        return self.tensorboard('eval')
-
-    @property
-    def fine_tune_logs(self):
-        return self.tensorboard('fine_tune')
-
-    @property
-    def supervised_logs(self):
-        return self.tensorboard('supervised')
+    train_logs = _path('tensorboard', 'train')
+    eval_logs = _path('tensorboard', 'eval')
+    fine_tune_logs = _path('tensorboard', 'fine_tune')
+    supervised_logs = _path('tensorboard', 'supervised')
 
     @property
     def training_outputs(self):
