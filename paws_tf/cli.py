@@ -32,14 +32,11 @@ with tf_logs.quiet_start(sys.argv):
     # pylint: disable=g-import-not-at-top,wrong-import-position
     from paws_tf import configurables
     from paws_tf import dist
-    from paws_tf import files
+    from paws_tf import run_dir
     from paws_tf.runner import config_checks
     from paws_tf.runner import modes
     from paws_tf.runner import run_lock
     from paws_tf.runner import train
-
-FLAGS_FILE = 'flags.txt'
-
 
 def _demo(model_dir, strategy, options):
     # Loaded when it runs: the library never imports the demo, and the
@@ -154,16 +151,16 @@ def main(argv):
         # gin's own errors (an unknown configurable or parameter) and the
         # value checks config_checks calls name the binding already.
         raise checks.ConfigError(str(error)) from error
-    model_dir = _MODEL_DIR.value
+    run = run_dir.RunDir(_MODEL_DIR.value)
     config = gin.config_str()
     strategy = dist.make_strategy(_STRATEGY.value)
     dist.check_same_config(strategy, f'--mode={_MODE.value}\n{config}')
     if mode.trains:
         # Once the strategy exists; still before any data is read.
         config_checks.check_pretrained_backbone()
-    lock = run_lock.for_process(model_dir, strategy, training=mode.trains)
+    lock = run_lock.for_process(run, strategy, training=mode.trains)
     with lock:
-        _run_in_model_dir(model_dir, strategy, mode, config,
+        _run_in_model_dir(run, strategy, mode, config,
                           owner_check=getattr(lock, 'check', None))
 
 
@@ -185,33 +182,31 @@ def _main_with_messages(argv):
         sys.exit(code)
 
 
-def _run_in_model_dir(model_dir, strategy, mode, config, owner_check):
+def _run_in_model_dir(run, strategy, mode, config, owner_check):
     """Everything `main` does under the run directory's lock;
     `owner_check` raises when another run took the lock over."""
     chief = dist.is_chief(strategy)
     if mode.trains:
         config_checks.check_model_dir(
-            model_dir, config, overwrite=_OVERWRITE.value, chief=chief)
+            run, config, overwrite=_OVERWRITE.value, chief=chief)
         if _OVERWRITE.value:
             # The other workers of a cluster wait for the chief to delete.
             dist.barrier(strategy)
     # The importer creates model_dir only once the checkpoint fits.
     if not mode.imports:
-        os.makedirs(model_dir, exist_ok=True)
+        os.makedirs(run.path, exist_ok=True)
         # A training run's config is the run's record (config_checks
         # compares a resumed run's with it); the other modes' is kept
         # beside it under their own name.
-        config_path = os.path.join(
-            model_dir, config_checks.CONFIG_FILE if mode.trains else
-            f'config_{_MODE.value}.gin')
+        config_path = (run.config if mode.trains else
+                       run.mode_config(_MODE.value))
         if chief:
-            files.write_text(os.path.join(model_dir, FLAGS_FILE),
-                             flags.FLAGS.flags_into_string())
-            files.write_text(config_path, config)
+            run.write(run.flags, flags.FLAGS.flags_into_string())
+            run.write(config_path, config)
         logging.info('gin config: %s', config_path)
     if _VERBOSE.value:
         logging.info('gin config:\n%s', config)
-    mode.run(model_dir, strategy, modes.Options(
+    mode.run(run.path, strategy, modes.Options(
         overwrite=_OVERWRITE.value, owner_check=owner_check,
         official_checkpoint=_OFFICIAL_CHECKPOINT.value))
 

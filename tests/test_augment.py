@@ -22,8 +22,9 @@ LUMA = np.array([0.2989, 0.587, 0.114])
 _IMAGE = np.random.default_rng(15).integers(0, 256, (48, 40, 3), np.uint8)
 _FLOAT = (_IMAGE / 255).astype(np.float32)
 # Fewer local views than CIFAR-10's 6 keep tracing fast; blur is exercised.
-_SMALL_MULTICROP = dataclasses.replace(augment.CIFAR10_MULTICROP, num_local=2,
-                                       blur_prob=0.5)
+_SMALL_MULTICROP = dataclasses.replace(
+    augment.CIFAR10_MULTICROP, num_local=2, blur_prob=0.5,
+    mean=augment.CIFAR10_MEAN, std=augment.CIFAR10_STD)
 
 
 def _seeds(n, salt=1234):
@@ -558,6 +559,7 @@ def test_center_view_non_square(shape, size, fraction, resized, top, left):
 @pytest.mark.slow
 def test_multicrop_static_shapes(config):
     # Input H, W unknown at trace time, as for decoded JPEGs.
+    config = dataclasses.replace(config, mean=(0.5,) * 3, std=(0.25,) * 3)
     traced = tf.function(lambda x, s: augment.multicrop_views(x, s, config))
     global_views, local_views = traced.get_concrete_function(
         tf.TensorSpec([None, None, 3], tf.uint8),
@@ -581,7 +583,9 @@ def test_make_view_grayscale_image():
 
 def test_multicrop_views_are_independent():
     global_views, local_views = augment.multicrop_views(
-        _IMAGE, _seeds(1)[0], augment.CIFAR10_MULTICROP)
+        _IMAGE, _seeds(1)[0], dataclasses.replace(
+            augment.CIFAR10_MULTICROP, mean=augment.CIFAR10_MEAN,
+            std=augment.CIFAR10_STD))
     for views in (global_views, local_views):
         for a, b in itertools.combinations(views, 2):
             assert not np.allclose(a, b)
@@ -597,7 +601,9 @@ def test_paper_multicrop_settings():
     assert (cifar.local_size, cifar.local_scale) == (18, (0.3, 0.75))
     assert (cifar.num_local, cifar.color_strength, cifar.blur_prob) == (
         6, 0.5, 0.0)
-    assert cifar.mean == (0.4914, 0.4822, 0.4465)
+    # The normalisation is the run's (load_data.normalization = 'cifar10').
+    assert cifar.mean is None and imagenet.std is None
+    assert augment.NORMALIZATIONS['cifar10'][0] == (0.4914, 0.4822, 0.4465)
     # suncet src/data_manager.py: grayscale for ImageNet, solarize and
     # equalize for CIFAR-10.
     assert (imagenet.distortion, cifar.distortion) == ('simclr', 'cifar10')

@@ -95,7 +95,8 @@ def test_training_input_reads_a_folder_that_had_broken_files(tmp_path):
 def experiment_multicrop():
     from paws_tf.data import augment
     return augment.cifar10_multicrop(global_size=16, local_size=8,
-                                     num_local=1)
+                                     num_local=1, mean=augment.CIFAR10_MEAN,
+                                     std=augment.CIFAR10_STD)
 
 
 def test_empty_class_folder_is_named(tmp_path):

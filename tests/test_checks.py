@@ -1,5 +1,6 @@
 """Argument checks."""
 
+import dataclasses
 import pathlib
 
 import gin
@@ -8,6 +9,7 @@ import pytest
 
 from paws_tf import checks
 from paws_tf import configurables  # noqa: F401  (registers configurables)
+from paws_tf.data import augment
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.runner import config_checks
 
@@ -101,10 +103,16 @@ def test_folder_recipes_need_no_other_binding(clean_gin, folders, name,
      r'nothing\. Bind NORMALIZATION'),
     ('image_folders_small.gin', ['MultiCropConfig.mean = (0.5,)',
                                  'MultiCropConfig.std = (0.25,)'],
-     r'The normalisation is given twice: NORMALIZATION '
-     r'\(load_data.normalization\) and MultiCropConfig.mean'),
+     r'MultiCropConfig.mean / MultiCropConfig.std are bound .*: the '
+     r'normalisation has one source, load_data.normalization .*Remove the '
+     r'MultiCropConfig bindings and bind load_data.normalization = '),
+    ('debug.gin', ['cifar10_multicrop.mean = (0.5, 0.5, 0.5)'],
+     r'cifar10_multicrop.mean / cifar10_multicrop.std are bound'),
+    ('debug.gin', ['eval_preprocessing.std = (0.25, 0.25, 0.25)'],
+     r'eval_preprocessing.mean / eval_preprocessing.std are bound \(mean '
+     r'None, std \(0\.25, 0\.25, 0\.25\)\)'),
     ('image_folders_small.gin', ['NORMALIZATION = None'],
-     r"No normalisation: bind NORMALIZATION = 'data'"),
+     r"No normalisation: bind load_data.normalization = 'data'"),
     ('image_folders_small.gin', ['WarmupCosineDecay.warmup_fraction = None',
                                  'WarmupCosineDecay.warmup_epochs = 10',
                                  'train.num_epochs = 1'],
@@ -129,9 +137,10 @@ def test_folder_recipes_need_no_other_binding(clean_gin, folders, name,
     ('imagenet_rn50_10pct_8gpu.gin', ["build_model.sync_bn_impl = 'tf'"],
      r"build_model\.sync_bn_impl must be one of \('custom', 'keras'\), "
      r"got 'tf'"),
-    ('demo_fashion_mnist.gin', ['MEAN = (0.5, 0.5)'],
-     r'MultiCropConfig.mean / MultiCropConfig.std: mean \(0\.5, 0\.5\) and '
-     r'std \(0\.353,\) must have one value per channel'),
+    ('demo_fashion_mnist.gin',
+     ['load_data.normalization = ((0.5, 0.5), (0.353,))'],
+     r'mean \(0\.5, 0\.5\) and std \(0\.353,\) must have one value per '
+     r'channel'),
 ])
 def test_config_errors_name_the_binding(clean_gin, folders, name, bindings,
                                         message):
@@ -140,12 +149,27 @@ def test_config_errors_name_the_binding(clean_gin, folders, name, bindings,
               bindings)
 
 
-def test_one_normalization():
-    one = normalization_lib.one_normalization
-    assert one('f', [0.5], [0.25], None, 1) == ((0.5,), (0.25,))
-    assert one('f', None, None, ((1,), (2,)), 1) == ((1.0,), (2.0,))
-    assert one('f', None, None, 'data', 3) is None
-    with pytest.raises(ValueError, match=r'f.mean / f.std gives 1 channel'):
-        one('f', [0.5], [0.25], None, 3)
+def test_the_normalisation_has_one_source():
+    """Fails if `normalized_multicrop` keeps a mean bound on the
+    `MultiCropConfig` (`refuse_own` not called), or fills in other values
+    than the run's."""
+    multicrop = augment.MultiCropConfig(
+        global_size=8, global_scale=(1.0, 1.0), local_size=8,
+        local_scale=(1.0, 1.0), num_local=0, color_strength=0.0,
+        blur_prob=0.0)
+    filled = normalization_lib.normalized_multicrop(
+        multicrop, ([0.5], [0.25]), 1)
+    assert (filled.mean, filled.std) == ((0.5,), (0.25,))
+    with pytest.raises(checks.ConfigError, match=r'MultiCropConfig.mean / '
+                       r'MultiCropConfig.std are bound \(mean \(0\.1,\)'):
+        normalization_lib.normalized_multicrop(
+            dataclasses.replace(multicrop, mean=(0.1,), std=(0.2,)),
+            ([0.5], [0.25]), 1)
+    with pytest.raises(checks.ConfigError, match='No normalisation'):
+        normalization_lib.normalized_multicrop(multicrop, None, 1)
+    with pytest.raises(ValueError, match=r'gives 1 channel'):
+        normalization_lib.normalized_multicrop(multicrop, ([0.5], [0.25]),
+                                               3)
     with pytest.raises(ValueError, match='positive stds'):
-        one('f', [0.5], [0.0], None, 1)
+        normalization_lib.normalized_multicrop(multicrop, ([0.5], [0.0]),
+                                               1)

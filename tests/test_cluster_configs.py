@@ -29,8 +29,8 @@ import tensorflow_datasets as tfds
 
 from paws_tf import checkpoints
 from paws_tf.evaluation import evaluate
+from paws_tf import run_dir
 from paws_tf.runner import building
-from paws_tf.runner import run_history
 from paws_tf.runner import train
 from tests.helpers import cluster
 from tests.helpers import debug_gin
@@ -76,7 +76,7 @@ def run_beside_two_replicas(root, gin_file, bindings, steps, image_size,
     prints = [FINGERPRINT.findall(out) for _, out in results]
     assert len(prints[0]) == len(prints[1]) == 1, prints
     assert prints[0] == prints[1]
-    history = (root / 'cluster' / run_history.HISTORY_FILENAME).read_text()
+    history = open(run_dir.RunDir(root / 'cluster').history).read()
     assert history.count('finished at step') == 1, history
     assert f'finished at step {steps}; weights SHA-256 {prints[0][0]}' \
         in history

@@ -23,6 +23,7 @@ import tensorflow as tf
 from paws_tf import checkpoints
 from paws_tf.data import pipeline
 from paws_tf.demo import report
+from paws_tf import run_dir
 from paws_tf.runner import experiment
 from tests.helpers import cluster
 from tests.helpers import debug_gin
@@ -186,14 +187,14 @@ def test_demo_on_the_cluster_exports_evaluates_and_fine_tunes(trained,
                                      timeout=900)
     cluster.check_ran(results)
     assert 'not training it again' in results[0][1]
-    demo = json.loads((model_dir / report.RESULTS_FILENAME).read_text())
+    demo = json.loads(open(run_dir.RunDir(model_dir).results).read())
     assert demo['paws_nn_top1'] > 0.5 and demo['supervised_top1'] > 0.25
     tuned = json.loads(
         (model_dir / 'fine_tune' / 'results.json').read_text())
     assert tuned['steps'] == 10  # 2 epochs of 5 steps (debug.gin).
     assert demo['paws_finetune_top1'] == tuned['top1']
     assert (model_dir / 'export' / 'embedder' / 'saved_model.pb').exists()
-    assert (model_dir / report.FIGURE_FILENAME).exists()
+    assert os.path.exists(run_dir.RunDir(model_dir).results_figure)
     assert not cluster.worker_leftovers(model_dir)
 
 

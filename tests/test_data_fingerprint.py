@@ -5,14 +5,14 @@ again on the new data, `train.on_data_change = 'continue'` resumes on it."""
 
 import hashlib
 import os
+import pathlib
 
 import pytest
 
 from tests.helpers import image_folders
 from tests.helpers import run_py
 from paws_tf import checkpoints
-from paws_tf.data import data_fingerprint
-from paws_tf.data import splits
+from paws_tf import run_dir
 from paws_tf.runner import saving
 
 
@@ -53,7 +53,7 @@ def test_files_added_to_an_image_folder_stop_the_resumed_run(tmp_path):
     assert code == 0, output[-3000:]
     assert "train.on_data_change = 'continue': resuming on it" in output
     assert '"num_examples": 38' in (
-        model_dir / data_fingerprint.FILENAME).read_text()
+        pathlib.Path(run_dir.RunDir(model_dir).fingerprint)).read_text()
 
 
 @pytest.mark.slow
@@ -66,7 +66,7 @@ def test_an_edited_split_file_stops_the_resumed_run(tmp_path):
     model_dir = tmp_path / 'run'
     code, output = run_py.finish(run_py.start(model_dir, bindings))
     assert code == 0, output[-3000:]
-    recorded = (model_dir / splits.SPLIT_FILENAME).read_text()
+    recorded = pathlib.Path(run_dir.RunDir(model_dir).split).read_text()
 
     split.write_text(''.join(f'{i}\n' for i in range(64, 128)))
     code, output = run_py.finish(run_py.start(model_dir, bindings))
@@ -75,12 +75,12 @@ def test_an_edited_split_file_stops_the_resumed_run(tmp_path):
     # All images stay unlabeled ones too (include_labeled_in_unlabeled).
     assert '\n  unlabeled: ' not in output
     # The recorded split is the one the checkpoints were trained on.
-    assert (model_dir / splits.SPLIT_FILENAME).read_text() == recorded
+    assert pathlib.Path(run_dir.RunDir(model_dir).split).read_text() == recorded
 
     code, output = run_py.finish(run_py.start(model_dir, bindings,
                                               ['--overwrite']))
     assert code == 0, output[-3000:]
     assert '--overwrite: starting the run again' in output
     assert 'Training steps 0..16' in output
-    assert (model_dir / splits.SPLIT_FILENAME).read_text() != recorded
+    assert pathlib.Path(run_dir.RunDir(model_dir).split).read_text() != recorded
     assert checkpoints.latest(str(model_dir / saving.CHECKPOINT_DIR))[1] == 16

@@ -68,7 +68,7 @@ def test_the_whole_workflow_through_run_py(tmp_path):
         model, step = modes.load_trained_model(
             str(tmp_path), tf.distribute.get_strategy())
         bundle = experiment.load_data(str(tmp_path))
-        preprocessing = experiment.eval_preprocessing()
+        preprocessing = experiment.eval_preprocessing(bundle)
     assert step == 32
     images = np.stack([bundle.test.read(i).numpy() for i in range(10)])
     preprocessed, _ = next(iter(pipeline.make_eval_dataset(

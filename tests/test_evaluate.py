@@ -15,6 +15,7 @@ from paws_tf.data import splits
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import evaluate_nn
 from paws_tf.evaluation import export
+from paws_tf import run_dir
 from tests.helpers import tiny_model
 
 SIZE = 16
@@ -117,11 +118,11 @@ def run(tmp_path_factory):
     classes = rng.integers(0, 8, 460)
     train = sources.from_arrays(images[:400], classes[:400])
     test = sources.from_arrays(images[400:], classes[400:])
-    labeled, _ = splits.select_labeled(train, labels_per_class=5,
-                                        record_dir=model_dir)
+    split = splits.select_labeled(train, labels_per_class=5)
+    labeled = split.labeled
+    run_dir.RunDir(model_dir).write_split(labeled.names, split.header)
     model = tiny_model.build(size=SIZE)
-    export.export_embedder(model, os.path.join(model_dir,
-                                               export.EMBEDDER_DIR),
+    export.export_embedder(model, run_dir.RunDir(model_dir).embedder,
                            channels=3, **EVAL)
     return dict(model_dir=model_dir, train=train, labeled=labeled, test=test,
                 model=model)
@@ -146,10 +147,8 @@ def test_evaluate_nn_with_the_saved_model(run, capsys):
     assert stored['num_support'] == 40 and stored['num_queries'] == 60
     assert stored['source'] == 'saved_model'
     assert stored['embedding'] == 'projection'
-    assert stored['source_path'] == os.path.join(run['model_dir'],
-                                                 export.EMBEDDER_DIR)
-    assert stored['split_file'] == os.path.join(run['model_dir'],
-                                                splits.SPLIT_FILENAME)
+    assert stored['source_path'] == run_dir.RunDir(run['model_dir']).embedder
+    assert stored['split_file'] == run_dir.RunDir(run['model_dir']).split
     expected = reference_results(run['model'], run['labeled'], run['test'])
     for key in ('top1', 'top5', 'per_class_accuracy'):
         assert stored[key] == pytest.approx(expected[key])

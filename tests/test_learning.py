@@ -7,6 +7,7 @@ import tf_keras
 from paws_tf.data import pipeline
 from paws_tf.demo import report
 from paws_tf.evaluation import evaluate
+from paws_tf import run_dir
 from paws_tf.runner import building
 from paws_tf.runner import experiment
 from paws_tf.runner import train
@@ -42,11 +43,11 @@ def test_short_fit_lowers_the_loss_and_learns_the_classes(tmp_path):
                            'train.num_epochs = 16']):
         before = untrained_top1(tmp_path / 'untrained')
         train.train(str(tmp_path / 'run'), tf.distribute.get_strategy())
-    logs = tmp_path / 'run' / train.TENSORBOARD_DIR
-    _, loss = report.read_scalars(str(logs / 'train'), 'epoch/loss')
-    _, top1 = report.read_scalars(str(logs / 'eval'), 'paws_nn/top1')
+    run = run_dir.RunDir(tmp_path / 'run')
+    _, loss = report.read_scalars(run.train_logs, 'epoch/loss')
+    _, top1 = report.read_scalars(run.eval_logs, 'paws_nn/top1')
     _, views_per_second = report.read_scalars(
-        str(logs / 'train'), 'throughput/views_per_second')
+        run.train_logs, 'throughput/views_per_second')
     print(f'PAWS-NN top-1 untrained {before:.3f}, by epoch '
           f'{[round(float(t), 3) for t in top1]}, loss '
           f'{[round(float(x), 3) for x in loss]}, '

@@ -7,10 +7,12 @@ import numpy as np
 from PIL import Image
 import pytest
 
+from paws_tf import checks
 from paws_tf.data import augment
 from paws_tf.data import folders
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import pipeline
+from paws_tf import run_dir
 from paws_tf.runner import experiment
 
 
@@ -45,11 +47,9 @@ def test_statistics_weigh_every_pixel_once(tmp_path, channels):
 def test_computed_once_and_recorded(tmp_path):
     pixels = write_folder(tmp_path / 'labeled', 3)
     labeled = folders.image_folder(tmp_path / 'labeled')
-    run = tmp_path / 'run'
-    mean, std = normalization_lib.resolve_normalization(
-        'data', source=labeled, record_dir=str(run))
-    recorded = json.loads((run / normalization_lib.NORMALIZATION_FILENAME)
-                          .read_text())
+    run = run_dir.RunDir(tmp_path / 'run')
+    mean, std = experiment.resolve_normalization('data', run, labeled)
+    recorded = json.loads(open(run.normalization).read())
     np.testing.assert_allclose(recorded['mean'], pixels.mean(axis=0),
                                rtol=1e-12)
     np.testing.assert_allclose(recorded['std'], pixels.std(axis=0),
@@ -59,13 +59,12 @@ def test_computed_once_and_recorded(tmp_path):
     # folder has changed since.
     write_folder(tmp_path / 'other', 3)
     other = folders.image_folder(tmp_path / 'other')
-    assert normalization_lib.resolve_normalization(
-        'data', source=other, record_dir=str(run)) == (mean, std)
+    assert experiment.resolve_normalization('data', run, other) == (mean,
+                                                                     std)
     gray = folders.image_folder(tmp_path / 'labeled', channels=1)
     with pytest.raises(ValueError, match='normalisation of 3-channel images '
                        'but the images are now decoded to 1 channels'):
-        normalization_lib.resolve_normalization('data', source=gray,
-                                                record_dir=str(run))
+        experiment.resolve_normalization('data', run, gray)
 
 
 def test_a_subset_of_the_images_when_there_are_many(tmp_path):
@@ -102,8 +101,8 @@ def test_or_from_a_sample_of_the_unlabeled_images(tmp_path):
                                rtol=1e-12)
     np.testing.assert_allclose(bundle.normalization[1], sample.std(axis=0),
                                rtol=1e-9)
-    recorded = json.loads((tmp_path / 'run' /
-                           normalization_lib.NORMALIZATION_FILENAME).read_text())
+    recorded = json.loads(
+        open(run_dir.RunDir(tmp_path / 'run').normalization).read())
     assert (recorded['source'], recorded['images'], recorded['of']) == (
         'unlabeled', 4, 6)
     with pytest.raises(ValueError, match="normalization_from must be one of "
@@ -115,23 +114,22 @@ def test_or_from_a_sample_of_the_unlabeled_images(tmp_path):
 def test_fixed_values_and_presets(tmp_path):
     write_folder(tmp_path / 'labeled', 3)
     labeled = folders.image_folder(tmp_path / 'labeled')
-    assert normalization_lib.resolve_normalization(
-        'imagenet', source=labeled, record_dir=str(tmp_path / 'a')) == (
+    assert experiment.resolve_normalization(
+        'imagenet', run_dir.RunDir(tmp_path / 'a'), labeled) == (
             augment.IMAGENET_MEAN, augment.IMAGENET_STD)
-    assert normalization_lib.resolve_normalization(
-        ((0.5,) * 3, (0.25,) * 3), source=labeled,
-        record_dir=str(tmp_path)) == ((0.5,) * 3, (0.25,) * 3)
+    assert experiment.resolve_normalization(
+        ((0.5,) * 3, (0.25,) * 3), run_dir.RunDir(tmp_path), labeled) == (
+            (0.5,) * 3, (0.25,) * 3)
     with pytest.raises(ValueError, match='gives 1 channel'):
-        normalization_lib.resolve_normalization(
-            ((0.5,), (0.25,)), source=labeled,
-            record_dir=str(tmp_path / 'other'))
+        experiment.resolve_normalization(
+            ((0.5,), (0.25,)), run_dir.RunDir(tmp_path / 'other'), labeled)
     # The run recorded ((0.5,) * 3, (0.25,) * 3): exporting or evaluating
     # it with another normalisation is refused.
     for spec in ('data', 'imagenet'):
         with pytest.raises(ValueError, match=r"trained with, NORMALIZATION "
                            r"= \[\[0\.5, 0\.5, 0\.5\].*not '"):
-            normalization_lib.resolve_normalization(spec, source=labeled,
-                                                    record_dir=str(tmp_path))
+            experiment.resolve_normalization(
+                spec, run_dir.RunDir(tmp_path), labeled)
 
 
 def test_constant_images_cannot_be_normalised(tmp_path):
@@ -142,8 +140,8 @@ def test_constant_images_cannot_be_normalised(tmp_path):
     labeled = folders.image_folder(tmp_path / 'labeled', channels=1)
     with pytest.raises(ValueError, match="constant value.*bind "
                        "NORMALIZATION = 'imagenet'"):
-        normalization_lib.resolve_normalization('data', source=labeled,
-                                                record_dir=str(tmp_path))
+        experiment.resolve_normalization(
+            'data', run_dir.RunDir(tmp_path), labeled)
 
 
 def test_pipeline_and_evaluation_use_the_runs_normalisation():
@@ -171,12 +169,14 @@ def test_pipeline_and_evaluation_use_the_runs_normalisation():
                                (pixels - 0.3) / 0.2, atol=1e-5)
     assert experiment.eval_preprocessing(
         bundle, image_size=8)['mean'] == (0.3,)
-    with pytest.raises(ValueError, match='given twice'):
+    with pytest.raises(checks.ConfigError, match='eval_preprocessing.mean '
+                       '/ eval_preprocessing.std are bound'):
         experiment.eval_preprocessing(bundle, image_size=8, mean=(0.5,),
                                       std=(0.5,))
-    with pytest.raises(ValueError, match=r'MultiCropConfig.mean / '
-                       r'MultiCropConfig.std gives 3 channel\(s\)'):
+    with pytest.raises(ValueError, match=r'NORMALIZATION '
+                       r'\(load_data.normalization\) gives 3 channel\(s\)'):
         pipeline.make_pretrain_dataset_fn(
             labeled, labeled, num_replicas=1, global_batch_size=4,
             classes_per_step=2, images_per_class=2,
-            multicrop=augment.IMAGENET_MULTICROP)
+            multicrop=augment.IMAGENET_MULTICROP,
+            normalization=augment.NORMALIZATIONS['imagenet'])

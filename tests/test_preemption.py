@@ -12,7 +12,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import checkpoints
-from paws_tf.runner import run_lock
+from paws_tf import run_dir
 from paws_tf.runner import saving
 from paws_tf.runner import train
 from tests.helpers import debug_gin
@@ -85,7 +85,7 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, sig,
     proc.send_signal(sig)
     code, output = run_py.finish(proc)
     stopped_at = run_py.backup_step(tmp_path)
-    lock = os.path.join(tmp_path, run_lock.LOCK_FILENAME)
+    lock = run_dir.RunDir(tmp_path).lock
     if sig == signal.SIGTERM:
         # Backed up at the end of the step running when the signal came.
         assert code == 143, output[-3000:]

@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing import event_accumulator
 import tensorflow as tf
 
 from paws_tf import losses
-from paws_tf.evaluation import export
+from paws_tf import run_dir
 from tests.helpers import image_folders
 from tests.helpers import ropaws_reference
 from tests.helpers import run_py
@@ -120,7 +120,7 @@ def test_out_of_class_images_get_a_lower_in_domain_probability(trained):
     """Fails if ropaws_targets' in-domain prior is dropped (pi = 1: p_in is
     1 for every image)."""
     model_dir, images, _ = trained
-    embedder = tf.saved_model.load(str(model_dir / export.EMBEDDER_DIR))
+    embedder = tf.saved_model.load(run_dir.RunDir(model_dir).embedder)
 
     def targets(kind):
         return embedder(tf.constant(images[kind]))['projection'].numpy()

@@ -14,12 +14,13 @@ import pytest
 
 from tests.helpers import run_py
 from paws_tf import dist
+from paws_tf import run_dir
 from paws_tf.runner import run_lock
 from paws_tf.runner import saving
 
 def write_lock(model_dir, **contents):
     os.makedirs(model_dir, exist_ok=True)
-    (pathlib.Path(model_dir) / run_lock.LOCK_FILENAME).write_text(
+    pathlib.Path(run_dir.RunDir(model_dir).lock).write_text(
         json.dumps(contents))
 
 
@@ -29,25 +30,25 @@ def test_a_live_holder_is_named_and_a_gone_one_taken_over(tmp_path, caplog):
     write_lock(tmp_path, host='node7', pid=4242, started=now - 60,
                heartbeat=now - 5)
     with pytest.raises(run_lock.Held) as held:
-        run_lock.RunLock(str(tmp_path)).acquire()
+        run_lock.RunLock(run_dir.RunDir(tmp_path)).acquire()
     message = str(held.value)
     assert 'host node7, pid 4242, started' in message
     assert 'another --model_dir' in message and 'kill 4242' in message
     # Another host, heartbeat older than the timeout: taken over.
     write_lock(tmp_path, host='node7', pid=4242, started=now - 3600,
                heartbeat=now - run_lock.STALE_AFTER_SECONDS - 1)
-    with run_lock.RunLock(str(tmp_path)):
-        holder = run_lock.read(str(tmp_path))
+    with run_lock.RunLock(run_dir.RunDir(tmp_path)):
+        holder = run_lock.read(run_dir.RunDir(tmp_path))
         assert holder['pid'] == os.getpid()
         assert holder['host'] == socket.gethostname()
     assert 'heartbeat is' in caplog.text and 'node7' in caplog.text
-    assert not (tmp_path / run_lock.LOCK_FILENAME).exists()  # Released.
+    assert not os.path.exists(run_dir.RunDir(tmp_path).lock)  # Released.
     # This host, a process that has exited: taken over.
     gone = subprocess.Popen([sys.executable, '-c', 'pass'])
     gone.wait()
     write_lock(tmp_path, host=socket.gethostname(), pid=gone.pid,
                started=now, heartbeat=now)
-    with run_lock.RunLock(str(tmp_path)):
+    with run_lock.RunLock(run_dir.RunDir(tmp_path)):
         pass
     assert f'process {gone.pid} is not running' in caplog.text
     # This host, a live process (this one's parent): held.
@@ -55,38 +56,38 @@ def test_a_live_holder_is_named_and_a_gone_one_taken_over(tmp_path, caplog):
                pid_start=run_lock._process_start(os.getppid()), started=now,
                heartbeat=now)
     with pytest.raises(run_lock.Held):
-        run_lock.RunLock(str(tmp_path)).acquire()
+        run_lock.RunLock(run_dir.RunDir(tmp_path)).acquire()
 
 
 def test_an_empty_lock_goes_stale_by_its_age(tmp_path):
     """A holder killed between creating the lock and writing it."""
-    path = tmp_path / run_lock.LOCK_FILENAME
+    path = pathlib.Path(run_dir.RunDir(tmp_path).lock)
     path.write_text('')
     with pytest.raises(run_lock.Held):
-        run_lock.RunLock(str(tmp_path)).acquire()
+        run_lock.RunLock(run_dir.RunDir(tmp_path)).acquire()
     old = time.time() - run_lock.STALE_AFTER_SECONDS - 1
     os.utime(path, (old, old))
-    with run_lock.RunLock(str(tmp_path)):
-        assert run_lock.read(str(tmp_path))['pid'] == os.getpid()
+    with run_lock.RunLock(run_dir.RunDir(tmp_path)):
+        assert run_lock.read(run_dir.RunDir(tmp_path))['pid'] == os.getpid()
 
 
 def test_heartbeat_and_release_keep_to_their_own_lock(tmp_path,
                                                       monkeypatch):
     monkeypatch.setattr(run_lock, 'HEARTBEAT_SECONDS', 0.05)
-    lock = run_lock.RunLock(str(tmp_path), job='job-a').acquire()
-    first = run_lock.read(str(tmp_path))['heartbeat']
+    lock = run_lock.RunLock(run_dir.RunDir(tmp_path), job='job-a').acquire()
+    first = run_lock.read(run_dir.RunDir(tmp_path))['heartbeat']
     time.sleep(0.3)
-    assert run_lock.read(str(tmp_path))['heartbeat'] > first
+    assert run_lock.read(run_dir.RunDir(tmp_path))['heartbeat'] > first
     # The workers of the same job pass; another job's do not.
-    run_lock.check_held_by_job(str(tmp_path), 'job-a')
+    run_lock.check_held_by_job(run_dir.RunDir(tmp_path), 'job-a')
     with pytest.raises(run_lock.Held):
-        run_lock.check_held_by_job(str(tmp_path), 'job-b')
+        run_lock.check_held_by_job(run_dir.RunDir(tmp_path), 'job-b')
     # Taken over by another run meanwhile: release leaves that run's lock.
     now = time.time()
     write_lock(tmp_path, host='node7', pid=1, started=now, heartbeat=now,
                token='theirs')
     lock.release()
-    assert run_lock.read(str(tmp_path))['token'] == 'theirs'
+    assert run_lock.read(run_dir.RunDir(tmp_path))['token'] == 'theirs'
 
 
 def lock_holder(model_dir, proc, timeout=300):
@@ -94,7 +95,7 @@ def lock_holder(model_dir, proc, timeout=300):
     deadline = time.time() + timeout
     while time.time() < deadline:
         assert proc.poll() is None, proc.communicate()[0][-3000:]
-        holder = run_lock.read(str(model_dir))
+        holder = run_lock.read(run_dir.RunDir(model_dir))
         if holder and holder.get('pid') == proc.pid and os.path.isdir(
                 model_dir / saving.BACKUP_DIR / 'chief'):
             return holder
@@ -127,10 +128,10 @@ def test_second_run_stops_before_touching_a_live_runs_directory(tmp_path):
         assert code == 143, output[-3000:]  # Backed up and stopped...
     finally:
         first.kill()
-    assert not (tmp_path / run_lock.LOCK_FILENAME).exists()  # ...released.
+    assert not os.path.exists(run_dir.RunDir(tmp_path).lock)  # ...released.
     # Reading modes do not take the lock: while a run (this process here)
     # holds it, they read the newest complete checkpoint and say so.
-    with run_lock.RunLock(str(tmp_path)):
+    with run_lock.RunLock(run_dir.RunDir(tmp_path)):
         code, output = run_py.finish(
             run_py.start(tmp_path, bindings, mode='export'), timeout=300)
     assert code == 0, output[-3000:]
@@ -143,7 +144,7 @@ def test_cluster_workers_refuse_a_directory_another_run_holds(tmp_path):
     """Under MultiWorkerMirroredStrategy the chief takes the lock and the
     other worker checks it: both stop when a live run of another job holds
     it (this test process here)."""
-    with run_lock.RunLock(str(tmp_path)):
+    with run_lock.RunLock(run_dir.RunDir(tmp_path)):
         procs = []
         for tf_config in dist.loopback_tf_configs(2):
             procs.append(run_py.start(tmp_path, ['train.num_epochs = 1'],
@@ -157,7 +158,7 @@ def test_cluster_workers_refuse_a_directory_another_run_holds(tmp_path):
 
 
 def test_check_fails_once_another_run_took_the_lock_over(tmp_path):
-    lock = run_lock.RunLock(str(tmp_path)).acquire()
+    lock = run_lock.RunLock(run_dir.RunDir(tmp_path)).acquire()
     try:
         lock.check()  # Still ours.
         # A run on another host found this one's heartbeat stale and took
@@ -171,7 +172,7 @@ def test_check_fails_once_another_run_took_the_lock_over(tmp_path):
         assert 'no longer this run' in message
         assert 'host node7, pid 4242' in message
         assert 'without saving' in message
-        (tmp_path / run_lock.LOCK_FILENAME).unlink()
+        os.remove(run_dir.RunDir(tmp_path).lock)
         with pytest.raises(run_lock.Lost, match='deleted'):
             lock.check()
     finally:
@@ -193,7 +194,7 @@ def test_a_run_whose_lock_was_taken_over_stops_before_its_next_save(
                         token='theirs')
         staged = tmp_path / 'run.lock.new'
         staged.write_text(json.dumps(intruder))
-        os.replace(staged, tmp_path / run_lock.LOCK_FILENAME)
+        os.replace(staged, run_dir.RunDir(tmp_path).lock)
         taken_at = run_py.backup_step(tmp_path)
         code, output = run_py.finish(proc, timeout=300)
     finally:
@@ -205,6 +206,6 @@ def test_a_run_whose_lock_was_taken_over_stops_before_its_next_save(
     assert run_py.backup_step(tmp_path) <= taken_at + 4
     assert 'Final weights fingerprint' not in output
     # The other run's lock is left as it is.
-    assert run_lock.read(str(tmp_path)) == intruder
-    history = (tmp_path / 'run_history.txt').read_text()
+    assert run_lock.read(run_dir.RunDir(tmp_path)) == intruder
+    history = pathlib.Path(run_dir.RunDir(tmp_path).history).read_text()
     assert 'stopped at step' in history and 'Lost' in history

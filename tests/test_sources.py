@@ -10,6 +10,7 @@ from paws_tf import checks
 from paws_tf.data import folders
 from paws_tf.data import sources
 from paws_tf.data import splits
+from paws_tf import run_dir
 
 
 def _read_all(source):
@@ -141,12 +142,14 @@ def _cifar_like_labels(seed=0):
 
 def test_cifar_split_400_per_class_recorded_and_reloaded(tmp_path):
     source = _cifar_like_labels()
-    labeled, unlabeled = splits.select_labeled(
-        source, labels_per_class=400, seed=3, record_dir=tmp_path)
+    split = splits.select_labeled(source, labels_per_class=400, seed=3)
+    labeled, unlabeled = split
+    run = run_dir.RunDir(tmp_path)
+    run.write_split(labeled.names, split.header)
     assert labeled.num_examples == 4000 and unlabeled is source
     np.testing.assert_array_equal(np.bincount(labeled.labels), [400] * 10)
     assert len(set(labeled.names)) == 4000
-    recorded = tmp_path / splits.SPLIT_FILENAME
+    recorded = run.split
     reloaded, _ = splits.select_labeled(source, split_file=recorded)
     assert reloaded.names == labeled.names
     np.testing.assert_array_equal(reloaded.labels, labeled.labels)

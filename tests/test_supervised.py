@@ -9,6 +9,7 @@ import pytest
 from paws_tf.data import augment
 from paws_tf.demo import report
 from paws_tf.demo import supervised
+from paws_tf import run_dir
 from paws_tf.runner import experiment
 
 TINY = ["build_backbone.name = 'small_resnet'",
@@ -28,12 +29,11 @@ def tiny_backbone():
 def test_baseline_learns_the_labeled_classes(tiny_backbone, tmp_path):
     labeled = experiment.synthetic_source(num_images=64, seed=0)
     test = experiment.synthetic_source(num_images=64, seed=1)
-    multicrop = augment.cifar10_multicrop(global_size=16, local_size=8,
-                                          mean=(0.5,) * 3, std=(0.25,) * 3)
+    multicrop = augment.cifar10_multicrop(global_size=16, local_size=8)
     results = supervised.train_supervised(
-        str(tmp_path), labeled=labeled, test=test,
+        run_dir.RunDir(tmp_path), labeled=labeled, test=test,
         preprocessing=experiment.eval_preprocessing(
-            image_size=16, mean=(0.5,) * 3, std=(0.25,) * 3),
+            normalization=((0.5,) * 3, (0.25,) * 3), image_size=16),
         multicrop=multicrop, steps=60, batch_size=16, learning_rate=0.05)
     assert results['top1'] > 0.6  # 4 classes: chance is 0.25.
     assert results['num_test'] == 64 and results['num_labeled'] == 64
@@ -44,7 +44,8 @@ def test_baseline_learns_the_labeled_classes(tiny_backbone, tmp_path):
 
 def test_augmented_training_views_are_deterministic(tiny_backbone):
     labeled = experiment.synthetic_source(num_images=8)
-    multicrop = augment.cifar10_multicrop(global_size=16)
+    multicrop = augment.cifar10_multicrop(global_size=16, mean=(0.5,) * 3,
+                                          std=(0.25,) * 3)
     first = [b[0].numpy() for b in supervised._training_dataset(
         labeled, multicrop, 4, seed=3).take(3)]
     again = [b[0].numpy() for b in supervised._training_dataset(
@@ -75,5 +76,5 @@ def test_table_and_results(tmp_path):
     lines = text.splitlines()
     assert lines[0].split() == ['method', 'top-1']
     assert lines[2].startswith('PAWS-NN ') and lines[3].endswith('80.10%')
-    path = report.write_results(str(tmp_path), {'paws_nn_top1': 0.84})
+    path = report.write_results(run_dir.RunDir(tmp_path), {'paws_nn_top1': 0.84})
     assert json.loads(open(path).read()) == {'paws_nn_top1': 0.84}

@@ -10,6 +10,7 @@ import tensorflow_datasets as tfds
 
 from paws_tf.data import splits
 from paws_tf.data import tfds_sources
+from paws_tf import run_dir
 
 
 def _read_all(source):
@@ -34,11 +35,13 @@ def test_tfds_in_memory(tmp_path, name, shape, num_classes):
     assert source.num_examples == 40 and source.channels == shape[-1]
     assert len(source.class_names) == num_classes
     assert _read_all(source.subset([0]))[0].shape == shape
-    labeled, _ = splits.select_labeled(source, fraction=0.5, seed=0,
-                                        record_dir=tmp_path / 'run')
+    split = splits.select_labeled(source, fraction=0.5, seed=0)
+    labeled = split.labeled
+    run = run_dir.RunDir(tmp_path / 'run')
+    run.write_split(labeled.names, split.header)
     assert len(set(labeled.names)) == labeled.num_examples > 0
     reloaded, _ = splits.select_labeled(
-        source, split_file=tmp_path / 'run' / splits.SPLIT_FILENAME)
+        source, split_file=run.split)
     assert reloaded.names == labeled.names
 
 

@@ -15,6 +15,7 @@ import tf_keras
 
 from paws_tf import checkpoints
 from paws_tf import progress
+from paws_tf import run_dir
 from paws_tf.runner import run_history
 from paws_tf.runner import train
 from tests.helpers import debug_gin
@@ -88,7 +89,8 @@ def test_train_checkpoints_logs_and_does_not_retrain(debug_config, tmp_path):
 def test_the_operative_config_is_written_once_the_first_step_ran(
         clean_gin, tmp_path):
     gin.parse_config('ProgressBar.log_every_seconds = 5')
-    path = tmp_path / run_history.OPERATIVE_CONFIG_FILE
+    run = run_dir.RunDir(tmp_path)
+    path = pathlib.Path(run.operative_config)
     seen = []
     probe = tf_keras.callbacks.LambdaCallback(
         on_train_begin=lambda logs: seen.append(path.exists()),
@@ -98,7 +100,7 @@ def test_the_operative_config_is_written_once_the_first_step_ran(
     model.fit(np.ones([8, 2]), np.ones([8, 1]), batch_size=4, epochs=1,
               verbose=0, callbacks=[
                   progress.ProgressBar(),
-                  run_history.OperativeConfig(str(tmp_path)), probe])
+                  run_history.OperativeConfig(run), probe])
     assert seen == [False, True, True]
     assert 'ProgressBar.log_every_seconds = 5' in path.read_text()
 

@@ -102,10 +102,11 @@ class MultiCropConfig:
         color_strength: colour distortion strength (0 disables it).
         blur_prob: Gaussian blur probability; like `color_strength`, applied
             to global and local views alike, as in the official PAWS code.
-        mean, std: length-C normalisation constants; None (both) when the
-            run's normalisation (`load_data.normalization`) gives them, as
-            in the folder recipes (`pipeline.make_pretrain_dataset_fn` fills
-            them in).
+        mean, std: length-C normalisation constants. A run fills them in
+            from its normalisation (`load_data.normalization`, the one
+            source; `normalization.normalized_multicrop`) and refuses them
+            bound in gin; Python code may give them here instead of
+            `make_pretrain_dataset_fn`'s `normalization`.
         distortion: colour distortion kind, one of `color.DISTORTIONS`.
     """
     global_size: int
@@ -131,8 +132,7 @@ class MultiCropConfig:
 # at (0.05, 0.14); colour strength 1 (suncet configs/paws/imgnt_train.yaml).
 IMAGENET_MULTICROP = MultiCropConfig(
     global_size=224, global_scale=(0.14, 1.0), local_size=96,
-    local_scale=(0.05, 0.14), num_local=6, color_strength=1.0, blur_prob=0.5,
-    mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    local_scale=(0.05, 0.14), num_local=6, color_strength=1.0, blur_prob=0.5)
 # PAWS App. C: 32 px at (0.75, 1), 6 x 18 px at (0.3, 0.75), no blur; colour
 # strength 0.5 (suncet cifar10_train.yaml), followed by random solarize and
 # equalize (p = 0.2 each) where SimCLR has grayscale (suncet
@@ -140,7 +140,7 @@ IMAGENET_MULTICROP = MultiCropConfig(
 CIFAR10_MULTICROP = MultiCropConfig(
     global_size=32, global_scale=(0.75, 1.0), local_size=18,
     local_scale=(0.3, 0.75), num_local=6, color_strength=0.5, blur_prob=0.0,
-    mean=CIFAR10_MEAN, std=CIFAR10_STD, distortion='cifar10')
+    distortion='cifar10')
 
 
 @gin.configurable

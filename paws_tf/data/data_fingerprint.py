@@ -1,5 +1,5 @@
-"""The data a run trains on, recorded in its `model_dir` and checked when
-the run resumes.
+"""The data a run trains on (the run directory records it:
+`RunDir.write_fingerprint`), checked when the run resumes.
 
 Per source (labeled, unlabeled, test): its kind, image count, channels, and
 SHA-256 digests of its class names, item names (image-folder listings as
@@ -8,14 +8,10 @@ are not read.
 """
 
 import hashlib
-import json
 import os
 
 from absl import logging
 
-from paws_tf import files
-
-FILENAME = 'data_fingerprint.json'
 ON_CHANGE = ('stop', 'continue')
 _ROLES = ('labeled', 'unlabeled', 'test')
 
@@ -91,19 +87,20 @@ def check_on_change(on_change):
             f'{on_change!r}.')
 
 
-def check(model_dir, bundle, *, resuming, on_change='stop', overwrite=False,
-          write=True):
-    """Records the data of a new run; compares a resumed run's data.
+def check(recorded, current, *, model_dir, path, resuming,
+          on_change='stop', overwrite=False):
+    """Compares a resumed run's data with the data it started on.
 
     Args:
-        model_dir: the run directory.
-        bundle: the `experiment.DataBundle` the run loaded.
+        recorded: the run's recorded fingerprint, or None.
+        current: the `fingerprint` of the data the run loaded.
+        model_dir: the run directory, and `path` its record, for the
+            messages.
         resuming: whether the run has a backup or checkpoint to resume from
             (otherwise a recorded fingerprint is just replaced).
         on_change: `'stop'` or `'continue'` (resume on the changed data and
             record it).
         overwrite: run.py's --overwrite: the run starts again on this data.
-        write: record the fingerprint (the chief; other workers compare).
 
     Returns:
         True when the data changed and `overwrite` says to start again.
@@ -112,13 +109,6 @@ def check(model_dir, bundle, *, resuming, on_change='stop', overwrite=False,
         Changed: the data changed, `on_change` is `'stop'` and `overwrite`
             is False; it names what changed.
     """
-    path = os.path.join(model_dir, FILENAME)
-    current = fingerprint(bundle)
-    try:
-        with open(path) as f:
-            recorded = json.load(f)
-    except FileNotFoundError:
-        recorded = None
     changed = differences(recorded, current) if recorded and resuming else []
     if changed and not overwrite and on_change == 'stop':
         raise Changed(
@@ -134,7 +124,4 @@ def check(model_dir, bundle, *, resuming, on_change='stop', overwrite=False,
                         '--overwrite: starting the run again.' if overwrite
                         else "train.on_data_change = 'continue': resuming "
                         'on it and recording it.')
-    if write and recorded != current:
-        os.makedirs(model_dir, exist_ok=True)
-        files.write_json(path, current, indent=1, sort_keys=True)
     return bool(changed) and overwrite

@@ -1,21 +1,18 @@
-"""The normalisation a run uses: a preset, a (mean, std) pair, or computed
-from the images (`FROM_DATA`) and recorded in the run's directory, checked
-against the channels."""
+"""The normalisation a run uses, `load_data.normalization`, its one source:
+a preset, a (mean, std) pair, or computed from the images (`FROM_DATA`),
+checked against the channels and against the run's record of it
+(`RunDir.read_normalization`). The augmentations and the evaluation
+preprocessing take it from there."""
 
 import dataclasses
-import json
 import math
-import os
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
 
+from paws_tf import checks
 from paws_tf.data import augment
-from paws_tf import files
-
-# The file in `record_dir` that records the normalisation a run uses.
-NORMALIZATION_FILENAME = 'normalization.json'
 # `load_data.normalization` (the folder recipes bind it through this macro):
 # the per-channel mean and std computed from the labeled images.
 FROM_DATA = 'data'
@@ -80,48 +77,33 @@ def normalization(spec, channels=None):
                      f'{_NORMALIZATION_CHOICES}.')
 
 
-def one_normalization(where, mean, std, normalization_, channels=None):
-    """The one normalisation a consumer of images uses, or a clear error.
+def refuse_own(where, mean, std):
+    """Raises `checks.ConfigError` naming the binding of `where`'s own
+    `mean` or `std` (the augmentations' `MultiCropConfig`, and
+    `eval_preprocessing`, take the run's normalisation) and the one to
+    make instead."""
+    if mean is None and std is None:
+        return
+    raise checks.ConfigError(
+        f'{where}.mean / {where}.std are bound (mean {mean}, std {std}): the '
+        'normalisation has one source, load_data.normalization (in Python, '
+        "make_pretrain_dataset_fn's normalization), which the "
+        f'augmentations and the evaluation take. Remove the {where} '
+        'bindings and bind load_data.normalization = (mean, std), a '
+        f"preset ({sorted(augment.NORMALIZATIONS)}) or '{FROM_DATA}' "
+        '(computed from the images).')
 
-    Args:
-        where: the configurable whose `mean` and `std` were bound
-            (`'MultiCropConfig'`, `'eval_preprocessing'`).
-        mean, std: its own values, None when unbound.
-        normalization_: the run's normalisation (`load_data.normalization`
-            resolved to `(mean, std)`), `FROM_DATA` when it is not computed
-            yet, or None.
-        channels: the images' channel count, if known.
 
-    Returns:
-        `(mean, std)` float tuples, or None while `normalization_` is
-        `FROM_DATA`.
-
-    Raises:
-        ValueError: a normalisation given twice or not at all, or values
-            that do not match `channels`.
-    """
-    own = mean is not None or std is not None
-    if normalization_ is not None and own:
-        raise ValueError(
-            f'The normalisation is given twice: {NORMALIZATION_MACRO} '
-            f'(load_data.normalization) and {where}.mean / {where}.std. '
-            f'Remove the {where} bindings (the folder recipes normalise '
-            f'through {NORMALIZATION_MACRO} alone) or unbind '
-            f'{NORMALIZATION_MACRO}.')
+def required(normalization_):
+    """`normalization_`, the run's `(mean, std)`; raises naming the binding
+    when there is none."""
     if normalization_ is None:
-        if mean is None or std is None:
-            raise ValueError(
-                f'No normalisation: bind {NORMALIZATION_MACRO} = '
-                f"'{FROM_DATA}' (load_data.normalization; mean and std "
-                f'computed from the labeled images), or both {where}.mean '
-                f'and {where}.std.')
-        return _normalization_values(f'{where}.mean / {where}.std', mean,
-                                     std, channels)
-    if normalization_ == FROM_DATA:
-        return None
-    return _normalization_values(
-        f'{NORMALIZATION_MACRO} (load_data.normalization)', *normalization_,
-        channels)
+        raise checks.ConfigError(
+            f'No normalisation: bind load_data.normalization = '
+            f"'{FROM_DATA}' (the mean and std of the labeled images), a "
+            f'preset ({sorted(augment.NORMALIZATIONS)}) or a (mean, std) '
+            'pair such as ((0.5,), (0.25,)).')
+    return normalization_
 
 
 def channel_statistics(source, max_images=None, seed=0):
@@ -169,20 +151,14 @@ def channel_statistics(source, max_images=None, seed=0):
     return mean, std
 
 
-def _record(path, info):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    files.write_json(path, info, indent=2)
-
-
-def _read_record(path, spec, fixed, channels):
-    """The values recorded in `path`, checked against `spec` (its values
-    `fixed`, None for `FROM_DATA`) and, when given, the `channels`."""
-    with open(path) as f:
-        recorded = json.load(f)
+def _check_record(recorded, where, spec, fixed, channels):
+    """The values of the record `recorded` (read from `where`), checked
+    against `spec` (its values `fixed`, None for `FROM_DATA`) and, when
+    given, the `channels`."""
     values = tuple(recorded['mean']), tuple(recorded['std'])
     if channels is not None and recorded.get('channels') != channels:
         raise ValueError(
-            f'{path} holds the normalisation of {recorded.get("channels")}'
+            f'{where} holds the normalisation of {recorded.get("channels")}'
             f'-channel images but the images are now decoded to '
             f'{channels} channels: delete it to compute it again '
             '(or start the run again with --overwrite).')
@@ -191,79 +167,59 @@ def _read_record(path, spec, fixed, channels):
         # A run normalised one way must be exported and evaluated the
         # same way.
         raise ValueError(
-            f'{path} records the normalisation this run was trained '
+            f'{where} records the normalisation this run was trained '
             f'with, {NORMALIZATION_MACRO} = '
             f'{recorded.get("spec")!r} (mean {values[0]}, std '
             f'{values[1]}), not {spec!r}: bind it back.')
-    logging.info('Normalisation read from %s: mean %s, std %s', path,
+    logging.info('Normalisation read from %s: mean %s, std %s', where,
                  *values)
     return values
 
 
-def recorded_normalization(spec, record_dir):
-    """The `(mean, std)` that `spec` stands for in a run, without its
-    images: what `resolve_normalization` recorded in `record_dir`, or the
-    values of a preset or pair.
-
-    Raises:
-        ValueError: `spec` is `FROM_DATA` and `record_dir` holds no record
-            (the run never started training), or the record disagrees
-            with `spec`.
-    """
-    path = os.path.join(record_dir, NORMALIZATION_FILENAME)
-    fixed = None if spec == FROM_DATA else normalization(spec)
-    if os.path.exists(path):
-        return _read_record(path, spec, fixed, None)
-    if fixed is None:
-        raise ValueError(
-            f"{NORMALIZATION_MACRO} = '{FROM_DATA}' is recorded in {path} "
-            'when training starts, and there is no such file: train the '
-            'run first (or bind the values the run was trained with).')
-    return fixed
-
-
-def resolve_normalization(spec, *, source, record_dir, max_images=5000,
-                          seed=0, description='labeled'):
-    """The `(mean, std)` that `spec` stands for, recorded in `record_dir`.
+def resolve_normalization(spec, *, source=None, recorded=None, where=None,
+                          max_images=5000, seed=0, description='labeled'):
+    """The `(mean, std)` that `spec` stands for, and the record of it.
 
     Args:
         spec: `'data'` (`FROM_DATA`): the per-channel mean and std of the
             images of `source` (`channel_statistics`, at most `max_images`
-            of them), computed once: a run that finds
-            `record_dir/NORMALIZATION_FILENAME` reads it, so that resumed
-            training, export and evaluation use the same values. A preset
-            name of `augment.NORMALIZATIONS` or a `(mean, std)` pair: those
-            values.
-        source: the `sources.ImageSource` of the statistics.
-        record_dir: where the values are recorded (the run's `model_dir`);
-            None neither reads nor writes a record (a cluster's workers
-            but the chief compute the numbers the chief records:
-            `channel_statistics` gives the same on every machine).
+            of them), computed once: a run that has a record reads it, so
+            that resumed training, export and evaluation use the same
+            values. A preset name of `augment.NORMALIZATIONS` or a
+            `(mean, std)` pair: those values.
+        source: the `sources.ImageSource` of the statistics; None for a
+            trained run, whose values are its record's or `spec`'s.
+        recorded: the run's record (`RunDir.read_normalization`), or None.
+        where: where that record is, for the messages.
         max_images: images the statistics are computed from.
         seed: seed of that subset.
         description: what the images of `source` are, for the record and
             the messages.
 
     Returns:
-        `(mean, std)`, two tuples of `source.channels` floats.
+        `((mean, std), record)`: two tuples of floats, one per channel,
+        and the dict the run records (`RunDir.write_normalization`), None
+        when the values come from `recorded` or there is no `source`.
 
     Raises:
         ValueError: a bad `spec`, values that do not match the channels,
-            a recorded file for another channel count, or one recording
-            another normalisation than `spec` (a run trained one way is
-            exported and evaluated the same way).
+            a record for another channel count, or one recording another
+            normalisation than `spec` (a run trained one way is exported
+            and evaluated the same way); `FROM_DATA` with neither a record
+            nor a `source` (a run that never started training).
     """
-    path = record_dir and os.path.join(record_dir, NORMALIZATION_FILENAME)
-    fixed = None
-    if spec != FROM_DATA:
-        fixed = normalization(spec, channels=source.channels)
-    if path and os.path.exists(path):
-        return _read_record(path, spec, fixed, source.channels)
+    channels = None if source is None else source.channels
+    fixed = None if spec == FROM_DATA else normalization(spec, channels)
+    if recorded is not None:
+        return _check_record(recorded, where, spec, fixed, channels), None
     if fixed is not None:
-        if path:
-            _record(path, dict(mean=fixed[0], std=fixed[1],
-                               channels=source.channels, spec=spec))
-        return fixed
+        return fixed, None if source is None else dict(
+            mean=fixed[0], std=fixed[1], channels=channels, spec=spec)
+    if source is None:
+        raise ValueError(
+            f"{NORMALIZATION_MACRO} = '{FROM_DATA}' is recorded in {where} "
+            'when training starts, and there is no such file: train the '
+            'run first (or bind the values the run was trained with).')
     mean, std = channel_statistics(source, max_images, seed)
     images = min(source.num_examples, max_images or source.num_examples)
     if min(std) <= 0:
@@ -271,23 +227,21 @@ def resolve_normalization(spec, *, source, record_dir, max_images=5000,
             f'The {images} {description} images have a channel of constant '
             f'value (std {std}): normalisation from the data is impossible; '
             f"bind {NORMALIZATION_MACRO} = 'imagenet' or a (mean, std) pair.")
-    if path:
-        _record(path, dict(
-            mean=mean, std=std, channels=source.channels, spec=spec,
-            images=images, of=source.num_examples, source=description))
-    logging.info('Normalisation computed from %d %s images%s: mean %s, std '
-                 '%s', images, description,
-                 f' and recorded in {path}' if path else '', mean, std)
-    return mean, std
+    logging.info('Normalisation computed from %d %s images: mean %s, std '
+                 '%s', images, description, mean, std)
+    return (mean, std), dict(
+        mean=mean, std=std, channels=channels, spec=spec,
+        images=images, of=source.num_examples, source=description)
 
 
-def normalized_multicrop(multicrop, normalization, channels):
+def normalized_multicrop(multicrop, normalization_, channels):
     """`multicrop` with the run's normalisation filled in.
 
     Args:
-        multicrop: `augment.MultiCropConfig`, whose mean and std are None
-            when `normalization` gives them.
-        normalization: the run's `(mean, std)` (`load_data.normalization`)
+        multicrop: `augment.MultiCropConfig`. In a run its mean and std are
+            unbound; in Python code without `normalization_` they are the
+            normalisation.
+        normalization_: the run's `(mean, std)` (`load_data.normalization`),
             or None.
         channels: the images' channel count.
 
@@ -295,9 +249,17 @@ def normalized_multicrop(multicrop, normalization, channels):
         A `MultiCropConfig` with float mean and std tuples.
 
     Raises:
-        ValueError: a normalisation given twice or not at all, or one of
-            another channel count.
+        checks.ConfigError: a mean or std on `multicrop` besides
+            `normalization_`, or no normalisation at all.
+        ValueError: a normalisation of another channel count.
     """
-    mean, std = one_normalization('MultiCropConfig', multicrop.mean,
-                                  multicrop.std, normalization, channels)
+    where = f'{NORMALIZATION_MACRO} (load_data.normalization)'
+    if normalization_ is None and (multicrop.mean is not None or
+                                   multicrop.std is not None):
+        where = 'MultiCropConfig.mean / MultiCropConfig.std'
+        normalization_ = multicrop.mean, multicrop.std
+    else:
+        refuse_own('MultiCropConfig', multicrop.mean, multicrop.std)
+    mean, std = _normalization_values(where, *required(normalization_),
+                                      channels)
     return dataclasses.replace(multicrop, mean=mean, std=std)

@@ -1,16 +1,24 @@
 """The labeled split: which images of a labeled source a run uses as
-labeled, drawn with a seed or read from a file, and recorded in the run."""
+labeled, drawn with a seed or read from a file (the run directory records
+it: `RunDir.write_split`)."""
 
-import os
+import collections
 
 import gin
 import numpy as np
 
 from paws_tf import checks
-from paws_tf import files
 
-# The file in `record_dir` that records which images a run used as labeled.
-SPLIT_FILENAME = 'labeled_split.txt'
+
+class Split(collections.namedtuple('Split', ['labeled', 'unlabeled'])):
+    """`(labeled, unlabeled)` `ImageSource`s; `header` says how many
+    labeled images were chosen, of how many, and how (the first line of the
+    run's record, `RunDir.write_split`)."""
+
+    def __new__(cls, labeled, unlabeled, header=None):
+        split = super().__new__(cls, labeled, unlabeled)
+        split.header = header
+        return split
 
 
 def read_split_file(path):
@@ -18,14 +26,6 @@ def read_split_file(path):
     with open(path) as f:
         lines = (line.strip() for line in f)
         return [line for line in lines if line and not line.startswith('#')]
-
-
-def record_split(record_dir, names, header):
-    """Writes the labeled images' `names` to `record_dir/SPLIT_FILENAME`
-    under a `# header` line (`read_split_file` reads it back)."""
-    os.makedirs(record_dir, exist_ok=True)
-    files.write_text(os.path.join(record_dir, SPLIT_FILENAME),
-                     f'# {header}\n' + ''.join(f'{name}\n' for name in names))
 
 
 def _positions_of(source, names, split_file):
@@ -59,8 +59,7 @@ def _sample_per_class(source, labels_per_class, fraction, seed):
 
 @gin.configurable(denylist=['source'])
 def select_labeled(source, *, labels_per_class=None, fraction=None, seed=0,
-                   split_file=None, record_dir=None,
-                   include_labeled_in_unlabeled=True):
+                   split_file=None, include_labeled_in_unlabeled=True):
     """Splits a labeled source into the labeled subset and the unlabeled set.
 
     Give exactly one of `labels_per_class`, `fraction` or `split_file`.
@@ -74,13 +73,12 @@ def select_labeled(source, *, labels_per_class=None, fraction=None, seed=0,
         split_file: text file of item names, one per line (paths relative
             to the folder root, or indices for array and TFDS sources:
             suncet's `cifar10_subsets/*.txt` work as they are).
-        record_dir: if set, the chosen names are written to
-            `record_dir/SPLIT_FILENAME`, so that the run records its split.
         include_labeled_in_unlabeled: keep the labeled images in the
             unlabeled set (paper footnote 1: they may overlap).
 
     Returns:
-        `(labeled, unlabeled)` `ImageSource`s, both in source order.
+        `Split(labeled, unlabeled)`, both in source order; its `header`
+        and `labeled.names` are the run's record of the split.
 
     Raises:
         ValueError: if the arguments conflict, a class is too small, or the
@@ -100,12 +98,9 @@ def select_labeled(source, *, labels_per_class=None, fraction=None, seed=0,
         positions = _sample_per_class(source, labels_per_class, fraction, seed)
         how = (f'{labels_per_class} per class' if fraction is None
                else f'fraction {fraction} per class') + f', seed {seed}'
-    if record_dir is not None:
-        record_split(record_dir, [source.names[p] for p in positions],
-                     f'{len(positions)} labeled of {source.num_examples} '
-                     f'({how})')
-    labeled = source.subset(positions)
-    if include_labeled_in_unlabeled:
-        return labeled, source
-    rest = np.setdiff1d(np.arange(source.num_examples), positions)
-    return labeled, source.subset(rest)
+    header = f'{len(positions)} labeled of {source.num_examples} ({how})'
+    unlabeled = source
+    if not include_labeled_in_unlabeled:
+        unlabeled = source.subset(
+            np.setdiff1d(np.arange(source.num_examples), positions))
+    return Split(source.subset(positions), unlabeled, header)

@@ -13,9 +13,6 @@ from tensorboard.backend.event_processing import event_accumulator  # noqa
 
 from paws_tf import files
 
-RESULTS_FILENAME = 'results.json'
-FIGURE_FILENAME = 'results.png'
-
 
 def read_scalars(log_dir, tag):
     """(steps, values) of a TensorBoard scalar under `log_dir`, by step."""
@@ -51,14 +48,14 @@ def project_2d(embeddings):
     return centred @ components[:2].T
 
 
-def write_figure(path, *, log_dir, embeddings, labels, class_names, title,
+def write_figure(run, *, embeddings, labels, class_names, title,
                  fine_tune_by_epoch=None, supervised_top1=None):
     """Training curves, PAWS-NN by epoch and the embedding projection, as
     one PNG.
 
     Args:
-        path: the PNG to write.
-        log_dir: the run's TensorBoard directory (`train/`, `eval/`).
+        run: the `RunDir`: its TensorBoard runs `train` and `eval` are
+            read, its `results_figure` PNG written.
         embeddings: `[N, D]` test embeddings; `labels` `[N]` their classes.
         class_names: names indexed by class id.
         title: the figure's title.
@@ -69,12 +66,12 @@ def write_figure(path, *, log_dir, embeddings, labels, class_names, title,
     figure, axes = pyplot.subplots(1, 3, figsize=(16, 4.8))
     for tag, label in (('epoch/loss', 'loss'),
                        ('epoch/cross_entropy', 'cross-entropy')):
-        steps, values = read_scalars(os.path.join(log_dir, 'train'), tag)
+        steps, values = read_scalars(run.train_logs, tag)
         axes[0].plot(np.arange(1, len(values) + 1), values, marker='o',
                      label=label)
     axes[0].set(xlabel='epoch', title='PAWS training loss')
     axes[0].legend()
-    steps, top1 = read_scalars(os.path.join(log_dir, 'eval'), 'paws_nn/top1')
+    steps, top1 = read_scalars(run.eval_logs, 'paws_nn/top1')
     axes[1].plot(np.arange(1, len(top1) + 1), 100 * top1, marker='o',
                  label='PAWS pre-training')
     if fine_tune_by_epoch:
@@ -96,7 +93,7 @@ def write_figure(path, *, log_dir, embeddings, labels, class_names, title,
     axes[2].legend(markerscale=5, fontsize=7, loc='best')
     figure.suptitle(title)
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.savefig(run.results_figure, dpi=110)
     pyplot.close(figure)
 
 
@@ -110,8 +107,7 @@ def table(rows):
                      [line(r[k] for k in keys) for r in rows])
 
 
-def write_results(model_dir, results):
-    """Writes `results` to `model_dir/results.json`; returns the path."""
-    path = os.path.join(model_dir, RESULTS_FILENAME)
-    files.write_json(path, results, indent=2)
-    return path
+def write_results(run, results):
+    """Writes `results` to the `RunDir`'s `results`; returns the path."""
+    files.write_json(run.results, results, indent=2)
+    return run.results

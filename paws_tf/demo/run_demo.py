@@ -9,6 +9,7 @@ from paws_tf import checks
 from paws_tf.demo import report
 from paws_tf.demo import supervised
 from paws_tf import dist
+from paws_tf import run_dir
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import evaluators
 from paws_tf.evaluation import fine_tune
@@ -16,7 +17,6 @@ from paws_tf.runner import experiment
 from paws_tf.runner import modes
 from paws_tf.runner import official_import
 from paws_tf.runner import train
-from paws_tf import run_dir
 
 
 def demo(model_dir, strategy, options):
@@ -60,19 +60,20 @@ def demo(model_dir, strategy, options):
     if not dist.is_chief(strategy):
         dist.barrier(strategy)  # The chief's baseline and report.
         return None
+    run = run_dir.RunDir(model_dir)
     baseline = supervised.train_supervised(
-        model_dir, labeled=bundle.labeled, test=bundle.test,
+        run, labeled=bundle.labeled, test=bundle.test,
         preprocessing=preprocessing)
-    results = _results(model_dir, bundle, paws, tuned, baseline,
+    results = _results(run, bundle, paws, tuned, baseline,
                        paws_train_seconds=paws_seconds,
                        finetune_seconds=tune_seconds, start=start)
-    _report(model_dir, results, bundle=bundle, tuned=tuned,
+    _report(run, results, bundle=bundle, tuned=tuned,
             baseline=baseline, preprocessing=preprocessing, tau=paws['tau'])
     dist.barrier(strategy)
     return results
 
 
-def _results(model_dir, bundle, paws, tuned, baseline, *, paws_train_seconds,
+def _results(run, bundle, paws, tuned, baseline, *, paws_train_seconds,
              finetune_seconds, start):
     """The demo's results: PAWS-NN (`paws`), fine-tuning (`tuned`) and the
     baseline's top-1, the data's sizes and the timings since `start`."""
@@ -90,23 +91,19 @@ def _results(model_dir, bundle, paws, tuned, baseline, *, paws_train_seconds,
         paws_train_seconds=paws_train_seconds,
         finetune_seconds=finetune_seconds,
         supervised_seconds=baseline['wall_seconds'],
-        images_per_second=report.training_views_per_second(
-            run_dir.RunDir(model_dir).tensorboard('train')),
+        images_per_second=report.training_views_per_second(run.train_logs),
         wall_seconds=time.perf_counter() - start)
 
 
-def _report(model_dir, results, *, bundle, tuned, baseline, preprocessing,
-            tau):
+def _report(run, results, *, bundle, tuned, baseline, preprocessing, tau):
     """Writes `results.json` and the figure, and prints the table."""
-    run = run_dir.RunDir(model_dir)
-    results_path = report.write_results(model_dir, results)
+    results_path = report.write_results(run, results)
     # The test images embedded as PAWS-NN embeds them, by the export.
     embeddings, labels = evaluators.PawsNN(
         bundle.labeled, bundle.test, preprocessing=preprocessing,
         tau=tau).embed_test(evaluate.embedder_from_saved_model(run.embedder))
     report.write_figure(
-        run.results_figure, log_dir=run.tensorboard(),
-        embeddings=embeddings.numpy(), labels=labels,
+        run, embeddings=embeddings.numpy(), labels=labels,
         class_names=bundle.labeled.class_names,
         fine_tune_by_epoch=tuned.get('paws_nn_by_epoch'),
         supervised_top1=baseline['top1'],

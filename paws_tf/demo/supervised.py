@@ -1,7 +1,6 @@
 """Supervised-only baseline: the same backbone trained on the labeled images
 alone, with the same augmentations as PAWS' global views."""
 
-import json
 import os
 import time
 
@@ -15,13 +14,11 @@ from paws_tf.data import augment
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import pipeline
 from paws_tf.data import sampling
+from paws_tf import files
 from paws_tf.evaluation import tuning
 from paws_tf.nets import backbones
 from paws_tf import progress
-from paws_tf import run_dir
 
-RESULTS_SUBDIR = 'supervised'
-RESULTS_FILENAME = 'results.json'
 # Stream tag of the baseline's own shuffling and views (see sampling).
 _SUPERVISED = 100
 
@@ -62,8 +59,8 @@ def build_classifier(num_classes, input_channels):
     return tf_keras.Model(images, logits, name='supervised_classifier')
 
 
-@gin.configurable(denylist=['model_dir', 'labeled', 'test', 'preprocessing'])
-def train_supervised(model_dir, *, labeled, test, preprocessing,
+@gin.configurable(denylist=['run', 'labeled', 'test', 'preprocessing'])
+def train_supervised(run, *, labeled, test, preprocessing,
                      multicrop=gin.REQUIRED, steps=2000, batch_size=128,
                      learning_rate=0.1, weight_decay=5e-4, seed=0,
                      verbose='auto'):
@@ -75,13 +72,13 @@ def train_supervised(model_dir, *, labeled, test, preprocessing,
     with the single centre crop of PAWS-NN.
 
     Args:
-        model_dir: results go to `model_dir/supervised/`, TensorBoard
-            logs to `model_dir/tensorboard/supervised`.
+        run: the `RunDir`: results go to its `supervised_results`,
+            TensorBoard logs to its `supervised_logs`.
         labeled: `sources.ImageSource`, the labeled images.
         test: `sources.ImageSource`, the evaluation split.
-        preprocessing: `experiment.eval_preprocessing()` dict.
-        multicrop: the PAWS run's `augment.MultiCropConfig`; without a
-            mean and std, those of `preprocessing`.
+        preprocessing: the `experiment.eval_preprocessing` dict.
+        multicrop: the PAWS run's `augment.MultiCropConfig`; the views
+            take the run's normalisation, which `preprocessing` holds.
         steps: optimizer steps.
         batch_size: labeled images per step.
         learning_rate: peak learning rate.
@@ -93,43 +90,51 @@ def train_supervised(model_dir, *, labeled, test, preprocessing,
     Returns:
         dict with `top1`, `wall_seconds`, `images_per_second`, `steps`.
     """
-    own = multicrop.mean is not None or multicrop.std is not None
-    # Without its own mean and std, the views take the run's normalisation,
-    # which the evaluation preprocessing holds.
     multicrop = normalization_lib.normalized_multicrop(
-        multicrop, None if own else (preprocessing['mean'],
-                                     preprocessing['std']), labeled.channels)
+        multicrop, (preprocessing['mean'], preprocessing['std']),
+        labeled.channels)
     tf_keras.utils.set_random_seed(seed)
-    num_classes = len(labeled.class_names)
-    model = build_classifier(num_classes, labeled.channels)
+    model = _compiled_classifier(labeled, steps, learning_rate, weight_decay)
+    start = time.perf_counter()
+    model.fit(_training_dataset(labeled, multicrop, batch_size, seed),
+              epochs=1, steps_per_epoch=steps, verbose=verbose,
+              callbacks=[progress.ProgressBar(),
+                         tuning.tensorboard(run.supervised_logs)])
+    train_seconds = time.perf_counter() - start
+    correct, total = _correct(model, test, preprocessing)
+    results = dict(top1=correct / total, num_test=total,
+                   num_labeled=labeled.num_examples, steps=steps,
+                   wall_seconds=time.perf_counter() - start,
+                   images_per_second=steps * batch_size / train_seconds)
+    os.makedirs(run.supervised, exist_ok=True)
+    files.write_json(run.supervised_results, results, indent=2)
+    logging.info('Supervised baseline: top-1 %.2f%% on %d test images, '
+                 'trained on %d labeled images in %.0f s.',
+                 100 * results['top1'], total, labeled.num_examples,
+                 train_seconds)
+    return results
+
+
+def _compiled_classifier(labeled, steps, learning_rate, weight_decay):
+    """`build_classifier` for the classes of `labeled`, compiled with SGD
+    (Nesterov momentum 0.9, cosine decay over `steps`)."""
+    model = build_classifier(len(labeled.class_names), labeled.channels)
     schedule = tf_keras.optimizers.schedules.CosineDecay(learning_rate, steps)
     model.compile(
         optimizer=tf_keras.optimizers.SGD(
             schedule, momentum=0.9, nesterov=True, weight_decay=weight_decay),
         loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=['accuracy'])
-    start = time.perf_counter()
-    model.fit(_training_dataset(labeled, multicrop, batch_size, seed),
-              epochs=1, steps_per_epoch=steps, verbose=verbose,
-              callbacks=[progress.ProgressBar(), tuning.tensorboard(
-                  run_dir.RunDir(model_dir).tensorboard('supervised'))])
-    train_seconds = time.perf_counter() - start
+    return model
+
+
+def _correct(model, test, preprocessing):
+    """`(correct, total)`: the test images `model` classifies right, of
+    all."""
     correct = total = 0
     for images, labels in pipeline.make_eval_dataset(test, batch_size=256,
                                                      **preprocessing):
         predicted = np.argmax(model(images, training=False), axis=1)
         correct += int(np.sum(predicted == labels.numpy()))
         total += len(labels)
-    results = dict(top1=correct / total, num_test=total,
-                   num_labeled=labeled.num_examples, steps=steps,
-                   wall_seconds=time.perf_counter() - start,
-                   images_per_second=steps * batch_size / train_seconds)
-    directory = os.path.join(model_dir, RESULTS_SUBDIR)
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, RESULTS_FILENAME), 'w') as f:
-        json.dump(results, f, indent=2)
-    logging.info('Supervised baseline: top-1 %.2f%% on %d test images, '
-                 'trained on %d labeled images in %.0f s.',
-                 100 * results['top1'], total, labeled.num_examples,
-                 train_seconds)
-    return results
+    return correct, total

@@ -89,8 +89,8 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
         checkpoint_path=checkpoint_path)
     results = evaluators.PawsNN(
         labeled, test, preprocessing=preprocessing, tau=tau,
-        log_dir=run.tensorboard('eval'), tag='paws_nn_test',
-        results_file=run.paws_nn, batch_size=batch_size,
+        log_dir=run.eval_logs, tag='paws_nn_test',
+        results_file=run.nn_results, batch_size=batch_size,
         query_chunk=query_chunk, record=dict(
             source=source, source_path=path, embedding=embedding, tau=tau,
             split_file=split_file))(embed_fn, step)

@@ -9,9 +9,7 @@ from paws_tf.data import augment
 from paws_tf import dist
 from paws_tf import losses
 
-# Where run.py puts the two exports, relative to the model directory.
-EMBEDDER_DIR = os.path.join('export', 'embedder')
-CLASSIFIER_DIR = os.path.join('export', 'classifier')
+# Beside each export (`RunDir.embedder`, `RunDir.classifier`).
 PREPROCESSING_FILENAME = 'preprocessing.json'
 # Dtypes a caller may pass by mistake. `__call__` gets a trace for each that
 # fails with our message: without one, the loaded function casts NumPy

@@ -11,24 +11,17 @@ import gin
 from paws_tf import checks
 from paws_tf import model as model_lib
 from paws_tf.data import augment
-from paws_tf.data import data_fingerprint
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.nets import backbones
 from paws_tf.nets import sync_batch_norm
 from paws_tf.nets import weights
 from paws_tf.runner import building
 from paws_tf.runner import saving
-from paws_tf.runner import train
 
-# The gin config of a training run, recorded in its model_dir at the start.
-CONFIG_FILE = 'config.gin'
 # Gin bindings that may change when a run resumes: what to do on changed
 # data, how often progress is logged, how long its cluster may take to form.
 RESUME_ONLY_BINDINGS = ('train.on_data_change', 'ProgressBar.',
                         'make_strategy.start_timeout')
-# What a training run writes; overwriting it deletes these.
-RUN_STATE = train.RUN_OUTPUTS + (CONFIG_FILE, data_fingerprint.FILENAME,
-                                 normalization_lib.NORMALIZATION_FILENAME)
 
 
 def _reference(selector):
@@ -236,7 +229,8 @@ def check_config(pretraining=True):
     valid value: `train`'s counts and `PAWSModel`'s values out of range
     (`train.num_epochs = 'ten'`, `PAWSModel.tau = -0.1`), rebound gin
     constants (`IMAGENET_MEAN = ...` changes nothing), a normalisation
-    given twice, not at all or with the wrong number of channels, a
+    bound anywhere but `load_data.normalization`, missing, or of the wrong
+    number of channels, a
     warm-up longer than the run, an unknown objective or RoPAWS settings
     out of range, an unknown batch-norm implementation
     (`build_model.sync_bn_impl`), an image folder left unbound, a labeled
@@ -265,10 +259,10 @@ def check_config(pretraining=True):
             f'{"is a constant" if one else "are constants"} of paws_tf '
             '(values fixed in paws_tf.data.augment): binding '
             f'{"it" if one else "them"} changes nothing. Bind '
-            f'{normalization_lib.NORMALIZATION_MACRO} = (mean, std), '
+            f'{normalization_lib.NORMALIZATION_MACRO} '
+            '(load_data.normalization) = (mean, std), '
             "'data' or a preset "
-            f'({sorted(augment.NORMALIZATIONS)}) in the folder recipes, or '
-            'the mean and std of MultiCropConfig and eval_preprocessing.')
+            f'({sorted(augment.NORMALIZATIONS)}).')
     folder = _folder_source()
     channels = None
     if folder is not None:
@@ -277,19 +271,18 @@ def check_config(pretraining=True):
             raise checks.ConfigError(
                 f'{channels_name} = {channels!r}: images are decoded to 1 '
                 '(grayscale) or 3 (RGB) channels.')
-    spec = normalization_lib.normalization(
-        checks.bound('load_data.normalization'), channels)
     multicrop = _reference('make_pretrain_dataset_fn.multicrop')
     if multicrop is not None and multicrop.evaluate:
         config = multicrop.scoped_configurable_fn()
         selector = multicrop.scoped_selector
-        normalization_lib.one_normalization(selector, config.mean,
-                                            config.std, spec, channels)
+        normalization_lib.refuse_own(selector, config.mean, config.std)
     else:
         config = selector = None
-    normalization_lib.one_normalization('eval_preprocessing',
-                      checks.bound('eval_preprocessing.mean'),
-                      checks.bound('eval_preprocessing.std'), spec, channels)
+    normalization_lib.refuse_own('eval_preprocessing',
+                                 checks.bound('eval_preprocessing.mean'),
+                                 checks.bound('eval_preprocessing.std'))
+    normalization_lib.normalization(normalization_lib.required(
+        checks.bound('load_data.normalization')), channels)
     _check_values(pretraining)
     _check_warmup()
     _check_objective()
@@ -370,13 +363,13 @@ def _experiment_lines(config):
             if not line.startswith(RESUME_ONLY_BINDINGS)]
 
 
-def check_model_dir(model_dir, config, *, overwrite, chief):
+def check_model_dir(run, config, *, overwrite, chief):
     """Refuses to train over a run of another config unless `overwrite`
     says to, and then the chief deletes that run. The config of a start
     that saved nothing is replaced, with the logs of its first steps.
 
     Args:
-        model_dir: the run directory.
+        run: the `RunDir`.
         config: the gin config to train with (`gin.config_str()`).
         overwrite: delete a run of another config (run.py's --overwrite).
         chief: whether this process writes (deletes) in `model_dir`.
@@ -385,29 +378,29 @@ def check_model_dir(model_dir, config, *, overwrite, chief):
         checks.ConfigError: `model_dir` holds a run of another config (the
             changed lines are listed) and `overwrite` is False.
     """
-    path = os.path.join(model_dir, CONFIG_FILE)
-    if not os.path.exists(path):
+    if not os.path.exists(run.config):
         return
-    with open(path) as f:
+    with open(run.config) as f:
         previous = f.read()
     old, new = _experiment_lines(previous), _experiment_lines(config)
     if old == new:
         return
-    if not saving.has_progress(model_dir):
+    if not saving.has_progress(run.path):
         logging.info('%s holds the config of a start that saved no backup '
-                     'or checkpoint: starting with this config.', model_dir)
+                     'or checkpoint: starting with this config.', run)
         if chief:
-            train.delete_outputs(model_dir, (train.TENSORBOARD_DIR,))
+            run.delete([run.tensorboard()])
         return
     if not overwrite:
         changed = [f'  - {line}' for line in old if line not in new][:5] + [
             f'  + {line}' for line in new if line not in old][:5]
         raise checks.ConfigError(
-            f'{model_dir} holds a run with a different gin config:\n' +
+            f'{run} holds a run with a different gin config:\n' +
             '\n'.join(changed) + '\nUse another --model_dir, undo the change '
             'to resume that run, or pass --overwrite to delete it and start '
             'again.')
     if chief:
         logging.warning('--overwrite: deleting the previous run in %s.',
-                        model_dir)
-        train.delete_outputs(model_dir, RUN_STATE)
+                        run)
+        run.delete(run.training_outputs +
+                   (run.config, run.fingerprint, run.normalization))

@@ -10,6 +10,7 @@ import gin
 import numpy as np
 
 from paws_tf import checks
+from paws_tf import run_dir
 from paws_tf.data import folders
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import sources
@@ -39,16 +40,16 @@ def _classes(source):
     return str(names[:8])[:-1] + (', ...]' if len(names) > 8 else ']')
 
 
-@gin.configurable(denylist=['record_dir'])
-def load_data(record_dir, *, train=gin.REQUIRED, test=None, unlabeled=None,
+@gin.configurable(denylist=['run'])
+def load_data(run, *, train=gin.REQUIRED, test=None, unlabeled=None,
               max_unlabeled=None, seed=0, normalization=None,
               normalization_images=5000, normalization_from='labeled'):
     """Loads the sources of an experiment.
 
     Args:
-        record_dir: where the labeled split is recorded (the run's
-            `model_dir`): `splits.select_labeled`'s draw, or the names of
-            a ready labeled source; None records nothing.
+        run: the `RunDir` (or its path) that records the labeled split
+            (`splits.select_labeled`'s draw, or the names of a ready
+            labeled source) and the normalisation; None records nothing.
         train: zero-argument callable (a gin reference such as
             `@train/load_idx`) returning either one labeled `ImageSource`,
             which `splits.select_labeled` (configured in gin) splits into
@@ -63,12 +64,12 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None, unlabeled=None,
         max_unlabeled: keep a random subset of this many unlabeled images
             (short runs); None keeps them all.
         seed: seed of that subset and of the normalisation's images.
-        normalization: None (the config binds the mean and std of
-            `MultiCropConfig` and `eval_preprocessing` itself), `'data'`
-            (computed from the images), a preset name of
-            `augment.NORMALIZATIONS`, or a `(mean, std)` pair; see
-            `normalization.resolve_normalization`. The folder recipes bind
-            it through the macro `NORMALIZATION`.
+        normalization: the one source of the run's normalisation, which
+            the augmentations and the evaluation take: `'data'` (computed
+            from the images), a preset name of `augment.NORMALIZATIONS`, or
+            a `(mean, std)` pair; see `normalization.resolve_normalization`.
+            The folder recipes bind it through the macro `NORMALIZATION`.
+            None: no normalisation (sources only).
         normalization_images: at most this many images (drawn with `seed`)
             give the `'data'` statistics.
         normalization_from: `'labeled'` or `'unlabeled'` (a sample of them,
@@ -84,56 +85,98 @@ def load_data(record_dir, *, train=gin.REQUIRED, test=None, unlabeled=None,
             labeled ones.
         ValueError: on a bad `normalization`.
     """
-    normalization_lib.normalization(normalization)
+    _check_normalization(normalization, normalization_from)
+    run = None if run is None else run_dir.RunDir(run)
+    labeled, unlabeled_source = _split(train(), run)
+    unlabeled = _at_most(
+        unlabeled() if unlabeled is not None else unlabeled_source,
+        max_unlabeled, seed)
+    test_source = test() if test is not None else None
+    _check_test(test_source, labeled)
+    normalization = resolve_normalization(
+        normalization, run,
+        labeled if normalization_from == 'labeled' else unlabeled,
+        max_images=normalization_images, seed=seed,
+        description=normalization_from)
+    return DataBundle(labeled, unlabeled, test_source, normalization)
+
+
+def _check_normalization(spec, normalization_from):
+    """Raises `ValueError` naming a bad `load_data.normalization` or
+    `load_data.normalization_from`."""
+    normalization_lib.normalization(spec)
     if normalization_from not in NORMALIZATION_IMAGES:
         raise ValueError(
             f'load_data.normalization_from must be one of '
             f'{NORMALIZATION_IMAGES}, got {normalization_from!r}.')
-    loaded = train()
+
+
+def _split(loaded, run):
+    """`(labeled, unlabeled)` of what `load_data.train` gave: a ready pair,
+    or one labeled source that `splits.select_labeled` splits; the labeled
+    images are recorded in `run` (when not None)."""
     if isinstance(loaded, tuple):
-        labeled, unlabeled_source = loaded
-        if record_dir is not None:
-            splits.record_split(record_dir, labeled.names,
-                                 f'{labeled.num_examples} labeled: all the '
-                                 'images of the labeled source')
+        split = splits.Split(*loaded, header=(
+            f'{loaded[0].num_examples} labeled: all the images of the '
+            'labeled source'))
     else:
-        labeled, unlabeled_source = splits.select_labeled(
-            loaded, record_dir=record_dir)
-    unlabeled = unlabeled() if unlabeled is not None else unlabeled_source
-    if max_unlabeled is not None and max_unlabeled < unlabeled.num_examples:
-        if not isinstance(unlabeled, sources.ImageSource):
-            raise ValueError('max_unlabeled needs a random-access unlabeled '
-                             'source, not a stream.')
-        keep = np.random.default_rng(seed).choice(
-            unlabeled.num_examples, max_unlabeled, replace=False)
-        unlabeled = unlabeled.subset(np.sort(keep))
-    test_source = test() if test is not None else None
-    if test_source is not None:
-        if tuple(test_source.class_names) != tuple(labeled.class_names):
-            raise checks.DataError(
-                f'The test set{_folder("load_data.test")} has classes '
-                f'{_classes(test_source)} but the labeled set'
-                f'{_folder("load_data.train")} has '
-                f'{_classes(labeled)}: both need the same class folder '
-                'names (classes are numbered in sorted order). Rename the '
-                'test class folders, or bind the test folder to one that '
-                'holds the labeled classes.')
-        if test_source.channels != labeled.channels:
-            raise checks.DataError(
-                f'The test images have {test_source.channels} channels, the '
-                f'labeled ones {labeled.channels}: decode both to the same.')
-    if normalization is not None:
-        source = labeled if normalization_from == 'labeled' else unlabeled
-        if not isinstance(source, sources.ImageSource):
-            raise ValueError(
-                'The unlabeled images are a stream, which a sample cannot '
-                "be drawn from: bind load_data.normalization_from = "
-                "'labeled'.")
-        normalization = normalization_lib.resolve_normalization(
-            normalization, source=source, record_dir=record_dir,
-            max_images=normalization_images, seed=seed,
-            description=normalization_from)
-    return DataBundle(labeled, unlabeled, test_source, normalization)
+        split = splits.select_labeled(loaded)
+    if run is not None:
+        run.write_split(split.labeled.names, split.header)
+    return split
+
+
+def _at_most(unlabeled, max_unlabeled, seed):
+    """A random subset (`seed`) of `max_unlabeled` of the `unlabeled`
+    images; all of them when `max_unlabeled` is None."""
+    if max_unlabeled is None or max_unlabeled >= unlabeled.num_examples:
+        return unlabeled
+    if not isinstance(unlabeled, sources.ImageSource):
+        raise ValueError('max_unlabeled needs a random-access unlabeled '
+                         'source, not a stream.')
+    keep = np.random.default_rng(seed).choice(
+        unlabeled.num_examples, max_unlabeled, replace=False)
+    return unlabeled.subset(np.sort(keep))
+
+
+def _check_test(test_source, labeled):
+    """Raises `checks.DataError` unless the test set (if any) has the
+    labeled set's classes and channels."""
+    if test_source is None:
+        return
+    if tuple(test_source.class_names) != tuple(labeled.class_names):
+        raise checks.DataError(
+            f'The test set{_folder("load_data.test")} has classes '
+            f'{_classes(test_source)} but the labeled set'
+            f'{_folder("load_data.train")} has '
+            f'{_classes(labeled)}: both need the same class folder '
+            'names (classes are numbered in sorted order). Rename the '
+            'test class folders, or bind the test folder to one that '
+            'holds the labeled classes.')
+    if test_source.channels != labeled.channels:
+        raise checks.DataError(
+            f'The test images have {test_source.channels} channels, the '
+            f'labeled ones {labeled.channels}: decode both to the same.')
+
+
+def resolve_normalization(spec, run, source, **kwargs):
+    """`normalization.resolve_normalization` of `spec` on `source`, read
+    from and recorded in `run` (when not None); None for a None `spec`."""
+    if spec is None:
+        return None
+    if spec == normalization_lib.FROM_DATA and not isinstance(
+            source, sources.ImageSource):
+        raise ValueError(
+            'The unlabeled images are a stream, which a sample cannot '
+            "be drawn from: bind load_data.normalization_from = "
+            "'labeled'.")
+    values, record = normalization_lib.resolve_normalization(
+        spec, source=source,
+        recorded=None if run is None else run.read_normalization(),
+        where=None if run is None else run.normalization, **kwargs)
+    if run is not None and record is not None:
+        run.write_normalization(record)
+    return values
 
 
 @gin.configurable
@@ -169,49 +212,58 @@ def eval_preprocessing(bundle=None, *, normalization=None,
     """Single centre-crop evaluation preprocessing (PAWS Appendix A).
 
     Args:
-        bundle: the run's `DataBundle`: its `normalization`, when it has
-            one, gives the mean and std, and its channels are checked.
+        bundle: the run's `DataBundle`: its `normalization` gives the mean
+            and std, and its channels are checked.
         normalization: the run's `(mean, std)` without a `bundle`
-            (`recorded_preprocessing`), or None.
+            (`recorded_preprocessing`).
         image_size: side S of the evaluated crop.
         crop_fraction: the shorter side is resized to S / crop_fraction
             before the centre crop (0.875 for ImageNet; 1.0 keeps CIFAR-10
             and Fashion-MNIST images whole).
-        mean: per-channel normalisation mean; None with a `bundle` that
-            has a normalisation (`load_data.normalization`).
-        std: per-channel normalisation std, likewise.
+        mean, std: never bound: the normalisation is the run's
+            (`load_data.normalization`); a binding is refused, naming the
+            one to make instead.
 
     Returns:
         dict with the keys `image_size`, `crop_fraction`, `mean` and `std`,
         as `pipeline.make_eval_dataset` and `export` take them.
 
     Raises:
-        ValueError: a normalisation given twice or not at all, or one that
-            does not match the images' channels.
+        checks.ConfigError: `mean` or `std` bound, or no normalisation.
+        ValueError: a normalisation that does not match the images'
+            channels.
     """
+    normalization_lib.refuse_own('eval_preprocessing', mean, std)
     if bundle is not None:
         normalization = bundle.normalization
-    mean, std = normalization_lib.one_normalization(
-        'eval_preprocessing', mean, std, normalization,
+    mean, std = normalization_lib.normalization(
+        normalization_lib.required(normalization),
         channels=None if bundle is None else bundle.labeled.channels)
     return dict(image_size=image_size, crop_fraction=crop_fraction,
                 mean=mean, std=std)
 
 
-def recorded_preprocessing(model_dir):
+def recorded_preprocessing(run=None):
     """`eval_preprocessing` of a trained run, without reading its images.
 
-    The normalisation comes from the config or the run's record
-    (`normalization.recorded_normalization`), so that restoring the model
-    and exporting its embedder need only `model_dir`.
+    The normalisation comes from the run's record or, for a preset or
+    pair, the config (`normalization.resolve_normalization`), so that
+    restoring the model and exporting its embedder need only the run
+    directory.
+
+    Args:
+        run: the run's `RunDir` (or its path); None for a model that no
+            run trained (an import), normalised as the config says.
 
     Returns:
         `(preprocessing, channels)`: the `eval_preprocessing` dict and the
         images' channel count (one mean per channel).
     """
-    spec = checks.bound('load_data.normalization')
-    normalization = (None if spec is None else
-                     normalization_lib.recorded_normalization(spec, model_dir))
+    spec = normalization_lib.required(checks.bound('load_data.normalization'))
+    run = None if run is None else run_dir.RunDir(run)
+    normalization, _ = normalization_lib.resolve_normalization(
+        spec, recorded=None if run is None else run.read_normalization(),
+        where='the run directory' if run is None else run.normalization)
     preprocessing = eval_preprocessing(normalization=normalization)
     return preprocessing, len(preprocessing['mean'])
 

@@ -15,6 +15,7 @@ from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import evaluate_nn
 from paws_tf.evaluation import export
 from paws_tf.evaluation import fine_tune
+from paws_tf import run_dir
 from paws_tf.runner import building
 from paws_tf.runner import config_checks
 from paws_tf.runner import experiment
@@ -101,7 +102,7 @@ def export_run(model_dir, model, bundle=None):
     warning naming the binding when the labeled folder is missing.
     """
     preprocessing, channels = experiment.recorded_preprocessing(model_dir)
-    export.export_embedder(model, os.path.join(model_dir, export.EMBEDDER_DIR),
+    export.export_embedder(model, run_dir.RunDir(model_dir).embedder,
                            channels=channels, **preprocessing)
     if bundle is None:
         try:
@@ -117,7 +118,7 @@ def export_run(model_dir, model, bundle=None):
                                    **preprocessing),
         description='labeled images')
     export.export_classifier(
-        model, os.path.join(model_dir, export.CLASSIFIER_DIR),
+        model, run_dir.RunDir(model_dir).classifier,
         support_embeddings=supports, support_labels=labels,
         class_names=bundle.labeled.class_names, tau=model.tau,
         channels=channels, **preprocessing)
@@ -134,7 +135,7 @@ def evaluate_run(model_dir, bundle, *, model, step=0):
     if bundle.test is None:
         raise ValueError('No test split is configured (load_data.test): '
                          'nothing to evaluate PAWS-NN on.')
-    embedder_dir = os.path.join(model_dir, export.EMBEDDER_DIR)
+    embedder_dir = run_dir.RunDir(model_dir).embedder
     if os.path.isdir(embedder_dir):
         kwargs = dict(source='saved_model', saved_model_dir=embedder_dir)
     else:

@@ -17,10 +17,10 @@ from paws_tf.nets import backbones
 from paws_tf.nets import heads
 from paws_tf.nets import sync_batch_norm
 from paws_tf.nets import torch_names
+from paws_tf import run_dir
 from paws_tf.runner import building
 from paws_tf.runner import experiment
 from paws_tf.runner import saving
-from paws_tf.runner import train
 
 RECORD_FILENAME = 'imported.json'
 PRETRAINED, FINE_TUNED = 'pretrained', 'fine_tuned'
@@ -257,20 +257,21 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
             f'{path} has neither a projection head (fc.fc3.*, pre-trained) '
             f'nor a classifier (fc.fc2.* or fc.*, fine-tuned); expected '
             f'{_EXPECTED}.')
-    preprocessing = experiment.eval_preprocessing(None)
+    preprocessing, _ = experiment.recorded_preprocessing()
     if found == PRETRAINED:
         network, count = _pretrained_model(path, state, strategy)
     else:
         network, count = _fine_tuned_classifier(path, state, strategy)
     if taken:
-        train.delete_outputs(model_dir, taken)
+        run_dir.RunDir(model_dir).delete(
+            [os.path.join(model_dir, name) for name in taken])
     os.makedirs(model_dir, exist_ok=True)
     if found == PRETRAINED:
         tf.train.CheckpointManager(
             tf.train.Checkpoint(model=network), checkpoint_dir,
             max_to_keep=1, checkpoint_name='ckpt').save(checkpoint_number=0)
         export.export_embedder(
-            network, os.path.join(model_dir, export.EMBEDDER_DIR),
+            network, run_dir.RunDir(model_dir).embedder,
             channels=CHANNELS, strategy=strategy, **preprocessing)
         name = network.backbone.name
     else:

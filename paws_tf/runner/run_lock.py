@@ -1,6 +1,6 @@
-"""One writer per run directory: the training lock in `model_dir`.
+"""One writer per run directory: the training lock, `RunDir.lock`.
 
-A training run creates `model_dir/LOCK_FILENAME` atomically (O_CREAT |
+A training run creates the lock file atomically (O_CREAT |
 O_EXCL) before it reads or writes any run state, keeps its heartbeat fresh
 from a daemon thread, and deletes it when it exits. The file is JSON:
 `{host, pid, pid_start, started, heartbeat, job, token}`.
@@ -26,7 +26,6 @@ from absl import logging
 from paws_tf import dist
 from paws_tf import files
 
-LOCK_FILENAME = 'run.lock'
 # The holder rewrites its heartbeat this often...
 HEARTBEAT_SECONDS = 30
 # ...and a lock of another host is stale once its heartbeat is this old (ten
@@ -83,13 +82,14 @@ def describe(holder):
             f'{_utc(holder.get("started", 0))}')
 
 
-def read(model_dir):
-    """The contents of `model_dir`'s lock, or None if there is none.
+def read(run):
+    """The contents of the lock of `run` (a `RunDir`), or None if there is
+    none.
 
     A lock being written right now (empty or partial JSON) reads as a
     holder of unknown identity on an unknown host.
     """
-    path = os.path.join(model_dir, LOCK_FILENAME)
+    path = run.lock
     try:
         with open(path) as f:
             text = f.read()
@@ -124,9 +124,9 @@ def stale_reason(holder, now=None):
     return None
 
 
-def _held_error(model_dir, holder):
+def _held_error(run, holder):
     return Held(
-        f'{model_dir} is being trained by another run ({describe(holder)}; '
+        f'{run} is being trained by another run ({describe(holder)}; '
         f'last heartbeat {_utc(holder.get("heartbeat", 0))}): two runs '
         'writing one directory corrupt each other\'s checkpoints. Wait for '
         f'it to finish, stop it (kill {holder.get("pid")} on '
@@ -141,16 +141,16 @@ class RunLock:
     `release`; a context manager.
 
     Args:
-        model_dir: the run directory (created if missing).
+        run: the `RunDir` (created if missing).
         job: identity shared by the processes of one job (the cluster spec
             under MultiWorkerMirroredStrategy), recorded in the lock so that
             the other workers recognise their chief's lock; None for a
             single-process run.
     """
 
-    def __init__(self, model_dir, job=None):
-        self._model_dir = model_dir
-        self._path = os.path.join(model_dir, LOCK_FILENAME)
+    def __init__(self, run, job=None):
+        self._run = run
+        self._path = run.lock
         self._job = job
         self._token = uuid.uuid4().hex
         self._stop = threading.Event()
@@ -163,7 +163,7 @@ class RunLock:
         Raises:
             Held: a live run holds it.
         """
-        os.makedirs(self._model_dir, exist_ok=True)
+        os.makedirs(self._run.path, exist_ok=True)
         now = time.time()
         self._contents = dict(
             host=socket.gethostname(), pid=os.getpid(),
@@ -185,12 +185,12 @@ class RunLock:
         return self
 
     def _take_over_if_stale(self):
-        holder = read(self._model_dir)
+        holder = read(self._run)
         if holder is None:
             return  # Released meanwhile: try again.
         reason = stale_reason(holder)
         if reason is None:
-            raise _held_error(self._model_dir, holder)
+            raise _held_error(self._run, holder)
         # Renaming is atomic: of several runs taking over one stale lock,
         # one renames it; the others find it gone, or find the winner's.
         aside = f'{self._path}.stale.{self._token}'
@@ -211,16 +211,16 @@ class RunLock:
             return
         os.remove(aside)
         logging.warning('Taking over the lock of %s left by a run that is '
-                        'gone (%s): %s.', self._model_dir, describe(holder),
+                        'gone (%s): %s.', self._run, describe(holder),
                         reason)
 
     def _beat(self):
         while not self._stop.wait(HEARTBEAT_SECONDS):
-            holder = read(self._model_dir)
+            holder = read(self._run)
             if holder is None or holder.get('token') != self._token:
                 logging.error('The lock of %s is no longer this run\'s '
                               '(now %s): another run took it over.',
-                              self._model_dir,
+                              self._run,
                               describe(holder) if holder else 'deleted')
                 return
             self._contents['heartbeat'] = time.time()
@@ -240,13 +240,13 @@ class RunLock:
         Raises:
             Lost: the lock file is gone or holds another run's token.
         """
-        holder = read(self._model_dir)
+        holder = read(self._run)
         if holder is not None and holder.get('token') == self._token:
             return
         now = (f'held by another run ({describe(holder)})' if holder
                else 'deleted')
         raise Lost(
-            f'The lock of {self._model_dir} is no longer this run\'s: it was '
+            f'The lock of {self._run} is no longer this run\'s: it was '
             f'{now} while this run trained (this run\'s heartbeat was late, '
             f'more than {STALE_AFTER_SECONDS} s: a suspended process or a '
             'host cut off from the filesystem). Stopped without saving, so '
@@ -258,7 +258,7 @@ class RunLock:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        holder = read(self._model_dir)
+        holder = read(self._run)
         if holder is not None and holder.get('token') == self._token:
             os.remove(self._path)
 
@@ -269,18 +269,18 @@ class RunLock:
         self.release()
 
 
-def check_held_by_job(model_dir, job):
+def check_held_by_job(run, job):
     """For the non-chief workers of a job: fails if a live run of another
     job holds the lock (their chief holds it, or takes it, for them).
 
     Raises:
         Held: another live run holds it.
     """
-    holder = read(model_dir)
+    holder = read(run)
     if holder is None or holder.get('job') == job:
         return
     if stale_reason(holder) is None:
-        raise _held_error(model_dir, holder)
+        raise _held_error(run, holder)
 
 
 def _job(strategy):
@@ -292,8 +292,8 @@ def _job(strategy):
     return json.dumps(resolver.cluster_spec().as_dict(), sort_keys=True)
 
 
-def for_process(model_dir, strategy, *, training):
-    """The lock this process holds while it runs in `model_dir`: a
+def for_process(run, strategy, *, training):
+    """The lock this process holds while it runs in `run` (a `RunDir`): a
     `RunLock` on a training chief, else a no-op context after the checks
     the other processes make.
 
@@ -301,15 +301,15 @@ def for_process(model_dir, strategy, *, training):
         Held: `training`, and another live run holds the lock.
     """
     if training and dist.is_chief(strategy):
-        return RunLock(model_dir, job=_job(strategy))
+        return RunLock(run, job=_job(strategy))
     if training:
         # The chief holds the lock for the job's other workers.
-        check_held_by_job(model_dir, _job(strategy))
+        check_held_by_job(run, _job(strategy))
         return contextlib.nullcontext()
-    holder = read(model_dir)
+    holder = read(run)
     if holder is not None and stale_reason(holder) is None:
         logging.warning(
             'A training run (%s) is writing %s: reading its newest complete '
             'checkpoint (the checkpoint state file names a checkpoint only '
-            'once its files are written).', describe(holder), model_dir)
+            'once its files are written).', describe(holder), run)
     return contextlib.nullcontext()

@@ -1,9 +1,6 @@
 """PAWS pre-training: strategy, data, model, fit, checkpoints, resume."""
 
-import functools
 import hashlib
-import os
-import shutil
 
 from absl import logging
 import gin
@@ -14,30 +11,18 @@ import tf_keras
 from paws_tf import checks
 from paws_tf import determinism
 from paws_tf.data import data_fingerprint
-from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import pipeline
-from paws_tf.data import splits
 from paws_tf import dist
 from paws_tf.evaluation import evaluators as evaluators_lib
-from paws_tf import files
 from paws_tf import lars
 from paws_tf import progress
+from paws_tf import run_dir
 from paws_tf.runner import building
 from paws_tf.runner import callbacks
 from paws_tf.runner import experiment
 from paws_tf.runner import run_history
 from paws_tf.runner import saving
 from paws_tf import schedules
-
-TENSORBOARD_DIR = 'tensorboard'
-# What a training run writes besides its config and data records.
-# The input's global and per-replica sizes (`PretrainInput.summary`).
-INPUT_SUMMARY_FILE = 'input.txt'
-RUN_OUTPUTS = (saving.CHECKPOINT_DIR, saving.BACKUP_DIR, TENSORBOARD_DIR,
-               saving.DAMAGED_DIR,
-               'export', 'eval', 'fine_tune', run_history.HISTORY_FILENAME,
-               run_history.OPERATIVE_CONFIG_FILE, INPUT_SUMMARY_FILE)
-_STAGING_DIR = '.data_staging'
 
 
 class Preempted(RuntimeError):
@@ -53,42 +38,31 @@ def weights_fingerprint(model):
     return digest.hexdigest()
 
 
-def delete_outputs(model_dir, names=RUN_OUTPUTS):
-    """Deletes the files and directories `names` of `model_dir`."""
-    for name in names:
-        target = os.path.join(model_dir, name)
-        if os.path.isdir(target):
-            shutil.rmtree(target)
-        elif os.path.exists(target):
-            os.remove(target)
-
-
-def _load_data(model_dir, *, chief, resuming, on_change, overwrite):
+def _load_data(run, *, chief, resuming, on_change, overwrite):
     """The run's data, checked against what it started on.
 
     The labeled split and the normalisation are recorded in a staging
-    directory and moved into `model_dir` only once the data is accepted, so
-    that a refused run leaves the records as they were.
+    directory and moved into the run directory only once the data is
+    accepted, so that a refused run leaves the records as they were.
 
     Returns:
         `(bundle, restart)`: `restart` is True when the data changed and
         --overwrite says to start the run again.
     """
-    staging = os.path.join(model_dir, _STAGING_DIR) if chief else None
-    bundle = experiment.load_data(staging)
+    accepted = False
     try:
+        bundle = experiment.load_data(run.staged() if chief else None)
+        recorded = run.read_fingerprint()
+        current = data_fingerprint.fingerprint(bundle)
         restart = data_fingerprint.check(
-            model_dir, bundle, resuming=resuming, on_change=on_change,
-            overwrite=overwrite, write=chief)
-        records = (splits.SPLIT_FILENAME,
-                   normalization_lib.NORMALIZATION_FILENAME)
-        for name in records if chief else ():
-            if os.path.exists(os.path.join(staging, name)):
-                os.replace(os.path.join(staging, name),
-                           os.path.join(model_dir, name))
+            recorded, current, model_dir=run.path, path=run.fingerprint,
+            resuming=resuming, on_change=on_change, overwrite=overwrite)
+        accepted = chief
     finally:
         if chief:
-            shutil.rmtree(staging, ignore_errors=True)
+            run.accept_staged(accepted)
+    if chief and recorded != current:
+        run.write_fingerprint(current)
     return bundle, restart
 
 
@@ -163,18 +137,18 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
         determinism.enable()
     data_fingerprint.check_on_change(on_data_change)
     chief = dist.is_chief(strategy)
+    run = run_dir.RunDir(model_dir)
     bundle, start_step, resume_from = _start(
-        model_dir, strategy, chief=chief, on_change=on_data_change,
+        run, strategy, chief=chief, on_change=on_data_change,
         overwrite=overwrite)
     pretrain = pipeline.make_pretrain_dataset_fn(
         bundle.unlabeled, bundle.labeled,
         num_replicas=strategy.num_replicas_in_sync, start_step=start_step,
         seed=seed, normalization=bundle.normalization)
-    summary_path = os.path.join(model_dir, INPUT_SUMMARY_FILE)
     if chief:
-        files.write_text(summary_path, pretrain.summary + '\n')
+        run.write(run.input_summary, pretrain.summary + '\n')
     logging.info('%s; the sizes per replica and step: %s',
-                 pretrain.summary_line, summary_path)
+                 pretrain.summary_line, run.input_summary)
     steps_per_epoch = pretrain.steps_per_epoch
     total_steps = num_epochs * steps_per_epoch
     model = building.build_compiled_model(
@@ -187,8 +161,7 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
     state = saving.RunState(model_dir, model, strategy,
                             keep_checkpoints=keep_checkpoints,
                             before_save=owner_check)
-    history = (functools.partial(run_history.record, model_dir) if chief
-               else lambda event: event)
+    history = run.record_event if chief else (lambda event: event)
     if resume_from:
         state.restore(resume_from)
         if start_step >= total_steps:
@@ -206,7 +179,7 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
     saver = saving.Saver(state, backup_every=backup_every_steps,
                          checkpoint_every=checkpoint_every_steps)
     fit_callbacks = _callbacks(
-        model_dir, bundle, pretrain, saver, tau=model.tau, chief=chief,
+        run, bundle, pretrain, saver, tau=model.tau, chief=chief,
         num_epochs=num_epochs, log_every_steps=log_every_steps,
         view_images=view_images and chief and start_step == 0,
         evaluators=evaluators, eval_every_epochs=eval_every_epochs,
@@ -281,7 +254,7 @@ def _fit(model, pretrain, fit_callbacks, saver, *, strategy, start_step,
         raise failure from error
 
 
-def _start(model_dir, strategy, *, chief, on_change, overwrite):
+def _start(run, strategy, *, chief, on_change, overwrite):
     """The run's data and where it starts.
 
     Returns:
@@ -289,32 +262,30 @@ def _start(model_dir, strategy, *, chief, on_change, overwrite):
         `step` to restore, None for a new run (step 0).
     """
     bundle, restart = _load_data(
-        model_dir, chief=chief, resuming=saving.has_progress(model_dir),
+        run, chief=chief, resuming=saving.has_progress(run.path),
         on_change=on_change, overwrite=overwrite)
     if restart and chief:
-        delete_outputs(model_dir)
+        run.delete(run.training_outputs)
     if overwrite:
         # The other workers read the run's files only once the chief has
         # deleted what it deletes.
         dist.barrier(strategy)
     path, step = (None, 0) if restart else saving.newest_restorable(
-        model_dir, chief=chief)
+        run.path, chief=chief)
     return bundle, step, path
 
 
-def _callbacks(model_dir, bundle, pretrain, saver, *, tau, chief, num_epochs,
+def _callbacks(run, bundle, pretrain, saver, *, tau, chief, num_epochs,
                log_every_steps, view_images, evaluators, eval_every_epochs,
                eval_max_queries):
     """`fit`'s callbacks, in order: nothing is saved before the loss and
     the evaluation of its step have run and its summaries are written (so
     that the logs reach the backup's step), and the progress bar comes
     last."""
-    log_dir = os.path.join(model_dir, TENSORBOARD_DIR)
     preprocessing = experiment.eval_preprocessing(bundle)
     fit_callbacks = [
-        callbacks.StopOnNonFiniteLoss(
-            os.path.join(model_dir, saving.CHECKPOINT_DIR)),
-        callbacks.ProgressLog(os.path.join(log_dir, 'train'),
+        callbacks.StopOnNonFiniteLoss(run.checkpoints),
+        callbacks.ProgressLog(run.train_logs,
                               views_per_step=pretrain.views_per_step,
                               every_steps=log_every_steps,
                               num_epochs=num_epochs, is_chief=chief),
@@ -322,13 +293,13 @@ def _callbacks(model_dir, bundle, pretrain, saver, *, tau, chief, num_epochs,
     ]
     if eval_every_epochs and evaluators and bundle.test is not None:
         fit_callbacks.insert(1, callbacks.epoch_end_evaluation(
-            evaluators, bundle, log_dir=os.path.join(log_dir, 'eval'),
+            evaluators, bundle, log_dir=run.eval_logs,
             tau=tau, chief=chief, every_epochs=eval_every_epochs,
             max_queries=eval_max_queries))
     if chief:
-        fit_callbacks.append(run_history.OperativeConfig(model_dir))
+        fit_callbacks.append(run_history.OperativeConfig(run))
     if view_images:
         fit_callbacks.append(callbacks.ViewImages(
-            os.path.join(log_dir, 'train'), pretrain.dataset_fn,
+            run.train_logs, pretrain.dataset_fn,
             mean=preprocessing['mean'], std=preprocessing['std']))
     return fit_callbacks + [progress.ProgressBar()]
