@@ -10,6 +10,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from paws_tf import checkpoints
 from paws_tf.data import pipeline
 from paws_tf.data import splits
 from paws_tf.evaluation import evaluate
@@ -155,9 +156,9 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
                 f'evaluate_nn.embedding = {embedding!r} but the model '
                 f'compares {model.nn_embedding!r} (PAWSModel.nn_embedding): '
                 'bind one of them to the other.')
-        path = evaluate.restore_model(
-            model, checkpoint_path,
-            input_shape=(image_size, image_size, labeled.channels))
+        model(tf.zeros([1, image_size, image_size, labeled.channels]),
+              training=False)
+        path = checkpoints.load(checkpoint_path, model)
         embedding = model.nn_embedding
         embed_fn = evaluate.embedder_from_model(model)
     else:

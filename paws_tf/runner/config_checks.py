@@ -8,6 +8,7 @@ import os
 from absl import logging
 import gin
 
+from paws_tf import checkpoints
 from paws_tf import checks
 from paws_tf import model as model_lib
 from paws_tf.data import augment
@@ -15,9 +16,7 @@ from paws_tf.data import data_fingerprint
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.nets import backbones
 from paws_tf.nets import sync_batch_norm
-from paws_tf.nets import weights
 from paws_tf.runner import building
-from paws_tf.runner import saving
 from paws_tf.runner import train
 
 # The gin config of a training run, recorded in its model_dir at the start.
@@ -332,7 +331,7 @@ def check_pretrained_backbone():
     configured backbone, before any data is read.
 
     Builds the backbone outside any strategy and loads the file into it
-    (`weights.load_backbone_weights`), so call it once the strategy exists
+    (`checkpoints.load_backbone_weights`), so call it once the strategy exists
     (`MultiWorkerMirroredStrategy` must precede other TensorFlow ops). The
     images' channels come from the config for folder sources; other
     sources' are known once read, so their backbone is tried with 3
@@ -352,7 +351,7 @@ def check_pretrained_backbone():
         backbone = building.build_local_model(
             input_channels=channels).backbone
         try:
-            weights.load_backbone_weights(backbone, path)
+            checkpoints.load_backbone_weights(backbone, path)
             return
         except FileNotFoundError as error:
             raise checks.ConfigError(str(error)) from error
@@ -393,7 +392,7 @@ def check_model_dir(model_dir, config, *, overwrite, chief):
     old, new = _experiment_lines(previous), _experiment_lines(config)
     if old == new:
         return
-    if not saving.has_progress(model_dir):
+    if not checkpoints.has_progress(model_dir):
         logging.info('%s holds the config of a start that saved no backup '
                      'or checkpoint: starting with this config.', model_dir)
         if chief:

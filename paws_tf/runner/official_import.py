@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import checkpoints
 from paws_tf import files
 from paws_tf import model as model_lib
 from paws_tf.evaluation import export
@@ -17,15 +18,12 @@ from paws_tf.nets import backbones
 from paws_tf.nets import heads
 from paws_tf.nets import sync_batch_norm
 from paws_tf.nets import torch_names
+from paws_tf import run_dir
 from paws_tf.runner import building
 from paws_tf.runner import experiment
-from paws_tf.runner import saving
 from paws_tf.runner import train
 
-RECORD_FILENAME = 'imported.json'
 PRETRAINED, FINE_TUNED = 'pretrained', 'fine_tuned'
-# Where a fine-tuned checkpoint's classifier goes, relative to model_dir.
-FINE_TUNED_DIR = os.path.join('export', 'fine_tuned')
 # The official networks take RGB images.
 CHANNELS = 3
 _INSTALL_HINT = ('Reading official .pth.tar checkpoints needs PyTorch: '
@@ -119,7 +117,7 @@ def architecture(state):
 
 def read_record(model_dir):
     """The import record of `model_dir`, or None for a run trained here."""
-    path = os.path.join(model_dir, RECORD_FILENAME)
+    path = run_dir.RunDir(model_dir).imported
     if not os.path.exists(path):
         return None
     with open(path) as f:
@@ -242,10 +240,10 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
         ImportFailed: PyTorch missing, a bad file, another architecture,
             unmatched or mis-shaped tensors, or `model_dir` holding a run.
     """
-    checkpoint_dir = os.path.join(model_dir, saving.CHECKPOINT_DIR)
-    taken = [name for name in (RECORD_FILENAME, saving.CHECKPOINT_DIR,
-                               saving.BACKUP_DIR, 'export')
-             if os.path.exists(os.path.join(model_dir, name))]
+    run = run_dir.RunDir(model_dir)
+    taken = [os.path.basename(name) for name in (
+        run.imported, run.checkpoints, run.backup, run.export)
+             if os.path.exists(name)]
     if taken and not overwrite:
         raise ImportFailed(
             f'{model_dir} already holds {", ".join(taken)}: import into a '
@@ -257,34 +255,33 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
             f'{path} has neither a projection head (fc.fc3.*, pre-trained) '
             f'nor a classifier (fc.fc2.* or fc.*, fine-tuned); expected '
             f'{_EXPECTED}.')
-    preprocessing = experiment.eval_preprocessing(None)
-    if found == PRETRAINED:
-        network, count = _pretrained_model(path, state, strategy)
-    else:
-        network, count = _fine_tuned_classifier(path, state, strategy)
+    build = _pretrained_model if found == PRETRAINED else (
+        _fine_tuned_classifier)
+    network, count = build(path, state, strategy)
     if taken:
         train.delete_outputs(model_dir, taken)
     os.makedirs(model_dir, exist_ok=True)
-    if found == PRETRAINED:
-        tf.train.CheckpointManager(
-            tf.train.Checkpoint(model=network), checkpoint_dir,
-            max_to_keep=1, checkpoint_name='ckpt').save(checkpoint_number=0)
-        export.export_embedder(
-            network, os.path.join(model_dir, export.EMBEDDER_DIR),
-            channels=CHANNELS, strategy=strategy, **preprocessing)
-        name = network.backbone.name
-    else:
-        export.export_fine_tuned(
-            network, os.path.join(model_dir, FINE_TUNED_DIR),
-            channels=CHANNELS, strategy=strategy, **preprocessing)
-        name = network.layers[1].name
+    name = _write(run, network, found, strategy)
     record = dict(source=os.path.abspath(path), kind=found, epoch=epoch,
                   network=name, tensors=count)
-    files.write_json(os.path.join(model_dir, RECORD_FILENAME), record,
-                     indent=2, default=int)
+    files.write_json(run.imported, record, indent=2, default=int)
     logging.info('Imported %s (%s, %s, epoch %s, %d tensors) into %s.', path,
                  found, name, epoch, count, model_dir)
     return record
+
+
+def _write(run, network, found, strategy):
+    """Writes the imported `network` of kind `found` into `run`; returns
+    its backbone's name."""
+    preprocessing = experiment.eval_preprocessing(None)
+    if found == PRETRAINED:
+        checkpoints.write_model(network, run)
+        export.export_embedder(network, run.embedder, channels=CHANNELS,
+                               strategy=strategy, **preprocessing)
+        return network.backbone.name
+    export.export_fine_tuned(network, run.fine_tuned, channels=CHANNELS,
+                             strategy=strategy, **preprocessing)
+    return network.layers[1].name
 
 
 def refuse(record, mode, model_dir, *, trains=False):
@@ -310,18 +307,8 @@ def refuse(record, mode, model_dir, *, trains=False):
     if record['kind'] == FINE_TUNED:
         raise ImportFailed(
             f'{model_dir} holds the fine-tuned classifier imported from '
-            f'{record["source"]} (its SavedModel is {FINE_TUNED_DIR}): '
+            f'{record["source"]} (its SavedModel is '
+            f'{run_dir.RunDir(model_dir).fine_tuned}): '
             f'--mode={mode} needs a pre-trained checkpoint (backbone, fc '
             'projection and pred prediction heads), e.g. '
             'paws_imgnt_10percent_300ep.pth.tar.')
-
-
-def restore_imported(model_dir, strategy):
-    """The imported pre-trained `PAWSModel` of `model_dir`."""
-    model = build_inference_model(strategy)
-    prefix = tf.train.latest_checkpoint(
-        os.path.join(model_dir, saving.CHECKPOINT_DIR))
-    with strategy.scope():
-        tf.train.Checkpoint(model=model).read(
-            prefix).assert_existing_objects_matched()
-    return model
