@@ -69,6 +69,12 @@ def latest(directory):
     return (path, step_of(path)) if path else (None, 0)
 
 
+def at_step(model_dir, step):
+    """The prefix of the checkpoint of global `step` of `model_dir`."""
+    return os.path.join(run_dir_lib.RunDir(model_dir).checkpoints,
+                        f'{CHECKPOINT_PREFIX}-{step}')
+
+
 def resolve_prefix(path):
     """A checkpoint prefix, or a directory's latest checkpoint, as a prefix.
 

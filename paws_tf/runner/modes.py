@@ -16,7 +16,6 @@ from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import evaluate_nn
 from paws_tf.evaluation import export
 from paws_tf.evaluation import fine_tune
-from paws_tf import run_dir
 from paws_tf.runner import building
 from paws_tf.runner import config_checks
 from paws_tf.runner import experiment
@@ -126,8 +125,8 @@ def export_run(model_dir, model, bundle=None):
 def evaluate_run(model_dir, bundle, *, model, step=0):
     """PAWS-NN of the run on its test split, by the chief alone.
 
-    Reads the exported embedder when there is one, else the checkpoint into
-    `model`, built by `load_trained_model(..., local=True)`.
+    Reads the exported embedder when there is one, else the checkpoint of
+    `step` into `model`, built by `load_trained_model(..., local=True)`.
     """
     if bundle.test is None:
         raise ValueError('No test split is configured (load_data.test): '
@@ -137,7 +136,7 @@ def evaluate_run(model_dir, bundle, *, model, step=0):
         kwargs = dict(source='saved_model', saved_model_dir=embedder_dir)
     else:
         kwargs = dict(source='checkpoint', model=model,
-                      checkpoint_path=run_dir.RunDir(model_dir).checkpoints)
+                      checkpoint_path=checkpoints.at_step(model_dir, step))
     return evaluate_nn.evaluate_nn(
         model_dir, labeled=bundle.labeled, test=bundle.test, tau=model.tau,
         embedding=model.nn_embedding, step=step, **kwargs,
