@@ -42,7 +42,7 @@ def load_trained_model(model_dir, strategy, *, local=False,
             what one process does alone: export, PAWS-NN. Else in its
             scope, for what every worker runs together (fine-tuning).
         imported: the run holds imported official weights
-            (`official_import`), built from the gin config alone.
+            (`official_import`): RGB, no recorded normalisation.
 
     Returns:
         `(model, step)`: the `PAWSModel` built from the gin config and the
@@ -54,13 +54,10 @@ def load_trained_model(model_dir, strategy, *, local=False,
     """
     # Float32 whatever the training precision: portable exports.
     building.set_precision('float32')
-    if imported:
-        model = official_import.build_inference_model(
-            tf.distribute.get_strategy() if local else strategy)
-    else:
-        channels = experiment.recorded_preprocessing(model_dir)[1]
-        model = (building.build_local_model(input_channels=channels) if local
-                 else building.build_model(strategy, input_channels=channels))
+    channels = (official_import.CHANNELS if imported else
+                experiment.recorded_preprocessing(model_dir)[1])
+    model = (building.build_local_model(input_channels=channels) if local
+             else building.build_model(strategy, input_channels=channels))
     with contextlib.nullcontext() if local else strategy.scope():
         return model, checkpoints.load_newest(model_dir, model)
 

@@ -7,12 +7,10 @@ import os
 
 from absl import logging
 import numpy as np
-import tensorflow as tf
 import tf_keras
 
 from paws_tf import checkpoints
 from paws_tf import files
-from paws_tf import model as model_lib
 from paws_tf.evaluation import export
 from paws_tf.nets import backbones
 from paws_tf.nets import heads
@@ -124,16 +122,6 @@ def read_record(model_dir):
         return json.load(f)
 
 
-def build_inference_model(strategy):
-    """The configured `PAWSModel`, built in float32 for inference (gin:
-    `build_backbone`, `ProjectionHead`, `PredictionHead`, `PAWSModel`)."""
-    building.set_precision('float32')
-    with strategy.scope():
-        model = model_lib.build_model(input_channels=CHANNELS, sync_bn=False)
-        model(tf.zeros([1, 32, 32, CHANNELS]))
-    return model
-
-
 def _check_architecture(path, state, backbone):
     found = architecture(state)
     if found == backbone.name:
@@ -148,7 +136,8 @@ def _check_architecture(path, state, backbone):
 
 
 def _pretrained_model(path, state, strategy):
-    model = build_inference_model(strategy)
+    building.set_precision('float32')
+    model = building.build_model(strategy, input_channels=CHANNELS)
     _check_architecture(path, state, model.backbone)
     pairs = torch_names.layer_names(
         model.backbone, projection_head=model.projection_head,
