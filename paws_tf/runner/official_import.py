@@ -135,27 +135,6 @@ def _check_architecture(path, state, backbone):
         'WideResNet-28-2).')
 
 
-def _pretrained_model(path, state, strategy):
-    building.set_precision('float32')
-    model = building.build_model(strategy, input_channels=CHANNELS)
-    _check_architecture(path, state, model.backbone)
-    pairs = torch_names.layer_names(
-        model.backbone, projection_head=model.projection_head,
-        prediction_head=model.prediction_head)
-    hint = ''
-    if model.prediction_head is not None and 'pred.fc1.weight' not in state:
-        hint = (" It has no prediction head: bind build_model.prediction_head"
-                " = False and PAWSModel.nn_embedding = 'projection'.")
-    elif model.prediction_head is None and 'pred.fc1.weight' in state:
-        hint = (' It has a prediction head: bind build_model.prediction_head'
-                ' = True (and PredictionHead.hidden_dim to its width).')
-    try:
-        count = torch_names.load_state_dict(pairs, state, description=path)
-    except torch_names.Mismatch as error:
-        raise ImportFailed(f'{error}{hint}') from error
-    return model, count
-
-
 def build_fine_tuned_classifier(state):
     """The network of an official fine-tuned checkpoint: the configured
     backbone, then `fc1 -> bn1 -> ReLU -> fc2` (suncet `fine_tune.py`) or a
@@ -188,19 +167,37 @@ def build_fine_tuned_classifier(state):
     return classifier, layers + [dense]
 
 
-def _fine_tuned_classifier(path, state, strategy):
+def _network(path, state, found, strategy):
+    """`(network, backbone, tensors)`: the configured network of kind
+    `found` holding `state`'s values, its backbone, the values' count."""
     building.set_precision('float32')
-    with strategy.scope():
-        classifier, layers = build_fine_tuned_classifier(state)
-    backbone = classifier.layers[1]
+    hint = ''
+    if found == PRETRAINED:
+        network = building.build_model(strategy, input_channels=CHANNELS)
+        backbone, named = network.backbone, dict(
+            projection_head=network.projection_head,
+            prediction_head=network.prediction_head)
+        has_head = network.prediction_head is not None
+        if has_head and 'pred.fc1.weight' not in state:
+            hint = (" It has no prediction head: bind build_model."
+                    "prediction_head = False and PAWSModel.nn_embedding = "
+                    "'projection'.")
+        elif not has_head and 'pred.fc1.weight' in state:
+            hint = (' It has a prediction head: bind build_model.'
+                    'prediction_head = True (and PredictionHead.hidden_dim '
+                    'to its width).')
+    else:
+        with strategy.scope():
+            network, layers = build_fine_tuned_classifier(state)
+        backbone, named = network.layers[1], dict(classifier_layers=layers)
     _check_architecture(path, state, backbone)
     try:
         count = torch_names.load_state_dict(
-            torch_names.layer_names(backbone, classifier_layers=layers),
-            state, description=path)
+            torch_names.layer_names(backbone, **named), state,
+            description=path)
     except torch_names.Mismatch as error:
-        raise ImportFailed(str(error)) from error
-    return classifier, count
+        raise ImportFailed(f'{error}{hint}') from error
+    return network, backbone, count
 
 
 def import_official(model_dir, path, *, strategy, overwrite=False):
@@ -244,13 +241,12 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
             f'{path} has neither a projection head (fc.fc3.*, pre-trained) '
             f'nor a classifier (fc.fc2.* or fc.*, fine-tuned); expected '
             f'{_EXPECTED}.')
-    build = _pretrained_model if found == PRETRAINED else (
-        _fine_tuned_classifier)
-    network, count = build(path, state, strategy)
+    network, backbone, count = _network(path, state, found, strategy)
     if taken:
         train.delete_outputs(model_dir, taken)
     os.makedirs(model_dir, exist_ok=True)
-    name = _write(run, network, found, strategy)
+    _write(run, network, found, strategy)
+    name = backbone.name
     record = dict(source=os.path.abspath(path), kind=found, epoch=epoch,
                   network=name, tensors=count)
     files.write_json(run.imported, record, indent=2, default=int)
@@ -260,17 +256,15 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
 
 
 def _write(run, network, found, strategy):
-    """Writes the imported `network` of kind `found` into `run`; returns
-    its backbone's name."""
+    """Writes the imported `network` of kind `found` into `run`."""
     preprocessing = experiment.eval_preprocessing(None)
     if found == PRETRAINED:
         checkpoints.write_model(network, run)
         export.export_embedder(network, run.embedder, channels=CHANNELS,
                                strategy=strategy, **preprocessing)
-        return network.backbone.name
-    export.export_fine_tuned(network, run.fine_tuned, channels=CHANNELS,
-                             strategy=strategy, **preprocessing)
-    return network.layers[1].name
+    else:
+        export.export_fine_tuned(network, run.fine_tuned, channels=CHANNELS,
+                                 strategy=strategy, **preprocessing)
 
 
 def refuse(record, mode, model_dir, *, trains=False):
