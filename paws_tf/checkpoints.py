@@ -33,8 +33,8 @@ from paws_tf import dist
 from paws_tf import run_dir as run_dir_lib
 
 CHECKPOINT_PREFIX = 'ckpt'
-# The two kinds of saves.
-BACKUP, CHECKPOINT = 'backup', 'checkpoint'
+# The two kinds of saves, as messages name them.
+BACKUP, CHECKPOINT = 'the backup', 'the checkpoint'
 # What `load` reads of a checkpoint.
 WHOLE, MODEL, BACKBONE = 'model and optimizer', 'model', 'backbone'
 _MAX_NAMES_SHOWN = 20
@@ -177,7 +177,7 @@ def newest_restorable(model_dir, *, backups=True, chief=True):
         skipped.append((kind, f'{path}: {why}'))
     else:
         path, step, kind = None, 0, None
-    tried = [f'the backup {why}' if what == BACKUP else why
+    tried = [f'{BACKUP} {why}' if what == BACKUP else why
              for what, why in skipped]
     if path is None and tried:
         raise NoneRestorable(
@@ -204,7 +204,7 @@ def describe(path):
     """'the backup <path>' or 'the checkpoint <path>'."""
     chief = os.path.basename(run_dir_lib.RunDir('').chief_backup)
     backup = os.path.basename(os.path.dirname(path)) == chief
-    return f'the {BACKUP if backup else CHECKPOINT} {path}'
+    return f'{BACKUP if backup else CHECKPOINT} {path}'
 
 
 def load(path, model, part=MODEL):
@@ -470,20 +470,20 @@ class RunState:
     def _save_failed(self, kind, step, error):
         """A `dist.ClusterFailed` when a collective of the save failed (the
         disk is not the cause), else a `SaveFailed`."""
-        what = (f'checkpoint {CHECKPOINT_PREFIX}-{step}'
-                if kind == CHECKPOINT else 'backup')
+        what = (f'{CHECKPOINT} {CHECKPOINT_PREFIX}-{step}'
+                if kind == CHECKPOINT else BACKUP)
         directory = (self._managers[kind].directory if kind == CHECKPOINT
                      else self.backup_dir)
         kept = self.kept()
         failure = dist.cluster_failure(
-            self._strategy, error, what=f'the {what}', step=step,
+            self._strategy, error, what=what, step=step,
             resume=f'the newest of {kept}')
         if failure is not None:
             return failure
         cause = (error.message if isinstance(error, tf.errors.OpError)
                  else error)
         return SaveFailed(
-            f'Could not write the {what} in {directory}: {cause}. Training '
+            f'Could not write {what} in {directory}: {cause}. Training '
             f'stopped; what was saved before is unchanged: {kept}. Free '
             f'space or restore write access to {directory}, then run the '
             'same command again: it resumes from there.')

@@ -60,7 +60,8 @@ def test_a_checkpoint_write_without_permission_names_path_and_cause(
     model.compile(optimizer=tf_keras.optimizers.SGD(0.1))
     model.optimizer.build(model.trainable_variables)
     state = checkpoints.RunState(str(tmp_path), model,
-                            tf.distribute.get_strategy(), keep_checkpoints=3)
+                                 tf.distribute.get_strategy(),
+                                 keep_checkpoints=3)
     checkpoint_dir = tmp_path / 'checkpoints'
     with failing_saves.inject(str(checkpoint_dir), 1, errno.EACCES):
         model.optimizer.iterations.assign(1)

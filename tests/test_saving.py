@@ -32,7 +32,8 @@ def test_saver_saves_when_the_step_reaches_or_passes_an_interval(tmp_path):
     lands on most multiples: each is saved at the first step past it."""
     model = small_model()
     state = checkpoints.RunState(str(tmp_path), model,
-                                 tf.distribute.get_strategy(), keep_checkpoints=10)
+                                 tf.distribute.get_strategy(),
+                                 keep_checkpoints=10)
     saver = saving.Saver(state, backup_every=4, checkpoint_every=8)
     saver.set_model(model)
     saver.on_train_begin()
@@ -56,7 +57,8 @@ def test_saver_saves_when_the_step_reaches_or_passes_an_interval(tmp_path):
 def test_restore_returns_weights_and_optimizer_of_the_step(tmp_path):
     model = small_model()
     state = checkpoints.RunState(str(tmp_path), model,
-                                 tf.distribute.get_strategy(), keep_checkpoints=3)
+                                 tf.distribute.get_strategy(),
+                                 keep_checkpoints=3)
     model.optimizer.iterations.assign(5)
     kernel = np.arange(6, dtype=np.float32).reshape(3, 2)
     model.layers[1].kernel.assign(kernel)
@@ -71,7 +73,8 @@ def test_restore_returns_weights_and_optimizer_of_the_step(tmp_path):
 def test_a_file_named_for_another_step_is_refused(tmp_path):
     model = small_model()
     state = checkpoints.RunState(str(tmp_path), model,
-                                 tf.distribute.get_strategy(), keep_checkpoints=3)
+                                 tf.distribute.get_strategy(),
+                                 keep_checkpoints=3)
     model.optimizer.iterations.assign(5)
     state.save(checkpoints.CHECKPOINT)
     prefix = tmp_path / 'checkpoints' / 'ckpt-5'
@@ -102,7 +105,8 @@ def test_another_models_checkpoint_is_refused_naming_it(tmp_path, width):
 def test_the_newest_that_restores_wins_whichever_its_directory(tmp_path):
     model = small_model()
     state = checkpoints.RunState(str(tmp_path), model,
-                                 tf.distribute.get_strategy(), keep_checkpoints=3)
+                                 tf.distribute.get_strategy(),
+                                 keep_checkpoints=3)
     for step, kind in ((8, checkpoints.CHECKPOINT), (12, checkpoints.BACKUP),
                        (16, checkpoints.CHECKPOINT), (16, checkpoints.BACKUP)):
         model.optimizer.iterations.assign(step)
@@ -131,7 +135,8 @@ def test_damaged_ones_are_skipped_and_a_damaged_backup_moved_aside(
         tmp_path, caplog):
     model = small_model()
     state = checkpoints.RunState(str(tmp_path), model,
-                                 tf.distribute.get_strategy(), keep_checkpoints=3)
+                                 tf.distribute.get_strategy(),
+                                 keep_checkpoints=3)
     for step, kind in ((8, checkpoints.CHECKPOINT), (12, checkpoints.BACKUP),
                        (16, checkpoints.CHECKPOINT)):
         model.optimizer.iterations.assign(step)

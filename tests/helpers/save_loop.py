@@ -20,8 +20,9 @@ def main(directory):
     model = tf_keras.Model(inputs, tf_keras.layers.Dense(2048)(hidden))
     model.compile(optimizer=tf_keras.optimizers.SGD(0.1, momentum=0.9))
     model.optimizer.build(model.trainable_variables)
-    state = checkpoints.RunState(directory, model, tf.distribute.get_strategy(),
-                            keep_checkpoints=3)
+    state = checkpoints.RunState(directory, model,
+                                 tf.distribute.get_strategy(),
+                                 keep_checkpoints=3)
     step = 0
     while True:
         step += 1
