@@ -48,7 +48,7 @@ _EXPORTS = {
     'PAWSModel': 'model',
     'build_model': 'model',
     'build_backbone': 'nets.backbones',
-    'load_backbone_weights': 'nets.weights',
+    'load_backbone_weights': 'nets.backbones',
     'ProjectionHead': 'nets.heads',
     'PredictionHead': 'nets.heads',
     # The objective.

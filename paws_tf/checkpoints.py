@@ -1,10 +1,43 @@
-"""Finding, checking and failing to write TF checkpoints."""
+"""A run's checkpoints: written, found and restored one way, whole or in
+part.
 
+One `tf.train.Checkpoint` of the model and its optimizer is written as
+`ckpt-<global step>` into two directories of a run (`run_dir.RunDir`):
+
+- `backup/chief/`: every `backup_every_steps` steps and on SIGTERM, only the
+  newest kept; deleted when the run finishes. It is what an interrupted run
+  resumes from.
+- `checkpoints/`: every `checkpoint_every_steps` steps and at epoch ends, the
+  last `keep` kept. They outlive the run (evaluation, export, fine-tuning).
+
+Every mode reads them through `newest_restorable` and `load`: training
+resumes the newest backup or checkpoint that is whole (`WHOLE`: the model
+and its optimizer); evaluation, export, fine-tuning and the demo restore the
+newest checkpoint's model (`MODEL`); `train.pretrained_backbone` restores a
+backbone alone (`BACKBONE`). The global step is in the file name, and it is
+also the optimizer's step counter inside the file, so nothing else is saved:
+the input is a stateless function of (seed, step) and is rebuilt at that
+step.
+"""
+
+import collections
 import os
+import shutil
+import time
 
+from absl import logging
+import numpy as np
 import tensorflow as tf
 
+from paws_tf import dist
+from paws_tf import run_dir as run_dir_lib
+
 CHECKPOINT_PREFIX = 'ckpt'
+# The two kinds of saves, as messages name them.
+BACKUP, CHECKPOINT = 'the backup', 'the checkpoint'
+# What `load` reads of a checkpoint.
+WHOLE, MODEL, BACKBONE = 'model and optimizer', 'model', 'backbone'
+_MAX_NAMES_SHOWN = 20
 
 
 class SaveFailed(RuntimeError):
@@ -13,13 +46,33 @@ class SaveFailed(RuntimeError):
     EXIT_CODE = os.EX_IOERR  # run.py's exit code.
 
 
+class NoneRestorable(RuntimeError):
+    """Checkpoints exist but none can be restored (truncated or corrupted
+    files)."""
+    EXIT_CODE = os.EX_DATAERR  # run.py's exit code.
+
+
+def global_step(model):
+    """Optimizer updates applied so far, as a Python int."""
+    return int(model.optimizer.iterations.numpy())
+
+
+def step_of(path):
+    """The global step a `ckpt-<step>` prefix names."""
+    return int(os.fspath(path).rsplit('-', 1)[1])
+
+
 def latest(directory):
     """(path, step) of the newest `ckpt-<step>` in `directory`, or
     (None, 0)."""
     path = tf.train.latest_checkpoint(directory) if directory else None
-    if path is None:
-        return None, 0
-    return path, int(path.rsplit('-', 1)[1])
+    return (path, step_of(path)) if path else (None, 0)
+
+
+def at_step(model_dir, step):
+    """The prefix of the checkpoint of global `step` of `model_dir`."""
+    return os.path.join(run_dir_lib.RunDir(model_dir).checkpoints,
+                        f'{CHECKPOINT_PREFIX}-{step}')
 
 
 def resolve_prefix(path):
@@ -39,12 +92,6 @@ def resolve_prefix(path):
     return prefix
 
 
-class NoneRestorable(RuntimeError):
-    """Checkpoints exist but none can be restored (truncated or corrupted
-    files)."""
-    EXIT_CODE = os.EX_DATAERR  # run.py's exit code.
-
-
 def all_checkpoints(directory):
     """(path, step) of every `ckpt-<step>` with an index file in `directory`,
     newest first, whatever the `checkpoint` state file says."""
@@ -52,9 +99,8 @@ def all_checkpoints(directory):
     pattern = os.path.join(directory, f'{CHECKPOINT_PREFIX}-*.index')
     for index in tf.io.gfile.glob(pattern):
         prefix = index[:-len('.index')]
-        step = prefix.rsplit('-', 1)[1]
-        if step.isdigit():
-            found.append((prefix, int(step)))
+        if prefix.rsplit('-', 1)[1].isdigit():
+            found.append((prefix, step_of(prefix)))
     return sorted(found, key=lambda found: -found[1])
 
 
@@ -74,6 +120,373 @@ def damage(prefix):
         message = getattr(error, 'message', None) or str(error)
         return message.strip().splitlines()[0]
     return None
+
+
+def backup_step(model_dir):
+    """The global step of the newest backup of `model_dir`, 0 if none."""
+    found = all_checkpoints(run_dir_lib.RunDir(model_dir).chief_backup)
+    return found[0][1] if found else 0
+
+
+def has_progress(model_dir):
+    """Whether `model_dir` holds a run: a backup or a checkpoint to resume
+    from. A start that failed before its first save (a bad value, an empty
+    class folder, a corrupt image) leaves neither."""
+    return bool(_saved(model_dir))
+
+
+def _saved(model_dir):
+    """`(path, step, kind)` of every backup and checkpoint of the run,
+    newest first; at the same step the backup first (it is written
+    first)."""
+    run = run_dir_lib.RunDir(model_dir)
+    found = [(path, step, kind) for kind, directory in (
+        (BACKUP, run.chief_backup), (CHECKPOINT, run.checkpoints))
+        for path, step in all_checkpoints(directory)]
+    return sorted(found, key=lambda found: -found[1])
+
+
+def newest_restorable(model_dir, *, backups=True, chief=True):
+    """The newest backup or checkpoint of `model_dir` that can be restored.
+
+    One that cannot (truncated, corrupted) is skipped with a warning naming
+    it. When no backup can be restored, the chief moves the backup
+    directory into `damaged/`, so that it is not tried again.
+
+    Args:
+        model_dir: the run directory.
+        backups: consider the backup too (resuming); else checkpoints only
+            (evaluation and export read what outlives the run).
+        chief: this process may move files (the chief of a cluster).
+
+    Returns:
+        `(path, step)`: `(None, 0)` when there is nothing saved.
+
+    Raises:
+        NoneRestorable: things were saved and none restores.
+    """
+    run = run_dir_lib.RunDir(model_dir)
+    skipped = []
+    path, step, kind = None, 0, None
+    for path, step, kind in _saved(run):
+        if kind == BACKUP and not backups:
+            continue
+        why = damage(path)
+        if why is None:
+            break
+        skipped.append((kind, f'{path}: {why}'))
+    else:
+        path, step, kind = None, 0, None
+    tried = [f'{BACKUP} {why}' if what == BACKUP else why
+             for what, why in skipped]
+    if path is None and tried:
+        raise NoneRestorable(
+            f'No {"backup or " if backups else ""}checkpoint of {run} '
+            'can be restored; tried:\n  ' + '\n  '.join(tried) +
+            '\nRestore those files from a copy, move them away to start '
+            'again, or use another --model_dir.')
+    damaged = [i for i, (what, _) in enumerate(skipped) if what == BACKUP]
+    if chief and kind != BACKUP and damaged:
+        aside = os.path.join(run.damaged, time.strftime(
+            f'{os.path.basename(run.backup)}-%Y%m%dT%H%M%S', time.gmtime()))
+        os.makedirs(run.damaged, exist_ok=True)
+        os.rename(run.backup, aside)
+        tried[damaged[0]] += f' (moved to {aside})'
+    if tried:
+        logging.warning('Skipping what cannot be restored:\n  %s\n'
+                        '%s %s (step %d).', '\n  '.join(tried),
+                        'Resuming from' if backups else 'Reading', path,
+                        step)
+    return path, step
+
+
+def describe(path):
+    """'the backup <path>' or 'the checkpoint <path>'."""
+    chief = os.path.basename(run_dir_lib.RunDir('').chief_backup)
+    backup = os.path.basename(os.path.dirname(path)) == chief
+    return f'{BACKUP if backup else CHECKPOINT} {path}'
+
+
+def load(path, model, part=MODEL):
+    """Restores `part` of the checkpoint at `path` into `model`.
+
+    Args:
+        path: a checkpoint prefix, or a directory whose latest checkpoint is
+            read; for `BACKBONE` also a Keras weights file.
+        model: the model built from the run's gin config, every variable
+            created (called once); for `WHOLE` compiled, its optimizer built.
+        part: `WHOLE` (the model and its optimizer, at the step the name
+            gives: resuming), `MODEL` (the weights of a model built, not
+            compiled, from the config: no optimizer is read), or `BACKBONE`
+            (`model.backbone` alone, see `load_backbone_weights`; the heads
+            are left as they are).
+
+    Returns:
+        The checkpoint prefix (or weights file) restored.
+
+    Raises:
+        FileNotFoundError: no checkpoint at `path`.
+        ValueError: the checkpoint does not hold `part` of this model
+            (another config or architecture, or not written by paws_tf).
+    """
+    if part == BACKBONE:
+        load_backbone_weights(model.backbone, path)
+        return os.fspath(path)
+    prefix = resolve_prefix(path)
+    objects = dict(model=model)
+    if part == WHOLE:
+        objects['optimizer'] = model.optimizer
+    try:
+        tf.train.Checkpoint(**objects).read(
+            prefix).expect_partial().assert_existing_objects_matched()
+    # Missing variables (AssertionError) or other shapes (ValueError);
+    # TF's message goes on to list the unmatched variables' values.
+    except (AssertionError, ValueError) as error:
+        raise ValueError(
+            f'{prefix} does not hold this run\'s {part} '
+            f'({str(error).split(".")[0]}): it was written with another '
+            'config or by another program. Run with the config it was '
+            'written with, or move it away to start again.') from error
+    if part == WHOLE and global_step(model) != step_of(prefix):
+        raise ValueError(
+            f'{prefix} holds the optimizer step {global_step(model)}, not '
+            f'{step_of(prefix)} as its name says: was it written by this '
+            'trainer?')
+    logging.info('Restored the %s from %s.', part, prefix)
+    return prefix
+
+
+def load_newest(model_dir, model):
+    """Restores the model of the newest checkpoint of `model_dir` that can
+    be restored (damaged newer ones are skipped with a warning).
+
+    Returns:
+        The checkpoint's global step.
+
+    Raises:
+        FileNotFoundError: the run has no checkpoint.
+        NoneRestorable: none of its checkpoints restores.
+        ValueError: the checkpoint does not hold this model.
+    """
+    path, step = newest_restorable(model_dir, backups=False)
+    load(path or run_dir_lib.RunDir(model_dir).checkpoints, model)
+    return step
+
+
+def _unmatched_variables(root, prefix):
+    """Names of the variables under `root` that have no value at `prefix`.
+
+    Follows the breadth-first, first-path-wins naming that TF's object-based
+    checkpoints use for their keys.
+    """
+    stored = {key for key, _ in tf.train.list_variables(prefix)}
+    view = tf.train.TrackableView(root)
+    seen = {id(root)}
+    queue = collections.deque([(root, ())])
+    missing = []
+    while queue:
+        parent, path = queue.popleft()
+        for child_name, child in view.children(parent).items():
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            child_path = path + (child_name,)
+            if isinstance(child, tf.Variable):
+                key = '/'.join(child_path + ('.ATTRIBUTES', 'VARIABLE_VALUE'))
+                if key not in stored:
+                    missing.append(child.name)
+            else:
+                queue.append((child, child_path))
+    return missing
+
+
+def _restore_backbone(backbone, prefix):
+    """Restores `backbone` from a `tf.train.Checkpoint(backbone=...)` or
+    from a run's checkpoint (its model's backbone), all of it or raises."""
+    root = tf.train.Checkpoint(backbone=backbone)
+    keys = [key for key, _ in tf.train.list_variables(prefix)]
+    if not any(key.startswith('backbone/') for key in keys) and any(
+            key.startswith('model/backbone/') for key in keys):
+        root = tf.train.Checkpoint(model=tf.train.Checkpoint(
+            backbone=backbone))
+    missing = _unmatched_variables(root, prefix)
+    if missing:
+        shown = ', '.join(missing[:_MAX_NAMES_SHOWN])
+        more = len(missing) - _MAX_NAMES_SHOWN
+        raise ValueError(
+            f'{len(missing)} of {len(backbone.variables)} variables have no '
+            f'value under the "backbone" key of the checkpoint (written by '
+            f'another architecture, or not with tf.train.Checkpoint('
+            f'backbone=...)?): {shown}' + (f' and {more} more' if more > 0
+                                          else ''))
+    # Extra stored values (heads, optimizer slots) are fine.
+    root.read(prefix).expect_partial().assert_existing_objects_matched()
+
+
+def load_backbone_weights(backbone, path):
+    """Loads pretrained weights into a backbone, all or nothing.
+
+    Args:
+        backbone: a built model from `build_backbone`.
+        path: a weights file written by `backbone.save_weights` (`.h5`:
+            matched by layer order; `.weights.h5`: matched by object
+            structure), a TF checkpoint prefix or directory written by
+            `tf.train.Checkpoint(backbone=backbone)` (matched by the object
+            graph under the `backbone` key), or a paws_tf run's checkpoint
+            (its model's backbone).
+
+    Raises:
+        FileNotFoundError: `path` does not exist or holds no checkpoint.
+        ValueError: the stored weights do not fit the backbone (a variable
+            without a stored value, a shape or layer-count mismatch). The
+            message names the unrestored variables as far as the loader
+            reports them; the backbone is left unchanged.
+    """
+    path = os.fspath(path)
+    if path.endswith('.h5') and not tf.io.gfile.exists(path):
+        raise FileNotFoundError(f'weights file {path!r} does not exist')
+    prefix = None if path.endswith('.h5') else resolve_prefix(path)
+    snapshot = [variable.numpy() for variable in backbone.variables]
+    try:
+        if prefix is None:
+            backbone.load_weights(path)
+        else:
+            _restore_backbone(backbone, prefix)
+    except (AssertionError, KeyError, ValueError,
+            tf.errors.OpError) as error:
+        for variable, value in zip(backbone.variables, snapshot):
+            variable.assign(value)
+        raise ValueError(
+            f'could not load {path!r} into backbone {backbone.name!r} '
+            f'({len(snapshot)} variables); none were restored, the backbone '
+            f'is unchanged. Architecture mismatch? Cause: '
+            f'{type(error).__name__}: {error}') from error
+
+
+def write_model(model, model_dir, step=0):
+    """Writes `model` alone (no optimizer) as the checkpoint `ckpt-<step>`
+    of `model_dir`, what `load(..., MODEL)` reads (an import)."""
+    tf.train.CheckpointManager(
+        tf.train.Checkpoint(model=model),
+        run_dir_lib.RunDir(model_dir).checkpoints, max_to_keep=1,
+        checkpoint_name=CHECKPOINT_PREFIX).save(checkpoint_number=step)
+
+
+def non_finite_error(what, step, checkpoint_dir):
+    """The error that stops training when `what` became NaN or infinite."""
+    path, saved_step = latest(checkpoint_dir)
+    return FloatingPointError(
+        f'{what} at step {step}. Training stopped without saving this state; '
+        f'the last good checkpoint is {path or "none yet"}' +
+        (f' (step {saved_step})' if path else '') + '. Lower the learning '
+        'rate or check the inputs, then run again: the run resumes from its '
+        'last backup.')
+
+
+class RunState:
+    """Saves one run's model and optimizer (`load(..., WHOLE)` reads them
+    back).
+
+    Under MultiWorkerMirroredStrategy every worker saves (reading mirrored
+    variables needs collectives); only the chief's files are kept.
+
+    Args:
+        model_dir: the run directory.
+        model: the compiled, built model; its optimizer is saved with it.
+        strategy: the running `tf.distribute.Strategy`.
+        keep_checkpoints: checkpoints kept in `model_dir/checkpoints`.
+        before_save: called before every save; raises when this run no
+            longer owns `model_dir` (`run_lock.RunLock.check`).
+    """
+
+    def __init__(self, model_dir, model, strategy, *, keep_checkpoints,
+                 before_save=None):
+        run = self._run = run_dir_lib.RunDir(model_dir)
+        self.model = model
+        self.checkpoint_dir = run.checkpoints
+        self.backup_dir = run.backup
+        self._strategy = strategy
+        self._before_save = before_save
+        checkpoint = tf.train.Checkpoint(model=model,
+                                         optimizer=model.optimizer)
+        self._directories = {BACKUP: run.chief_backup,
+                             CHECKPOINT: run.checkpoints}
+        self._managers = {
+            kind: tf.train.CheckpointManager(
+                checkpoint, dist.write_dir(strategy, directory),
+                max_to_keep=1 if kind == BACKUP else keep_checkpoints,
+                checkpoint_name=CHECKPOINT_PREFIX)
+            for kind, directory in self._directories.items()}
+        self._saved_at = {BACKUP: None, CHECKPOINT: None}
+
+    def save(self, kind):
+        """Writes a backup or a checkpoint of the current step, once.
+
+        Raises:
+            FloatingPointError: a weight is NaN or infinite (nothing is
+                written).
+            SaveFailed: the files could not be written; what was saved
+                before is unchanged.
+            dist.ClusterFailed: a collective of the save failed.
+        """
+        step = global_step(self.model)
+        if self._saved_at[kind] == step:
+            return
+        if self._before_save is not None:
+            self._before_save()
+        self._check_finite(step)
+        manager = self._managers[kind]
+        try:
+            manager.save(checkpoint_number=step)
+        except (OSError, tf.errors.OpError) as error:
+            raise self._save_failed(kind, step, error) from error
+        finally:
+            if manager.directory != self._directories[kind]:  # Not chief.
+                shutil.rmtree(manager.directory, ignore_errors=True)
+        self._saved_at[kind] = step
+
+    def delete_backup(self):
+        """Deletes the backup: the run is finished, its checkpoints stay."""
+        if dist.is_chief(self._strategy):
+            shutil.rmtree(self.backup_dir, ignore_errors=True)
+
+    def _check_finite(self, step):
+        # An update can break the weights while the step's loss, computed
+        # before it, is still finite.
+        for variable in self.model.variables:
+            if not np.all(np.isfinite(variable.numpy())):
+                raise non_finite_error(
+                    f'The weight {variable.name} became NaN or infinite',
+                    step, self.checkpoint_dir)
+
+    def kept(self):
+        """What is saved, for messages: a rerun resumes from the newest."""
+        path, step = latest(self.checkpoint_dir)
+        kept = (f'the checkpoint {path} (step {step})' if path
+                else 'no checkpoint')
+        return (f'{kept} and the backup in {self.backup_dir} (step '
+                f'{backup_step(self._run) or "none yet"})')
+
+    def _save_failed(self, kind, step, error):
+        """A `dist.ClusterFailed` when a collective of the save failed (the
+        disk is not the cause), else a `SaveFailed`."""
+        what = (f'{CHECKPOINT} {CHECKPOINT_PREFIX}-{step}'
+                if kind == CHECKPOINT else BACKUP)
+        directory = (self._managers[kind].directory if kind == CHECKPOINT
+                     else self.backup_dir)
+        kept = self.kept()
+        failure = dist.cluster_failure(
+            self._strategy, error, what=what, step=step,
+            resume=f'the newest of {kept}')
+        if failure is not None:
+            return failure
+        cause = (error.message if isinstance(error, tf.errors.OpError)
+                 else error)
+        return SaveFailed(
+            f'Could not write {what} in {directory}: {cause}. Training '
+            f'stopped; what was saved before is unchanged: {kept}. Free '
+            f'space or restore write access to {directory}, then run the '
+            'same command again: it resumes from there.')
 
 
 def assign_weights(model, weights):

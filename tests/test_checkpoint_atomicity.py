@@ -13,7 +13,6 @@ import pytest
 import tensorflow as tf
 
 from paws_tf import checkpoints
-from paws_tf.runner import saving
 from paws_tf.runner import train
 from tests.helpers import debug_gin
 
@@ -55,7 +54,7 @@ def test_killed_during_a_save_the_latest_checkpoint_is_whole(tmp_path,
     Fails if RunState.save names ckpt-N in the `checkpoint` state file
     before writing it (tf.train.update_checkpoint_state first).
     """
-    checkpoint_dir = tmp_path / saving.CHECKPOINT_DIR
+    checkpoint_dir = tmp_path / 'checkpoints'
     proc = subprocess.Popen(
         [sys.executable, str(REPO / 'tests' / 'helpers' / 'save_loop.py'),
          str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -101,7 +100,7 @@ def test_leftovers_of_a_crashed_save_do_not_break_resuming(tmp_path):
                 'train.view_images = False', 'train.verbose = 0']
     with debug_gin.parsed(bindings):
         train.train(str(tmp_path), tf.distribute.get_strategy())
-    checkpoint_dir = tmp_path / saving.CHECKPOINT_DIR
+    checkpoint_dir = tmp_path / 'checkpoints'
     assert checkpoints.latest(str(checkpoint_dir))[1] == 16
     # What a crash while writing ckpt-24 can leave behind.
     (checkpoint_dir / 'ckpt-24.data-00000-of-00001').write_bytes(b'\0' * 99)

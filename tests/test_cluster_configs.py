@@ -28,7 +28,6 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from paws_tf import checkpoints
-from paws_tf.evaluation import evaluate
 from paws_tf import run_dir
 from paws_tf.runner import building
 from paws_tf.runner import train
@@ -95,9 +94,9 @@ def run_beside_two_replicas(root, gin_file, bindings, steps, image_size,
     # the export computes what they compute.
     with debug_gin.parsed(config['base_bindings'], gin_file=gin_file):
         model = building.build_local_model(input_channels=3)
-        evaluate.restore_model(
-            model, root / 'cluster' / 'checkpoints' / f'ckpt-{steps}',
-            input_shape=(image_size, image_size, 3))
+        model(tf.zeros([1, image_size, image_size, 3]), training=False)
+        checkpoints.load(root / 'cluster' / 'checkpoints' / f'ckpt-{steps}',
+                         model)
     assert train.weights_fingerprint(model) == prints[0][0]
     restored = model(images, training=False)[
         'prediction' if model.nn_embedding == 'prediction'

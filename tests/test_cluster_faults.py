@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from paws_tf import checkpoints
 from paws_tf import dist
-from paws_tf.runner import saving
 from tests.helpers import cluster
 from tests.helpers import run_py
 
@@ -33,7 +33,7 @@ def test_workers_started_with_different_configs_stop_before_any_work(
         assert code == dist.ClusterFailed.EXIT_CODE, output[-3000:]
         assert ('the workers were started with different configs: that of '
                 'worker 1 differs from that of worker 0') in output
-    assert not (tmp_path / saving.CHECKPOINT_DIR).exists()
+    assert not (tmp_path / 'checkpoints').exists()
 
 
 @pytest.mark.slow
@@ -47,8 +47,8 @@ def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
     address = json.loads(tf_configs[0])['cluster']['worker'][1]
     procs = cluster.start_cluster(cluster_command(tmp_path),
                                   tf_configs=tf_configs)
-    backup_dir = str(tmp_path / saving.BACKUP_DIR)
-    cluster.kill_worker_after_backup(procs, backup_dir, 4)
+    backup_dir = str(tmp_path / 'backup')
+    cluster.kill_worker_after_backup(procs, str(tmp_path), 4)
     killed = time.time()
     code, output = cluster.finish_all(procs[:1], timeout=300)[0]
     # The coordination service misses the dead worker's heartbeats.
@@ -60,7 +60,7 @@ def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
     assert 'Traceback' not in output
     assert '/job:worker/replica:0/task:1' in output, output[-3000:]
     assert 'Free space' not in output
-    path, stopped_at = saving.newest_restorable(str(tmp_path))
+    path, stopped_at = checkpoints.newest_restorable(str(tmp_path))
     assert 4 <= stopped_at < 16
     assert path.startswith(backup_dir + os.sep)  # The backup's.
     assert 'the run resumes from' in output

@@ -4,6 +4,7 @@ warning naming what was skipped; when none can, the error lists what was
 tried and every file stays where it was."""
 
 import hashlib
+import json
 import os
 import pathlib
 import shutil
@@ -13,7 +14,6 @@ import pytest
 from tests.helpers import failing_saves
 from tests.helpers import run_py
 from paws_tf import checkpoints
-from paws_tf.runner import saving
 
 HELPER = pathlib.Path(failing_saves.__file__)
 BINDINGS = ['train.num_epochs = 3']  # 48 steps.
@@ -26,7 +26,7 @@ def stopped_run(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp('stopped')
     code, output = run_py.finish(run_py.start(
         model_dir, BINDINGS, script=HELPER,
-        script_args=[saving.CHECKPOINT_DIR, 3, 'ENOSPC']))
+        script_args=['checkpoints', 3, 'ENOSPC']))
     assert code == os.EX_IOERR, output[-3000:]
     return model_dir
 
@@ -37,7 +37,7 @@ def data_file(prefix):
 
 def backup_prefix(model_dir):
     (prefix, _), = checkpoints.all_checkpoints(
-        str(model_dir / saving.BACKUP_DIR / 'chief'))
+        str(model_dir / 'backup' / 'chief'))
     return prefix
 
 
@@ -67,7 +67,7 @@ def copy_of(stopped_run, tmp_path):
 def test_resume_falls_back_to_the_newest_that_restores(
         stopped_run, tmp_path, damaged_checkpoints, resumed_at):
     model_dir = copy_of(stopped_run, tmp_path)
-    checkpoint_dir = model_dir / saving.CHECKPOINT_DIR
+    checkpoint_dir = model_dir / 'checkpoints'
     backup = backup_prefix(model_dir)
     truncate(data_file(backup))
     for step in damaged_checkpoints:
@@ -83,7 +83,7 @@ def test_resume_falls_back_to_the_newest_that_restores(
     assert f'Training steps {resumed_at}..48' in output
     assert checkpoints.latest(str(checkpoint_dir))[1] == 48
     # The damaged backup is kept aside, not deleted.
-    moved, = (model_dir / saving.DAMAGED_DIR).iterdir()
+    moved, = (model_dir / 'damaged').iterdir()
     assert (moved / 'chief' / data_file(backup).name).stat().st_size == \
         data_file(backup_prefix(stopped_run)).stat().st_size // 2
 
@@ -97,7 +97,7 @@ def digests(model_dir):
 def test_when_nothing_restores_the_error_lists_what_was_tried(stopped_run,
                                                               tmp_path):
     model_dir = copy_of(stopped_run, tmp_path)
-    checkpoint_dir = model_dir / saving.CHECKPOINT_DIR
+    checkpoint_dir = model_dir / 'checkpoints'
     truncate(data_file(backup_prefix(model_dir)))
     for step in (8, 16, 24):
         corrupt(data_file(checkpoint_dir / f'ckpt-{step}'))
@@ -111,3 +111,23 @@ def test_when_nothing_restores_the_error_lists_what_was_tried(stopped_run,
     after = digests(model_dir)
     assert {p: d for p, d in after.items() if p.name != 'flags.txt'} == {
         p: d for p, d in before.items() if p.name != 'flags.txt'}
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_evaluation_reads_the_newest_checkpoint_that_restores(stopped_run,
+                                                              tmp_path):
+    """`--mode=evaluate_nn` of a run whose newest checkpoint is damaged
+    evaluates the one before it. Fails if the evaluation reads the
+    directory's latest checkpoint (the damaged ckpt-24) after the model
+    was restored from ckpt-16."""
+    model_dir = copy_of(stopped_run, tmp_path)
+    checkpoint_dir = model_dir / 'checkpoints'
+    corrupt(data_file(checkpoint_dir / 'ckpt-24'))
+    code, output = run_py.finish(run_py.start(model_dir, BINDINGS,
+                                              mode='evaluate_nn'))
+    assert code == 0, output[-3000:]
+    assert f'{checkpoint_dir / "ckpt-24"}: ' in output
+    assert f'Reading {checkpoint_dir / "ckpt-16"} (step 16)' in output
+    results = json.loads((model_dir / 'eval' / 'paws_nn.json').read_text())
+    assert results['source_path'] == str(checkpoint_dir / 'ckpt-16')

@@ -13,7 +13,6 @@ from tests.helpers import image_folders
 from tests.helpers import run_py
 from paws_tf import checkpoints
 from paws_tf import run_dir
-from paws_tf.runner import saving
 
 
 def digests(directory):
@@ -36,7 +35,7 @@ def test_files_added_to_an_image_folder_stop_the_resumed_run(tmp_path):
 
     code, output = run()
     assert code == 0, output[-3000:]
-    recorded = digests(model_dir / saving.CHECKPOINT_DIR)
+    recorded = digests(model_dir / 'checkpoints')
     # Two more unlabeled images.
     image_folders.write_folder(tmp_path / 'unlabeled' / 'more', [''], 2,
                                  seed=3)
@@ -47,7 +46,7 @@ def test_files_added_to_an_image_folder_stop_the_resumed_run(tmp_path):
     assert 'unlabeled: the image names (the folder listing' in output
     assert '\n  labeled: ' not in output  # The labeled folder is the same.
     assert "train.on_data_change = 'continue'" in output
-    assert digests(model_dir / saving.CHECKPOINT_DIR) == recorded
+    assert digests(model_dir / 'checkpoints') == recorded
 
     code, output = run("train.on_data_change = 'continue'")
     assert code == 0, output[-3000:]
@@ -83,4 +82,4 @@ def test_an_edited_split_file_stops_the_resumed_run(tmp_path):
     assert '--overwrite: starting the run again' in output
     assert 'Training steps 0..16' in output
     assert pathlib.Path(run_dir.RunDir(model_dir).split).read_text() != recorded
-    assert checkpoints.latest(str(model_dir / saving.CHECKPOINT_DIR))[1] == 16
+    assert checkpoints.latest(run_dir.RunDir(model_dir).checkpoints)[1] == 16

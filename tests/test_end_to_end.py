@@ -19,7 +19,6 @@ from paws_tf import checkpoints
 from paws_tf.data import pipeline
 from paws_tf.runner import experiment
 from paws_tf.runner import modes
-from paws_tf.runner import saving
 from tests.helpers import debug_gin
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -46,19 +45,18 @@ def run_py(model_dir, mode, wait=True):
 def test_the_whole_workflow_through_run_py(tmp_path):
     # 1. Train, preempted after its first backup, then resumed.
     proc = run_py(tmp_path, 'train', wait=False)
-    backup_dir = str(tmp_path / saving.BACKUP_DIR)
     deadline = time.time() + 600
-    while saving.backup_step(backup_dir) < 4:
+    while checkpoints.backup_step(tmp_path) < 4:
         assert proc.poll() is None and time.time() < deadline
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=600)
     assert proc.returncode == 143
-    resumed_from = saving.backup_step(backup_dir)
+    resumed_from = checkpoints.backup_step(tmp_path)
     output = run_py(tmp_path, 'train')
     assert f'Training steps {resumed_from}..32' in output
     assert checkpoints.latest(
-        str(tmp_path / saving.CHECKPOINT_DIR))[1] == 32
+        str(tmp_path / 'checkpoints'))[1] == 32
 
     # 2. Export, and reload the SavedModel in this process.
     run_py(tmp_path, 'export')

@@ -14,7 +14,6 @@ import tf_keras
 from tests.helpers import failing_saves
 from tests.helpers import run_py
 from paws_tf import checkpoints
-from paws_tf.runner import saving
 
 HELPER = pathlib.Path(failing_saves.__file__)
 
@@ -25,11 +24,11 @@ HELPER = pathlib.Path(failing_saves.__file__)
     'subdir, succeed, name, cause, kept_checkpoint, kept_backup', [
         # ckpt-8 and ckpt-16 are written, ckpt-24 fails; the backup of
         # step 24 was written just before it.
-        (saving.CHECKPOINT_DIR, 2, 'ENOSPC', 'No space left on device', 16,
+        ('checkpoints', 2, 'ENOSPC', 'No space left on device', 16,
          24),
         # Backups of steps 4..20 are written, step 24's fails (before that
         # step's checkpoint).
-        (saving.BACKUP_DIR, 5, 'EROFS', 'Read-only file system', 16, 20),
+        ('backup', 5, 'EROFS', 'Read-only file system', 16, 20),
     ], ids=['checkpoint-ENOSPC', 'backup-EROFS'])
 def test_a_failing_save_loses_nothing_and_the_rerun_resumes(
         tmp_path, subdir, succeed, name, cause, kept_checkpoint, kept_backup):
@@ -38,11 +37,11 @@ def test_a_failing_save_loses_nothing_and_the_rerun_resumes(
     assert code == os.EX_IOERR, output[-3000:]
     assert 'Could not write the ' in output
     assert f'in {tmp_path / subdir}' in output and cause in output
-    checkpoint_dir = tmp_path / saving.CHECKPOINT_DIR
-    backup_dir = tmp_path / saving.BACKUP_DIR
+    checkpoint_dir = tmp_path / 'checkpoints'
+    backup_dir = tmp_path / 'backup'
     path, step = checkpoints.latest(str(checkpoint_dir))
     assert step == kept_checkpoint and checkpoints.damage(path) is None
-    assert saving.backup_step(str(backup_dir)) == kept_backup
+    assert checkpoints.backup_step(tmp_path) == kept_backup
     assert checkpoints.damage(
         tf.train.latest_checkpoint(str(backup_dir / 'chief'))) is None
     assert (f'unchanged: the checkpoint {path} (step {step}) and the backup '
@@ -60,15 +59,16 @@ def test_a_checkpoint_write_without_permission_names_path_and_cause(
     model = tf_keras.Model(inputs, tf_keras.layers.Dense(2)(inputs))
     model.compile(optimizer=tf_keras.optimizers.SGD(0.1))
     model.optimizer.build(model.trainable_variables)
-    state = saving.RunState(str(tmp_path), model,
-                            tf.distribute.get_strategy(), keep_checkpoints=3)
-    checkpoint_dir = tmp_path / saving.CHECKPOINT_DIR
+    state = checkpoints.RunState(str(tmp_path), model,
+                                 tf.distribute.get_strategy(),
+                                 keep_checkpoints=3)
+    checkpoint_dir = tmp_path / 'checkpoints'
     with failing_saves.inject(str(checkpoint_dir), 1, errno.EACCES):
         model.optimizer.iterations.assign(1)
-        state.save(saving.CHECKPOINT)
+        state.save(checkpoints.CHECKPOINT)
         model.optimizer.iterations.assign(2)
         with pytest.raises(checkpoints.SaveFailed) as failed:
-            state.save(saving.CHECKPOINT)
+            state.save(checkpoints.CHECKPOINT)
     assert (f'Could not write the checkpoint ckpt-2 in {checkpoint_dir}: '
             in str(failed.value))
     assert 'Permission denied' in str(failed.value)

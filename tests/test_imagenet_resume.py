@@ -19,7 +19,6 @@ from paws_tf import checkpoints
 from paws_tf.data import augment
 from paws_tf.data import pipeline
 from paws_tf.data import tfds_sources
-from paws_tf.runner import saving
 from tests.helpers import run_py
 from tests.helpers import tfds_archives
 
@@ -89,7 +88,7 @@ def variables(path):
 
 
 def checkpoint_at(model_dir, step):
-    return os.path.join(model_dir, saving.CHECKPOINT_DIR, f'ckpt-{step}')
+    return os.path.join(model_dir, 'checkpoints', f'ckpt-{step}')
 
 
 def learning_rates(model_dir):
@@ -122,9 +121,9 @@ def uninterrupted(imagenet, tmp_path_factory):
 def test_killed_imagenet_run_resumes_where_the_doc_says(
         tmp_path, imagenet, uninterrupted):
     """Fails if a resumed ImageNet run starts at another step than its
-    backup's (_FitStart answering step 0: it trains 32 steps), or if the
-    saver runs before TensorBoard's callback (the backup's step is never
-    logged)."""
+    backup's (saving.fit_from starting at step 0: it trains 32 steps), or
+    if the saver runs before TensorBoard's callback (the backup's step is
+    never logged)."""
     proc = start(tmp_path, imagenet)
     run_py.wait_for_backup(tmp_path, proc, 2)
     proc.send_signal(signal.SIGKILL)
@@ -132,7 +131,7 @@ def test_killed_imagenet_run_resumes_where_the_doc_says(
     # The resumed run deletes its backup when it finishes; the kill may
     # have come while the next one was being written.
     kept = tmp_path.parent / f'{tmp_path.name}_backup'
-    shutil.copytree(tmp_path / saving.BACKUP_DIR, kept)
+    shutil.copytree(tmp_path / 'backup', kept)
     code, output = run_py.finish(start(tmp_path, imagenet))
     assert code == 0, output[-3000:]
     resumed = re.search(r'resumed at step (\d+) of (\d+) \(epoch (\d+) of '
@@ -148,7 +147,7 @@ def test_killed_imagenet_run_resumes_where_the_doc_says(
     assert f'Training steps {stopped_at}..{TOTAL_STEPS}' in output
     path = resumed[7].rstrip('.')
     if resumed[6] == 'backup':
-        path = str(kept / os.path.relpath(path, tmp_path / saving.BACKUP_DIR))
+        path = str(kept / os.path.relpath(path, tmp_path / 'backup'))
     backup = variables(path)
 
     # Up to the kill, the runs are one: the model, optimizer and step.
@@ -157,8 +156,8 @@ def test_killed_imagenet_run_resumes_where_the_doc_says(
     for name, value in reference.items():
         np.testing.assert_array_equal(backup[name], value, name)
     # Both end at the same step, with the same schedule all along.
-    assert checkpoints.latest(str(tmp_path / saving.CHECKPOINT_DIR))[1] == \
-        checkpoints.latest(str(uninterrupted / saving.CHECKPOINT_DIR))[1] \
+    assert checkpoints.latest(str(tmp_path / 'checkpoints'))[1] == \
+        checkpoints.latest(str(uninterrupted / 'checkpoints'))[1] \
         == TOTAL_STEPS
     rates, resumed_rates = (learning_rates(uninterrupted),
                             learning_rates(tmp_path))

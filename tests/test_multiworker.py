@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from paws_tf import checkpoints
-from paws_tf.runner import saving
 from tests.helpers import cluster
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -55,12 +54,11 @@ def test_killed_worker_cluster_resumes_from_backup_and_agrees(tmp_path):
     """Kill one of two workers mid-run; the scheduler restarts the job;
     it resumes from the shared backup and both workers finish agreeing."""
     procs = cluster.start_cluster(run_py_args(tmp_path))
-    backup_dir = str(tmp_path / saving.BACKUP_DIR)
     # One worker dies mid-run (an epoch has 16 steps)...
-    cluster.kill_worker_after_backup(procs, backup_dir, 8)
+    cluster.kill_worker_after_backup(procs, str(tmp_path), 8)
     procs[0].kill()  # ...and the scheduler stops the job to restart it.
     procs[0].wait()
-    stopped_at = saving.backup_step(backup_dir)
+    stopped_at = checkpoints.backup_step(tmp_path)
     assert 8 <= stopped_at < 32
 
     restarted = cluster.start_cluster(run_py_args(tmp_path))
@@ -71,7 +69,7 @@ def test_killed_worker_cluster_resumes_from_backup_and_agrees(tmp_path):
     prints = fingerprints(outputs)
     assert len(prints) == 2 and prints[0] == prints[1]
     assert checkpoints.latest(
-        str(tmp_path / saving.CHECKPOINT_DIR))[1] == 32
+        str(tmp_path / 'checkpoints'))[1] == 32
     # Only the chief's files: no worker temp directories are left.
     assert not list(tmp_path.rglob('.worker_tmp_*'))
 
@@ -84,14 +82,14 @@ def test_overwrite_on_a_cluster_the_chief_deletes_the_workers_wait(
     while the other worker waits at a barrier, so that it never reads the
     files being deleted (here a backup that cannot be restored)."""
     (tmp_path / 'config.gin').write_text('train.num_epochs = 99\n')
-    backup = tmp_path / saving.BACKUP_DIR / 'chief'
+    backup = tmp_path / 'backup' / 'chief'
     backup.mkdir(parents=True)
     (backup / 'checkpoint').write_text('model_checkpoint_path: "ckpt-1"\n')
     (backup / 'ckpt-1.index').write_bytes(b'not a checkpoint')
     (tmp_path / 'run_history.txt').write_text('the previous run\n')
     # Deleted before the backup, these keep the chief deleting for seconds:
     # a worker that did not wait would find the backup still there.
-    slow = tmp_path / saving.CHECKPOINT_DIR
+    slow = tmp_path / 'checkpoints'
     slow.mkdir()
     for i in range(30_000):
         (slow / f'events.{i}').touch()
@@ -107,7 +105,7 @@ def test_overwrite_on_a_cluster_the_chief_deletes_the_workers_wait(
     prints = fingerprints(outputs)
     assert len(prints) == 2 and prints[0] == prints[1]
     assert checkpoints.latest(
-        str(tmp_path / saving.CHECKPOINT_DIR))[1] == 32
+        str(tmp_path / 'checkpoints'))[1] == 32
     history = (tmp_path / 'run_history.txt').read_text()
     assert 'the previous run' not in history
     assert history.count('started a new run of 32 steps') == 1

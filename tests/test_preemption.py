@@ -13,7 +13,6 @@ import tf_keras
 
 from paws_tf import checkpoints
 from paws_tf import run_dir
-from paws_tf.runner import saving
 from paws_tf.runner import train
 from tests.helpers import debug_gin
 from tests.helpers import run_py
@@ -33,7 +32,7 @@ def start_run(model_dir):
 def final_state(model_dir):
     """Every variable of the run's last checkpoint, by name."""
     path, step = checkpoints.latest(
-        os.path.join(model_dir, saving.CHECKPOINT_DIR))
+        os.path.join(model_dir, 'checkpoints'))
     assert step == TOTAL_STEPS
     reader = tf.train.load_checkpoint(path)
     # All of the model and optimizer; not the count of saves this process
@@ -156,7 +155,7 @@ def test_non_finite_training_stops_before_saving_it(tmp_path):
     assert f'{tmp_path}/checkpoints/ckpt-8 (step 8). ' in message
     # Nothing non-finite was written: checkpoints and the backup are finite
     # and none is newer than the breakdown.
-    for directory in (saving.CHECKPOINT_DIR, os.path.join(saving.BACKUP_DIR,
+    for directory in ('checkpoints', os.path.join('backup',
                                                          'chief')):
         path = tf.train.latest_checkpoint(str(tmp_path / directory))
         reader = tf.train.load_checkpoint(path)
@@ -165,5 +164,5 @@ def test_non_finite_training_stops_before_saving_it(tmp_path):
             if np.issubdtype(np.asarray(value).dtype, np.floating):
                 assert np.all(np.isfinite(value)), (path, name)
     assert checkpoints.latest(
-        str(tmp_path / saving.CHECKPOINT_DIR))[1] == 8
-    assert saving.backup_step(str(tmp_path / saving.BACKUP_DIR)) <= 12
+        str(tmp_path / 'checkpoints'))[1] == 8
+    assert checkpoints.backup_step(tmp_path) <= 12

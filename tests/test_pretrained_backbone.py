@@ -11,7 +11,6 @@ import tensorflow as tf
 from paws_tf.nets import backbones
 from paws_tf.runner import building
 from paws_tf.runner import config_checks
-from paws_tf.runner import saving
 from tests.helpers import debug_gin
 from tests.helpers import image_folders
 from tests.helpers import run_py
@@ -77,7 +76,7 @@ def test_run_starts_from_the_files_backbone(tmp_path, kind, data):
     code, output = run(tmp_path, path, data)
     assert code == 0, output[-3000:]
     trained = tf.train.load_checkpoint(tf.train.latest_checkpoint(
-        str(tmp_path / 'run' / saving.CHECKPOINT_DIR)))
+        str(tmp_path / 'run' / 'checkpoints')))
     # The file's values under the run checkpoint's names: run.py saves the
     # backbone as `tf.train.Checkpoint(model=...)` does, under
     # model/backbone/.

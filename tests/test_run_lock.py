@@ -16,7 +16,6 @@ from tests.helpers import run_py
 from paws_tf import dist
 from paws_tf import run_dir
 from paws_tf.runner import run_lock
-from paws_tf.runner import saving
 
 def write_lock(model_dir, **contents):
     os.makedirs(model_dir, exist_ok=True)
@@ -97,7 +96,7 @@ def lock_holder(model_dir, proc, timeout=300):
         assert proc.poll() is None, proc.communicate()[0][-3000:]
         holder = run_lock.read(run_dir.RunDir(model_dir))
         if holder and holder.get('pid') == proc.pid and os.path.isdir(
-                model_dir / saving.BACKUP_DIR / 'chief'):
+                model_dir / 'backup' / 'chief'):
             return holder
         time.sleep(0.2)
     raise TimeoutError('the first run never took the lock')

@@ -7,7 +7,6 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from paws_tf import checkpoints
 from paws_tf import losses
 
 # Queries classified together. Each chunk materialises a few [chunk, M]
@@ -63,43 +62,6 @@ def embedder_from_saved_model(export_dir):
         return signature(images=images)['embeddings']
 
     return embed_fn
-
-
-def restore_model(model, checkpoint_path, *, input_shape):
-    """Restores a training checkpoint's model weights into `model`.
-
-    The checkpoint must have been written by `tf.train.Checkpoint(model=...,
-    ...)`; other entries (the optimizer state) are ignored.
-
-    Args:
-        model: the `model.PAWSModel` built from the run's gin config.
-        checkpoint_path: checkpoint prefix, or a directory whose latest
-            checkpoint is used.
-        input_shape: `(S, S, C)` of an input image; the model is called
-            once on zeros so that every variable exists before restoring.
-
-    Returns:
-        The checkpoint prefix restored.
-
-    Raises:
-        FileNotFoundError: no checkpoint at `checkpoint_path`.
-        ValueError: the checkpoint lacks some of the model's variables
-            (another architecture).
-    """
-    prefix = checkpoints.resolve_prefix(checkpoint_path)
-    model(tf.zeros([1, *input_shape]), training=False)
-    status = tf.train.Checkpoint(model=model).read(prefix).expect_partial()
-    try:
-        status.assert_existing_objects_matched()
-    except AssertionError as error:
-        # TF's message goes on to print the unmatched variables' values.
-        raise ValueError(
-            f'The checkpoint {prefix} does not hold this model\'s weights '
-            f'under the "model" key (another architecture, or not written '
-            f'by tf.train.Checkpoint(model=...)): '
-            f'{str(error).split(".")[0]}.') from error
-    logging.info('PAWS-NN: restored the model from %s', prefix)
-    return prefix
 
 
 def embed_dataset(embed_fn, dataset, *, description='images'):

@@ -6,6 +6,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from paws_tf import checkpoints
 from paws_tf.data import splits
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import evaluators
@@ -132,8 +133,8 @@ def _embedder(source, embedding, expected, *, saved_model_dir, model,
             f'compares {model.nn_embedding!r} (PAWSModel.nn_embedding): '
             'bind one of them to the other.')
     size, channels = expected['image_size'], expected['channels']
-    path = evaluate.restore_model(model, checkpoint_path,
-                                  input_shape=(size, size, channels))
+    model(tf.zeros([1, size, size, channels]), training=False)
+    path = checkpoints.load(checkpoint_path, model)
     return path, model.nn_embedding, evaluate.embedder_from_model(model)
 
 

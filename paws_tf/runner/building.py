@@ -4,8 +4,8 @@ precision policy."""
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import checkpoints
 from paws_tf import model as model_lib
-from paws_tf.nets import weights
 
 PRECISIONS = ('float32', 'mixed_bfloat16', 'mixed_float16')
 
@@ -76,8 +76,8 @@ def build_compiled_model(strategy, *, input_channels, steps_per_epoch,
     model = build_model(strategy, input_channels=input_channels)
     with strategy.scope():
         if pretrained_backbone:
-            weights.load_backbone_weights(model.backbone,
-                                          pretrained_backbone)
+            checkpoints.load(pretrained_backbone, model,
+                                checkpoints.BACKBONE)
         schedule = schedule_cls(steps_per_epoch=steps_per_epoch,
                                 num_epochs=num_epochs)
         optimizer = optimizer_cls(learning_rate=schedule)

@@ -16,7 +16,6 @@ from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import evaluators
 from paws_tf.runner import building
 from paws_tf.runner import experiment
-from paws_tf.runner import saving
 
 
 class StopOnNonFiniteLoss(tf_keras.callbacks.Callback):
@@ -33,9 +32,9 @@ class StopOnNonFiniteLoss(tf_keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         loss = (logs or {}).get('loss')
         if loss is not None and not math.isfinite(float(loss)):
-            raise saving.non_finite_error(
+            raise checkpoints.non_finite_error(
                 f'The loss became {float(loss)} (batch {batch} of this '
-                'epoch)', saving.global_step(self.model),
+                'epoch)', checkpoints.global_step(self.model),
                 self._checkpoint_dir)
 
 
@@ -78,7 +77,7 @@ class ProgressLog(tf_keras.callbacks.Callback):
         self._num_epochs = num_epochs
 
     def _mark(self):
-        return time.perf_counter(), saving.global_step(self.model)
+        return time.perf_counter(), checkpoints.global_step(self.model)
 
     def on_train_begin(self, logs=None):
         self._interval_start = self._mark()
@@ -108,7 +107,7 @@ class ProgressLog(tf_keras.callbacks.Callback):
         # Epoch throughput ends at the last step, not after the epoch-end
         # evaluation and saves.
         self._last_batch_end = self._mark()
-        step = saving.global_step(self.model)
+        step = checkpoints.global_step(self.model)
         if not self._every_steps or step % self._every_steps:
             return
         views_per_second, seconds_per_step, _ = self._rate(
@@ -135,7 +134,7 @@ class ProgressLog(tf_keras.callbacks.Callback):
         logging.info('epoch %d/%d: %s | %.0f views/s, %.1f s', epoch + 1,
                      self._num_epochs, shown, views_per_second, seconds)
         # Also for runs shorter than `every_steps` (the demo's figure).
-        with self._writer.as_default(step=saving.global_step(self.model)):
+        with self._writer.as_default(step=checkpoints.global_step(self.model)):
             for key in EPOCH_MEANS:
                 if key in logs:
                     tf.summary.scalar(f'epoch/{key}', float(logs[key]))

@@ -8,15 +8,14 @@ import os
 from absl import logging
 import gin
 
+from paws_tf import checkpoints
 from paws_tf import checks
 from paws_tf import model as model_lib
 from paws_tf.data import augment
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.nets import backbones
 from paws_tf.nets import sync_batch_norm
-from paws_tf.nets import weights
 from paws_tf.runner import building
-from paws_tf.runner import saving
 
 # Gin bindings that may change when a run resumes: what to do on changed
 # data, how often progress is logged, how long its cluster may take to form.
@@ -325,7 +324,7 @@ def check_pretrained_backbone():
     configured backbone, before any data is read.
 
     Builds the backbone outside any strategy and loads the file into it
-    (`weights.load_backbone_weights`), so call it once the strategy exists
+    (`checkpoints.load_backbone_weights`), so call it once the strategy exists
     (`MultiWorkerMirroredStrategy` must precede other TensorFlow ops). The
     images' channels come from the config for folder sources; other
     sources' are known once read, so their backbone is tried with 3
@@ -345,7 +344,7 @@ def check_pretrained_backbone():
         backbone = building.build_local_model(
             input_channels=channels).backbone
         try:
-            weights.load_backbone_weights(backbone, path)
+            checkpoints.load_backbone_weights(backbone, path)
             return
         except FileNotFoundError as error:
             raise checks.ConfigError(str(error)) from error
@@ -385,7 +384,7 @@ def check_model_dir(run, config, *, overwrite, chief):
     old, new = _experiment_lines(previous), _experiment_lines(config)
     if old == new:
         return
-    if not saving.has_progress(run.path):
+    if not checkpoints.has_progress(run.path):
         logging.info('%s holds the config of a start that saved no backup '
                      'or checkpoint: starting with this config.', run)
         if chief:

@@ -8,6 +8,7 @@ import typing
 from absl import logging
 import tensorflow as tf
 
+from paws_tf import checkpoints
 from paws_tf import checks
 from paws_tf.data import pipeline
 from paws_tf import dist
@@ -20,13 +21,13 @@ from paws_tf.runner import building
 from paws_tf.runner import config_checks
 from paws_tf.runner import experiment
 from paws_tf.runner import official_import
-from paws_tf.runner import saving
 from paws_tf.runner import train
 
 EMBED_BATCH_SIZE = 256
 
 
-def load_trained_model(model_dir, strategy, *, local=False):
+def load_trained_model(model_dir, strategy, *, local=False,
+                       imported=False):
     """The run's model restored from the newest checkpoint that can be
     restored (damaged newer ones are skipped with a warning).
 
@@ -41,6 +42,8 @@ def load_trained_model(model_dir, strategy, *, local=False):
         local: build the model outside the strategy (plain variables), for
             what one process does alone: export, PAWS-NN. Else in its
             scope, for what every worker runs together (fine-tuning).
+        imported: the run holds imported official weights
+            (`official_import`): RGB, no recorded normalisation.
 
     Returns:
         `(model, step)`: the `PAWSModel` built from the gin config and the
@@ -50,23 +53,14 @@ def load_trained_model(model_dir, strategy, *, local=False):
         FileNotFoundError: the run has no checkpoint yet.
         checkpoints.NoneRestorable: none of its checkpoints restores.
     """
-    preprocessing, channels = experiment.recorded_preprocessing(model_dir)
-    size = preprocessing['image_size']
     # Float32 whatever the training precision: portable exports.
     building.set_precision('float32')
-    if local:
-        model = building.build_local_model(input_channels=channels)
-        scope = contextlib.nullcontext()
-    else:
-        model = building.build_model(strategy, input_channels=channels)
-        scope = strategy.scope()
-    path, step = saving.newest_restorable(model_dir, backups=False)
-    with scope:
-        # No checkpoint at all: restore_model names what it expected.
-        evaluate.restore_model(
-            model, path or os.path.join(model_dir, saving.CHECKPOINT_DIR),
-            input_shape=(size, size, channels))
-    return model, step
+    channels = (official_import.CHANNELS if imported else
+                experiment.recorded_preprocessing(model_dir)[1])
+    model = (building.build_local_model(input_channels=channels) if local
+             else building.build_model(strategy, input_channels=channels))
+    with contextlib.nullcontext() if local else strategy.scope():
+        return model, checkpoints.load_newest(model_dir, model)
 
 
 class MissingLabeledFolder(checks.DataError):
@@ -129,8 +123,8 @@ def export_run(model_dir, model, bundle=None):
 def evaluate_run(model_dir, bundle, *, model, step=0):
     """PAWS-NN of the run on its test split, by the chief alone.
 
-    Reads the exported embedder when there is one, else the checkpoint into
-    `model`, built by `load_trained_model(..., local=True)`.
+    Reads the exported embedder when there is one, else the checkpoint of
+    `step` into `model`, built by `load_trained_model(..., local=True)`.
     """
     if bundle.test is None:
         raise ValueError('No test split is configured (load_data.test): '
@@ -139,22 +133,12 @@ def evaluate_run(model_dir, bundle, *, model, step=0):
     if os.path.isdir(embedder_dir):
         kwargs = dict(source='saved_model', saved_model_dir=embedder_dir)
     else:
-        kwargs = dict(source='checkpoint', model=model, checkpoint_path=(
-            os.path.join(model_dir, saving.CHECKPOINT_DIR)))
+        kwargs = dict(source='checkpoint', model=model,
+                      checkpoint_path=checkpoints.at_step(model_dir, step))
     return evaluate_nn.evaluate_nn(
         model_dir, labeled=bundle.labeled, test=bundle.test, tau=model.tau,
         embedding=model.nn_embedding, step=step, **kwargs,
         **experiment.eval_preprocessing(bundle))
-
-
-def _restore(model_dir, strategy, imported, *, local=False):
-    """`load_trained_model`, or the imported weights of an import (built
-    from the gin config alone, step 0)."""
-    if not imported:
-        return load_trained_model(model_dir, strategy, local=local)
-    model = official_import.restore_imported(
-        model_dir, tf.distribute.get_strategy() if local else strategy)
-    return model, 0
 
 
 def export_and_evaluate(model_dir, strategy, *, exports=True,
@@ -175,7 +159,8 @@ def export_and_evaluate(model_dir, strategy, *, exports=True,
         if evaluates and bundle is None:
             bundle = load_labeled_data(
                 model_dir, 'PAWS-NN compares the test images with them')
-        model, step = _restore(model_dir, strategy, imported, local=True)
+        model, step = load_trained_model(model_dir, strategy, local=True,
+                                         imported=imported)
         if exports:
             export_run(model_dir, model, bundle)
         if evaluates:
@@ -231,7 +216,7 @@ def _fine_tune(model_dir, strategy, options):
     del options  # Unused.
     imported = _imported(model_dir, 'fine_tune')
     bundle = load_labeled_data(model_dir, 'fine-tuning trains on them')
-    model, _ = _restore(model_dir, strategy, imported)
+    model, _ = load_trained_model(model_dir, strategy, imported=imported)
     return fine_tune.fine_tune(model_dir, model, labeled=bundle.labeled,
                                test=bundle.test, strategy=strategy,
                                **experiment.eval_preprocessing(bundle))

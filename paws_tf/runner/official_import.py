@@ -7,11 +7,10 @@ import os
 
 from absl import logging
 import numpy as np
-import tensorflow as tf
 import tf_keras
 
+from paws_tf import checkpoints
 from paws_tf import files
-from paws_tf import model as model_lib
 from paws_tf.evaluation import export
 from paws_tf.nets import backbones
 from paws_tf.nets import heads
@@ -20,12 +19,8 @@ from paws_tf.nets import torch_names
 from paws_tf import run_dir
 from paws_tf.runner import building
 from paws_tf.runner import experiment
-from paws_tf.runner import saving
 
-RECORD_FILENAME = 'imported.json'
 PRETRAINED, FINE_TUNED = 'pretrained', 'fine_tuned'
-# Where a fine-tuned checkpoint's classifier goes, relative to model_dir.
-FINE_TUNED_DIR = os.path.join('export', 'fine_tuned')
 # The official networks take RGB images.
 CHANNELS = 3
 _INSTALL_HINT = ('Reading official .pth.tar checkpoints needs PyTorch: '
@@ -119,21 +114,11 @@ def architecture(state):
 
 def read_record(model_dir):
     """The import record of `model_dir`, or None for a run trained here."""
-    path = os.path.join(model_dir, RECORD_FILENAME)
+    path = run_dir.RunDir(model_dir).imported
     if not os.path.exists(path):
         return None
     with open(path) as f:
         return json.load(f)
-
-
-def build_inference_model(strategy):
-    """The configured `PAWSModel`, built in float32 for inference (gin:
-    `build_backbone`, `ProjectionHead`, `PredictionHead`, `PAWSModel`)."""
-    building.set_precision('float32')
-    with strategy.scope():
-        model = model_lib.build_model(input_channels=CHANNELS, sync_bn=False)
-        model(tf.zeros([1, 32, 32, CHANNELS]))
-    return model
 
 
 def _check_architecture(path, state, backbone):
@@ -147,26 +132,6 @@ def _check_architecture(path, state, backbone):
         '(gin_configs/imagenet_rn50_{1,10}pct.gin for ResNet-50, '
         'imagenet_rn50x2_10pct.gin for 2x, cifar10_wrn28_2_4000.gin for '
         'WideResNet-28-2).')
-
-
-def _pretrained_model(path, state, strategy):
-    model = build_inference_model(strategy)
-    _check_architecture(path, state, model.backbone)
-    pairs = torch_names.layer_names(
-        model.backbone, projection_head=model.projection_head,
-        prediction_head=model.prediction_head)
-    hint = ''
-    if model.prediction_head is not None and 'pred.fc1.weight' not in state:
-        hint = (" It has no prediction head: bind build_model.prediction_head"
-                " = False and PAWSModel.nn_embedding = 'projection'.")
-    elif model.prediction_head is None and 'pred.fc1.weight' in state:
-        hint = (' It has a prediction head: bind build_model.prediction_head'
-                ' = True (and PredictionHead.hidden_dim to its width).')
-    try:
-        count = torch_names.load_state_dict(pairs, state, description=path)
-    except torch_names.Mismatch as error:
-        raise ImportFailed(f'{error}{hint}') from error
-    return model, count
 
 
 def build_fine_tuned_classifier(state):
@@ -201,19 +166,37 @@ def build_fine_tuned_classifier(state):
     return classifier, layers + [dense]
 
 
-def _fine_tuned_classifier(path, state, strategy):
+def _network(path, state, found, strategy):
+    """`(network, backbone, tensors)`: the configured network of kind
+    `found` holding `state`'s values, its backbone, the values' count."""
     building.set_precision('float32')
-    with strategy.scope():
-        classifier, layers = build_fine_tuned_classifier(state)
-    backbone = classifier.layers[1]
+    hint = ''
+    if found == PRETRAINED:
+        network = building.build_model(strategy, input_channels=CHANNELS)
+        backbone, named = network.backbone, dict(
+            projection_head=network.projection_head,
+            prediction_head=network.prediction_head)
+        has_head = network.prediction_head is not None
+        if has_head and 'pred.fc1.weight' not in state:
+            hint = (" It has no prediction head: bind build_model."
+                    "prediction_head = False and PAWSModel.nn_embedding = "
+                    "'projection'.")
+        elif not has_head and 'pred.fc1.weight' in state:
+            hint = (' It has a prediction head: bind build_model.'
+                    'prediction_head = True (and PredictionHead.hidden_dim '
+                    'to its width).')
+    else:
+        with strategy.scope():
+            network, layers = build_fine_tuned_classifier(state)
+        backbone, named = network.layers[1], dict(classifier_layers=layers)
     _check_architecture(path, state, backbone)
     try:
         count = torch_names.load_state_dict(
-            torch_names.layer_names(backbone, classifier_layers=layers),
-            state, description=path)
+            torch_names.layer_names(backbone, **named), state,
+            description=path)
     except torch_names.Mismatch as error:
-        raise ImportFailed(str(error)) from error
-    return classifier, count
+        raise ImportFailed(f'{error}{hint}') from error
+    return network, backbone, count
 
 
 def import_official(model_dir, path, *, strategy, overwrite=False):
@@ -242,14 +225,15 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
         ImportFailed: PyTorch missing, a bad file, another architecture,
             unmatched or mis-shaped tensors, or `model_dir` holding a run.
     """
-    checkpoint_dir = os.path.join(model_dir, saving.CHECKPOINT_DIR)
-    taken = [name for name in (RECORD_FILENAME, saving.CHECKPOINT_DIR,
-                               saving.BACKUP_DIR, 'export')
-             if os.path.exists(os.path.join(model_dir, name))]
+    run = run_dir.RunDir(model_dir)
+    taken = [path for path in (
+        run.imported, run.checkpoints, run.backup, run.export)
+             if os.path.exists(path)]
     if taken and not overwrite:
+        names = ', '.join(os.path.basename(path) for path in taken)
         raise ImportFailed(
-            f'{model_dir} already holds {", ".join(taken)}: import into a '
-            'new --model_dir, or pass --overwrite to replace them.')
+            f'{model_dir} already holds {names}: import into a new '
+            '--model_dir, or pass --overwrite to replace them.')
     state, epoch = read_checkpoint(path)
     found = kind(state)
     if found is None:
@@ -257,35 +241,29 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
             f'{path} has neither a projection head (fc.fc3.*, pre-trained) '
             f'nor a classifier (fc.fc2.* or fc.*, fine-tuned); expected '
             f'{_EXPECTED}.')
-    preprocessing, _ = experiment.recorded_preprocessing()
-    if found == PRETRAINED:
-        network, count = _pretrained_model(path, state, strategy)
-    else:
-        network, count = _fine_tuned_classifier(path, state, strategy)
-    if taken:
-        run_dir.RunDir(model_dir).delete(
-            [os.path.join(model_dir, name) for name in taken])
+    network, backbone, count = _network(path, state, found, strategy)
+    run.delete(taken)
     os.makedirs(model_dir, exist_ok=True)
-    if found == PRETRAINED:
-        tf.train.CheckpointManager(
-            tf.train.Checkpoint(model=network), checkpoint_dir,
-            max_to_keep=1, checkpoint_name='ckpt').save(checkpoint_number=0)
-        export.export_embedder(
-            network, run_dir.RunDir(model_dir).embedder,
-            channels=CHANNELS, strategy=strategy, **preprocessing)
-        name = network.backbone.name
-    else:
-        export.export_fine_tuned(
-            network, os.path.join(model_dir, FINE_TUNED_DIR),
-            channels=CHANNELS, strategy=strategy, **preprocessing)
-        name = network.layers[1].name
+    _write(run, network, found, strategy)
+    name = backbone.name
     record = dict(source=os.path.abspath(path), kind=found, epoch=epoch,
                   network=name, tensors=count)
-    files.write_json(os.path.join(model_dir, RECORD_FILENAME), record,
-                     indent=2, default=int)
+    files.write_json(run.imported, record, indent=2, default=int)
     logging.info('Imported %s (%s, %s, epoch %s, %d tensors) into %s.', path,
                  found, name, epoch, count, model_dir)
     return record
+
+
+def _write(run, network, found, strategy):
+    """Writes the imported `network` of kind `found` into `run`."""
+    preprocessing, _ = experiment.recorded_preprocessing()
+    if found == PRETRAINED:
+        checkpoints.write_model(network, run)
+        export.export_embedder(network, run.embedder, channels=CHANNELS,
+                               strategy=strategy, **preprocessing)
+    else:
+        export.export_fine_tuned(network, run.fine_tuned, channels=CHANNELS,
+                                 strategy=strategy, **preprocessing)
 
 
 def refuse(record, mode, model_dir, *, trains=False):
@@ -311,18 +289,8 @@ def refuse(record, mode, model_dir, *, trains=False):
     if record['kind'] == FINE_TUNED:
         raise ImportFailed(
             f'{model_dir} holds the fine-tuned classifier imported from '
-            f'{record["source"]} (its SavedModel is {FINE_TUNED_DIR}): '
+            f'{record["source"]} (its SavedModel is '
+            f'{run_dir.RunDir(model_dir).fine_tuned}): '
             f'--mode={mode} needs a pre-trained checkpoint (backbone, fc '
             'projection and pred prediction heads), e.g. '
             'paws_imgnt_10percent_300ep.pth.tar.')
-
-
-def restore_imported(model_dir, strategy):
-    """The imported pre-trained `PAWSModel` of `model_dir`."""
-    model = build_inference_model(strategy)
-    prefix = tf.train.latest_checkpoint(
-        os.path.join(model_dir, saving.CHECKPOINT_DIR))
-    with strategy.scope():
-        tf.train.Checkpoint(model=model).read(
-            prefix).assert_existing_objects_matched()
-    return model

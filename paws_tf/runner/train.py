@@ -1,5 +1,6 @@
 """PAWS pre-training: strategy, data, model, fit, checkpoints, resume."""
 
+import functools
 import hashlib
 
 from absl import logging
@@ -8,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import checkpoints
 from paws_tf import checks
 from paws_tf import determinism
 from paws_tf.data import data_fingerprint
@@ -118,8 +120,8 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
         eval_every_epochs: evaluate every this many epochs when a test
             split is configured (0: never).
         eval_max_queries: test images the evaluators use (None: all).
-        pretrained_backbone: tf_keras weights file or checkpoint to start
-            the backbone from.
+        pretrained_backbone: tf_keras weights file or checkpoint (a run's
+            too) to start the backbone from.
         on_data_change: when resuming on data that differs from what the
             run started on: `'stop'` with an error naming what changed, or
             `'continue'` on the new data (recording it).
@@ -128,65 +130,109 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
     Returns:
         The trained `PAWSModel`.
     """
+    # Every parameter, by name, to the steps of the run.
+    return _train(**locals())
+
+
+def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
+           optimizer_cls, schedule_cls, precision, jit_compile,
+           steps_per_execution, seed, deterministic_ops,
+           checkpoint_every_steps, keep_checkpoints, backup_every_steps,
+           log_every_steps, view_images, evaluators, eval_every_epochs,
+           eval_max_queries, pretrained_backbone, on_data_change, verbose):
+    """`train`: config -> data -> model -> checkpoints -> loop."""
     num_epochs = _check_arguments(
         num_epochs, keep_checkpoints, backup_every_steps, steps_per_execution,
         checkpoint_every_steps, log_every_steps, eval_every_epochs, seed,
         precision)
-    tf_keras.utils.set_random_seed(seed)
-    if deterministic_ops:
-        determinism.enable()
+    _seed(seed, deterministic_ops=deterministic_ops)
     data_fingerprint.check_on_change(on_data_change)
     chief = dist.is_chief(strategy)
     run = run_dir.RunDir(model_dir)
+    # The data, and the step the run starts at.
     bundle, start_step, resume_from = _start(
         run, strategy, chief=chief, on_change=on_data_change,
         overwrite=overwrite)
-    pretrain = pipeline.make_pretrain_dataset_fn(
-        bundle.unlabeled, bundle.labeled,
-        num_replicas=strategy.num_replicas_in_sync, start_step=start_step,
-        seed=seed, normalization=bundle.normalization)
-    if chief:
-        run.write(run.input_summary, pretrain.summary + '\n')
-    logging.info('%s; the sizes per replica and step: %s',
-                 pretrain.summary_line, run.input_summary)
-    steps_per_epoch = pretrain.steps_per_epoch
-    total_steps = num_epochs * steps_per_epoch
+    input_at = functools.partial(
+        pipeline.make_pretrain_dataset_fn, bundle.unlabeled, bundle.labeled,
+        num_replicas=strategy.num_replicas_in_sync, seed=seed,
+        normalization=bundle.normalization)
+    pretrain = input_at(start_step=start_step)
+    _record_input(run, pretrain, chief=chief)
     model = building.build_compiled_model(
         strategy, input_channels=bundle.labeled.channels,
-        steps_per_epoch=steps_per_epoch, num_epochs=num_epochs,
+        steps_per_epoch=pretrain.steps_per_epoch, num_epochs=num_epochs,
         optimizer_cls=optimizer_cls, schedule_cls=schedule_cls,
-        precision=precision,
-        jit_compile=jit_compile, steps_per_execution=steps_per_execution,
+        precision=precision, jit_compile=jit_compile,
+        steps_per_execution=steps_per_execution,
         pretrained_backbone=pretrained_backbone)
-    state = saving.RunState(model_dir, model, strategy,
-                            keep_checkpoints=keep_checkpoints,
-                            before_save=owner_check)
+    # The checkpoints: resume, or start.
     history = run.record_event if chief else (lambda event: event)
-    if resume_from:
-        state.restore(resume_from)
-        if start_step >= total_steps:
-            logging.info('%s holds a finished run (%d steps): not training '
-                         'it again.', model_dir, start_step)
-            return model
-        logging.info('Run %s.', history(run_history.resumed(
-            start_step, total_steps, steps_per_epoch,
-            saving.describe(resume_from))))
-    else:
-        history(f'started a new run of {total_steps} steps')
-    logging.info('Training steps %d..%d: %d epochs of %d steps.', start_step,
-                 total_steps, num_epochs, steps_per_epoch)
-
-    saver = saving.Saver(state, backup_every=backup_every_steps,
-                         checkpoint_every=checkpoint_every_steps)
+    if not _resume(model, resume_from, start_step, num_epochs,
+                   pretrain.steps_per_epoch, history=history):
+        return model
+    saver = saving.Saver(
+        checkpoints.RunState(model_dir, model, strategy,
+                             keep_checkpoints=keep_checkpoints,
+                             before_save=owner_check),
+        backup_every=backup_every_steps,
+        checkpoint_every=checkpoint_every_steps)
+    # The loop, its logs and its epoch-end evaluations.
     fit_callbacks = _callbacks(
         run, bundle, pretrain, saver, tau=model.tau, chief=chief,
         num_epochs=num_epochs, log_every_steps=log_every_steps,
         view_images=view_images and chief and start_step == 0,
         evaluators=evaluators, eval_every_epochs=eval_every_epochs,
         eval_max_queries=eval_max_queries)
-    _fit(model, pretrain, fit_callbacks, saver, strategy=strategy,
+    _fit(model, pretrain, input_at, fit_callbacks, saver, strategy=strategy,
          start_step=start_step, num_epochs=num_epochs, history=history,
          verbose=verbose)
+    _finish(model, saver, history, num_epochs * pretrain.steps_per_epoch)
+    return model
+
+
+def _seed(seed, *, deterministic_ops):
+    """Seeds Python, NumPy and TF; bit-identical ops if asked."""
+    tf_keras.utils.set_random_seed(seed)
+    if deterministic_ops:
+        determinism.enable()
+
+
+def _record_input(run, pretrain, *, chief):
+    """Writes the input's sizes per replica and step, and logs them."""
+    if chief:
+        run.write(run.input_summary, pretrain.summary + '\n')
+    logging.info('%s; the sizes per replica and step: %s',
+                 pretrain.summary_line, run.input_summary)
+
+
+def _resume(model, path, step, num_epochs, steps_per_epoch, *, history):
+    """Restores the model and optimizer saved at `path` (None: a new run)
+    and records the start; False for a finished run."""
+    total_steps = num_epochs * steps_per_epoch
+    if path:
+        checkpoints.load(path, model, checkpoints.WHOLE)
+        if step >= total_steps:
+            logging.info('%s holds a finished run (%d steps): not training '
+                         'it again.', checkpoints.describe(path).capitalize(),
+                         step)
+            return False
+        logging.info('Run %s.', history(run_history.resumed(
+            step, total_steps, steps_per_epoch, checkpoints.describe(path))))
+    else:
+        history(f'started a new run of {total_steps} steps')
+    logging.info('Training steps %d..%d: %d epochs of %d steps.', step,
+                 total_steps, num_epochs, steps_per_epoch)
+    return True
+
+
+def _finish(model, saver, history, total_steps):
+    """Records the end of the run; deletes its backup when it finished.
+
+    Raises:
+        Preempted: SIGTERM stopped it.
+    """
+    state = saver.state
     fingerprint = weights_fingerprint(model)
     logging.info('Final weights fingerprint (SHA-256): %s', fingerprint)
     if saver.preempted_at is not None:
@@ -196,9 +242,9 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
             f'Stopped by SIGTERM after step {saver.preempted_at} of '
             f'{total_steps}, backed up in {state.backup_dir}: run the same '
             'command again to resume.')
-    history(f'finished at step {saving.global_step(model)}; weights '
+    state.delete_backup()
+    history(f'finished at step {checkpoints.global_step(model)}; weights '
             f'SHA-256 {fingerprint}')
-    return model
 
 
 def _check_arguments(num_epochs, keep_checkpoints, backup_every_steps,
@@ -226,29 +272,31 @@ def _check_arguments(num_epochs, keep_checkpoints, backup_every_steps,
     return num_epochs
 
 
-def _fit(model, pretrain, fit_callbacks, saver, *, strategy, start_step,
-         num_epochs, history, verbose):
-    """`model.fit` from global `start_step`; a failure of the cluster
-    becomes a `dist.ClusterFailed` naming where a relaunch resumes."""
-    state = saver.state
+def _fit(model, pretrain, input_at, fit_callbacks, saver, *, strategy,
+         start_step, num_epochs, history, verbose):
+    """`saving.fit_from` global `start_step`, on `pretrain`, then on
+    `input_at(start_step=step)`; a failure of the cluster becomes a
+    `dist.ClusterFailed` naming where a relaunch resumes."""
+    def dataset_at(step):
+        return tf_keras.utils.experimental.DatasetCreator(
+            (pretrain if step == start_step else
+             input_at(start_step=step)).dataset_fn)
+
     # One worker cannot save alone under MultiWorkerMirroredStrategy.
     on_sigterm = not isinstance(strategy,
                                 tf.distribute.MultiWorkerMirroredStrategy)
     try:
-        with saver.handling_sigterm(on_sigterm), saving.fit_starting_at(
-                model, start_step):
-            model.fit(
-                tf_keras.utils.experimental.DatasetCreator(
-                    pretrain.dataset_fn),
-                epochs=num_epochs, steps_per_epoch=pretrain.steps_per_epoch,
-                callbacks=fit_callbacks, verbose=verbose)
+        with saver.handling_sigterm(on_sigterm):
+            saving.fit_from(model, dataset_at, start_step, epochs=num_epochs,
+                            steps_per_epoch=pretrain.steps_per_epoch,
+                            callbacks=fit_callbacks, verbose=verbose)
     except BaseException as error:
-        step = saving.global_step(model)
+        step = checkpoints.global_step(model)
         why = ': '.join([type(error).__name__] + str(error).splitlines()[:1])
         history(f'stopped at step {step} by {why}')
         failure = dist.cluster_failure(
             strategy, error, what='training', step=step,
-            resume=f'the newest of {state.kept()}')
+            resume=f'the newest of {saver.state.kept()}')
         if failure is None:
             raise
         raise failure from error
@@ -262,7 +310,7 @@ def _start(run, strategy, *, chief, on_change, overwrite):
         `step` to restore, None for a new run (step 0).
     """
     bundle, restart = _load_data(
-        run, chief=chief, resuming=saving.has_progress(run.path),
+        run, chief=chief, resuming=checkpoints.has_progress(run.path),
         on_change=on_change, overwrite=overwrite)
     if restart and chief:
         run.delete(run.training_outputs)
@@ -270,7 +318,7 @@ def _start(run, strategy, *, chief, on_change, overwrite):
         # The other workers read the run's files only once the chief has
         # deleted what it deletes.
         dist.barrier(strategy)
-    path, step = (None, 0) if restart else saving.newest_restorable(
+    path, step = (None, 0) if restart else checkpoints.newest_restorable(
         run.path, chief=chief)
     return bundle, step, path
 

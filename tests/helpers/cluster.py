@@ -10,7 +10,7 @@ import time
 import tensorflow as tf
 
 from paws_tf import dist
-from paws_tf.runner import saving
+from paws_tf import checkpoints
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # run.py in one process whose CPU holds two logical devices: with
@@ -71,12 +71,12 @@ def launch_cluster(argv, timeout=600, env=None, extra_args=None):
                       timeout)
 
 
-def kill_worker_after_backup(procs, backup_dir, step, worker=1,
+def kill_worker_after_backup(procs, model_dir, step, worker=1,
                              timeout=600):
-    """Kills `procs[worker]` once the run's backup in `backup_dir` holds
+    """Kills `procs[worker]` once the backup of the run in `model_dir` holds
     `step` or a later one; the workers must all run until then."""
     deadline = time.time() + timeout
-    while saving.backup_step(backup_dir) < step:
+    while checkpoints.backup_step(model_dir) < step:
         assert all(p.poll() is None for p in procs), 'ended too early'
         assert time.time() < deadline
         time.sleep(0.2)

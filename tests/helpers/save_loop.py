@@ -1,4 +1,4 @@
-"""Saves checkpoints through saving.RunState in a loop, for ever.
+"""Saves checkpoints through checkpoints.RunState in a loop, for ever.
 
 Every weight of checkpoint `ckpt-<s>` equals s, so a checkpoint mixing two
 saves is detectable. The weights are large (64 MB) to widen the window in
@@ -11,7 +11,7 @@ import paws_tf  # noqa: F401  (selects tf_keras)
 import tensorflow as tf
 import tf_keras
 
-from paws_tf.runner import saving
+from paws_tf import checkpoints
 
 
 def main(directory):
@@ -20,8 +20,9 @@ def main(directory):
     model = tf_keras.Model(inputs, tf_keras.layers.Dense(2048)(hidden))
     model.compile(optimizer=tf_keras.optimizers.SGD(0.1, momentum=0.9))
     model.optimizer.build(model.trainable_variables)
-    state = saving.RunState(directory, model, tf.distribute.get_strategy(),
-                            keep_checkpoints=3)
+    state = checkpoints.RunState(directory, model,
+                                 tf.distribute.get_strategy(),
+                                 keep_checkpoints=3)
     step = 0
     while True:
         step += 1
@@ -29,7 +30,7 @@ def main(directory):
         for variable in model.variables + model.optimizer.variables():
             if variable.dtype.is_floating:
                 variable.assign(tf.fill(variable.shape, float(step)))
-        state.save(saving.CHECKPOINT)
+        state.save(checkpoints.CHECKPOINT)
         print('saved', step, flush=True)
 
 
