@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from paws_tf import checks
+from paws_tf import bindings
 from paws_tf.data import pipeline
 from paws_tf.demo import report
 from paws_tf.demo import supervised
@@ -73,7 +73,7 @@ def demo(model_dir, strategy, *, overwrite=False, owner_check=None):
                           else per_class.tolist()),
         num_labeled=bundle.labeled.num_examples,
         num_unlabeled=bundle.unlabeled.num_examples,
-        num_test=paws['num_queries'], seed=checks.bound('train.seed', 0),
+        num_test=paws['num_queries'], seed=bindings.bound('train.seed', 0),
         paws_train_seconds=paws_seconds, finetune_seconds=tune_seconds,
         supervised_seconds=baseline['wall_seconds'],
         images_per_second=report.training_views_per_second(

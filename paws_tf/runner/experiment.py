@@ -9,6 +9,7 @@ import os
 import gin
 import numpy as np
 
+from paws_tf import bindings
 from paws_tf import checks
 from paws_tf.data import folders
 from paws_tf.data import normalization as normalization_lib
@@ -27,7 +28,7 @@ def _folder(selector):
     """' (NAME = 'folder')': the binding that gives the folder of the
     source `selector` references, for a message; '' for other sources."""
     for parameter in ('root', 'labeled_root'):
-        root, name = checks.referenced_binding(selector, parameter)
+        root, name = bindings.referenced_binding(selector, parameter)
         if isinstance(root, str):
             return f' ({name} = {root!r})'
     return ''
@@ -209,7 +210,7 @@ def recorded_preprocessing(model_dir):
         `(preprocessing, channels)`: the `eval_preprocessing` dict and the
         images' channel count (one mean per channel).
     """
-    spec = checks.bound('load_data.normalization')
+    spec = bindings.bound('load_data.normalization')
     normalization = (None if spec is None else
                      normalization_lib.recorded_normalization(spec, model_dir))
     preprocessing = eval_preprocessing(normalization=normalization)

@@ -151,10 +151,13 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
     Returns:
         The trained `PAWSModel`.
     """
-    num_epochs = _check_arguments(
-        num_epochs, keep_checkpoints, backup_every_steps, steps_per_execution,
-        checkpoint_every_steps, log_every_steps, eval_every_epochs, seed,
-        precision)
+    num_epochs = check_arguments(
+        num_epochs=num_epochs, keep_checkpoints=keep_checkpoints,
+        backup_every_steps=backup_every_steps,
+        steps_per_execution=steps_per_execution,
+        checkpoint_every_steps=checkpoint_every_steps,
+        log_every_steps=log_every_steps, eval_every_epochs=eval_every_epochs,
+        seed=seed, precision=precision)
     tf_keras.utils.set_random_seed(seed)
     if deterministic_ops:
         determinism.enable()
@@ -225,29 +228,36 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
     return model
 
 
-def _check_arguments(num_epochs, keep_checkpoints, backup_every_steps,
-                     steps_per_execution, checkpoint_every_steps,
-                     log_every_steps, eval_every_epochs, seed, precision):
-    """`num_epochs` as an int; raises `ValueError` naming a bad argument of
-    `train`."""
-    num_epochs = checks.integer('num_epochs', num_epochs)
-    for name, value in (('keep_checkpoints', keep_checkpoints),
-                        ('backup_every_steps', backup_every_steps),
-                        ('steps_per_execution', steps_per_execution)):
-        checks.integer(name, value)
-    for name, value in (('checkpoint_every_steps', checkpoint_every_steps),
-                        ('log_every_steps', log_every_steps),
-                        ('eval_every_epochs', eval_every_epochs),
-                        ('seed', seed)):
-        checks.integer(name, value, minimum=0)
-    building.check_precision(precision)
+def check_arguments(*, num_epochs, keep_checkpoints, backup_every_steps,
+                    steps_per_execution, checkpoint_every_steps,
+                    log_every_steps, eval_every_epochs, seed, precision,
+                    names=None):
+    """Raises `checks.ConfigError` naming a bad argument of `train`
+    (`names`: what to call each, default `train.<argument>`); run.py runs
+    it on the bound values before any data is read.
+
+    Returns:
+        `num_epochs` as an int.
+    """
+    name = checks.namer(names, 'train.')
+    for key, value, minimum in (
+            ('num_epochs', num_epochs, 1),
+            ('keep_checkpoints', keep_checkpoints, 1),
+            ('backup_every_steps', backup_every_steps, 1),
+            ('steps_per_execution', steps_per_execution, 1),
+            ('checkpoint_every_steps', checkpoint_every_steps, 0),
+            ('log_every_steps', log_every_steps, 0),
+            ('eval_every_epochs', eval_every_epochs, 0), ('seed', seed, 0)):
+        checks.integer(name(key), value, minimum=minimum)
+    building.check_precision(precision, name('precision'))
     if checkpoint_every_steps and checkpoint_every_steps < backup_every_steps:
-        raise ValueError(
-            f'checkpoint_every_steps={checkpoint_every_steps} is smaller than '
-            f'backup_every_steps={backup_every_steps}: back up at least as '
-            'often as you checkpoint, so that a resumed run always starts '
-            'from the newest state.')
-    return num_epochs
+        raise checks.ConfigError(
+            f'{name("checkpoint_every_steps")} = {checkpoint_every_steps} '
+            f'is smaller than {name("backup_every_steps")} = '
+            f'{backup_every_steps}: back up at least as often as you '
+            'checkpoint, so that a resumed run always starts from the '
+            'newest state.')
+    return int(num_epochs)
 
 
 def _fit(model, pretrain, fit_callbacks, saver, *, strategy, start_step,
