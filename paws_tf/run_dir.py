@@ -107,7 +107,7 @@ class RunDir:
 
     @property
     def chief_backup(self):
-        """The chief's backup, the one kept (`dist.write_dir`)."""
+        """The chief's backup, the one kept (`cluster.write_dir`)."""
         return self._join('backup', 'chief')
 
     @property

@@ -7,10 +7,10 @@ import time
 import numpy as np
 
 from paws_tf import bindings
+from paws_tf import cluster
 from paws_tf.data import pipeline
 from paws_tf.demo import report
 from paws_tf.demo import supervised
-from paws_tf import dist
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import export
 from paws_tf.evaluation import fine_tune
@@ -54,8 +54,8 @@ def demo(model_dir, strategy, *, overwrite=False, owner_check=None):
                                 test=bundle.test, strategy=strategy,
                                 **preprocessing)
     tune_seconds = time.perf_counter() - tune_start
-    if not dist.is_chief(strategy):
-        dist.barrier(strategy)  # The chief's baseline and report.
+    if not cluster.is_chief(strategy):
+        cluster.barrier(strategy)  # The chief's baseline and report.
         return None
     baseline = supervised.train_supervised(
         model_dir, labeled=bundle.labeled, test=bundle.test,
@@ -95,7 +95,7 @@ def demo(model_dir, strategy, *, overwrite=False, owner_check=None):
     print(f'total wall time {results["wall_seconds"]:.0f} s; results in '
           f'{results_path}, figure in '
           f'{os.path.join(model_dir, report.FIGURE_FILENAME)}')
-    dist.barrier(strategy)
+    cluster.barrier(strategy)
     return results
 
 

@@ -12,10 +12,10 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import cluster
 from paws_tf.data import augment
 from paws_tf.data import pipeline
 from paws_tf.data import sampling
-from paws_tf import dist
 from paws_tf.evaluation import tuning
 from paws_tf import progress
 from paws_tf import schedules
@@ -296,7 +296,7 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
     test_dataset = pipeline.make_eval_dataset(test, **evaluation)
     os.makedirs(output_dir, exist_ok=True)
     holdout_file = os.path.join(output_dir, HOLDOUT_FILENAME)
-    if dist.is_chief(strategy):
+    if cluster.is_chief(strategy):
         with open(holdout_file, 'w') as f:
             f.writelines(f'{labeled.names[p]}\n' for p in held)
     sweep = []

@@ -8,8 +8,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import cluster
 from paws_tf.data import pipeline
-from paws_tf import dist
 from paws_tf import model as model_lib
 from paws_tf.evaluation import evaluate
 from paws_tf.runner import saving
@@ -168,7 +168,7 @@ class PawsNNEvaluation(tf_keras.callbacks.Callback):
     cheap enough to follow during training.
 
     Every worker of a cluster runs it: each reads the model's weights at
-    the same epoch end (`dist.read_weights`, collectives under
+    the same epoch end (`cluster.read_weights`, collectives under
     MultiWorkerMirroredStrategy), and the chief alone evaluates them on
     `local_model`, a copy with plain variables, and writes the scalars.
 
@@ -207,7 +207,7 @@ class PawsNNEvaluation(tf_keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self._every_epochs or self.model.stop_training:
             return  # Not due, or stopping (a preemption's grace period).
-        weights = dist.read_weights(self.model)
+        weights = cluster.read_weights(self.model)
         if self._local_model is None:
             return
         self._local_model.set_weights(weights)

@@ -30,14 +30,14 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import checkpoints
-from paws_tf import dist
+from paws_tf import cluster
 
 CHECKPOINT_DIR = 'checkpoints'
 BACKUP_DIR = 'backup'
 # Where a backup that cannot be restored is moved, kept for inspection.
 DAMAGED_DIR = 'damaged'
 # The backup of the chief, the one kept; under MultiWorkerMirroredStrategy
-# the other workers write theirs beside it and delete it (`dist.write_dir`).
+# the other workers write theirs beside it and delete it (`cluster.write_dir`).
 _CHIEF = 'chief'
 BACKUP = 'backup'
 CHECKPOINT = 'checkpoint'
@@ -171,7 +171,7 @@ class RunState:
             CHECKPOINT: self.checkpoint_dir}
         self._managers = {
             kind: tf.train.CheckpointManager(
-                self._checkpoint, dist.write_dir(strategy, directory),
+                self._checkpoint, cluster.write_dir(strategy, directory),
                 max_to_keep=1 if kind == BACKUP else keep_checkpoints,
                 checkpoint_name=checkpoints.CHECKPOINT_PREFIX)
             for kind, directory in self._directories.items()}
@@ -209,7 +209,7 @@ class RunState:
                 written).
             checkpoints.SaveFailed: the files could not be written; what
                 was saved before is unchanged.
-            dist.ClusterFailed: a collective of the save failed.
+            cluster.ClusterFailed: a collective of the save failed.
         """
         step = global_step(self.model)
         if self._saved_at[kind] == step:
@@ -229,7 +229,7 @@ class RunState:
 
     def delete_backup(self):
         """Deletes the backup: the run is finished, its checkpoints stay."""
-        if dist.is_chief(self._strategy):
+        if cluster.is_chief(self._strategy):
             shutil.rmtree(self.backup_dir, ignore_errors=True)
 
     def _check_finite(self, step):
@@ -250,14 +250,14 @@ class RunState:
                 f'{backup_step(self.backup_dir) or "none yet"})')
 
     def _save_failed(self, kind, step, error):
-        """A `dist.ClusterFailed` when a collective of the save failed (the
+        """A `cluster.ClusterFailed` when a collective of the save failed (the
         disk is not the cause), else a `checkpoints.SaveFailed`."""
         what = (f'checkpoint {checkpoints.CHECKPOINT_PREFIX}-{step}'
                 if kind == CHECKPOINT else 'backup')
         directory = (self._managers[kind].directory if kind == CHECKPOINT
                      else self.backup_dir)
         kept = self.kept()
-        failure = dist.cluster_failure(
+        failure = cluster.cluster_failure(
             self._strategy, error, what=f'the {what}', step=step,
             resume=f'the newest of {kept}')
         if failure is not None:

@@ -12,12 +12,12 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import checks
+from paws_tf import cluster
 from paws_tf import determinism
 from paws_tf.data import data_fingerprint
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import pipeline
 from paws_tf.data import splits
-from paws_tf import dist
 from paws_tf.evaluation import evaluate_nn
 from paws_tf import files
 from paws_tf import lars
@@ -48,7 +48,7 @@ class Preempted(RuntimeError):
 def weights_fingerprint(model):
     """SHA-256 of the model's weights: equal fingerprints, equal weights."""
     digest = hashlib.sha256()
-    for weight in dist.read_weights(model):
+    for weight in cluster.read_weights(model):
         digest.update(np.ascontiguousarray(weight).tobytes())
     return digest.hexdigest()
 
@@ -162,7 +162,7 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
     if deterministic_ops:
         determinism.enable()
     data_fingerprint.check_on_change(on_data_change)
-    chief = dist.is_chief(strategy)
+    chief = cluster.is_chief(strategy)
     bundle, start_step, resume_from = _start(
         model_dir, strategy, chief=chief, on_change=on_data_change,
         overwrite=overwrite)
@@ -263,7 +263,7 @@ def check_arguments(*, num_epochs, keep_checkpoints, backup_every_steps,
 def _fit(model, pretrain, fit_callbacks, saver, *, strategy, start_step,
          num_epochs, history, verbose):
     """`model.fit` from global `start_step`; a failure of the cluster
-    becomes a `dist.ClusterFailed` naming where a relaunch resumes."""
+    becomes a `cluster.ClusterFailed` naming where a relaunch resumes."""
     state = saver.state
     # One worker cannot save alone under MultiWorkerMirroredStrategy.
     on_sigterm = not isinstance(strategy,
@@ -280,7 +280,7 @@ def _fit(model, pretrain, fit_callbacks, saver, *, strategy, start_step,
         step = saving.global_step(model)
         why = ': '.join([type(error).__name__] + str(error).splitlines()[:1])
         history(f'stopped at step {step} by {why}')
-        failure = dist.cluster_failure(
+        failure = cluster.cluster_failure(
             strategy, error, what='training', step=step,
             resume=f'the newest of {state.kept()}')
         if failure is None:
@@ -303,7 +303,7 @@ def _start(model_dir, strategy, *, chief, on_change, overwrite):
     if overwrite:
         # The other workers read the run's files only once the chief has
         # deleted what it deletes.
-        dist.barrier(strategy)
+        cluster.barrier(strategy)
     path, step = (None, 0) if restart else saving.newest_restorable(
         model_dir, chief=chief)
     return bundle, step, path
