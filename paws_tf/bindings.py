@@ -84,8 +84,9 @@ def check_bound(check, configurable, selector, **given):
         configurable: the class or function gin configures.
         selector: its gin selector, scoped as called (`'train'`,
             `'fine_tune/LARS'`).
-        **given: `(value, name)` of the arguments not bound under
-            `selector` (a schedule's `num_epochs` is `train`'s).
+        **given: `(value, name)` of arguments not bound under `selector`
+            (a schedule's `num_epochs` is `train`'s), used when `check`
+            takes them.
     """
     defaults = inspect.signature(configurable).parameters
     values, names = {}, {}

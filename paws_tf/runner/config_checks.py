@@ -10,7 +10,6 @@ import gin
 
 from paws_tf import bindings
 from paws_tf import checks
-from paws_tf import lars
 from paws_tf import model as model_lib
 from paws_tf.data import augment
 from paws_tf.data import data_fingerprint
@@ -21,7 +20,6 @@ from paws_tf.nets import weights
 from paws_tf.runner import building
 from paws_tf.runner import saving
 from paws_tf.runner import train
-from paws_tf import schedules
 
 # The gin config of a training run, recorded in its model_dir at the start.
 CONFIG_FILE = 'config.gin'
@@ -155,16 +153,16 @@ def _check_arguments(pretraining):
     if not pretraining:
         return
     bindings.check_bound(train.check_arguments, train.train, 'train')
-    optimizer, selector = bindings.configured('train.optimizer_cls',
-                                              lars.LARS)
-    if optimizer is lars.LARS:
-        bindings.check_bound(optimizer.check_arguments, optimizer, selector)
-    schedule, selector = bindings.configured('train.schedule_cls',
-                                             schedules.WarmupCosineDecay)
-    if schedule is schedules.WarmupCosineDecay:
-        bindings.check_bound(
-            schedule.check_arguments, schedule, selector,
-            num_epochs=bindings.binding('train.num_epochs', gin.REQUIRED))
+    # The classes `train` calls: `LARS`, `WarmupCosineDecay`, or others
+    # with a check of their own.
+    defaults = inspect.signature(train.train).parameters
+    num_epochs = bindings.binding('train.num_epochs', gin.REQUIRED)
+    for parameter in ('optimizer_cls', 'schedule_cls'):
+        cls, selector = bindings.configured(f'train.{parameter}',
+                                            defaults[parameter].default)
+        if hasattr(cls, 'check_arguments'):
+            bindings.check_bound(cls.check_arguments, cls, selector,
+                                 num_epochs=num_epochs)
 
 
 def _check_size(size, size_name, minimum, backbone, backbone_name):
