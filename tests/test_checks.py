@@ -143,6 +143,9 @@ def test_folder_recipes_need_no_other_binding(clean_gin, folders, name,
      r'train.backup_every_steps = 10: back up at least as often'),
     ('debug.gin', ["train.precision = 'float64'"],
      r"^train.precision must be one of \('float32', "),
+    ('debug.gin', ["train.on_data_change = 'go'"],
+     r"^train.on_data_change must be one of \('stop', 'continue'\), got "
+     r"'go'\.$"),
     ('debug.gin', ['EPOCHS = 2', 'train.num_epochs = %EPOCHS',
                    'WarmupCosineDecay.warmup_epochs = 3'],
      r'^The warm-up is longer than the run: '
@@ -153,7 +156,7 @@ def test_config_errors_name_the_binding(clean_gin, folders, name, bindings,
     """Each configurable's own argument check runs on the bound values,
     naming the binding or macro. Fails if config_checks leaves out the
     optimizer's check (or reads it unscoped), the relation of checkpoint
-    and backup intervals, the precision, or names the schedule's epochs
+    and backup intervals, the precision, on_data_change, or names the schedule's epochs
     `num_epochs` rather than the macro `train.num_epochs` came through."""
     with pytest.raises(ValueError, match=message):
         check(name, (folders if name.startswith('image_folders') else []) +

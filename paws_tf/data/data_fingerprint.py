@@ -83,14 +83,6 @@ def differences(recorded, current):
     return lines
 
 
-def check_on_change(on_change):
-    """Raises `ValueError` unless `on_change` is one of `ON_CHANGE`."""
-    if on_change not in ON_CHANGE:
-        raise ValueError(
-            f'train.on_data_change must be one of {ON_CHANGE}, got '
-            f'{on_change!r}.')
-
-
 def check(model_dir, bundle, *, resuming, on_change='stop', overwrite=False,
           write=True):
     """Records the data of a new run; compares a resumed run's data.

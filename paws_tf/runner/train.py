@@ -157,11 +157,10 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
         steps_per_execution=steps_per_execution,
         checkpoint_every_steps=checkpoint_every_steps,
         log_every_steps=log_every_steps, eval_every_epochs=eval_every_epochs,
-        seed=seed, precision=precision)
+        seed=seed, precision=precision, on_data_change=on_data_change)
     tf_keras.utils.set_random_seed(seed)
     if deterministic_ops:
         determinism.enable()
-    data_fingerprint.check_on_change(on_data_change)
     chief = cluster.is_chief(strategy)
     bundle, start_step, resume_from = _start(
         model_dir, strategy, chief=chief, on_change=on_data_change,
@@ -231,7 +230,7 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
 def check_arguments(*, num_epochs, keep_checkpoints, backup_every_steps,
                     steps_per_execution, checkpoint_every_steps,
                     log_every_steps, eval_every_epochs, seed, precision,
-                    names=None):
+                    on_data_change, names=None):
     """Raises `checks.ConfigError` naming a bad argument of `train`
     (`names`: what to call each, default `train.<argument>`); run.py runs
     it on the bound values before any data is read.
@@ -250,6 +249,10 @@ def check_arguments(*, num_epochs, keep_checkpoints, backup_every_steps,
             ('eval_every_epochs', eval_every_epochs, 0), ('seed', seed, 0)):
         checks.integer(name(key), value, minimum=minimum)
     building.check_precision(precision, name('precision'))
+    if on_data_change not in data_fingerprint.ON_CHANGE:
+        raise checks.ConfigError(
+            f'{name("on_data_change")} must be one of '
+            f'{data_fingerprint.ON_CHANGE}, got {on_data_change!r}.')
     if checkpoint_every_steps and checkpoint_every_steps < backup_every_steps:
         raise checks.ConfigError(
             f'{name("checkpoint_every_steps")} = {checkpoint_every_steps} '
