@@ -156,8 +156,9 @@ def test_config_errors_name_the_binding(clean_gin, folders, name, bindings,
     """Each configurable's own argument check runs on the bound values,
     naming the binding or macro. Fails if config_checks leaves out the
     optimizer's check (or reads it unscoped), the relation of checkpoint
-    and backup intervals, the precision, on_data_change, or names the schedule's epochs
-    `num_epochs` rather than the macro `train.num_epochs` came through."""
+    and backup intervals, the precision or on_data_change, or names the
+    schedule's epochs `num_epochs` rather than the macro that
+    `train.num_epochs` came through."""
     with pytest.raises(ValueError, match=message):
         check(name, (folders if name.startswith('image_folders') else []) +
               bindings)

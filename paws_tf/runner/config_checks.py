@@ -96,7 +96,8 @@ def _labeled_root(folder):
     None when it is not a bound labeled folder."""
     prefix, parameter = folder
     root, root_name = bindings.binding(f'{prefix}.{parameter}')
-    if not isinstance(root, str) or not bindings.bound(f'{prefix}.labeled', True):
+    if (not isinstance(root, str)
+            or not bindings.bound(f'{prefix}.labeled', True)):
         return None
     return root, root_name
 
