@@ -42,8 +42,8 @@ import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 from benchmarks import memory  # noqa: E402
+from paws_tf import cluster  # noqa: E402
 from paws_tf import determinism  # noqa: E402
-from paws_tf import dist  # noqa: E402
 from paws_tf import lars  # noqa: E402
 from paws_tf import model as model_lib  # noqa: E402
 from paws_tf.nets import backbones  # noqa: E402
@@ -143,7 +143,7 @@ def parse_args():
                         help='write a TF profiler trace of 2 timed steps')
     args = parser.parse_args()
     # As the trainer's `--strategy=auto`: TF_CONFIG or Slurm.
-    args.cluster = dist.cluster_in_environment()
+    args.cluster = cluster.cluster_in_environment()
     if args.replicas > 1 and args.cluster:
         parser.error('in a cluster (TF_CONFIG or Slurm) the replicas are the '
                      'cluster\'s (every GPU of every worker, or one per CPU '
@@ -155,7 +155,7 @@ def parse_args():
 def configure_devices(args):
     """Thread pools, logical CPUs and the strategy; runs before TF starts.
 
-    One replica runs under TF's default strategy, as `dist.make_strategy`
+    One replica runs under TF's default strategy, as `cluster.make_strategy`
     gives the trainer; two run under MirroredStrategy on two GPUs, or on two
     logical devices that split the CPU. Where TF_CONFIG or Slurm describes
     a cluster, this process is one worker of its
@@ -168,16 +168,16 @@ def configure_devices(args):
         tf.config.threading.set_inter_op_parallelism_threads(
             args.inter_op_threads)
     if args.cluster:
-        return dist.make_strategy('multi_worker')
+        return cluster.make_strategy('multi_worker')
     if args.replicas == 1:
         return tf.distribute.get_strategy()
     if tf.config.list_physical_devices('GPU'):
-        return dist.make_strategy(
+        return cluster.make_strategy(
             'mirrored', [f'GPU:{i}' for i in range(args.replicas)])
     cpu = tf.config.list_physical_devices('CPU')[0]
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * args.replicas)
-    return dist.make_strategy(
+    return cluster.make_strategy(
         'mirrored', [f'CPU:{i}' for i in range(args.replicas)])
 
 

@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from benchmarks import bench_step  # noqa: E402
+from paws_tf import cluster  # noqa: E402
 from paws_tf import dist  # noqa: E402
 from paws_tf import losses  # noqa: E402
 
@@ -212,7 +213,7 @@ def main():
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     for strategy in (tf.distribute.get_strategy(),
-                     dist.make_strategy('mirrored', ['CPU:0', 'CPU:1'])):
+                     cluster.make_strategy('mirrored', ['CPU:0', 'CPU:1'])):
         support_scaling(args, strategy)
 
 if __name__ == '__main__':

@@ -29,7 +29,7 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from paws_tf import dist
+from paws_tf import cluster
 from paws_tf import run_dir as run_dir_lib
 
 CHECKPOINT_PREFIX = 'ckpt'
@@ -413,7 +413,7 @@ class RunState:
                              CHECKPOINT: run.checkpoints}
         self._managers = {
             kind: tf.train.CheckpointManager(
-                checkpoint, dist.write_dir(strategy, directory),
+                checkpoint, cluster.write_dir(strategy, directory),
                 max_to_keep=1 if kind == BACKUP else keep_checkpoints,
                 checkpoint_name=CHECKPOINT_PREFIX)
             for kind, directory in self._directories.items()}
@@ -427,7 +427,7 @@ class RunState:
                 written).
             SaveFailed: the files could not be written; what was saved
                 before is unchanged.
-            dist.ClusterFailed: a collective of the save failed.
+            cluster.ClusterFailed: a collective of the save failed.
         """
         step = global_step(self.model)
         if self._saved_at[kind] == step:
@@ -447,7 +447,7 @@ class RunState:
 
     def delete_backup(self):
         """Deletes the backup: the run is finished, its checkpoints stay."""
-        if dist.is_chief(self._strategy):
+        if cluster.is_chief(self._strategy):
             shutil.rmtree(self.backup_dir, ignore_errors=True)
 
     def _check_finite(self, step):
@@ -468,14 +468,14 @@ class RunState:
                 f'{backup_step(self._run) or "none yet"})')
 
     def _save_failed(self, kind, step, error):
-        """A `dist.ClusterFailed` when a collective of the save failed (the
+        """A `cluster.ClusterFailed` when a collective of the save failed (the
         disk is not the cause), else a `SaveFailed`."""
         what = (f'{CHECKPOINT} {CHECKPOINT_PREFIX}-{step}'
                 if kind == CHECKPOINT else BACKUP)
         directory = (self._managers[kind].directory if kind == CHECKPOINT
                      else self.backup_dir)
         kept = self.kept()
-        failure = dist.cluster_failure(
+        failure = cluster.cluster_failure(
             self._strategy, error, what=what, step=step,
             resume=f'the newest of {kept}')
         if failure is not None:

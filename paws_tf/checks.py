@@ -1,10 +1,8 @@
-"""Argument checks that name the bad value (gin does not check types), and
-the values gin binds, with macros followed."""
+"""The errors of a user's mistakes, and argument checks that name the bad
+value (gin does not check types)."""
 
 import numbers
 import os
-
-import gin
 
 
 class UserError(ValueError):
@@ -66,43 +64,9 @@ def number(name, value, *, positive=False, low=None, high=None):
     return float(value)
 
 
-def binding(selector, default=None):
-    """A gin parameter's value with macros followed, and what to bind.
-
-    Args:
-        selector: `'configurable.parameter'`, optionally scoped.
-        default: the value when `selector` is unbound.
-
-    Returns:
-        `(value, name)`: `name` is the last macro the value came through
-        (what a user rebinds), else `selector`.
-    """
-    name = selector
-    try:
-        value = gin.query_parameter(selector)
-    except ValueError:
-        return default, name
-    # `%NAME` is a reference to a macro or a gin constant; calling it gives
-    # its value.
-    while (isinstance(value, gin.config.ConfigurableReference)
-           and str(value).startswith('%')):
-        name = str(value)[1:]
-        value = value.scoped_configurable_fn()
-    return value, name
-
-
-def bound(selector, default=None):
-    """The value gin binds to `selector` with macros resolved, else
-    `default`."""
-    return binding(selector, default)[0]
-
-
-def referenced_binding(selector, parameter):
-    """`(value, name)` of `parameter` of the configurable that `selector`
-    references (`load_data.test = @test/image_folder` and `'root'` give
-    the test folder and `'TEST_DIR'`), with `binding`'s `name`; `(None,
-    None)` when `selector` binds no reference."""
-    reference = bound(selector)
-    if not isinstance(reference, gin.config.ConfigurableReference):
-        return None, None
-    return binding(f'{reference.scoped_selector}.{parameter}')
+def namer(names, prefix):
+    """`name(argument)`: what an argument check's message calls an
+    argument: `names[argument]` (run.py gives the binding it read the value
+    from, `bindings.check_bound`), else `prefix + argument`."""
+    names = names or {}
+    return lambda argument: names.get(argument, prefix + argument)

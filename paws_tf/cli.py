@@ -30,8 +30,8 @@ from paws_tf import tf_logs
 # TensorFlow loads here, its start-up logs held back (tf_logs.py).
 with tf_logs.quiet_start(sys.argv):
     # pylint: disable=g-import-not-at-top,wrong-import-position
+    from paws_tf import cluster
     from paws_tf import configurables
-    from paws_tf import dist
     from paws_tf import run_dir
     from paws_tf.runner import config_checks
     from paws_tf.runner import modes
@@ -61,7 +61,7 @@ _GIN_BINDINGS = flags.DEFINE_multi_string(
 # --list_configs runs without it.
 _MODEL_DIR = flags.DEFINE_string('model_dir', None, 'Run directory.')
 _MODE = flags.DEFINE_enum('mode', 'train', list(MODES), 'What to run.')
-_STRATEGY = flags.DEFINE_enum('strategy', 'auto', dist.STRATEGY_KINDS,
+_STRATEGY = flags.DEFINE_enum('strategy', 'auto', cluster.STRATEGY_KINDS,
                               'Distribution strategy.')
 _OVERWRITE = flags.DEFINE_bool(
     'overwrite', False, 'Start training again in a model_dir that holds a '
@@ -153,8 +153,8 @@ def main(argv):
         raise checks.ConfigError(str(error)) from error
     run = run_dir.RunDir(_MODEL_DIR.value)
     config = gin.config_str()
-    strategy = dist.make_strategy(_STRATEGY.value)
-    dist.check_same_config(strategy, f'--mode={_MODE.value}\n{config}')
+    strategy = cluster.make_strategy(_STRATEGY.value)
+    cluster.check_same_config(strategy, f'--mode={_MODE.value}\n{config}')
     if mode.trains:
         # Once the strategy exists; still before any data is read.
         config_checks.check_pretrained_backbone()
@@ -185,13 +185,13 @@ def _main_with_messages(argv):
 def _run_in_model_dir(run, strategy, mode, config, owner_check):
     """Everything `main` does under the run directory's lock;
     `owner_check` raises when another run took the lock over."""
-    chief = dist.is_chief(strategy)
+    chief = cluster.is_chief(strategy)
     if mode.trains:
         config_checks.check_model_dir(
             run, config, overwrite=_OVERWRITE.value, chief=chief)
         if _OVERWRITE.value:
             # The other workers of a cluster wait for the chief to delete.
-            dist.barrier(strategy)
+            cluster.barrier(strategy)
     # The importer creates model_dir only once the checkpoint fits.
     if not mode.imports:
         os.makedirs(run.path, exist_ok=True)

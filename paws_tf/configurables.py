@@ -9,6 +9,7 @@ import re
 
 # pylint: disable=unused-import
 from paws_tf import checks
+from paws_tf import cluster  # noqa: F401
 from paws_tf.data import augment  # noqa: F401
 from paws_tf.data import folders  # noqa: F401
 from paws_tf.data import pipeline  # noqa: F401
@@ -17,7 +18,6 @@ from paws_tf.data import splits  # noqa: F401
 from paws_tf.data import tfds_sources  # noqa: F401
 from paws_tf.demo import fashion_mnist  # noqa: F401
 from paws_tf.demo import supervised  # noqa: F401
-from paws_tf import dist  # noqa: F401
 from paws_tf.evaluation import evaluate_nn  # noqa: F401
 from paws_tf.evaluation import export  # noqa: F401
 from paws_tf.evaluation import fine_tune  # noqa: F401

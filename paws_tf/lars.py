@@ -105,14 +105,12 @@ class LARS(tf_keras.optimizers.Optimizer):
                 `weight_decay`, which is ours.
 
         Raises:
-            ValueError: if a hyperparameter is out of range.
+            checks.ConfigError: if a hyperparameter is out of range.
             TypeError: if `exclude_from_adaptation` has the wrong type.
         """
         super().__init__(name=name, weight_decay=None, **kwargs)
-        checks.number('momentum', momentum, low=0.0, high=1.0)
-        checks.number('weight_decay', weight_decay, low=0.0)
-        checks.number('eps', eps, low=0.0)
-        checks.number('trust_coefficient', trust_coefficient, positive=True)
+        self.check_arguments(momentum=momentum, weight_decay=weight_decay,
+                             trust_coefficient=trust_coefficient, eps=eps)
         self._learning_rate = self._build_learning_rate(learning_rate)
         self.momentum = momentum
         self.l2_weight_decay = weight_decay
@@ -120,6 +118,19 @@ class LARS(tf_keras.optimizers.Optimizer):
         self.eps = eps
         self._exclude_from_adaptation_arg = exclude_from_adaptation
         self.exclude_from_adaptation = _as_predicate(exclude_from_adaptation)
+
+    @staticmethod
+    def check_arguments(*, momentum, weight_decay, trust_coefficient, eps,
+                        names=None):
+        """Raises `checks.ConfigError` naming a hyperparameter out of range
+        (`names`: what to call each, default `LARS.<argument>`); run.py
+        runs it on the bound values before any data is read."""
+        name = checks.namer(names, 'LARS.')
+        checks.number(name('momentum'), momentum, low=0.0, high=1.0)
+        checks.number(name('weight_decay'), weight_decay, low=0.0)
+        checks.number(name('eps'), eps, low=0.0)
+        checks.number(name('trust_coefficient'), trust_coefficient,
+                      positive=True)
 
     def build(self, var_list):
         """Creates the momentum and trust-ratio variables.

@@ -17,33 +17,6 @@ NN_EMBEDDINGS = ('projection', 'prediction')
 OBJECTIVES = ('paws', 'ropaws')
 
 
-def check_objective(objective, *, prior_tau, prior_pow, label_ratio,
-                    names=None):
-    """Raises ValueError, naming the binding, on a bad objective setting.
-
-    `PAWSModel` runs it when built and the trainer's config check before
-    any data is read. The RoPAWS settings are checked only with `objective
-    = 'ropaws'` (PAWS does not read them).
-
-    Args:
-        objective: one of `OBJECTIVES`.
-        prior_tau, prior_pow, label_ratio: the `ropaws_*` arguments.
-        names: what the messages call each of the four (e.g. the gin macro
-            a value came through); default `PAWSModel.<argument>`.
-    """
-    names = dict({key: f'PAWSModel.{key}' for key in (
-        'objective', 'ropaws_prior_tau', 'ropaws_prior_pow',
-        'ropaws_label_ratio')}, **(names or {}))
-    if objective not in OBJECTIVES:
-        raise ValueError(f'{names["objective"]} must be one of {OBJECTIVES}, '
-                         f'got {objective!r}.')
-    if objective != 'ropaws':
-        return
-    checks.number(names['ropaws_prior_tau'], prior_tau, positive=True)
-    checks.number(names['ropaws_label_ratio'], label_ratio, positive=True)
-    checks.number(names['ropaws_prior_pow'], prior_pow, low=0.0)
-
-
 # `train_step`'s per-step values are its means' names with this prefix.
 STEP_PREFIX = 'step_'
 
@@ -128,29 +101,23 @@ class PAWSModel(tf_keras.Model):
             **kwargs: passed to `tf_keras.Model`.
 
         Raises:
-            ValueError: a value out of range, or `nn_embedding`
+            checks.ConfigError: a value out of range, or `nn_embedding`
                 'prediction' without a prediction head.
         """
         super().__init__(**kwargs)
-        checks.number('tau', tau, positive=True)
-        checks.number('sharpen_temperature', sharpen_temperature,
-                      positive=True)
-        checks.number('me_max_weight', me_max_weight, low=0.0)
-        checks.number('label_smoothing', label_smoothing, low=0.0, high=1.0)
-        checks.integer('diagnostics_every', diagnostics_every, minimum=0)
-        check_objective(objective, prior_tau=ropaws_prior_tau,
-                        prior_pow=ropaws_prior_pow,
-                        label_ratio=ropaws_label_ratio)
+        self.check_arguments(
+            tau=tau, sharpen_temperature=sharpen_temperature,
+            me_max_weight=me_max_weight, label_smoothing=label_smoothing,
+            diagnostics_every=diagnostics_every, nn_embedding=nn_embedding,
+            objective=objective, ropaws_prior_tau=ropaws_prior_tau,
+            ropaws_prior_pow=ropaws_prior_pow,
+            ropaws_label_ratio=ropaws_label_ratio)
         self.objective = objective
         self.ropaws_settings = dict(prior_tau=ropaws_prior_tau,
                                     prior_pow=ropaws_prior_pow,
                                     label_ratio=ropaws_label_ratio)
-        if nn_embedding not in NN_EMBEDDINGS:
-            raise ValueError(
-                f'PAWSModel.nn_embedding must be one of {NN_EMBEDDINGS}, got '
-                f'{nn_embedding!r}.')
         if nn_embedding == 'prediction' and prediction_head is None:
-            raise ValueError(
+            raise checks.ConfigError(
                 "PAWSModel.nn_embedding = 'prediction' needs a prediction "
                 'head: bind build_model.prediction_head = True, or '
                 "PAWSModel.nn_embedding = 'projection'.")
@@ -164,6 +131,39 @@ class PAWSModel(tf_keras.Model):
         self.label_smoothing = label_smoothing
         self.diagnostics_every = diagnostics_every
         self._create_metrics()
+
+    @staticmethod
+    def check_arguments(*, tau, sharpen_temperature, me_max_weight,
+                        label_smoothing, diagnostics_every, nn_embedding,
+                        objective, ropaws_prior_tau, ropaws_prior_pow,
+                        ropaws_label_ratio, names=None):
+        """Raises `checks.ConfigError` naming an argument out of range
+        (`names`: what to call each, default `PAWSModel.<argument>`);
+        run.py runs it on the bound values before any data is read. The
+        RoPAWS settings are checked only with `objective = 'ropaws'` (PAWS
+        does not read them)."""
+        name = checks.namer(names, 'PAWSModel.')
+        checks.number(name('tau'), tau, positive=True)
+        checks.number(name('sharpen_temperature'), sharpen_temperature,
+                      positive=True)
+        checks.number(name('me_max_weight'), me_max_weight, low=0.0)
+        checks.number(name('label_smoothing'), label_smoothing, low=0.0,
+                      high=1.0)
+        checks.integer(name('diagnostics_every'), diagnostics_every,
+                       minimum=0)
+        for key, value, allowed in (
+                ('nn_embedding', nn_embedding, NN_EMBEDDINGS),
+                ('objective', objective, OBJECTIVES)):
+            if value not in allowed:
+                raise checks.ConfigError(
+                    f'{name(key)} must be one of {allowed}, got {value!r}.')
+        if objective == 'ropaws':
+            checks.number(name('ropaws_prior_tau'), ropaws_prior_tau,
+                          positive=True)
+            checks.number(name('ropaws_label_ratio'), ropaws_label_ratio,
+                          positive=True)
+            checks.number(name('ropaws_prior_pow'), ropaws_prior_pow,
+                          low=0.0)
 
     @tf.__internal__.tracking.no_automatic_dependency_tracking
     def _create_metrics(self):

@@ -169,14 +169,21 @@ def wait_for_tasks(resolver, timeout):
             time.sleep(_RETRY_SECONDS)
     finally:
         listener.close()
+    raise _not_started(me, tasks, answers, listener.heard, timeout)
 
-    def named(tasks_):
-        return ', '.join(f'{task} ({peers[task]})' for task in tasks_)
 
-    silent = [task for task in peers if answers[task] is None]
-    other = [task for task in peers if answers[task] not in (None, _OK)]
-    deaf = [task for task in peers
-            if answers[task] == _OK and task not in listener.heard]
+def _not_started(me, tasks, answers, heard, timeout):
+    """The `NotStarted` of task `me` that met not every other task in
+    `timeout` s: `answers` are their answers to its greeting, `heard` the
+    tasks that greeted it."""
+
+    def named(names):
+        return ', '.join(f'{task} ({tasks[task]})' for task in names)
+
+    silent = [task for task in answers if answers[task] is None]
+    other = [task for task in answers if answers[task] not in (None, _OK)]
+    deaf = [task for task in answers
+            if answers[task] == _OK and task not in heard]
     causes = []
     if silent:
         causes.append(f'nothing answers at {named(silent)}: never '
@@ -189,7 +196,7 @@ def wait_for_tasks(resolver, timeout):
         causes.append(f'{named(deaf)} answers but did not reach '
                       f'{me} at {tasks[me]}: a wrong address in its cluster '
                       'description, or a firewall between them')
-    raise NotStarted(
+    return NotStarted(
         f'{me}: the cluster did not form within {timeout:g} s '
         f'(make_strategy.start_timeout): {"; ".join(causes)}. Start the '
         'missing worker with the same command, or stop the job and start the '

@@ -84,7 +84,7 @@ class RunDir:
     checkpoints = _path('checkpoints')
     backup = _path('backup')
     chief_backup = _path('backup', 'chief', doc="The chief's backup, the "
-                         'one kept (`dist.write_dir`).')
+                         'one kept (`cluster.write_dir`).')
     damaged = _path('damaged')
 
     # What is derived from the model.

@@ -58,33 +58,16 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
                 `num_epochs`; None (the default) uses `warmup_epochs`.
 
         Raises:
-            ValueError: if a step count is not positive, the warm-up is
-                negative, longer than training or given twice, or a
-                learning rate is negative.
+            checks.ConfigError: a step count that is not positive, a
+                warm-up that is negative, longer than training or given
+                twice, or a negative learning rate.
         """
         super().__init__()
         checks.integer('steps_per_epoch', steps_per_epoch)
-        checks.integer('num_epochs', num_epochs)
-        for arg_name, value in (('start_lr', start_lr), ('ref_lr', ref_lr),
-                                ('final_lr', final_lr)):
-            checks.number(arg_name, value, low=0)
-        if warmup_fraction is not None:
-            if warmup_epochs is not None:
-                raise ValueError(
-                    f'warmup_epochs={warmup_epochs!r} and warmup_fraction='
-                    f'{warmup_fraction!r} both set the warm-up: bind '
-                    'WarmupCosineDecay.warmup_epochs = None to use the '
-                    'fraction.')
-            checks.number('warmup_fraction', warmup_fraction, low=0)
-            if warmup_fraction > 1:
-                raise ValueError(f'warmup_fraction must be in [0, 1], got '
-                                 f'{warmup_fraction!r}.')
-            warmup_epochs = warmup_fraction * num_epochs
-        checks.number('warmup_epochs', warmup_epochs)
-        if not 0 <= warmup_epochs <= num_epochs:
-            raise ValueError(
-                f'warmup_epochs must be in [0, num_epochs={num_epochs}], got '
-                f'{warmup_epochs!r}.')
+        warmup_epochs = self.check_arguments(
+            num_epochs=num_epochs, start_lr=start_lr, ref_lr=ref_lr,
+            final_lr=final_lr, warmup_epochs=warmup_epochs,
+            warmup_fraction=warmup_fraction)
         self.steps_per_epoch = int(steps_per_epoch)
         self.num_epochs = int(num_epochs)
         self.start_lr = float(start_lr)
@@ -93,6 +76,42 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
         self.warmup_epochs = warmup_epochs
         self.warmup_steps = round(warmup_epochs * self.steps_per_epoch)
         self.total_steps = self.num_epochs * self.steps_per_epoch
+
+    @staticmethod
+    def check_arguments(*, num_epochs, start_lr, ref_lr, final_lr,
+                        warmup_epochs, warmup_fraction, names=None):
+        """Raises `checks.ConfigError` naming an argument out of range
+        (`names`: what to call each, default `WarmupCosineDecay.<name>`);
+        run.py runs it on the bound values before any data is read.
+
+        Returns:
+            The warm-up in epochs.
+        """
+        name = checks.namer(names, 'WarmupCosineDecay.')
+        checks.integer(name('num_epochs'), num_epochs)
+        for key, value in (('start_lr', start_lr), ('ref_lr', ref_lr),
+                           ('final_lr', final_lr)):
+            checks.number(name(key), value, low=0)
+        warmup, fraction = name('warmup_epochs'), name('warmup_fraction')
+        if warmup_fraction is not None:
+            if warmup_epochs is not None:
+                raise checks.ConfigError(
+                    f'{warmup} = {warmup_epochs!r} and {fraction} = '
+                    f'{warmup_fraction!r} both set the warm-up: bind '
+                    f'{warmup} = None to use the fraction.')
+            if checks.number(fraction, warmup_fraction, low=0) > 1:
+                raise checks.ConfigError(
+                    f'{fraction} must be a number in [0, 1] (a share of '
+                    f'the run), got {warmup_fraction!r}.')
+            return warmup_fraction * num_epochs
+        if checks.number(warmup, warmup_epochs, low=0) > num_epochs:
+            raise checks.ConfigError(
+                f'The warm-up is longer than the run: {warmup} = '
+                f'{warmup_epochs!r} > {name("num_epochs")} = {num_epochs}. '
+                f'Bind {warmup} = {num_epochs / 10:g} (a tenth of the '
+                f'run), or {warmup} = None with {fraction} = 0.1 so that '
+                'it follows the epochs.')
+        return warmup_epochs
 
     def __call__(self, step):
         """Returns the learning rate after `step` updates.

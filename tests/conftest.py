@@ -10,7 +10,7 @@ import paws_tf  # noqa: F401,E402  (selects tf_keras before TF is used)
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from paws_tf import dist  # noqa: E402
+from paws_tf import cluster  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -52,8 +52,8 @@ def fresh_collective_keys():
 @pytest.fixture
 def two_replicas():
     """A fresh 2-replica MirroredStrategy on the two logical CPUs, as
-    `dist.make_strategy` builds it."""
-    strategy = dist.make_strategy('mirrored', ['CPU:0', 'CPU:1'])
+    `cluster.make_strategy` builds it."""
+    strategy = cluster.make_strategy('mirrored', ['CPU:0', 'CPU:1'])
     _offset_collective_keys()
     return strategy
 

@@ -141,9 +141,33 @@ def test_folder_recipes_need_no_other_binding(clean_gin, folders, name,
      ['load_data.normalization = ((0.5, 0.5), (0.353,))'],
      r'mean \(0\.5, 0\.5\) and std \(0\.353,\) must have one value per '
      r'channel'),
+    ('debug.gin', ['LARS.momentum = 1.5'],
+     r'^LARS.momentum must be a number >= 0.0 and < 1.0, got 1.5\.$'),
+    ('debug.gin', ['train.optimizer_cls = @pretrain/LARS',
+                   'pretrain/LARS.momentum = -0.5'],
+     r'^pretrain/LARS.momentum must be a number >= 0.0'),
+    ('debug.gin', ['train.checkpoint_every_steps = 5',
+                   'train.backup_every_steps = 10'],
+     r'^train.checkpoint_every_steps = 5 is smaller than '
+     r'train.backup_every_steps = 10: back up at least as often'),
+    ('debug.gin', ["train.precision = 'float64'"],
+     r"^train.precision must be one of \('float32', "),
+    ('debug.gin', ["train.on_data_change = 'go'"],
+     r"^train.on_data_change must be one of \('stop', 'continue'\), got "
+     r"'go'\.$"),
+    ('debug.gin', ['EPOCHS = 2', 'train.num_epochs = %EPOCHS',
+                   'WarmupCosineDecay.warmup_epochs = 3'],
+     r'^The warm-up is longer than the run: '
+     r'WarmupCosineDecay.warmup_epochs = 3 > EPOCHS = 2\.'),
 ])
 def test_config_errors_name_the_binding(clean_gin, folders, name, bindings,
                                         message):
+    """Each configurable's own argument check runs on the bound values,
+    naming the binding or macro. Fails if config_checks leaves out the
+    optimizer's check (or reads it unscoped), the relation of checkpoint
+    and backup intervals, the precision or on_data_change, or names the
+    schedule's epochs `num_epochs` rather than the macro that
+    `train.num_epochs` came through."""
     with pytest.raises(ValueError, match=message):
         check(name, (folders if name.startswith('image_folders') else []) +
               bindings)

@@ -152,7 +152,7 @@ def test_cifar10_from_tfds_on_a_cluster(tmp_path, monkeypatch):
     Fails if both workers train on the first worker's shard (the exports
     0.82 apart; tried in `pipeline`'s replica slice), if a worker records
     the run history too (two "finished" lines), if the export is from
-    another checkpoint than the last (tried: `saving._saved` oldest
+    another checkpoint than the last (tried: `checkpoints._saved` oldest
     first), if the worker evaluates too (it writes its own TensorBoard
     events), if the workers do not sum their gradients (the fingerprints
     differ; tried: `skip_gradients_aggregation=True` in

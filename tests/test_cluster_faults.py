@@ -8,7 +8,7 @@ import time
 import pytest
 
 from paws_tf import checkpoints
-from paws_tf import dist
+from paws_tf import cluster as cluster_lib
 from tests.helpers import cluster
 from tests.helpers import run_py
 
@@ -30,7 +30,7 @@ def test_workers_started_with_different_configs_stop_before_any_work(
         cluster_command(tmp_path), timeout=300,
         extra_args={1: ['--gin_bindings=train.seed = 1']})
     for code, output in results:
-        assert code == dist.ClusterFailed.EXIT_CODE, output[-3000:]
+        assert code == cluster_lib.ClusterFailed.EXIT_CODE, output[-3000:]
         assert ('the workers were started with different configs: that of '
                 'worker 1 differs from that of worker 0') in output
     assert not (tmp_path / 'checkpoints').exists()
@@ -41,9 +41,9 @@ def test_workers_started_with_different_configs_stop_before_any_work(
 def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
         tmp_path):
     """The survivor names the lost task and its TF_CONFIG address. Fails
-    if dist.cluster_failure names no task, or takes the address from
+    if cluster_lib.cluster_failure names no task, or takes the address from
     another task of the cluster spec."""
-    tf_configs = dist.loopback_tf_configs(2)
+    tf_configs = cluster_lib.loopback_tf_configs(2)
     address = json.loads(tf_configs[0])['cluster']['worker'][1]
     procs = cluster.start_cluster(cluster_command(tmp_path),
                                   tf_configs=tf_configs)
@@ -53,7 +53,7 @@ def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
     code, output = cluster.finish_all(procs[:1], timeout=300)[0]
     # The coordination service misses the dead worker's heartbeats.
     assert time.time() - killed < 120
-    assert code == dist.ClusterFailed.EXIT_CODE, output[-3000:]
+    assert code == cluster_lib.ClusterFailed.EXIT_CODE, output[-3000:]
     assert (f'worker 0 stopped at step ' in output and
             f': worker 1 ({address}) was lost; ' in output), output[-3000:]
     assert 'Find the first error in the log of worker 1,' in output
@@ -83,14 +83,14 @@ def test_a_worker_that_never_starts_stops_the_other_then_all_start(
     timeout = 30
     command = cluster_command(tmp_path, SMALL + (
         'train.num_epochs = 1', f'make_strategy.start_timeout = {timeout}'))
-    tf_configs = dist.loopback_tf_configs(2)
+    tf_configs = cluster_lib.loopback_tf_configs(2)
     worker_1 = json.loads(tf_configs[1])['cluster']['worker'][1]
     started = time.time()
     [(code, output)] = cluster.finish_all(cluster.start_cluster(
         command, tf_configs=tf_configs, only=[0]), timeout=300)
     # Python and TensorFlow start in well under a minute, even loaded.
     assert timeout <= time.time() - started < timeout + 90
-    assert code == dist.ClusterFailed.EXIT_CODE, output[-3000:]
+    assert code == cluster_lib.ClusterFailed.EXIT_CODE, output[-3000:]
     assert (f'worker 0: the cluster did not form within {timeout} s '
             f'(make_strategy.start_timeout): nothing answers at worker 1 '
             f'({worker_1}): never started') in output, output[-3000:]

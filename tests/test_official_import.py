@@ -14,10 +14,10 @@ import tensorflow as tf
 
 torch = pytest.importorskip('torch')
 
+from paws_tf import cluster  # noqa: E402
 from paws_tf import configurables  # noqa: E402,F401  (registers them)
 from paws_tf.data import augment  # noqa: E402
 from paws_tf.demo import run_demo  # noqa: E402
-from paws_tf import dist  # noqa: E402
 from paws_tf.runner import experiment  # noqa: E402
 from paws_tf.runner import modes  # noqa: E402
 from paws_tf.runner import official_import  # noqa: E402
@@ -62,7 +62,7 @@ def _weight_count(encoder):
 
 
 def _strategy():
-    return dist.make_strategy('one_device')
+    return cluster.make_strategy('one_device')
 
 
 def _import(model_dir, path, **kwargs):

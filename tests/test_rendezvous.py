@@ -9,13 +9,13 @@ import time
 import pytest
 import tensorflow as tf
 
-from paws_tf import dist
+from paws_tf import cluster
 from paws_tf import rendezvous
 
 
 def resolvers(workers):
     """SimpleClusterResolvers of a loopback cluster, by task index."""
-    configs = [json.loads(c) for c in dist.loopback_tf_configs(workers)]
+    configs = [json.loads(c) for c in cluster.loopback_tf_configs(workers)]
     spec = tf.train.ClusterSpec(configs[0]['cluster'])
     return [tf.distribute.cluster_resolver.SimpleClusterResolver(
         spec, task_type='worker', task_id=index) for index in range(workers)]

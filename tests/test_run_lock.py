@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.helpers import run_py
-from paws_tf import dist
+from paws_tf import cluster
 from paws_tf import run_dir
 from paws_tf.runner import run_lock
 
@@ -145,7 +145,7 @@ def test_cluster_workers_refuse_a_directory_another_run_holds(tmp_path):
     it (this test process here)."""
     with run_lock.RunLock(run_dir.RunDir(tmp_path)):
         procs = []
-        for tf_config in dist.loopback_tf_configs(2):
+        for tf_config in cluster.loopback_tf_configs(2):
             procs.append(run_py.start(tmp_path, ['train.num_epochs = 1'],
                                       ['--strategy=multi_worker'],
                                       env={'TF_CONFIG': tf_config}))

@@ -97,8 +97,10 @@ def test_increases_during_warmup_and_decreases_after(config):
     (dict(steps_per_epoch=-3), 'steps_per_epoch must be a positive integer'),
     (dict(steps_per_epoch=2.5), 'steps_per_epoch must be a positive integer'),
     (dict(num_epochs=0), 'num_epochs must be a positive integer'),
-    (dict(warmup_epochs=11), r'warmup_epochs must be in \[0, num_epochs=10'),
-    (dict(warmup_epochs=-1), r'warmup_epochs must be in \[0, num_epochs=10'),
+    (dict(warmup_epochs=11), r'The warm-up is longer than the run: '
+     r'WarmupCosineDecay.warmup_epochs = 11 > WarmupCosineDecay.num_epochs '
+     r'= 10\. Bind WarmupCosineDecay.warmup_epochs = 1 '),
+    (dict(warmup_epochs=-1), 'warmup_epochs must be a number >= 0, got -1'),
     (dict(start_lr=-0.1), 'start_lr must be a number >= 0'),
     (dict(ref_lr=-1.0), 'ref_lr must be a number >= 0'),
     (dict(final_lr=-1e-3), 'final_lr must be a number >= 0'),
@@ -169,7 +171,8 @@ def test_warmup_fraction_follows_the_epochs():
 @pytest.mark.parametrize('kwargs,message', [
     (dict(warmup_epochs=1, warmup_fraction=0.5), 'both set the warm-up'),
     (dict(warmup_epochs=None, warmup_fraction=1.5),
-     r'warmup_fraction must be in \[0, 1\]'),
+     r'warmup_fraction must be a number in \[0, 1\] \(a share of the '
+     r'run\), got 1.5'),
     (dict(warmup_epochs=None, warmup_fraction=-0.1),
      'warmup_fraction must be a number >= 0'),
 ])

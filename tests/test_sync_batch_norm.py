@@ -96,7 +96,7 @@ def test_global_batch_norm_all_reduces_once_each_way(two_replicas_collective):
     """One collective per replica forward and one backward, for the layer
     and inside NormReLUThen; tf_keras' synchronised layer makes five.
     Counted where the strategy all-reduces with collectives (GPUs, workers);
-    logical CPUs sum on one device instead (`dist.make_strategy`)."""
+    logical CPUs sum on one device instead (`cluster.make_strategy`)."""
     strategy = two_replicas_collective
 
     def collectives_per_replica(make_layer):

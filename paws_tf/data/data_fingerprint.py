@@ -79,14 +79,6 @@ def differences(recorded, current):
     return lines
 
 
-def check_on_change(on_change):
-    """Raises `ValueError` unless `on_change` is one of `ON_CHANGE`."""
-    if on_change not in ON_CHANGE:
-        raise ValueError(
-            f'train.on_data_change must be one of {ON_CHANGE}, got '
-            f'{on_change!r}.')
-
-
 def check(recorded, current, *, model_dir, path, resuming,
           on_change='stop', overwrite=False):
     """Compares a resumed run's data with the data it started on.

@@ -5,14 +5,14 @@ import time
 
 import numpy as np
 
-from paws_tf import checks
+from paws_tf import bindings
+from paws_tf import cluster
 from paws_tf.demo import report
 from paws_tf.demo import supervised
-from paws_tf import dist
-from paws_tf import run_dir
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import evaluators
 from paws_tf.evaluation import fine_tune
+from paws_tf import run_dir
 from paws_tf.runner import experiment
 from paws_tf.runner import modes
 from paws_tf.runner import official_import
@@ -57,8 +57,8 @@ def demo(model_dir, strategy, options):
                                 test=bundle.test, strategy=strategy,
                                 **preprocessing)
     tune_seconds = time.perf_counter() - tune_start
-    if not dist.is_chief(strategy):
-        dist.barrier(strategy)  # The chief's baseline and report.
+    if not cluster.is_chief(strategy):
+        cluster.barrier(strategy)  # The chief's baseline and report.
         return None
     run = run_dir.RunDir(model_dir)
     baseline = supervised.train_supervised(
@@ -69,7 +69,7 @@ def demo(model_dir, strategy, options):
                        finetune_seconds=tune_seconds, start=start)
     _report(run, results, bundle=bundle, tuned=tuned,
             baseline=baseline, preprocessing=preprocessing, tau=paws['tau'])
-    dist.barrier(strategy)
+    cluster.barrier(strategy)
     return results
 
 
@@ -87,7 +87,7 @@ def _results(run, bundle, paws, tuned, baseline, *, paws_train_seconds,
                           else per_class.tolist()),
         num_labeled=bundle.labeled.num_examples,
         num_unlabeled=bundle.unlabeled.num_examples,
-        num_test=paws['num_queries'], seed=checks.bound('train.seed', 0),
+        num_test=paws['num_queries'], seed=bindings.bound('train.seed', 0),
         paws_train_seconds=paws_train_seconds,
         finetune_seconds=finetune_seconds,
         supervised_seconds=baseline['wall_seconds'],

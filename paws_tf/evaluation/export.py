@@ -5,8 +5,8 @@ import os
 
 import tensorflow as tf
 
+from paws_tf import cluster
 from paws_tf.data import augment
-from paws_tf import dist
 from paws_tf import losses
 
 # Beside each export (`RunDir.embedder`, `RunDir.classifier`).
@@ -164,7 +164,7 @@ class _Servable(tf.Module):
 
     def save(self, export_dir, preprocessed_signature, strategy, extra_info):
         """Saves the module and writes preprocessing.json beside it
-        (`dist.save_dir`: the chief's copy only)."""
+        (`cluster.save_dir`: the chief's copy only)."""
         raw = self.__call__.get_concrete_function(
             tf.TensorSpec(None, tf.uint8, name='images'))
         for dtype in _REJECTED_DTYPES:
@@ -176,7 +176,7 @@ class _Servable(tf.Module):
                     signatures=sorted(signatures),
                     embedding=getattr(self.model, 'nn_embedding', None),
                     **extra_info)
-        with dist.save_dir(strategy or tf.distribute.get_strategy(),
+        with cluster.save_dir(strategy or tf.distribute.get_strategy(),
                            export_dir) as target:
             tf.saved_model.save(self, target, signatures=signatures)
             with tf.io.gfile.GFile(

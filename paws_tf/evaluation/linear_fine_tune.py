@@ -22,11 +22,12 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import cluster
+
 from paws_tf import checkpoints
 from paws_tf.data import augment
 from paws_tf.data import pipeline
 from paws_tf.data import sampling
-from paws_tf import dist
 from paws_tf.evaluation import tuning
 from paws_tf import progress
 from paws_tf import schedules
@@ -314,7 +315,7 @@ def _sweep(holdout, model, labeled, test, *, output_dir, log_dir,
     test_dataset = pipeline.make_eval_dataset(test, **evaluation)
     os.makedirs(output_dir, exist_ok=True)
     holdout_file = os.path.join(output_dir, HOLDOUT_FILENAME)
-    if dist.is_chief(train['strategy']):
+    if cluster.is_chief(train['strategy']):
         with open(holdout_file, 'w') as f:
             f.writelines(f'{labeled.names[p]}\n' for p in held)
     sweep = []

@@ -7,8 +7,9 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import cluster
+
 from paws_tf import checkpoints
-from paws_tf import dist
 from paws_tf import files
 from paws_tf.nets import sync_batch_norm
 
@@ -83,9 +84,9 @@ def num_classes(labeled):
 
 def write_outputs(strategy, output_dir, network, weights_name, results):
     """Saves the weights (every worker takes part) and the chief's JSON."""
-    with dist.save_dir(strategy, output_dir) as directory:
+    with cluster.save_dir(strategy, output_dir) as directory:
         network.save_weights(os.path.join(directory, weights_name))
-    if dist.is_chief(strategy):
+    if cluster.is_chief(strategy):
         files.write_json(os.path.join(output_dir, RESULTS_FILENAME),
                          results, indent=2,
                          default=lambda x: np.asarray(x).tolist())

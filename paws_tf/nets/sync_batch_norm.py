@@ -62,7 +62,7 @@ def _sum_over_replicas(replica_context, x):
     Stopping the gradient at `x` also bounds the walk that the replica
     context's all-reduce makes when traced, looking for variables between
     its inputs and outputs. Where the replicas sum on one device
-    (`dist.make_strategy` on logical CPUs) that walk would otherwise cross
+    (`cluster.make_strategy` on logical CPUs) that walk would otherwise cross
     into the other replicas' graphs at every batch norm, which makes
     tracing the step several times slower.
     """

@@ -5,15 +5,16 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import checkpoints
+from paws_tf import checks
 from paws_tf import model as model_lib
 
 PRECISIONS = ('float32', 'mixed_bfloat16', 'mixed_float16')
 
 
-def check_precision(precision):
+def check_precision(precision, name='precision'):
     if precision not in PRECISIONS:
-        raise ValueError(f'precision must be one of {PRECISIONS}, got '
-                         f'{precision!r}.')
+        raise checks.ConfigError(f'{name} must be one of {PRECISIONS}, got '
+                                 f'{precision!r}.')
 
 
 def set_precision(precision):

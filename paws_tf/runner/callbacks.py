@@ -9,11 +9,12 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import cluster
+
 from paws_tf import checkpoints
-from paws_tf import dist
-from paws_tf import model as model_lib
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import evaluators
+from paws_tf import model as model_lib
 from paws_tf.runner import building
 from paws_tf.runner import experiment
 
@@ -168,7 +169,7 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
     """The training's evaluators at epoch ends, on the held-out split.
 
     Every worker of a cluster runs it: each reads the model's weights at
-    the same epoch end (`dist.read_weights`, collectives under
+    the same epoch end (`cluster.read_weights`, collectives under
     MultiWorkerMirroredStrategy), and the chief alone evaluates them on a
     copy with plain variables (`building.build_local_model`) and writes
     the TensorBoard points.
@@ -197,7 +198,7 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
                      max_queries=max_queries) for cls in evaluator_classes]
 
     def embedder(model):
-        weights = dist.read_weights(model)
+        weights = cluster.read_weights(model)
         if local_model is None:
             return None
         checkpoints.assign_weights(local_model, weights)

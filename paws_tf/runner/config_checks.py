@@ -9,6 +9,7 @@ from absl import logging
 import gin
 
 from paws_tf import checkpoints
+from paws_tf import bindings
 from paws_tf import checks
 from paws_tf import model as model_lib
 from paws_tf.data import augment
@@ -16,6 +17,7 @@ from paws_tf.data import normalization as normalization_lib
 from paws_tf.nets import backbones
 from paws_tf.nets import sync_batch_norm
 from paws_tf.runner import building
+from paws_tf.runner import train
 
 # Gin bindings that may change when a run resumes: what to do on changed
 # data, how often progress is logged, how long its cluster may take to form.
@@ -23,16 +25,8 @@ RESUME_ONLY_BINDINGS = ('train.on_data_change', 'ProgressBar.',
                         'make_strategy.start_timeout')
 
 
-def _reference(selector):
-    """The gin reference bound to `selector` (`@name` or `@name()`), or
-    None."""
-    value = checks.bound(selector)
-    return value if isinstance(value, gin.config.ConfigurableReference) \
-        else None
-
-
-def _bound_constants():
-    """Names of gin constants that a binding tried to rebind as macros."""
+def _check_constants():
+    """Refuses gin constants that a binding tried to rebind as macros."""
     rebound = []
     for name in augment.GIN_CONSTANTS:
         try:
@@ -40,13 +34,23 @@ def _bound_constants():
         except ValueError:
             continue
         rebound.append(name)
-    return rebound
+    if rebound:
+        one = len(rebound) == 1
+        raise checks.ConfigError(
+            f'{" and ".join(rebound)} '
+            f'{"is a constant" if one else "are constants"} of paws_tf '
+            '(values fixed in paws_tf.data.augment): binding '
+            f'{"it" if one else "them"} changes nothing. Bind '
+            f'{normalization_lib.NORMALIZATION_MACRO} '
+            '(load_data.normalization) = (mean, std), '
+            "'data' or a preset "
+            f'({sorted(augment.NORMALIZATIONS)}).')
 
 
 def _folder_source():
     """`(selector prefix, labeled-root parameter)` of a folder training
     source bound to `load_data.train`, or None for other sources."""
-    train = _reference('load_data.train')
+    train = bindings.reference('load_data.train')
     if train is None:
         return None
     name = train.configurable.name
@@ -57,56 +61,23 @@ def _folder_source():
     return None
 
 
-def _check_warmup():
-    schedule = checks.bound('train.schedule_cls')
-    if schedule is not None and getattr(
-            getattr(schedule, 'configurable', None), 'name',
-            None) != 'WarmupCosineDecay':
-        return
-    num_epochs, epochs_name = checks.binding('train.num_epochs')
-    warmup, warmup_name = checks.binding('WarmupCosineDecay.warmup_epochs', 10)
-    fraction, fraction_name = checks.binding(
-        'WarmupCosineDecay.warmup_fraction')
-    if fraction is not None:
-        if warmup is not None:
-            raise checks.ConfigError(
-                f'{warmup_name} = {warmup!r} and {fraction_name} = '
-                f'{fraction!r} both set the warm-up: bind {warmup_name} = '
-                'None to use the fraction.')
-        if (isinstance(fraction, bool) or
-                not isinstance(fraction, numbers.Real) or
-                not 0 <= fraction <= 1):
-            raise checks.ConfigError(
-                f'{fraction_name} must be a number in [0, 1] (a share of '
-                f'the run), got {fraction!r}.')
-        return
-    if (isinstance(num_epochs, numbers.Integral) and
-            isinstance(warmup, numbers.Real) and warmup > num_epochs):
-        raise checks.ConfigError(
-            f'The warm-up is longer than the run: {warmup_name} = {warmup!r} '
-            f'> {epochs_name} = {num_epochs}. Bind {warmup_name} = '
-            f'{num_epochs / 10:g} (a tenth of the run), or '
-            f'{warmup_name} = None with {fraction_name} = 0.1 so that it '
-            'follows the epochs.')
-
-
 def _check_folders_bound(folder):
     """Every folder the config reads is bound (the folder recipes leave
     LABELED_DIR, UNLABELED_DIR and TEST_DIR as None for the command line)."""
     roots = []
     if folder is not None:
         prefix, parameter = folder
-        labeled = checks.bound(f'{prefix}.labeled', True)
+        labeled = bindings.bound(f'{prefix}.labeled', True)
         roots.append((f'{prefix}.{parameter}', 'labeled class subfolders'
                       if labeled else 'images'))
         if parameter == 'labeled_root':
             roots.append((f'{prefix}.unlabeled_root', 'unlabeled images'))
-    test = _reference('load_data.test')
+    test = bindings.reference('load_data.test')
     if test is not None and test.configurable.name == 'image_folder':
         roots.append((f'{test.scoped_selector}.root',
                       'test class subfolders'))
     for selector, what in roots:
-        root, name = checks.binding(selector)
+        root, name = bindings.binding(selector)
         if root is None:
             raise checks.ConfigError(
                 f'{name} is not bound: bind it to your folder of {what}, '
@@ -117,8 +88,9 @@ def _labeled_root(folder):
     """`(root, binding)` of a folder source's labeled class subfolders, or
     None when it is not a bound labeled folder."""
     prefix, parameter = folder
-    root, root_name = checks.binding(f'{prefix}.{parameter}')
-    if not isinstance(root, str) or not checks.bound(f'{prefix}.labeled', True):
+    root, root_name = bindings.binding(f'{prefix}.{parameter}')
+    if (not isinstance(root, str)
+            or not bindings.bound(f'{prefix}.labeled', True)):
         return None
     return root, root_name
 
@@ -155,7 +127,7 @@ def _check_support(folder):
             'is classified among the support\'s classes). Add a folder of '
             'images for each other class.')
     classes = len(classes)
-    wanted, wanted_name = checks.binding(
+    wanted, wanted_name = bindings.binding(
         'make_pretrain_dataset_fn.classes_per_step')
     if (isinstance(wanted, numbers.Integral) and classes
             and wanted > classes):
@@ -165,42 +137,26 @@ def _check_support(folder):
             f'{wanted_name} = {classes}.')
 
 
-# `train`'s counts and `PAWSModel`'s values, checked with their bindings
-# named (macros followed) before any data is read; the functions check them
-# again, for callers other than run.py.
-_TRAIN_COUNTS = {'num_epochs': 1, 'keep_checkpoints': 1,
-                 'backup_every_steps': 1, 'steps_per_execution': 1,
-                 'checkpoint_every_steps': 0, 'log_every_steps': 0,
-                 'eval_every_epochs': 0, 'seed': 0}
-_MODEL_VALUES = {'tau': {'positive': True},
-                 'sharpen_temperature': {'positive': True},
-                 'me_max_weight': {'low': 0.0},
-                 'label_smoothing': {'low': 0.0, 'high': 1.0}}
-
-
-def _check_values(pretraining):
-    if pretraining:
-        for parameter, minimum in _TRAIN_COUNTS.items():
-            value, name = checks.binding(f'train.{parameter}')
-            if value is not None:
-                checks.integer(name, value, minimum=minimum)
-    for parameter, limits in _MODEL_VALUES.items():
-        value, name = checks.binding(f'PAWSModel.{parameter}')
-        if value is not None:
-            checks.number(name, value, **limits)
-
-
-def _check_objective():
-    defaults = inspect.signature(model_lib.PAWSModel.__init__).parameters
-    values, names = {}, {}
-    for key in ('objective', 'ropaws_prior_tau', 'ropaws_prior_pow',
-                'ropaws_label_ratio'):
-        values[key], names[key] = checks.binding(f'PAWSModel.{key}',
-                                                 defaults[key].default)
-    model_lib.check_objective(
-        values['objective'], prior_tau=values['ropaws_prior_tau'],
-        prior_pow=values['ropaws_prior_pow'],
-        label_ratio=values['ropaws_label_ratio'], names=names)
+def _check_arguments(pretraining):
+    """The argument checks of the configurables a run calls, on the values
+    bound to them."""
+    bindings.check_bound(model_lib.PAWSModel.check_arguments,
+                         model_lib.PAWSModel, 'PAWSModel')
+    sync_batch_norm.check_impl(*bindings.binding('build_model.sync_bn_impl',
+                                                 sync_batch_norm.KERAS))
+    if not pretraining:
+        return
+    bindings.check_bound(train.check_arguments, train.train, 'train')
+    # The classes `train` calls: `LARS`, `WarmupCosineDecay`, or others
+    # with a check of their own.
+    defaults = inspect.signature(train.train).parameters
+    num_epochs = bindings.binding('train.num_epochs', gin.REQUIRED)
+    for parameter in ('optimizer_cls', 'schedule_cls'):
+        cls, selector = bindings.configured(f'train.{parameter}',
+                                            defaults[parameter].default)
+        if hasattr(cls, 'check_arguments'):
+            bindings.check_bound(cls.check_arguments, cls, selector,
+                                 num_epochs=num_epochs)
 
 
 def _check_size(size, size_name, minimum, backbone, backbone_name):
@@ -221,17 +177,78 @@ def _check_size(size, size_name, minimum, backbone, backbone_name):
             f'{size_name} = {minimum} or more, or {other}.')
 
 
+def _check_normalization(folder):
+    """The folders' channels, and the normalisation bound only to
+    `load_data.normalization`; returns the multi-crop `(config,
+    selector)` bound called, or None."""
+    channels = None
+    if folder is not None:
+        channels, channels_name = bindings.binding(f'{folder[0]}.channels',
+                                                   3)
+        if channels not in (1, 3) or isinstance(channels, bool):
+            raise checks.ConfigError(
+                f'{channels_name} = {channels!r}: images are decoded to 1 '
+                '(grayscale) or 3 (RGB) channels.')
+    multicrop = bindings.reference('make_pretrain_dataset_fn.multicrop')
+    if multicrop is not None and multicrop.evaluate:
+        config = multicrop.scoped_configurable_fn()
+        multicrop = config, multicrop.scoped_selector
+        normalization_lib.refuse_own(multicrop[1], config.mean, config.std)
+    else:
+        multicrop = None
+    normalization_lib.refuse_own('eval_preprocessing',
+                                 bindings.bound('eval_preprocessing.mean'),
+                                 bindings.bound('eval_preprocessing.std'))
+    normalization_lib.normalization(normalization_lib.required(
+        bindings.bound('load_data.normalization')), channels)
+    return multicrop
+
+
+def _check_backbone(multicrop):
+    """The backbone's arguments, and image sizes at least its
+    downsampling."""
+    backbone, backbone_name = bindings.binding('build_backbone.name')
+    if not isinstance(backbone, str):
+        return
+    explicit = inspect.signature(backbones.build_backbone).parameters
+    backbones.check_arguments(backbone, [
+        key for key in gin.get_bindings('build_backbone',
+                                        resolve_references=False)
+        if key not in explicit])
+    strides = {}
+    for key in ('stem_stride', 'stage_strides'):
+        value = bindings.bound(f'build_backbone.{key}')
+        if value is not None:
+            strides[key] = value
+    minimum = backbones.downsampling(backbone, **strides)
+    sizes = [bindings.binding('eval_preprocessing.image_size')[::-1]]
+    if multicrop is not None:
+        config, selector = multicrop
+        sizes.append((bindings.binding(f'{selector}.global_size')[1],
+                      config.global_size))
+        if config.num_local:
+            sizes.append((bindings.binding(f'{selector}.local_size')[1],
+                          config.local_size))
+        support_size = bindings.binding(
+            'make_pretrain_dataset_fn.support_view_size')
+        if support_size[0] is not None:
+            sizes.append(support_size[::-1])
+    for size_name, size in sizes:
+        _check_size(size, size_name, minimum, backbone, backbone_name)
+
+
 def check_config(pretraining=True):
     """Checks the parsed gin config before any data is read.
 
     Catches, in the first seconds and naming the binding to change with a
-    valid value: `train`'s counts and `PAWSModel`'s values out of range
-    (`train.num_epochs = 'ten'`, `PAWSModel.tau = -0.1`), rebound gin
-    constants (`IMAGENET_MEAN = ...` changes nothing), a normalisation
-    bound anywhere but `load_data.normalization`, missing, or of the wrong
-    number of channels, a
-    warm-up longer than the run, an unknown objective or RoPAWS settings
-    out of range, an unknown batch-norm implementation
+    valid value: rebound gin constants (`IMAGENET_MEAN = ...` changes
+    nothing), a normalisation bound anywhere but `load_data.normalization`,
+    missing, or of the wrong number of channels, an argument that its
+    configurable refuses
+    (`check_arguments` of `train`, `PAWSModel`, `LARS` and
+    `WarmupCosineDecay`, run on the bound values: `train.num_epochs =
+    'ten'`, `PAWSModel.tau = -0.1`, a warm-up longer than the run, an
+    unknown objective), an unknown batch-norm implementation
     (`build_model.sync_bn_impl`), an image folder left unbound, a labeled
     folder of one class, a support of more classes than the labeled
     folder holds (its class folders are listed, no image is read), an
@@ -243,80 +260,22 @@ def check_config(pretraining=True):
     check them again.
 
     Args:
-        pretraining: the run pre-trains, so the labeled folder must exist
-            and hold enough classes for the support (modes that only read
-            a trained run check the folder when they read it).
+        pretraining: the run pre-trains, so `train`'s arguments are
+            checked, and the labeled folder must exist and hold enough
+            classes for the support (modes that only read a trained run
+            check the folder when they read it).
 
     Raises:
         checks.ConfigError: on the first problem found.
     """
-    rebound = _bound_constants()
-    if rebound:
-        one = len(rebound) == 1
-        raise checks.ConfigError(
-            f'{" and ".join(rebound)} '
-            f'{"is a constant" if one else "are constants"} of paws_tf '
-            '(values fixed in paws_tf.data.augment): binding '
-            f'{"it" if one else "them"} changes nothing. Bind '
-            f'{normalization_lib.NORMALIZATION_MACRO} '
-            '(load_data.normalization) = (mean, std), '
-            "'data' or a preset "
-            f'({sorted(augment.NORMALIZATIONS)}).')
+    _check_constants()
     folder = _folder_source()
-    channels = None
-    if folder is not None:
-        channels, channels_name = checks.binding(f'{folder[0]}.channels', 3)
-        if channels not in (1, 3) or isinstance(channels, bool):
-            raise checks.ConfigError(
-                f'{channels_name} = {channels!r}: images are decoded to 1 '
-                '(grayscale) or 3 (RGB) channels.')
-    multicrop = _reference('make_pretrain_dataset_fn.multicrop')
-    if multicrop is not None and multicrop.evaluate:
-        config = multicrop.scoped_configurable_fn()
-        selector = multicrop.scoped_selector
-        normalization_lib.refuse_own(selector, config.mean, config.std)
-    else:
-        config = selector = None
-    normalization_lib.refuse_own('eval_preprocessing',
-                                 checks.bound('eval_preprocessing.mean'),
-                                 checks.bound('eval_preprocessing.std'))
-    normalization_lib.normalization(normalization_lib.required(
-        checks.bound('load_data.normalization')), channels)
-    _check_values(pretraining)
-    _check_warmup()
-    _check_objective()
-    sync_batch_norm.check_impl(*checks.binding('build_model.sync_bn_impl',
-                                               sync_batch_norm.KERAS))
+    multicrop = _check_normalization(folder)
+    _check_arguments(pretraining)
     _check_folders_bound(folder)
     if folder is not None and pretraining:
         _check_support(folder)
-    backbone, backbone_name = checks.binding('build_backbone.name')
-    if not isinstance(backbone, str):
-        return
-    explicit = inspect.signature(backbones.build_backbone).parameters
-    backbones.check_arguments(backbone, [
-        key for key in gin.get_bindings('build_backbone',
-                                        resolve_references=False)
-        if key not in explicit])
-    strides = {}
-    for key in ('stem_stride', 'stage_strides'):
-        value = checks.bound(f'build_backbone.{key}')
-        if value is not None:
-            strides[key] = value
-    minimum = backbones.downsampling(backbone, **strides)
-    sizes = [checks.binding('eval_preprocessing.image_size')[::-1]]
-    if config is not None:
-        sizes.append((checks.binding(f'{selector}.global_size')[1],
-                      config.global_size))
-        if config.num_local:
-            sizes.append((checks.binding(f'{selector}.local_size')[1],
-                          config.local_size))
-        support_size = checks.binding(
-            'make_pretrain_dataset_fn.support_view_size')
-        if support_size[0] is not None:
-            sizes.append(support_size[::-1])
-    for size_name, size in sizes:
-        _check_size(size, size_name, minimum, backbone, backbone_name)
+    _check_backbone(multicrop)
 
 
 def check_pretrained_backbone():
@@ -334,11 +293,11 @@ def check_pretrained_backbone():
         checks.ConfigError: the file does not exist, or does not fit (the
             message names the binding and the variables that do not fit).
     """
-    path, name = checks.binding('train.pretrained_backbone')
+    path, name = bindings.binding('train.pretrained_backbone')
     if not path:
         return
     folder = _folder_source()
-    tried = ((checks.binding(f'{folder[0]}.channels', 3)[0],)
+    tried = ((bindings.binding(f'{folder[0]}.channels', 3)[0],)
              if folder is not None else (3, 1))
     for channels in tried:
         backbone = building.build_local_model(

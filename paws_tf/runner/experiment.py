@@ -9,6 +9,7 @@ import os
 import gin
 import numpy as np
 
+from paws_tf import bindings
 from paws_tf import checks
 from paws_tf import run_dir
 from paws_tf.data import folders
@@ -28,7 +29,7 @@ def _folder(selector):
     """' (NAME = 'folder')': the binding that gives the folder of the
     source `selector` references, for a message; '' for other sources."""
     for parameter in ('root', 'labeled_root'):
-        root, name = checks.referenced_binding(selector, parameter)
+        root, name = bindings.referenced_binding(selector, parameter)
         if isinstance(root, str):
             return f' ({name} = {root!r})'
     return ''
@@ -259,7 +260,7 @@ def recorded_preprocessing(run=None):
         `(preprocessing, channels)`: the `eval_preprocessing` dict and the
         images' channel count (one mean per channel).
     """
-    spec = normalization_lib.required(checks.bound('load_data.normalization'))
+    spec = normalization_lib.required(bindings.bound('load_data.normalization'))
     run = None if run is None else run_dir.RunDir(run)
     normalization, _ = normalization_lib.resolve_normalization(
         spec, recorded=None if run is None else run.read_normalization(),

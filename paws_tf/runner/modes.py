@@ -10,8 +10,8 @@ import tensorflow as tf
 
 from paws_tf import checkpoints
 from paws_tf import checks
+from paws_tf import cluster
 from paws_tf.data import pipeline
-from paws_tf import dist
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import evaluate_nn
 from paws_tf.evaluation import export
@@ -155,7 +155,7 @@ def export_and_evaluate(model_dir, strategy, *, exports=True,
         The PAWS-NN results when evaluated on the chief, else None.
     """
     results = None
-    if dist.is_chief(strategy):
+    if cluster.is_chief(strategy):
         if evaluates and bundle is None:
             bundle = load_labeled_data(
                 model_dir, 'PAWS-NN compares the test images with them')
@@ -165,7 +165,7 @@ def export_and_evaluate(model_dir, strategy, *, exports=True,
             export_run(model_dir, model, bundle)
         if evaluates:
             results = evaluate_run(model_dir, bundle, model=model, step=step)
-    dist.barrier(strategy)
+    cluster.barrier(strategy)
     return results
 
 
@@ -226,12 +226,12 @@ def _import_official(model_dir, strategy, options):
     # One process's work: the chief imports into plain variables, the
     # other workers wait for it.
     record = None
-    if dist.is_chief(strategy):
+    if cluster.is_chief(strategy):
         record = official_import.import_official(
             model_dir, options.official_checkpoint,
             strategy=tf.distribute.get_strategy(),
             overwrite=options.overwrite)
-    dist.barrier(strategy)
+    cluster.barrier(strategy)
     return record
 
 

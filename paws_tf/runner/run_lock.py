@@ -23,7 +23,7 @@ import uuid
 
 from absl import logging
 
-from paws_tf import dist
+from paws_tf import cluster
 from paws_tf import files
 
 # The holder rewrites its heartbeat this often...
@@ -300,7 +300,7 @@ def for_process(run, strategy, *, training):
     Raises:
         Held: `training`, and another live run holds the lock.
     """
-    if training and dist.is_chief(strategy):
+    if training and cluster.is_chief(strategy):
         return RunLock(run, job=_job(strategy))
     if training:
         # The chief holds the lock for the job's other workers.

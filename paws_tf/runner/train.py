@@ -11,10 +11,10 @@ import tf_keras
 
 from paws_tf import checkpoints
 from paws_tf import checks
+from paws_tf import cluster
 from paws_tf import determinism
 from paws_tf.data import data_fingerprint
 from paws_tf.data import pipeline
-from paws_tf import dist
 from paws_tf.evaluation import evaluators as evaluators_lib
 from paws_tf import lars
 from paws_tf import progress
@@ -35,7 +35,7 @@ class Preempted(RuntimeError):
 def weights_fingerprint(model):
     """SHA-256 of the model's weights: equal fingerprints, equal weights."""
     digest = hashlib.sha256()
-    for weight in dist.read_weights(model):
+    for weight in cluster.read_weights(model):
         digest.update(np.ascontiguousarray(weight).tobytes())
     return digest.hexdigest()
 
@@ -141,13 +141,15 @@ def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
            log_every_steps, view_images, evaluators, eval_every_epochs,
            eval_max_queries, pretrained_backbone, on_data_change, verbose):
     """`train`: config -> data -> model -> checkpoints -> loop."""
-    num_epochs = _check_arguments(
-        num_epochs, keep_checkpoints, backup_every_steps, steps_per_execution,
-        checkpoint_every_steps, log_every_steps, eval_every_epochs, seed,
-        precision)
+    num_epochs = check_arguments(
+        num_epochs=num_epochs, keep_checkpoints=keep_checkpoints,
+        backup_every_steps=backup_every_steps,
+        steps_per_execution=steps_per_execution,
+        checkpoint_every_steps=checkpoint_every_steps,
+        log_every_steps=log_every_steps, eval_every_epochs=eval_every_epochs,
+        seed=seed, precision=precision, on_data_change=on_data_change)
     _seed(seed, deterministic_ops=deterministic_ops)
-    data_fingerprint.check_on_change(on_data_change)
-    chief = dist.is_chief(strategy)
+    chief = cluster.is_chief(strategy)
     run = run_dir.RunDir(model_dir)
     # The data, and the step the run starts at.
     bundle, start_step, resume_from = _start(
@@ -247,36 +249,47 @@ def _finish(model, saver, history, total_steps):
             f'SHA-256 {fingerprint}')
 
 
-def _check_arguments(num_epochs, keep_checkpoints, backup_every_steps,
-                     steps_per_execution, checkpoint_every_steps,
-                     log_every_steps, eval_every_epochs, seed, precision):
-    """`num_epochs` as an int; raises `ValueError` naming a bad argument of
-    `train`."""
-    num_epochs = checks.integer('num_epochs', num_epochs)
-    for name, value in (('keep_checkpoints', keep_checkpoints),
-                        ('backup_every_steps', backup_every_steps),
-                        ('steps_per_execution', steps_per_execution)):
-        checks.integer(name, value)
-    for name, value in (('checkpoint_every_steps', checkpoint_every_steps),
-                        ('log_every_steps', log_every_steps),
-                        ('eval_every_epochs', eval_every_epochs),
-                        ('seed', seed)):
-        checks.integer(name, value, minimum=0)
-    building.check_precision(precision)
+def check_arguments(*, num_epochs, keep_checkpoints, backup_every_steps,
+                    steps_per_execution, checkpoint_every_steps,
+                    log_every_steps, eval_every_epochs, seed, precision,
+                    on_data_change, names=None):
+    """Raises `checks.ConfigError` naming a bad argument of `train`
+    (`names`: what to call each, default `train.<argument>`); run.py runs
+    it on the bound values before any data is read.
+
+    Returns:
+        `num_epochs` as an int.
+    """
+    name = checks.namer(names, 'train.')
+    for key, value, minimum in (
+            ('num_epochs', num_epochs, 1),
+            ('keep_checkpoints', keep_checkpoints, 1),
+            ('backup_every_steps', backup_every_steps, 1),
+            ('steps_per_execution', steps_per_execution, 1),
+            ('checkpoint_every_steps', checkpoint_every_steps, 0),
+            ('log_every_steps', log_every_steps, 0),
+            ('eval_every_epochs', eval_every_epochs, 0), ('seed', seed, 0)):
+        checks.integer(name(key), value, minimum=minimum)
+    building.check_precision(precision, name('precision'))
+    if on_data_change not in data_fingerprint.ON_CHANGE:
+        raise checks.ConfigError(
+            f'{name("on_data_change")} must be one of '
+            f'{data_fingerprint.ON_CHANGE}, got {on_data_change!r}.')
     if checkpoint_every_steps and checkpoint_every_steps < backup_every_steps:
-        raise ValueError(
-            f'checkpoint_every_steps={checkpoint_every_steps} is smaller than '
-            f'backup_every_steps={backup_every_steps}: back up at least as '
-            'often as you checkpoint, so that a resumed run always starts '
-            'from the newest state.')
-    return num_epochs
+        raise checks.ConfigError(
+            f'{name("checkpoint_every_steps")} = {checkpoint_every_steps} '
+            f'is smaller than {name("backup_every_steps")} = '
+            f'{backup_every_steps}: back up at least as often as you '
+            'checkpoint, so that a resumed run always starts from the '
+            'newest state.')
+    return int(num_epochs)
 
 
 def _fit(model, pretrain, input_at, fit_callbacks, saver, *, strategy,
          start_step, num_epochs, history, verbose):
     """`saving.fit_from` global `start_step`, on `pretrain`, then on
     `input_at(start_step=step)`; a failure of the cluster becomes a
-    `dist.ClusterFailed` naming where a relaunch resumes."""
+    `cluster.ClusterFailed` naming where a relaunch resumes."""
     def dataset_at(step):
         return tf_keras.utils.experimental.DatasetCreator(
             (pretrain if step == start_step else
@@ -294,7 +307,7 @@ def _fit(model, pretrain, input_at, fit_callbacks, saver, *, strategy,
         step = checkpoints.global_step(model)
         why = ': '.join([type(error).__name__] + str(error).splitlines()[:1])
         history(f'stopped at step {step} by {why}')
-        failure = dist.cluster_failure(
+        failure = cluster.cluster_failure(
             strategy, error, what='training', step=step,
             resume=f'the newest of {saver.state.kept()}')
         if failure is None:
@@ -317,7 +330,7 @@ def _start(run, strategy, *, chief, on_change, overwrite):
     if overwrite:
         # The other workers read the run's files only once the chief has
         # deleted what it deletes.
-        dist.barrier(strategy)
+        cluster.barrier(strategy)
     path, step = (None, 0) if restart else checkpoints.newest_restorable(
         run.path, chief=chief)
     return bundle, step, path

@@ -9,8 +9,8 @@ import time
 
 import tensorflow as tf
 
-from paws_tf import dist
 from paws_tf import checkpoints
+from paws_tf import cluster
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # run.py in one process whose CPU holds two logical devices: with
@@ -29,7 +29,7 @@ def start_cluster(argv, workers=2, env=None, extra_args=None,
 
     Args:
         tf_configs: the workers' TF_CONFIG values (default
-            `dist.loopback_tf_configs(workers)`).
+            `cluster.loopback_tf_configs(workers)`).
         only: the task indices to start (default all).
 
     Returns:
@@ -38,7 +38,7 @@ def start_cluster(argv, workers=2, env=None, extra_args=None,
     """
     procs = []
     for index, tf_config in enumerate(
-            tf_configs or dist.loopback_tf_configs(workers)):
+            tf_configs or cluster.loopback_tf_configs(workers)):
         if only is not None and index not in only:
             continue
         args = list(argv) + list((extra_args or {}).get(index, ()))

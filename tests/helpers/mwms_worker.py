@@ -15,7 +15,7 @@ import paws_tf  # noqa: F401  (selects tf_keras)
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import dist
+from paws_tf import cluster
 from paws_tf import lars
 from tests.helpers import tiny_model
 
@@ -41,7 +41,7 @@ def dataset_fn(ctx):
 
 
 def main(model_dir, out_dir):
-    strategy = dist.make_strategy('multi_worker')
+    strategy = cluster.make_strategy('multi_worker')
     task = json.loads(os.environ['TF_CONFIG'])['task']
     tf_keras.utils.set_random_seed(0)  # Same initial weights on every worker.
     with strategy.scope():
@@ -50,12 +50,12 @@ def main(model_dir, out_dir):
         model.compile(optimizer=lars.LARS(learning_rate=0.5))
     model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn),
               epochs=2, steps_per_epoch=2, verbose=2)
-    with dist.save_dir(strategy, model_dir) as directory:
+    with cluster.save_dir(strategy, model_dir) as directory:
         os.makedirs(directory, exist_ok=True)
         model.save_weights(os.path.join(directory, 'weights.h5'))
     np.savez(os.path.join(out_dir, f'{task["index"]}.npz'),
              *model.get_weights())
-    print('chief' if dist.is_chief(strategy) else 'worker', 'done',
+    print('chief' if cluster.is_chief(strategy) else 'worker', 'done',
           int(model.optimizer.iterations.numpy()))
 
 

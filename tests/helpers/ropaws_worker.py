@@ -16,12 +16,12 @@ import numpy as np
 import paws_tf  # noqa: F401  (selects tf_keras)
 import tensorflow as tf
 
-from paws_tf import dist
+from paws_tf import cluster
 
 
 def main(out_dir):
     # The cluster's strategy must exist before TensorFlow runs any op.
-    strategy = dist.make_strategy('multi_worker')
+    strategy = cluster.make_strategy('multi_worker')
     from tests import test_ropaws  # pylint: disable=import-outside-toplevel
     step = test_ropaws.two_replica_step(*test_ropaws.worker_case())
     loss, (grad_a, grad_s) = tf.function(lambda: strategy.run(step))()

@@ -1,0 +1,100 @@
+"""What the parsed gin config binds, read before anything is called: a
+parameter's value with macros followed and the binding a user changes, and
+a configurable's own argument check run on the values bound to it."""
+
+import inspect
+
+import gin
+
+
+def binding(selector, default=None):
+    """A gin parameter's value with macros followed, and what to bind.
+
+    Args:
+        selector: `'configurable.parameter'`, optionally scoped.
+        default: the value when `selector` is unbound.
+
+    Returns:
+        `(value, name)`: `name` is the last macro the value came through
+        (what a user rebinds), else `selector`.
+    """
+    name = selector
+    try:
+        value = gin.query_parameter(selector)
+    except ValueError:
+        return default, name
+    # `%NAME` is a reference to a macro or a gin constant; calling it gives
+    # its value.
+    while (isinstance(value, gin.config.ConfigurableReference)
+           and str(value).startswith('%')):
+        name = str(value)[1:]
+        value = value.scoped_configurable_fn()
+    return value, name
+
+
+def bound(selector, default=None):
+    """The value gin binds to `selector` with macros resolved, else
+    `default`."""
+    return binding(selector, default)[0]
+
+
+def reference(selector):
+    """The gin reference bound to `selector` (`@name` or `@name()`), or
+    None."""
+    value = bound(selector)
+    return value if isinstance(value, gin.config.ConfigurableReference) \
+        else None
+
+
+def referenced_binding(selector, parameter):
+    """`(value, name)` of `parameter` of the configurable that `selector`
+    references (`load_data.test = @test/image_folder` and `'root'` give
+    the test folder and `'TEST_DIR'`), with `binding`'s `name`; `(None,
+    None)` when `selector` binds no reference."""
+    bound_reference = reference(selector)
+    if bound_reference is None:
+        return None, None
+    return binding(f'{bound_reference.scoped_selector}.{parameter}')
+
+
+def configured(selector, default):
+    """`(class or function, selector)` of the configurable that `selector`
+    binds uncalled (`train.optimizer_cls = @LARS`), the selector scoped as
+    bound; `default` and its name when `selector` is unbound."""
+    bound_reference = reference(selector)
+    if bound_reference is None:
+        return default, default.__name__
+    return (bound_reference.configurable.wrapped,
+            bound_reference.scoped_selector)
+
+
+def check_bound(check, configurable, selector, **given):
+    """Runs `check`, the argument check of `configurable`, on the values
+    the config binds to `selector`, each named by the binding or macro it
+    came through: a bad value fails before any data is read, with the
+    message `configurable` gives when a library user calls it.
+
+    An unbound argument takes `configurable`'s default; a required one
+    left unbound skips the check (gin names it when `configurable` is
+    called).
+
+    Args:
+        check: takes keyword arguments named as `configurable`'s and
+            `names`, what a message calls each.
+        configurable: the class or function gin configures.
+        selector: its gin selector, scoped as called (`'train'`,
+            `'fine_tune/LARS'`).
+        **given: `(value, name)` of arguments not bound under `selector`
+            (a schedule's `num_epochs` is `train`'s), used when `check`
+            takes them.
+    """
+    defaults = inspect.signature(configurable).parameters
+    values, names = {}, {}
+    for key in inspect.signature(check).parameters:
+        if key == 'names':
+            continue
+        values[key], names[key] = given.get(key) or binding(
+            f'{selector}.{key}', defaults[key].default)
+        if values[key] is gin.REQUIRED:
+            return
+    check(names=names, **values)

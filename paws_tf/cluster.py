@@ -1,0 +1,360 @@
+"""The cluster's life cycle: the distribution strategy built by name (and
+the cluster met first, `rendezvous`), the chief, the directories each
+worker writes, barriers, workers that run the same config, and a failed
+collective told as the worker that was lost."""
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+
+from absl import logging
+import gin
+import numpy as np
+import tensorflow as tf
+
+from paws_tf import checks
+from paws_tf import rendezvous
+
+STRATEGY_KINDS = ('auto', 'one_device', 'mirrored', 'multi_worker')
+
+
+def cluster_in_environment():
+    """True when TF_CONFIG or Slurm describes a job of several processes
+    (then `make_strategy('auto')` builds `MultiWorkerMirroredStrategy`)."""
+    tf_config = json.loads(os.environ.get('TF_CONFIG') or '{}')
+    workers = sum(len(tasks)
+                  for tasks in tf_config.get('cluster', {}).values())
+    slurm_tasks = int(os.environ.get('SLURM_NTASKS', '1'))
+    return workers > 1 or slurm_tasks > 1
+
+
+def _cluster_resolver(slurm_port_base):
+    if os.environ.get('TF_CONFIG'):
+        return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if 'SLURM_JOB_ID' in os.environ:
+        gpus = {}
+        if not tf.config.list_physical_devices('GPU'):
+            # CPU workers: the resolver gives each task of a node its own
+            # GPUs, and would find none (or no nvidia-smi) to give.
+            tasks = int(os.environ.get('SLURM_STEP_NUM_TASKS', 1))
+            gpus = dict(gpus_per_node=tasks, gpus_per_task=1,
+                        auto_set_gpu=False)
+        return tf.distribute.cluster_resolver.SlurmClusterResolver(
+            port_base=slurm_port_base, **gpus)
+    raise ValueError(
+        'strategy "multi_worker" needs a cluster description: set TF_CONFIG '
+        'or launch the job with Slurm (srun); see BUILD.md, section '
+        '"Cluster launch".')
+
+
+@gin.configurable
+def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
+                  start_timeout=600):
+    """Builds the distribution strategy by name.
+
+    Create it at the start of the program: `MultiWorkerMirroredStrategy`
+    must exist before other TensorFlow ops run.
+
+    Args:
+        kind: one of `STRATEGY_KINDS`. `auto` picks `multi_worker` when
+            TF_CONFIG or Slurm describes several processes, `mirrored` when
+            several GPUs are visible, else `one_device` (TF's default
+            strategy: one replica on the first GPU, or the CPU).
+        devices: explicit device list for `mirrored` (e.g. logical CPUs
+            `['CPU:0', 'CPU:1']`, whose replicas then sum on one device
+            instead of running collectives); default all GPUs (or the CPU).
+        slurm_port_base: under Slurm, the port of a node's first task (its
+            others take the next ports).
+        start_timeout: seconds `multi_worker` waits for every task of the
+            cluster to start (`rendezvous.wait_for_tasks`), then stops
+            with an error naming those that did not; 0 waits for ever.
+
+    Returns:
+        A `tf.distribute.Strategy`.
+
+    Raises:
+        ValueError: unknown kind, or `multi_worker` without a cluster.
+        ClusterFailed: a task of the cluster did not start in time.
+    """
+    if kind not in STRATEGY_KINDS:
+        raise ValueError(f'Unknown strategy {kind!r}; choose one of '
+                         f'{", ".join(STRATEGY_KINDS)}.')
+    gpus = tf.config.list_physical_devices('GPU')
+    if kind == 'auto':
+        if cluster_in_environment():
+            kind = 'multi_worker'
+        elif len(gpus) > 1:
+            kind = 'mirrored'
+        else:
+            kind = 'one_device'
+    if kind == 'one_device':
+        # TF's default strategy: one replica on the first visible device (a
+        # GPU if there is one), as OneDeviceStrategy would place it.
+        return tf.distribute.get_strategy()
+    if kind == 'mirrored':
+        return tf.distribute.MirroredStrategy(
+            devices, cross_device_ops=_cross_device_ops(devices))
+    checks.number('make_strategy.start_timeout', start_timeout, low=0)
+    resolver = _cluster_resolver(slurm_port_base)
+    try:
+        rendezvous.wait_for_tasks(resolver, start_timeout)
+    except rendezvous.NotStarted as error:
+        raise ClusterFailed(str(error)) from None
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver)
+    logging.info('MultiWorkerMirroredStrategy: %s of the cluster %s (from '
+                 '%s), %d replicas.', task_name(strategy),
+                 resolver.cluster_spec().as_dict(), type(resolver).__name__,
+                 strategy.num_replicas_in_sync)
+    return strategy
+
+
+def _cross_device_ops(devices):
+    """How `MirroredStrategy` on `devices` reduces across replicas.
+
+    Logical devices that split one CPU share its memory, so summing on the
+    first device hands every replica the same buffer: one pass over the
+    gradients, where a collective all-reduce copies them into and out of one
+    packed buffer per replica. Other devices keep TensorFlow's default:
+    collective all-reduces (NCCL on GPUs).
+
+    Returns:
+        `tf.distribute.ReductionToOneDevice` when `devices` lists only
+        CPUs, else None (the strategy's default; `devices` None means all
+        GPUs, or the one CPU, whose single replica never reduces).
+    """
+    if devices and all(tf.DeviceSpec.from_string(device).device_type == 'CPU'
+                       for device in devices):
+        return tf.distribute.ReductionToOneDevice()
+    return None
+
+
+def loopback_tf_configs(workers):
+    """TF_CONFIG values of a cluster of `workers` processes on this machine.
+
+    For trying multi-worker training, and for tests and benchmarks, on one
+    machine: start worker i's process with the environment variable
+    `TF_CONFIG` set to the i-th string, and `make_strategy` builds their
+    `MultiWorkerMirroredStrategy` (collectives over gRPC on 127.0.0.1).
+
+    Args:
+        workers: number of worker processes, at least 1.
+
+    Returns:
+        A list of `workers` JSON strings, one per task index, naming ports
+        that were free when this ran.
+    """
+    if workers < 1:
+        raise ValueError(f'A cluster needs at least 1 worker, got {workers}.')
+    sockets = [socket.socket() for _ in range(workers)]
+    try:
+        for s in sockets:
+            s.bind(('127.0.0.1', 0))
+        addresses = [f'127.0.0.1:{s.getsockname()[1]}' for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+    return [json.dumps({'cluster': {'worker': addresses},
+                        'task': {'type': 'worker', 'index': index}})
+            for index in range(workers)]
+
+
+class ClusterFailed(RuntimeError):
+    """A collective across the workers of a cluster failed: a worker died,
+    was stopped, never started, or runs another program."""
+    EXIT_CODE = os.EX_UNAVAILABLE  # run.py's exit code.
+
+
+# Errors of a collective whose peer is gone or stuck, beside the
+# `Collective ...` errors of mismatched collectives.
+_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.CancelledError,
+                tf.errors.AbortedError, tf.errors.DeadlineExceededError)
+
+
+def task_name(strategy):
+    """'worker 1', 'chief 0'..., or 'this process' outside a cluster."""
+    resolver = getattr(strategy, 'cluster_resolver', None)
+    if resolver is None or not resolver.task_type:
+        return 'this process'
+    return f'{resolver.task_type} {resolver.task_id}'
+
+
+def _lost_task(strategy, message):
+    """'worker 1 (127.0.0.1:2223)': the first other task of the cluster
+    that TensorFlow's `message` names (`/job:worker/replica:0/task:1`),
+    with its address from TF_CONFIG; None when it names none."""
+    resolver = strategy.cluster_resolver
+    spec = resolver.cluster_spec()
+    for kind, index in re.findall(r'/job:(\w+)/replica:\d+/task:(\d+)',
+                                  message):
+        index = int(index)
+        if (kind, index) == (resolver.task_type, resolver.task_id):
+            continue
+        try:
+            address = spec.task_address(kind, index)
+        except ValueError:
+            address = None
+        return f'{kind} {index}' + (f' ({address})' if address else '')
+    return None
+
+
+def cluster_failure(strategy, error, *, what, step, resume):
+    """The `ClusterFailed` that `error` stands for, or None when it is not
+    a failure of the cluster (no MultiWorkerMirroredStrategy, or another
+    error).
+
+    Args:
+        strategy: the running strategy.
+        error: the exception raised.
+        what: what this worker was doing ('the training step').
+        step: the global step it had reached.
+        resume: where relaunching resumes ('its backup (step 8)').
+    """
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return None
+    if not isinstance(error, tf.errors.OpError) or not (
+            isinstance(error, _PEER_ERRORS) or 'ollective' in error.message or
+            'oordination' in error.message):
+        return None
+    # TF's message starts with the op's {{...}} name; the cause (the peer
+    # that stopped, or the mismatched collective) follows on two lines.
+    cause = ' '.join(re.sub(r'\{\{.*?\}\}\s*', '', error.message)
+                     .split('\n')[:2]).strip()[:500]
+    lost = _lost_task(strategy, error.message)
+    if lost:
+        culprit = f'{lost} was lost'
+        logs = f'the log of {lost.split(" (")[0]}'
+    else:
+        culprit = "TensorFlow's error names no other worker"
+        logs = "every worker's log"
+    return ClusterFailed(
+        f'{task_name(strategy)} stopped at step {step}: {culprit}; a '
+        f'collective with the other workers failed during {what} '
+        f'({type(error).__name__}: {cause}). A worker died, was stopped, or '
+        f'runs another config or program. Find the first error in {logs}, '
+        'fix it, then start the same command on every worker again: the '
+        'run resumes '
+        f'from {resume}.')
+
+
+def check_same_config(strategy, config):
+    """Raises `ClusterFailed` on every worker unless all workers of the
+    cluster pass the same `config` text (nothing outside one).
+
+    Workers started with different configs would otherwise run collectives
+    that do not match: a hang, or an error far from the cause. Every
+    worker must call it at the same point.
+
+    Args:
+        strategy: the running strategy.
+        config: what must be equal (the gin config and the mode).
+    """
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return
+    digest = np.frombuffer(hashlib.sha256(config.encode()).digest()[:8],
+                           np.int32)
+    # [replicas, 2]: worker w's replicas are consecutive rows.
+    digests = strategy.gather(
+        strategy.run(lambda: tf.constant(digest)[tf.newaxis]), axis=0)
+    digests = digests.numpy()
+    # Replicas are ordered by task name: the chief's, then the workers'.
+    tasks = [f'{kind} {index}' for kind, addresses in sorted(
+        strategy.cluster_resolver.cluster_spec().as_dict().items())
+             if kind in ('chief', 'worker')
+             for index in range(len(addresses))]
+    per_worker = len(digests) // len(tasks)
+    differing = [task for task, row in zip(tasks, digests[::per_worker])
+                 if not np.array_equal(row, digests[0])]
+    if differing:
+        raise ClusterFailed(
+            f'{task_name(strategy)}: the workers were started with different '
+            f'configs: that of {", ".join(differing)} differs from that of '
+            f'{tasks[0]} (gin files, --gin_bindings or --mode). Start the '
+            'same command, with the same gin files, on every worker.')
+
+
+def is_chief(strategy):
+    """Whether this process is the chief: the `chief` task if the cluster
+    has one, else worker 0; always True outside a multi-worker cluster."""
+    resolver = getattr(strategy, 'cluster_resolver', None)
+    if resolver is None or not resolver.task_type:
+        return True
+    if resolver.task_type == 'chief':
+        return True
+    has_chief = 'chief' in resolver.cluster_spec().as_dict()
+    return (not has_chief and resolver.task_type == 'worker' and
+            resolver.task_id == 0)
+
+
+def read_weights(model):
+    """`model.get_weights()`, which every worker of a cluster must call at
+    the same point.
+
+    Reading a sync-on-read variable (a batch-norm moving statistic) in
+    cross-replica context all-reduces it across replicas: under
+    MultiWorkerMirroredStrategy a collective of all workers. Called by one
+    worker alone, it waits for the others, or meets another collective of
+    theirs (`Collective instance N expected type ...`).
+
+    Returns:
+        The weights as NumPy arrays, equal on every worker.
+    """
+    return model.get_weights()
+
+
+def write_dir(strategy, directory):
+    """Where this process writes a save of `directory`: `directory` itself
+    on the chief, a private `directory/.worker_tmp_<type>_<id>` elsewhere."""
+    if is_chief(strategy):
+        return directory
+    resolver = strategy.cluster_resolver
+    return os.path.join(
+        directory, f'.worker_tmp_{resolver.task_type}_{resolver.task_id}')
+
+
+@contextlib.contextmanager
+def save_dir(strategy, directory):
+    """Yields `write_dir(strategy, directory)`, deleting it on exit unless
+    this process is the chief.
+
+    Under MultiWorkerMirroredStrategy every worker must take part in a save
+    (reading mirrored and sync-on-read variables runs collectives), but only
+    the chief's copy is kept (TF "Multi-worker training with Keras").
+
+    Args:
+        strategy: the running `tf.distribute.Strategy`.
+        directory: where the chief writes.
+
+    Yields:
+        The directory to write to.
+    """
+    target = write_dir(strategy, directory)
+    try:
+        yield target
+    finally:
+        if target != directory:
+            shutil.rmtree(target, ignore_errors=True)
+
+
+def barrier(strategy):
+    """Returns once every worker of a `MultiWorkerMirroredStrategy` has
+    called it; at once under any other strategy.
+
+    A cross-worker all-reduce: what the chief does to shared files before
+    it (deleting a run) is done when the other workers pass it, and workers
+    whose part is done wait here for the chief's own work (export,
+    evaluation), so that the cluster ends together: a worker that exits
+    first is reported by the others' coordination service as a task that
+    crashed.
+
+    Args:
+        strategy: the `tf.distribute.Strategy` every worker runs.
+    """
+    if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return
+    strategy.reduce(tf.distribute.ReduceOp.SUM,
+                    strategy.run(lambda: tf.ones([])), axis=None)
