@@ -208,7 +208,7 @@ def _run_in_model_dir(run, strategy, mode, config, owner_check):
         logging.info('gin config:\n%s', config)
     mode.run(run.path, strategy, modes.Options(
         overwrite=_OVERWRITE.value, owner_check=owner_check,
-        official_checkpoint=_OFFICIAL_CHECKPOINT.value))
+        official_checkpoint=_OFFICIAL_CHECKPOINT.value, mode=_MODE.value))
 
 
 def run(argv=None):

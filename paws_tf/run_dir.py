@@ -34,6 +34,9 @@ from paws_tf import files
 
 # The records that wait in `RunDir.staging` until the data is accepted.
 _STAGED = ('split', 'normalization')
+# The results of the demo, of fine-tuning and of the baseline, each in its
+# directory (a fine-tuning's output directory outside a run too).
+RESULTS_FILE = 'results.json'
 
 
 def _path(*names, doc=None):
@@ -96,11 +99,11 @@ class RunDir:
     eval = _path('eval')
     nn_results = _path('eval', 'paws_nn.json', doc="PAWS-NN's results.")
     fine_tune = _path('fine_tune')
-    fine_tune_results = _path('fine_tune', 'results.json')
+    fine_tune_results = _path('fine_tune', RESULTS_FILE)
     supervised = _path('supervised')
-    supervised_results = _path('supervised', 'results.json',
+    supervised_results = _path('supervised', RESULTS_FILE,
                                doc="The demo's baseline's results.")
-    results = _path('results.json', doc="The demo's results.")
+    results = _path(RESULTS_FILE, doc="The demo's results.")
     results_figure = _path('results.png')
 
     def tensorboard(self, run=None):

@@ -17,6 +17,7 @@ from paws_tf.evaluation import linear_fine_tune
 from paws_tf.evaluation import suncet_fine_tune
 from paws_tf.evaluation import tuning
 from paws_tf import lars
+from paws_tf import run_dir
 from tests.helpers import tiny_model
 
 SIZE = 8
@@ -175,7 +176,7 @@ def test_sweep_selects_best_setting_and_writes_outputs(tmp_path):
     with open(os.path.join(output_dir,
                            linear_fine_tune.HOLDOUT_FILENAME)) as f:
         assert f.read().split() == [labeled.names[p] for p in held]
-    with open(os.path.join(output_dir, tuning.RESULTS_FILENAME)) as f:
+    with open(os.path.join(output_dir, run_dir.RESULTS_FILE)) as f:
         written = json.load(f)
     assert written['sweep'] == results['sweep']
     assert written['top1'] == results['top1']
@@ -383,7 +384,7 @@ def test_suncet_protocol_through_the_entry_point(tmp_path):
     assert (results['paws_nn_after']['top1']
             > results['paws_nn_before']['top1'])
     output_dir = tmp_path / 'fine_tune'
-    with open(output_dir / tuning.RESULTS_FILENAME) as f:
+    with open(output_dir / run_dir.RESULTS_FILE) as f:
         written = json.load(f)
     assert written['paws_nn_after'] == results['paws_nn_after']
     assert written['paws_nn_by_epoch'] == by_epoch
@@ -478,7 +479,7 @@ def test_best_epoch_keeps_the_epoch_of_best_validation_top1(tmp_path):
     predicted = np.argmax(classifier(images.astype(np.float32)), 1)
     assert np.mean(predicted == validation.labels) == max(by_epoch)
     assert results['num_train'] == 32 and results['num_validation'] == 10
-    with open(os.path.join(output_dir, tuning.RESULTS_FILENAME)) as f:
+    with open(os.path.join(output_dir, run_dir.RESULTS_FILE)) as f:
         assert json.load(f)['best_epoch'] == results['best_epoch']
     for kwargs, match in (
             (dict(validation=None), 'needs a validation set'),

@@ -46,7 +46,7 @@ def fine_tune(model_dir, model, *, labeled, test, protocol='imagenet',
     run = run_dir.RunDir(model_dir)
     _, results = _PROTOCOLS[protocol](
         model, labeled, test, output_dir=run.fine_tune,
-        log_dir=run.tensorboard('fine_tune'),
+        log_dir=run.fine_tune_logs,
         strategy=strategy, image_size=image_size,
         crop_fraction=crop_fraction, mean=mean, std=std, seed=seed)
     return results

@@ -22,9 +22,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import cluster
-
 from paws_tf import checkpoints
+from paws_tf import cluster
 from paws_tf.data import augment
 from paws_tf.data import pipeline
 from paws_tf.data import sampling

@@ -7,13 +7,12 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import cluster
-
 from paws_tf import checkpoints
+from paws_tf import cluster
 from paws_tf import files
 from paws_tf.nets import sync_batch_norm
+from paws_tf import run_dir
 
-RESULTS_FILENAME = 'results.json'
 TRUNK_WEIGHTS = 'trunk'
 # Arguments `fine_tune.fine_tune` passes to the protocols, so gin must not
 # bind them.
@@ -87,6 +86,6 @@ def write_outputs(strategy, output_dir, network, weights_name, results):
     with cluster.save_dir(strategy, output_dir) as directory:
         network.save_weights(os.path.join(directory, weights_name))
     if cluster.is_chief(strategy):
-        files.write_json(os.path.join(output_dir, RESULTS_FILENAME),
+        files.write_json(os.path.join(output_dir, run_dir.RESULTS_FILE),
                          results, indent=2,
                          default=lambda x: np.asarray(x).tolist())

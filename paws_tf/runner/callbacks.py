@@ -9,9 +9,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import cluster
-
 from paws_tf import checkpoints
+from paws_tf import cluster
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import evaluators
 from paws_tf import model as model_lib

@@ -174,6 +174,7 @@ class Options(typing.NamedTuple):
     overwrite: bool = False  # --overwrite.
     owner_check: typing.Optional[typing.Callable[[], None]] = None
     official_checkpoint: typing.Optional[str] = None  # --official_checkpoint
+    mode: str = 'train'  # --mode: named in the refusal of an import.
 
 
 def _imported(model_dir, mode, trains=False):
@@ -190,7 +191,7 @@ def _imported(model_dir, mode, trains=False):
 
 
 def _train(model_dir, strategy, options):
-    _imported(model_dir, 'train', trains=True)
+    _imported(model_dir, options.mode, trains=True)
     train.train(model_dir, strategy, overwrite=options.overwrite,
                 owner_check=options.owner_check)
 
@@ -201,20 +202,17 @@ def _train_and_evaluate(model_dir, strategy, options):
 
 
 def _export(model_dir, strategy, options):
-    del options  # Unused.
     export_and_evaluate(model_dir, strategy, evaluates=False,
-                        imported=_imported(model_dir, 'export'))
+                        imported=_imported(model_dir, options.mode))
 
 
 def _evaluate_nn(model_dir, strategy, options):
-    del options  # Unused.
     return export_and_evaluate(model_dir, strategy, exports=False,
-                               imported=_imported(model_dir, 'evaluate_nn'))
+                               imported=_imported(model_dir, options.mode))
 
 
 def _fine_tune(model_dir, strategy, options):
-    del options  # Unused.
-    imported = _imported(model_dir, 'fine_tune')
+    imported = _imported(model_dir, options.mode)
     bundle = load_labeled_data(model_dir, 'fine-tuning trains on them')
     model, _ = load_trained_model(model_dir, strategy, imported=imported)
     return fine_tune.fine_tune(model_dir, model, labeled=bundle.labeled,
@@ -250,14 +248,14 @@ class Mode(typing.NamedTuple):
 # model_dir holding an import, export, evaluate_nn and fine_tune run on the
 # imported weights, built from the gin config alone (the import already
 # exported the embedder).
-MODES = {
-    'train': Mode(_train, trains=True),
-    'evaluate_nn': Mode(_evaluate_nn),
-    'fine_tune': Mode(_fine_tune),
-    'export': Mode(_export),
-    'train_and_evaluate': Mode(_train_and_evaluate, trains=True),
-    'import_official': Mode(_import_official, imports=True),
-}
+MODES = dict(
+    train=Mode(_train, trains=True),
+    evaluate_nn=Mode(_evaluate_nn),
+    fine_tune=Mode(_fine_tune),
+    export=Mode(_export),
+    train_and_evaluate=Mode(_train_and_evaluate, trains=True),
+    import_official=Mode(_import_official, imports=True),
+)
 
 
 def run(model_dir, strategy, mode, **options):
@@ -280,4 +278,5 @@ def run(model_dir, strategy, mode, **options):
     if mode not in MODES:
         raise ValueError(f'Unknown mode {mode!r}; choose one of '
                          f'{sorted(MODES)}.')
-    return MODES[mode].run(model_dir, strategy, Options(**options))
+    return MODES[mode].run(model_dir, strategy,
+                           Options(mode=mode, **options))

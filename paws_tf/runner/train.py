@@ -87,14 +87,12 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
     run's data must be the data it started on (`data_fingerprint`).
 
     Args:
-        model_dir: the run's directory (checkpoints, backup, TensorBoard
-            logs, recorded labeled split and data fingerprint).
+        model_dir: the run's directory (`run_dir.RunDir`).
         strategy: the `tf.distribute.Strategy` to train under.
         overwrite: when the data differs from what the run started on,
             delete the run and start again (run.py's --overwrite).
-        owner_check: called before every checkpoint and backup; raises
-            when this run no longer owns `model_dir`
-            (`run_lock.RunLock.check`).
+        owner_check: called before every save; raises when this run no
+            longer owns `model_dir` (`run_lock.RunLock.check`).
         num_epochs: epochs, one pass over the unlabeled set each.
         optimizer_cls: optimizer class called with `learning_rate=schedule`
             (gin: `@LARS`, configured in gin).
@@ -122,9 +120,8 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
         eval_max_queries: test images the evaluators use (None: all).
         pretrained_backbone: tf_keras weights file or checkpoint (a run's
             too) to start the backbone from.
-        on_data_change: when resuming on data that differs from what the
-            run started on: `'stop'` with an error naming what changed, or
-            `'continue'` on the new data (recording it).
+        on_data_change: resuming on other data than the run started on:
+            `'stop'` naming what changed, or `'continue'` (recording it).
         verbose: progress bar verbosity (`progress.ProgressBar`).
 
     Returns:
