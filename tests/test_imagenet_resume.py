@@ -183,7 +183,8 @@ def first_steps(unlabeled, labeled, start_step, steps):
         classes_per_step=2, images_per_class=2,
         multicrop=augment.imagenet_multicrop(
             global_size=32, local_size=16, num_local=2),
-        unique_classes_per_replica=True, seed=0, start_step=start_step)
+        unique_classes_per_replica=True, seed=0, start_step=start_step,
+        normalization=(augment.IMAGENET_MEAN, augment.IMAGENET_STD))
     assert pretrain.steps_per_epoch == STEPS_PER_EPOCH
     return list(pretrain.dataset_fn().take(steps).as_numpy_iterator())
 
