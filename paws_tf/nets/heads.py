@@ -22,12 +22,20 @@ class Linear(tf_keras.layers.Dense):
 
 
 class _MLPHead(tf_keras.layers.Layer):
-    """Runs `mlp_layers` in order; `training` selects the BN statistics."""
+    """Runs `mlp_layers` in order; `training` selects the BN statistics.
 
-    def __init__(self, *, sync_bn, sync_bn_impl, bn_momentum, bn_epsilon,
-                 **kwargs):
+    `SIZES` names the subclass's size arguments (integers >= 1), kept as
+    attributes and, with the batch-norm settings, in the config.
+    """
+
+    SIZES = ()
+
+    def __init__(self, sizes, *, sync_bn, sync_bn_impl, bn_momentum,
+                 bn_epsilon, **kwargs):
         super().__init__(**kwargs)
         sync_batch_norm.check_impl(sync_bn_impl, 'sync_bn_impl')
+        for arg, value in zip(self.SIZES, sizes):
+            setattr(self, arg, checks.integer(arg, value))
         self.sync_bn = sync_bn
         self.sync_bn_impl = sync_bn_impl
         self.bn_momentum = bn_momentum
@@ -47,11 +55,10 @@ class _MLPHead(tf_keras.layers.Layer):
         return x  # [B, output_dim]
 
     def get_config(self):
-        config = super().get_config()
-        config.update(sync_bn=self.sync_bn, sync_bn_impl=self.sync_bn_impl,
-                      bn_momentum=self.bn_momentum,
-                      bn_epsilon=self.bn_epsilon)
-        return config
+        keys = self.SIZES + ('sync_bn', 'sync_bn_impl', 'bn_momentum',
+                             'bn_epsilon')
+        return {**super().get_config(),
+                **{key: getattr(self, key) for key in keys}}
 
 
 @gin.configurable(denylist=backbones.SET_BY_BUILD_MODEL)
@@ -64,6 +71,8 @@ class ProjectionHead(_MLPHead):
     official code sets hidden_dim to the backbone's F (4096 / 8192 for the
     2x / 4x ResNet-50).
     """
+
+    SIZES = ('num_layers', 'hidden_dim', 'output_dim')
 
     def __init__(self, num_layers=3, hidden_dim=2048, output_dim=2048, *,
                  sync_bn=False, sync_bn_impl=sync_batch_norm.KERAS,
@@ -86,16 +95,10 @@ class ProjectionHead(_MLPHead):
         Raises:
             ValueError: a size is < 1, or a bad `sync_bn_impl`.
         """
-        super().__init__(sync_bn=sync_bn, sync_bn_impl=sync_bn_impl,
+        super().__init__((num_layers, hidden_dim, output_dim),
+                         sync_bn=sync_bn, sync_bn_impl=sync_bn_impl,
                          bn_momentum=bn_momentum, bn_epsilon=bn_epsilon,
                          name=name, **kwargs)
-        for arg, value in (('num_layers', num_layers),
-                           ('hidden_dim', hidden_dim),
-                           ('output_dim', output_dim)):
-            checks.integer(arg, value)
-        self.num_layers = num_layers
-        self.hidden_dim = hidden_dim
-        self.output_dim = output_dim
         self.mlp_layers = []
         for i in range(1, num_layers):
             self.mlp_layers.extend([
@@ -104,12 +107,6 @@ class ProjectionHead(_MLPHead):
                 tf_keras.layers.ReLU(name=f'relu{i}'),
             ])
         self.mlp_layers.append(Linear(output_dim, name=f'fc{num_layers}'))
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(num_layers=self.num_layers, hidden_dim=self.hidden_dim,
-                      output_dim=self.output_dim)
-        return config
 
 
 @gin.configurable(denylist=backbones.SET_BY_BUILD_MODEL)
@@ -120,6 +117,8 @@ class PredictionHead(_MLPHead):
     hidden_dim = output_dim / 4 (512 for 2048).
     """
 
+    SIZES = ('hidden_dim', 'output_dim')
+
     def __init__(self, hidden_dim=512, output_dim=2048, *, sync_bn=False,
                  sync_bn_impl=sync_batch_norm.KERAS, bn_momentum=0.9,
                  bn_epsilon=1e-5, name='prediction_head', **kwargs):
@@ -128,24 +127,15 @@ class PredictionHead(_MLPHead):
         Args:
             hidden_dim: width of the hidden layer.
             output_dim: width of the output z.
-            sync_bn: synchronise BN statistics across replicas (global BN).
-            sync_bn_impl: with `sync_bn`, `sync_batch_norm.KERAS` (default)
-                or `CUSTOM` (`sync_batch_norm.batch_norm`'s `impl`).
-            bn_momentum: BN moving-average decay (Keras convention).
-            bn_epsilon: BN epsilon.
-            name: layer name.
-            **kwargs: passed to `tf_keras.layers.Layer`.
+            sync_bn, sync_bn_impl, bn_momentum, bn_epsilon, name, **kwargs:
+                as `ProjectionHead`'s.
 
         Raises:
             ValueError: a size is < 1, or a bad `sync_bn_impl`.
         """
-        super().__init__(sync_bn=sync_bn, sync_bn_impl=sync_bn_impl,
-                         bn_momentum=bn_momentum, bn_epsilon=bn_epsilon,
-                         name=name, **kwargs)
-        checks.integer('hidden_dim', hidden_dim)
-        checks.integer('output_dim', output_dim)
-        self.hidden_dim = hidden_dim
-        self.output_dim = output_dim
+        super().__init__((hidden_dim, output_dim), sync_bn=sync_bn,
+                         sync_bn_impl=sync_bn_impl, bn_momentum=bn_momentum,
+                         bn_epsilon=bn_epsilon, name=name, **kwargs)
         self.mlp_layers = [
             self._batch_norm('bn0'),
             Linear(hidden_dim, name='fc1'),
@@ -153,8 +143,3 @@ class PredictionHead(_MLPHead):
             tf_keras.layers.ReLU(name='relu1'),
             Linear(output_dim, name='fc2'),
         ]
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(hidden_dim=self.hidden_dim, output_dim=self.output_dim)
-        return config
