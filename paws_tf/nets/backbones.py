@@ -128,10 +128,6 @@ class _Layers:
         return self._norm_relu_then(x, bn_name, padding, pool, name)
 
 
-def _relu(name):
-    return tf_keras.layers.ReLU(name=name)
-
-
 def _features_model(inputs, x, name):
     """Pools [B, h, w, F] to [B, F] and wraps the graph into a Model."""
     features = tf_keras.layers.GlobalAveragePooling2D(name='avg_pool')(x)
@@ -153,7 +149,7 @@ def _bottleneck_block(x, planes, stride, name, make, zero_init_residual):
     y = make.norm_relu_conv(y, name, 'bn2', 'conv3', out_channels, 1, 1)
     y = make.norm(name + '_bn3', zero_init=zero_init_residual)(y)
     y = tf_keras.layers.Add(name=name + '_add')([y, shortcut])
-    return _relu(name + '_out')(y)  # [B, h/s, w/s, 4P]
+    return tf_keras.layers.ReLU(name=name + '_out')(y)  # [B, h/s, w/s, 4P]
 
 
 def _resnet50(inputs, make, width_multiplier=1, zero_init_residual=False):
@@ -217,7 +213,7 @@ def _wide_resnet(inputs, make, depth=28, width=2,
             x = _wide_block(x, filters, stride if block == 1 else 1,
                             f'group{group}_block{block}', make)
     x = make.norm('final_bn', momentum=final_bn_momentum)(x)
-    x = _relu('final_relu')(x)  # [B, H/4, W/4, 64k]
+    x = tf_keras.layers.ReLU(name='final_relu')(x)  # [B, H/4, W/4, 64k]
     return _features_model(inputs, x, f'wide_resnet{depth}_{width}')
 
 
@@ -231,7 +227,7 @@ def _basic_block(x, filters, stride, name, make):
     y = make.norm_relu_conv(y, name, 'bn1', 'conv2', filters, 3, 1)
     y = make.norm(name + '_bn2')(y)
     y = tf_keras.layers.Add(name=name + '_add')([y, shortcut])
-    return _relu(name + '_out')(y)
+    return tf_keras.layers.ReLU(name=name + '_out')(y)
 
 
 def _small_resnet(inputs, make, widths=(32, 64, 128),
@@ -251,7 +247,7 @@ def _small_resnet(inputs, make, widths=(32, 64, 128),
             f'{widths!r}, blocks_per_stage={blocks_per_stage!r}, '
             f'stem_stride={stem_stride!r}, stage_strides={stage_strides!r}')
     x = make.conv(inputs, widths[0], 3, stem_stride, 'stem_conv')
-    x = _relu('stem_relu')(make.norm('stem_bn')(x))
+    x = tf_keras.layers.ReLU(name='stem_relu')(make.norm('stem_bn')(x))
     stages = zip(widths, blocks_per_stage, stage_strides)
     for stage, (filters, num_blocks, stride) in enumerate(stages, start=1):
         for block in range(1, num_blocks + 1):
@@ -309,13 +305,12 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
     """Builds a channels-last feature extractor that accepts any image size.
 
     Three switches choose between tf_keras' standard layers (the defaults)
-    and paws_tf's CPU-tuned ones, which the CPU configs (demo, debug, the
-    small own-images recipe) select. Each pair has the same variables and
-    gives the same values and gradients, so checkpoints move between
-    settings. The custom layers' gains were measured on 2-core CPUs only
-    (docs/performance.md); they have not run on a GPU. `sync_bn` and
-    `sync_bn_impl` concern the heads too: `model.build_model` passes them
-    to both, and gin binds `build_model.sync_bn_impl`, not these.
+    and paws_tf's CPU-tuned ones, which the CPU configs select. Each pair
+    has the same variables and gives the same values and gradients, so
+    checkpoints move between settings. The custom layers' gains were
+    measured on 2-core CPUs only (docs/performance.md). `model.build_model`
+    passes `sync_bn` and `sync_bn_impl` to the heads too, and gin binds
+    `build_model.sync_bn_impl`, not these.
 
     Args:
         name: one of
@@ -337,29 +332,16 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
             BN, PAWS Sec. 5); use False with a single replica (fusable BN).
         bn_momentum: batch-norm moving-average decay (Keras convention).
         bn_epsilon: batch-norm epsilon.
-        sync_bn_impl: with `sync_bn`, 'keras' (default) for
-            `tf_keras.layers.BatchNormalization(synchronized=True)`,
-            'custom' for `sync_batch_norm.GlobalBatchNormalization` (one
-            all-reduce each way around TensorFlow's fused kernels, where
-            tf_keras' layer makes three forward and two backward around
-            unfused ops; measured in docs/performance.md).
-            Only 'custom' is recomputed (`recompute_bn_relu`); 'keras'
-            holds the ReLU outputs.
+        sync_bn_impl: with `sync_bn`, 'keras' (default) or 'custom'
+            (`sync_batch_norm.batch_norm`'s `impl`). Only 'custom' is
+            recomputed (`recompute_bn_relu`).
         padding_impl: the strided convolutions and the ResNet-50 max pool,
-            padded symmetrically as in PyTorch. 'keras' (default): a
-            `tf_keras.layers.ZeroPadding2D` before a 'valid' Conv2D or
-            MaxPool2D. 'custom': `padded_layers.PaddedConv2D` and
-            `PaddedMaxPool2D`, which pad again in the backward pass instead
-            of holding the padded copy (measured on 2 CPU cores: 169 MiB
-            less tensor peak in a `cifar_small` step, 83 MiB in
-            `rn50_tiny`'s).
+            padded symmetrically as in PyTorch: 'keras' (default) or
+            'custom' (`padded_layers.conv`'s `impl`).
         recompute_bn_relu: where a batch norm and ReLU feed a convolution or
             max pool alone, recompute the ReLU output in the backward pass
-            instead of holding it (`recompute.NormReLUThen`): measured on 2
-            CPU cores with local batch norm, the step's tensor peak 12-14%
-            lower for ResNet-50 and 48% for WRN-28-2, at about 5% more CPU
-            time. False (default): the tf_keras layers composed, which hold
-            it.
+            instead of holding it (`recompute.NormReLUThen`); False
+            (default) composes the tf_keras layers, which hold it.
         **kwargs: architecture arguments of the chosen backbone.
 
     Returns:
@@ -378,10 +360,7 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
     if not 0.0 <= bn_momentum < 1.0:
         raise ValueError(f'bn_momentum must be in [0, 1), got {bn_momentum!r}')
     sync_batch_norm.check_impl(sync_bn_impl, 'sync_bn_impl')
-    if padding_impl not in padded_layers.IMPLEMENTATIONS:
-        raise ValueError(f'build_backbone.padding_impl must be one of '
-                         f'{padded_layers.IMPLEMENTATIONS}, got '
-                         f'{padding_impl!r}')
+    padded_layers.check_impl(padding_impl, 'build_backbone.padding_impl')
     make = _Layers(recompute_bn_relu=recompute_bn_relu,
                    padding_impl=padding_impl, sync_bn=sync_bn,
                    impl=sync_bn_impl, momentum=bn_momentum,

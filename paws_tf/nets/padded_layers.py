@@ -10,9 +10,12 @@ KERAS = 'keras'
 IMPLEMENTATIONS = (CUSTOM, KERAS)
 
 
-def _symmetric_padding(pad):
-    """`tf.nn` explicit padding of `pad` pixels on each side of H and W."""
-    return [[0, 0], [pad, pad], [pad, pad], [0, 0]]
+def check_impl(impl, name='impl'):
+    """Raises ValueError naming `name` (the argument or gin binding that
+    gave it) unless `impl` is one of `IMPLEMENTATIONS`."""
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f'{name} must be one of {IMPLEMENTATIONS}, got '
+                         f'{impl!r}.')
 
 
 def _padded_shape(input_shape, pad):
@@ -64,7 +67,7 @@ class _InLayerPadding:
         pad = self.pad
 
         def padded(t):
-            return tf.pad(t, _symmetric_padding(pad),
+            return tf.pad(t, [[0, 0], [pad, pad], [pad, pad], [0, 0]],
                           constant_values=pad_value)
 
         @tf.custom_gradient
@@ -125,10 +128,7 @@ class PaddedConv2D(_InLayerPadding, tf_keras.layers.Conv2D):
 class PaddedMaxPool2D(_InLayerPadding, tf_keras.layers.MaxPool2D):
     """MaxPool2D over PyTorch's symmetric -inf padding (channels-last); the
     padded input is made again for the backward pass (see `PaddedConv2D`).
-
-    Takes MaxPool2D's arguments and `pad` (keyword): -inf pixels on each side
-    of H and W, >= 1.
-    """
+    Takes MaxPool2D's arguments and `pad` (keyword, >= 1)."""
 
     def call(self, inputs):
         pool_args = dict(ksize=[1, *self.pool_size, 1],
@@ -154,8 +154,7 @@ def conv(filters, kernel_size, stride, pad, *, impl=CUSTOM, name,
         pad: zero pixels on each side of H and W.
         impl: `CUSTOM` for a `PaddedConv2D`, `KERAS` for a 'valid'
             `tf_keras.layers.Conv2D` behind a `ZeroPadding2D` named
-            `{name}_pad`: the same values and variables; the padded copy is
-            held for the backward pass.
+            `{name}_pad` (the same values and variables).
         name: the convolution's name.
         **kwargs: other Conv2D arguments.
 
@@ -165,7 +164,7 @@ def conv(filters, kernel_size, stride, pad, *, impl=CUSTOM, name,
     Raises:
         ValueError: `impl` is not one of `IMPLEMENTATIONS`.
     """
-    _check_impl(impl)
+    check_impl(impl)
     if impl == CUSTOM:
         return None, PaddedConv2D(filters, kernel_size, strides=stride,
                                   pad=pad, name=name, **kwargs)
@@ -194,15 +193,9 @@ def max_pool(pool_size, stride, pad, *, impl=CUSTOM, name):
     Raises:
         ValueError: `impl` is not one of `IMPLEMENTATIONS`.
     """
-    _check_impl(impl)
+    check_impl(impl)
     if impl == CUSTOM:
         return None, PaddedMaxPool2D(pool_size, stride, pad=pad, name=name)
     return (tf_keras.layers.ZeroPadding2D(pad, name=f'{name}_pad'),
             tf_keras.layers.MaxPool2D(pool_size, stride, padding='valid',
                                       name=name))
-
-
-def _check_impl(impl):
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(f'padded layer impl must be one of '
-                         f'{IMPLEMENTATIONS}, got {impl!r}')
