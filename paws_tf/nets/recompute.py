@@ -14,17 +14,14 @@ class NormReLUThen(tf_keras.layers.Layer):
     Composed of tf_keras layers, the ReLU output `a` is held from the
     forward pass until the gradient of `layer` reads it (a convolution's
     weight gradient, a max pool's input gradient), beside `x`, which the
-    batch norm's gradient reads. Here, when the batch norm trains on its
-    local batch, the three run inside one custom gradient that recomputes
-    `a` from `x` in the backward pass, at the cost of one more batch-norm
-    pass over `x`: ResNet-50's bottleneck blocks hold 10 activations of P
-    channels instead of 12, the WideResNet blocks 2 of 4. On 2 CPU cores
-    that lowered a training step's tensor peak by 48% for WRN-28-2 and
-    12-14% for ResNet-50, at about 5% more CPU time (docs/performance.md);
-    it was not measured on GPUs.
-
-    A `GlobalBatchNormalization` (synchronised across replicas) is
-    recomputed too, with its one all-reduce each way.
+    batch norm's gradient reads. Here the three run inside one custom
+    gradient that recomputes `a` from `x` in the backward pass, at the cost
+    of one more batch-norm pass over `x` (a `GlobalBatchNormalization`'s
+    with its one all-reduce each way): ResNet-50's bottleneck blocks hold
+    10 activations of P channels instead of 12, the WideResNet blocks 2 of
+    4. On 2 CPU cores that lowered a training step's tensor peak by 48% for
+    WRN-28-2 and 12-14% for ResNet-50, at about 5% more CPU time
+    (docs/performance.md); it was not measured on GPUs.
 
     Values, gradients and moving statistics are those of the composition,
     which runs instead when `recompute` is False, or the batch norm is
@@ -107,8 +104,7 @@ class NormReLUThen(tf_keras.layers.Layer):
         return cls(**config)
 
     def _apply_layer(self, a, *weights):
-        """`self.layer(a)` (after `self.padding`) with its weights given as
-        tensors."""
+        """`self.layer(self.padding(a))` with its weights given as tensors."""
         if self.padding is not None:
             a = self.padding.call(a)
         if not weights:
@@ -170,8 +166,7 @@ class NormReLUThen(tf_keras.layers.Layer):
         return y
 
     def _global_call(self, inputs, replica_context):
-        """The training call with a `GlobalBatchNormalization`: its one
-        all-reduce each way, and `a` recomputed as in `call`."""
+        """`call` in training with a `GlobalBatchNormalization`."""
         norm = self.norm
         epsilon = norm.epsilon
 

@@ -25,18 +25,16 @@ def batch_norm(name, *, sync_bn, momentum, epsilon, zero_init=False,
         name: layer name; its variables end in `gamma`, `beta`,
             `moving_mean` and `moving_variance`.
         sync_bn: if True, normalise with the statistics of the global batch
-            across all replicas. Outside a replica context it falls back to
-            the local batch. If False, a tf_keras layer on the local batch
-            (fused kernels).
+            across all replicas (outside a replica context, of the local
+            batch). If False, a tf_keras layer on the local batch.
         momentum: moving-average decay (Keras convention: 0.9 keeps 90% of
             the old statistic, i.e. PyTorch momentum 0.1).
         epsilon: added to the variance.
         zero_init: initialise gamma to zero instead of one.
         impl: with `sync_bn`, `KERAS` (default) for
             `tf_keras.layers.BatchNormalization(synchronized=True)`,
-            `CUSTOM` for a `GlobalBatchNormalization` (one all-reduce each
-            way around fused kernels). Both give the same values and have
-            the same variables.
+            `CUSTOM` for a `GlobalBatchNormalization`: the same values and
+            variables.
 
     Returns:
         A `tf_keras.layers.BatchNormalization`.
@@ -178,22 +176,15 @@ class GlobalBatchNormalization(tf_keras.layers.BatchNormalization):
     tf_keras' `BatchNormalization(synchronized=True)` makes three
     all-reduces in the forward pass (sum, sum of squares, count) and two in
     the backward pass, and runs unfused ops. Training in a replica context,
-    this layer normalises the local batch with TensorFlow's fused kernel,
-    all-reduces [sum, sum of squares, count] per channel as one vector and
-    maps the local normalisation to the global one in one XLA-compiled pass
-    (`global_normalise`); in the backward pass it all-reduces [sum of dz,
-    sum of dz * x_hat] once (z the output, x_hat the normalised input) and
-    takes the rest from the fused gradient kernel and one XLA-compiled pass
-    (`global_norm_grads`). Values, gradients and moving statistics are
-    tf_keras': the moving variance takes the global batch's variance without
-    Bessel's correction. Where `global_replica_context` says so, tf_keras'
-    layer runs instead. Channels-last only; inputs of rank 2 or 4.
+    this layer runs TensorFlow's fused kernels around one all-reduce each
+    way (`global_normalise`, `global_norm_grads`). Values, gradients and
+    moving statistics are tf_keras': the moving variance takes the global
+    batch's variance without Bessel's correction. Where
+    `global_replica_context` says so, tf_keras' layer runs instead.
+    Channels-last only; inputs of rank 2 or 4.
 
     docs/performance.md compares the CPU time of a step with each layer,
-    measured on 2 CPU cores (two replicas on logical devices); it was not
-    measured on GPUs. `build_model.sync_bn_impl = 'custom'` selects it for
-    the backbone and heads.
-
+    measured on 2 CPU cores (two replicas on logical devices), not on GPUs.
     Takes `BatchNormalization`'s keyword arguments; `synchronized` is
     always True.
     """

@@ -99,9 +99,7 @@ def layer_names(backbone, *, projection_head=None, prediction_head=None,
 def _torch_values(layer, prefix):
     """`{torch key: (keras variable, to_keras)}` of one layer, where
     `to_keras` turns the PyTorch array into the variable's layout."""
-    def same(array):
-        return array
-
+    same = np.asarray
     if isinstance(layer, tf_keras.layers.BatchNormalization):
         pairs = [('weight', layer.gamma), ('bias', layer.beta),
                  ('running_mean', layer.moving_mean),
