@@ -14,19 +14,13 @@ BIAS_AND_NORM_NAMES = ('bias', 'beta', 'gamma')
 
 
 def is_bias_or_norm(name):
-    """Whether a variable is a bias or a normalisation-layer parameter.
+    """Whether variable `name` (e.g. `encoder/conv1/bias:0`) is a bias or a
+    normalisation-layer parameter: its last component is one of
+    `BIAS_AND_NORM_NAMES`.
 
     PAWS (arXiv 2104.13963) Sec. 5 excludes "the bias and batch-norm
     parameters from weight decay and LARS adaptation". This is the default
-    exclusion predicate of `LARS`; compose it in your own predicate to extend
-    it.
-
-    Args:
-        name: str, a variable name such as `encoder/conv1/bias:0`.
-
-    Returns:
-        True iff the last `/`-separated component of `name`, without its
-        `:<n>` suffix, is one of `BIAS_AND_NORM_NAMES`.
+    exclusion predicate of `LARS`; compose it in your own to extend it.
     """
     return name.split('/')[-1].split(':')[0] in BIAS_AND_NORM_NAMES
 
@@ -133,11 +127,7 @@ class LARS(tf_keras.optimizers.Optimizer):
                       positive=True)
 
     def build(self, var_list):
-        """Creates the momentum and trust-ratio variables.
-
-        Args:
-            var_list: list of model variables the optimizer will update.
-        """
+        """Creates the momentum and trust-ratio variables of `var_list`."""
         super().build(var_list)
         if getattr(self, '_built', False):
             return
@@ -200,11 +190,9 @@ class LARS(tf_keras.optimizers.Optimizer):
                 decay = weight_decay * variable
             direction = gradient + decay
             lr = lr * trust_ratio
-        # PAWS (arXiv 2104.13963) Appendix A, Eq. (mom): classical momentum,
-        # the (adapted) learning rate enters the velocity. The fused op
-        # updates v and theta in place (v <- momentum v - lr d;
-        # theta <- theta + v): a step of ResNet-50 otherwise holds several
-        # variable-sized temporaries per variable at once.
+        # Eq. (mom) of the class docstring, fused: the op updates v and
+        # theta in place, where a step of ResNet-50 would otherwise hold
+        # several variable-sized temporaries per variable at once.
         tf.raw_ops.ResourceApplyKerasMomentum(
             var=variable.handle, accum=velocity.handle, lr=lr,
             grad=direction,
@@ -215,9 +203,8 @@ class LARS(tf_keras.optimizers.Optimizer):
         """Mean, min and max trust ratio of the adapted variables.
 
         Reads the ratios written by the latest `update_step` of each adapted
-        variable. Works eagerly, in a `tf.function` (call it after
-        `apply_gradients` in the same function, so that the optimizer is
-        built when it is traced) and in replica or cross-replica context.
+        variable; in a `tf.function`, call it after `apply_gradients`, so
+        that the optimizer is built when it is traced.
 
         Returns:
             Dict with keys `mean`, `min`, `max` of scalar float32 tensors;
@@ -234,12 +221,9 @@ class LARS(tf_keras.optimizers.Optimizer):
                 'max': tf.reduce_max(ratios)}
 
     def get_config(self):
-        """Returns the constructor arguments, for `from_config`.
-
-        A callable `exclude_from_adaptation` is returned as is, so the config
-        round-trips in process but is not JSON-serialisable; use None or a
-        regex string when the config must be written out.
-        """
+        """Returns the constructor arguments, for `from_config`: a callable
+        `exclude_from_adaptation` as is (not JSON-serialisable; use None or
+        a regex string for a config written out)."""
         config = super().get_config()
         config.update({
             'learning_rate': self._serialize_hyperparameter(

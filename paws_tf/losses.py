@@ -1,10 +1,6 @@
 """The PAWS and RoPAWS objectives, the support label matrix and logging
 diagnostics.
 
-`paws_loss` and `ropaws_loss` take the same arguments (RoPAWS adds its own):
-the embeddings and the label matrices of the supports, which `label_matrix`
-builds from the support rows' columns.
-
 Pure tensor functions: callers pass already-gathered support tensors. The
 cross-replica operations are the me-max average, which `dist` reduces over
 replicas when a distribution strategy runs the step, and RoPAWS's gather of

@@ -15,8 +15,6 @@ from paws_tf.nets import sync_batch_norm
 NN_EMBEDDINGS = ('projection', 'prediction')
 # The objectives `PAWSModel.objective` selects: PAWS, or RoPAWS's targets.
 OBJECTIVES = ('paws', 'ropaws')
-
-
 # `train_step`'s per-step values are its means' names with this prefix.
 STEP_PREFIX = 'step_'
 
@@ -347,20 +345,16 @@ def build_model(*, input_channels, sync_bn, sync_bn_impl=sync_batch_norm.KERAS,
 
     The backbone comes from `backbones.build_backbone`, the heads from
     `heads.ProjectionHead` / `heads.PredictionHead` and the objective's
-    settings from `PAWSModel`, each configured in gin. How batch norm is
-    synchronised is set here, for the backbone and the heads alike.
+    settings from `PAWSModel`; how batch norm is synchronised is set here,
+    for the backbone and the heads alike.
 
     Args:
         input_channels: image channels (3 RGB, 1 grayscale).
         sync_bn: synchronise batch norm across replicas (global BN).
         sync_bn_impl: with `sync_bn`, every batch norm's implementation:
-            'keras' (default) for tf_keras'
-            `BatchNormalization(synchronized=True)`, 'custom' for
-            `sync_batch_norm.GlobalBatchNormalization` (one all-reduce each
-            way around fused kernels), which the CPU configs select. Both
-            have the same variables and give the same values, so
-            checkpoints move between them; the custom layer's gain was
-            measured on 2-core CPUs only (docs/performance.md).
+            'keras' (default) or 'custom', which the CPU configs select
+            (`sync_batch_norm.batch_norm`'s `impl`; the same variables and
+            values, so checkpoints move between them).
         prediction_head: add the prediction head (the paper's ImageNet
             default; CIFAR-10 runs without).
 

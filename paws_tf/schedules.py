@@ -25,10 +25,9 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
       final_lr`;
     * `step > total_steps`: constant `final_lr`.
 
-    So `lr(0) = start_lr`, `lr(warmup_steps) = ref_lr` and
-    `lr(total_steps) = final_lr`, except that when the warm-up spans the whole
-    run (`warmup_steps == total_steps`) `lr(total_steps) = ref_lr`: step
-    `total_steps` is never used for an update, and `final_lr` follows it.
+    When the warm-up spans the whole run (`warmup_steps == total_steps`),
+    `lr(total_steps) = ref_lr`: step `total_steps` is never used for an
+    update, and `final_lr` follows it.
 
     `steps_per_epoch` and `num_epochs` are injected by the training code (gin
     must not bind them); gin binds the learning rates and the warm-up, as
@@ -114,15 +113,8 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
         return warmup_epochs
 
     def __call__(self, step):
-        """Returns the learning rate after `step` updates.
-
-        Args:
-            step: scalar int or float tensor (or Python number), the number of
-                optimizer updates already applied.
-
-        Returns:
-            Scalar float32 tensor.
-        """
+        """Returns the learning rate (float32 scalar) after `step` (a number
+        or scalar tensor) updates."""
         step = tf.cast(step, tf.float32)
         warmup_steps = float(self.warmup_steps)
         # max(., 1) only guards the unused branch of tf.where: with
