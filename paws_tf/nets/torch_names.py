@@ -161,16 +161,11 @@ def load_state_dict(pairs, state_dict, *, description):
         if tuple(converted.shape) != tuple(variable.shape):
             shapes.append(f'{key} {list(array.shape)} (the model: '
                           f'{_torch_shape(variable)})')
-    problems = []
-    if missing:
-        problems.append(f'{len(missing)} key(s) the model needs are not in '
-                        f'it: {_listing(missing)}')
-    if unused:
-        problems.append(f'{len(unused)} key(s) in it have no place in the '
-                        f'model: {_listing(unused)}')
-    if shapes:
-        problems.append(f'{len(shapes)} key(s) have another shape: '
-                        f'{_listing(shapes)}')
+    problems = [f'{len(keys)} key(s) {what}: {_listing(keys)}'
+                for keys, what in (
+                    (missing, 'the model needs are not in it'),
+                    (unused, 'in it have no place in the model'),
+                    (shapes, 'have another shape')) if keys]
     if problems:
         raise Mismatch(f'{description} does not fit the configured model '
                        f'({len(wanted)} tensors): ' + '; '.join(problems) +
