@@ -59,12 +59,10 @@ class _Layers:
         self.padding_impl = padding_impl
         self.batch_norm_args = batch_norm_args
 
-    def norm(self, name, zero_init=False, momentum=None):
-        """A batch norm; `momentum` overrides the backbone's."""
-        args = dict(self.batch_norm_args)
-        if momentum is not None:
-            args['momentum'] = momentum
-        return sync_batch_norm.batch_norm(name, zero_init=zero_init, **args)
+    def norm(self, name, zero_init=False, **overrides):
+        """A batch norm; `overrides` (`momentum`) replace the backbone's."""
+        return sync_batch_norm.batch_norm(
+            name, zero_init=zero_init, **{**self.batch_norm_args, **overrides})
 
     def conv_layers(self, x, filters, kernel_size, stride, name,
                     torch_default=False):
@@ -103,9 +101,10 @@ class _Layers:
         padding, conv = self.conv_layers(x, *args, **kwargs)
         return conv(x if padding is None else padding(x))
 
-    def _norm_relu_then(self, x, bn_name, padding, layer, name):
+    def norm_relu_then(self, x, bn_name, layers, name):
         """`layer(padding(relu(batch norm bn_name(x))))` as one
-        `NormReLUThen`."""
+        `NormReLUThen`, `layers` being (padding or None, layer)."""
+        padding, layer = layers
         return recompute.NormReLUThen(
             self.norm(bn_name), layer, recompute=self.recompute_bn_relu,
             padding=padding, name=name)(x)
@@ -115,17 +114,10 @@ class _Layers:
         batch norm and convolution are named `{block}_{bn}` and
         `{block}_{conv}`. `*args, **kwargs`: the `conv_layers` arguments
         after `x`, but `name`."""
-        padding, conv_layer = self.conv_layers(x, *args,
-                                               name=f'{block}_{conv}',
-                                               **kwargs)
-        return self._norm_relu_then(x, f'{block}_{bn}', padding, conv_layer,
-                                    name=f'{block}_{bn}_{conv}')
-
-    def norm_relu_pool(self, x, bn_name, pool_name, name):
-        """torchvision's stem: batch norm, ReLU, MaxPool2d(3, 2, 1)."""
-        padding, pool = padded_layers.max_pool(3, 2, 1, impl=self.padding_impl,
-                                               name=pool_name)
-        return self._norm_relu_then(x, bn_name, padding, pool, name)
+        conv_layers = self.conv_layers(x, *args, name=f'{block}_{conv}',
+                                       **kwargs)
+        return self.norm_relu_then(x, f'{block}_{bn}', conv_layers,
+                                   name=f'{block}_{bn}_{conv}')
 
 
 def _features_model(inputs, x, name):
@@ -164,8 +156,10 @@ def _resnet50(inputs, make, width_multiplier=1, zero_init_residual=False):
             f'{RESNET50_WIDTH_MULTIPLIERS}, got {width_multiplier!r}')
     width = 64 * width_multiplier
     x = make.conv(inputs, width, 7, 2, 'stem_conv')  # [B, H/2, W/2, 64w]
-    x = make.norm_relu_pool(x, 'stem_bn', 'stem_pool',
-                            name='stem_bn_pool')  # [B, H/4, W/4, 64w]
+    # torchvision's stem: batch norm, ReLU, MaxPool2d(3, 2, 1).
+    x = make.norm_relu_then(x, 'stem_bn', padded_layers.max_pool(
+        3, 2, 1, impl=make.padding_impl, name='stem_pool'),
+        'stem_bn_pool')  # [B, H/4, W/4, 64w]
     for stage, num_blocks in enumerate(RESNET50_STAGE_BLOCKS, start=1):
         planes = width * 2 ** (stage - 1)
         for block in range(1, num_blocks + 1):
@@ -183,11 +177,11 @@ def _wide_block(x, filters, stride, name, make):
         # The official code projects the raw block input, not the
         # pre-activated one (suncet src/wide_resnet.py).
         shortcut = make.conv(x, filters, 1, stride, name + '_proj_conv',
-                         torch_default=True)
+                             torch_default=True)
     y = make.norm_relu_conv(x, name, 'bn1', 'conv1', filters, 3, 1,
-                        torch_default=True)
+                            torch_default=True)
     y = make.norm_relu_conv(y, name, 'bn2', 'conv2', filters, 3, stride,
-                        torch_default=True)
+                            torch_default=True)
     return tf_keras.layers.Add(name=name + '_add')([y, shortcut])
 
 
@@ -206,7 +200,7 @@ def _wide_resnet(inputs, make, depth=28, width=2,
     if width < 1:
         raise ValueError(f'wide_resnet width must be >= 1, got {width!r}')
     x = make.conv(inputs, WIDE_RESNET_STEM_WIDTH, 3, 1, 'stem_conv',
-              torch_default=True)
+                  torch_default=True)
     for group, stride in enumerate((1, 2, 2), start=1):
         filters = WIDE_RESNET_STEM_WIDTH * 2 ** (group - 1) * width
         for block in range(1, (depth - 4) // 6 + 1):
