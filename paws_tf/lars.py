@@ -163,14 +163,9 @@ class LARS(tf_keras.optimizers.Optimizer):
                         tf.ones_like(ratio))
 
     def update_step(self, gradient, variable):
-        """Applies one LARS update to `variable`.
-
-        Args:
-            gradient: dense tensor or `tf.IndexedSlices` shaped like
-                `variable`, already aggregated across replicas.
-            variable: the model variable (its per-device component under a
-                distribution strategy).
-        """
+        """Applies one LARS update to `variable` (its per-device component
+        under a distribution strategy) from `gradient`, a dense tensor or
+        `tf.IndexedSlices` already aggregated across replicas."""
         if isinstance(gradient, tf.IndexedSlices):
             gradient = tf.convert_to_tensor(gradient)
         index = self._index_dict[self._var_key(variable)]
@@ -211,11 +206,10 @@ class LARS(tf_keras.optimizers.Optimizer):
             all 1.0 before the optimizer is built or when every variable is
             excluded.
         """
-        if not getattr(self, '_built', False) or not self.trust_ratios:
-            one = tf.constant(1.0, tf.float32)
-            return {'mean': one, 'min': one, 'max': one}
-        ratios = tf.stack([tf.cast(slot, tf.float32)
-                           for slot in self.trust_ratios])  # [num_adapted]
+        ratios = tf.ones([1])
+        if getattr(self, '_built', False) and self.trust_ratios:
+            ratios = tf.stack([tf.cast(slot, tf.float32)
+                               for slot in self.trust_ratios])  # [adapted]
         return {'mean': tf.reduce_mean(ratios),
                 'min': tf.reduce_min(ratios),
                 'max': tf.reduce_max(ratios)}

@@ -135,11 +135,6 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
 
     def get_config(self):
         """Returns the constructor arguments, for `from_config`."""
-        return {
-            'steps_per_epoch': self.steps_per_epoch,
-            'num_epochs': self.num_epochs,
-            'start_lr': self.start_lr,
-            'ref_lr': self.ref_lr,
-            'final_lr': self.final_lr,
-            'warmup_epochs': self.warmup_epochs,
-        }
+        return {key: getattr(self, key) for key in (
+            'steps_per_epoch', 'num_epochs', 'start_lr', 'ref_lr',
+            'final_lr', 'warmup_epochs')}
