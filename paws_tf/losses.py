@@ -31,12 +31,9 @@ def _normalize(x):
 
 
 def _log_snn_from_logits(logits, labels):
-    """Log of `softmax(logits) @ labels`, without `log(0)`.
-
-    Evaluated as `(e @ Y) / sum(e)` with `e = exp(logits - max)`, so the
-    largest weight is exactly 1. A class whose probability underflows float32
-    gets `log(tiny)` instead of `-inf`.
-    """
+    """Log of `softmax(logits) @ labels` as `log(e @ Y) - log(sum(e))`, `e =
+    exp(logits - max)` (largest weight exactly 1), with `log(tiny)` for a
+    class whose probability underflows float32 instead of `-inf`."""
     logits = logits - tf.stop_gradient(
         tf.reduce_max(logits, axis=1, keepdims=True))
     weights = tf.exp(logits)  # [N, M], max 1 per row
@@ -102,13 +99,8 @@ def paws_targets(target_views, target_supports, target_support_labels, *,
     zeroed (official implementation, for numerical stability).
 
     Args:
-        target_views: `[2B, D]` swapped global target embeddings.
-        target_supports: `[M, D]` gathered support target embeddings.
-        target_support_labels: `[M, C]` label matrix.
-        multicrop: number m of local views per image (int or int scalar
-            tensor).
-        tau: similarity temperature.
-        sharpen_temperature: sharpening temperature T.
+        target_views, target_supports, target_support_labels, multicrop,
+            tau, sharpen_temperature: as `paws_loss`.
 
     Returns:
         `[(2 + m) B, C]` float32 targets, rows ordered like the anchors.
@@ -206,14 +198,10 @@ def ropaws_targets(target_views, target_supports, target_support_labels, *,
     the two global targets as in PAWS.
 
     Args:
-        target_views: `[2B, D]` swapped global target embeddings.
-        target_supports: `[N, D]` gathered support target embeddings.
+        target_views, target_supports, multicrop, tau, sharpen_temperature:
+            as `paws_loss` (N support rows).
         target_support_labels: `[N, C]` label matrix (label smoothing kept,
             as the official code keeps it).
-        multicrop: number m of local views per image (int or int scalar
-            tensor).
-        tau: similarity temperature.
-        sharpen_temperature: sharpening temperature T.
         images_per_class: n, support images per class per replica (a
             number or a float32 scalar).
         prior_tau: temperature of the in-domain prior.
@@ -269,10 +257,9 @@ def ropaws_loss(anchor_views, anchor_supports, anchor_support_labels,
                 prior_tau, prior_pow, label_ratio, me_max=True):
     """The RoPAWS objective: PAWS with `ropaws_targets` and weighted views.
 
-    Predictions, me-max and inference are PAWS's (arguments as
-    `paws_loss`); the targets come from `ropaws_targets` (`images_per_class`,
-    `prior_tau` and `label_ratio` are its arguments), and each anchor view's
-    cross-entropy is weighted by its image's `p_in ** prior_pow`.
+    Predictions, me-max and inference are PAWS's; the targets come from
+    `ropaws_targets`, and each anchor view's cross-entropy is weighted by
+    its image's `p_in ** prior_pow`.
 
     Args:
         anchor_views, anchor_supports, anchor_support_labels, target_views,

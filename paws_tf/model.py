@@ -211,12 +211,9 @@ class PAWSModel(tf_keras.Model):
 
     def _encode(self, images, training):
         """Returns (h, z) in float32: projection and prediction outputs."""
-        h = self.projection_head(self.backbone(images, training=training),
-                                 training=training)
-        z = h
-        if self.prediction_head is not None:
-            z = self.prediction_head(h, training=training)
-        return tf.cast(h, tf.float32), tf.cast(z, tf.float32)
+        outputs = self.call(images, training)
+        return outputs['projection'], outputs.get('prediction',
+                                                  outputs['projection'])
 
     def _forward(self, data, training):
         """Encodes a step's views and evaluates the objective.

@@ -21,10 +21,8 @@ def check_conv_safe(x, kernel_size, stride, name):
     #6035; reproduced here for every C in 1..7). GPUs do not run it.
 
     Args:
-        x: the convolution's input [B, H, W, C] (C is read).
-        kernel_size: the convolution's (square) kernel size.
-        stride: its stride.
-        name: its name, for the message.
+        x, kernel_size, stride, name: the convolution's input [B, H, W, C],
+            (square) kernel size, stride and name (for the message).
 
     Raises:
         ValueError: oneDNN is on, without a GPU, for such a convolution.

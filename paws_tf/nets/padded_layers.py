@@ -51,19 +51,9 @@ class _InLayerPadding:
         return {**super().get_config(), 'pad': self.pad}
 
     def _padded_op(self, forward, backward, x, *weights, pad_value=0.0):
-        """`forward(padded x, *weights)`, with the padded copy of `x` made
-        again for the backward pass rather than held until it.
-
-        Args:
-            forward: `(padded, *weights) -> y`, a 'valid' op.
-            backward: `(padded, y, dy, *weights) -> (d padded, *d weights)`.
-            x: [B, H, W, C] input.
-            *weights: tensors `forward` also differentiates.
-            pad_value: what the border holds.
-
-        Returns:
-            y.
-        """
+        """`forward(padded x, *weights)` (a 'valid' op, whose gradients
+        `backward(padded, y, dy, *weights)` returns), with the copy of `x`
+        padded by `pad_value` made again for the backward pass."""
         pad = self.pad
 
         def padded(t):
@@ -150,13 +140,12 @@ def conv(filters, kernel_size, stride, pad, *, impl=CUSTOM, name,
     """A Conv2D over PyTorch's symmetric zero padding of `pad` (>= 1).
 
     Args:
-        filters, kernel_size, stride: the convolution's.
+        filters, kernel_size, stride, **kwargs: the Conv2D's arguments.
         pad: zero pixels on each side of H and W.
         impl: `CUSTOM` for a `PaddedConv2D`, `KERAS` for a 'valid'
             `tf_keras.layers.Conv2D` behind a `ZeroPadding2D` named
             `{name}_pad` (the same values and variables).
         name: the convolution's name.
-        **kwargs: other Conv2D arguments.
 
     Returns:
         (padding, convolution): the ZeroPadding2D to apply first, or None.
