@@ -58,6 +58,39 @@ class PAWSModel(tf_keras.Model):
     with it). The support rows and their columns are gathered over replicas
     together, so the model holds no layout: a restored model needs only its
     weights. `call` maps images to inference embeddings.
+
+    Args:
+        backbone: `[B, H, W, C] -> [B, F]` features model.
+        projection_head: `[B, F] -> [B, D]`, its output is h.
+        prediction_head: optional `[B, D] -> [B, D']`, its output is z (z = h
+            without it).
+        tau: similarity temperature (paper: 0.1).
+        sharpen_temperature: target sharpening temperature T (0.25).
+        me_max_weight: weight of the me-max term (1 in the paper, 0 in the
+            small-batch setting of Table 7).
+        label_smoothing: support label smoothing (0.1).
+        diagnostics_every: compute the NT-Xent and SuNCEt diagnostics every
+            this many steps (0: never).
+        nn_embedding: what `call` returns as `embeddings`, the representation
+            PAWS-NN compares: 'projection' (h) or 'prediction' (the prediction
+            head's output, which the official ImageNet PAWS-NN figures used).
+        objective: 'paws', or 'ropaws' (RoPAWS's targets and weights,
+            `losses.ropaws_loss`, for unlabeled images that may hold other
+            classes).
+        ropaws_prior_tau: RoPAWS's in-domain prior temperature (> 0; official:
+            0.1 on CIFAR-10, 3.0 on ImageNet).
+        ropaws_prior_pow: exponent of p_in weighting each view's loss (>= 0; 0
+            leaves the views unweighted; official: 1).
+        ropaws_label_ratio: RoPAWS's label_ratio (> 0; official: 5): the
+            supports weigh `label_ratio * B / n` times an unlabeled target, B
+            the unlabeled images and n the support images of a class on one
+            replica, as the official code's per-GPU sizes (both read from the
+            batch).
+        **kwargs: passed to `tf_keras.Model`.
+
+    Raises:
+        checks.ConfigError: a value out of range, or `nn_embedding`
+            'prediction' without a prediction head.
     """
 
     def __init__(self, backbone, projection_head, prediction_head=None, *,
@@ -66,42 +99,6 @@ class PAWSModel(tf_keras.Model):
                  nn_embedding='projection', objective='paws',
                  ropaws_prior_tau=3.0, ropaws_prior_pow=1.0,
                  ropaws_label_ratio=5.0, **kwargs):
-        """Builds the model.
-
-        Args:
-            backbone: `[B, H, W, C] -> [B, F]` features model.
-            projection_head: `[B, F] -> [B, D]`, its output is h.
-            prediction_head: optional `[B, D] -> [B, D']`, its output is z
-                (z = h without it).
-            tau: similarity temperature (paper: 0.1).
-            sharpen_temperature: target sharpening temperature T (0.25).
-            me_max_weight: weight of the me-max term (1 in the paper, 0 in
-                the small-batch setting of Table 7).
-            label_smoothing: support label smoothing (0.1).
-            diagnostics_every: compute the NT-Xent and SuNCEt diagnostics
-                every this many steps (0: never).
-            nn_embedding: what `call` returns as `embeddings`, the
-                representation PAWS-NN compares: 'projection' (h) or
-                'prediction' (the prediction head's output, which the
-                official ImageNet PAWS-NN figures used).
-            objective: 'paws', or 'ropaws' (RoPAWS's targets and weights,
-                `losses.ropaws_loss`, for unlabeled images that may hold
-                other classes).
-            ropaws_prior_tau: RoPAWS's in-domain prior temperature (> 0;
-                official: 0.1 on CIFAR-10, 3.0 on ImageNet).
-            ropaws_prior_pow: exponent of p_in weighting each view's loss
-                (>= 0; 0 leaves the views unweighted; official: 1).
-            ropaws_label_ratio: RoPAWS's label_ratio (> 0; official: 5):
-                the supports weigh `label_ratio * B / n` times an unlabeled
-                target, B the unlabeled images and n the support images of
-                a class on one replica, as the official code's per-GPU
-                sizes (both read from the batch).
-            **kwargs: passed to `tf_keras.Model`.
-
-        Raises:
-            checks.ConfigError: a value out of range, or `nn_embedding`
-                'prediction' without a prediction head.
-        """
         super().__init__(**kwargs)
         self.check_arguments(
             tau=tau, sharpen_temperature=sharpen_temperature,
@@ -254,7 +251,15 @@ class PAWSModel(tf_keras.Model):
         targets = tf.concat([view_2, view_1], 0)  # Swapped: view 1 <- 2.
         objective, settings = losses.paws_loss, {}
         if self.objective == 'ropaws':
-            self._check_gather(targets)
+            # RoPAWS all-gathers the unlabeled targets and takes back this
+            # replica's rows: the batch must be static (else the rows are
+            # wrong).
+            if dist.num_replicas() > 1 and targets.shape[0] is None:
+                raise ValueError(
+                    "PAWSModel.objective = 'ropaws' on several replicas "
+                    'needs a static unlabeled batch to gather the targets of '
+                    'every replica: batch the unlabeled views with '
+                    'drop_remainder=True (make_pretrain_dataset_fn does).')
             objective = losses.ropaws_loss
             settings = dict(self.ropaws_settings,
                             images_per_class=_images_per_class(
@@ -266,18 +271,6 @@ class PAWSModel(tf_keras.Model):
             me_max=self.me_max_weight > 0, **settings)
         loss = terms.cross_entropy + self.me_max_weight * terms.me_max
         return loss, terms, z_global, z_support, labels
-
-    @staticmethod
-    def _check_gather(targets):
-        """RoPAWS all-gathers the unlabeled targets and takes back this
-        replica's rows: the batch must be static (else the rows are
-        wrong)."""
-        if dist.num_replicas() > 1 and targets.shape[0] is None:
-            raise ValueError(
-                "PAWSModel.objective = 'ropaws' on several replicas needs a "
-                'static unlabeled batch to gather the targets of every '
-                'replica: batch the unlabeled views with drop_remainder=True '
-                '(make_pretrain_dataset_fn does).')
 
     def _update_means(self, loss, terms, num_global, steps=None):
         """Adds a step's loss terms to the epoch means, and makes them the
