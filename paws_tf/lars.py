@@ -73,35 +73,33 @@ class LARS(tf_keras.optimizers.Optimizer):
     Weight decay is the L2 term inside `d` above. The base class's decoupled
     decay is disabled: `self.weight_decay` stays None and the LARS value is
     `self.l2_weight_decay`.
+
+    Args:
+        learning_rate: float, or a
+            `tf_keras.optimizers.schedules.LearningRateSchedule` called with
+            the number of updates already applied.
+        momentum: float in [0, 1), the heavy-ball coefficient beta.
+        weight_decay: float >= 0, L2 coefficient for adapted variables.
+        trust_coefficient: float > 0, eta of the trust ratio (0.001 in the
+            official PAWS code).
+        eps: float >= 0, added to the trust-ratio denominator.
+        exclude_from_adaptation: None (use `is_bias_or_norm`), a regex string
+            searched in the variable name, or a callable `str -> bool` on the
+            variable name. Excluded variables get neither adaptation nor weight
+            decay.
+        name: str, name scope of the optimizer's variables.
+        **kwargs: passed to `tf_keras.optimizers.Optimizer` (`clipnorm`,
+            `global_clipnorm`, `jit_compile`, ...), except `weight_decay`,
+            which is ours.
+
+    Raises:
+        checks.ConfigError: if a hyperparameter is out of range.
+        TypeError: if `exclude_from_adaptation` has the wrong type.
     """
 
     def __init__(self, learning_rate, momentum=0.9, weight_decay=1e-6,
                  trust_coefficient=0.001, eps=1e-8,
                  exclude_from_adaptation=None, name='LARS', **kwargs):
-        """Creates the optimizer.
-
-        Args:
-            learning_rate: float, or a
-                `tf_keras.optimizers.schedules.LearningRateSchedule` called
-                with the number of updates already applied.
-            momentum: float in [0, 1), the heavy-ball coefficient beta.
-            weight_decay: float >= 0, L2 coefficient for adapted variables.
-            trust_coefficient: float > 0, eta of the trust ratio (0.001 in
-                the official PAWS code).
-            eps: float >= 0, added to the trust-ratio denominator.
-            exclude_from_adaptation: None (use `is_bias_or_norm`), a regex
-                string searched in the variable name, or a callable
-                `str -> bool` on the variable name. Excluded variables get
-                neither adaptation nor weight decay.
-            name: str, name scope of the optimizer's variables.
-            **kwargs: passed to `tf_keras.optimizers.Optimizer` (`clipnorm`,
-                `global_clipnorm`, `jit_compile`, ...), except
-                `weight_decay`, which is ours.
-
-        Raises:
-            checks.ConfigError: if a hyperparameter is out of range.
-            TypeError: if `exclude_from_adaptation` has the wrong type.
-        """
         super().__init__(name=name, weight_decay=None, **kwargs)
         self.check_arguments(momentum=momentum, weight_decay=weight_decay,
                              trust_coefficient=trust_coefficient, eps=eps)

@@ -34,6 +34,22 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
     `warmup_epochs` or as `warmup_fraction` of the run (which follows
     `train.num_epochs`, so that a one-epoch trial needs no other binding).
 
+    Args:
+        steps_per_epoch: int > 0, optimizer updates per epoch.
+        num_epochs: int > 0, length of training in epochs.
+        start_lr: float >= 0, learning rate at step 0.
+        ref_lr: float >= 0, peak learning rate, reached at the end of warm-up.
+        final_lr: float >= 0, learning rate at and after `total_steps`.
+        warmup_epochs: float >= 0, warm-up length in epochs (may be
+            fractional); at most `num_epochs`. None with `warmup_fraction`.
+        warmup_fraction: float in [0, 1], warm-up length as a share of
+            `num_epochs`; None (the default) uses `warmup_epochs`.
+
+    Raises:
+        checks.ConfigError: a step count that is not positive, a warm-up that
+            is negative, longer than training or given twice, or a negative
+            learning rate.
+
     Attributes:
         warmup_steps: int, `round(warmup_epochs * steps_per_epoch)`.
         total_steps: int, `num_epochs * steps_per_epoch`.
@@ -41,26 +57,6 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
 
     def __init__(self, steps_per_epoch, num_epochs, start_lr, ref_lr,
                  final_lr=0.0, warmup_epochs=10, warmup_fraction=None):
-        """Validates the arguments and converts epochs to steps.
-
-        Args:
-            steps_per_epoch: int > 0, optimizer updates per epoch.
-            num_epochs: int > 0, length of training in epochs.
-            start_lr: float >= 0, learning rate at step 0.
-            ref_lr: float >= 0, peak learning rate, reached at the end of
-                warm-up.
-            final_lr: float >= 0, learning rate at and after `total_steps`.
-            warmup_epochs: float >= 0, warm-up length in epochs (may be
-                fractional); at most `num_epochs`. None with
-                `warmup_fraction`.
-            warmup_fraction: float in [0, 1], warm-up length as a share of
-                `num_epochs`; None (the default) uses `warmup_epochs`.
-
-        Raises:
-            checks.ConfigError: a step count that is not positive, a
-                warm-up that is negative, longer than training or given
-                twice, or a negative learning rate.
-        """
         super().__init__()
         checks.integer('steps_per_epoch', steps_per_epoch)
         warmup_epochs = self.check_arguments(
@@ -82,10 +78,7 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
         """Raises `checks.ConfigError` naming an argument out of range
         (`names`: what to call each, default `WarmupCosineDecay.<name>`);
         run.py runs it on the bound values before any data is read.
-
-        Returns:
-            The warm-up in epochs.
-        """
+        Returns the warm-up in epochs."""
         name = checks.namer(names, 'WarmupCosineDecay.')
         checks.integer(name('num_epochs'), num_epochs)
         for key, value in (('start_lr', start_lr), ('ref_lr', ref_lr),
