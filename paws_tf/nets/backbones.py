@@ -267,11 +267,10 @@ def downsampling(name, *, stem_stride=1, stage_strides=(2, 2, 2)):
     if name not in _BUILDERS:
         raise ValueError(f'unknown backbone {name!r}; valid choices: '
                          f'{sorted(_BUILDERS)}')
-    if name == 'resnet50':
-        return 32  # Stem conv and max pool, stages 2-4: five strides of 2.
-    if name == 'wide_resnet':
-        return 4  # Its second and third groups stride by 2.
-    return stem_stride * math.prod(stage_strides)
+    # ResNet-50: stem conv and max pool, stages 2-4 (five strides of 2);
+    # WideResNet: its second and third groups.
+    fixed = {'resnet50': 32, 'wide_resnet': 4}
+    return fixed.get(name, stem_stride * math.prod(stage_strides))
 
 
 def check_arguments(name, arguments):

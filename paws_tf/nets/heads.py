@@ -23,10 +23,8 @@ class Linear(tf_keras.layers.Dense):
 
 class _MLPHead(tf_keras.layers.Layer):
     """Runs `mlp_layers` in order; `training` selects the BN statistics.
-
     `SIZES` names the subclass's size arguments (integers >= 1), kept as
-    attributes and, with the batch-norm settings, in the config.
-    """
+    attributes and, with the batch-norm settings, in the config."""
 
     SIZES = ()
 
@@ -70,6 +68,21 @@ class ProjectionHead(_MLPHead):
     layers of 2048 for ResNet-50, of 128 for WideResNet-28-2 in App. C). The
     official code sets hidden_dim to the backbone's F (4096 / 8192 for the
     2x / 4x ResNet-50).
+
+    Args:
+        num_layers: number of Dense layers (>= 1).
+        hidden_dim: width of the hidden layers.
+        output_dim: width of the output representation h.
+        sync_bn: synchronise BN statistics across replicas (global BN).
+        sync_bn_impl: with `sync_bn`, `sync_batch_norm.KERAS` (default) or
+            `CUSTOM` (`sync_batch_norm.batch_norm`'s `impl`).
+        bn_momentum: BN moving-average decay (Keras convention).
+        bn_epsilon: BN epsilon.
+        name: layer name.
+        **kwargs: passed to `tf_keras.layers.Layer`.
+
+    Raises:
+        ValueError: a size is < 1, or a bad `sync_bn_impl`.
     """
 
     SIZES = ('num_layers', 'hidden_dim', 'output_dim')
@@ -78,23 +91,6 @@ class ProjectionHead(_MLPHead):
                  sync_bn=False, sync_bn_impl=sync_batch_norm.KERAS,
                  bn_momentum=0.9, bn_epsilon=1e-5, name='projection_head',
                  **kwargs):
-        """Creates the layers; they are built on the first call.
-
-        Args:
-            num_layers: number of Dense layers (>= 1).
-            hidden_dim: width of the hidden layers.
-            output_dim: width of the output representation h.
-            sync_bn: synchronise BN statistics across replicas (global BN).
-            sync_bn_impl: with `sync_bn`, `sync_batch_norm.KERAS` (default)
-                or `CUSTOM` (`sync_batch_norm.batch_norm`'s `impl`).
-            bn_momentum: BN moving-average decay (Keras convention).
-            bn_epsilon: BN epsilon.
-            name: layer name.
-            **kwargs: passed to `tf_keras.layers.Layer`.
-
-        Raises:
-            ValueError: a size is < 1, or a bad `sync_bn_impl`.
-        """
         super().__init__((num_layers, hidden_dim, output_dim),
                          sync_bn=sync_bn, sync_bn_impl=sync_bn_impl,
                          bn_momentum=bn_momentum, bn_epsilon=bn_epsilon,
@@ -115,6 +111,15 @@ class PredictionHead(_MLPHead):
 
     Maps the projection h to z; the official code uses a 4x bottleneck,
     hidden_dim = output_dim / 4 (512 for 2048).
+
+    Args:
+        hidden_dim: width of the hidden layer.
+        output_dim: width of the output z.
+        sync_bn, sync_bn_impl, bn_momentum, bn_epsilon, name, **kwargs: as
+            `ProjectionHead`'s.
+
+    Raises:
+        ValueError: a size is < 1, or a bad `sync_bn_impl`.
     """
 
     SIZES = ('hidden_dim', 'output_dim')
@@ -122,17 +127,6 @@ class PredictionHead(_MLPHead):
     def __init__(self, hidden_dim=512, output_dim=2048, *, sync_bn=False,
                  sync_bn_impl=sync_batch_norm.KERAS, bn_momentum=0.9,
                  bn_epsilon=1e-5, name='prediction_head', **kwargs):
-        """Creates the layers; they are built on the first call.
-
-        Args:
-            hidden_dim: width of the hidden layer.
-            output_dim: width of the output z.
-            sync_bn, sync_bn_impl, bn_momentum, bn_epsilon, name, **kwargs:
-                as `ProjectionHead`'s.
-
-        Raises:
-            ValueError: a size is < 1, or a bad `sync_bn_impl`.
-        """
         super().__init__((hidden_dim, output_dim), sync_bn=sync_bn,
                          sync_bn_impl=sync_bn_impl, bn_momentum=bn_momentum,
                          bn_epsilon=bn_epsilon, name=name, **kwargs)

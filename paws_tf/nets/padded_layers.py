@@ -18,15 +18,6 @@ def check_impl(impl, name='impl'):
                          f'{impl!r}.')
 
 
-def _padded_shape(input_shape, pad):
-    """[B, H, W, C] grown by `pad` pixels on each side of H and W."""
-    shape = tf.TensorShape(input_shape).as_list()
-    for axis in (1, 2):
-        if shape[axis] is not None:
-            shape[axis] += 2 * pad
-    return tf.TensorShape(shape)
-
-
 class _InLayerPadding:
     """What `PaddedConv2D` and `PaddedMaxPool2D` share: their base layer is
     built 'valid' and they pad their input by `pad` (>= 1) on each side of H
@@ -44,8 +35,11 @@ class _InLayerPadding:
         self.pad = pad
 
     def compute_output_shape(self, input_shape):
-        return super().compute_output_shape(
-            _padded_shape(input_shape, self.pad))
+        shape = tf.TensorShape(input_shape).as_list()  # [B, H, W, C]
+        for axis in (1, 2):
+            if shape[axis] is not None:
+                shape[axis] += 2 * self.pad
+        return super().compute_output_shape(tf.TensorShape(shape))
 
     def get_config(self):
         return {**super().get_config(), 'pad': self.pad}
@@ -84,8 +78,7 @@ class PaddedConv2D(_InLayerPadding, tf_keras.layers.Conv2D):
     The same values as a `ZeroPadding2D` layer in front of a 'valid'
     convolution (`conv(..., impl=KERAS)`), but the padded copy of the input
     is made again in the backward pass instead of being held from the
-    forward pass to the weight gradient (169 MiB of a `cifar_small` step's
-    tensor peak, measured on 2 CPU cores; docs/performance.md). Both passes
+    forward pass to the weight gradient (docs/performance.md). Both passes
     run the 'valid' convolution kernels, which oneDNN accelerates;
     TensorFlow's kernels for explicit padding compute the input gradient of
     a strided convolution several times slower.

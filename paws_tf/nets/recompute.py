@@ -19,9 +19,8 @@ class NormReLUThen(tf_keras.layers.Layer):
     of one more batch-norm pass over `x` (a `GlobalBatchNormalization`'s
     with its one all-reduce each way): ResNet-50's bottleneck blocks hold
     10 activations of P channels instead of 12, the WideResNet blocks 2 of
-    4. On 2 CPU cores that lowered a training step's tensor peak by 48% for
-    WRN-28-2 and 12-14% for ResNet-50, at about 5% more CPU time
-    (docs/performance.md); it was not measured on GPUs.
+    4 (docs/performance.md measures the tensor peak and CPU time of a step
+    on 2 CPU cores, not on GPUs).
 
     Values, gradients and moving statistics are those of the composition,
     which runs instead when `recompute` is False, or the batch norm is
@@ -30,9 +29,8 @@ class NormReLUThen(tf_keras.layers.Layer):
     tf_keras' `synchronized=True` layer.
 
     Args:
-        norm: a `tf_keras.layers.BatchNormalization` over the last axis,
-            with `center` and `scale` (as `sync_batch_norm.batch_norm`
-            makes it).
+        norm: a `tf_keras.layers.BatchNormalization` over the last axis, with
+            `center` and `scale` (as `sync_batch_norm.batch_norm` makes it).
         layer: a `tf_keras.layers.Conv2D` (or `PaddedConv2D`) without
             activation, or a `tf_keras.layers.MaxPool2D` (or
             `PaddedMaxPool2D`).

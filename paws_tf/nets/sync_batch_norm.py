@@ -32,9 +32,8 @@ def batch_norm(name, *, sync_bn, momentum, epsilon, zero_init=False,
         epsilon: added to the variance.
         zero_init: initialise gamma to zero instead of one.
         impl: with `sync_bn`, `KERAS` (default) for
-            `tf_keras.layers.BatchNormalization(synchronized=True)`,
-            `CUSTOM` for a `GlobalBatchNormalization`: the same values and
-            variables.
+            `tf_keras.layers.BatchNormalization(synchronized=True)`, `CUSTOM`
+            for a `GlobalBatchNormalization`: the same values and variables.
 
     Returns:
         A `tf_keras.layers.BatchNormalization`.
@@ -55,15 +54,12 @@ def batch_norm(name, *, sync_bn, momentum, epsilon, zero_init=False,
 
 def _sum_over_replicas(replica_context, x):
     """All-reduced sum of `x`, with no gradient through the sum: the batch
-    norms' custom gradients below account for it.
-
-    Stopping the gradient at `x` also bounds the walk that the replica
-    context's all-reduce makes when traced, looking for variables between
-    its inputs and outputs. Where the replicas sum on one device
-    (`cluster.make_strategy` on logical CPUs) that walk would otherwise cross
-    into the other replicas' graphs at every batch norm, which makes
-    tracing the step several times slower.
-    """
+    norms' custom gradients below account for it. Stopping the gradient
+    also bounds the all-reduce's trace-time walk for variables between its
+    inputs and outputs, which, where the replicas sum on one device
+    (`cluster.make_strategy` on logical CPUs), would otherwise cross into
+    the other replicas' graphs at every batch norm and make tracing the
+    step several times slower."""
     return replica_context.all_reduce(tf.distribute.ReduceOp.SUM,
                                       tf.stop_gradient(x))
 
@@ -146,11 +142,8 @@ def global_norm_grads(dz, x, gamma, mean, variance, count, epsilon,
 @tf.function(jit_compile=True)
 def scale_shift(x, scale, shift, relu=False):
     """x * scale + shift per channel (and its ReLU if `relu`), in float32,
-    returned in x's dtype.
-
-    Compiled with XLA: one pass (`global_normalise`'s map from the local
-    normalisation to the global one; `NormReLUThen`'s recomputation).
-    """
+    returned in x's dtype, in one XLA-compiled pass (`global_normalise`'s
+    map to the global normalisation; `NormReLUThen`'s recomputation)."""
     y = tf.cast(x, tf.float32) * scale + shift
     return tf.cast(tf.nn.relu(y) if relu else y, x.dtype)
 

@@ -64,8 +64,7 @@ def layer_names(backbone, *, projection_head=None, prediction_head=None,
         prediction_head: `heads.PredictionHead` (`pred.*`), or None.
         classifier_layers: the fine-tuned classifier's layers after the
             backbone, named 'fc1', 'bn1', 'classifier' (`fc.fc1`, `fc.bn1`,
-            `fc.fc2`), or a single 'classifier' Dense on the features
-            (`fc`).
+            `fc.fc2`), or a single 'classifier' Dense on the features (`fc`).
 
     Returns:
         list of `(keras layer, torch module name)`.
@@ -178,6 +177,4 @@ def load_state_dict(pairs, state_dict, *, description):
 def _torch_shape(variable):
     """The PyTorch shape of a Keras kernel, bias or batch-norm vector."""
     shape = list(variable.shape)
-    if len(shape) == 4:
-        return [shape[3], shape[2], shape[0], shape[1]]
-    return shape[::-1]
+    return [shape[i] for i in (3, 2, 0, 1)] if len(shape) == 4 else shape[::-1]
