@@ -134,14 +134,11 @@ class LARS(tf_keras.optimizers.Optimizer):
         # Exclusion is decided here, on the variable's own name: in
         # update_step, MirroredStrategy passes per-device components named
         # like `dense/bias/replica_1:0`.
-        slots = []
-        for var in var_list:
-            if self.exclude_from_adaptation(var.name):
-                slots.append(None)
-            else:
-                dtype = getattr(var, 'true_dtype', var.dtype)
-                slots.append(self.add_variable_from_reference(
-                    var, 'trust_ratio', initial_value=tf.ones([], dtype)))
+        slots = [None if self.exclude_from_adaptation(var.name) else
+                 self.add_variable_from_reference(
+                     var, 'trust_ratio', initial_value=tf.ones(
+                         [], getattr(var, 'true_dtype', var.dtype)))
+                 for var in var_list]
         # Aligned with var_list (None = excluded); not tracked twice.
         self._trust_ratio_slots = self._no_dependency(slots)
         self.trust_ratios = [slot for slot in slots if slot is not None]
@@ -216,8 +213,8 @@ class LARS(tf_keras.optimizers.Optimizer):
         """Returns the constructor arguments, for `from_config`: a callable
         `exclude_from_adaptation` as is (not JSON-serialisable; use None or
         a regex string for a config written out)."""
-        config = super().get_config()
-        config.update({
+        return {
+            **super().get_config(),
             'learning_rate': self._serialize_hyperparameter(
                 self._learning_rate),
             'momentum': self.momentum,
@@ -225,5 +222,4 @@ class LARS(tf_keras.optimizers.Optimizer):
             'trust_coefficient': self.trust_coefficient,
             'eps': self.eps,
             'exclude_from_adaptation': self._exclude_from_adaptation_arg,
-        })
-        return config
+        }

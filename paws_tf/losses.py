@@ -1,11 +1,7 @@
 """The PAWS and RoPAWS objectives, the support label matrix and logging
-diagnostics.
-
-Pure tensor functions: callers pass already-gathered support tensors. The
-cross-replica operations are the me-max average, which `dist` reduces over
-replicas when a distribution strategy runs the step, and RoPAWS's gather of
-the unlabeled targets.
-"""
+diagnostics: tensor functions of already-gathered supports, whose only
+cross-replica operations are the me-max average (`dist`) and RoPAWS's
+gather of the unlabeled targets."""
 
 import collections
 
@@ -326,9 +322,8 @@ def nt_xent_loss(view_1, view_2, tau):
     PAWS Sec. 6 (Fig. 4b) reports it as a diagnostic; no gradient is used.
 
     Args:
-        view_1: `[B, D]` embeddings of the first global view.
-        view_2: `[B, D]` embeddings of the second global view of the same
-            images.
+        view_1, view_2: `[B, D]` embeddings of the two global views of the
+            same images.
         tau: temperature.
 
     Returns:

@@ -213,12 +213,8 @@ class PAWSModel(tf_keras.Model):
                                                   outputs['projection'])
 
     def _forward(self, data, training):
-        """Encodes a step's views and evaluates the objective.
-
-        Returns:
-            `(loss, terms, z_global, z_support, labels)`: `labels` the
-            label matrix of the gathered supports `z_support`.
-        """
+        """Encodes a step's views and evaluates the objective: `(loss, terms,
+        z_global, z_support, labels)`, `labels` those of `z_support`."""
         supports = data['support_views']  # [V K n, Hs, Ws, C]
         global_views = data['global_views']  # [2B, Hg, Wg, C]
         num_support = tf.shape(supports)[0]
@@ -301,9 +297,8 @@ class PAWSModel(tf_keras.Model):
         self._update_means(loss, terms, tf.shape(z_global)[0], self._steps)
         lars = getattr(optimizer, 'inner_optimizer', optimizer)
         if hasattr(lars, 'trust_ratio_stats'):
-            stats = lars.trust_ratio_stats()
-            for name in ('mean', 'min', 'max'):
-                self._last['trust_ratio_' + name].update_state(stats[name])
+            for name, value in lars.trust_ratio_stats().items():
+                self._last['trust_ratio_' + name].update_state(value)
         if self.diagnostics_every:
             step = optimizer.iterations - 1  # This step's index, from 0.
             tf.cond(

@@ -32,9 +32,8 @@ def torch_default_init(fan_in):
     """Initializers of PyTorch's default `nn.Conv2d` / `nn.Linear`.
 
     `reset_parameters` draws the weights with `kaiming_uniform_(a=sqrt(5))`,
-    i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the bias from the same
-    range. Fresh instances: an unseeded initializer instance repeats its
-    values.
+    i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the bias from the same range.
+    Fresh instances: an unseeded initializer instance repeats its values.
 
     Args:
         fan_in: inputs of one output unit (kernel area x input channels).
@@ -67,14 +66,10 @@ class _Layers:
     def conv_layers(self, x, filters, kernel_size, stride, name,
                     torch_default=False):
         """(padding or None, Conv2D) for input `x`, with PyTorch's symmetric
-        `kernel_size // 2` padding.
-
-        By default without bias, initialised as torchvision's (and the
-        official PAWS) ResNets are (kaiming_normal_, fan_out); with
-        `torch_default`, with a bias and PyTorch's default initialisation
-        (`torch_default_init`), as the official WideResNet leaves its
-        convolutions.
-        """
+        `kernel_size // 2` padding; without bias, initialised as the
+        torchvision and official PAWS ResNets (kaiming_normal_, fan_out), or
+        with `torch_default` as the official WideResNet leaves its
+        convolutions (a bias, `torch_default_init`)."""
         onednn.check_conv_safe(x, kernel_size, stride, name)
         if torch_default:
             init = torch_default_init(kernel_size * kernel_size * x.shape[-1])
@@ -86,9 +81,8 @@ class _Layers:
                     distribution='untruncated_normal'))
         kwargs = dict(use_bias=torch_default, name=name, **init)
         if stride > 1 and kernel_size > 1:
-            # Keras 'same' pads asymmetrically for strided convs on even
-            # sizes; explicit padding keeps the torchvision output grid and
-            # sizes.
+            # Keras 'same' pads strided convs asymmetrically on even sizes;
+            # explicit padding keeps torchvision's output grid and sizes.
             return padded_layers.conv(filters, kernel_size, stride,
                                       kernel_size // 2,
                                       impl=self.padding_impl, **kwargs)
@@ -346,7 +340,6 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
         ValueError: unknown `name` or architecture argument, or a bad value.
     """
     check_arguments(name, kwargs)
-    builder = _BUILDERS[name]
     if input_channels < 1:
         raise ValueError(
             f'input_channels must be >= 1, got {input_channels!r}')
@@ -359,4 +352,4 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
                    impl=sync_bn_impl, momentum=bn_momentum,
                    epsilon=bn_epsilon)
     inputs = tf_keras.Input(shape=(None, None, input_channels), name='images')
-    return builder(inputs, make, **kwargs)
+    return _BUILDERS[name](inputs, make, **kwargs)

@@ -73,11 +73,8 @@ class ProjectionHead(_MLPHead):
         num_layers: number of Dense layers (>= 1).
         hidden_dim: width of the hidden layers.
         output_dim: width of the output representation h.
-        sync_bn: synchronise BN statistics across replicas (global BN).
-        sync_bn_impl: with `sync_bn`, `sync_batch_norm.KERAS` (default) or
-            `CUSTOM` (`sync_batch_norm.batch_norm`'s `impl`).
-        bn_momentum: BN moving-average decay (Keras convention).
-        bn_epsilon: BN epsilon.
+        sync_bn, sync_bn_impl, bn_momentum, bn_epsilon: the batch norms'
+            settings, as `backbones.build_backbone`'s.
         name: layer name.
         **kwargs: passed to `tf_keras.layers.Layer`.
 

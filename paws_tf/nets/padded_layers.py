@@ -19,9 +19,8 @@ def check_impl(impl, name='impl'):
 
 
 class _InLayerPadding:
-    """What `PaddedConv2D` and `PaddedMaxPool2D` share: their base layer is
-    built 'valid' and they pad their input by `pad` (>= 1) on each side of H
-    and W themselves."""
+    """What `PaddedConv2D` and `PaddedMaxPool2D` share: a 'valid' base layer
+    whose input they pad by `pad` (>= 1) on each side of H and W."""
 
     def __init__(self, *args, pad, **kwargs):
         kwargs.pop('padding', None)  # From get_config: always 'valid' here.
@@ -133,12 +132,11 @@ def conv(filters, kernel_size, stride, pad, *, impl=CUSTOM, name,
     """A Conv2D over PyTorch's symmetric zero padding of `pad` (>= 1).
 
     Args:
-        filters, kernel_size, stride, **kwargs: the Conv2D's arguments.
+        filters, kernel_size, stride, name, **kwargs: the Conv2D's.
         pad: zero pixels on each side of H and W.
         impl: `CUSTOM` for a `PaddedConv2D`, `KERAS` for a 'valid'
             `tf_keras.layers.Conv2D` behind a `ZeroPadding2D` named
             `{name}_pad` (the same values and variables).
-        name: the convolution's name.
 
     Returns:
         (padding, convolution): the ZeroPadding2D to apply first, or None.
@@ -159,7 +157,7 @@ def max_pool(pool_size, stride, pad, *, impl=CUSTOM, name):
     """A MaxPool2D over PyTorch's symmetric padding of `pad` (>= 1).
 
     Args:
-        pool_size, stride: the max pool's.
+        pool_size, stride, name: the max pool's.
         pad: pixels on each side of H and W.
         impl: `CUSTOM` for a `PaddedMaxPool2D` (-inf padding), `KERAS` for
             a 'valid' `tf_keras.layers.MaxPool2D` behind a `ZeroPadding2D`
@@ -167,7 +165,6 @@ def max_pool(pool_size, stride, pad, *, impl=CUSTOM, name):
             padding on the non-negative inputs the backbones pool (ReLU
             outputs): a window holds a real value >= 0, and a real 0 that
             ties with the padding passes no gradient back through its ReLU.
-        name: the max pool's name.
 
     Returns:
         (padding, max pool): the ZeroPadding2D to apply first, or None.

@@ -76,9 +76,8 @@ class NormReLUThen(tf_keras.layers.Layer):
         super().build(input_shape)
 
     def _padded_shape(self, input_shape):
-        if self.padding is None:
-            return input_shape
-        return self.padding.compute_output_shape(input_shape)
+        return (input_shape if self.padding is None
+                else self.padding.compute_output_shape(input_shape))
 
     def compute_output_shape(self, input_shape):
         return self.layer.compute_output_shape(

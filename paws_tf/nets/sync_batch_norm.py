@@ -45,11 +45,9 @@ def batch_norm(name, *, sync_bn, momentum, epsilon, zero_init=False,
     kwargs = dict(momentum=momentum, epsilon=epsilon,
                   gamma_initializer='zeros' if zero_init else 'ones',
                   name=name)
-    if not sync_bn:
-        return tf_keras.layers.BatchNormalization(**kwargs)
-    if impl == KERAS:
-        return tf_keras.layers.BatchNormalization(synchronized=True, **kwargs)
-    return GlobalBatchNormalization(**kwargs)
+    if sync_bn and impl == CUSTOM:
+        return GlobalBatchNormalization(**kwargs)
+    return tf_keras.layers.BatchNormalization(synchronized=sync_bn, **kwargs)
 
 
 def _sum_over_replicas(replica_context, x):
@@ -197,11 +195,10 @@ class GlobalBatchNormalization(tf_keras.layers.BatchNormalization):
 
     def global_replica_context(self, training, mask=None):
         """The replica context whose replicas this layer's own path (one
-        all-reduce each way) synchronises, or None where tf_keras' layer
-        runs: not training, frozen, a cross-replica context, a mask, a
-        compute dtype the fused kernels lack (float64), and the options the
-        path does not implement (no center or scale, renorm, virtual
-        batches, adjustment)."""
+        all-reduce each way) synchronises, or None where tf_keras' layer runs:
+        not training, frozen, a cross-replica context, a mask, a compute dtype
+        the fused kernels lack (float64), and the options the path does not
+        implement (no center or scale, renorm, virtual batches, adjustment)."""
         replica_context = tf.distribute.get_replica_context()
         if (training is not True or not self.trainable
                 or replica_context is None or mask is not None
@@ -238,10 +235,9 @@ class GlobalBatchNormalization(tf_keras.layers.BatchNormalization):
         return tf.reshape(z, shape)
 
     def update_moving_statistics(self, mean, variance, count):
-        """Moves the moving statistics towards the global batch's `mean`
-        and `variance` (without Bessel's correction), as tf_keras'
-        synchronised layer does; not when the global batch is empty
-        (`count` 0)."""
+        """Moves the moving statistics towards the global batch's `mean` and
+        `variance` (without Bessel's correction), as tf_keras' synchronised
+        layer does; not when the global batch is empty (`count` 0)."""
         decay = (1.0 - self.momentum) * tf.cast(count > 0, tf.float32)
         for moving, value in ((self.moving_mean, mean),
                               (self.moving_variance, variance)):

@@ -10,6 +10,7 @@ import tf_keras
 # holds it and inference does not read it.
 BN_COUNTER = 'num_batches_tracked'
 _MAX_KEYS_SHOWN = 12
+_STEM_PARTS = {'stem_conv': 'conv1', 'stem_bn': 'bn1', 'final_bn': 'bn1'}
 _RESNET_PARTS = {'conv1': 'conv1', 'bn1': 'bn1', 'conv2': 'conv2',
                  'bn2': 'bn2', 'conv3': 'conv3', 'bn3': 'bn3',
                  'proj_conv': 'downsample.0', 'proj_bn': 'downsample.1'}
@@ -31,10 +32,8 @@ class Mismatch(ValueError):
 def _backbone_name(layer_name):
     """The PyTorch module name of a backbone layer (`suncet src/resnet.py`,
     `src/wide_resnet.py`), or None for a layer without weights there."""
-    if layer_name == 'stem_conv':
-        return 'conv1'
-    if layer_name in ('stem_bn', 'final_bn'):
-        return 'bn1'
+    if layer_name in _STEM_PARTS:
+        return _STEM_PARTS[layer_name]
     match = re.fullmatch(r'(stage|group)(\d+)_block(\d+)_(\w+)', layer_name)
     if match is None:
         return None
@@ -145,9 +144,8 @@ def load_state_dict(pairs, state_dict, *, description):
             `state_dict` the model has no place for, or shapes that differ;
             each listed. No variable is changed.
     """
-    wanted = {}
-    for layer, prefix in pairs:
-        wanted.update(_torch_values(layer, prefix))
+    wanted = {key: value for layer, prefix in pairs
+              for key, value in _torch_values(layer, prefix).items()}
     counters = {f'{prefix}.{BN_COUNTER}' for layer, prefix in pairs
                 if isinstance(layer, tf_keras.layers.BatchNormalization)}
     missing = set(wanted) - set(state_dict)
