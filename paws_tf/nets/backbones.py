@@ -18,8 +18,7 @@ RESNET50_STAGE_BLOCKS = (3, 4, 6, 3)
 RESNET50_WIDTH_MULTIPLIERS = (1, 2, 4)
 BOTTLENECK_EXPANSION = 4
 WIDE_RESNET_STEM_WIDTH = 16
-# Keras decay of the official WideResNet's last batch norm (PyTorch
-# momentum 0.99).
+# Keras decay of the official WideResNet's last BN (PyTorch momentum 0.99).
 WIDE_RESNET_FINAL_BN_MOMENTUM = 0.01
 # What `model.build_model` sets for the backbone and the heads alike (how
 # batch norm is synchronised): gin may not bind them on these builders.
