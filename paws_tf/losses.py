@@ -153,12 +153,11 @@ def paws_loss(anchor_views, anchor_supports, anchor_support_labels,
         me_max: whether to compute the mean-entropy maximisation term.
 
     Returns:
-        `PawsTerms(cross_entropy, me_max, targets, log_probs)`: the two
-        float32 scalar loss terms, with `me_max = -H(mean_p)` (0 when
-        `me_max` is False) where `mean_p` averages the sharpened anchor
-        predictions over all views and, under a distribution strategy, over
-        all replicas; the `[(2 + m) B, C]` targets and the anchors'
-        log-probabilities.
+        `PawsTerms(cross_entropy, me_max, targets, log_probs)`: the two float32
+        scalar loss terms, with `me_max = -H(mean_p)` (0 when `me_max` is
+        False) where `mean_p` averages the sharpened anchor predictions over
+        all views and, under a distribution strategy, over all replicas; the
+        `[(2 + m) B, C]` targets and the anchors' log-probabilities.
     """
     # 1. Anchor predictions p = snn(z, z_S), in log space.
     log_probs = _log_snn(anchor_views, anchor_supports, anchor_support_labels,
@@ -292,9 +291,8 @@ def label_matrix(columns, num_classes, smoothing=0.0):
     """Label matrix of support rows, with label smoothing.
 
     Row i is the one-hot of `columns[i]`, its class among the step's
-    `num_classes` support classes, with `smoothing` spread uniformly over
-    the columns: `on = 1 - smoothing + smoothing / C`, `off = smoothing /
-    C`.
+    `num_classes` support classes, with `smoothing` spread uniformly over the
+    columns: `on = 1 - smoothing + smoothing / C`, `off = smoothing / C`.
 
     Args:
         columns: int `[M]` column of each support row, in `[0, C)`.
