@@ -21,8 +21,7 @@ NORMALIZATIONS = {'imagenet': (IMAGENET_MEAN, IMAGENET_STD),
 
 
 def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
-              blur_prob=0.0, flip=True, ratio=(3 / 4, 4 / 3),
-              distortion='simclr'):
+              blur_prob=0.0, distortion='simclr'):
     """One view: crop, flip, colour distortion, blur, normalise.
 
     The official PAWS order (suncet `src/data_manager.py`).
@@ -32,21 +31,17 @@ def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
         seed: [2] int32/int64 stateless seed.
         size: int or (height, width) of the view.
         scale: (min, max) area fraction of the random resized crop.
-        mean: length-C channel means.
-        std: length-C channel standard deviations.
+        mean, std: length-C channel means and standard deviations.
         color_strength: colour distortion strength; 0 skips it.
         blur_prob: Gaussian blur probability; 0 skips it.
-        flip: whether to flip left-right with probability 0.5.
-        ratio: (min, max) aspect ratio of the crop.
         distortion: colour distortion kind, one of `color.DISTORTIONS`.
 
     Returns:
         [size, size, C] float32, normalised.
     """
     crop_seed, flip_seed, color_seed, blur_seed = image_ops.split_seed(seed, 4)
-    view = image_ops.random_resized_crop(image, crop_seed, size, scale, ratio)
-    if flip:
-        view = image_ops.random_flip(view, flip_seed)
+    view = image_ops.random_resized_crop(image, crop_seed, size, scale)
+    view = image_ops.random_flip(view, flip_seed)
     if color_strength:
         view = color.color_distortion(view, color_seed, color_strength,
                                       kind=distortion)
@@ -66,8 +61,7 @@ def center_view(image, size, *, crop_fraction, mean, std):
         image: [H, W, C] uint8 or float in [0, 1].
         size: int, output height and width.
         crop_fraction: in (0, 1], e.g. 0.875 for ImageNet, 1.0 for CIFAR-10.
-        mean: length-C channel means.
-        std: length-C channel standard deviations.
+        mean, std: length-C channel means and standard deviations.
 
     Returns:
         [size, size, C] float32, normalised.
@@ -102,11 +96,10 @@ class MultiCropConfig:
         color_strength: colour distortion strength (0 disables it).
         blur_prob: Gaussian blur probability; like `color_strength`, applied
             to global and local views alike, as in the official PAWS code.
-        mean, std: length-C normalisation constants. A run fills them in
-            from its normalisation (`load_data.normalization`, the one
-            source; `normalization.normalized_multicrop`) and refuses them
-            bound in gin; Python code may give them here instead of
-            `make_pretrain_dataset_fn`'s `normalization`.
+        mean, std: length-C normalisation constants: None in a run, which
+            fills them in from `load_data.normalization`; Python code may
+            give them here instead of `make_pretrain_dataset_fn`'s
+            `normalization`.
         distortion: colour distortion kind, one of `color.DISTORTIONS`.
     """
     global_size: int

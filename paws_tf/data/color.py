@@ -1,19 +1,15 @@
-"""Colour augmentations: SimCLR's colour jitter and grayscale, and the
-CIFAR-10 distortion of the official code (jitter, then PIL's Solarize and
-Equalize on the uint8 image)."""
+"""Colour augmentations: SimCLR's jitter and grayscale, and the official
+CIFAR-10 distortion (jitter, then PIL's Solarize and Equalize)."""
 
 import tensorflow as tf
 
 from paws_tf.data import image_ops
 
-# ITU-R 601 luma, the weights of torchvision's rgb_to_grayscale.
-LUMA_WEIGHTS = (0.2989, 0.587, 0.114)
-# tf.matmul([H, W, 3], _LUMA_TO_RGB) is the luma in all three channels:
-# several times faster in Eigen than broadcasting [H, W, 1] to [H, W, 3].
-_LUMA_TO_RGB = tuple((w,) * 3 for w in LUMA_WEIGHTS)
-# Colour distortions (`color_distortion`): colour jitter, then grayscale
-# (SimCLR, the official ImageNet views) or solarize + equalize (the official
-# PAWS CIFAR-10 views).
+# tf.matmul([H, W, 3], _LUMA_TO_RGB) is the luma (ITU-R 601, torchvision's
+# rgb_to_grayscale weights) in all three channels: several times faster in
+# Eigen than broadcasting [H, W, 1] to [H, W, 3].
+_LUMA_TO_RGB = tuple((w,) * 3 for w in (0.2989, 0.587, 0.114))
+# The kinds of `color_distortion`.
 DISTORTIONS = ('simclr', 'cifar10')
 
 
@@ -61,8 +57,8 @@ def jitter_params(seed, strength):
         strength: colour distortion strength s, 0 <= s <= 2.5.
 
     Returns:
-        (order, factors): order is a uniformly random [4] int32 permutation
-        (order[k] = op applied k-th); factors is [4] float32 (brightness,
+        (order, factors): a uniformly random [4] int32 permutation (op
+        order[k] applied k-th) and [4] float32 factors (brightness,
         contrast, saturation in [max(0, 1 - 0.8s), 1 + 0.8s], hue in
         [-0.2s, 0.2s]).
     """
@@ -82,8 +78,7 @@ def color_jitter(image, seed, strength):
 
     Args:
         image: [H, W, C] float32 in [0, 1], C in (1, 3).
-        seed: [2] int32/int64 stateless seed.
-        strength: colour distortion strength s.
+        seed, strength: as `jitter_params` takes them.
 
     Returns:
         [H, W, C] float32 in [0, 1].
@@ -169,8 +164,8 @@ def color_distortion(image, seed, strength=1.0, kind='simclr',
         seed: [2] int32/int64 stateless seed.
         strength: colour distortion strength s.
         kind: one of `DISTORTIONS`.
-        jitter_prob, grayscale_prob, solarize_prob, equalize_prob: the
-            probabilities of each operation.
+        jitter_prob, grayscale_prob, solarize_prob, equalize_prob: each
+            operation's probability.
 
     Returns:
         [H, W, C] float32 in [0, 1].

@@ -38,9 +38,16 @@ def _other_types(other):
 
 
 def undecodable(paths, channels):
-    """Sorted positions of the `paths` that cannot be read and decoded to
-    `channels` (zero-byte, truncated, corrupt and non-image files; each
-    file is decoded once, in parallel)."""
+    """Positions of the files that cannot be read and decoded as images
+    (zero-byte, truncated, corrupt, non-image), each decoded once.
+
+    Args:
+        paths: file paths.
+        channels: channels to decode to.
+
+    Returns:
+        Sorted list of the positions of the bad files.
+    """
     def check(position, path):
         image = sources.decode_image(tf.io.read_file(path), channels)
         return position, tf.shape(image)[0]

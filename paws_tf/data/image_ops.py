@@ -42,8 +42,7 @@ def sample_crop_box(height, width, seed, scale, ratio=(3 / 4, 4 / 3),
     taken, which is what torchvision's sequential loop returns.
 
     Args:
-        height: int or int32 scalar tensor, image height H.
-        width: int or int32 scalar tensor, image width W.
+        height, width: int or int32 scalar tensors, the image's H and W.
         seed: [2] int32/int64 stateless seed.
         scale: (min, max) fraction of the image area.
         ratio: (min, max) aspect ratio w/h, sampled log-uniformly.
@@ -99,11 +98,8 @@ def random_resized_crop(image, seed, size, scale, ratio=(3 / 4, 4 / 3),
 
     Args:
         image: [H, W, C] uint8 (scaled by 1/255) or float in [0, 1].
-        seed: [2] int32/int64 stateless seed.
+        seed, scale, ratio, attempts: as `sample_crop_box` takes them.
         size: int or (height, width) of the output.
-        scale: (min, max) fraction of the image area.
-        ratio: (min, max) aspect ratio w/h.
-        attempts: candidate boxes before the centre-crop fallback.
         antialias: widen the filter when shrinking, as PIL does.
 
     Returns:
@@ -145,12 +141,10 @@ def _pil_blur(image, sigma):
 def pil_gaussian_blur(image, sigma):
     """PIL `ImageFilter.GaussianBlur(radius=sigma)` of a uint8 image.
 
-    The official blur is PIL's own (three extended box blurs per direction,
-    each rounded to uint8, the edge pixels repeated), so the view is blurred
-    by PIL itself: the same values by construction, and a fraction of the
-    CPU time of the same fixed-point arithmetic in TensorFlow ops (a dozen
-    ops per pass over the image). PIL releases the GIL while it blurs, so
-    the parallel calls of a `tf.data` map blur on every core.
+    The official blur is PIL's own, so the view is blurred by PIL itself:
+    the same values by construction, and a fraction of the CPU time of its
+    fixed-point arithmetic in TensorFlow ops. PIL releases the GIL while it
+    blurs, so the parallel calls of a `tf.data` map blur on every core.
 
     Args:
         image: [H, W, C] uint8 tensor, C 1 or 3.

@@ -17,8 +17,16 @@ _MAX_LISTED = 5
 
 
 def derive_seed(seed, tag, *data):
-    """int64 [2] seed for `tf.random.stateless_*` from the user's `seed`,
-    a stream `tag` above and int scalars `data` (step, epoch, index...)."""
+    """Stateless seed for `tf.random.stateless_*` from (seed, tag, *data).
+
+    Args:
+        seed: int, the user's seed.
+        tag: int, one of the stream tags above.
+        *data: int scalars (tensors allowed): step, epoch, index, view...
+
+    Returns:
+        int64 [2].
+    """
     key = tf.constant([seed, tag], tf.int64)
     for value in data:
         key = tf.random.experimental.stateless_fold_in(
@@ -27,11 +35,14 @@ def derive_seed(seed, tag, *data):
 
 
 def permutation(n, key):
-    """A uniform random permutation of range(n) drawn from `key`, int64 [n].
+    """A uniform random permutation of range(n) drawn from `key`.
 
     Argsort of uniform noise rather than `tf.random.experimental.
     index_shuffle`: in TF 2.21 the latter yields only 256 distinct
     permutations of 64 or 400 items, whatever the seed.
+
+    Returns:
+        int64 [n].
     """
     noise = tf.random.stateless_uniform([n], key)
     return tf.cast(tf.argsort(noise, stable=True), tf.int64)
