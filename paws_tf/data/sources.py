@@ -1,6 +1,8 @@
 """Image sources: uint8 images and labels, by position or as a stream."""
 
+import dataclasses
 import gzip
+import typing
 
 import gin
 import numpy as np
@@ -140,36 +142,28 @@ class ImageSource:
             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
+@dataclasses.dataclass(frozen=True)
 class StreamSource:
     """Images readable only in sequence, e.g. ImageNet's 1.28M from TFDS.
 
     Items stay encoded until `decode`, so a shuffle buffer holds bytes.
 
     Attributes:
+        open_fn: callable `(shuffle_seed, input_context) -> Dataset` of
+            `(encoded string, int32 label)` making one pass. With
+            `shuffle_seed=None`: every item in source order; otherwise the
+            shard of `input_context` (may be None) with its file order
+            shuffled by `shuffle_seed` (reshuffled every pass).
         num_examples: int, items in one pass.
         channels: int, channel count after decoding.
         class_names: tuple of str indexed by class id.
         shuffle_buffer: int, items in the seeded shuffle buffer.
     """
-
-    def __init__(self, open_fn, *, num_examples, channels, class_names,
-                 shuffle_buffer):
-        """Initialises the source.
-
-        Args:
-            open_fn: callable `(shuffle_seed, input_context) -> Dataset` of
-                `(encoded string, int32 label)` making one pass. With
-                `shuffle_seed=None`: every item in source order; otherwise
-                the shard of `input_context` (may be None) with its file
-                order shuffled by `shuffle_seed` (reshuffled every pass).
-            num_examples, channels, class_names, shuffle_buffer: the
-                attributes.
-        """
-        self._open_fn = open_fn
-        self.num_examples = num_examples
-        self.channels = channels
-        self.class_names = tuple(class_names)
-        self.shuffle_buffer = shuffle_buffer
+    open_fn: typing.Callable
+    num_examples: int
+    channels: int
+    class_names: tuple
+    shuffle_buffer: int
 
     def decode(self, encoded):
         """Decodes one item to uint8 [H, W, C]."""
@@ -177,13 +171,13 @@ class StreamSource:
 
     def shuffled_dataset(self, seed, input_context=None):
         """An endless, seeded shuffle of `(encoded, label)` items."""
-        dataset = self._open_fn(seed, input_context)
+        dataset = self.open_fn(seed, input_context)
         return dataset.shuffle(self.shuffle_buffer, seed=seed,
                                reshuffle_each_iteration=True).repeat()
 
     def ordered_dataset(self):
         """`(uint8 [H, W, C], int32 label)` pairs in source order."""
-        return self._open_fn(None, None).map(
+        return self.open_fn(None, None).map(
             lambda encoded, label: (self.decode(encoded), label),
             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 

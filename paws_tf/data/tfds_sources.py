@@ -121,7 +121,7 @@ def tfds_stream(name, *, split='train', data_dir=None, channels=3,
 
     return sources.StreamSource(
         open_fn, num_examples=num_examples, channels=channels,
-        class_names=info.features['label'].names,
+        class_names=tuple(info.features['label'].names),
         shuffle_buffer=shuffle_buffer)
 
 
