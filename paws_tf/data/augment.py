@@ -243,7 +243,7 @@ def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
     view = image_ops.random_flip(view, flip_seed)
     if color_strength:
         view = color_distortion(view, color_seed, color_strength,
-                                      kind=distortion)
+                                kind=distortion)
     if blur_prob:
         view = image_ops.gaussian_blur(view, blur_seed, blur_prob)
     return image_ops.normalize(view, mean, std)
