@@ -83,7 +83,7 @@ def sample_crop_box(height, width, seed, scale, ratio=(3 / 4, 4 / 3),
 
 
 def random_resized_crop(image, seed, size, scale, ratio=(3 / 4, 4 / 3),
-                        attempts=10, antialias=True):
+                        antialias=True):
     """torchvision `RandomResizedCrop`: crop a random box, resize bilinearly.
 
     The official PAWS code runs it on PIL images, whose bilinear resize
@@ -98,7 +98,7 @@ def random_resized_crop(image, seed, size, scale, ratio=(3 / 4, 4 / 3),
 
     Args:
         image: [H, W, C] uint8 (scaled by 1/255) or float in [0, 1].
-        seed, scale, ratio, attempts: as `sample_crop_box` takes them.
+        seed, scale, ratio: as `sample_crop_box` takes them.
         size: int or (height, width) of the output.
         antialias: widen the filter when shrinking, as PIL does.
 
@@ -107,8 +107,8 @@ def random_resized_crop(image, seed, size, scale, ratio=(3 / 4, 4 / 3),
     """
     image = tf.convert_to_tensor(image)
     shape = tf.shape(image)
-    offset_y, offset_x, h, w = sample_crop_box(
-        shape[0], shape[1], seed, scale, ratio, attempts)
+    offset_y, offset_x, h, w = sample_crop_box(shape[0], shape[1], seed,
+                                               scale, ratio)
     crop = image[offset_y:offset_y + h, offset_x:offset_x + w]
     return resize(crop, (size, size) if isinstance(size, int) else size,
                    antialias=antialias)
@@ -126,6 +126,7 @@ def on_uint8(op, image):
 
 
 def random_apply(coin, prob, op, image):
+    """`op(image)` if the uniform draw `coin` is below `prob`, else `image`."""
     return tf.cond(coin < prob, lambda: op(image), lambda: image)
 
 

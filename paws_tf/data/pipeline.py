@@ -34,6 +34,7 @@ class _Layout:
     sampler: sampling.SupportSampler
     support_views: int
     support_view_size: int
+    support_scale: tuple
 
     @property
     def batch_per_replica(self):
@@ -151,7 +152,7 @@ def _streamed_unlabeled(source, layout, seed, start_step, input_context):
 
 
 def _support(labeled, layout, seed, start_step, first_replica,
-             local_replicas, support_scale):
+             local_replicas):
     """Support views and labels of this pipeline's replicas, per step."""
     sampler, mc = layout.sampler, layout.multicrop
 
@@ -160,7 +161,7 @@ def _support(labeled, layout, seed, start_step, first_replica,
         return tuple(augment.make_view(
             image, sampling.derive_seed(seed, sampling.SUPPORT_VIEWS, step,
                                         position, v),
-            size=layout.support_view_size, scale=support_scale,
+            size=layout.support_view_size, scale=layout.support_scale,
             color_strength=mc.color_strength, blur_prob=mc.blur_prob,
             mean=mc.mean, std=mc.std, distortion=mc.distortion)
             for v in range(layout.support_views)), class_id, column
@@ -329,8 +330,8 @@ def make_pretrain_dataset_fn(
         num_unlabeled=unlabeled.num_examples,
         steps_per_epoch=unlabeled.num_examples // global_batch_size,
         multicrop=multicrop, sampler=sampler, support_views=support_views,
-        support_view_size=support_view_size or multicrop.global_size)
-    support_scale = support_scale or multicrop.global_scale
+        support_view_size=support_view_size or multicrop.global_size,
+        support_scale=support_scale or multicrop.global_scale)
     options = tf.data.Options()
     options.deterministic = deterministic
     options.experimental_distribute.auto_shard_policy = (
@@ -348,7 +349,7 @@ def make_pretrain_dataset_fn(
             views = _indexed_unlabeled(unlabeled, layout, seed, start_step,
                                        first_replica, local_replicas)
         support = _support(labeled, layout, seed, start_step, first_replica,
-                           local_replicas, support_scale)
+                           local_replicas)
         return (tf.data.Dataset.zip((views, support))
                 .map(lambda views, support: _step_element(
                     views, support, layout, labeled.channels))

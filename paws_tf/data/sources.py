@@ -84,9 +84,7 @@ class ImageSource:
         Args:
             store: the `_Store` of the images.
             rows: int [N], the store row of each position.
-            names: N item names.
-            labels: int [N] class ids, or None.
-            class_names: names indexed by class id.
+            names, labels, class_names: the attributes (labels may be None).
 
         Raises:
             ValueError: if names or labels do not match the image count.
@@ -230,7 +228,7 @@ def read_idx(path):
     """Reads an IDX file (MNIST format, gzipped or not) into a uint8 array.
 
     Raises:
-        ValueError: on a bad magic number or a size that does not match.
+        checks.DataError: a bad magic number or a size that does not match.
     """
     opener = gzip.open if str(path).endswith('.gz') else open
     with opener(path, 'rb') as f:
