@@ -14,7 +14,6 @@ from PIL import ImageFilter
 from PIL import ImageOps
 
 from paws_tf.data import augment
-from paws_tf.data import color
 from paws_tf.data import image_ops
 
 RATIO = (3 / 4, 4 / 3)
@@ -245,7 +244,7 @@ def _image(shape, seed=0):
     return np.random.default_rng(seed).random(shape).astype(np.float32)
 
 
-@pytest.mark.parametrize('index, fn', enumerate(color._JITTER_OPS))
+@pytest.mark.parametrize('index, fn', enumerate(augment._JITTER_OPS))
 @pytest.mark.parametrize('factor', [0.0, 0.4, 1.0, 1.7])
 @pytest.mark.parametrize('channels', [3, 1])
 def test_jitter_op_matches_numpy(index, fn, factor, channels):
@@ -260,7 +259,7 @@ def test_jitter_params_ranges_and_orders():
     n = 500
     for strength in (1.0, 2.0):
         params = _map(lambda s: tf.concat([
-            tf.cast(p, tf.float32) for p in color.jitter_params(
+            tf.cast(p, tf.float32) for p in augment.jitter_params(
                 s, strength)], 0), _seeds(n))
         order, factors = params[:, :4].astype(int), params[:, 4:]
         low, high = max(0, 1 - 0.8 * strength), 1 + 0.8 * strength
@@ -279,12 +278,12 @@ def test_color_jitter_matches_numpy_in_random_order(channels):
     image = _image((7, 6, channels), seed=2)
     orders = set()
     for seed in _seeds(8):
-        order, factors = (p.numpy() for p in color.jitter_params(seed, 1.0))
+        order, factors = (p.numpy() for p in augment.jitter_params(seed, 1.0))
         orders.add(tuple(order))
         expected = image
         for index in order:
             expected = _np_jitter_op(index, expected, factors[index])
-        out = color.color_jitter(tf.constant(image), seed, 1.0)
+        out = augment.color_jitter(tf.constant(image), seed, 1.0)
         np.testing.assert_allclose(out, expected, atol=1e-5)
     assert len(orders) > 1
 
@@ -294,11 +293,11 @@ def test_color_distortion_probabilities():
     # deviations (<= 0.08) of p holds for these fixed seeds.
     image = tf.constant(_image((8, 8, 3), seed=3))
     n = 400
-    jittered = _map(lambda s: color.color_distortion(
+    jittered = _map(lambda s: augment.color_distortion(
         image, s, 1.0, jitter_prob=0.8, grayscale_prob=0.0), _seeds(n))
     changed = np.any(jittered != image.numpy(), axis=(1, 2, 3))
     assert abs(changed.mean() - 0.8) < 0.08
-    grayed = _map(lambda s: color.color_distortion(
+    grayed = _map(lambda s: augment.color_distortion(
         image, s, 1.0, jitter_prob=0.0, grayscale_prob=0.2), _seeds(n))
     is_gray = np.any(grayed != image.numpy(), axis=(1, 2, 3))
     assert abs(is_gray.mean() - 0.2) < 0.08
@@ -311,7 +310,7 @@ def test_color_distortion_probabilities():
 
 def test_color_distortion_grayscale_output_has_equal_channels():
     image = tf.constant(_image((8, 8, 3), seed=4))
-    out = color.color_distortion(image, _seeds(1)[0], 1.0, jitter_prob=1.0,
+    out = augment.color_distortion(image, _seeds(1)[0], 1.0, jitter_prob=1.0,
                                  grayscale_prob=1.0).numpy()
     np.testing.assert_array_equal(out[..., 0], out[..., 1])
     np.testing.assert_array_equal(out[..., 0], out[..., 2])
@@ -320,7 +319,7 @@ def test_color_distortion_grayscale_output_has_equal_channels():
 
 def test_color_distortion_one_channel():
     image = tf.constant(_image((8, 8, 1), seed=5))
-    outs = [color.color_distortion(image, s, 1.0, jitter_prob=1.0)
+    outs = [augment.color_distortion(image, s, 1.0, jitter_prob=1.0)
             for s in _seeds(4)]
     assert all(o.shape == (8, 8, 1) for o in outs)
     assert not np.allclose(outs[0], image)
@@ -329,7 +328,7 @@ def test_color_distortion_one_channel():
 @pytest.mark.parametrize('channels', [3, 1])
 def test_color_distortion_strength_zero_is_identity(channels):
     image = tf.constant(_image((8, 8, channels), seed=6))
-    out = color.color_distortion(image, _seeds(1)[0], 0.0, jitter_prob=1.0,
+    out = augment.color_distortion(image, _seeds(1)[0], 0.0, jitter_prob=1.0,
                                  grayscale_prob=1.0)
     np.testing.assert_array_equal(out, image)
 
@@ -350,22 +349,22 @@ def test_solarize_and_equalize_are_pils(channels, kind):
             image = rng.choice(np.array([0, 17, 200, 255], np.uint8), shape)
         for threshold in (128, float(rng.uniform(0, 256)), 0, 256):
             np.testing.assert_array_equal(
-                color.solarize(image, threshold),
+                augment.solarize(image, threshold),
                 _from_pil(ImageOps.solarize(_pil(image), threshold),
                           channels))
         np.testing.assert_array_equal(
-            color.equalize(image),
+            augment.equalize(image),
             _from_pil(ImageOps.equalize(_pil(image)), channels))
 
 
 def test_equalize_edge_cases():
     """One occupied value, or too few pixels (step 0): unchanged."""
     constant = np.full((5, 4, 3), 77, np.uint8)
-    np.testing.assert_array_equal(color.equalize(constant), constant)
+    np.testing.assert_array_equal(augment.equalize(constant), constant)
     few = np.array([[[0], [255], [3]]], np.uint8)  # step = 2 // 255 = 0
-    np.testing.assert_array_equal(color.equalize(few), few)
+    np.testing.assert_array_equal(augment.equalize(few), few)
     spread = _natural((30, 30, 3), 0) // 4  # values 0-63
-    out = color.equalize(spread).numpy()
+    out = augment.equalize(spread).numpy()
     assert out.max() > 200  # stretched over the range, as PIL does
     np.testing.assert_array_equal(
         out, np.asarray(ImageOps.equalize(Image.fromarray(spread))))
@@ -394,7 +393,7 @@ def test_cifar10_distortion_probabilities():
     n = 400
 
     def draws(**probs):
-        return np.round(_map(lambda s: color.color_distortion(
+        return np.round(_map(lambda s: augment.color_distortion(
             float_image, s, 0.5, kind='cifar10', **probs),
             _seeds(n)) * 255).astype(np.uint8)
 
@@ -414,7 +413,7 @@ def test_cifar10_distortion_probabilities():
         equalized[changed], np.broadcast_to(expected,
                                             equalized[changed].shape))
     # No grayscale in this kind: channels stay apart when jittered.
-    jittered = _map(lambda s: color.color_distortion(
+    jittered = _map(lambda s: augment.color_distortion(
         float_image, s, 0.5, kind='cifar10', jitter_prob=1.0,
         solarize_prob=0.0, equalize_prob=0.0), _seeds(50))
     assert not np.any([np.allclose(j[..., 0], j[..., 1]) for j in jittered])
@@ -422,7 +421,7 @@ def test_cifar10_distortion_probabilities():
 
 def test_unknown_distortion_is_refused_naming_the_binding():
     with pytest.raises(ValueError, match=r"MultiCropConfig\.distortion"):
-        color.color_distortion(_FLOAT, _seeds(1)[0], kind='simclr2')
+        augment.color_distortion(_FLOAT, _seeds(1)[0], kind='simclr2')
     with pytest.raises(ValueError, match='Unknown colour distortion'):
         dataclasses.replace(augment.CIFAR10_MULTICROP, distortion='none')
 
@@ -630,9 +629,9 @@ _RANDOM_OPS = [
      lambda s: image_ops.sample_crop_box(48, 40, s, (0.1, 1)), False),
     ('random_resized_crop', lambda s: image_ops.random_resized_crop(
         _IMAGE, s, 16, (0.1, 1.0)), True),
-    ('color_jitter', lambda s: color.color_jitter(_FLOAT, s, 1.0), True),
-    ('color_distortion', lambda s: color.color_distortion(_FLOAT, s), False),
-    ('color_distortion_cifar10', lambda s: color.color_distortion(
+    ('color_jitter', lambda s: augment.color_jitter(_FLOAT, s, 1.0), True),
+    ('color_distortion', lambda s: augment.color_distortion(_FLOAT, s), False),
+    ('color_distortion_cifar10', lambda s: augment.color_distortion(
         _FLOAT, s, 0.5, kind='cifar10', solarize_prob=0.5,
         equalize_prob=0.5), False),
     ('gaussian_blur', lambda s: image_ops.gaussian_blur(_FLOAT, s), False),

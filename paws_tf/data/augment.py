@@ -1,11 +1,11 @@
-"""Stateless SimCLR image augmentations and PAWS multi-crop views."""
+"""Stateless SimCLR augmentations (colour jitter and grayscale, or the
+official CIFAR-10 jitter, Solarize and Equalize) and PAWS multi-crop views."""
 
 import dataclasses
 
 import gin
 import tensorflow as tf
 
-from paws_tf.data import color
 from paws_tf.data import image_ops
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -18,11 +18,209 @@ GIN_CONSTANTS = ('IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR10_MEAN',
 # Fixed normalisations by name, for `load_data.normalization`.
 NORMALIZATIONS = {'imagenet': (IMAGENET_MEAN, IMAGENET_STD),
                   'cifar10': (CIFAR10_MEAN, CIFAR10_STD)}
+# tf.matmul([H, W, 3], _LUMA_TO_RGB) is the luma (ITU-R 601, torchvision's
+# rgb_to_grayscale weights) in all three channels: several times faster in
+# Eigen than broadcasting [H, W, 1] to [H, W, 3].
+_LUMA_TO_RGB = tuple((w,) * 3 for w in (0.2989, 0.587, 0.114))
+# The kinds of `color_distortion`.
+DISTORTIONS = ('simclr', 'cifar10')
+
+
+def adjust_brightness(image, factor):
+    """torchvision `adjust_brightness`: clip(factor * x)."""
+    return tf.clip_by_value(image * factor, 0.0, 1.0)
+
+
+def adjust_contrast(image, factor):
+    """torchvision `adjust_contrast`: blend with the mean of the luma."""
+    if image_ops.num_channels(image) == 3:
+        mean = tf.reduce_mean(tf.matmul(image, _LUMA_TO_RGB))
+    else:
+        mean = tf.reduce_mean(image)
+    return tf.clip_by_value(factor * image + (1 - factor) * mean, 0.0, 1.0)
+
+
+def adjust_saturation(image, factor):
+    """torchvision `adjust_saturation`: blend with the luma (1-channel: id)."""
+    if image_ops.num_channels(image) == 1:
+        return image
+    # factor * x + (1 - factor) * gray(x) is one linear colour map.
+    blend = factor * tf.eye(3) + (1 - factor) * tf.constant(_LUMA_TO_RGB)
+    return tf.clip_by_value(tf.matmul(image, blend), 0.0, 1.0)
+
+
+def adjust_hue(image, factor):
+    """torchvision `adjust_hue`: hue += factor turns (1-channel: identity)."""
+    if image_ops.num_channels(image) == 1:
+        return image
+    return tf.image.adjust_hue(image, factor)
+
+
+# Indexed as torchvision's ColorJitter fn_idx: 0 brightness, 1 contrast,
+# 2 saturation, 3 hue.
+_JITTER_OPS = (adjust_brightness, adjust_contrast, adjust_saturation,
+               adjust_hue)
+
+
+def jitter_params(seed, strength):
+    """Samples `ColorJitter(0.8s, 0.8s, 0.8s, 0.2s)` parameters (SimCLR).
+
+    Args:
+        seed: [2] int32/int64 stateless seed.
+        strength: colour distortion strength s, 0 <= s <= 2.5.
+
+    Returns:
+        (order, factors): a uniformly random [4] int32 permutation (op
+        order[k] applied k-th) and [4] float32 factors (brightness,
+        contrast, saturation in [max(0, 1 - 0.8s), 1 + 0.8s], hue in
+        [-0.2s, 0.2s]).
+    """
+    if not 0 <= strength <= 2.5:
+        raise ValueError(f'strength must be in [0, 2.5] (hue <= 0.5 turn as '
+                         f'torchvision requires), got {strength}.')
+    order_seed, factor_seed = image_ops.split_seed(seed, 2)
+    order = tf.argsort(tf.random.stateless_uniform([4], order_seed))
+    low = tf.constant([max(0.0, 1 - 0.8 * strength)] * 3 + [-0.2 * strength])
+    high = tf.constant([1 + 0.8 * strength] * 3 + [0.2 * strength])
+    u = tf.random.stateless_uniform([4], factor_seed)
+    return order, low + (high - low) * u
+
+
+def color_jitter(image, seed, strength):
+    """Applies the four ColorJitter ops of `jitter_params`, in its order.
+
+    Args:
+        image: [H, W, C] float32 in [0, 1], C in (1, 3).
+        seed, strength: as `jitter_params` takes them.
+
+    Returns:
+        [H, W, C] float32 in [0, 1].
+    """
+    order, factors = jitter_params(seed, strength)
+    for step in range(4):
+        # switch_case runs only the selected op; all 24 orders share 4 Cases.
+        image = tf.switch_case(order[step], [
+            lambda op=op, i=i, x=image: op(x, factors[i])
+            for i, op in enumerate(_JITTER_OPS)])
+    return image
+
+
+def solarize(image, threshold=128):
+    """PIL `ImageOps.solarize`: values >= `threshold` become 255 - value.
+
+    Args:
+        image: [H, W, C] uint8.
+        threshold: scalar; PIL keeps value v where v < threshold.
+
+    Returns:
+        [H, W, C] uint8.
+    """
+    image = tf.convert_to_tensor(image, tf.uint8)
+    return tf.where(tf.cast(image, tf.float32) < threshold, image,
+                    255 - image)
+
+
+def equalize(image):
+    """PIL `ImageOps.equalize`, each channel on its own histogram.
+
+    PIL's look-up table: with h the channel's histogram and `step` =
+    (pixels - count of its highest occupied value) // 255, value i maps to
+    (step // 2 + pixels below i) // step, capped at 255; a channel with one
+    occupied value or `step` 0 is left unchanged.
+
+    Args:
+        image: [H, W, C] uint8, static C.
+
+    Returns:
+        [H, W, C] uint8.
+    """
+    image = tf.convert_to_tensor(image, tf.uint8)
+    channels = image.shape[-1]
+    pixels = tf.reshape(tf.cast(image, tf.int32), [-1, channels])  # [N, C]
+    bins = 256 * channels
+    histogram = tf.reshape(tf.math.bincount(
+        pixels + 256 * tf.range(channels), minlength=bins, maxlength=bins,
+        dtype=tf.int32), [channels, 256])  # [C, 256]
+    occupied = tf.cast(histogram > 0, tf.int32)
+    highest = 255 - tf.argmax(tf.reverse(occupied, [1]), axis=1,
+                              output_type=tf.int32)  # [C]
+    step = (tf.shape(pixels)[0] -
+            tf.gather(histogram, highest, batch_dims=1)) // 255  # [C]
+    divisor = tf.maximum(step, 1)[:, None]
+    lut = tf.minimum((divisor // 2 + tf.cumsum(histogram, axis=1,
+                                               exclusive=True)) // divisor,
+                     255)  # [C, 256]
+    unchanged = (tf.reduce_sum(occupied, axis=1) <= 1) | (step == 0)
+    lut = tf.where(unchanged[:, None], tf.range(256)[None], lut)
+    mapped = tf.gather(lut, tf.transpose(pixels), batch_dims=1)  # [C, N]
+    return tf.reshape(tf.cast(tf.transpose(mapped), tf.uint8),
+                      tf.shape(image))
+
+
+def color_distortion(image, seed, strength=1.0, kind='simclr',
+                     jitter_prob=0.8, grayscale_prob=0.2, solarize_prob=0.2,
+                     equalize_prob=0.2):
+    """Random-order colour jitter, then the second half of `kind`.
+
+    Both kinds start with RandomApply(ColorJitter(0.8s, 0.8s, 0.8s, 0.2s),
+    p=jitter_prob) (suncet / SimCLR `get_color_distortion(s)`):
+      'simclr': then RandomGrayscale(grayscale_prob) (the ImageNet views);
+      'cifar10': then Solarize(solarize_prob) with a threshold drawn
+          uniformly in [0, 256), then Equalize(equalize_prob), PIL's
+          operations on the uint8 image (the official PAWS CIFAR-10 views,
+          suncet `src/data_manager.py`).
+    With strength 0 the whole distortion is skipped.
+
+    Args:
+        image: [H, W, C] float in [0, 1], C in (1, 3); for C = 1 only
+            brightness and contrast act in the jitter.
+        seed: [2] int32/int64 stateless seed.
+        strength: colour distortion strength s.
+        kind: one of `DISTORTIONS`.
+        jitter_prob, grayscale_prob, solarize_prob, equalize_prob: each
+            operation's probability.
+
+    Returns:
+        [H, W, C] float32 in [0, 1].
+    """
+    check_distortion(kind)
+    image = tf.cast(image, tf.float32)
+    if strength == 0:
+        return image
+    coin_seed, jitter_seed = image_ops.split_seed(seed, 2)
+    coins = tf.random.stateless_uniform([4], coin_seed)
+    image = image_ops.random_apply(
+        coins[0], jitter_prob,
+        lambda x: color_jitter(x, jitter_seed, strength), image)
+    if kind == 'simclr':
+        if image_ops.num_channels(image) == 3:
+            image = image_ops.random_apply(
+                coins[1], grayscale_prob,
+                lambda x: tf.matmul(x, _LUMA_TO_RGB), image)
+        return tf.clip_by_value(image, 0.0, 1.0)
+    # torch.rand(1) * 256, as the official Solarize draws its threshold.
+    threshold = 256.0 * coins[3]
+    image = image_ops.random_apply(
+        coins[1], solarize_prob,
+        lambda x: image_ops.on_uint8(lambda u: solarize(u, threshold), x),
+        image)
+    return image_ops.random_apply(
+        coins[2], equalize_prob,
+        lambda x: image_ops.on_uint8(equalize, x), image)
+
+
+def check_distortion(kind):
+    """Raises ValueError naming `DISTORTIONS` if `kind` is not one."""
+    if kind not in DISTORTIONS:
+        raise ValueError(
+            f'Unknown colour distortion {kind!r}: use one of {DISTORTIONS} '
+            "(MultiCropConfig.distortion, e.g. 'cifar10' for the official "
+            "PAWS CIFAR-10 views, 'simclr' for ImageNet's).")
+
 
 
 def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
-              blur_prob=0.0, flip=True, ratio=(3 / 4, 4 / 3),
-              distortion='simclr'):
+              blur_prob=0.0, distortion='simclr'):
     """One view: crop, flip, colour distortion, blur, normalise.
 
     The official PAWS order (suncet `src/data_manager.py`).
@@ -32,24 +230,20 @@ def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
         seed: [2] int32/int64 stateless seed.
         size: int or (height, width) of the view.
         scale: (min, max) area fraction of the random resized crop.
-        mean: length-C channel means.
-        std: length-C channel standard deviations.
+        mean, std: length-C channel means and standard deviations.
         color_strength: colour distortion strength; 0 skips it.
         blur_prob: Gaussian blur probability; 0 skips it.
-        flip: whether to flip left-right with probability 0.5.
-        ratio: (min, max) aspect ratio of the crop.
-        distortion: colour distortion kind, one of `color.DISTORTIONS`.
+        distortion: colour distortion kind, one of `DISTORTIONS`.
 
     Returns:
         [size, size, C] float32, normalised.
     """
     crop_seed, flip_seed, color_seed, blur_seed = image_ops.split_seed(seed, 4)
-    view = image_ops.random_resized_crop(image, crop_seed, size, scale, ratio)
-    if flip:
-        view = image_ops.random_flip(view, flip_seed)
+    view = image_ops.random_resized_crop(image, crop_seed, size, scale)
+    view = image_ops.random_flip(view, flip_seed)
     if color_strength:
-        view = color.color_distortion(view, color_seed, color_strength,
-                                      kind=distortion)
+        view = color_distortion(view, color_seed, color_strength,
+                                kind=distortion)
     if blur_prob:
         view = image_ops.gaussian_blur(view, blur_seed, blur_prob)
     return image_ops.normalize(view, mean, std)
@@ -66,8 +260,7 @@ def center_view(image, size, *, crop_fraction, mean, std):
         image: [H, W, C] uint8 or float in [0, 1].
         size: int, output height and width.
         crop_fraction: in (0, 1], e.g. 0.875 for ImageNet, 1.0 for CIFAR-10.
-        mean: length-C channel means.
-        std: length-C channel standard deviations.
+        mean, std: length-C channel means and standard deviations.
 
     Returns:
         [size, size, C] float32, normalised.
@@ -102,12 +295,11 @@ class MultiCropConfig:
         color_strength: colour distortion strength (0 disables it).
         blur_prob: Gaussian blur probability; like `color_strength`, applied
             to global and local views alike, as in the official PAWS code.
-        mean, std: length-C normalisation constants. A run fills them in
-            from its normalisation (`load_data.normalization`, the one
-            source; `normalization.normalized_multicrop`) and refuses them
-            bound in gin; Python code may give them here instead of
-            `make_pretrain_dataset_fn`'s `normalization`.
-        distortion: colour distortion kind, one of `color.DISTORTIONS`.
+        mean, std: length-C normalisation constants: None in a run, which
+            fills them in from `load_data.normalization`; Python code may
+            give them here instead of `make_pretrain_dataset_fn`'s
+            `normalization`.
+        distortion: colour distortion kind, one of `DISTORTIONS`.
     """
     global_size: int
     global_scale: tuple
@@ -125,7 +317,7 @@ class MultiCropConfig:
         for name in ('global_scale', 'local_scale', 'mean', 'std'):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, tuple(getattr(self, name)))
-        color.check_distortion(self.distortion)
+        check_distortion(self.distortion)
 
 
 # PAWS (arXiv 2104.13963) Sec. 5 and App. A: 224 px at (0.14, 1), 6 x 96 px

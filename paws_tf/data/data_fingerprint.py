@@ -1,10 +1,6 @@
-"""The data a run trains on (the run directory records it:
-`RunDir.write_fingerprint`), checked when the run resumes.
-
-Per source (labeled, unlabeled, test): its kind, image count, channels, and
-SHA-256 digests of its class names, item names (image-folder listings as
-paths relative to the root; the labeled split) and labels. Pixel contents
-are not read.
+"""The data a run trains on, recorded (`RunDir.write_fingerprint`) and
+checked when the run resumes: per source, its kind, image count, channels
+and SHA-256 digests of its class names, item names and labels (no pixels).
 """
 
 import hashlib
@@ -37,12 +33,9 @@ def describe(source):
                      num_examples=int(source.num_examples),
                      channels=int(source.channels),
                      class_names=_digest(source.class_names))
-    names = getattr(source, 'names', None)
-    if names is not None:  # Random-access sources; streams have none.
-        described['names'] = _digest(names)
-    labels = getattr(source, 'labels', None)
-    if labels is not None:
-        described['labels'] = _digest(labels.tolist())
+    for key in ('names', 'labels'):  # Streams have neither.
+        if getattr(source, key, None) is not None:
+            described[key] = _digest(getattr(source, key))
     return described
 
 
@@ -68,14 +61,11 @@ def differences(recorded, current):
             lines.append(f'{role}: {"none" if new is None else "a source"}, '
                          f'recorded {"none" if old is None else "a source"}')
             continue
-        for key, what in _WHAT.items():
-            if old.get(key) == new.get(key):
-                continue
-            if key in ('num_examples', 'channels', 'kind'):
-                lines.append(f'{role}: {new.get(key)} {what}, recorded '
-                             f'{old.get(key)}')
-            else:
-                lines.append(f'{role}: the {what} differ')
+        lines += [f'{role}: {new[key]} {what}, recorded {old[key]}'
+                  if key in ('num_examples', 'channels', 'kind') else
+                  f'{role}: the {what} differ'
+                  for key, what in _WHAT.items()
+                  if old.get(key) != new.get(key)]
     return lines
 
 
@@ -86,8 +76,7 @@ def check(recorded, current, *, model_dir, path, resuming,
     Args:
         recorded: the run's recorded fingerprint, or None.
         current: the `fingerprint` of the data the run loaded.
-        model_dir: the run directory, and `path` its record, for the
-            messages.
+        model_dir, path: the run directory and its record, for messages.
         resuming: whether the run has a backup or checkpoint to resume from
             (otherwise a recorded fingerprint is just replaced).
         on_change: `'stop'` or `'continue'` (resume on the changed data and

@@ -38,10 +38,8 @@ def _other_types(other):
 
 
 def undecodable(paths, channels):
-    """Positions of the files that cannot be read and decoded as images.
-
-    Decodes every file once, in parallel (zero-byte, truncated, corrupt and
-    non-image files fail; grayscale, RGBA and CMYK files convert).
+    """Positions of the files that cannot be read and decoded as images
+    (zero-byte, truncated, corrupt, non-image), each decoded once.
 
     Args:
         paths: file paths.
@@ -69,9 +67,8 @@ def image_folder(root, *, labeled=True, channels=3, check_images=True,
 
     Broken files are found before training, not hours into it: with
     `check_images` every file is decoded once here; files that fail are
-    skipped and counted in the log (`on_bad_image='skip'`) or stop the run
-    (`'fail'`). Files of other types than `IMAGE_EXTENSIONS` are skipped
-    and counted in the same log line.
+    skipped and counted in the log (`on_bad_image='skip'`), as files of
+    other types than `IMAGE_EXTENSIONS` are, or stop the run (`'fail'`).
 
     Args:
         root: folder. Labeled: `root/<class_name>/**/*.{jpg,png,...}` with
@@ -98,17 +95,15 @@ def image_folder(root, *, labeled=True, channels=3, check_images=True,
     root = pathlib.Path(root)
     if not root.is_dir():
         raise checks.DataError(f'Image folder {root} does not exist.')
-    other = collections.Counter()
-    if labeled:
-        class_names = sorted(d.name for d in root.iterdir() if d.is_dir())
-        files, labels = [], []
-        for class_id, name in enumerate(class_names):
-            class_files, class_other = _image_files(root / name)
-            files += class_files
-            labels += [class_id] * len(class_files)
-            other += class_other
-    else:
-        (files, other), class_names, labels = _image_files(root), [], None
+    class_names = sorted(d.name for d in root.iterdir()
+                         if d.is_dir()) if labeled else []
+    files, labels, other = [], [], collections.Counter()
+    for class_id, folder in enumerate(
+            [root / name for name in class_names] if labeled else [root]):
+        class_files, class_other = _image_files(folder)
+        files += class_files
+        labels += [class_id] * len(class_files)
+        other += class_other
     if not files:
         raise checks.DataError(
             f'No {"/".join(IMAGE_EXTENSIONS)} images under {root}' +
@@ -123,30 +118,23 @@ def image_folder(root, *, labeled=True, channels=3, check_images=True,
             f'{len(bad)} of {len(files)} files under {root} cannot '
             f'be decoded as images: {shown}. Remove or repair them, '
             "or set on_bad_image='skip'.")
-    if bad or other:
-        total = len(files) + sum(other.values())
-        skipped = []
-        if bad:
-            skipped.append(f'{len(bad)} cannot be decoded as images '
-                           f'({shown})')
-        if other:
-            skipped.append(_other_types(other))
+    skipped = ([f'{len(bad)} cannot be decoded as images ({shown})']
+               if bad else []) + ([_other_types(other)] if other else [])
+    if skipped:
         logging.warning('Skipping %d of %d files under %s: %s.',
-                        len(bad) + sum(other.values()), total, root,
+                        len(bad) + sum(other.values()),
+                        len(files) + sum(other.values()), root,
                         '; '.join(skipped))
-    if bad:
-        keep = sorted(set(range(len(files))) - set(bad))
-        files = [files[i] for i in keep]
-        labels = None if labels is None else [labels[i] for i in keep]
-    if labeled:
-        present = set(labels)
-        empty = [name for class_id, name in enumerate(class_names)
-                 if class_id not in present]
-        if empty:
-            raise checks.DataError(
-                f'Class folders under {root} hold no usable images: '
-                f'{empty[:_MAX_LISTED]}. Add images or remove the folders.')
+    keep = sorted(set(range(len(files))) - set(bad))
+    files, labels = [files[i] for i in keep], [labels[i] for i in keep]
+    present = set(labels)
+    empty = [name for class_id, name in enumerate(class_names)
+             if class_id not in present]
+    if empty:
+        raise checks.DataError(
+            f'Class folders under {root} hold no usable images: '
+            f'{empty[:_MAX_LISTED]}. Add images or remove the folders.')
     return sources.from_files([str(p) for p in files],
-                      [p.relative_to(root).as_posix() for p in files],
-                      labels=labels, class_names=class_names,
-                      channels=channels)
+                              [p.relative_to(root).as_posix() for p in files],
+                              labels=labels if labeled else None,
+                              class_names=class_names, channels=channels)

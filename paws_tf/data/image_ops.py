@@ -42,8 +42,7 @@ def sample_crop_box(height, width, seed, scale, ratio=(3 / 4, 4 / 3),
     taken, which is what torchvision's sequential loop returns.
 
     Args:
-        height: int or int32 scalar tensor, image height H.
-        width: int or int32 scalar tensor, image width W.
+        height, width: int or int32 scalar tensors, the image's H and W.
         seed: [2] int32/int64 stateless seed.
         scale: (min, max) fraction of the image area.
         ratio: (min, max) aspect ratio w/h, sampled log-uniformly.
@@ -84,7 +83,7 @@ def sample_crop_box(height, width, seed, scale, ratio=(3 / 4, 4 / 3),
 
 
 def random_resized_crop(image, seed, size, scale, ratio=(3 / 4, 4 / 3),
-                        attempts=10, antialias=True):
+                        antialias=True):
     """torchvision `RandomResizedCrop`: crop a random box, resize bilinearly.
 
     The official PAWS code runs it on PIL images, whose bilinear resize
@@ -99,11 +98,8 @@ def random_resized_crop(image, seed, size, scale, ratio=(3 / 4, 4 / 3),
 
     Args:
         image: [H, W, C] uint8 (scaled by 1/255) or float in [0, 1].
-        seed: [2] int32/int64 stateless seed.
+        seed, scale, ratio: as `sample_crop_box` takes them.
         size: int or (height, width) of the output.
-        scale: (min, max) fraction of the image area.
-        ratio: (min, max) aspect ratio w/h.
-        attempts: candidate boxes before the centre-crop fallback.
         antialias: widen the filter when shrinking, as PIL does.
 
     Returns:
@@ -111,8 +107,8 @@ def random_resized_crop(image, seed, size, scale, ratio=(3 / 4, 4 / 3),
     """
     image = tf.convert_to_tensor(image)
     shape = tf.shape(image)
-    offset_y, offset_x, h, w = sample_crop_box(
-        shape[0], shape[1], seed, scale, ratio, attempts)
+    offset_y, offset_x, h, w = sample_crop_box(shape[0], shape[1], seed,
+                                               scale, ratio)
     crop = image[offset_y:offset_y + h, offset_x:offset_x + w]
     return resize(crop, (size, size) if isinstance(size, int) else size,
                    antialias=antialias)
@@ -130,6 +126,7 @@ def on_uint8(op, image):
 
 
 def random_apply(coin, prob, op, image):
+    """`op(image)` if the uniform draw `coin` is below `prob`, else `image`."""
     return tf.cond(coin < prob, lambda: op(image), lambda: image)
 
 
@@ -145,12 +142,10 @@ def _pil_blur(image, sigma):
 def pil_gaussian_blur(image, sigma):
     """PIL `ImageFilter.GaussianBlur(radius=sigma)` of a uint8 image.
 
-    The official blur is PIL's own (three extended box blurs per direction,
-    each rounded to uint8, the edge pixels repeated), so the view is blurred
-    by PIL itself: the same values by construction, and a fraction of the
-    CPU time of the same fixed-point arithmetic in TensorFlow ops (a dozen
-    ops per pass over the image). PIL releases the GIL while it blurs, so
-    the parallel calls of a `tf.data` map blur on every core.
+    The official blur is PIL's own, so the view is blurred by PIL itself:
+    the same values by construction, and a fraction of the CPU time of its
+    fixed-point arithmetic in TensorFlow ops. PIL releases the GIL while it
+    blurs, so the parallel calls of a `tf.data` map blur on every core.
 
     Args:
         image: [H, W, C] uint8 tensor, C 1 or 3.

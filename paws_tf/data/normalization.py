@@ -1,8 +1,5 @@
-"""The normalisation a run uses, `load_data.normalization`, its one source:
-a preset, a (mean, std) pair, or computed from the images (`FROM_DATA`),
-checked against the channels and against the run's record of it
-(`RunDir.read_normalization`). The augmentations and the evaluation
-preprocessing take it from there."""
+"""The run's normalisation (`load_data.normalization`, its one source):
+a preset, a (mean, std) pair, or computed from the images and recorded."""
 
 import dataclasses
 import math
@@ -13,19 +10,18 @@ import tensorflow as tf
 
 from paws_tf import checks
 from paws_tf.data import augment
+
 # `load_data.normalization` (the folder recipes bind it through this macro):
 # the per-channel mean and std computed from the labeled images.
 FROM_DATA = 'data'
 NORMALIZATION_MACRO = 'NORMALIZATION'
-_NORMALIZATION_CHOICES = (
+_CHOICES = (
     f"'{FROM_DATA}', one of {sorted(augment.NORMALIZATIONS)} or a (mean, std) "
-    'pair such as ((0.5,), (0.25,))')
+    f"pair such as ((0.5,), (0.25,)) ('{FROM_DATA}': from the images)")
 
 
 def _normalization_values(binding, mean, std, channels):
-    """`(mean, std)` as float tuples; raises naming `binding` unless they
-    are non-empty sequences of numbers of equal length (`channels` when
-    given) with positive stds."""
+    """`(mean, std)` as float tuples, checked (`binding` names them)."""
     try:
         mean = tuple(float(m) for m in mean)
         std = tuple(float(s) for s in std)
@@ -53,8 +49,8 @@ def normalization(spec, channels=None):
     """Checks a `load_data.normalization` value (the `NORMALIZATION` macro).
 
     Args:
-        spec: None, `FROM_DATA`, a preset name of `augment.NORMALIZATIONS`
-            or a `(mean, std)` pair.
+        spec: None, `FROM_DATA`, a preset of `augment.NORMALIZATIONS` or a
+            `(mean, std)` pair.
         channels: the images' channel count, if known.
 
     Returns:
@@ -68,20 +64,16 @@ def normalization(spec, channels=None):
     binding = f'{NORMALIZATION_MACRO} (load_data.normalization) = {spec!r}'
     if isinstance(spec, str):
         if spec not in augment.NORMALIZATIONS:
-            raise ValueError(f'{binding} is unknown: use '
-                             f'{_NORMALIZATION_CHOICES}.')
+            raise ValueError(f'{binding} is unknown: use {_CHOICES}.')
         spec = augment.NORMALIZATIONS[spec]
     if isinstance(spec, (list, tuple)) and len(spec) == 2:
         return _normalization_values(binding, *spec, channels)
-    raise ValueError(f'{binding} is not a normalisation: use '
-                     f'{_NORMALIZATION_CHOICES}.')
+    raise ValueError(f'{binding} is not a normalisation: use {_CHOICES}.')
 
 
 def refuse_own(where, mean, std):
-    """Raises `checks.ConfigError` naming the binding of `where`'s own
-    `mean` or `std` (the augmentations' `MultiCropConfig`, and
-    `eval_preprocessing`, take the run's normalisation) and the one to
-    make instead."""
+    """Raises `checks.ConfigError` if `where`'s own `mean` or `std` is
+    bound, naming the binding to make instead."""
     if mean is None and std is None:
         return
     raise checks.ConfigError(
@@ -89,34 +81,26 @@ def refuse_own(where, mean, std):
         'normalisation has one source, load_data.normalization (in Python, '
         "make_pretrain_dataset_fn's normalization), which the "
         f'augmentations and the evaluation take. Remove the {where} '
-        'bindings and bind load_data.normalization = (mean, std), a '
-        f"preset ({sorted(augment.NORMALIZATIONS)}) or '{FROM_DATA}' "
-        '(computed from the images).')
+        f'bindings and bind load_data.normalization = {_CHOICES}.')
 
 
 def required(normalization_):
-    """`normalization_`, the run's `(mean, std)`; raises naming the binding
-    when there is none."""
+    """`normalization_`; a `checks.ConfigError` naming the binding if None."""
     if normalization_ is None:
         raise checks.ConfigError(
-            f'No normalisation: bind load_data.normalization = '
-            f"'{FROM_DATA}' (the mean and std of the labeled images), a "
-            f'preset ({sorted(augment.NORMALIZATIONS)}) or a (mean, std) '
-            'pair such as ((0.5,), (0.25,)).')
+            f'No normalisation: bind load_data.normalization = {_CHOICES}.')
     return normalization_
 
 
 def channel_statistics(source, max_images=None, seed=0):
     """Per-channel mean and std of a source's pixels, scaled to [0, 1].
 
-    Every pixel of every image counts once (images of different sizes
-    weigh by their pixel count). The sums are exact integers, so every
+    Every pixel counts once. The sums are exact integers, so every
     machine, in any order, computes the same numbers, rounded once.
 
     Args:
         source: `sources.ImageSource` (uint8 images).
-        max_images: use a seeded random subset of this many images; None
-            uses them all.
+        max_images: a seeded random subset of this many images (None: all).
         seed: seed of that subset.
 
     Returns:
@@ -133,14 +117,12 @@ def channel_statistics(source, max_images=None, seed=0):
         return (tf.reduce_sum(pixels, 0), tf.reduce_sum(pixels ** 2, 0),
                 tf.shape(pixels, out_type=tf.int64)[0])
 
-    first = [0] * source.channels
-    second = [0] * source.channels
-    count = 0
+    # Python integers: no overflow, however many images.
+    first, second, count = [0] * source.channels, [0] * source.channels, 0
     for image_first, image_second, pixels in (
             tf.data.Dataset.from_tensor_slices(positions)
             .map(moments, num_parallel_calls=tf.data.AUTOTUNE)
             .as_numpy_iterator()):
-        # Python integers: no overflow, however many images.
         first = [a + int(b) for a, b in zip(first, image_first)]
         second = [a + int(b) for a, b in zip(second, image_second)]
         count += int(pixels)
@@ -153,8 +135,8 @@ def channel_statistics(source, max_images=None, seed=0):
 
 def _check_record(recorded, where, spec, fixed, channels):
     """The values of the record `recorded` (read from `where`), checked
-    against `spec` (its values `fixed`, None for `FROM_DATA`) and, when
-    given, the `channels`."""
+    against `spec` (`fixed`: its values, None for `FROM_DATA`) and the
+    `channels`."""
     values = tuple(recorded['mean']), tuple(recorded['std'])
     if channels is not None and recorded.get('channels') != channels:
         raise ValueError(
@@ -181,32 +163,26 @@ def resolve_normalization(spec, *, source=None, recorded=None, where=None,
     """The `(mean, std)` that `spec` stands for, and the record of it.
 
     Args:
-        spec: `'data'` (`FROM_DATA`): the per-channel mean and std of the
-            images of `source` (`channel_statistics`, at most `max_images`
-            of them), computed once: a run that has a record reads it, so
-            that resumed training, export and evaluation use the same
-            values. A preset name of `augment.NORMALIZATIONS` or a
-            `(mean, std)` pair: those values.
+        spec: `FROM_DATA`: the `channel_statistics` of at most `max_images`
+            images of `source`, computed once: a run with a record reads
+            it, so that resumed training, export and evaluation use the
+            same values. A preset or a `(mean, std)` pair: those values.
         source: the `sources.ImageSource` of the statistics; None for a
             trained run, whose values are its record's or `spec`'s.
         recorded: the run's record (`RunDir.read_normalization`), or None.
         where: where that record is, for the messages.
         max_images: images the statistics are computed from.
         seed: seed of that subset.
-        description: what the images of `source` are, for the record and
-            the messages.
+        description: what the images of `source` are (record, messages).
 
     Returns:
-        `((mean, std), record)`: two tuples of floats, one per channel,
-        and the dict the run records (`RunDir.write_normalization`), None
-        when the values come from `recorded` or there is no `source`.
+        `((mean, std), record)`: float tuples, one value per channel, and
+        the dict the run records (`RunDir.write_normalization`); None when
+        the values come from `recorded` or there is no `source`.
 
     Raises:
-        ValueError: a bad `spec`, values that do not match the channels,
-            a record for another channel count, or one recording another
-            normalisation than `spec` (a run trained one way is exported
-            and evaluated the same way); `FROM_DATA` with neither a record
-            nor a `source` (a run that never started training).
+        ValueError: a bad `spec` or one the channels or the record do not
+            match; `FROM_DATA` with neither a record nor a `source`.
     """
     channels = None if source is None else source.channels
     fixed = None if spec == FROM_DATA else normalization(spec, channels)
@@ -241,8 +217,7 @@ def normalized_multicrop(multicrop, normalization_, channels):
         multicrop: `augment.MultiCropConfig`. In a run its mean and std are
             unbound; in Python code without `normalization_` they are the
             normalisation.
-        normalization_: the run's `(mean, std)` (`load_data.normalization`),
-            or None.
+        normalization_: the run's `(mean, std)`, or None.
         channels: the images' channel count.
 
     Returns:

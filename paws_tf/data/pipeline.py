@@ -1,13 +1,11 @@
 """Input pipelines: multi-crop unlabeled views, class-balanced supports, eval.
 
 Every random choice is a stateless function of the seed and of positions in
-the stream (step, epoch, image): a resumed run restores no tf.data iterator,
-and a pipeline rebuilt with `start_step` continues exactly where an
-interrupted one stopped, but for a streamed unlabeled source, which starts a
-fresh pass (`_streamed_unlabeled`). Shards are cut by hand
-(`AutoShardPolicy.OFF`): each worker builds exactly its replicas' share of
-every step from the seed and the replica indices, which tf.data must not
-shard again.
+the stream (step, epoch, image), so a pipeline rebuilt with `start_step`
+continues exactly where an interrupted one stopped (a streamed unlabeled
+source starts a fresh pass instead). Shards are cut by hand
+(`AutoShardPolicy.OFF`): each worker builds its replicas' share of every
+step from the seed and the replica indices.
 """
 
 import dataclasses
@@ -36,6 +34,7 @@ class _Layout:
     sampler: sampling.SupportSampler
     support_views: int
     support_view_size: int
+    support_scale: tuple
 
     @property
     def batch_per_replica(self):
@@ -59,12 +58,11 @@ class _Layout:
     def describe(self):
         s, m, r = self.sampler, self.multicrop, self.num_replicas
         k, n, v = s.classes_per_replica, s.images_per_class, self.support_views
-        columns = k * r if s.unique_classes_per_replica else k
-        mode = ('disjoint classes per replica'
-                if s.unique_classes_per_replica else
-                'the same classes on every replica')
+        unique = s.unique_classes_per_replica
         return '\n'.join([
-            f'PAWS input on {r} replica(s), {mode}:',
+            f'PAWS input on {r} replica(s), ' + (
+                'disjoint classes per replica' if unique else
+                'the same classes on every replica') + ':',
             f'  unlabeled: {self.num_unlabeled} images, global batch '
             f'{self.global_batch_size} = {r} x {self.batch_per_replica}, '
             f'{self.steps_per_epoch} steps/epoch '
@@ -75,7 +73,7 @@ class _Layout:
             f'  support per replica: {k} classes x {n} images x {v} view(s) '
             f'= {v * k * n} rows of {self.support_view_size}px',
             f'  support per step (global): classes_per_step='
-            f'{s.classes_per_step} -> {columns} label columns, '
+            f'{s.classes_per_step} -> {k * r if unique else k} label columns, '
             f'{k * n * r} distinct images, {v * k * n * r} views',
             f'  views per step (global): {self.views_per_step}',
         ])
@@ -135,13 +133,8 @@ def _indexed_unlabeled(source, layout, seed, start_step, first_replica,
 
 
 def _streamed_unlabeled(source, layout, seed, start_step, input_context):
-    """Unlabeled views from a `StreamSource`, batch after batch.
-
-    Consecutive batches go to the pipeline's local replicas in turn. Resume
-    is not exact: a pipeline built with `start_step` starts a fresh pass
-    shuffled by (seed, start_step) instead of replaying the rest of the
-    interrupted epoch.
-    """
+    """Unlabeled views from a `StreamSource`, batch after batch, to the
+    local replicas in turn; a fresh pass shuffled by (seed, start_step)."""
     shuffle_seed = int(np.random.SeedSequence(
         [seed, start_step]).generate_state(1)[0])
     pipeline = input_context.input_pipeline_id
@@ -159,7 +152,7 @@ def _streamed_unlabeled(source, layout, seed, start_step, input_context):
 
 
 def _support(labeled, layout, seed, start_step, first_replica,
-             local_replicas, support_scale):
+             local_replicas):
     """Support views and labels of this pipeline's replicas, per step."""
     sampler, mc = layout.sampler, layout.multicrop
 
@@ -168,7 +161,7 @@ def _support(labeled, layout, seed, start_step, first_replica,
         return tuple(augment.make_view(
             image, sampling.derive_seed(seed, sampling.SUPPORT_VIEWS, step,
                                         position, v),
-            size=layout.support_view_size, scale=support_scale,
+            size=layout.support_view_size, scale=layout.support_scale,
             color_strength=mc.color_strength, blur_prob=mc.blur_prob,
             mean=mc.mean, std=mc.std, distortion=mc.distortion)
             for v in range(layout.support_views)), class_id, column
@@ -238,22 +231,21 @@ def _step_element(views, support, layout, channels):
     """One replica's element of a step (`make_pretrain_dataset_fn`)."""
     (global_views, local_views), (support_views, class_ids, columns) = (
         views, support)
-    mc, sampler = layout.multicrop, layout.sampler
-    num_views = layout.support_views
-    out = {'global_views': _concat(  # [2*B, Hg, Wg, C]
-        global_views, mc.global_size, channels)}
+    mc, sampler, v = layout.multicrop, layout.sampler, layout.support_views
+    out = {
+        'global_views': _concat(  # [2*B, Hg, Wg, C]
+            global_views, mc.global_size, channels),
+        'support_views': _concat(  # [V*K*n, Hs, Ws, C]
+            support_views, layout.support_view_size, channels),
+        'support_labels': tf.tile(class_ids, [v]),  # [V*K*n]
+        'support_one_hot': tf.one_hot(  # [V*K*n, classes_per_step]
+            tf.tile(columns, [v]), sampler.classes_per_step),
+        'support_view_index': tf.constant(np.repeat(  # [V*K*n]
+            np.arange(v, dtype=np.int32),
+            sampler.classes_per_replica * sampler.images_per_class))}
     if local_views:
         out['local_views'] = _concat(  # [m*B, Hl, Wl, C]
             local_views, mc.local_size, channels)
-    out['support_views'] = _concat(  # [V*K*n, Hs, Ws, C]
-        support_views, layout.support_view_size, channels)
-    out['support_labels'] = tf.tile(  # [V*K*n]
-        tf.cast(class_ids, tf.int32), [num_views])
-    out['support_one_hot'] = tf.one_hot(  # [V*K*n, classes_per_step]
-        tf.tile(columns, [num_views]), sampler.classes_per_step)
-    out['support_view_index'] = tf.constant(np.repeat(  # [V*K*n]
-        np.arange(num_views, dtype=np.int32),
-        sampler.classes_per_replica * sampler.images_per_class))
     return out
 
 
@@ -284,25 +276,22 @@ def make_pretrain_dataset_fn(
           inside a block rows k*n:(k+1)*n are the n images of class slot k,
           the same image at the same row of every block.
       'support_labels': int32 [V*K*n], the true class ids of those rows.
-      'support_one_hot': float32 [V*K*n, classes_per_step], the one-hot of
-          each row's column: its class among the step's support classes
-          (`sampling.SupportSampler`), what the objective's label matrix
-          is built from.
-      'support_view_index': int32 [V*K*n], the view of its image each row
-          is (0..V-1).
+      'support_one_hot': float32 [V*K*n, classes_per_step], each row's
+          column (its class among the step's support classes), from which
+          the objective's label matrix is built.
+      'support_view_index': int32 [V*K*n], each row's view (0..V-1).
 
     Args:
         unlabeled: `sources.ImageSource` (exact resume) or
-            `sources.StreamSource` (resume restarts a fresh shuffled pass,
-            so it is epoch-granular rather than exact).
+            `sources.StreamSource` (resume starts a fresh shuffled pass).
         labeled: `sources.ImageSource` with labels: the support set.
         num_replicas: R, `strategy.num_replicas_in_sync`.
         global_batch_size: G, unlabeled images per step over all replicas.
         classes_per_step: support classes per step over all replicas.
         images_per_class: n, images per class slot on each replica.
         multicrop: `augment.MultiCropConfig`; its colour, blur and
-            normalisation settings also apply to the supports.
-            Its mean and std are None when `normalization` gives them.
+            normalisation settings also apply to the supports (its mean
+            and std are None when `normalization` gives them).
         support_views: V, 1 (ImageNet) or 2 (CIFAR-10) views per support.
         unique_classes_per_replica: disjoint classes across replicas.
         support_view_size: support view side; default the global size.
@@ -313,18 +302,15 @@ def make_pretrain_dataset_fn(
             only for throughput runs (it breaks exact resume). The support
             stream stays ordered, as its layout is positional.
         prefetch: prefetch depth (elements).
-        normalization: the run's `(mean, std)`
-            (`experiment.DataBundle.normalization`), or None.
+        normalization: the run's `(mean, std)`, or None.
 
     Returns:
-        `PretrainInput(dataset_fn, steps_per_epoch, summary,
-        views_per_step, summary_line)`: the function takes a
-        `tf.distribute.InputContext` (None: one pipeline), the summaries
-        are human-readable accounts of the effective sizes.
+        `PretrainInput`; its `dataset_fn` takes a
+        `tf.distribute.InputContext` (None: one pipeline).
 
     Raises:
         ValueError: sizes that do not divide or do not fit the data (see
-            `sampling.SupportSampler`), checked here, before training.
+            `sampling.SupportSampler`).
     """
     _check_sizes(unlabeled, labeled, num_replicas=num_replicas,
                  global_batch_size=global_batch_size,
@@ -344,8 +330,8 @@ def make_pretrain_dataset_fn(
         num_unlabeled=unlabeled.num_examples,
         steps_per_epoch=unlabeled.num_examples // global_batch_size,
         multicrop=multicrop, sampler=sampler, support_views=support_views,
-        support_view_size=support_view_size or multicrop.global_size)
-    support_scale = support_scale or multicrop.global_scale
+        support_view_size=support_view_size or multicrop.global_size,
+        support_scale=support_scale or multicrop.global_scale)
     options = tf.data.Options()
     options.deterministic = deterministic
     options.experimental_distribute.auto_shard_policy = (
@@ -363,7 +349,7 @@ def make_pretrain_dataset_fn(
             views = _indexed_unlabeled(unlabeled, layout, seed, start_step,
                                        first_replica, local_replicas)
         support = _support(labeled, layout, seed, start_step, first_replica,
-                           local_replicas, support_scale)
+                           local_replicas)
         return (tf.data.Dataset.zip((views, support))
                 .map(lambda views, support: _step_element(
                     views, support, layout, labeled.channels))
@@ -376,19 +362,16 @@ def make_pretrain_dataset_fn(
 @gin.configurable(denylist=['source'])
 def make_eval_dataset(source, *, batch_size, image_size, crop_fraction, mean,
                       std, prefetch=tf.data.AUTOTUNE):
-    """Centre-cropped images and labels in source order, remainder included.
-
-    Embeds every image exactly once: use it for the test set and, with the
-    labeled `ImageSource`, for the PAWS-NN support (exactly the labeled
-    subset).
+    """Centre-cropped images and labels in source order, remainder included
+    (every image once: the test set, or the labeled set as PAWS-NN's
+    support).
 
     Args:
         source: `sources.ImageSource` or `sources.StreamSource` with labels.
         batch_size: images per batch (the last batch may be smaller).
         image_size: output side S.
         crop_fraction: centre crop as a fraction of the image side.
-        mean: per-channel normalisation mean.
-        std: per-channel normalisation std.
+        mean, std: per-channel normalisation.
         prefetch: prefetch depth (batches).
 
     Returns:

@@ -5,12 +5,6 @@ import tensorflow as tf
 
 from paws_tf import checks
 
-def _class_name(class_names, class_id):
-    """A class's name for a message, else its id."""
-    return (repr(class_names[class_id]) if class_id < len(class_names)
-            else str(class_id))
-
-
 # Tags that keep the random streams derived from one user seed apart.
 UNLABELED_ORDER = 1
 UNLABELED_VIEWS = 2
@@ -84,14 +78,11 @@ class SupportSampler:
 
         Args:
             labels: int [M] class id of each labeled image, by position.
-            classes_per_step: global number of support classes per step.
-            images_per_class: n, images per class slot on each replica.
-            num_replicas: R, replicas in sync over all workers.
-            unique_classes_per_replica: disjoint classes across replicas.
+            classes_per_step, images_per_class, num_replicas,
+                unique_classes_per_replica: the attributes.
             seed: int.
             class_names: names indexed by class id, for error messages.
-            binding: the gin configurable whose arguments these sizes are,
-                named in error messages.
+            binding: the configurable the messages name the sizes of.
 
         Raises:
             checks.DataError: empty labeled set; more classes per step
@@ -103,52 +94,45 @@ class SupportSampler:
             raise checks.DataError(
                 'The labeled set is empty: PAWS needs labeled support images. '
                 'Check labels_per_class / the split file of the labeled set.')
-        if classes_per_step < 1 or images_per_class < 1:
-            raise ValueError(f'{binding}.classes_per_step and '
-                             f'{binding}.images_per_class must be >= 1, got '
-                             f'{classes_per_step} and {images_per_class}.')
         class_ids, counts = np.unique(labels, return_counts=True)
+        name = dict(enumerate(class_names))  # A class's name, else its id.
         if len(class_ids) < 2:
             raise checks.DataError(
-                f'The labeled set holds one class '
-                f'({_class_name(class_names, class_ids[0])}): PAWS needs'
-                ' labeled images of at least two classes (each view is '
-                'classified among the support\'s classes).')
-        if unique_classes_per_replica:
-            if classes_per_step % num_replicas:
-                raise ValueError(
-                    f'{binding}.classes_per_step={classes_per_step} (global) '
-                    f'is not divisible by the {num_replicas} replicas: with '
-                    'unique_classes_per_replica=True each replica samples '
-                    'classes_per_step / num_replicas classes. Use a multiple '
-                    f'of {num_replicas} or unique_classes_per_replica=False.')
-            per_replica = classes_per_step // num_replicas
-            needed = images_per_class
-        else:
-            per_replica = classes_per_step
-            needed = images_per_class * num_replicas
+                'The labeled set holds one class '
+                f'({name.get(class_ids[0], int(class_ids[0]))!r}): PAWS '
+                'needs labeled images of at least two classes (each view is '
+                "classified among the support's classes).")
+        unique = unique_classes_per_replica
+        if unique and classes_per_step % num_replicas:
+            raise ValueError(
+                f'{binding}.classes_per_step={classes_per_step} (global) '
+                f'is not divisible by the {num_replicas} replicas: with '
+                'unique_classes_per_replica=True each replica samples '
+                'classes_per_step / num_replicas classes. Use a multiple '
+                f'of {num_replicas} or unique_classes_per_replica=False.')
+        per_replica = classes_per_step // (num_replicas if unique else 1)
+        needed = images_per_class * (1 if unique else num_replicas)
         if classes_per_step > len(class_ids):
             raise checks.DataError(
                 f'{binding}.classes_per_step={classes_per_step} (global'
                 + (f' = {per_replica} per replica x {num_replicas} replicas'
-                   if unique_classes_per_replica else '')
+                   if unique else '')
                 + f') exceeds the {len(class_ids)} classes of the labeled '
                 f'set: use {binding}.classes_per_step <= {len(class_ids)}.')
         small = [(c, k) for c, k in zip(class_ids, counts) if k < needed]
         if small:
-            names = ', '.join(
-                f'{_class_name(class_names, c)} (id {c}) '
-                f'has {k}' for c, k in small[:_MAX_LISTED])
+            names = ', '.join(f'{name.get(c, int(c))!r} (id {c}) has {k}'
+                              for c, k in small[:_MAX_LISTED])
             raise checks.DataError(
-                f'{len(small)} class(es) have fewer labeled images than a step '
-                f'draws without replacement ({needed} = images_per_class '
-                f'{images_per_class}'
-                + ('' if unique_classes_per_replica else
+                f'{len(small)} class(es) have fewer labeled images than a '
+                f'step draws without replacement ({needed} = '
+                f'images_per_class {images_per_class}'
+                + ('' if unique else
                    f' x {num_replicas} replicas sharing the classes')
                 + f'): {names}. Lower {binding}.images_per_class, label '
-                'more images'
-                + ('' if unique_classes_per_replica else
-                   ', or use unique_classes_per_replica=True') + '.')
+                'more images' + ('' if unique else
+                                 ', or use unique_classes_per_replica=True')
+                + '.')
         self.classes_per_step = classes_per_step
         self.classes_per_replica = per_replica
         self.images_per_class = images_per_class

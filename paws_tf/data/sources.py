@@ -1,6 +1,8 @@
 """Image sources: uint8 images and labels, by position or as a stream."""
 
+import dataclasses
 import gzip
+import typing
 
 import gin
 import numpy as np
@@ -14,14 +16,14 @@ FASHION_MNIST_CLASS_NAMES = (
 _IDX_UBYTE = 0x08  # The only IDX element type MNIST-style files use.
 
 
-def _eager_constant(array, dtype):
+def _eager_constant(array):
     """Builds a CPU tensor outside any trace, so graphs capture it by handle.
 
     A NumPy array captured by a `Dataset.map` function would be embedded in
     the graph as a constant (150 MB for CIFAR-10); an eager tensor is not.
     """
     with tf.init_scope(), tf.device('CPU:0'):
-        return tf.constant(array, dtype)
+        return tf.constant(array)
 
 
 def decode_image(encoded, channels):
@@ -46,33 +48,22 @@ def decode_image(encoded, channels):
     return image
 
 
-class _PixelStore:
-    """Decoded uint8 images [N, H, W, C] held in memory."""
+class _Store:
+    """Decoded uint8 images [N, H, W, C], or image file paths decoded to
+    `channels` on read; one copy for a source and its subsets."""
 
-    def __init__(self, images):
-        self.channels = images.shape[-1]
-        self._images = images
-        self._tensor = None
-
-    def read(self, row):
-        if self._tensor is None:
-            self._tensor = _eager_constant(self._images, tf.uint8)
-        return tf.gather(self._tensor, row)  # [H, W, C]
-
-
-class _FileStore:
-    """Encoded image files read by path, decoded to `channels`."""
-
-    def __init__(self, paths, channels):
+    def __init__(self, items, channels):
+        self.items = items
         self.channels = channels
-        self._paths = paths
         self._tensor = None
 
     def read(self, row):
         if self._tensor is None:
-            self._tensor = _eager_constant(self._paths, tf.string)
-        encoded = tf.io.read_file(tf.gather(self._tensor, row))
-        return decode_image(encoded, self.channels)  # [H, W, C]
+            self._tensor = _eager_constant(self.items)
+        item = tf.gather(self._tensor, row)
+        if self.items.dtype == np.uint8:
+            return item  # [H, W, C]
+        return decode_image(tf.io.read_file(item), self.channels)
 
 
 class ImageSource:
@@ -91,11 +82,9 @@ class ImageSource:
         """Initialises the source; use `from_arrays` or `from_files`.
 
         Args:
-            store: `_PixelStore` or `_FileStore` holding the images.
+            store: the `_Store` of the images.
             rows: int [N], the store row of each position.
-            names: N item names.
-            labels: int [N] class ids, or None.
-            class_names: names indexed by class id.
+            names, labels, class_names: the attributes (labels may be None).
 
         Raises:
             ValueError: if names or labels do not match the image count.
@@ -118,25 +107,26 @@ class ImageSource:
         return len(self._rows)
 
     def read(self, position):
-        """Returns image `position` (an int tensor) as uint8 [H, W, C].
-
-        Traceable: call it inside `tf.data.Dataset.map`.
-        """
+        """Image `position` (an int tensor) as uint8 [H, W, C]; traceable
+        (call it inside `tf.data.Dataset.map`)."""
         if self._rows_tensor is None:
-            self._rows_tensor = _eager_constant(self._rows, tf.int64)
+            self._rows_tensor = _eager_constant(self._rows)
         return self._store.read(tf.gather(self._rows_tensor, position))
 
-    def subset(self, positions):
-        """Returns the images at `positions` (int array) as a new source."""
+    def subset(self, positions, labels=None, class_names=None):
+        """The images at `positions` (int array) as a new source, with
+        their labels and class names unless others are given."""
         positions = np.asarray(positions, np.int64)
+        if labels is None and self.labels is not None:
+            labels = self.labels[positions]
         return ImageSource(
             self._store, self._rows[positions],
-            [self.names[p] for p in positions],
-            labels=None if self.labels is None else self.labels[positions],
-            class_names=self.class_names)
+            [self.names[p] for p in positions], labels=labels,
+            class_names=(self.class_names if class_names is None
+                         else class_names))
 
     def ordered_dataset(self):
-        """Returns `(uint8 [H, W, C], int32 label)` pairs in source order.
+        """`(uint8 [H, W, C], int32 label)` pairs in source order.
 
         Raises:
             ValueError: if the source has no labels.
@@ -150,52 +140,42 @@ class ImageSource:
             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
 
+@dataclasses.dataclass(frozen=True)
 class StreamSource:
     """Images readable only in sequence, e.g. ImageNet's 1.28M from TFDS.
 
     Items stay encoded until `decode`, so a shuffle buffer holds bytes.
 
     Attributes:
+        open_fn: callable `(shuffle_seed, input_context) -> Dataset` of
+            `(encoded string, int32 label)` making one pass. With
+            `shuffle_seed=None`: every item in source order; otherwise the
+            shard of `input_context` (may be None) with its file order
+            shuffled by `shuffle_seed` (reshuffled every pass).
         num_examples: int, items in one pass.
         channels: int, channel count after decoding.
         class_names: tuple of str indexed by class id.
         shuffle_buffer: int, items in the seeded shuffle buffer.
     """
-
-    def __init__(self, open_fn, *, num_examples, channels, class_names,
-                 shuffle_buffer):
-        """Initialises the source.
-
-        Args:
-            open_fn: callable `(shuffle_seed, input_context) -> Dataset` of
-                `(encoded string, int32 label)` making one pass. With
-                `shuffle_seed=None`: every item in source order; otherwise
-                the shard of `input_context` (may be None) with its file
-                order shuffled by `shuffle_seed` (reshuffled every pass).
-            num_examples: items in one pass.
-            channels: channel count after decoding.
-            class_names: class names indexed by class id.
-            shuffle_buffer: size of the seeded shuffle buffer.
-        """
-        self._open_fn = open_fn
-        self.num_examples = num_examples
-        self.channels = channels
-        self.class_names = tuple(class_names)
-        self.shuffle_buffer = shuffle_buffer
+    open_fn: typing.Callable
+    num_examples: int
+    channels: int
+    class_names: tuple
+    shuffle_buffer: int
 
     def decode(self, encoded):
         """Decodes one item to uint8 [H, W, C]."""
         return decode_image(encoded, self.channels)
 
     def shuffled_dataset(self, seed, input_context=None):
-        """Returns an endless, seeded shuffle of `(encoded, label)` items."""
-        dataset = self._open_fn(seed, input_context)
+        """An endless, seeded shuffle of `(encoded, label)` items."""
+        dataset = self.open_fn(seed, input_context)
         return dataset.shuffle(self.shuffle_buffer, seed=seed,
                                reshuffle_each_iteration=True).repeat()
 
     def ordered_dataset(self):
-        """Returns `(uint8 [H, W, C], int32 label)` pairs in source order."""
-        return self._open_fn(None, None).map(
+        """`(uint8 [H, W, C], int32 label)` pairs in source order."""
+        return self.open_fn(None, None).map(
             lambda encoded, label: (self.decode(encoded), label),
             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
@@ -220,7 +200,8 @@ def from_arrays(images, labels=None, class_names=None):
     if labels is not None and class_names is None:
         num_classes = int(np.max(labels)) + 1 if len(labels) else 0
         class_names = [str(c) for c in range(num_classes)]
-    return ImageSource(_PixelStore(images), np.arange(len(images)),
+    return ImageSource(_Store(images, images.shape[-1]),
+                       np.arange(len(images)),
                        [str(i) for i in range(len(images))], labels=labels,
                        class_names=class_names or ())
 
@@ -238,7 +219,7 @@ def from_files(paths, names, *, labels=None, class_names=(), channels=3):
     Returns:
         An `ImageSource`.
     """
-    store = _FileStore(np.array(paths, object), channels)
+    store = _Store(np.array(paths, object), channels)
     return ImageSource(store, np.arange(len(paths)), names, labels=labels,
                        class_names=class_names)
 
@@ -247,7 +228,7 @@ def read_idx(path):
     """Reads an IDX file (MNIST format, gzipped or not) into a uint8 array.
 
     Raises:
-        ValueError: on a bad magic number or a size that does not match.
+        checks.DataError: a bad magic number or a size that does not match.
     """
     opener = gzip.open if str(path).endswith('.gz') else open
     with opener(path, 'rb') as f:
@@ -324,8 +305,5 @@ def keep_classes(source, classes):
     new_id = np.full(count, -1, np.int32)
     new_id[classes] = np.arange(len(classes))
     positions = np.flatnonzero(new_id[source.labels] >= 0)
-    kept = source.subset(positions)
-    # pylint: disable-next=protected-access
-    return ImageSource(kept._store, kept._rows, kept.names,
-                       labels=new_id[kept.labels],
-                       class_names=[source.class_names[c] for c in classes])
+    return source.subset(positions, new_id[source.labels[positions]],
+                         [source.class_names[c] for c in classes])

@@ -1,6 +1,5 @@
-"""The labeled split: which images of a labeled source a run uses as
-labeled, drawn with a seed or read from a file (the run directory records
-it: `RunDir.write_split`)."""
+"""The labeled split: the images of a labeled source a run uses as labeled,
+drawn with a seed or read from a file."""
 
 import collections
 
@@ -12,8 +11,8 @@ from paws_tf import checks
 
 class Split(collections.namedtuple('Split', ['labeled', 'unlabeled'])):
     """`(labeled, unlabeled)` `ImageSource`s; `header` says how many
-    labeled images were chosen, of how many, and how (the first line of the
-    run's record, `RunDir.write_split`)."""
+    labeled images were chosen, of how many, and how (`RunDir.write_split`
+    records it)."""
 
     def __new__(cls, labeled, unlabeled, header=None):
         split = super().__new__(cls, labeled, unlabeled)
@@ -77,15 +76,13 @@ def select_labeled(source, *, labels_per_class=None, fraction=None, seed=0,
             unlabeled set (paper footnote 1: they may overlap).
 
     Returns:
-        `Split(labeled, unlabeled)`, both in source order; its `header`
-        and `labeled.names` are the run's record of the split.
+        `Split(labeled, unlabeled)`, both in source order.
 
     Raises:
         ValueError: if the arguments conflict, a class is too small, or the
             split file names unknown or repeated images.
     """
-    if sum(x is not None for x in (labels_per_class, fraction,
-                                   split_file)) != 1:
+    if [labels_per_class, fraction, split_file].count(None) != 2:
         raise ValueError('Give exactly one of labels_per_class, fraction and '
                          'split_file.')
     if source.labels is None:

@@ -28,13 +28,10 @@ def _canonical_order(ids, split):
     """
     if ids is None:
         return None
-    numbers = []
-    for item in ids:
-        match = re.fullmatch(rf'{split}_(\d+)', item.decode())
-        if match is None:
-            return None
-        numbers.append(int(match.group(1)))
-    numbers = np.array(numbers)
+    matches = [re.fullmatch(rf'{split}_(\d+)', item.decode()) for item in ids]
+    if not all(matches):
+        return None
+    numbers = np.array([int(match.group(1)) for match in matches])
     if not np.array_equal(np.sort(numbers), np.arange(len(numbers))):
         return None
     return np.argsort(numbers)
@@ -44,9 +41,8 @@ def _canonical_order(ids, split):
 def load_tfds(name, *, split='train', data_dir=None, download=True):
     """Loads a small TFDS image dataset (cifar10, fashion_mnist) into memory.
 
-    CIFAR images are put back in their original order (see
-    `_canonical_order`); other datasets keep TFDS's order. Names are the
-    indices in that order.
+    CIFAR images are put back in their original order (`_canonical_order`);
+    other datasets keep TFDS's. Names are the indices in that order.
 
     Args:
         name: TFDS name, e.g. `'cifar10'` or `'fashion_mnist'`.
@@ -87,9 +83,8 @@ def tfds_stream(name, *, split='train', data_dir=None, channels=3,
                 shuffle_buffer=10_000, exclude_file_names=()):
     """Streams a large TFDS split (e.g. `imagenet2012`), decoding on use.
 
-    Resume is epoch-granular, not exact: a pipeline built with `start_step`
-    starts a fresh seeded pass instead of replaying the rest of the
-    interrupted epoch image for image (TFDS can only skip by reading).
+    A resumed pipeline starts a fresh seeded pass rather than replaying
+    the rest of the interrupted epoch (TFDS can only skip by reading).
 
     Args:
         name: TFDS name.
@@ -126,13 +121,14 @@ def tfds_stream(name, *, split='train', data_dir=None, channels=3,
 
     return sources.StreamSource(
         open_fn, num_examples=num_examples, channels=channels,
-        class_names=info.features['label'].names,
+        class_names=tuple(info.features['label'].names),
         shuffle_buffer=shuffle_buffer)
 
 
-def _cached(folder, examples_fn):
-    """The manifest rows of JPEG files cached in `folder`, written once from
-    `examples_fn()`: `(encoded bytes, label, file_name)` triples."""
+def _cached(folder, examples_fn, data_dir):
+    """The labeled `ImageSource` of the ImageNet JPEGs cached in `folder`,
+    written once from `examples_fn()`'s `(encoded, label, file_name)`
+    triples; its names are the file names."""
     manifest = os.path.join(folder, _MANIFEST)
     if not os.path.exists(manifest):
         os.makedirs(os.path.join(folder, 'images'), exist_ok=True)
@@ -147,7 +143,12 @@ def _cached(folder, examples_fn):
         # cache; concurrent writers produce identical files.
         files.write_text(manifest, ''.join(rows))
     with open(manifest) as f:
-        return [line.rstrip('\n').split('\t') for line in f]
+        rows = [line.rstrip('\n').split('\t') for line in f]
+    info = tfds.builder('imagenet2012', data_dir=data_dir).info
+    return sources.from_files(
+        [os.path.join(folder, row[0]) for row in rows],
+        [row[2] for row in rows], labels=[int(row[1]) for row in rows],
+        class_names=info.features['label'].names, channels=3)
 
 
 def _examples(name, data_dir):
@@ -158,19 +159,10 @@ def _examples(name, data_dir):
                example['file_name'].decode())
 
 
-def _cache_imagenet_subset(subset, cache_dir, data_dir):
-    """Writes the subset's JPEG bytes as files once; returns the folder and
-    the manifest rows."""
-    folder = os.path.join(cache_dir, f'imagenet2012_subset_{subset}')
-    return folder, _cached(folder, lambda: _examples(
-        f'imagenet2012_subset/{subset}', data_dir))
-
-
 def _validation_examples(data_dir, per_class, seed, names):
-    """The official fine-tuning validation images: `names`, or per class the
-    `per_class` training images outside both labeled subsets with the
-    smallest SHA-256 of (seed, file name), a seeded draw independent of
-    the order TFDS reads them in. One pass; holds the chosen bytes."""
+    """The ImageNet training images named `names`, or per class the
+    `per_class` ones outside both labeled subsets with the smallest SHA-256
+    of (seed, file name): a draw independent of TFDS's reading order."""
     if names is None:
         excluded = {file_name for subset in IMAGENET_SUBSETS
                     for _, _, file_name in _examples(
@@ -206,15 +198,14 @@ def imagenet_validation(*, cache_dir=gin.REQUIRED, data_dir=None,
     """The validation set of the official ImageNet fine-tuning.
 
     suncet `fine_tune.py` keeps the epoch of best top-1 on
-    `imagenet_subsets/val.txt`: 12 training images per class, none of them
-    in the 1% or the 10% labeled subset. This draws such a set with `seed`
-    (or reads the official file's names, `names_file`) and caches its JPEGs
-    in `cache_dir` as the labeled subset is (one pass over the training
-    set the first time).
+    `imagenet_subsets/val.txt`: 12 training images per class, in neither
+    labeled subset. This draws such a set with `seed` (or reads the
+    names of `names_file`) and caches its JPEGs in `cache_dir` (one pass
+    over the training set the first time).
 
     Args:
-        cache_dir: directory of the cached files (the same as
-            `imagenet_sources.cache_dir` suits).
+        cache_dir: directory of the cached files (may be
+            `imagenet_sources.cache_dir`).
         data_dir: TFDS data directory (None: TFDS default).
         per_class: images per class (official: 12).
         seed: seed of the draw.
@@ -234,13 +225,8 @@ def imagenet_validation(*, cache_dir=gin.REQUIRED, data_dir=None,
     else:
         tag = f'{per_class}_per_class_seed_{seed}'
     folder = os.path.join(cache_dir, f'imagenet2012_validation_{tag}')
-    rows = _cached(folder, lambda: _validation_examples(
-        data_dir, per_class, seed, names))
-    info = tfds.builder('imagenet2012', data_dir=data_dir).info
-    return sources.from_files(
-        [os.path.join(folder, row[0]) for row in rows],
-        [row[2] for row in rows], labels=[int(row[1]) for row in rows],
-        class_names=info.features['label'].names, channels=3)
+    return _cached(folder, lambda: _validation_examples(
+        data_dir, per_class, seed, names), data_dir)
 
 
 @gin.configurable
@@ -251,10 +237,9 @@ def imagenet_sources(*, labeled_subset='10pct', cache_dir=gin.REQUIRED,
 
     The labeled subset must be random-access for class-balanced support
     sampling, but 10pct is 128k JPEGs (~14 GB): too much to keep in memory
-    on every worker. Its encoded bytes are therefore written once into
-    `cache_dir` as files and read by path, like an image folder (one
-    uniform code path for 1pct and 10pct; the OS page cache keeps the hot
-    files in memory). The 1.28M unlabeled images are streamed from TFDS.
+    on every worker. Its encoded bytes are written once into `cache_dir`
+    as files and read by path (the OS page cache keeps the hot files in
+    memory). The 1.28M unlabeled images are streamed from TFDS.
 
     Args:
         labeled_subset: `'1pct'` or `'10pct'` (`imagenet2012_subset`,
@@ -274,14 +259,12 @@ def imagenet_sources(*, labeled_subset='10pct', cache_dir=gin.REQUIRED,
     if labeled_subset not in IMAGENET_SUBSETS:
         raise ValueError(f'labeled_subset must be one of {IMAGENET_SUBSETS}, '
                          f'got {labeled_subset!r}.')
-    folder, rows = _cache_imagenet_subset(labeled_subset, cache_dir, data_dir)
-    file_names = [row[2] for row in rows]
+    name = f'imagenet2012_subset/{labeled_subset}'
+    labeled = _cached(
+        os.path.join(cache_dir, f'imagenet2012_subset_{labeled_subset}'),
+        lambda: _examples(name, data_dir), data_dir)
     unlabeled = tfds_stream(
         'imagenet2012', split='train', data_dir=data_dir, channels=3,
-        shuffle_buffer=shuffle_buffer,
-        exclude_file_names=() if include_labeled_in_unlabeled else file_names)
-    labeled = sources.from_files(
-        [os.path.join(folder, row[0]) for row in rows], file_names,
-        labels=[int(row[1]) for row in rows],
-        class_names=unlabeled.class_names, channels=3)
+        shuffle_buffer=shuffle_buffer, exclude_file_names=(
+            () if include_labeled_in_unlabeled else labeled.names))
     return labeled, unlabeled
