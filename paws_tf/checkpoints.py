@@ -202,8 +202,8 @@ def newest_restorable(model_dir, *, backups=True, chief=True):
 
 def describe(path):
     """'the backup <path>' or 'the checkpoint <path>'."""
-    chief = os.path.basename(run_dir_lib.RunDir('').chief_backup)
-    backup = os.path.basename(os.path.dirname(path)) == chief
+    backup = (os.path.basename(os.path.dirname(path)) ==
+              run_dir_lib.RunDir.CHIEF)
     return f'{BACKUP if backup else CHECKPOINT} {path}'
 
 
