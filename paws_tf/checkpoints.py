@@ -2,20 +2,11 @@
 part.
 
 One `tf.train.Checkpoint` of the model and its optimizer is written as
-`ckpt-<global step>` into two directories of a run (`run_dir.RunDir`):
-
-- `backup/chief/`: every `backup_every_steps` steps and on SIGTERM, only the
-  newest kept; deleted when the run finishes. It is what an interrupted run
-  resumes from.
-- `checkpoints/`: every `checkpoint_every_steps` steps and at epoch ends, the
-  last `keep` kept. They outlive the run (evaluation, export, fine-tuning).
-
-Every mode reads them through `newest_restorable` and `load`: training
-resumes the newest backup or checkpoint that is whole (`WHOLE`: the model
-and its optimizer); evaluation, export, fine-tuning and the demo restore the
-newest checkpoint's model (`MODEL`); `train.pretrained_backbone` restores a
-backbone alone (`BACKBONE`). The global step is in the file name, and it is
-also the optimizer's step counter inside the file, so nothing else is saved:
+`ckpt-<global step>` into the run's backup (`backup/chief/`: the newest
+only, what an interrupted run resumes from) and its checkpoints
+(`checkpoints/`: the last `keep`, which outlive the run); docs/operations.md,
+"Checkpoints and resume", says when. The global step is in the file name and
+is the optimizer's step counter inside the file, so nothing else is saved:
 the input is a stateless function of (seed, step) and is rebuilt at that
 step.
 """
@@ -63,8 +54,8 @@ def step_of(path):
 
 
 def latest(directory):
-    """(path, step) of the newest `ckpt-<step>` in `directory`, or
-    (None, 0)."""
+    """(path, step) of the newest `ckpt-<step>` that the `checkpoint` state
+    file of `directory` names, or (None, 0)."""
     path = tf.train.latest_checkpoint(directory) if directory else None
     return (path, step_of(path)) if path else (None, 0)
 
@@ -95,13 +86,11 @@ def resolve_prefix(path):
 def all_checkpoints(directory):
     """(path, step) of every `ckpt-<step>` with an index file in `directory`,
     newest first, whatever the `checkpoint` state file says."""
-    found = []
     pattern = os.path.join(directory, f'{CHECKPOINT_PREFIX}-*.index')
-    for index in tf.io.gfile.glob(pattern):
-        prefix = index[:-len('.index')]
-        if prefix.rsplit('-', 1)[1].isdigit():
-            found.append((prefix, step_of(prefix)))
-    return sorted(found, key=lambda found: -found[1])
+    prefixes = [index[:-len('.index')] for index in tf.io.gfile.glob(pattern)]
+    return sorted(((prefix, step_of(prefix)) for prefix in prefixes
+                   if prefix.rsplit('-', 1)[1].isdigit()),
+                  key=lambda found: -found[1])
 
 
 def damage(prefix):
@@ -124,21 +113,19 @@ def damage(prefix):
 
 def backup_step(model_dir):
     """The global step of the newest backup of `model_dir`, 0 if none."""
-    found = all_checkpoints(run_dir_lib.RunDir(model_dir).chief_backup)
-    return found[0][1] if found else 0
+    backups = all_checkpoints(run_dir_lib.RunDir(model_dir).chief_backup)
+    return backups[0][1] if backups else 0
 
 
 def has_progress(model_dir):
-    """Whether `model_dir` holds a run: a backup or a checkpoint to resume
-    from. A start that failed before its first save (a bad value, an empty
-    class folder, a corrupt image) leaves neither."""
+    """Whether `model_dir` holds a backup or a checkpoint to resume from (a
+    start that failed before its first save leaves neither)."""
     return bool(_saved(model_dir))
 
 
 def _saved(model_dir):
     """`(path, step, kind)` of every backup and checkpoint of the run,
-    newest first; at the same step the backup first (it is written
-    first)."""
+    newest first; at one step the backup first (it is written first)."""
     run = run_dir_lib.RunDir(model_dir)
     found = [(path, step, kind) for kind, directory in (
         (BACKUP, run.chief_backup), (CHECKPOINT, run.checkpoints))
@@ -150,8 +137,8 @@ def newest_restorable(model_dir, *, backups=True, chief=True):
     """The newest backup or checkpoint of `model_dir` that can be restored.
 
     One that cannot (truncated, corrupted) is skipped with a warning naming
-    it. When no backup can be restored, the chief moves the backup
-    directory into `damaged/`, so that it is not tried again.
+    it. When no backup restores, the chief moves the backup directory into
+    `damaged/`, so that it is not tried again.
 
     Args:
         model_dir: the run directory.
@@ -166,8 +153,7 @@ def newest_restorable(model_dir, *, backups=True, chief=True):
         NoneRestorable: things were saved and none restores.
     """
     run = run_dir_lib.RunDir(model_dir)
-    skipped = []
-    path, step, kind = None, 0, None
+    skipped = []  # (kind, 'path: why') of those that cannot be restored.
     for path, step, kind in _saved(run):
         if kind == BACKUP and not backups:
             continue
@@ -214,12 +200,10 @@ def load(path, model, part=MODEL):
         path: a checkpoint prefix, or a directory whose latest checkpoint is
             read; for `BACKBONE` also a Keras weights file.
         model: the model built from the run's gin config, every variable
-            created (called once); for `WHOLE` compiled, its optimizer built.
+            created; for `WHOLE` compiled, its optimizer built.
         part: `WHOLE` (the model and its optimizer, at the step the name
-            gives: resuming), `MODEL` (the weights of a model built, not
-            compiled, from the config: no optimizer is read), or `BACKBONE`
-            (`model.backbone` alone, see `load_backbone_weights`; the heads
-            are left as they are).
+            gives: resuming), `MODEL` (no optimizer is read), or `BACKBONE`
+            (`model.backbone` alone, see `load_backbone_weights`).
 
     Returns:
         The checkpoint prefix (or weights file) restored.
@@ -258,15 +242,10 @@ def load(path, model, part=MODEL):
 
 def load_newest(model_dir, model):
     """Restores the model of the newest checkpoint of `model_dir` that can
-    be restored (damaged newer ones are skipped with a warning).
+    be restored (`newest_restorable`, `load`, whose errors it raises).
 
     Returns:
         The checkpoint's global step.
-
-    Raises:
-        FileNotFoundError: the run has no checkpoint.
-        NoneRestorable: none of its checkpoints restores.
-        ValueError: the checkpoint does not hold this model.
     """
     path, step = newest_restorable(model_dir, backups=False)
     load(path or run_dir_lib.RunDir(model_dir).checkpoints, model)
@@ -274,11 +253,9 @@ def load_newest(model_dir, model):
 
 
 def _unmatched_variables(root, prefix):
-    """Names of the variables under `root` that have no value at `prefix`.
-
-    Follows the breadth-first, first-path-wins naming that TF's object-based
-    checkpoints use for their keys.
-    """
+    """Names of the variables under `root` that have no value at `prefix`,
+    keyed as TF's object-based checkpoints are (breadth first, the first
+    path to an object wins)."""
     stored = {key for key, _ in tf.train.list_variables(prefix)}
     view = tf.train.TrackableView(root)
     seen = {id(root)}
@@ -291,12 +268,11 @@ def _unmatched_variables(root, prefix):
                 continue
             seen.add(id(child))
             child_path = path + (child_name,)
-            if isinstance(child, tf.Variable):
-                key = '/'.join(child_path + ('.ATTRIBUTES', 'VARIABLE_VALUE'))
-                if key not in stored:
-                    missing.append(child.name)
-            else:
+            if not isinstance(child, tf.Variable):
                 queue.append((child, child_path))
+            elif '/'.join(child_path + ('.ATTRIBUTES', 'VARIABLE_VALUE')
+                          ) not in stored:
+                missing.append(child.name)
     return missing
 
 
@@ -329,24 +305,22 @@ def load_backbone_weights(backbone, path):
     Args:
         backbone: a built model from `build_backbone`.
         path: a weights file written by `backbone.save_weights` (`.h5`:
-            matched by layer order; `.weights.h5`: matched by object
-            structure), a TF checkpoint prefix or directory written by
-            `tf.train.Checkpoint(backbone=backbone)` (matched by the object
-            graph under the `backbone` key), or a paws_tf run's checkpoint
-            (its model's backbone).
+            matched by layer order; `.weights.h5`: by object structure), a
+            TF checkpoint prefix or directory written by
+            `tf.train.Checkpoint(backbone=backbone)`, or a paws_tf run's
+            checkpoint (its model's backbone).
 
     Raises:
         FileNotFoundError: `path` does not exist or holds no checkpoint.
-        ValueError: the stored weights do not fit the backbone (a variable
-            without a stored value, a shape or layer-count mismatch). The
-            message names the unrestored variables as far as the loader
-            reports them; the backbone is left unchanged.
+        ValueError: the stored weights do not fit the backbone, naming the
+            unrestored variables as far as the loader reports them; the
+            backbone is left unchanged.
     """
     path = os.fspath(path)
     if path.endswith('.h5') and not tf.io.gfile.exists(path):
         raise FileNotFoundError(f'weights file {path!r} does not exist')
     prefix = None if path.endswith('.h5') else resolve_prefix(path)
-    snapshot = [variable.numpy() for variable in backbone.variables]
+    snapshot = backbone.get_weights()
     try:
         if prefix is None:
             backbone.load_weights(path)
@@ -354,8 +328,7 @@ def load_backbone_weights(backbone, path):
             _restore_backbone(backbone, prefix)
     except (AssertionError, KeyError, ValueError,
             tf.errors.OpError) as error:
-        for variable, value in zip(backbone.variables, snapshot):
-            variable.assign(value)
+        assign_weights(backbone, snapshot)
         raise ValueError(
             f'could not load {path!r} into backbone {backbone.name!r} '
             f'({len(snapshot)} variables); none were restored, the backbone '
@@ -425,8 +398,7 @@ class RunState:
         Raises:
             FloatingPointError: a weight is NaN or infinite (nothing is
                 written).
-            SaveFailed: the files could not be written; what was saved
-                before is unchanged.
+            SaveFailed: the files could not be written.
             cluster.ClusterFailed: a collective of the save failed.
         """
         step = global_step(self.model)
@@ -434,7 +406,13 @@ class RunState:
             return
         if self._before_save is not None:
             self._before_save()
-        self._check_finite(step)
+        # An update can break the weights while the step's loss, computed
+        # before it, is still finite.
+        for variable in self.model.variables:
+            if not np.all(np.isfinite(variable.numpy())):
+                raise non_finite_error(
+                    f'The weight {variable.name} became NaN or infinite',
+                    step, self.checkpoint_dir)
         manager = self._managers[kind]
         try:
             manager.save(checkpoint_number=step)
@@ -449,15 +427,6 @@ class RunState:
         """Deletes the backup: the run is finished, its checkpoints stay."""
         if cluster.is_chief(self._strategy):
             shutil.rmtree(self.backup_dir, ignore_errors=True)
-
-    def _check_finite(self, step):
-        # An update can break the weights while the step's loss, computed
-        # before it, is still finite.
-        for variable in self.model.variables:
-            if not np.all(np.isfinite(variable.numpy())):
-                raise non_finite_error(
-                    f'The weight {variable.name} became NaN or infinite',
-                    step, self.checkpoint_dir)
 
     def kept(self):
         """What is saved, for messages: a rerun resumes from the newest."""
@@ -490,14 +459,9 @@ class RunState:
 
 
 def assign_weights(model, weights):
-    """Gives `model` the values `weights`: the one place a model's weights
-    are copied in memory (an evaluation's copy, the best epoch of a
-    fine-tuning, a trunk cut from a pre-trained model).
-
-    Args:
-        model: a built `tf_keras` model or layer.
-        weights: NumPy arrays in the order of `model.get_weights()`.
-    """
+    """Gives `model` (a built model or layer) the NumPy arrays `weights`, in
+    the order of `model.get_weights()`: the one place a model's weights are
+    copied in memory."""
     model.set_weights(weights)
 
 
