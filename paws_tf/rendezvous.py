@@ -1,12 +1,11 @@
-"""The start of a cluster: each task waits, for a bounded time, until it
-has exchanged a greeting with every other task on their cluster ports.
+"""The start of a cluster: each task greets every other on their cluster
+ports, for a bounded time.
 
-TensorFlow 2.21's cluster registration, which building
-`MultiWorkerMirroredStrategy` runs, waits for ever for a task that never
-starts, holding the Python interpreter's lock (no Python thread or signal
-handler runs meanwhile) and ignoring SIGTERM. Every task therefore meets
-the others here first, over plain TCP on the port TensorFlow binds next,
-and stops with an error naming the missing tasks when they do not come.
+TensorFlow 2.21's cluster registration (building
+`MultiWorkerMirroredStrategy`) waits for ever for a task that never starts,
+holding the Python interpreter's lock and ignoring SIGTERM. So every task
+meets the others here first, over plain TCP on the port TensorFlow binds
+next, and stops with an error naming the tasks that did not come.
 """
 
 import hashlib
@@ -124,20 +123,17 @@ def wait_for_tasks(resolver, timeout):
     """Returns once this task and every other chief or worker task of the
     cluster have greeted each other on their cluster addresses.
 
-    Each task listens on the port of its own address until every other
-    task has greeted it and it has greeted every other task; then no task
-    needs it any more, and TensorFlow binds the port. A task that starts
-    late is waited for; one that does not start within `timeout` seconds
-    is named, before any file of the run is written, so that the same
-    command launches again.
+    Each task listens on its own port until it has greeted, and been
+    greeted by, every other task; then TensorFlow binds the port. A task
+    that does not start within `timeout` seconds (0: for ever) is named
+    before any file of the run is written.
 
     Args:
         resolver: the cluster resolver the strategy is built from.
-        timeout: seconds to wait; 0 waits for ever.
+        timeout: seconds to wait.
 
     Raises:
-        NotStarted: naming this task, the tasks it did not meet, the
-            timeout and what to do.
+        NotStarted: naming the tasks not met and what to do.
     """
     tasks = _tasks(resolver)
     me = f'{resolver.task_type} {resolver.task_id}'
@@ -173,9 +169,8 @@ def wait_for_tasks(resolver, timeout):
 
 
 def _not_started(me, tasks, answers, heard, timeout):
-    """The `NotStarted` of task `me` that met not every other task in
-    `timeout` s: `answers` are their answers to its greeting, `heard` the
-    tasks that greeted it."""
+    """The `NotStarted` of task `me`: `answers` are the other tasks'
+    answers to its greeting, `heard` the tasks that greeted it."""
 
     def named(names):
         return ', '.join(f'{task} ({tasks[task]})' for task in names)
