@@ -1,6 +1,5 @@
-"""What the parsed gin config binds, read before anything is called: a
-parameter's value with macros followed and the binding a user changes, and
-a configurable's own argument check run on the values bound to it."""
+"""What the parsed gin config binds, read before anything is called, and
+a configurable's own argument check run on it."""
 
 import inspect
 
@@ -33,17 +32,16 @@ def binding(selector, default=None):
 
 
 def bound(selector, default=None):
-    """The value gin binds to `selector` with macros resolved, else
-    `default`."""
+    """The value of `binding(selector, default)`."""
     return binding(selector, default)[0]
 
 
 def reference(selector):
-    """The gin reference bound to `selector` (`@name` or `@name()`), or
-    None."""
+    """The gin reference bound to `selector` (`@name`, `@name()`), or None."""
     value = bound(selector)
-    return value if isinstance(value, gin.config.ConfigurableReference) \
-        else None
+    if isinstance(value, gin.config.ConfigurableReference):
+        return value
+    return None
 
 
 def referenced_binding(selector, parameter):
@@ -72,21 +70,18 @@ def check_bound(check, configurable, selector, **given):
     """Runs `check`, the argument check of `configurable`, on the values
     the config binds to `selector`, each named by the binding or macro it
     came through: a bad value fails before any data is read, with the
-    message `configurable` gives when a library user calls it.
+    message a library user calling `configurable` gets.
 
     An unbound argument takes `configurable`'s default; a required one
-    left unbound skips the check (gin names it when `configurable` is
-    called).
+    left unbound skips the check (gin names it at the call).
 
     Args:
         check: takes keyword arguments named as `configurable`'s and
             `names`, what a message calls each.
         configurable: the class or function gin configures.
-        selector: its gin selector, scoped as called (`'train'`,
-            `'fine_tune/LARS'`).
+        selector: its gin selector, scoped as called (`'fine_tune/LARS'`).
         **given: `(value, name)` of arguments not bound under `selector`
-            (a schedule's `num_epochs` is `train`'s), used when `check`
-            takes them.
+            (a schedule's `num_epochs` is `train`'s).
     """
     defaults = inspect.signature(configurable).parameters
     values, names = {}, {}

@@ -38,6 +38,7 @@ with tf_logs.quiet_start(sys.argv):
     from paws_tf.runner import run_lock
     from paws_tf.runner import train
 
+
 def _demo(model_dir, strategy, options):
     # Loaded when it runs: the library never imports the demo, and the
     # program loads its mode, report and plotting for --mode=demo alone.
@@ -46,9 +47,7 @@ def _demo(model_dir, strategy, options):
     return run_demo.demo(model_dir, strategy, options)
 
 
-# run.py's --mode (README.md, "run.py"): the library's modes, and the demo's
-# (train_and_evaluate, the configured fine-tuning, then a supervised-only
-# baseline on the same labels: results.json, a figure and a table).
+# run.py's --mode: the library's modes, and the demo.
 MODES = dict(modes.MODES, demo=modes.Mode(_demo, trains=True))
 
 _GIN_FILES = flags.DEFINE_multi_string(
@@ -80,13 +79,11 @@ _LIST_CONFIGS = flags.DEFINE_bool(
     'which --gin_file accepts from any directory, and exit.')
 
 
-class _QuietTensorFlow:
+def _not_tensorflow_info(record):
     """Drops TensorFlow's own INFO records (checkpoint sharding timings and
     the like) from absl's log; its warnings and errors still show."""
-
-    def filter(self, record):
-        return (record.levelno >= pylogging.WARNING or
-                f'{os.sep}tensorflow{os.sep}' not in record.pathname)
+    return (record.levelno >= pylogging.WARNING or
+            f'{os.sep}tensorflow{os.sep}' not in record.pathname)
 
 
 def _check_model_dir_path(model_dir):
@@ -136,7 +133,7 @@ def main(argv):
     _check_flags(mode)
     # absl's handler delegates to its python_handler, which applies filters;
     # TensorFlow's own INFO records go through the 'tensorflow' logger.
-    logging.get_absl_handler().python_handler.addFilter(_QuietTensorFlow())
+    logging.get_absl_handler().python_handler.addFilter(_not_tensorflow_info)
     pylogging.getLogger('tensorflow').setLevel(pylogging.WARNING)
     # Parsing first: a typo fails here, with gin's message, before any
     # data is read or any TensorFlow device is set up. Then the config
@@ -165,10 +162,9 @@ def main(argv):
 
 
 def _main_with_messages(argv):
-    """`main`, with the faults that end a run with their message and an
-    exit code of their own (`EXIT_CODE`: a config or data mistake, a lost
-    cluster, a held lock, ...) printed as that message alone; every other
-    error, a bug, keeps its traceback, and --verbose shows all of them."""
+    """`main`, with an error that has an `EXIT_CODE` (a config or data
+    mistake, a lost cluster, a held lock, ...) printed as its message alone
+    unless --verbose; every other error, a bug, keeps its traceback."""
     try:
         main(argv)
     except Exception as error:  # pylint: disable=broad-except

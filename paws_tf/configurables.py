@@ -1,6 +1,6 @@
-"""Registers every gin configurable of paws_tf (run.py imports it), so gin
-files need no `import` lines, and finds and parses gin configs: a path, or
-a config shipped with the package."""
+"""Every gin configurable of paws_tf registered (gin files need no
+`import` lines), and gin configs found and parsed: a path, or a config
+shipped with the package."""
 
 import difflib
 import inspect
@@ -38,7 +38,6 @@ for _name in augment.GIN_CONSTANTS:
     gin.constant(_name, getattr(augment, _name))
 
 
-
 def _closest(message):
     """' Did you mean NAME?' for gin's message of an unknown parameter or
     configurable, with the closest name gin knows; else ''."""
@@ -67,12 +66,10 @@ def _closest(message):
 def _refuse_unused_macros(config):
     """Raises ConfigError naming a macro that the config binds but no
     `%NAME` reads (`CHANNEL = 1` beside `%CHANNELS`), with the closest
-    name it reads. A finalize hook is gin's public view of every binding
-    (`config` maps `(scope, selector)` to the bound parameters; a macro is
-    `(NAME, 'gin.macro')`); only `parse` finalizes gin in paws_tf. Bound
-    gin constants (`IMAGENET_MEAN = ...`) are left to
-    `config_checks.check_config`, which says why binding them does
-    nothing."""
+    name it reads. A finalize hook (run by `parse`) is gin's public view of
+    every binding: `config` maps `(scope, selector)` to the bound
+    parameters, a macro's is `(NAME, 'gin.macro')`. Bound gin constants
+    are left to `config_checks.check_config`."""
     macro = gin.config.get_configurable(gin.config.macro)
     read = {ref.config_key[0]
             for ref in gin.config.iterate_references(config, to=macro)}
@@ -103,11 +100,8 @@ CONFIG_DIR = os.path.join(CONFIG_ROOT, 'gin_configs')
 
 
 def shipped_configs():
-    """The names of the gin configs shipped with the package.
-
-    Returns:
-        Sorted file names such as 'debug.gin'.
-    """
+    """The sorted file names of the gin configs shipped with the package
+    ('debug.gin', ...)."""
     if not os.path.isdir(CONFIG_DIR):
         return []
     return sorted(name for name in os.listdir(CONFIG_DIR)
@@ -115,15 +109,9 @@ def shipped_configs():
 
 
 def resolve_gin_file(name):
-    """The file a --gin_file names: a path that exists, else a shipped
-    config, by file name ('debug.gin') or as the repository spells it
-    ('gin_configs/debug.gin').
-
-    Args:
-        name: the --gin_file value.
-
-    Returns:
-        A path gin can open.
+    """The path of the file a --gin_file `name` names: a path that exists,
+    else a shipped config, by file name ('debug.gin') or as the repository
+    spells it ('gin_configs/debug.gin').
 
     Raises:
         checks.ConfigError: `name` is neither.
@@ -148,8 +136,7 @@ def parse(gin_files, bindings):
             config, a binding that is not valid gin (named, with the
             closest known name: gin's own message does not say which), a
             macro the config uses but nothing binds (gin's message prints
-            the whole config after it), or one bound that nothing
-            uses.
+            the whole config after it), or one bound that nothing uses.
     """
     gin.add_config_file_search_path(CONFIG_ROOT)
     gin.parse_config_files_and_bindings(
