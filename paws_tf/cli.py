@@ -14,9 +14,11 @@ labels; results.json, a figure and a table), import_official (an official
 PyTorch checkpoint, --official_checkpoint, as a run of --model_dir).
 """
 
+import contextlib
 import logging as pylogging
 import os
 import sys
+import tempfile
 
 from absl import app
 from absl import flags
@@ -25,10 +27,70 @@ import gin
 
 import paws_tf  # noqa: F401  (selects tf_keras before TensorFlow is used)
 from paws_tf import checks
-from paws_tf import tf_logs
 
-# TensorFlow loads here, its start-up logs held back (tf_logs.py).
-with tf_logs.quiet_start(sys.argv):
+# The environment variable that asks for TensorFlow's logs and tracebacks.
+VERBOSE_ENV = 'PAWS_TF_VERBOSE'
+_TRUE = ('1', 'true', 't', 'yes', 'y')
+
+
+def _verbose_from_env():
+    """Whether PAWS_TF_VERBOSE asks for TensorFlow's logs and tracebacks."""
+    return os.environ.get(VERBOSE_ENV, '').lower() in _TRUE
+
+
+def _verbose_requested(argv):
+    """Whether `argv` (before absl parses it) or the environment asks for
+    TensorFlow's start-up logs."""
+    for arg in argv[1:]:
+        name, _, value = arg.partition('=')
+        if name == '--verbose':
+            return not value or value.lower() in _TRUE
+        if name == '--noverbose':
+            return False
+    return _verbose_from_env()
+
+
+@contextlib.contextmanager
+def _quiet_start(argv):
+    """Loads TensorFlow (what the block imports) and lists its devices with
+    file descriptor 2 in a temporary file, written to stderr if the block
+    raises; TF_CPP_MIN_LOG_LEVEL=2 (C++ errors only) unless it is set.
+
+    Loading TensorFlow writes its C++ start-up notes (oneDNN, the CUDA
+    driver stub, the CPU features) twice: `tf.profiler` loads
+    `_pywrap_profiler_plugin.so`, which carries its own copy of TensorFlow's
+    logging and start-up code. absl's C++ logging writes them before it is
+    initialised, which no log level filters (abseil/abseil-cpp#1957), and
+    the first look at the devices logs "failed call to cuInit" on a machine
+    without a GPU. Nothing is hidden when `_verbose_requested(argv)` or
+    TensorFlow is loaded already.
+    """
+    if _verbose_requested(argv) or 'tensorflow' in sys.modules:
+        yield
+        return
+    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+            import tensorflow as tf  # pylint: disable=import-outside-toplevel
+            tf.config.list_physical_devices()
+        except BaseException:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            held.seek(0)
+            os.write(2, held.read())
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+# TensorFlow loads here, its start-up logs held back.
+with _quiet_start(sys.argv):
     # pylint: disable=g-import-not-at-top,wrong-import-position
     from paws_tf import cluster
     from paws_tf import configurables
@@ -71,9 +133,9 @@ _OFFICIAL_CHECKPOINT = flags.DEFINE_string(
     'PAWS .pth.tar checkpoint (pre-trained or fine-tuned) to import into '
     '--model_dir.')
 _VERBOSE = flags.DEFINE_bool(
-    'verbose', tf_logs.verbose_from_env(), 'Show TensorFlow\'s start-up '
+    'verbose', _verbose_from_env(), 'Show TensorFlow\'s start-up '
     'logs, the gin config and the traceback of a config or data error (for '
-    f'a bug report); {tf_logs.VERBOSE_ENV}=1 does the same.')
+    f'a bug report); {VERBOSE_ENV}=1 does the same.')
 _LIST_CONFIGS = flags.DEFINE_bool(
     'list_configs', False, 'Print the names of the shipped gin configs, '
     'which --gin_file accepts from any directory, and exit.')
