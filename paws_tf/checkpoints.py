@@ -2,13 +2,11 @@
 part.
 
 One `tf.train.Checkpoint` of the model and its optimizer is written as
-`ckpt-<global step>` into the run's backup (`backup/chief/`: the newest
-only, what an interrupted run resumes from) and its checkpoints
-(`checkpoints/`: the last `keep`, which outlive the run); docs/operations.md,
-"Checkpoints and resume", says when. The global step is in the file name and
-is the optimizer's step counter inside the file, so nothing else is saved:
-the input is a stateless function of (seed, step) and is rebuilt at that
-step.
+`ckpt-<global step>` into the run's backup (`backup/chief/`, the newest
+only: what an interrupted run resumes from) and its checkpoints
+(`checkpoints/`, which outlive the run); docs/operations.md says when. The
+step in the name is the optimizer's step counter in the file; nothing else
+is saved, as the input is a stateless function of (seed, step).
 """
 
 import collections
@@ -134,7 +132,8 @@ def _saved(model_dir):
 
 
 def newest_restorable(model_dir, *, backups=True, chief=True):
-    """The newest backup or checkpoint of `model_dir` that can be restored.
+    """`(path, step)` of the newest backup or checkpoint of `model_dir` that
+    can be restored, `(None, 0)` when nothing is saved.
 
     One that cannot (truncated, corrupted) is skipped with a warning naming
     it. When no backup restores, the chief moves the backup directory into
@@ -146,38 +145,33 @@ def newest_restorable(model_dir, *, backups=True, chief=True):
             (evaluation and export read what outlives the run).
         chief: this process may move files (the chief of a cluster).
 
-    Returns:
-        `(path, step)`: `(None, 0)` when there is nothing saved.
-
     Raises:
         NoneRestorable: things were saved and none restores.
     """
     run = run_dir_lib.RunDir(model_dir)
-    skipped = []  # (kind, 'path: why') of those that cannot be restored.
+    tried = []  # 'the backup <path>: <why it cannot be restored>', ...
     for path, step, kind in _saved(run):
         if kind == BACKUP and not backups:
             continue
         why = damage(path)
         if why is None:
             break
-        skipped.append((kind, f'{path}: {why}'))
+        tried.append(f'{describe(path)}: {why}')
     else:
         path, step, kind = None, 0, None
-    tried = [f'{BACKUP} {why}' if what == BACKUP else why
-             for what, why in skipped]
     if path is None and tried:
         raise NoneRestorable(
             f'No {"backup or " if backups else ""}checkpoint of {run} '
             'can be restored; tried:\n  ' + '\n  '.join(tried) +
             '\nRestore those files from a copy, move them away to start '
             'again, or use another --model_dir.')
-    damaged = [i for i, (what, _) in enumerate(skipped) if what == BACKUP]
-    if chief and kind != BACKUP and damaged:
+    if chief and kind != BACKUP and any(
+            line.startswith(BACKUP) for line in tried):
         aside = os.path.join(run.damaged, time.strftime(
             f'{os.path.basename(run.backup)}-%Y%m%dT%H%M%S', time.gmtime()))
         os.makedirs(run.damaged, exist_ok=True)
         os.rename(run.backup, aside)
-        tried[damaged[0]] += f' (moved to {aside})'
+        tried.append(f'{BACKUP} {run.backup} (moved to {aside})')
     if tried:
         logging.warning('Skipping what cannot be restored:\n  %s\n'
                         '%s %s (step %d).', '\n  '.join(tried),

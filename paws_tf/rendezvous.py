@@ -47,13 +47,8 @@ def _split(address):
 
 
 def _read_line(connection):
-    data = b''
-    while not data.endswith(b'\n') and len(data) < _MAX_LINE:
-        chunk = connection.recv(_MAX_LINE)
-        if not chunk:
-            break
-        data += chunk
-    return data.decode(errors='replace').strip()
+    with connection.makefile('rb') as stream:
+        return stream.readline(_MAX_LINE).decode(errors='replace').strip()
 
 
 class _Listener:
