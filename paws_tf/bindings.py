@@ -7,16 +7,10 @@ import gin
 
 
 def binding(selector, default=None):
-    """A gin parameter's value with macros followed, and what to bind.
-
-    Args:
-        selector: `'configurable.parameter'`, optionally scoped.
-        default: the value when `selector` is unbound.
-
-    Returns:
-        `(value, name)`: `name` is the last macro the value came through
-        (what a user rebinds), else `selector`.
-    """
+    """`(value, name)` of the gin parameter `selector`
+    (`'scope/configurable.parameter'`), macros followed: `name` is the last
+    macro the value came through (what a user rebinds), else `selector`;
+    `value` is `default` when `selector` is unbound."""
     name = selector
     try:
         value = gin.query_parameter(selector)

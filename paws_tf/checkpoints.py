@@ -65,11 +65,8 @@ def at_step(model_dir, step):
 
 
 def resolve_prefix(path):
-    """A checkpoint prefix, or a directory's latest checkpoint, as a prefix.
-
-    Raises:
-        FileNotFoundError: naming `path`, when no checkpoint is there.
-    """
+    """A checkpoint prefix, or a directory's latest checkpoint, as a prefix;
+    FileNotFoundError naming `path` when no checkpoint is there."""
     path = os.fspath(path)
     prefix = (tf.train.latest_checkpoint(path) if tf.io.gfile.isdir(path)
               else path)
@@ -92,11 +89,9 @@ def all_checkpoints(directory):
 
 
 def damage(prefix):
-    """Why the checkpoint at `prefix` cannot be restored, or None if it can.
-
-    Reads every tensor: TensorFlow checks each one's length and CRC32C, so a
-    truncated or corrupted file fails here rather than mid-restore.
-    """
+    """Why the checkpoint at `prefix` cannot be restored, or None if it can:
+    reading every tensor checks its length and CRC32C, so a truncated or
+    corrupted file fails here rather than mid-restore."""
     try:
         reader = tf.train.load_checkpoint(prefix)
         for name in reader.get_variable_to_shape_map():
@@ -196,16 +191,15 @@ def load(path, model, part=MODEL):
         model: the model built from the run's gin config, every variable
             created; for `WHOLE` compiled, its optimizer built.
         part: `WHOLE` (the model and its optimizer, at the step the name
-            gives: resuming), `MODEL` (no optimizer is read), or `BACKBONE`
-            (`model.backbone` alone, see `load_backbone_weights`).
+            gives: resuming), `MODEL`, or `BACKBONE` (`model.backbone`
+            alone, `load_backbone_weights`).
 
     Returns:
         The checkpoint prefix (or weights file) restored.
 
     Raises:
         FileNotFoundError: no checkpoint at `path`.
-        ValueError: the checkpoint does not hold `part` of this model
-            (another config or architecture, or not written by paws_tf).
+        ValueError: the checkpoint does not hold `part` of this model.
     """
     if part == BACKBONE:
         load_backbone_weights(model.backbone, path)
@@ -236,11 +230,7 @@ def load(path, model, part=MODEL):
 
 def load_newest(model_dir, model):
     """Restores the model of the newest checkpoint of `model_dir` that can
-    be restored (`newest_restorable`, `load`, whose errors it raises).
-
-    Returns:
-        The checkpoint's global step.
-    """
+    be restored (`newest_restorable`, `load`) and returns its step."""
     path, step = newest_restorable(model_dir, backups=False)
     load(path or run_dir_lib.RunDir(model_dir).checkpoints, model)
     return step
@@ -294,21 +284,19 @@ def _restore_backbone(backbone, prefix):
 
 
 def load_backbone_weights(backbone, path):
-    """Loads pretrained weights into a backbone, all or nothing.
+    """Loads pretrained weights into a built backbone, all or nothing.
 
     Args:
         backbone: a built model from `build_backbone`.
-        path: a weights file written by `backbone.save_weights` (`.h5`:
-            matched by layer order; `.weights.h5`: by object structure), a
-            TF checkpoint prefix or directory written by
+        path: a weights file written by `backbone.save_weights` (`.h5`,
+            `.weights.h5`), a TF checkpoint prefix or directory written by
             `tf.train.Checkpoint(backbone=backbone)`, or a paws_tf run's
             checkpoint (its model's backbone).
 
     Raises:
         FileNotFoundError: `path` does not exist or holds no checkpoint.
-        ValueError: the stored weights do not fit the backbone, naming the
-            unrestored variables as far as the loader reports them; the
-            backbone is left unchanged.
+        ValueError: the stored weights do not fit (the backbone is left
+            unchanged), naming the variables as far as the loader can.
     """
     path = os.fspath(path)
     if path.endswith('.h5') and not tf.io.gfile.exists(path):
@@ -352,10 +340,8 @@ def non_finite_error(what, step, checkpoint_dir):
 
 class RunState:
     """Saves one run's model and optimizer (`load(..., WHOLE)` reads them
-    back).
-
-    Under MultiWorkerMirroredStrategy every worker saves (reading mirrored
-    variables needs collectives); only the chief's files are kept.
+    back); under MultiWorkerMirroredStrategy every worker saves, only the
+    chief's files are kept (`cluster.save_dir`).
 
     Args:
         model_dir: the run directory.
@@ -407,14 +393,11 @@ class RunState:
                 raise non_finite_error(
                     f'The weight {variable.name} became NaN or infinite',
                     step, self.checkpoint_dir)
-        manager = self._managers[kind]
-        try:
-            manager.save(checkpoint_number=step)
-        except (OSError, tf.errors.OpError) as error:
-            raise self._save_failed(kind, step, error) from error
-        finally:
-            if manager.directory != self._directories[kind]:  # Not chief.
-                shutil.rmtree(manager.directory, ignore_errors=True)
+        with cluster.save_dir(self._strategy, self._directories[kind]):
+            try:
+                self._managers[kind].save(checkpoint_number=step)
+            except (OSError, tf.errors.OpError) as error:
+                raise self._save_failed(kind, step, error) from error
         self._saved_at[kind] = step
 
     def delete_backup(self):

@@ -52,18 +52,15 @@ def _verbose_requested(argv):
 
 @contextlib.contextmanager
 def _quiet_start(argv):
-    """Loads TensorFlow (what the block imports) and lists its devices with
+    """Runs the block (which loads TensorFlow) and lists the devices with
     file descriptor 2 in a temporary file, written to stderr if the block
-    raises; TF_CPP_MIN_LOG_LEVEL=2 (C++ errors only) unless it is set.
+    raises; sets TF_CPP_MIN_LOG_LEVEL=2 unless it is set. Nothing is hidden
+    when `_verbose_requested(argv)` or TensorFlow is loaded already.
 
-    Loading TensorFlow writes its C++ start-up notes (oneDNN, the CUDA
-    driver stub, the CPU features) twice: `tf.profiler` loads
-    `_pywrap_profiler_plugin.so`, which carries its own copy of TensorFlow's
-    logging and start-up code. absl's C++ logging writes them before it is
-    initialised, which no log level filters (abseil/abseil-cpp#1957), and
-    the first look at the devices logs "failed call to cuInit" on a machine
-    without a GPU. Nothing is hidden when `_verbose_requested(argv)` or
-    TensorFlow is loaded already.
+    TensorFlow's C++ start-up notes (oneDNN, the CUDA stub, the CPU
+    features) come twice (its profiler plugin carries a second copy of its
+    logging), before absl's C++ logging is initialised: no log level filters
+    them (abseil/abseil-cpp#1957).
     """
     if _verbose_requested(argv) or 'tensorflow' in sys.modules:
         yield

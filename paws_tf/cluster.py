@@ -1,7 +1,6 @@
-"""The cluster's life cycle: the distribution strategy built by name (and
-the cluster met first, `rendezvous`), the chief, the directories each
-worker writes, barriers, workers that run the same config, and a failed
-collective told as the worker that was lost."""
+"""The cluster's life cycle: the strategy built by name, the chief, the
+directories each worker writes, barriers, and a failed collective told as
+the worker that was lost."""
 
 import contextlib
 import hashlib
@@ -64,14 +63,9 @@ def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
             strategy: one replica on the first GPU, or the CPU).
         devices: the devices of `mirrored` (e.g. logical CPUs `['CPU:0',
             'CPU:1']`); default all GPUs (or the CPU).
-        slurm_port_base: under Slurm, the port of a node's first task (its
-            others take the next ports).
+        slurm_port_base: under Slurm, the port of a node's first task.
         start_timeout: seconds `multi_worker` waits for every task of the
-            cluster to start (`rendezvous.wait_for_tasks`); 0 waits for
-            ever.
-
-    Returns:
-        A `tf.distribute.Strategy`.
+            cluster to start (`rendezvous.wait_for_tasks`); 0: for ever.
 
     Raises:
         ValueError: unknown kind, or `multi_worker` without a cluster.
@@ -80,14 +74,10 @@ def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
     if kind not in STRATEGY_KINDS:
         raise ValueError(f'Unknown strategy {kind!r}; choose one of '
                          f'{", ".join(STRATEGY_KINDS)}.')
-    gpus = tf.config.list_physical_devices('GPU')
     if kind == 'auto':
-        if cluster_in_environment():
-            kind = 'multi_worker'
-        elif len(gpus) > 1:
-            kind = 'mirrored'
-        else:
-            kind = 'one_device'
+        gpus = tf.config.list_physical_devices('GPU')
+        kind = ('multi_worker' if cluster_in_environment() else
+                'mirrored' if len(gpus) > 1 else 'one_device')
     if kind == 'one_device':
         return tf.distribute.get_strategy()
     if kind == 'mirrored':
@@ -129,14 +119,11 @@ def loopback_tf_configs(workers):
     runs with `TF_CONFIG` set to the i-th JSON string."""
     if workers < 1:
         raise ValueError(f'A cluster needs at least 1 worker, got {workers}.')
-    sockets = [socket.socket() for _ in range(workers)]
-    try:
-        for s in sockets:
-            s.bind(('127.0.0.1', 0))
+    # Bound at once, so that no two workers are given the same free port.
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.create_server(('127.0.0.1', 0)))
+                   for _ in range(workers)]
         addresses = [f'127.0.0.1:{s.getsockname()[1]}' for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
     return [json.dumps({'cluster': {'worker': addresses},
                         'task': {'type': 'worker', 'index': index}})
             for index in range(workers)]

@@ -116,19 +116,13 @@ def _greet(address, greeting):
 
 def wait_for_tasks(resolver, timeout):
     """Returns once this task and every other chief or worker task of the
-    cluster have greeted each other on their cluster addresses.
-
-    Each task listens on its own port until it has greeted, and been
-    greeted by, every other task; then TensorFlow binds the port. A task
-    that does not start within `timeout` seconds (0: for ever) is named
-    before any file of the run is written.
-
-    Args:
-        resolver: the cluster resolver the strategy is built from.
-        timeout: seconds to wait.
+    cluster (from `resolver`) have greeted each other on their cluster
+    addresses; each listens on its own port until then, and TensorFlow
+    binds the port next.
 
     Raises:
-        NotStarted: naming the tasks not met and what to do.
+        NotStarted: within `timeout` seconds (0: for ever), naming the tasks
+            not met and what to do.
     """
     tasks = _tasks(resolver)
     me = f'{resolver.task_type} {resolver.task_id}'

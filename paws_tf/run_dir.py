@@ -24,17 +24,10 @@ def _path(*names, doc=None):
 
 
 class RunDir:
-    """The paths of one run directory.
-
-    Args:
-        path: the run directory; it need not exist yet.
-    """
+    """The paths of the run directory `path` (it need not exist yet)."""
 
     def __init__(self, path):
         self.path = os.fspath(path)
-
-    def __repr__(self):
-        return f'RunDir({self.path!r})'
 
     def __str__(self):
         return self.path
@@ -120,15 +113,9 @@ class RunDir:
         files.write_text(path, text)
 
     def record_event(self, event):
-        """Appends `<UTC time> <host> pid <pid>: <event>` to the history.
-
-        A line is appended with one write, so a kill leaves the lines before
-        it whole; a run that was killed shows as a start or resume line
-        followed by the next resume line, with no end line between them.
-
-        Returns:
-            `event`.
-        """
+        """Appends `<UTC time> <host> pid <pid>: <event>` to the history, in
+        one write (a kill leaves the lines before it whole), and returns
+        `event`."""
         now = datetime.datetime.now(datetime.timezone.utc).strftime(
             '%Y-%m-%dT%H:%M:%SZ')
         with open(self.history, 'a') as f:
