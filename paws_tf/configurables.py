@@ -7,30 +7,19 @@ import inspect
 import os
 import re
 
-# pylint: disable=unused-import
-from paws_tf import checks
-from paws_tf import cluster  # noqa: F401
-from paws_tf.data import augment  # noqa: F401
-from paws_tf.data import folders  # noqa: F401
-from paws_tf.data import pipeline  # noqa: F401
-from paws_tf.data import sources  # noqa: F401
-from paws_tf.data import splits  # noqa: F401
-from paws_tf.data import tfds_sources  # noqa: F401
-from paws_tf.demo import fashion_mnist  # noqa: F401
-from paws_tf.demo import supervised  # noqa: F401
-from paws_tf.evaluation import evaluate_nn  # noqa: F401
-from paws_tf.evaluation import export  # noqa: F401
-from paws_tf.evaluation import fine_tune  # noqa: F401
-from paws_tf import lars  # noqa: F401
-from paws_tf import model  # noqa: F401
-from paws_tf.nets import backbones  # noqa: F401
-from paws_tf.nets import heads  # noqa: F401
-from paws_tf import progress  # noqa: F401
-from paws_tf.runner import experiment  # noqa: F401
-from paws_tf.runner import train  # noqa: F401
-from paws_tf import schedules  # noqa: F401
+import gin
 
-import gin  # noqa: E402
+from paws_tf import checks
+# The modules that define gin configurables, imported to register them.
+# pylint: disable=unused-import
+from paws_tf import cluster, lars, model, progress, schedules  # noqa: F401
+from paws_tf.data import augment, folders, pipeline  # noqa: F401
+from paws_tf.data import sources, splits, tfds_sources  # noqa: F401
+from paws_tf.demo import fashion_mnist, supervised  # noqa: F401
+from paws_tf.evaluation import evaluate_nn, export, fine_tune  # noqa: F401
+from paws_tf.nets import backbones, heads  # noqa: F401
+from paws_tf.runner import experiment, train  # noqa: F401
+# pylint: enable=unused-import
 
 # Normalisation statistics, so gin files write %IMAGENET_MEAN instead of
 # copying numbers.
