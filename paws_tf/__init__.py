@@ -18,9 +18,8 @@ import sys
 
 os.environ['TF_USE_LEGACY_KERAS'] = '1'
 # TensorFlow leaves its oneDNN CPU kernels off on x86 CPUs without AVX-512
-# VNNI/BF16 or AMX, and its Eigen kernels in the pip wheel are built without
-# AVX2/FMA (docs/performance.md measures the difference). An explicit
-# TF_ENABLE_ONEDNN_OPTS=0 wins.
+# VNNI/BF16 or AMX, and its pip wheel's Eigen kernels lack AVX2/FMA
+# (docs/performance.md); an explicit TF_ENABLE_ONEDNN_OPTS=0 wins.
 os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '1')
 
 # TensorFlow loaded later reads the switches above; one loaded already may

@@ -64,10 +64,8 @@ def check_bound(check, configurable, selector, **given):
     """Runs `check`, the argument check of `configurable`, on the values
     the config binds to `selector`, each named by the binding or macro it
     came through: a bad value fails before any data is read, with the
-    message a library user calling `configurable` gets.
-
-    An unbound argument takes `configurable`'s default; a required one
-    left unbound skips the check (gin names it at the call).
+    message a library user gets. An unbound argument takes its default; a
+    required one left unbound skips the check (gin names it at the call).
 
     Args:
         check: takes keyword arguments named as `configurable`'s and

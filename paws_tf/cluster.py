@@ -219,8 +219,7 @@ def check_same_config(strategy, config):
                            np.int32)
     # [replicas, 2]: worker w's replicas are consecutive rows.
     digests = strategy.gather(
-        strategy.run(lambda: tf.constant(digest)[tf.newaxis]), axis=0)
-    digests = digests.numpy()
+        strategy.run(lambda: tf.constant(digest)[tf.newaxis]), axis=0).numpy()
     # Replicas are ordered by task name: the chief's, then the workers'.
     tasks = [f'{kind} {index}' for kind, addresses in sorted(
         strategy.cluster_resolver.cluster_spec().as_dict().items())

@@ -123,9 +123,9 @@ def parse(gin_files, bindings):
     Raises:
         checks.ConfigError: a file that is neither a path nor a shipped
             config, a binding that is not valid gin (named, with the
-            closest known name: gin's own message does not say which), a
-            macro the config uses but nothing binds (gin's message prints
-            the whole config after it), or one bound that nothing uses.
+            closest known name: gin's message names neither), a macro the
+            config uses but nothing binds (gin's message prints the whole
+            config after it), or one bound that nothing uses.
     """
     gin.add_config_file_search_path(CONFIG_ROOT)
     gin.parse_config_files_and_bindings(

@@ -21,12 +21,10 @@ def num_replicas():
 
 def all_gather(x, axis=0):
     """Concatenates `x` (`[N, ...]` per replica) from all replicas along
-    `axis`, in replica order: `[R * N, ...]`.
-
-    Differentiable: the backward pass all-reduces (sums) the upstream
-    gradient and slices this replica's rows, as the official PAWS
-    `AllGather` does. Every replica must call it, in the same order, with
-    shapes that agree except along `axis` (otherwise the collective hangs).
+    `axis`, in replica order: `[R * N, ...]`. Its gradient all-reduces (sums)
+    the upstream gradient and slices this replica's rows, as the official
+    PAWS `AllGather` does. Every replica must call it, in the same order,
+    with shapes that agree except along `axis` (else the collective hangs).
     """
     ctx = _replica_context()
     return x if ctx is None else ctx.all_gather(x, axis=axis)

@@ -101,9 +101,8 @@ class ProgressBar(tf_keras.callbacks.ProgbarLogger):
     most every `log_every_seconds` and at each epoch end.
 
     Pass it in `fit`'s callbacks, after `evaluators.EpochEndEvaluation`
-    (whose PAWS-NN it shows at the epoch end); `fit` then adds no bar of its
-    own, and its `verbose` still applies (0: silent, 1: progress within the
-    epoch, 2: one line per epoch).
+    (whose PAWS-NN it shows); `fit` then adds no bar of its own, and its
+    `verbose` applies (0: silent, 1: within the epoch, 2: at its end).
 
     Args:
         log_every_seconds: the shortest time between two lines in a log
