@@ -145,21 +145,9 @@ def _not_tensorflow_info(record):
             f'{os.sep}tensorflow{os.sep}' not in record.pathname)
 
 
-def _check_model_dir_path(model_dir):
-    """--model_dir must be a directory or a path one can be created at."""
-    path = os.path.abspath(model_dir)
-    while not os.path.exists(path):
-        path = os.path.dirname(path)
-    if not os.path.isdir(path):
-        what = ('is a file' if path == os.path.abspath(model_dir)
-                else f'is inside {path}, which is a file')
-        raise checks.ConfigError(
-            f'--model_dir={model_dir} {what}: give a directory (it is '
-            'created if missing), e.g. --model_dir=runs/mine.')
-
-
 def _check_flags(mode):
-    """The flags every mode needs, and those that go with one mode."""
+    """The flags every mode needs, and those that go with one mode;
+    --model_dir a directory or a path one can be created at."""
     if not _GIN_FILES.value:
         raise checks.ConfigError(
             '--gin_file is required: it names the experiment, e.g. '
@@ -173,7 +161,15 @@ def _check_flags(mode):
         raise checks.ConfigError(
             '--official_checkpoint=FILE.pth.tar goes with '
             '--mode=import_official, and only with it.')
-    _check_model_dir_path(_MODEL_DIR.value)
+    path = os.path.abspath(_MODEL_DIR.value)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        what = ('is a file' if path == os.path.abspath(_MODEL_DIR.value)
+                else f'is inside {path}, which is a file')
+        raise checks.ConfigError(
+            f'--model_dir={_MODEL_DIR.value} {what}: give a directory (it '
+            'is created if missing), e.g. --model_dir=runs/mine.')
 
 
 def main(argv):
@@ -194,10 +190,9 @@ def main(argv):
     # TensorFlow's own INFO records go through the 'tensorflow' logger.
     logging.get_absl_handler().python_handler.addFilter(_not_tensorflow_info)
     pylogging.getLogger('tensorflow').setLevel(pylogging.WARNING)
-    # Parsing first: a typo fails here, with gin's message, before any
-    # data is read or any TensorFlow device is set up. Then the config
-    # as a whole (normalisation, warm-up, support, image sizes): a run
-    # that cannot work fails in seconds, not after reading.
+    # Parsing first: a typo fails here, before any data is read or any
+    # device is set up; then the config as a whole (normalisation, warm-up,
+    # support, image sizes): a run that cannot work fails in seconds.
     try:
         configurables.parse(_GIN_FILES.value, _GIN_BINDINGS.value)
         config_checks.check_config(pretraining=mode.trains)
