@@ -79,9 +79,8 @@ def _refuse_unused_macros(config):
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # The shipped configs include each other as 'gin_configs/NAME.gin', so gin
-# searches the directory that holds gin_configs/: the package once installed
-# (pyproject.toml maps the repository's gin_configs/ into it), else the
-# checkout the package is imported from (run.py, editable installs).
+# searches the directory that holds gin_configs/: the installed package
+# (pyproject.toml maps gin_configs/ into it), else the checkout.
 CONFIG_ROOT = next(
     (root for root in (_PACKAGE_DIR, os.path.dirname(_PACKAGE_DIR))
      if os.path.isdir(os.path.join(root, 'gin_configs'))), _PACKAGE_DIR)

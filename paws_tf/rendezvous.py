@@ -3,10 +3,8 @@ ports, for a bounded time.
 
 TensorFlow 2.21's cluster registration (building
 `MultiWorkerMirroredStrategy`) waits for ever for a task that never starts,
-holding the Python interpreter's lock and ignoring SIGTERM. So every task
-meets the others here first, over plain TCP on the port TensorFlow binds
-next, and stops with an error naming the tasks that did not come.
-"""
+holding the Python interpreter's lock and ignoring SIGTERM. So the tasks
+meet here first, over TCP on the ports TensorFlow binds next."""
 
 import hashlib
 import json
