@@ -1,18 +1,15 @@
 """PAWS semi-supervised learning in TensorFlow (tf_keras, the Keras 2 API).
 
 Importing this package selects the Keras 2 API (`tf_keras`) for the whole
-process, so that `tf.keras`, `tf_keras` and our code agree (Keras 3 cannot run
-`Model.fit` under `MultiWorkerMirroredStrategy`), and turns on TensorFlow's
-oneDNN CPU kernels unless TF_ENABLE_ONEDNN_OPTS says otherwise (see BUILD.md).
-
-The pieces a Keras user composes are attributes of the package, loaded on
-first use; `import paws_tf` does not load TensorFlow:
+process (Keras 3 cannot run `Model.fit` under `MultiWorkerMirroredStrategy`)
+and turns on TensorFlow's oneDNN CPU kernels unless TF_ENABLE_ONEDNN_OPTS
+says otherwise. The pieces a Keras user composes are attributes of the
+package, loaded on first use (`import paws_tf` does not load TensorFlow);
+README.md, "PAWS in your own Keras code", trains a model on NumPy arrays:
 
     model = paws_tf.PAWSModel(paws_tf.build_backbone(...),
                               paws_tf.ProjectionHead(...))
     model.compile(optimizer=paws_tf.LARS(paws_tf.WarmupCosineDecay(...)))
-
-README.md, "PAWS in your own Keras code", trains one on NumPy arrays.
 """
 
 import importlib
@@ -21,15 +18,13 @@ import sys
 
 os.environ['TF_USE_LEGACY_KERAS'] = '1'
 # TensorFlow leaves its oneDNN CPU kernels off on x86 CPUs without AVX-512
-# VNNI/BF16 or AMX, and its Eigen kernels in the pip wheel are built without
-# AVX2/FMA (docs/performance.md measures the difference). An explicit
-# TF_ENABLE_ONEDNN_OPTS=0 wins.
+# VNNI/BF16 or AMX, and its pip wheel's Eigen kernels lack AVX2/FMA
+# (docs/performance.md); an explicit TF_ENABLE_ONEDNN_OPTS=0 wins.
 os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '1')
 
 # TensorFlow loaded later reads the switches above; one loaded already may
 # have resolved tf.keras to Keras 3. The package itself does not load
-# TensorFlow, so that the program can keep its start-up logs quiet
-# (tf_logs.py).
+# TensorFlow, so that the program (cli.py) can keep its start-up logs quiet.
 if 'tensorflow' in sys.modules:
     import tensorflow as tf  # noqa: E402
     import tf_keras  # noqa: E402
@@ -42,48 +37,33 @@ if 'tensorflow' in sys.modules:
 
 __version__ = '0.1.0'
 
-# Public name -> the submodule that defines it.
-_EXPORTS = {
+# The submodule that defines each public name.
+_EXPORTS = {name: module for module, names in {
     # The model and its parts.
-    'PAWSModel': 'model',
-    'build_model': 'model',
-    'build_backbone': 'nets.backbones',
-    'load_backbone_weights': 'nets.backbones',
-    'ProjectionHead': 'nets.heads',
-    'PredictionHead': 'nets.heads',
+    'model': ('PAWSModel', 'build_model'),
+    'nets.backbones': ('build_backbone', 'load_backbone_weights'),
+    'nets.heads': ('ProjectionHead', 'PredictionHead'),
     # The objective.
-    'paws_loss': 'losses',
-    'paws_targets': 'losses',
-    'ropaws_loss': 'losses',
-    'ropaws_targets': 'losses',
-    'snn': 'losses',
-    'sharpen': 'losses',
-    'label_matrix': 'losses',
-    'target_confidence': 'losses',
-    'nt_xent_loss': 'losses',
-    'suncet_loss': 'losses',
+    'losses': ('paws_loss', 'paws_targets', 'ropaws_loss', 'ropaws_targets',
+               'snn', 'sharpen', 'label_matrix', 'target_confidence',
+               'nt_xent_loss', 'suncet_loss'),
     # Optimisation.
-    'LARS': 'lars',
-    'WarmupCosineDecay': 'schedules',
+    'lars': ('LARS',),
+    'schedules': ('WarmupCosineDecay',),
     # Data.
-    'from_arrays': 'data.sources',
-    'select_labeled': 'data.splits',
-    'image_folder': 'data.folders',
-    'MultiCropConfig': 'data.augment',
-    'CIFAR10_MULTICROP': 'data.augment',
-    'IMAGENET_MULTICROP': 'data.augment',
-    'make_pretrain_dataset_fn': 'data.pipeline',
-    'make_eval_dataset': 'data.pipeline',
+    'data.sources': ('from_arrays',),
+    'data.splits': ('select_labeled',),
+    'data.folders': ('image_folder',),
+    'data.augment': ('MultiCropConfig', 'CIFAR10_MULTICROP',
+                     'IMAGENET_MULTICROP'),
+    'data.pipeline': ('make_pretrain_dataset_fn', 'make_eval_dataset'),
     # Evaluation and export.
-    'paws_nn': 'evaluation.evaluate',
-    'classify': 'evaluation.evaluate',
-    'embedder_from_model': 'evaluation.evaluate',
-    'embedder_from_saved_model': 'evaluation.evaluate',
-    'export_embedder': 'evaluation.export',
-    'export_classifier': 'evaluation.export',
+    'evaluation.evaluate': ('paws_nn', 'classify', 'embedder_from_model',
+                            'embedder_from_saved_model'),
+    'evaluation.export': ('export_embedder', 'export_classifier'),
     # Training.
-    'ProgressBar': 'progress',
-}
+    'progress': ('ProgressBar',),
+}.items() for name in names}
 __all__ = sorted(_EXPORTS)
 
 

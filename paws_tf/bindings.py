@@ -1,6 +1,5 @@
-"""What the parsed gin config binds, read before anything is called: a
-parameter's value with macros followed and the binding a user changes, and
-a configurable's own argument check run on the values bound to it."""
+"""What the parsed gin config binds, read before anything is called, and
+a configurable's own argument check run on it."""
 
 import inspect
 
@@ -8,16 +7,10 @@ import gin
 
 
 def binding(selector, default=None):
-    """A gin parameter's value with macros followed, and what to bind.
-
-    Args:
-        selector: `'configurable.parameter'`, optionally scoped.
-        default: the value when `selector` is unbound.
-
-    Returns:
-        `(value, name)`: `name` is the last macro the value came through
-        (what a user rebinds), else `selector`.
-    """
+    """`(value, name)` of the gin parameter `selector`
+    (`'scope/configurable.parameter'`), macros followed: `name` is the last
+    macro the value came through (what a user rebinds), else `selector`;
+    `value` is `default` when `selector` is unbound."""
     name = selector
     try:
         value = gin.query_parameter(selector)
@@ -33,17 +26,16 @@ def binding(selector, default=None):
 
 
 def bound(selector, default=None):
-    """The value gin binds to `selector` with macros resolved, else
-    `default`."""
+    """The value of `binding(selector, default)`."""
     return binding(selector, default)[0]
 
 
 def reference(selector):
-    """The gin reference bound to `selector` (`@name` or `@name()`), or
-    None."""
+    """The gin reference bound to `selector` (`@name`, `@name()`), or None."""
     value = bound(selector)
-    return value if isinstance(value, gin.config.ConfigurableReference) \
-        else None
+    if isinstance(value, gin.config.ConfigurableReference):
+        return value
+    return None
 
 
 def referenced_binding(selector, parameter):
@@ -72,21 +64,16 @@ def check_bound(check, configurable, selector, **given):
     """Runs `check`, the argument check of `configurable`, on the values
     the config binds to `selector`, each named by the binding or macro it
     came through: a bad value fails before any data is read, with the
-    message `configurable` gives when a library user calls it.
-
-    An unbound argument takes `configurable`'s default; a required one
-    left unbound skips the check (gin names it when `configurable` is
-    called).
+    message a library user gets. An unbound argument takes its default; a
+    required one left unbound skips the check (gin names it at the call).
 
     Args:
         check: takes keyword arguments named as `configurable`'s and
             `names`, what a message calls each.
         configurable: the class or function gin configures.
-        selector: its gin selector, scoped as called (`'train'`,
-            `'fine_tune/LARS'`).
+        selector: its gin selector, scoped as called (`'fine_tune/LARS'`).
         **given: `(value, name)` of arguments not bound under `selector`
-            (a schedule's `num_epochs` is `train`'s), used when `check`
-            takes them.
+            (a schedule's `num_epochs` is `train`'s).
     """
     defaults = inspect.signature(configurable).parameters
     values, names = {}, {}

@@ -2,22 +2,11 @@
 part.
 
 One `tf.train.Checkpoint` of the model and its optimizer is written as
-`ckpt-<global step>` into two directories of a run (`run_dir.RunDir`):
-
-- `backup/chief/`: every `backup_every_steps` steps and on SIGTERM, only the
-  newest kept; deleted when the run finishes. It is what an interrupted run
-  resumes from.
-- `checkpoints/`: every `checkpoint_every_steps` steps and at epoch ends, the
-  last `keep` kept. They outlive the run (evaluation, export, fine-tuning).
-
-Every mode reads them through `newest_restorable` and `load`: training
-resumes the newest backup or checkpoint that is whole (`WHOLE`: the model
-and its optimizer); evaluation, export, fine-tuning and the demo restore the
-newest checkpoint's model (`MODEL`); `train.pretrained_backbone` restores a
-backbone alone (`BACKBONE`). The global step is in the file name, and it is
-also the optimizer's step counter inside the file, so nothing else is saved:
-the input is a stateless function of (seed, step) and is rebuilt at that
-step.
+`ckpt-<global step>` into the run's backup (`backup/chief/`, the newest
+only: what an interrupted run resumes from) and its checkpoints
+(`checkpoints/`, which outlive the run); docs/operations.md says when. The
+step in the name is the optimizer's step counter in the file; nothing else
+is saved, as the input is a stateless function of (seed, step).
 """
 
 import collections
@@ -63,8 +52,8 @@ def step_of(path):
 
 
 def latest(directory):
-    """(path, step) of the newest `ckpt-<step>` in `directory`, or
-    (None, 0)."""
+    """(path, step) of the newest `ckpt-<step>` that the `checkpoint` state
+    file of `directory` names, or (None, 0)."""
     path = tf.train.latest_checkpoint(directory) if directory else None
     return (path, step_of(path)) if path else (None, 0)
 
@@ -76,11 +65,8 @@ def at_step(model_dir, step):
 
 
 def resolve_prefix(path):
-    """A checkpoint prefix, or a directory's latest checkpoint, as a prefix.
-
-    Raises:
-        FileNotFoundError: naming `path`, when no checkpoint is there.
-    """
+    """A checkpoint prefix, or a directory's latest checkpoint, as a prefix;
+    FileNotFoundError naming `path` when no checkpoint is there."""
     path = os.fspath(path)
     prefix = (tf.train.latest_checkpoint(path) if tf.io.gfile.isdir(path)
               else path)
@@ -95,21 +81,17 @@ def resolve_prefix(path):
 def all_checkpoints(directory):
     """(path, step) of every `ckpt-<step>` with an index file in `directory`,
     newest first, whatever the `checkpoint` state file says."""
-    found = []
     pattern = os.path.join(directory, f'{CHECKPOINT_PREFIX}-*.index')
-    for index in tf.io.gfile.glob(pattern):
-        prefix = index[:-len('.index')]
-        if prefix.rsplit('-', 1)[1].isdigit():
-            found.append((prefix, step_of(prefix)))
-    return sorted(found, key=lambda found: -found[1])
+    prefixes = [index[:-len('.index')] for index in tf.io.gfile.glob(pattern)]
+    return sorted(((prefix, step_of(prefix)) for prefix in prefixes
+                   if prefix.rsplit('-', 1)[1].isdigit()),
+                  key=lambda found: -found[1])
 
 
 def damage(prefix):
-    """Why the checkpoint at `prefix` cannot be restored, or None if it can.
-
-    Reads every tensor: TensorFlow checks each one's length and CRC32C, so a
-    truncated or corrupted file fails here rather than mid-restore.
-    """
+    """Why the checkpoint at `prefix` cannot be restored, or None if it can:
+    reading every tensor checks its length and CRC32C, so a truncated or
+    corrupted file fails here rather than mid-restore."""
     try:
         reader = tf.train.load_checkpoint(prefix)
         for name in reader.get_variable_to_shape_map():
@@ -124,21 +106,19 @@ def damage(prefix):
 
 def backup_step(model_dir):
     """The global step of the newest backup of `model_dir`, 0 if none."""
-    found = all_checkpoints(run_dir_lib.RunDir(model_dir).chief_backup)
-    return found[0][1] if found else 0
+    backups = all_checkpoints(run_dir_lib.RunDir(model_dir).chief_backup)
+    return backups[0][1] if backups else 0
 
 
 def has_progress(model_dir):
-    """Whether `model_dir` holds a run: a backup or a checkpoint to resume
-    from. A start that failed before its first save (a bad value, an empty
-    class folder, a corrupt image) leaves neither."""
+    """Whether `model_dir` holds a backup or a checkpoint to resume from (a
+    start that failed before its first save leaves neither)."""
     return bool(_saved(model_dir))
 
 
 def _saved(model_dir):
     """`(path, step, kind)` of every backup and checkpoint of the run,
-    newest first; at the same step the backup first (it is written
-    first)."""
+    newest first; at one step the backup first (it is written first)."""
     run = run_dir_lib.RunDir(model_dir)
     found = [(path, step, kind) for kind, directory in (
         (BACKUP, run.chief_backup), (CHECKPOINT, run.checkpoints))
@@ -147,11 +127,12 @@ def _saved(model_dir):
 
 
 def newest_restorable(model_dir, *, backups=True, chief=True):
-    """The newest backup or checkpoint of `model_dir` that can be restored.
+    """`(path, step)` of the newest backup or checkpoint of `model_dir` that
+    can be restored, `(None, 0)` when nothing is saved.
 
     One that cannot (truncated, corrupted) is skipped with a warning naming
-    it. When no backup can be restored, the chief moves the backup
-    directory into `damaged/`, so that it is not tried again.
+    it. When no backup restores, the chief moves the backup directory into
+    `damaged/`, so that it is not tried again.
 
     Args:
         model_dir: the run directory.
@@ -159,39 +140,33 @@ def newest_restorable(model_dir, *, backups=True, chief=True):
             (evaluation and export read what outlives the run).
         chief: this process may move files (the chief of a cluster).
 
-    Returns:
-        `(path, step)`: `(None, 0)` when there is nothing saved.
-
     Raises:
         NoneRestorable: things were saved and none restores.
     """
     run = run_dir_lib.RunDir(model_dir)
-    skipped = []
-    path, step, kind = None, 0, None
+    tried = []  # 'the backup <path>: <why it cannot be restored>', ...
     for path, step, kind in _saved(run):
         if kind == BACKUP and not backups:
             continue
         why = damage(path)
         if why is None:
             break
-        skipped.append((kind, f'{path}: {why}'))
+        tried.append(f'{describe(path)}: {why}')
     else:
         path, step, kind = None, 0, None
-    tried = [f'{BACKUP} {why}' if what == BACKUP else why
-             for what, why in skipped]
     if path is None and tried:
         raise NoneRestorable(
             f'No {"backup or " if backups else ""}checkpoint of {run} '
             'can be restored; tried:\n  ' + '\n  '.join(tried) +
             '\nRestore those files from a copy, move them away to start '
             'again, or use another --model_dir.')
-    damaged = [i for i, (what, _) in enumerate(skipped) if what == BACKUP]
-    if chief and kind != BACKUP and damaged:
+    if chief and kind != BACKUP and any(
+            line.startswith(BACKUP) for line in tried):
         aside = os.path.join(run.damaged, time.strftime(
             f'{os.path.basename(run.backup)}-%Y%m%dT%H%M%S', time.gmtime()))
         os.makedirs(run.damaged, exist_ok=True)
         os.rename(run.backup, aside)
-        tried[damaged[0]] += f' (moved to {aside})'
+        tried.append(f'{BACKUP} {run.backup} (moved to {aside})')
     if tried:
         logging.warning('Skipping what cannot be restored:\n  %s\n'
                         '%s %s (step %d).', '\n  '.join(tried),
@@ -202,8 +177,8 @@ def newest_restorable(model_dir, *, backups=True, chief=True):
 
 def describe(path):
     """'the backup <path>' or 'the checkpoint <path>'."""
-    chief = os.path.basename(run_dir_lib.RunDir('').chief_backup)
-    backup = os.path.basename(os.path.dirname(path)) == chief
+    backup = (os.path.basename(os.path.dirname(path)) ==
+              run_dir_lib.RunDir.CHIEF)
     return f'{BACKUP if backup else CHECKPOINT} {path}'
 
 
@@ -214,20 +189,17 @@ def load(path, model, part=MODEL):
         path: a checkpoint prefix, or a directory whose latest checkpoint is
             read; for `BACKBONE` also a Keras weights file.
         model: the model built from the run's gin config, every variable
-            created (called once); for `WHOLE` compiled, its optimizer built.
+            created; for `WHOLE` compiled, its optimizer built.
         part: `WHOLE` (the model and its optimizer, at the step the name
-            gives: resuming), `MODEL` (the weights of a model built, not
-            compiled, from the config: no optimizer is read), or `BACKBONE`
-            (`model.backbone` alone, see `load_backbone_weights`; the heads
-            are left as they are).
+            gives: resuming), `MODEL`, or `BACKBONE` (`model.backbone`
+            alone, `load_backbone_weights`).
 
     Returns:
         The checkpoint prefix (or weights file) restored.
 
     Raises:
         FileNotFoundError: no checkpoint at `path`.
-        ValueError: the checkpoint does not hold `part` of this model
-            (another config or architecture, or not written by paws_tf).
+        ValueError: the checkpoint does not hold `part` of this model.
     """
     if part == BACKBONE:
         load_backbone_weights(model.backbone, path)
@@ -258,27 +230,16 @@ def load(path, model, part=MODEL):
 
 def load_newest(model_dir, model):
     """Restores the model of the newest checkpoint of `model_dir` that can
-    be restored (damaged newer ones are skipped with a warning).
-
-    Returns:
-        The checkpoint's global step.
-
-    Raises:
-        FileNotFoundError: the run has no checkpoint.
-        NoneRestorable: none of its checkpoints restores.
-        ValueError: the checkpoint does not hold this model.
-    """
+    be restored (`newest_restorable`, `load`) and returns its step."""
     path, step = newest_restorable(model_dir, backups=False)
     load(path or run_dir_lib.RunDir(model_dir).checkpoints, model)
     return step
 
 
 def _unmatched_variables(root, prefix):
-    """Names of the variables under `root` that have no value at `prefix`.
-
-    Follows the breadth-first, first-path-wins naming that TF's object-based
-    checkpoints use for their keys.
-    """
+    """Names of the variables under `root` that have no value at `prefix`,
+    keyed as TF's object-based checkpoints are (breadth first, the first
+    path to an object wins)."""
     stored = {key for key, _ in tf.train.list_variables(prefix)}
     view = tf.train.TrackableView(root)
     seen = {id(root)}
@@ -291,12 +252,11 @@ def _unmatched_variables(root, prefix):
                 continue
             seen.add(id(child))
             child_path = path + (child_name,)
-            if isinstance(child, tf.Variable):
-                key = '/'.join(child_path + ('.ATTRIBUTES', 'VARIABLE_VALUE'))
-                if key not in stored:
-                    missing.append(child.name)
-            else:
+            if not isinstance(child, tf.Variable):
                 queue.append((child, child_path))
+            elif '/'.join(child_path + ('.ATTRIBUTES', 'VARIABLE_VALUE')
+                          ) not in stored:
+                missing.append(child.name)
     return missing
 
 
@@ -324,29 +284,25 @@ def _restore_backbone(backbone, prefix):
 
 
 def load_backbone_weights(backbone, path):
-    """Loads pretrained weights into a backbone, all or nothing.
+    """Loads pretrained weights into a built backbone, all or nothing.
 
     Args:
         backbone: a built model from `build_backbone`.
-        path: a weights file written by `backbone.save_weights` (`.h5`:
-            matched by layer order; `.weights.h5`: matched by object
-            structure), a TF checkpoint prefix or directory written by
-            `tf.train.Checkpoint(backbone=backbone)` (matched by the object
-            graph under the `backbone` key), or a paws_tf run's checkpoint
-            (its model's backbone).
+        path: a weights file written by `backbone.save_weights` (`.h5`,
+            `.weights.h5`), a TF checkpoint prefix or directory written by
+            `tf.train.Checkpoint(backbone=backbone)`, or a paws_tf run's
+            checkpoint (its model's backbone).
 
     Raises:
         FileNotFoundError: `path` does not exist or holds no checkpoint.
-        ValueError: the stored weights do not fit the backbone (a variable
-            without a stored value, a shape or layer-count mismatch). The
-            message names the unrestored variables as far as the loader
-            reports them; the backbone is left unchanged.
+        ValueError: the stored weights do not fit (the backbone is left
+            unchanged), naming the variables as far as the loader can.
     """
     path = os.fspath(path)
     if path.endswith('.h5') and not tf.io.gfile.exists(path):
         raise FileNotFoundError(f'weights file {path!r} does not exist')
     prefix = None if path.endswith('.h5') else resolve_prefix(path)
-    snapshot = [variable.numpy() for variable in backbone.variables]
+    snapshot = backbone.get_weights()
     try:
         if prefix is None:
             backbone.load_weights(path)
@@ -354,8 +310,7 @@ def load_backbone_weights(backbone, path):
             _restore_backbone(backbone, prefix)
     except (AssertionError, KeyError, ValueError,
             tf.errors.OpError) as error:
-        for variable, value in zip(backbone.variables, snapshot):
-            variable.assign(value)
+        assign_weights(backbone, snapshot)
         raise ValueError(
             f'could not load {path!r} into backbone {backbone.name!r} '
             f'({len(snapshot)} variables); none were restored, the backbone '
@@ -385,10 +340,8 @@ def non_finite_error(what, step, checkpoint_dir):
 
 class RunState:
     """Saves one run's model and optimizer (`load(..., WHOLE)` reads them
-    back).
-
-    Under MultiWorkerMirroredStrategy every worker saves (reading mirrored
-    variables needs collectives); only the chief's files are kept.
+    back); under MultiWorkerMirroredStrategy every worker saves, only the
+    chief's files are kept (`cluster.save_dir`).
 
     Args:
         model_dir: the run directory.
@@ -425,8 +378,7 @@ class RunState:
         Raises:
             FloatingPointError: a weight is NaN or infinite (nothing is
                 written).
-            SaveFailed: the files could not be written; what was saved
-                before is unchanged.
+            SaveFailed: the files could not be written.
             cluster.ClusterFailed: a collective of the save failed.
         """
         step = global_step(self.model)
@@ -434,23 +386,6 @@ class RunState:
             return
         if self._before_save is not None:
             self._before_save()
-        self._check_finite(step)
-        manager = self._managers[kind]
-        try:
-            manager.save(checkpoint_number=step)
-        except (OSError, tf.errors.OpError) as error:
-            raise self._save_failed(kind, step, error) from error
-        finally:
-            if manager.directory != self._directories[kind]:  # Not chief.
-                shutil.rmtree(manager.directory, ignore_errors=True)
-        self._saved_at[kind] = step
-
-    def delete_backup(self):
-        """Deletes the backup: the run is finished, its checkpoints stay."""
-        if cluster.is_chief(self._strategy):
-            shutil.rmtree(self.backup_dir, ignore_errors=True)
-
-    def _check_finite(self, step):
         # An update can break the weights while the step's loss, computed
         # before it, is still finite.
         for variable in self.model.variables:
@@ -458,6 +393,17 @@ class RunState:
                 raise non_finite_error(
                     f'The weight {variable.name} became NaN or infinite',
                     step, self.checkpoint_dir)
+        with cluster.save_dir(self._strategy, self._directories[kind]):
+            try:
+                self._managers[kind].save(checkpoint_number=step)
+            except (OSError, tf.errors.OpError) as error:
+                raise self._save_failed(kind, step, error) from error
+        self._saved_at[kind] = step
+
+    def delete_backup(self):
+        """Deletes the backup: the run is finished, its checkpoints stay."""
+        if cluster.is_chief(self._strategy):
+            shutil.rmtree(self.backup_dir, ignore_errors=True)
 
     def kept(self):
         """What is saved, for messages: a rerun resumes from the newest."""
@@ -490,14 +436,9 @@ class RunState:
 
 
 def assign_weights(model, weights):
-    """Gives `model` the values `weights`: the one place a model's weights
-    are copied in memory (an evaluation's copy, the best epoch of a
-    fine-tuning, a trunk cut from a pre-trained model).
-
-    Args:
-        model: a built `tf_keras` model or layer.
-        weights: NumPy arrays in the order of `model.get_weights()`.
-    """
+    """Gives `model` (a built model or layer) the NumPy arrays `weights`, in
+    the order of `model.get_weights()`: the one place a model's weights are
+    copied in memory."""
     model.set_weights(weights)
 
 

@@ -15,8 +15,7 @@ class UserError(ValueError):
         super().__init__(message)
         # gin re-raises an error of a configurable as a proxy whose str()
         # appends 'In call to configurable ...' lines; the proxy reads
-        # attributes it lacks from the error, so `message` stays the
-        # message.
+        # attributes it lacks from the error, so `message` stays as it is.
         self.message = message
 
 
@@ -28,9 +27,8 @@ class ConfigError(UserError):
 
 
 class DataError(UserError):
-    """A mistake in the data: a folder, file or label set that cannot be
-    used as it is. Its message names the folder or file (and the binding)
-    and the fix."""
+    """A mistake in the data (a folder, file or label set): its message
+    names the folder or file (and the binding) and the fix."""
 
     EXIT_CODE = os.EX_DATAERR  # run.py's exit code.
 

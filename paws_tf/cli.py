@@ -14,9 +14,11 @@ labels; results.json, a figure and a table), import_official (an official
 PyTorch checkpoint, --official_checkpoint, as a run of --model_dir).
 """
 
+import contextlib
 import logging as pylogging
 import os
 import sys
+import tempfile
 
 from absl import app
 from absl import flags
@@ -25,10 +27,67 @@ import gin
 
 import paws_tf  # noqa: F401  (selects tf_keras before TensorFlow is used)
 from paws_tf import checks
-from paws_tf import tf_logs
 
-# TensorFlow loads here, its start-up logs held back (tf_logs.py).
-with tf_logs.quiet_start(sys.argv):
+# The environment variable that asks for TensorFlow's logs and tracebacks.
+VERBOSE_ENV = 'PAWS_TF_VERBOSE'
+_TRUE = ('1', 'true', 't', 'yes', 'y')
+
+
+def _verbose_from_env():
+    """Whether PAWS_TF_VERBOSE asks for TensorFlow's logs and tracebacks."""
+    return os.environ.get(VERBOSE_ENV, '').lower() in _TRUE
+
+
+def _verbose_requested(argv):
+    """Whether `argv` (before absl parses it) or the environment asks for
+    TensorFlow's start-up logs."""
+    for arg in argv[1:]:
+        name, _, value = arg.partition('=')
+        if name == '--verbose':
+            return not value or value.lower() in _TRUE
+        if name == '--noverbose':
+            return False
+    return _verbose_from_env()
+
+
+@contextlib.contextmanager
+def _quiet_start(argv):
+    """Runs the block (which loads TensorFlow) and lists the devices with
+    file descriptor 2 in a temporary file, written to stderr if the block
+    raises; sets TF_CPP_MIN_LOG_LEVEL=2 unless it is set. Nothing is hidden
+    when `_verbose_requested(argv)` or TensorFlow is loaded already.
+
+    TensorFlow's C++ start-up notes (oneDNN, the CUDA stub, the CPU
+    features) come twice (its profiler plugin carries a second copy of its
+    logging), before absl's C++ logging is initialised: no log level filters
+    them (abseil/abseil-cpp#1957).
+    """
+    if _verbose_requested(argv) or 'tensorflow' in sys.modules:
+        yield
+        return
+    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+            import tensorflow as tf  # pylint: disable=import-outside-toplevel
+            tf.config.list_physical_devices()
+        except BaseException:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            held.seek(0)
+            os.write(2, held.read())
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+# TensorFlow loads here, its start-up logs held back.
+with _quiet_start(sys.argv):
     # pylint: disable=g-import-not-at-top,wrong-import-position
     from paws_tf import cluster
     from paws_tf import configurables
@@ -38,6 +97,7 @@ with tf_logs.quiet_start(sys.argv):
     from paws_tf.runner import run_lock
     from paws_tf.runner import train
 
+
 def _demo(model_dir, strategy, options):
     # Loaded when it runs: the library never imports the demo, and the
     # program loads its mode, report and plotting for --mode=demo alone.
@@ -46,9 +106,7 @@ def _demo(model_dir, strategy, options):
     return run_demo.demo(model_dir, strategy, options)
 
 
-# run.py's --mode (README.md, "run.py"): the library's modes, and the demo's
-# (train_and_evaluate, the configured fine-tuning, then a supervised-only
-# baseline on the same labels: results.json, a figure and a table).
+# run.py's --mode: the library's modes, and the demo.
 MODES = dict(modes.MODES, demo=modes.Mode(_demo, trains=True))
 
 _GIN_FILES = flags.DEFINE_multi_string(
@@ -72,38 +130,24 @@ _OFFICIAL_CHECKPOINT = flags.DEFINE_string(
     'PAWS .pth.tar checkpoint (pre-trained or fine-tuned) to import into '
     '--model_dir.')
 _VERBOSE = flags.DEFINE_bool(
-    'verbose', tf_logs.verbose_from_env(), 'Show TensorFlow\'s start-up '
+    'verbose', _verbose_from_env(), 'Show TensorFlow\'s start-up '
     'logs, the gin config and the traceback of a config or data error (for '
-    f'a bug report); {tf_logs.VERBOSE_ENV}=1 does the same.')
+    f'a bug report); {VERBOSE_ENV}=1 does the same.')
 _LIST_CONFIGS = flags.DEFINE_bool(
     'list_configs', False, 'Print the names of the shipped gin configs, '
     'which --gin_file accepts from any directory, and exit.')
 
 
-class _QuietTensorFlow:
+def _not_tensorflow_info(record):
     """Drops TensorFlow's own INFO records (checkpoint sharding timings and
     the like) from absl's log; its warnings and errors still show."""
-
-    def filter(self, record):
-        return (record.levelno >= pylogging.WARNING or
-                f'{os.sep}tensorflow{os.sep}' not in record.pathname)
-
-
-def _check_model_dir_path(model_dir):
-    """--model_dir must be a directory or a path one can be created at."""
-    path = os.path.abspath(model_dir)
-    while not os.path.exists(path):
-        path = os.path.dirname(path)
-    if not os.path.isdir(path):
-        what = ('is a file' if path == os.path.abspath(model_dir)
-                else f'is inside {path}, which is a file')
-        raise checks.ConfigError(
-            f'--model_dir={model_dir} {what}: give a directory (it is '
-            'created if missing), e.g. --model_dir=runs/mine.')
+    return (record.levelno >= pylogging.WARNING or
+            f'{os.sep}tensorflow{os.sep}' not in record.pathname)
 
 
 def _check_flags(mode):
-    """The flags every mode needs, and those that go with one mode."""
+    """The flags every mode needs, and those that go with one mode;
+    --model_dir a directory or a path one can be created at."""
     if not _GIN_FILES.value:
         raise checks.ConfigError(
             '--gin_file is required: it names the experiment, e.g. '
@@ -117,7 +161,15 @@ def _check_flags(mode):
         raise checks.ConfigError(
             '--official_checkpoint=FILE.pth.tar goes with '
             '--mode=import_official, and only with it.')
-    _check_model_dir_path(_MODEL_DIR.value)
+    path = os.path.abspath(_MODEL_DIR.value)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        what = ('is a file' if path == os.path.abspath(_MODEL_DIR.value)
+                else f'is inside {path}, which is a file')
+        raise checks.ConfigError(
+            f'--model_dir={_MODEL_DIR.value} {what}: give a directory (it '
+            'is created if missing), e.g. --model_dir=runs/mine.')
 
 
 def main(argv):
@@ -136,12 +188,11 @@ def main(argv):
     _check_flags(mode)
     # absl's handler delegates to its python_handler, which applies filters;
     # TensorFlow's own INFO records go through the 'tensorflow' logger.
-    logging.get_absl_handler().python_handler.addFilter(_QuietTensorFlow())
+    logging.get_absl_handler().python_handler.addFilter(_not_tensorflow_info)
     pylogging.getLogger('tensorflow').setLevel(pylogging.WARNING)
-    # Parsing first: a typo fails here, with gin's message, before any
-    # data is read or any TensorFlow device is set up. Then the config
-    # as a whole (normalisation, warm-up, support, image sizes): a run
-    # that cannot work fails in seconds, not after reading.
+    # Parsing first: a typo fails here, before any data is read or any
+    # device is set up; then the config as a whole (normalisation, warm-up,
+    # support, image sizes): a run that cannot work fails in seconds.
     try:
         configurables.parse(_GIN_FILES.value, _GIN_BINDINGS.value)
         config_checks.check_config(pretraining=mode.trains)
@@ -165,10 +216,9 @@ def main(argv):
 
 
 def _main_with_messages(argv):
-    """`main`, with the faults that end a run with their message and an
-    exit code of their own (`EXIT_CODE`: a config or data mistake, a lost
-    cluster, a held lock, ...) printed as that message alone; every other
-    error, a bug, keeps its traceback, and --verbose shows all of them."""
+    """`main`, with an error that has an `EXIT_CODE` (a config or data
+    mistake, a lost cluster, a held lock, ...) printed as its message alone
+    unless --verbose; every other error, a bug, keeps its traceback."""
     try:
         main(argv)
     except Exception as error:  # pylint: disable=broad-except

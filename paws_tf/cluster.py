@@ -1,7 +1,6 @@
-"""The cluster's life cycle: the distribution strategy built by name (and
-the cluster met first, `rendezvous`), the chief, the directories each
-worker writes, barriers, workers that run the same config, and a failed
-collective told as the worker that was lost."""
+"""The cluster's life cycle: the strategy built by name, the chief, the
+directories each worker writes, barriers, and a failed collective told as
+the worker that was lost."""
 
 import contextlib
 import hashlib
@@ -54,27 +53,19 @@ def _cluster_resolver(slurm_port_base):
 @gin.configurable
 def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
                   start_timeout=600):
-    """Builds the distribution strategy by name.
-
-    Create it at the start of the program: `MultiWorkerMirroredStrategy`
-    must exist before other TensorFlow ops run.
+    """Builds the distribution strategy by name, before other TensorFlow
+    ops run (`MultiWorkerMirroredStrategy` must come first).
 
     Args:
         kind: one of `STRATEGY_KINDS`. `auto` picks `multi_worker` when
             TF_CONFIG or Slurm describes several processes, `mirrored` when
             several GPUs are visible, else `one_device` (TF's default
             strategy: one replica on the first GPU, or the CPU).
-        devices: explicit device list for `mirrored` (e.g. logical CPUs
-            `['CPU:0', 'CPU:1']`, whose replicas then sum on one device
-            instead of running collectives); default all GPUs (or the CPU).
-        slurm_port_base: under Slurm, the port of a node's first task (its
-            others take the next ports).
+        devices: the devices of `mirrored` (e.g. logical CPUs `['CPU:0',
+            'CPU:1']`); default all GPUs (or the CPU).
+        slurm_port_base: under Slurm, the port of a node's first task.
         start_timeout: seconds `multi_worker` waits for every task of the
-            cluster to start (`rendezvous.wait_for_tasks`), then stops
-            with an error naming those that did not; 0 waits for ever.
-
-    Returns:
-        A `tf.distribute.Strategy`.
+            cluster to start (`rendezvous.wait_for_tasks`); 0: for ever.
 
     Raises:
         ValueError: unknown kind, or `multi_worker` without a cluster.
@@ -83,17 +74,11 @@ def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
     if kind not in STRATEGY_KINDS:
         raise ValueError(f'Unknown strategy {kind!r}; choose one of '
                          f'{", ".join(STRATEGY_KINDS)}.')
-    gpus = tf.config.list_physical_devices('GPU')
     if kind == 'auto':
-        if cluster_in_environment():
-            kind = 'multi_worker'
-        elif len(gpus) > 1:
-            kind = 'mirrored'
-        else:
-            kind = 'one_device'
+        gpus = tf.config.list_physical_devices('GPU')
+        kind = ('multi_worker' if cluster_in_environment() else
+                'mirrored' if len(gpus) > 1 else 'one_device')
     if kind == 'one_device':
-        # TF's default strategy: one replica on the first visible device (a
-        # GPU if there is one), as OneDeviceStrategy would place it.
         return tf.distribute.get_strategy()
     if kind == 'mirrored':
         return tf.distribute.MirroredStrategy(
@@ -114,18 +99,13 @@ def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
 
 
 def _cross_device_ops(devices):
-    """How `MirroredStrategy` on `devices` reduces across replicas.
+    """`ReductionToOneDevice` when `devices` lists only CPUs, else None
+    (TensorFlow's collective all-reduces, NCCL on GPUs).
 
     Logical devices that split one CPU share its memory, so summing on the
     first device hands every replica the same buffer: one pass over the
     gradients, where a collective all-reduce copies them into and out of one
-    packed buffer per replica. Other devices keep TensorFlow's default:
-    collective all-reduces (NCCL on GPUs).
-
-    Returns:
-        `tf.distribute.ReductionToOneDevice` when `devices` lists only
-        CPUs, else None (the strategy's default; `devices` None means all
-        GPUs, or the one CPU, whose single replica never reduces).
+    packed buffer per replica.
     """
     if devices and all(tf.DeviceSpec.from_string(device).device_type == 'CPU'
                        for device in devices):
@@ -134,30 +114,16 @@ def _cross_device_ops(devices):
 
 
 def loopback_tf_configs(workers):
-    """TF_CONFIG values of a cluster of `workers` processes on this machine.
-
-    For trying multi-worker training, and for tests and benchmarks, on one
-    machine: start worker i's process with the environment variable
-    `TF_CONFIG` set to the i-th string, and `make_strategy` builds their
-    `MultiWorkerMirroredStrategy` (collectives over gRPC on 127.0.0.1).
-
-    Args:
-        workers: number of worker processes, at least 1.
-
-    Returns:
-        A list of `workers` JSON strings, one per task index, naming ports
-        that were free when this ran.
-    """
+    """TF_CONFIG values of a cluster of `workers` (at least 1) processes
+    on 127.0.0.1, at ports that were free when this ran: worker i's process
+    runs with `TF_CONFIG` set to the i-th JSON string."""
     if workers < 1:
         raise ValueError(f'A cluster needs at least 1 worker, got {workers}.')
-    sockets = [socket.socket() for _ in range(workers)]
-    try:
-        for s in sockets:
-            s.bind(('127.0.0.1', 0))
+    # Bound at once, so that no two workers are given the same free port.
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.create_server(('127.0.0.1', 0)))
+                   for _ in range(workers)]
         addresses = [f'127.0.0.1:{s.getsockname()[1]}' for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
     return [json.dumps({'cluster': {'worker': addresses},
                         'task': {'type': 'worker', 'index': index}})
             for index in range(workers)]
@@ -204,8 +170,7 @@ def _lost_task(strategy, message):
 
 def cluster_failure(strategy, error, *, what, step, resume):
     """The `ClusterFailed` that `error` stands for, or None when it is not
-    a failure of the cluster (no MultiWorkerMirroredStrategy, or another
-    error).
+    a failure of the cluster.
 
     Args:
         strategy: the running strategy.
@@ -237,21 +202,16 @@ def cluster_failure(strategy, error, *, what, step, resume):
         f'({type(error).__name__}: {cause}). A worker died, was stopped, or '
         f'runs another config or program. Find the first error in {logs}, '
         'fix it, then start the same command on every worker again: the '
-        'run resumes '
-        f'from {resume}.')
+        f'run resumes from {resume}.')
 
 
 def check_same_config(strategy, config):
     """Raises `ClusterFailed` on every worker unless all workers of the
-    cluster pass the same `config` text (nothing outside one).
+    cluster pass the same `config` text (the gin config and the mode).
 
     Workers started with different configs would otherwise run collectives
     that do not match: a hang, or an error far from the cause. Every
     worker must call it at the same point.
-
-    Args:
-        strategy: the running strategy.
-        config: what must be equal (the gin config and the mode).
     """
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return
@@ -259,8 +219,7 @@ def check_same_config(strategy, config):
                            np.int32)
     # [replicas, 2]: worker w's replicas are consecutive rows.
     digests = strategy.gather(
-        strategy.run(lambda: tf.constant(digest)[tf.newaxis]), axis=0)
-    digests = digests.numpy()
+        strategy.run(lambda: tf.constant(digest)[tf.newaxis]), axis=0).numpy()
     # Replicas are ordered by task name: the chief's, then the workers'.
     tasks = [f'{kind} {index}' for kind, addresses in sorted(
         strategy.cluster_resolver.cluster_spec().as_dict().items())
@@ -281,28 +240,17 @@ def is_chief(strategy):
     """Whether this process is the chief: the `chief` task if the cluster
     has one, else worker 0; always True outside a multi-worker cluster."""
     resolver = getattr(strategy, 'cluster_resolver', None)
-    if resolver is None or not resolver.task_type:
+    if resolver is None or resolver.task_type in (None, '', 'chief'):
         return True
-    if resolver.task_type == 'chief':
-        return True
-    has_chief = 'chief' in resolver.cluster_spec().as_dict()
-    return (not has_chief and resolver.task_type == 'worker' and
-            resolver.task_id == 0)
+    return (resolver.task_type == 'worker' and resolver.task_id == 0 and
+            'chief' not in resolver.cluster_spec().as_dict())
 
 
 def read_weights(model):
     """`model.get_weights()`, which every worker of a cluster must call at
-    the same point.
-
-    Reading a sync-on-read variable (a batch-norm moving statistic) in
-    cross-replica context all-reduces it across replicas: under
-    MultiWorkerMirroredStrategy a collective of all workers. Called by one
-    worker alone, it waits for the others, or meets another collective of
-    theirs (`Collective instance N expected type ...`).
-
-    Returns:
-        The weights as NumPy arrays, equal on every worker.
-    """
+    the same point: reading a sync-on-read variable (a batch-norm moving
+    statistic) is a collective of all workers, which one worker alone
+    waits in, or meets another collective of theirs with."""
     return model.get_weights()
 
 
@@ -319,19 +267,8 @@ def write_dir(strategy, directory):
 @contextlib.contextmanager
 def save_dir(strategy, directory):
     """Yields `write_dir(strategy, directory)`, deleting it on exit unless
-    this process is the chief.
-
-    Under MultiWorkerMirroredStrategy every worker must take part in a save
-    (reading mirrored and sync-on-read variables runs collectives), but only
-    the chief's copy is kept (TF "Multi-worker training with Keras").
-
-    Args:
-        strategy: the running `tf.distribute.Strategy`.
-        directory: where the chief writes.
-
-    Yields:
-        The directory to write to.
-    """
+    this process is the chief: every worker takes part in a save (reading
+    the variables runs collectives), only the chief's copy is kept."""
     target = write_dir(strategy, directory)
     try:
         yield target
@@ -344,15 +281,10 @@ def barrier(strategy):
     """Returns once every worker of a `MultiWorkerMirroredStrategy` has
     called it; at once under any other strategy.
 
-    A cross-worker all-reduce: what the chief does to shared files before
-    it (deleting a run) is done when the other workers pass it, and workers
-    whose part is done wait here for the chief's own work (export,
-    evaluation), so that the cluster ends together: a worker that exits
-    first is reported by the others' coordination service as a task that
-    crashed.
-
-    Args:
-        strategy: the `tf.distribute.Strategy` every worker runs.
+    What the chief does to shared files before it (deleting a run) is done
+    when the other workers pass it, and workers whose part is done wait
+    here for the chief's own work (export, evaluation): a worker that exits
+    first is reported by the others' coordination service as a crash.
     """
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return

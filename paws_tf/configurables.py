@@ -1,42 +1,30 @@
-"""Registers every gin configurable of paws_tf (run.py imports it), so gin
-files need no `import` lines, and finds and parses gin configs: a path, or
-a config shipped with the package."""
+"""Every gin configurable of paws_tf registered (gin files need no
+`import` lines), and gin configs found and parsed: a path, or a config
+shipped with the package."""
 
 import difflib
 import inspect
 import os
 import re
 
-# pylint: disable=unused-import
-from paws_tf import checks
-from paws_tf import cluster  # noqa: F401
-from paws_tf.data import augment  # noqa: F401
-from paws_tf.data import folders  # noqa: F401
-from paws_tf.data import pipeline  # noqa: F401
-from paws_tf.data import sources  # noqa: F401
-from paws_tf.data import splits  # noqa: F401
-from paws_tf.data import tfds_sources  # noqa: F401
-from paws_tf.demo import fashion_mnist  # noqa: F401
-from paws_tf.demo import supervised  # noqa: F401
-from paws_tf.evaluation import evaluate_nn  # noqa: F401
-from paws_tf.evaluation import export  # noqa: F401
-from paws_tf.evaluation import fine_tune  # noqa: F401
-from paws_tf import lars  # noqa: F401
-from paws_tf import model  # noqa: F401
-from paws_tf.nets import backbones  # noqa: F401
-from paws_tf.nets import heads  # noqa: F401
-from paws_tf import progress  # noqa: F401
-from paws_tf.runner import experiment  # noqa: F401
-from paws_tf.runner import train  # noqa: F401
-from paws_tf import schedules  # noqa: F401
+import gin
 
-import gin  # noqa: E402
+from paws_tf import checks
+# The modules that define gin configurables, imported to register them.
+# pylint: disable=unused-import
+from paws_tf import cluster, lars, model, progress, schedules  # noqa: F401
+from paws_tf.data import augment, folders, pipeline  # noqa: F401
+from paws_tf.data import sources, splits, tfds_sources  # noqa: F401
+from paws_tf.demo import fashion_mnist, supervised  # noqa: F401
+from paws_tf.evaluation import evaluate_nn, export, fine_tune  # noqa: F401
+from paws_tf.nets import backbones, heads  # noqa: F401
+from paws_tf.runner import experiment, train  # noqa: F401
+# pylint: enable=unused-import
 
 # Normalisation statistics, so gin files write %IMAGENET_MEAN instead of
 # copying numbers.
 for _name in augment.GIN_CONSTANTS:
     gin.constant(_name, getattr(augment, _name))
-
 
 
 def _closest(message):
@@ -67,12 +55,10 @@ def _closest(message):
 def _refuse_unused_macros(config):
     """Raises ConfigError naming a macro that the config binds but no
     `%NAME` reads (`CHANNEL = 1` beside `%CHANNELS`), with the closest
-    name it reads. A finalize hook is gin's public view of every binding
-    (`config` maps `(scope, selector)` to the bound parameters; a macro is
-    `(NAME, 'gin.macro')`); only `parse` finalizes gin in paws_tf. Bound
-    gin constants (`IMAGENET_MEAN = ...`) are left to
-    `config_checks.check_config`, which says why binding them does
-    nothing."""
+    name it reads. A finalize hook (run by `parse`) is gin's public view of
+    every binding: `config` maps `(scope, selector)` to the bound
+    parameters, a macro's is `(NAME, 'gin.macro')`. Bound gin constants
+    are left to `config_checks.check_config`."""
     macro = gin.config.get_configurable(gin.config.macro)
     read = {ref.config_key[0]
             for ref in gin.config.iterate_references(config, to=macro)}
@@ -93,9 +79,8 @@ def _refuse_unused_macros(config):
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # The shipped configs include each other as 'gin_configs/NAME.gin', so gin
-# searches the directory that holds gin_configs/: the package once installed
-# (pyproject.toml maps the repository's gin_configs/ into it), else the
-# checkout the package is imported from (run.py, editable installs).
+# searches the directory that holds gin_configs/: the installed package
+# (pyproject.toml maps gin_configs/ into it), else the checkout.
 CONFIG_ROOT = next(
     (root for root in (_PACKAGE_DIR, os.path.dirname(_PACKAGE_DIR))
      if os.path.isdir(os.path.join(root, 'gin_configs'))), _PACKAGE_DIR)
@@ -103,11 +88,8 @@ CONFIG_DIR = os.path.join(CONFIG_ROOT, 'gin_configs')
 
 
 def shipped_configs():
-    """The names of the gin configs shipped with the package.
-
-    Returns:
-        Sorted file names such as 'debug.gin'.
-    """
+    """The sorted file names of the gin configs shipped with the package
+    ('debug.gin', ...)."""
     if not os.path.isdir(CONFIG_DIR):
         return []
     return sorted(name for name in os.listdir(CONFIG_DIR)
@@ -115,15 +97,9 @@ def shipped_configs():
 
 
 def resolve_gin_file(name):
-    """The file a --gin_file names: a path that exists, else a shipped
-    config, by file name ('debug.gin') or as the repository spells it
-    ('gin_configs/debug.gin').
-
-    Args:
-        name: the --gin_file value.
-
-    Returns:
-        A path gin can open.
+    """The path of the file a --gin_file `name` names: a path that exists,
+    else a shipped config, by file name ('debug.gin') or as the repository
+    spells it ('gin_configs/debug.gin').
 
     Raises:
         checks.ConfigError: `name` is neither.
@@ -146,10 +122,9 @@ def parse(gin_files, bindings):
     Raises:
         checks.ConfigError: a file that is neither a path nor a shipped
             config, a binding that is not valid gin (named, with the
-            closest known name: gin's own message does not say which), a
-            macro the config uses but nothing binds (gin's message prints
-            the whole config after it), or one bound that nothing
-            uses.
+            closest known name: gin's message names neither), a macro the
+            config uses but nothing binds (gin's message prints the whole
+            config after it), or one bound that nothing uses.
     """
     gin.add_config_file_search_path(CONFIG_ROOT)
     gin.parse_config_files_and_bindings(

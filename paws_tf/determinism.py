@@ -15,13 +15,9 @@ GRAPPLER_OFF = {'arithmetic_optimization': False}
 
 
 def enable():
-    """Makes training reproducible, bit for bit, on one machine.
-
-    Turns on `tf.config.experimental.enable_op_determinism` (kernels without
-    a deterministic implementation raise instead of running) and turns off
-    the Grappler rewrites of `GRAPPLER_OFF`. Call it before the first
-    `tf.function` is traced: Grappler options apply to functions traced
-    afterwards.
-    """
+    """Makes training reproducible, bit for bit, on one machine: turns on
+    TensorFlow's op determinism (kernels without a deterministic
+    implementation raise) and turns off `GRAPPLER_OFF`. Call it before the
+    first `tf.function` is traced, which Grappler options apply to."""
     tf.config.experimental.enable_op_determinism()
     tf.config.optimizer.set_experimental_options(GRAPPLER_OFF)

@@ -4,9 +4,15 @@ with one replica or outside a replica context."""
 import tensorflow as tf
 
 
+def _replica_context():
+    """The replica context when there are several replicas, else None."""
+    ctx = tf.distribute.get_replica_context()
+    return ctx if ctx is not None and ctx.num_replicas_in_sync > 1 else None
+
+
 def num_replicas():
-    """Number of replicas in sync in the current replica context (1
-    outside)."""
+    """Number of replicas in sync (the strategy's outside a replica
+    context)."""
     ctx = tf.distribute.get_replica_context()
     if ctx is None:  # Cross-replica context: ask the strategy.
         return tf.distribute.get_strategy().num_replicas_in_sync
@@ -14,43 +20,29 @@ def num_replicas():
 
 
 def all_gather(x, axis=0):
-    """Concatenates `x` from all replicas along `axis`, in replica order.
-
-    Differentiable: the backward pass all-reduces (sums) the upstream gradient
-    and slices this replica's rows, as the official PAWS `AllGather` does.
-    Every replica must call it, in the same order, with shapes that agree
-    except along `axis` (otherwise the collective hangs).
-
-    Args:
-        x: tensor to gather, `[N, ...]` per replica.
-        axis: axis to concatenate along.
-
-    Returns:
-        `[R * N, ...]` tensor (`x` itself with one replica).
+    """Concatenates `x` (`[N, ...]` per replica) from all replicas along
+    `axis`, in replica order: `[R * N, ...]`. Its gradient all-reduces (sums)
+    the upstream gradient and slices this replica's rows, as the official
+    PAWS `AllGather` does. Every replica must call it, in the same order,
+    with shapes that agree except along `axis` (else the collective hangs).
     """
-    ctx = tf.distribute.get_replica_context()
-    if ctx is None or ctx.num_replicas_in_sync == 1:
-        return x
-    return ctx.all_gather(x, axis=axis)
+    ctx = _replica_context()
+    return x if ctx is None else ctx.all_gather(x, axis=axis)
 
 
 def replica_id():
-    """This replica's index among all replicas of all workers (0 outside a
-    replica context or with one replica): its rows of an `all_gather` start
-    at `replica_id() * rows_per_replica`."""
-    ctx = tf.distribute.get_replica_context()
-    if ctx is None or ctx.num_replicas_in_sync == 1:
-        return 0
-    return ctx.replica_id_in_sync_group
+    """This replica's index among all replicas of all workers (0 with one):
+    its rows of an `all_gather` start at `replica_id() * rows_per_replica`.
+    """
+    ctx = _replica_context()
+    return 0 if ctx is None else ctx.replica_id_in_sync_group
 
 
 def all_reduce_mean(x):
-    """Mean of `x` over replicas (identity with one replica).
-
-    Its gradient is the mean all-reduce of the upstream gradient, which is
-    what a loss divided by the number of replicas needs.
-    """
-    ctx = tf.distribute.get_replica_context()
-    if ctx is None or ctx.num_replicas_in_sync == 1:
+    """Mean of `x` over replicas; its gradient is the mean all-reduce of the
+    upstream gradient, what a loss divided by the number of replicas
+    needs."""
+    ctx = _replica_context()
+    if ctx is None:
         return x
     return ctx.all_reduce(tf.distribute.ReduceOp.MEAN, x)

@@ -1,7 +1,4 @@
-"""Progress a person reads: on a terminal, one bar line redrawn every step;
-in a log file, a line at most every `LOG_EVERY_SECONDS` and at each epoch
-end. Both show what a user watches (loss, its two terms, target confidence,
-learning rate, a fine-tuning's accuracy), PAWS-NN at the end of an epoch."""
+"""Progress a person reads, on a terminal or in a log (`ProgressBar`)."""
 
 import shutil
 import sys
@@ -39,27 +36,43 @@ def _fields(current, target, values, seconds, finalize):
     return fields
 
 
-class _LiveBar:
-    """What `ProgbarLogger` drives (`tf_keras.utils.Progbar`'s `update`) on
-    a terminal: one line redrawn in place, cut to the terminal width; the
-    final line of an epoch wraps between values instead."""
+class _Bar:
+    """What `ProgbarLogger` drives (`tf_keras.utils.Progbar`'s `update`):
+    on a terminal (`live`) the line redrawn in place, cut to the terminal
+    width, an epoch's final line wrapped between values instead; else whole
+    lines, each readable alone (`epoch e/E  step s/S  values  ETA`)."""
 
-    def __init__(self, target, verbose, stream):
+    def __init__(self, target, verbose, stream, *, live, epoch,
+                 every_seconds, clock):
         self.target = target
         self.verbose = verbose
         self._stream = stream
-        self._start = time.monotonic()
+        self._live = live
+        self._epoch = epoch
+        self._every_seconds = every_seconds
+        self._clock = clock
+        self._start = self._written = clock()
         self._drawn = 0  # Characters of the line being redrawn.
 
     def update(self, current, values=None, finalize=None):
-        if finalize is None:
-            finalize = self.target is not None and current >= self.target
+        last = self.target is not None and current >= self.target
+        finalize = last if finalize is None else finalize
         if not self.verbose or (self.verbose != 1 and not finalize):
             return
-        fields = _fields(current, self.target, values,
-                         time.monotonic() - self._start, finalize)
+        now = self._clock()
+        # A log's last step's line waits for the epoch end's (with PAWS-NN).
+        if not (self._live or finalize) and (
+                now - self._written < self._every_seconds or last):
+            return
+        self._written = now
+        fields = _fields(current, self.target, values, now - self._start,
+                         finalize)
         width = shutil.get_terminal_size().columns - 1
-        if not finalize:
+        if not self._live:
+            fields[0] = f'step {fields[0]}'
+            self._stream.write('  '.join(
+                ([self._epoch] if self._epoch else []) + fields) + '\n')
+        elif not finalize:
             line = '  '.join(fields)[:width]
             self._stream.write('\r' + line.ljust(self._drawn))
             self._drawn = len(line)
@@ -76,41 +89,6 @@ class _LiveBar:
         self._stream.flush()
 
 
-class _LogLines:
-    """The same `update` for a file or a pipe: whole lines, each readable
-    alone (`epoch e/E  step s/S  values  ETA`), at most every
-    `every_seconds` and at the end of the epoch."""
-
-    def __init__(self, target, verbose, stream, *, epoch, every_seconds,
-                 clock):
-        self.target = target
-        self.verbose = verbose
-        self._stream = stream
-        self._epoch = epoch
-        self._every_seconds = every_seconds
-        self._clock = clock
-        self._start = self._written = clock()
-
-    def update(self, current, values=None, finalize=None):
-        if finalize is None:
-            finalize = self.target is not None and current >= self.target
-        if not self.verbose or (self.verbose != 1 and not finalize):
-            return
-        now = self._clock()
-        # The last step's line waits for the epoch end's (with PAWS-NN).
-        if not finalize and (now - self._written < self._every_seconds or
-                             self.target and current >= self.target):
-            return
-        self._written = now
-        fields = _fields(current, self.target, values, now - self._start,
-                         finalize)
-        fields[0] = f'step {fields[0]}'
-        if self._epoch:
-            fields.insert(0, self._epoch)
-        self._stream.write('  '.join(fields) + '\n')
-        self._stream.flush()
-
-
 def _is_terminal(stream):
     isatty = getattr(stream, 'isatty', None)
     return bool(isatty and isatty())
@@ -118,21 +96,19 @@ def _is_terminal(stream):
 
 @gin.configurable
 class ProgressBar(tf_keras.callbacks.ProgbarLogger):
-    """Keras' progress bar, showing `BAR_VALUES` only (PAWS-NN at the end
-    of an epoch when `evaluators.EpochEndEvaluation` runs before it): on a
-    terminal one line redrawn every step, else (output redirected to a
-    file, a cluster job's log) a line at most every `log_every_seconds` and
-    at each epoch end.
+    """Keras' progress bar, showing `BAR_VALUES` only: on a terminal one
+    line redrawn every step, else (a file, a cluster job's log) a line at
+    most every `log_every_seconds` and at each epoch end.
 
-    Pass it in `fit`'s callbacks, after `EpochEndEvaluation`; `fit`
-    then adds no bar of its own, and its `verbose` still applies (0: silent,
-    1: progress within the epoch, 2: one line per epoch).
+    Pass it in `fit`'s callbacks, after `evaluators.EpochEndEvaluation`
+    (whose PAWS-NN it shows); `fit` then adds no bar of its own, and its
+    `verbose` applies (0: silent, 1: within the epoch, 2: at its end).
 
     Args:
         log_every_seconds: the shortest time between two lines in a log
             (0: a line every step); a terminal's bar is redrawn every step.
         stream: where to write; None: `sys.stdout` at the time of writing.
-        clock: seconds of a monotonic clock, for the log's interval.
+        clock: seconds of a monotonic clock.
     """
 
     def __init__(self, log_every_seconds=LOG_EVERY_SECONDS, stream=None,
@@ -163,9 +139,7 @@ class ProgressBar(tf_keras.callbacks.ProgbarLogger):
         if self.progbar is not None:
             return
         stream = self._output()
-        if _is_terminal(stream):
-            self.progbar = _LiveBar(self.target, self.verbose, stream)
-        else:
-            self.progbar = _LogLines(
-                self.target, self.verbose, stream, epoch=self._epoch,
-                every_seconds=self.log_every_seconds, clock=self._clock)
+        self.progbar = _Bar(
+            self.target, self.verbose, stream, live=_is_terminal(stream),
+            epoch=self._epoch, every_seconds=self.log_every_seconds,
+            clock=self._clock)

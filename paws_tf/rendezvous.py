@@ -1,13 +1,10 @@
-"""The start of a cluster: each task waits, for a bounded time, until it
-has exchanged a greeting with every other task on their cluster ports.
+"""The start of a cluster: each task greets every other on their cluster
+ports, for a bounded time.
 
-TensorFlow 2.21's cluster registration, which building
-`MultiWorkerMirroredStrategy` runs, waits for ever for a task that never
-starts, holding the Python interpreter's lock (no Python thread or signal
-handler runs meanwhile) and ignoring SIGTERM. Every task therefore meets
-the others here first, over plain TCP on the port TensorFlow binds next,
-and stops with an error naming the missing tasks when they do not come.
-"""
+TensorFlow 2.21's cluster registration (building
+`MultiWorkerMirroredStrategy`) waits for ever for a task that never starts,
+holding the Python interpreter's lock and ignoring SIGTERM. So the tasks
+meet here first, over TCP on the ports TensorFlow binds next."""
 
 import hashlib
 import json
@@ -48,13 +45,8 @@ def _split(address):
 
 
 def _read_line(connection):
-    data = b''
-    while not data.endswith(b'\n') and len(data) < _MAX_LINE:
-        chunk = connection.recv(_MAX_LINE)
-        if not chunk:
-            break
-        data += chunk
-    return data.decode(errors='replace').strip()
+    with connection.makefile('rb') as stream:
+        return stream.readline(_MAX_LINE).decode(errors='replace').strip()
 
 
 class _Listener:
@@ -122,22 +114,13 @@ def _greet(address, greeting):
 
 def wait_for_tasks(resolver, timeout):
     """Returns once this task and every other chief or worker task of the
-    cluster have greeted each other on their cluster addresses.
-
-    Each task listens on the port of its own address until every other
-    task has greeted it and it has greeted every other task; then no task
-    needs it any more, and TensorFlow binds the port. A task that starts
-    late is waited for; one that does not start within `timeout` seconds
-    is named, before any file of the run is written, so that the same
-    command launches again.
-
-    Args:
-        resolver: the cluster resolver the strategy is built from.
-        timeout: seconds to wait; 0 waits for ever.
+    cluster (from `resolver`) have greeted each other on their cluster
+    addresses; each listens on its own port until then, and TensorFlow
+    binds the port next.
 
     Raises:
-        NotStarted: naming this task, the tasks it did not meet, the
-            timeout and what to do.
+        NotStarted: within `timeout` seconds (0: for ever), naming the tasks
+            not met and what to do.
     """
     tasks = _tasks(resolver)
     me = f'{resolver.task_type} {resolver.task_id}'
@@ -173,9 +156,8 @@ def wait_for_tasks(resolver, timeout):
 
 
 def _not_started(me, tasks, answers, heard, timeout):
-    """The `NotStarted` of task `me` that met not every other task in
-    `timeout` s: `answers` are their answers to its greeting, `heard` the
-    tasks that greeted it."""
+    """The `NotStarted` of task `me`: `answers` are the other tasks'
+    answers to its greeting, `heard` the tasks that greeted it."""
 
     def named(names):
         return ', '.join(f'{task} ({tasks[task]})' for task in names)

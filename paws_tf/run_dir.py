@@ -1,28 +1,7 @@
 """A run directory (`--model_dir`): every file and folder a run writes is
-named here, and only here.
-
-The layout (docs/operations.md, "What a run directory holds", lists every
-path, and tests/test_run_dir.py checks that the two agree):
-
-    config.gin, config_<mode>.gin, flags.txt   what the run was started with
-    operative_config.gin                        every value training called
-    input.txt                                   the input's sizes per replica
-    run_history.txt, run.lock                   starts, resumes and stops
-    labeled_split.txt, normalization.json,      the run's data records
-        data_fingerprint.json, .data_staging/
-    imported.json                               an import of official weights
-    checkpoints/, backup/chief/, damaged/       the model and optimizer
-    export/embedder, export/classifier,         SavedModels
-        export/fine_tuned
-    eval/paws_nn.json                           PAWS-NN on the test split
-    fine_tune/, supervised/                     their results and weights
-        (results.json)
-    results.json, results.png                   the demo's report
-    tensorboard/{train,eval,fine_tune,supervised}
-
-The data package and the runner compute the records; `RunDir` writes and
-reads them.
-"""
+named here, and only here (docs/operations.md, "What a run directory holds",
+lists them). The data package and the runner compute the records; `RunDir`
+writes and reads them."""
 
 import datetime
 import json
@@ -45,17 +24,10 @@ def _path(*names, doc=None):
 
 
 class RunDir:
-    """The paths of one run directory.
-
-    Args:
-        path: the run directory; it need not exist yet.
-    """
+    """The paths of the run directory `path` (it need not exist yet)."""
 
     def __init__(self, path):
         self.path = os.fspath(path)
-
-    def __repr__(self):
-        return f'RunDir({self.path!r})'
 
     def __str__(self):
         return self.path
@@ -86,8 +58,9 @@ class RunDir:
     # The model and optimizer.
     checkpoints = _path('checkpoints')
     backup = _path('backup')
-    chief_backup = _path('backup', 'chief', doc="The chief's backup, the "
-                         'one kept (`cluster.write_dir`).')
+    # The chief's backup, the one kept (`cluster.write_dir`).
+    CHIEF = 'chief'
+    chief_backup = _path('backup', CHIEF)
     damaged = _path('damaged')
 
     # What is derived from the model.
@@ -106,10 +79,9 @@ class RunDir:
     results = _path(RESULTS_FILE, doc="The demo's results.")
     results_figure = _path('results.png')
 
-    def tensorboard(self, run=None):
-        """TensorBoard's log directory, or that of one of its runs
-        (`'train'`, `'eval'`, `'fine_tune'`, `'supervised'`)."""
-        return os.path.join(self.path, 'tensorboard', *([run] if run else []))
+    def tensorboard(self):
+        """TensorBoard's log directory, the parent of its runs' below."""
+        return os.path.join(self.path, 'tensorboard')
 
     train_logs = _path('tensorboard', 'train')
     eval_logs = _path('tensorboard', 'eval')
@@ -140,25 +112,10 @@ class RunDir:
         os.makedirs(self.path, exist_ok=True)
         files.write_text(path, text)
 
-    @staticmethod
-    def _read_json(path):
-        """The JSON record at `path`, or None if there is none."""
-        try:
-            with open(path) as f:
-                return json.load(f)
-        except FileNotFoundError:
-            return None
-
     def record_event(self, event):
-        """Appends `<UTC time> <host> pid <pid>: <event>` to the history.
-
-        A line is appended with one write, so a kill leaves the lines before
-        it whole; a run that was killed shows as a start or resume line
-        followed by the next resume line, with no end line between them.
-
-        Returns:
-            `event`.
-        """
+        """Appends `<UTC time> <host> pid <pid>: <event>` to the history, in
+        one write (a kill leaves the lines before it whole), and returns
+        `event`."""
         now = datetime.datetime.now(datetime.timezone.utc).strftime(
             '%Y-%m-%dT%H:%M:%SZ')
         with open(self.history, 'a') as f:
@@ -172,20 +129,19 @@ class RunDir:
         self.write(self.split, f'# {header}\n' +
                     ''.join(f'{name}\n' for name in names))
 
-    def read_normalization(self):
-        """The recorded normalisation (`normalization.record`), or None."""
-        return self._read_json(self.normalization)
+    def write_json(self, path, value, **dump_kwargs):
+        """Writes `value` as JSON (indented, `json.dumps`'s `dump_kwargs`)
+        to `path`, one of this run's records, whole."""
+        self.write(path, json.dumps(value, indent=2, **dump_kwargs))
 
-    def write_normalization(self, record):
-        self.write(self.normalization, json.dumps(record, indent=2))
-
-    def read_fingerprint(self):
-        """The recorded `data_fingerprint.fingerprint`, or None."""
-        return self._read_json(self.fingerprint)
-
-    def write_fingerprint(self, fingerprint):
-        self.write(self.fingerprint,
-                    json.dumps(fingerprint, indent=1, sort_keys=True))
+    @staticmethod
+    def read_json(path):
+        """The JSON record at `path`, or None if there is none."""
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return None
 
     def staged(self):
         """The `RunDir` of `staging`, where a start writes its data records

@@ -47,18 +47,20 @@ def test_data_records_wait_in_staging_until_accepted(tmp_path):
         '# 2 labeled of 9 (seed 0)\na.png\nb.png\n')
     staged = run.staged()
     staged.write_split(['c.png'], '1 labeled of 9 (seed 1)')
-    staged.write_normalization({'mean': [0.5], 'std': [0.25]})
+    staged.write_json(staged.normalization,
+                      {'mean': [0.5], 'std': [0.25]})
     run.accept_staged(False)  # A refused start.
     assert not os.path.exists(run.staging)
     assert pathlib.Path(run.split).read_text().endswith('a.png\nb.png\n')
-    assert run.read_normalization() is None
+    assert run.read_json(run.normalization) is None
     staged.write_split(['c.png'], '1 labeled of 9 (seed 1)')
-    staged.write_normalization({'mean': [0.5], 'std': [0.25]})
+    staged.write_json(staged.normalization,
+                      {'mean': [0.5], 'std': [0.25]})
     run.accept_staged()
     assert not os.path.exists(run.staging)
     assert pathlib.Path(run.split).read_text() == (
         '# 1 labeled of 9 (seed 1)\nc.png\n')
-    assert run.read_normalization() == {'mean': [0.5], 'std': [0.25]}
+    assert run.read_json(run.normalization) == {'mean': [0.5], 'std': [0.25]}
 
 
 def test_history_lines_are_appended_with_time_host_and_pid(tmp_path):

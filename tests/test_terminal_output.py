@@ -10,7 +10,7 @@ import pytest
 from tests.helpers import image_folders
 from tests.helpers import run_py
 
-# TensorFlow's start-up logs (each printed twice without tf_logs).
+# TensorFlow's start-up logs (each printed twice without cli._quiet_start).
 STARTUP_LOGS = ('absl::InitializeLog', 'oneDNN custom operations',
                 'cudart_stub', 'cuInit', 'cpu_feature_guard')
 # What absl prints with a usage error: the program's --help.
@@ -30,7 +30,7 @@ def _lines(output):
 @pytest.mark.slow
 @pytest.mark.long
 def test_a_run_prints_a_few_lines_before_its_progress(tmp_path):
-    """Fails if tf_logs.quiet_start leaves file descriptor 2 in place (the
+    """Fails if cli._quiet_start leaves file descriptor 2 in place (the
     start-up logs show, twice), if the cli logs the gin config again, or if
     train logs the input's whole summary."""
     run = tmp_path / 'run'
@@ -60,7 +60,7 @@ def test_a_run_prints_a_few_lines_before_its_progress(tmp_path):
 @pytest.mark.long
 def test_verbose_shows_the_start_up_logs_and_the_traceback(tmp_path):
     """--verbose and PAWS_TF_VERBOSE=1 bring back TensorFlow's logs and a
-    mistake's traceback (for a bug report). Fails if tf_logs.quiet_start
+    mistake's traceback (for a bug report). Fails if cli._quiet_start
     ignores them, or if the cli prints the message alone with --verbose."""
     bad = ["train.num_epochs = 'ten'"]
     procs = [_start(tmp_path / 'flag', bad, ['--verbose']),

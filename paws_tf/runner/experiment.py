@@ -173,10 +173,10 @@ def resolve_normalization(spec, run, source, **kwargs):
             "'labeled'.")
     values, record = normalization_lib.resolve_normalization(
         spec, source=source,
-        recorded=None if run is None else run.read_normalization(),
+        recorded=None if run is None else run.read_json(run.normalization),
         where=None if run is None else run.normalization, **kwargs)
     if run is not None and record is not None:
-        run.write_normalization(record)
+        run.write_json(run.normalization, record)
     return values
 
 
@@ -263,7 +263,8 @@ def recorded_preprocessing(run=None):
     spec = normalization_lib.required(bindings.bound('load_data.normalization'))
     run = None if run is None else run_dir.RunDir(run)
     normalization, _ = normalization_lib.resolve_normalization(
-        spec, recorded=None if run is None else run.read_normalization(),
+        spec,
+        recorded=None if run is None else run.read_json(run.normalization),
         where='the run directory' if run is None else run.normalization)
     preprocessing = eval_preprocessing(normalization=normalization)
     return preprocessing, len(preprocessing['mean'])

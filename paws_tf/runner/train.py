@@ -54,7 +54,7 @@ def _load_data(run, *, chief, resuming, on_change, overwrite):
     accepted = False
     try:
         bundle = experiment.load_data(run.staged() if chief else None)
-        recorded = run.read_fingerprint()
+        recorded = run.read_json(run.fingerprint)
         current = data_fingerprint.fingerprint(bundle)
         restart = data_fingerprint.check(
             recorded, current, model_dir=run.path, path=run.fingerprint,
@@ -64,7 +64,7 @@ def _load_data(run, *, chief, resuming, on_change, overwrite):
         if chief:
             run.accept_staged(accepted)
     if chief and recorded != current:
-        run.write_fingerprint(current)
+        run.write_json(run.fingerprint, current)
     return bundle, restart
 
 
