@@ -1,10 +1,11 @@
 """Training callbacks: non-finite loss guard, progress, images, the
-epoch-end evaluation."""
+operative config, the epoch-end evaluation."""
 
 import math
 import time
 
 from absl import logging
+import gin
 import numpy as np
 import tensorflow as tf
 import tf_keras
@@ -125,12 +126,8 @@ class ProgressLog(tf_keras.callbacks.Callback):
         views_per_second, _, seconds = self._rate(self._epoch_start,
                                                   self._last_batch_end)
         logs = logs or {}
-        shown = ' '.join(f'{k}={float(logs[k]):.4g}' for k in (
-            'loss', 'cross_entropy', 'me_max', 'target_confidence',
-            'in_domain', 'learning_rate', 'trust_ratio_mean',
-            'trust_ratio_min', 'trust_ratio_max', 'nt_xent', 'suncet',
-            'paws_nn_top1')
-            if k in logs)
+        shown = ' '.join(f'{k}={float(logs[k]):.4g}'
+                         for k in (*TRAIN_TAGS, 'paws_nn_top1') if k in logs)
         logging.info('epoch %d/%d: %s | %.0f views/s, %.1f s', epoch + 1,
                      self._num_epochs, shown, views_per_second, seconds)
         # Also for runs shorter than `every_steps` (the demo's figure).
@@ -163,6 +160,27 @@ class ViewImages(tf_keras.callbacks.Callback):
                                      max_outputs=self._count)
 
 
+class OperativeConfig(tf_keras.callbacks.Callback):
+    """Writes gin's operative config to the run's `operative_config.gin`
+    once the first step has run: gin lists a configurable only once it has
+    been called, and by then training has called all of its own.
+
+    Args:
+        run: the run's `RunDir`.
+    """
+
+    def __init__(self, run):
+        super().__init__()
+        self._run = run
+        self._written = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._written:
+            self._run.write(self._run.operative_config,
+                            gin.operative_config_str())
+            self._written = True
+
+
 def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
                          every_epochs, max_queries):
     """The training's evaluators at epoch ends, on the held-out split.
@@ -170,8 +188,7 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
     Every worker of a cluster runs it: each reads the model's weights at
     the same epoch end (`cluster.read_weights`, collectives under
     MultiWorkerMirroredStrategy), and the chief alone evaluates them on a
-    copy with plain variables (`building.build_local_model`) and writes
-    the TensorBoard points.
+    copy with plain variables and writes the TensorBoard points.
 
     Args:
         evaluator_classes: `train.evaluators`, each called with the run's
@@ -181,8 +198,7 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
         tau: similarity temperature.
         chief: whether this process is the chief.
         every_epochs: evaluate every this many epochs.
-        max_queries: test images used (None: all), so that the curve is
-            cheap enough to follow during training.
+        max_queries: test images used (None: all).
 
     Returns:
         An `evaluators.EpochEndEvaluation` callback.

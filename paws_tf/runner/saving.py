@@ -10,26 +10,17 @@ import tf_keras
 
 from paws_tf import checkpoints
 
-# The step the callbacks log and save at, and their error for a NaN.
-global_step = checkpoints.global_step
-non_finite_error = checkpoints.non_finite_error
-
 
 class Saver(tf_keras.callbacks.Callback):
     """Backs up and checkpoints a `checkpoints.RunState` on schedule, and on
     SIGTERM.
 
-    A step is saved when the global step reaches a multiple of an interval
-    (with `steps_per_execution > 1`, when it passes one); at the same step
-    the backup is written before the checkpoint. Place it after the
-    callbacks that write summaries.
-
-    On SIGTERM (what Slurm and most schedulers send before killing a job),
-    inside `handling_sigterm()`, the run backs up at the end of the current
-    step and stops; `preempted_at` then holds the step. Under
-    MultiWorkerMirroredStrategy one worker cannot save alone (saves are
-    collective), so there SIGTERM keeps its default effect and the run
-    resumes from the last periodic backup.
+    A step is saved when the global step reaches (or, with
+    `steps_per_execution > 1`, passes) a multiple of an interval, the
+    backup before the checkpoint. Place it after the callbacks that write
+    summaries. On SIGTERM (what Slurm and most schedulers send before
+    killing a job), inside `handling_sigterm()`, the run backs up at the
+    end of the current step and stops; `preempted_at` then holds the step.
 
     Args:
         state: the `checkpoints.RunState`.
@@ -66,10 +57,10 @@ class Saver(tf_keras.callbacks.Callback):
             signal.signal(signal.SIGTERM, previous)
 
     def on_train_begin(self, logs=None):
-        self._last_step = global_step(self.model)
+        self._last_step = checkpoints.global_step(self.model)
 
     def on_train_batch_end(self, batch, logs=None):
-        step = global_step(self.model)
+        step = checkpoints.global_step(self.model)
         for kind, every in self._every.items():
             if every and step // every > self._last_step // every:
                 self.state.save(kind)
@@ -99,9 +90,8 @@ def fit_from(model, input_at, start_step, *, epochs, steps_per_epoch,
     """`model.fit` from global `start_step` to the end of epoch `epochs`.
 
     `fit` starts at an epoch's first step (`initial_epoch`): a run resumed
-    mid-epoch first finishes that epoch in a `fit` of its remaining steps,
-    then fits the epochs after it. The callbacks see the epochs of an
-    uninterrupted run, ending at the same global steps (their `batch`
+    mid-epoch first finishes that epoch in a `fit` of its remaining steps.
+    The callbacks see the epochs of an uninterrupted run (their `batch`
     counts from the first step of each `fit`).
 
     Args:

@@ -22,7 +22,6 @@ from paws_tf import run_dir
 from paws_tf.runner import building
 from paws_tf.runner import callbacks
 from paws_tf.runner import experiment
-from paws_tf.runner import run_history
 from paws_tf.runner import saving
 from paws_tf import schedules
 
@@ -38,34 +37,6 @@ def weights_fingerprint(model):
     for weight in cluster.read_weights(model):
         digest.update(np.ascontiguousarray(weight).tobytes())
     return digest.hexdigest()
-
-
-def _load_data(run, *, chief, resuming, on_change, overwrite):
-    """The run's data, checked against what it started on.
-
-    The labeled split and the normalisation are recorded in a staging
-    directory and moved into the run directory only once the data is
-    accepted, so that a refused run leaves the records as they were.
-
-    Returns:
-        `(bundle, restart)`: `restart` is True when the data changed and
-        --overwrite says to start the run again.
-    """
-    accepted = False
-    try:
-        bundle = experiment.load_data(run.staged() if chief else None)
-        recorded = run.read_fingerprint()
-        current = data_fingerprint.fingerprint(bundle)
-        restart = data_fingerprint.check(
-            recorded, current, model_dir=run.path, path=run.fingerprint,
-            resuming=resuming, on_change=on_change, overwrite=overwrite)
-        accepted = chief
-    finally:
-        if chief:
-            run.accept_staged(accepted)
-    if chief and recorded != current:
-        run.write_fingerprint(current)
-    return bundle, restart
 
 
 @gin.configurable(denylist=['model_dir', 'strategy', 'overwrite',
@@ -145,10 +116,11 @@ def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
         checkpoint_every_steps=checkpoint_every_steps,
         log_every_steps=log_every_steps, eval_every_epochs=eval_every_epochs,
         seed=seed, precision=precision, on_data_change=on_data_change)
-    _seed(seed, deterministic_ops=deterministic_ops)
+    tf_keras.utils.set_random_seed(seed)
+    if deterministic_ops:
+        determinism.enable()
     chief = cluster.is_chief(strategy)
     run = run_dir.RunDir(model_dir)
-    # The data, and the step the run starts at.
     bundle, start_step, resume_from = _start(
         run, strategy, chief=chief, on_change=on_data_change,
         overwrite=overwrite)
@@ -157,7 +129,10 @@ def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
         num_replicas=strategy.num_replicas_in_sync, seed=seed,
         normalization=bundle.normalization)
     pretrain = input_at(start_step=start_step)
-    _record_input(run, pretrain, chief=chief)
+    if chief:
+        run.write(run.input_summary, pretrain.summary + '\n')
+    logging.info('%s; the sizes per replica and step: %s',
+                 pretrain.summary_line, run.input_summary)
     model = building.build_compiled_model(
         strategy, input_channels=bundle.labeled.channels,
         steps_per_epoch=pretrain.steps_per_epoch, num_epochs=num_epochs,
@@ -165,7 +140,6 @@ def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
         precision=precision, jit_compile=jit_compile,
         steps_per_execution=steps_per_execution,
         pretrained_backbone=pretrained_backbone)
-    # The checkpoints: resume, or start.
     history = run.record_event if chief else (lambda event: event)
     if not _resume(model, resume_from, start_step, num_epochs,
                    pretrain.steps_per_epoch, history=history):
@@ -190,21 +164,6 @@ def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
     return model
 
 
-def _seed(seed, *, deterministic_ops):
-    """Seeds Python, NumPy and TF; bit-identical ops if asked."""
-    tf_keras.utils.set_random_seed(seed)
-    if deterministic_ops:
-        determinism.enable()
-
-
-def _record_input(run, pretrain, *, chief):
-    """Writes the input's sizes per replica and step, and logs them."""
-    if chief:
-        run.write(run.input_summary, pretrain.summary + '\n')
-    logging.info('%s; the sizes per replica and step: %s',
-                 pretrain.summary_line, run.input_summary)
-
-
 def _resume(model, path, step, num_epochs, steps_per_epoch, *, history):
     """Restores the model and optimizer saved at `path` (None: a new run)
     and records the start; False for a finished run."""
@@ -216,8 +175,11 @@ def _resume(model, path, step, num_epochs, steps_per_epoch, *, history):
                          'it again.', checkpoints.describe(path).capitalize(),
                          step)
             return False
-        logging.info('Run %s.', history(run_history.resumed(
-            step, total_steps, steps_per_epoch, checkpoints.describe(path))))
+        epoch, batch = divmod(step, steps_per_epoch)
+        logging.info('Run %s.', history(
+            f'resumed at step {step} of {total_steps} (epoch {epoch + 1} of '
+            f'{num_epochs}, step {batch} of it) from '
+            f'{checkpoints.describe(path)}'))
     else:
         history(f'started a new run of {total_steps} steps')
     logging.info('Training steps %d..%d: %d epochs of %d steps.', step,
@@ -251,8 +213,7 @@ def check_arguments(*, num_epochs, keep_checkpoints, backup_every_steps,
                     log_every_steps, eval_every_epochs, seed, precision,
                     on_data_change, names=None):
     """Raises `checks.ConfigError` naming a bad argument of `train`
-    (`names`: what to call each, default `train.<argument>`); run.py runs
-    it on the bound values before any data is read.
+    (`names`: what to call each, default `train.<argument>`).
 
     Returns:
         `num_epochs` as an int.
@@ -284,9 +245,8 @@ def check_arguments(*, num_epochs, keep_checkpoints, backup_every_steps,
 
 def _fit(model, pretrain, input_at, fit_callbacks, saver, *, strategy,
          start_step, num_epochs, history, verbose):
-    """`saving.fit_from` global `start_step`, on `pretrain`, then on
-    `input_at(start_step=step)`; a failure of the cluster becomes a
-    `cluster.ClusterFailed` naming where a relaunch resumes."""
+    """`saving.fit_from` global `start_step`; a failure of the cluster
+    becomes a `cluster.ClusterFailed` naming where a relaunch resumes."""
     def dataset_at(step):
         return tf_keras.utils.experimental.DatasetCreator(
             (pretrain if step == start_step else
@@ -313,15 +273,32 @@ def _fit(model, pretrain, input_at, fit_callbacks, saver, *, strategy,
 
 
 def _start(run, strategy, *, chief, on_change, overwrite):
-    """The run's data and where it starts.
+    """The run's data, checked against what it started on, and where it
+    starts.
+
+    The labeled split and the normalisation are recorded in a staging
+    directory and moved into the run directory only once the data is
+    accepted, so that a refused run leaves the records as they were.
 
     Returns:
         `(bundle, step, path)`: `path` is the backup or checkpoint of global
         `step` to restore, None for a new run (step 0).
     """
-    bundle, restart = _load_data(
-        run, chief=chief, resuming=checkpoints.has_progress(run.path),
-        on_change=on_change, overwrite=overwrite)
+    accepted = False
+    try:
+        bundle = experiment.load_data(run.staged() if chief else None)
+        recorded = run.read_fingerprint()
+        current = data_fingerprint.fingerprint(bundle)
+        restart = data_fingerprint.check(
+            recorded, current, model_dir=run.path, path=run.fingerprint,
+            resuming=checkpoints.has_progress(run.path), on_change=on_change,
+            overwrite=overwrite)
+        accepted = chief
+    finally:
+        if chief:
+            run.accept_staged(accepted)
+    if chief and recorded != current:
+        run.write_fingerprint(current)
     if restart and chief:
         run.delete(run.training_outputs)
     if overwrite:
@@ -336,10 +313,9 @@ def _start(run, strategy, *, chief, on_change, overwrite):
 def _callbacks(run, bundle, pretrain, saver, *, tau, chief, num_epochs,
                log_every_steps, view_images, evaluators, eval_every_epochs,
                eval_max_queries):
-    """`fit`'s callbacks, in order: nothing is saved before the loss and
-    the evaluation of its step have run and its summaries are written (so
-    that the logs reach the backup's step), and the progress bar comes
-    last."""
+    """`fit`'s callbacks, in order: the saver after the loss check, the
+    evaluation and the summaries of its step (so that the logs reach the
+    backup's step), the progress bar last."""
     preprocessing = experiment.eval_preprocessing(bundle)
     fit_callbacks = [
         callbacks.StopOnNonFiniteLoss(run.checkpoints),
@@ -355,7 +331,7 @@ def _callbacks(run, bundle, pretrain, saver, *, tau, chief, num_epochs,
             tau=tau, chief=chief, every_epochs=eval_every_epochs,
             max_queries=eval_max_queries))
     if chief:
-        fit_callbacks.append(run_history.OperativeConfig(run))
+        fit_callbacks.append(callbacks.OperativeConfig(run))
     if view_images:
         fit_callbacks.append(callbacks.ViewImages(
             run.train_logs, pretrain.dataset_fn,
