@@ -75,11 +75,7 @@ def _check_folders_bound(folder):
 
 def check_labeled_folder(what):
     """Raises ConfigError naming the binding when the config reads its
-    labeled images from a folder that does not exist.
-
-    Args:
-        what: what needs the labeled images, for the message (e.g. 'PAWS-NN
-            compares the test images with them').
+    labeled images (what needs them: `what`) from a missing folder.
 
     Returns:
         `(root, binding)` of the labeled folder, or None when the labeled
@@ -291,8 +287,8 @@ def check_model_dir(run, config, *, overwrite, chief):
     Args:
         run: the `RunDir`.
         config: the gin config to train with (`gin.config_str()`).
-        overwrite: delete a run of another config (run.py's --overwrite).
-        chief: whether this process writes (deletes) in `model_dir`.
+        overwrite: run.py's --overwrite.
+        chief: whether this process writes in `model_dir`.
 
     Raises:
         checks.ConfigError: `model_dir` holds a run of another config (the

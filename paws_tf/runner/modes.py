@@ -28,21 +28,19 @@ EMBED_BATCH_SIZE = 256
 
 def load_trained_model(model_dir, strategy, *, local=False,
                        imported=False):
-    """The run's model restored from the newest checkpoint that can be
-    restored (damaged newer ones are skipped with a warning), from the gin
-    config and the run directory alone (`recorded_preprocessing`).
+    """The run's model restored from its newest checkpoint that restores,
+    from the gin config and the run directory alone.
 
     Args:
         model_dir: the run directory.
         strategy: the running `tf.distribute.Strategy`.
         local: build the model outside the strategy (plain variables), for
-            what one process does alone: export, PAWS-NN. Else in its
-            scope, for what every worker runs together (fine-tuning).
+            what one process does alone (export, PAWS-NN); else in its
+            scope (fine-tuning).
         imported: the run holds imported official weights (RGB).
 
     Returns:
-        `(model, step)`: the `PAWSModel` built from the gin config and the
-        checkpoint's global step.
+        `(model, step)`: the `PAWSModel` and the checkpoint's global step.
 
     Raises:
         FileNotFoundError: the run has no checkpoint yet.
@@ -110,12 +108,9 @@ def export_run(model_dir, model, bundle=None):
                  model_dir)
 
 
-def evaluate_run(model_dir, bundle, *, model, step=0):
-    """PAWS-NN of the run on its test split, by the chief alone.
-
-    Reads the exported embedder when there is one, else the checkpoint of
-    `step` into `model`, built by `load_trained_model(..., local=True)`.
-    """
+def _paws_nn(model_dir, bundle, model, step):
+    """PAWS-NN of the exported embedder, else of the checkpoint of `step`
+    read into `model`."""
     if bundle.test is None:
         raise ValueError('No test split is configured (load_data.test): '
                          'nothing to evaluate PAWS-NN on.')
@@ -151,7 +146,7 @@ def export_and_evaluate(model_dir, strategy, *, exports=True,
         if exports:
             export_run(model_dir, model, bundle)
         if evaluates:
-            results = evaluate_run(model_dir, bundle, model=model, step=step)
+            results = _paws_nn(model_dir, bundle, model, step)
     cluster.barrier(strategy)
     return results
 

@@ -22,7 +22,6 @@ from paws_tf import run_dir
 from paws_tf.runner import building
 from paws_tf.runner import callbacks
 from paws_tf.runner import experiment
-from paws_tf.runner import saving
 from paws_tf import schedules
 
 
@@ -50,12 +49,11 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
           view_images=True, evaluators=(evaluators_lib.PawsNN,),
           eval_every_epochs=1, eval_max_queries=10_000,
           pretrained_backbone=None, on_data_change='stop', verbose='auto'):
-    """PAWS pre-training into `model_dir`; resumes an unfinished run.
+    """PAWS pre-training into `model_dir`.
 
-    Running it again on the same `model_dir` continues an interrupted run
-    from its last backup (the same global step, the same input stream), and
-    returns a finished run's model without training it again. A resumed
-    run's data must be the data it started on (`data_fingerprint`).
+    Called again on the same `model_dir`, it resumes an interrupted run
+    from its last backup (the same global step and input stream, on the
+    same data) and returns a finished run's model without training it.
 
     Args:
         model_dir: the run's directory (`run_dir.RunDir`).
@@ -66,7 +64,7 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
             longer owns `model_dir` (`run_lock.RunLock.check`).
         num_epochs: epochs, one pass over the unlabeled set each.
         optimizer_cls: optimizer class called with `learning_rate=schedule`
-            (gin: `@LARS`, configured in gin).
+            (gin: `@LARS`).
         schedule_cls: schedule class called with `steps_per_epoch` and
             `num_epochs` (gin: `@WarmupCosineDecay`).
         precision: one of `building.PRECISIONS` (`mixed_float16` adds
@@ -75,13 +73,12 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
         steps_per_execution: train steps per `tf.function` call.
         seed: seed of initialisation, data order and augmentations.
         deterministic_ops: bit-identical reruns on the same machine
-            (`determinism.enable`: TF op determinism, and Grappler's
-            arithmetic rewrites off); slower.
+            (`determinism.enable`); slower.
         checkpoint_every_steps: also checkpoint every this many steps (0:
             epoch ends only).
         keep_checkpoints: checkpoints kept in `model_dir/checkpoints`.
         backup_every_steps: back up every this many steps, the most work a
-            crash can lose (`saving.Saver`).
+            crash can lose.
         log_every_steps: TensorBoard scalar interval.
         view_images: write augmented views of the first step to TensorBoard.
         evaluators: the evaluator classes run on the test split at epoch
@@ -89,8 +86,8 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
         eval_every_epochs: evaluate every this many epochs when a test
             split is configured (0: never).
         eval_max_queries: test images the evaluators use (None: all).
-        pretrained_backbone: tf_keras weights file or checkpoint (a run's
-            too) to start the backbone from.
+        pretrained_backbone: weights file or checkpoint (a run's too) to
+            start the backbone from.
         on_data_change: resuming on other data than the run started on:
             `'stop'` naming what changed, or `'continue'` (recording it).
         verbose: progress bar verbosity (`progress.ProgressBar`).
@@ -144,7 +141,7 @@ def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
     if not _resume(model, resume_from, start_step, num_epochs,
                    pretrain.steps_per_epoch, history=history):
         return model
-    saver = saving.Saver(
+    saver = callbacks.Saver(
         checkpoints.RunState(model_dir, model, strategy,
                              keep_checkpoints=keep_checkpoints,
                              before_save=owner_check),
@@ -245,7 +242,7 @@ def check_arguments(*, num_epochs, keep_checkpoints, backup_every_steps,
 
 def _fit(model, pretrain, input_at, fit_callbacks, saver, *, strategy,
          start_step, num_epochs, history, verbose):
-    """`saving.fit_from` global `start_step`; a failure of the cluster
+    """`callbacks.fit_from` global `start_step`; a failure of the cluster
     becomes a `cluster.ClusterFailed` naming where a relaunch resumes."""
     def dataset_at(step):
         return tf_keras.utils.experimental.DatasetCreator(
@@ -257,7 +254,7 @@ def _fit(model, pretrain, input_at, fit_callbacks, saver, *, strategy,
                                 tf.distribute.MultiWorkerMirroredStrategy)
     try:
         with saver.handling_sigterm(on_sigterm):
-            saving.fit_from(model, dataset_at, start_step, epochs=num_epochs,
+            callbacks.fit_from(model, dataset_at, start_step, epochs=num_epochs,
                             steps_per_epoch=pretrain.steps_per_epoch,
                             callbacks=fit_callbacks, verbose=verbose)
     except BaseException as error:
