@@ -96,16 +96,6 @@ class ProgressLog(tf_keras.callbacks.Callback):
         steps = max(end[1] - start[1], 1)
         return steps * self._views_per_step / seconds, seconds / steps, seconds
 
-    def _step_scalars(self, step, logs):
-        """This step's values, and the diagnostics if it computed them."""
-        every = getattr(self.model, 'diagnostics_every', 0)
-        for key, tag in TRAIN_TAGS.items():
-            name = (model_lib.STEP_PREFIX + key if key in EPOCH_MEANS
-                    else key)
-            if name in logs and (key not in DIAGNOSTICS or (
-                    every and (step - 1) % every == 0)):
-                tf.summary.scalar(tag, float(logs[name]))
-
     def on_train_batch_end(self, batch, logs=None):
         # Epoch throughput ends at the last step, not after the epoch-end
         # evaluation and saves.
@@ -115,8 +105,16 @@ class ProgressLog(tf_keras.callbacks.Callback):
             return
         views_per_second, seconds_per_step, _ = self._rate(
             self._interval_start)
+        logs = logs or {}
+        every = getattr(self.model, 'diagnostics_every', 0)
         with self._writer.as_default(step=step):
-            self._step_scalars(step, logs or {})
+            # This step's values, and the diagnostics if it computed them.
+            for key, tag in TRAIN_TAGS.items():
+                name = (model_lib.STEP_PREFIX + key if key in EPOCH_MEANS
+                        else key)
+                if name in logs and (key not in DIAGNOSTICS or (
+                        every and (step - 1) % every == 0)):
+                    tf.summary.scalar(tag, float(logs[name]))
             tf.summary.scalar('throughput/views_per_second', views_per_second)
             tf.summary.scalar('throughput/seconds_per_step', seconds_per_step)
         # On disk before the saver (after this callback) backs the step up:

@@ -71,11 +71,11 @@ def load_data(run, *, train=gin.REQUIRED, test=None, unlabeled=None,
             for a labeled set too small to be representative).
 
     Returns:
-        `DataBundle(labeled, unlabeled, test, normalization)`; `test` may be
-        None, `normalization` is `(mean, std)` or None.
+        `DataBundle(labeled, unlabeled, test, normalization)`; `test` and
+        `normalization` (a `(mean, std)` pair) may be None.
 
     Raises:
-        checks.DataError: if the test classes or channels differ from the
+        checks.DataError: the test classes or channels differ from the
             labeled ones.
         ValueError: on a bad `normalization`.
     """
@@ -240,7 +240,8 @@ def recorded_preprocessing(run=None):
         `(preprocessing, channels)`: the `eval_preprocessing` dict and the
         images' channel count (one mean per channel).
     """
-    spec = normalization_lib.required(bindings.bound('load_data.normalization'))
+    spec = normalization_lib.required(
+        bindings.bound('load_data.normalization'))
     run = None if run is None else run_dir.RunDir(run)
     normalization, _ = normalization_lib.resolve_normalization(
         spec, recorded=None if run is None else run.read_normalization(),

@@ -77,8 +77,7 @@ def read_checkpoint(path):
         if not isinstance(tensor, torch.Tensor):
             raise ImportFailed(f'{path}: encoder entry {name!r} is a '
                                f'{type(tensor).__name__}, not a tensor.')
-        name = name[len('module.'):] if name.startswith('module.') else name
-        state[name] = tensor.detach().cpu().numpy()
+        state[name.removeprefix('module.')] = tensor.detach().cpu().numpy()
     return state, checkpoint.get('epoch')
 
 
@@ -213,8 +212,8 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
         The import record (dict).
 
     Raises:
-        ImportFailed: PyTorch missing, a bad file, another architecture,
-            unmatched or mis-shaped tensors, or `model_dir` holding a run.
+        ImportFailed: the file cannot be imported into this config, or
+            `model_dir` holds a run.
     """
     run = run_dir.RunDir(model_dir)
     taken = [path for path in (

@@ -254,9 +254,10 @@ def _fit(model, pretrain, input_at, fit_callbacks, saver, *, strategy,
                                 tf.distribute.MultiWorkerMirroredStrategy)
     try:
         with saver.handling_sigterm(on_sigterm):
-            callbacks.fit_from(model, dataset_at, start_step, epochs=num_epochs,
-                            steps_per_epoch=pretrain.steps_per_epoch,
-                            callbacks=fit_callbacks, verbose=verbose)
+            callbacks.fit_from(
+                model, dataset_at, start_step, epochs=num_epochs,
+                steps_per_epoch=pretrain.steps_per_epoch,
+                callbacks=fit_callbacks, verbose=verbose)
     except BaseException as error:
         step = checkpoints.global_step(model)
         why = ': '.join([type(error).__name__] + str(error).splitlines()[:1])
