@@ -19,8 +19,7 @@ from paws_tf.data import splits
 NORMALIZATION_IMAGES = ('labeled', 'unlabeled')
 
 DataBundle = collections.namedtuple(
-    'DataBundle', ['labeled', 'unlabeled', 'test', 'normalization'],
-    defaults=[None])
+    'DataBundle', ['labeled', 'unlabeled', 'test', 'normalization'])
 
 
 def _folder(selector):

@@ -261,9 +261,8 @@ def check_held_by_job(run, job):
         Held: another live run holds it.
     """
     holder = read(run)
-    if holder is None or holder.get('job') == job:
-        return
-    if stale_reason(holder) is None:
+    if (holder is not None and holder.get('job') != job
+            and stale_reason(holder) is None):
         raise _held_error(run, holder)
 
 
@@ -271,9 +270,8 @@ def _job(strategy):
     """What the processes of one job share and another job does not: the
     cluster spec under MultiWorkerMirroredStrategy, else None."""
     resolver = getattr(strategy, 'cluster_resolver', None)
-    if resolver is None:
-        return None
-    return json.dumps(resolver.cluster_spec().as_dict(), sort_keys=True)
+    return None if resolver is None else json.dumps(
+        resolver.cluster_spec().as_dict(), sort_keys=True)
 
 
 def for_process(run, strategy, *, training):
