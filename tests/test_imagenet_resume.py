@@ -121,7 +121,7 @@ def uninterrupted(imagenet, tmp_path_factory):
 def test_killed_imagenet_run_resumes_where_the_doc_says(
         tmp_path, imagenet, uninterrupted):
     """Fails if a resumed ImageNet run starts at another step than its
-    backup's (saving.fit_from starting at step 0: it trains 32 steps), or
+    backup's (callbacks.fit_from starting at step 0: it trains 32 steps), or
     if the saver runs before TensorBoard's callback (the backup's step is
     never logged)."""
     proc = start(tmp_path, imagenet)

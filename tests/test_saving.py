@@ -10,7 +10,6 @@ import tf_keras
 
 from paws_tf import checkpoints
 from paws_tf.runner import callbacks
-from paws_tf.runner import saving
 from tests.helpers import tiny_model
 
 
@@ -34,7 +33,7 @@ def test_saver_saves_when_the_step_reaches_or_passes_an_interval(tmp_path):
     state = checkpoints.RunState(str(tmp_path), model,
                                  tf.distribute.get_strategy(),
                                  keep_checkpoints=10)
-    saver = saving.Saver(state, backup_every=4, checkpoint_every=8)
+    saver = callbacks.Saver(state, backup_every=4, checkpoint_every=8)
     saver.set_model(model)
     saver.on_train_begin()
     backups = []
@@ -269,8 +268,8 @@ def fit_from(model, start, callbacks_=(), stop_at=None):
         return tf.data.Dataset.from_tensors(
             (tf.zeros([4, 3]), tf.zeros([4, 2]))).repeat()
 
-    saving.fit_from(model, input_at, start, epochs=3, steps_per_epoch=5,
-                    callbacks=[positions, *callbacks_], verbose=0)
+    callbacks.fit_from(model, input_at, start, epochs=3, steps_per_epoch=5,
+                       callbacks=[positions, *callbacks_], verbose=0)
     return positions, asked
 
 

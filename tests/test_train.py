@@ -16,7 +16,7 @@ import tf_keras
 from paws_tf import checkpoints
 from paws_tf import progress
 from paws_tf import run_dir
-from paws_tf.runner import run_history
+from paws_tf.runner import callbacks
 from paws_tf.runner import train
 from tests.helpers import debug_gin
 
@@ -100,7 +100,7 @@ def test_the_operative_config_is_written_once_the_first_step_ran(
     model.fit(np.ones([8, 2]), np.ones([8, 1]), batch_size=4, epochs=1,
               verbose=0, callbacks=[
                   progress.ProgressBar(),
-                  run_history.OperativeConfig(run), probe])
+                  callbacks.OperativeConfig(run), probe])
     assert seen == [False, True, True]
     assert 'ProgressBar.log_every_seconds = 5' in path.read_text()
 

@@ -1,4 +1,4 @@
-"""The data a run trains on, recorded (`RunDir.write_fingerprint`) and
+"""The data a run trains on, recorded (`RunDir.write_json`) and
 checked when the run resumes: per source, its kind, image count, channels
 and SHA-256 digests of its class names, item names and labels (no pixels).
 """

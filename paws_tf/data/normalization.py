@@ -169,7 +169,7 @@ def resolve_normalization(spec, *, source=None, recorded=None, where=None,
             same values. A preset or a `(mean, std)` pair: those values.
         source: the `sources.ImageSource` of the statistics; None for a
             trained run, whose values are its record's or `spec`'s.
-        recorded: the run's record (`RunDir.read_normalization`), or None.
+        recorded: the run's record (`RunDir.read_json`), or None.
         where: where that record is, for the messages.
         max_images: images the statistics are computed from.
         seed: seed of that subset.
@@ -177,7 +177,7 @@ def resolve_normalization(spec, *, source=None, recorded=None, where=None,
 
     Returns:
         `((mean, std), record)`: float tuples, one value per channel, and
-        the dict the run records (`RunDir.write_normalization`); None when
+        the dict the run records (`RunDir.write_json`); None when
         the values come from `recorded` or there is no `source`.
 
     Raises:

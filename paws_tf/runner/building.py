@@ -12,6 +12,8 @@ PRECISIONS = ('float32', 'mixed_bfloat16', 'mixed_float16')
 
 
 def check_precision(precision, name='precision'):
+    """Raises `checks.ConfigError` naming `name` unless `precision` is one
+    of `PRECISIONS`."""
     if precision not in PRECISIONS:
         raise checks.ConfigError(f'{name} must be one of {PRECISIONS}, got '
                                  f'{precision!r}.')
@@ -40,13 +42,11 @@ def build_model(strategy, *, input_channels):
 
 
 def build_local_model(*, input_channels):
-    """The PAWS model with plain variables, outside any strategy.
-
-    What one process runs alone under MultiWorkerMirroredStrategy
-    (evaluation, export) runs on such a copy: calling the distributed
-    model there reads its sync-on-read variables (batch-norm moving
-    statistics) through an all-reduce that the other workers never join,
-    and a SavedModel cannot hold its distributed variables.
+    """The PAWS model with plain variables, for what one process runs
+    alone under MultiWorkerMirroredStrategy (evaluation, export): the
+    distributed model reads its batch-norm moving statistics through an
+    all-reduce the other workers never join, and a SavedModel cannot hold
+    its distributed variables.
 
     Raises:
         RuntimeError: called inside a strategy's scope.

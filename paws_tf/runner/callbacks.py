@@ -1,10 +1,15 @@
 """Training callbacks: non-finite loss guard, progress, images, the
-epoch-end evaluation."""
+operative config, the epoch-end evaluation, the saves on schedule and on
+SIGTERM (`Saver`); and `fit` from the step a run resumes at (`fit_from`)."""
 
+import contextlib
 import math
+import signal
+import threading
 import time
 
 from absl import logging
+import gin
 import numpy as np
 import tensorflow as tf
 import tf_keras
@@ -21,7 +26,7 @@ from paws_tf.runner import experiment
 class StopOnNonFiniteLoss(tf_keras.callbacks.Callback):
     """Stops training with a clear error when the loss is NaN or infinite.
 
-    Listed before the `saving.Saver`, so the non-finite state is never
+    Listed before the `Saver`, so the non-finite state is never
     written over a good checkpoint or backup.
     """
 
@@ -58,13 +63,11 @@ DIAGNOSTICS = ('nt_xent', 'suncet')
 class ProgressLog(tf_keras.callbacks.Callback):
     """The training scalars to TensorBoard and one log line per epoch.
 
-    Every `every_steps` steps: each value of that step alone (`TRAIN_TAGS`:
-    `loss/`, `paws/`, `lars/`), and the throughput since the last point
-    (`throughput/`); the diagnostics (`diagnostics/`) at the steps that
-    compute them (`PAWSModel.diagnostics_every`). At each epoch end: the
-    epoch's means (`epoch/loss`, ...) and its throughput. Throughput
-    counts every view forwarded (unlabeled views and support views), as
-    the benchmarks do.
+    Every `every_steps` steps: that step's values (`TRAIN_TAGS`; the
+    diagnostics at the steps that compute them) and the throughput since
+    the last point; at each epoch end, the epoch's means and throughput.
+    Throughput counts every view forwarded (unlabeled and support), as the
+    benchmarks do.
     """
 
     def __init__(self, log_dir, *, views_per_step, every_steps, num_epochs,
@@ -93,16 +96,6 @@ class ProgressLog(tf_keras.callbacks.Callback):
         steps = max(end[1] - start[1], 1)
         return steps * self._views_per_step / seconds, seconds / steps, seconds
 
-    def _step_scalars(self, step, logs):
-        """This step's values, and the diagnostics if it computed them."""
-        every = getattr(self.model, 'diagnostics_every', 0)
-        for key, tag in TRAIN_TAGS.items():
-            name = (model_lib.STEP_PREFIX + key if key in EPOCH_MEANS
-                    else key)
-            if name in logs and (key not in DIAGNOSTICS or (
-                    every and (step - 1) % every == 0)):
-                tf.summary.scalar(tag, float(logs[name]))
-
     def on_train_batch_end(self, batch, logs=None):
         # Epoch throughput ends at the last step, not after the epoch-end
         # evaluation and saves.
@@ -112,8 +105,16 @@ class ProgressLog(tf_keras.callbacks.Callback):
             return
         views_per_second, seconds_per_step, _ = self._rate(
             self._interval_start)
+        logs = logs or {}
+        every = getattr(self.model, 'diagnostics_every', 0)
         with self._writer.as_default(step=step):
-            self._step_scalars(step, logs or {})
+            # This step's values, and the diagnostics if it computed them.
+            for key, tag in TRAIN_TAGS.items():
+                name = (model_lib.STEP_PREFIX + key if key in EPOCH_MEANS
+                        else key)
+                if name in logs and (key not in DIAGNOSTICS or (
+                        every and (step - 1) % every == 0)):
+                    tf.summary.scalar(tag, float(logs[name]))
             tf.summary.scalar('throughput/views_per_second', views_per_second)
             tf.summary.scalar('throughput/seconds_per_step', seconds_per_step)
         # On disk before the saver (after this callback) backs the step up:
@@ -125,12 +126,8 @@ class ProgressLog(tf_keras.callbacks.Callback):
         views_per_second, _, seconds = self._rate(self._epoch_start,
                                                   self._last_batch_end)
         logs = logs or {}
-        shown = ' '.join(f'{k}={float(logs[k]):.4g}' for k in (
-            'loss', 'cross_entropy', 'me_max', 'target_confidence',
-            'in_domain', 'learning_rate', 'trust_ratio_mean',
-            'trust_ratio_min', 'trust_ratio_max', 'nt_xent', 'suncet',
-            'paws_nn_top1')
-            if k in logs)
+        shown = ' '.join(f'{k}={float(logs[k]):.4g}'
+                         for k in (*TRAIN_TAGS, 'paws_nn_top1') if k in logs)
         logging.info('epoch %d/%d: %s | %.0f views/s, %.1f s', epoch + 1,
                      self._num_epochs, shown, views_per_second, seconds)
         # Also for runs shorter than `every_steps` (the demo's figure).
@@ -163,6 +160,27 @@ class ViewImages(tf_keras.callbacks.Callback):
                                      max_outputs=self._count)
 
 
+class OperativeConfig(tf_keras.callbacks.Callback):
+    """Writes gin's operative config to the run's `operative_config.gin`
+    once the first step has run: gin lists a configurable only once it has
+    been called, and by then training has called all of its own.
+
+    Args:
+        run: the run's `RunDir`.
+    """
+
+    def __init__(self, run):
+        super().__init__()
+        self._run = run
+        self._written = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self._written:
+            self._run.write(self._run.operative_config,
+                            gin.operative_config_str())
+            self._written = True
+
+
 def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
                          every_epochs, max_queries):
     """The training's evaluators at epoch ends, on the held-out split.
@@ -170,8 +188,7 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
     Every worker of a cluster runs it: each reads the model's weights at
     the same epoch end (`cluster.read_weights`, collectives under
     MultiWorkerMirroredStrategy), and the chief alone evaluates them on a
-    copy with plain variables (`building.build_local_model`) and writes
-    the TensorBoard points.
+    copy with plain variables and writes the TensorBoard points.
 
     Args:
         evaluator_classes: `train.evaluators`, each called with the run's
@@ -181,8 +198,7 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
         tau: similarity temperature.
         chief: whether this process is the chief.
         every_epochs: evaluate every this many epochs.
-        max_queries: test images used (None: all), so that the curve is
-            cheap enough to follow during training.
+        max_queries: test images used (None: all).
 
     Returns:
         An `evaluators.EpochEndEvaluation` callback.
@@ -205,3 +221,102 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
 
     return evaluators.EpochEndEvaluation(built, embedder,
                                          every_epochs=every_epochs)
+
+
+class Saver(tf_keras.callbacks.Callback):
+    """Backs up (every `backup_every` steps) and checkpoints (every
+    `checkpoint_every` steps, 0: epoch ends only) a `checkpoints.RunState`.
+
+    A step is saved when the global step reaches (or, with
+    `steps_per_execution > 1`, passes) a multiple of an interval, the
+    backup first. On SIGTERM (what Slurm and most schedulers send before
+    killing a job), inside `handling_sigterm()`, the run backs up at the
+    end of the current step and stops; `preempted_at` then holds the step.
+    """
+
+    def __init__(self, state, *, backup_every, checkpoint_every):
+        super().__init__()
+        self.state = state
+        self._every = {checkpoints.BACKUP: backup_every,
+                       checkpoints.CHECKPOINT: checkpoint_every}
+        self._last_step = None
+        self._stop_requested = False
+        self.preempted_at = None
+
+    @contextlib.contextmanager
+    def handling_sigterm(self, enabled=True):
+        """Within it, SIGTERM backs up and stops instead of killing."""
+        if not enabled or (threading.current_thread() is not
+                           threading.main_thread()):
+            yield
+            return
+
+        def request_stop(signum, frame):
+            del signum, frame  # Unused.
+            self._stop_requested = True
+
+        previous = signal.signal(signal.SIGTERM, request_stop)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def on_train_begin(self, logs=None):
+        self._last_step = checkpoints.global_step(self.model)
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = checkpoints.global_step(self.model)
+        for kind, every in self._every.items():
+            if every and step // every > self._last_step // every:
+                self.state.save(kind)
+        self._last_step = step
+        if self._stop_requested and self.preempted_at is None:
+            self.state.save(checkpoints.BACKUP)
+            self.preempted_at = step
+            self.model.stop_training = True
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.state.save(checkpoints.CHECKPOINT)
+
+
+class _FinishEpoch(tf_keras.callbacks.Callback):
+    """Ends `fit` at the end of its first epoch; `finished` says whether
+    that epoch ran to its end (no other callback stopped it)."""
+
+    finished = False
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.finished = not self.model.stop_training
+        self.model.stop_training = True
+
+
+def fit_from(model, input_at, start_step, *, epochs, steps_per_epoch,
+             callbacks, **fit_kwargs):
+    """`model.fit` from global `start_step` to the end of epoch `epochs`.
+
+    `fit` starts at an epoch's first step (`initial_epoch`): a run resumed
+    mid-epoch first finishes that epoch in a `fit` of its remaining steps.
+    The callbacks see the epochs of an uninterrupted run (their `batch`
+    counts from the first step of each `fit`).
+
+    Args:
+        model: the compiled model, restored at `start_step`.
+        input_at: `step -> x` of `fit` (a `DatasetCreator`) that starts at
+            global `step`.
+        start_step: the global step to start at.
+        epochs, steps_per_epoch: the run's epochs and their steps.
+        callbacks, **fit_kwargs: the other arguments of every `fit`.
+    """
+    epoch, done = divmod(start_step, steps_per_epoch)
+    if done:
+        finish = _FinishEpoch()
+        model.fit(input_at(start_step), initial_epoch=epoch, epochs=epochs,
+                  steps_per_epoch=steps_per_epoch - done,
+                  callbacks=callbacks + [finish], **fit_kwargs)
+        if not finish.finished:
+            return
+        epoch += 1
+    if epoch < epochs:
+        model.fit(input_at(epoch * steps_per_epoch), initial_epoch=epoch,
+                  epochs=epochs, steps_per_epoch=steps_per_epoch,
+                  callbacks=callbacks, **fit_kwargs)

@@ -26,24 +26,17 @@ RESUME_ONLY_BINDINGS = ('train.on_data_change', 'ProgressBar.',
 
 
 def _check_constants():
-    """Refuses gin constants that a binding tried to rebind as macros."""
-    rebound = []
+    """Refuses a gin constant that a binding tried to rebind as a macro."""
     for name in augment.GIN_CONSTANTS:
         try:
             gin.query_parameter(f'{name}/macro.value')
         except ValueError:
             continue
-        rebound.append(name)
-    if rebound:
-        one = len(rebound) == 1
         raise checks.ConfigError(
-            f'{" and ".join(rebound)} '
-            f'{"is a constant" if one else "are constants"} of paws_tf '
-            '(values fixed in paws_tf.data.augment): binding '
-            f'{"it" if one else "them"} changes nothing. Bind '
+            f'{name} is a constant of paws_tf (values fixed in '
+            'paws_tf.data.augment): binding it changes nothing. Bind '
             f'{normalization_lib.NORMALIZATION_MACRO} '
-            '(load_data.normalization) = (mean, std), '
-            "'data' or a preset "
+            "(load_data.normalization) = (mean, std), 'data' or a preset "
             f'({sorted(augment.NORMALIZATIONS)}).')
 
 
@@ -51,14 +44,10 @@ def _folder_source():
     """`(selector prefix, labeled-root parameter)` of a folder training
     source bound to `load_data.train`, or None for other sources."""
     train = bindings.reference('load_data.train')
-    if train is None:
+    roots = dict(image_folders='labeled_root', image_folder='root')
+    if train is None or train.configurable.name not in roots:
         return None
-    name = train.configurable.name
-    if name == 'image_folders':
-        return train.scoped_selector, 'labeled_root'
-    if name == 'image_folder':
-        return train.scoped_selector, 'root'
-    return None
+    return train.scoped_selector, roots[train.configurable.name]
 
 
 def _check_folders_bound(folder):
@@ -84,37 +73,31 @@ def _check_folders_bound(folder):
                 f"e.g. --gin_bindings=\"{name} = '/data/mine/...'\".")
 
 
-def _labeled_root(folder):
-    """`(root, binding)` of a folder source's labeled class subfolders, or
-    None when it is not a bound labeled folder."""
-    prefix, parameter = folder
-    root, root_name = bindings.binding(f'{prefix}.{parameter}')
-    if (not isinstance(root, str)
-            or not bindings.bound(f'{prefix}.labeled', True)):
-        return None
-    return root, root_name
-
-
 def check_labeled_folder(what):
     """Raises ConfigError naming the binding when the config reads its
-    labeled images from a folder that does not exist.
+    labeled images (what needs them: `what`) from a missing folder.
 
-    Args:
-        what: what needs the labeled images, for the message (e.g. 'PAWS-NN
-            compares the test images with them').
+    Returns:
+        `(root, binding)` of the labeled folder, or None when the labeled
+        images are not a bound folder.
     """
     folder = _folder_source()
-    labeled = _labeled_root(folder) if folder is not None else None
-    if labeled is not None and not os.path.isdir(labeled[0]):
-        root, root_name = labeled
+    if folder is None or not bindings.bound(f'{folder[0]}.labeled', True):
+        return None
+    root, root_name = bindings.binding(f'{folder[0]}.{folder[1]}')
+    if not isinstance(root, str):
+        return None
+    if not os.path.isdir(root):
         raise checks.ConfigError(
             f'{root_name} = {root!r} is not a folder: bind it to the '
             f'folder of labeled class subfolders ({what}).')
+    return root, root_name
 
 
-def _check_support(folder):
-    check_labeled_folder('the supports of pre-training are drawn from them')
-    labeled = _labeled_root(folder)
+def _check_support():
+    """The labeled folder holds the classes the support draws."""
+    labeled = check_labeled_folder(
+        'the supports of pre-training are drawn from them')
     if labeled is None:
         return
     root, root_name = labeled
@@ -126,15 +109,14 @@ def _check_support(folder):
             ': PAWS needs labeled images of at least two classes (each view '
             'is classified among the support\'s classes). Add a folder of '
             'images for each other class.')
-    classes = len(classes)
     wanted, wanted_name = bindings.binding(
         'make_pretrain_dataset_fn.classes_per_step')
     if (isinstance(wanted, numbers.Integral) and classes
-            and wanted > classes):
+            and wanted > len(classes)):
         raise checks.ConfigError(
             f'{wanted_name} = {wanted} support classes per step, but '
-            f'{root_name} = {root!r} holds {classes} class folder(s): bind '
-            f'{wanted_name} = {classes}.')
+            f'{root_name} = {root!r} holds {len(classes)} class folder(s): '
+            f'bind {wanted_name} = {len(classes)}.')
 
 
 def _check_arguments(pretraining):
@@ -160,12 +142,7 @@ def _check_arguments(pretraining):
 
 
 def _check_size(size, size_name, minimum, backbone, backbone_name):
-    if (isinstance(size, bool) or not isinstance(size, numbers.Integral)
-            or size < 1):
-        raise checks.ConfigError(
-            f'{size_name} must be a positive integer (pixels), got '
-            f'{size!r}.')
-    if size < minimum:
+    if checks.integer(size_name, size) < minimum:
         other = ("fewer build_backbone.stage_strides" if backbone ==
                  'small_resnet' else "a backbone for small images "
                  "(build_backbone.name = 'small_resnet', as the recipe "
@@ -191,9 +168,10 @@ def _check_normalization(folder):
                 '(grayscale) or 3 (RGB) channels.')
     multicrop = bindings.reference('make_pretrain_dataset_fn.multicrop')
     if multicrop is not None and multicrop.evaluate:
-        config = multicrop.scoped_configurable_fn()
-        multicrop = config, multicrop.scoped_selector
-        normalization_lib.refuse_own(multicrop[1], config.mean, config.std)
+        multicrop = (multicrop.scoped_configurable_fn(),
+                     multicrop.scoped_selector)
+        normalization_lib.refuse_own(multicrop[1], multicrop[0].mean,
+                                     multicrop[0].std)
     else:
         multicrop = None
     normalization_lib.refuse_own('eval_preprocessing',
@@ -215,12 +193,10 @@ def _check_backbone(multicrop):
         key for key in gin.get_bindings('build_backbone',
                                         resolve_references=False)
         if key not in explicit])
-    strides = {}
-    for key in ('stem_stride', 'stage_strides'):
-        value = bindings.bound(f'build_backbone.{key}')
-        if value is not None:
-            strides[key] = value
-    minimum = backbones.downsampling(backbone, **strides)
+    strides = {key: bindings.bound(f'build_backbone.{key}')
+               for key in ('stem_stride', 'stage_strides')}
+    minimum = backbones.downsampling(
+        backbone, **{k: v for k, v in strides.items() if v is not None})
     sizes = [bindings.binding('eval_preprocessing.image_size')[::-1]]
     if multicrop is not None:
         config, selector = multicrop
@@ -240,30 +216,20 @@ def _check_backbone(multicrop):
 def check_config(pretraining=True):
     """Checks the parsed gin config before any data is read.
 
-    Catches, in the first seconds and naming the binding to change with a
-    valid value: rebound gin constants (`IMAGENET_MEAN = ...` changes
-    nothing), a normalisation bound anywhere but `load_data.normalization`,
-    missing, or of the wrong number of channels, an argument that its
-    configurable refuses
-    (`check_arguments` of `train`, `PAWSModel`, `LARS` and
-    `WarmupCosineDecay`, run on the bound values: `train.num_epochs =
-    'ten'`, `PAWSModel.tau = -0.1`, a warm-up longer than the run, an
-    unknown objective), an unknown batch-norm implementation
-    (`build_model.sync_bn_impl`), an image folder left unbound, a labeled
-    folder of one class, a support of more classes than the labeled
-    folder holds (its class folders are listed, no image is read), an
-    unknown backbone argument, and image sizes below the backbone's
-    downsampling.
-    Only what the config determines is checked: the channels of sources
-    other than folders are known once they are read, where
-    `pipeline.make_pretrain_dataset_fn` and `experiment.eval_preprocessing`
-    check them again.
+    Each check names the binding to change and a valid value: rebound gin
+    constants, the normalisation (bound only to `load_data.normalization`,
+    with the images' channels), the `check_arguments` of `train`,
+    `PAWSModel`, `LARS` and `WarmupCosineDecay` on the bound values, the
+    batch-norm implementation, unbound image folders, a labeled folder of
+    one class or fewer classes than the support draws (its class folders
+    are listed, no image is read), the backbone's arguments, and image
+    sizes below its downsampling. Sources other than folders have their
+    channels checked once read (`pipeline.make_pretrain_dataset_fn`,
+    `experiment.eval_preprocessing`).
 
     Args:
-        pretraining: the run pre-trains, so `train`'s arguments are
-            checked, and the labeled folder must exist and hold enough
-            classes for the support (modes that only read a trained run
-            check the folder when they read it).
+        pretraining: the run pre-trains: check `train`'s arguments and the
+            labeled folder (other modes check it when they read it).
 
     Raises:
         checks.ConfigError: on the first problem found.
@@ -273,8 +239,8 @@ def check_config(pretraining=True):
     multicrop = _check_normalization(folder)
     _check_arguments(pretraining)
     _check_folders_bound(folder)
-    if folder is not None and pretraining:
-        _check_support(folder)
+    if pretraining:
+        _check_support()
     _check_backbone(multicrop)
 
 
@@ -282,12 +248,11 @@ def check_pretrained_backbone():
     """Refuses a `train.pretrained_backbone` file that does not fit the
     configured backbone, before any data is read.
 
-    Builds the backbone outside any strategy and loads the file into it
-    (`checkpoints.load_backbone_weights`), so call it once the strategy exists
-    (`MultiWorkerMirroredStrategy` must precede other TensorFlow ops). The
-    images' channels come from the config for folder sources; other
-    sources' are known once read, so their backbone is tried with 3
-    channels, then 1, and training checks the file again on the data's.
+    Loads the file into a backbone built outside any strategy, so call it
+    once the strategy exists (`MultiWorkerMirroredStrategy` must precede
+    other TensorFlow ops). Sources other than folders have their channels
+    known once read: their backbone is tried with 3 channels, then 1, and
+    training checks the file again.
 
     Raises:
         checks.ConfigError: the file does not exist, or does not fit (the
@@ -314,23 +279,16 @@ def check_pretrained_backbone():
         f'(build_backbone): {refused}')
 
 
-def _experiment_lines(config):
-    """The lines of a gin config that define the experiment: all but the
-    bindings that only say how to resume it."""
-    return [line for line in config.splitlines()
-            if not line.startswith(RESUME_ONLY_BINDINGS)]
-
-
 def check_model_dir(run, config, *, overwrite, chief):
     """Refuses to train over a run of another config unless `overwrite`
-    says to, and then the chief deletes that run. The config of a start
-    that saved nothing is replaced, with the logs of its first steps.
+    says to (the chief then deletes that run); replaces the config of a
+    start that saved nothing.
 
     Args:
         run: the `RunDir`.
         config: the gin config to train with (`gin.config_str()`).
-        overwrite: delete a run of another config (run.py's --overwrite).
-        chief: whether this process writes (deletes) in `model_dir`.
+        overwrite: run.py's --overwrite.
+        chief: whether this process writes in `model_dir`.
 
     Raises:
         checks.ConfigError: `model_dir` holds a run of another config (the
@@ -339,8 +297,10 @@ def check_model_dir(run, config, *, overwrite, chief):
     if not os.path.exists(run.config):
         return
     with open(run.config) as f:
-        previous = f.read()
-    old, new = _experiment_lines(previous), _experiment_lines(config)
+        old, new = (
+            [line for line in text.splitlines()
+             if not line.startswith(RESUME_ONLY_BINDINGS)]
+            for text in (f.read(), config))
     if old == new:
         return
     if not checkpoints.has_progress(run.path):

@@ -1,7 +1,5 @@
-"""An experiment's data: labeled, unlabeled and test sources, their
-normalisation (fixed, or computed from the images and recorded in the
-run's directory), and the evaluation preprocessing shared by PAWS-NN,
-export and fine-tuning."""
+"""An experiment's data: its sources, their normalisation (recorded in the
+run's directory) and the evaluation preprocessing."""
 
 import collections
 import os
@@ -21,8 +19,7 @@ from paws_tf.data import splits
 NORMALIZATION_IMAGES = ('labeled', 'unlabeled')
 
 DataBundle = collections.namedtuple(
-    'DataBundle', ['labeled', 'unlabeled', 'test', 'normalization'],
-    defaults=[None])
+    'DataBundle', ['labeled', 'unlabeled', 'test', 'normalization'])
 
 
 def _folder(selector):
@@ -48,45 +45,44 @@ def load_data(run, *, train=gin.REQUIRED, test=None, unlabeled=None,
     """Loads the sources of an experiment.
 
     Args:
-        run: the `RunDir` (or its path) that records the labeled split
-            (`splits.select_labeled`'s draw, or the names of a ready
-            labeled source) and the normalisation; None records nothing.
+        run: the `RunDir` (or its path) that records the labeled split and
+            the normalisation; None records nothing.
         train: zero-argument callable (a gin reference such as
-            `@train/load_idx`) returning either one labeled `ImageSource`,
-            which `splits.select_labeled` (configured in gin) splits into
-            labeled and unlabeled, or a ready `(labeled, unlabeled)` pair
-            (`tfds_sources.imagenet_sources`, `image_folders`).
+            `@train/load_idx`) returning one labeled `ImageSource`, which
+            `splits.select_labeled` splits into labeled and unlabeled, or a
+            ready `(labeled, unlabeled)` pair (`image_folders`).
         test: zero-argument callable returning the labeled test
             `ImageSource`, or None.
         unlabeled: zero-argument callable returning the unlabeled source
-            that replaces the one `train` gives (e.g. every training image
-            while the labeled and test sets hold some classes only), or
-            None.
+            that replaces `train`'s (e.g. every class's images while the
+            labeled and test sets hold some classes only), or None.
         max_unlabeled: keep a random subset of this many unlabeled images
             (short runs); None keeps them all.
         seed: seed of that subset and of the normalisation's images.
-        normalization: the one source of the run's normalisation, which
-            the augmentations and the evaluation take: `'data'` (computed
-            from the images), a preset name of `augment.NORMALIZATIONS`, or
-            a `(mean, std)` pair; see `normalization.resolve_normalization`.
-            The folder recipes bind it through the macro `NORMALIZATION`.
-            None: no normalisation (sources only).
+        normalization: the one source of the run's normalisation: `'data'`
+            (computed from the images), a preset of
+            `augment.NORMALIZATIONS`, or a `(mean, std)` pair (the folder
+            recipes bind the macro `NORMALIZATION`); None: none (sources
+            only).
         normalization_images: at most this many images (drawn with `seed`)
             give the `'data'` statistics.
-        normalization_from: `'labeled'` or `'unlabeled'` (a sample of them,
-            for a labeled set too small to be representative), one of
-            `NORMALIZATION_IMAGES`.
+        normalization_from: one of `NORMALIZATION_IMAGES` (`'unlabeled'`
+            for a labeled set too small to be representative).
 
     Returns:
-        `DataBundle(labeled, unlabeled, test, normalization)`; `test` may be
-        None, `normalization` is `(mean, std)` or None.
+        `DataBundle(labeled, unlabeled, test, normalization)`; `test` and
+        `normalization` (a `(mean, std)` pair) may be None.
 
     Raises:
-        checks.DataError: if the test classes or channels differ from the
+        checks.DataError: the test classes or channels differ from the
             labeled ones.
         ValueError: on a bad `normalization`.
     """
-    _check_normalization(normalization, normalization_from)
+    normalization_lib.normalization(normalization)
+    if normalization_from not in NORMALIZATION_IMAGES:
+        raise ValueError(
+            f'load_data.normalization_from must be one of '
+            f'{NORMALIZATION_IMAGES}, got {normalization_from!r}.')
     run = None if run is None else run_dir.RunDir(run)
     labeled, unlabeled_source = _split(train(), run)
     unlabeled = _at_most(
@@ -100,16 +96,6 @@ def load_data(run, *, train=gin.REQUIRED, test=None, unlabeled=None,
         max_images=normalization_images, seed=seed,
         description=normalization_from)
     return DataBundle(labeled, unlabeled, test_source, normalization)
-
-
-def _check_normalization(spec, normalization_from):
-    """Raises `ValueError` naming a bad `load_data.normalization` or
-    `load_data.normalization_from`."""
-    normalization_lib.normalization(spec)
-    if normalization_from not in NORMALIZATION_IMAGES:
-        raise ValueError(
-            f'load_data.normalization_from must be one of '
-            f'{NORMALIZATION_IMAGES}, got {normalization_from!r}.')
 
 
 def _split(loaded, run):
@@ -128,8 +114,7 @@ def _split(loaded, run):
 
 
 def _at_most(unlabeled, max_unlabeled, seed):
-    """A random subset (`seed`) of `max_unlabeled` of the `unlabeled`
-    images; all of them when `max_unlabeled` is None."""
+    """A random subset (`seed`) of `max_unlabeled` unlabeled images."""
     if max_unlabeled is None or max_unlabeled >= unlabeled.num_examples:
         return unlabeled
     if not isinstance(unlabeled, sources.ImageSource):
@@ -213,17 +198,14 @@ def eval_preprocessing(bundle=None, *, normalization=None,
     """Single centre-crop evaluation preprocessing (PAWS Appendix A).
 
     Args:
-        bundle: the run's `DataBundle`: its `normalization` gives the mean
-            and std, and its channels are checked.
-        normalization: the run's `(mean, std)` without a `bundle`
-            (`recorded_preprocessing`).
+        bundle: the run's `DataBundle`, which gives the normalisation and
+            the channels it is checked against.
+        normalization: the run's `(mean, std)` without a `bundle`.
         image_size: side S of the evaluated crop.
         crop_fraction: the shorter side is resized to S / crop_fraction
             before the centre crop (0.875 for ImageNet; 1.0 keeps CIFAR-10
             and Fashion-MNIST images whole).
-        mean, std: never bound: the normalisation is the run's
-            (`load_data.normalization`); a binding is refused, naming the
-            one to make instead.
+        mean, std: never bound (refused, naming `load_data.normalization`).
 
     Returns:
         dict with the keys `image_size`, `crop_fraction`, `mean` and `std`,
@@ -245,12 +227,9 @@ def eval_preprocessing(bundle=None, *, normalization=None,
 
 
 def recorded_preprocessing(run=None):
-    """`eval_preprocessing` of a trained run, without reading its images.
-
-    The normalisation comes from the run's record or, for a preset or
-    pair, the config (`normalization.resolve_normalization`), so that
-    restoring the model and exporting its embedder need only the run
-    directory.
+    """`eval_preprocessing` of a trained run, without reading its images:
+    the normalisation is the run's record or, for a preset or pair, the
+    config's.
 
     Args:
         run: the run's `RunDir` (or its path); None for a model that no
@@ -260,7 +239,8 @@ def recorded_preprocessing(run=None):
         `(preprocessing, channels)`: the `eval_preprocessing` dict and the
         images' channel count (one mean per channel).
     """
-    spec = normalization_lib.required(bindings.bound('load_data.normalization'))
+    spec = normalization_lib.required(
+        bindings.bound('load_data.normalization'))
     run = None if run is None else run_dir.RunDir(run)
     normalization, _ = normalization_lib.resolve_normalization(
         spec,
@@ -277,14 +257,11 @@ def synthetic_source(*, num_images=512, num_classes=4, image_size=16,
 
     Each class is a coarse random luminance pattern (the same in every
     channel, so colour augmentations keep classes apart); an image is its
-    class pattern, randomly shifted, plus pixel noise, so classes are
-    learnable but views of one image differ.
+    class pattern, randomly shifted, plus pixel noise.
 
     Args:
         num_images: images, classes taking turns.
-        num_classes: classes.
-        image_size: side of the square images.
-        channels: channels.
+        num_classes, image_size, channels: classes, image side, channels.
         noise: pixel noise std (pixel values in [0, 1]).
         seed: seed of the shifts and noise (use another one for a test set).
         class_seed: seed of the class patterns (keep it equal across the
@@ -311,27 +288,23 @@ def synthetic_source(*, num_images=512, num_classes=4, image_size=16,
 
 @gin.configurable
 def class_subset(*, source=gin.REQUIRED, classes=gin.REQUIRED):
-    """The images of some classes of a labeled source, renumbered.
-
-    For the class-mismatch setting: the labeled and test sets hold these
-    classes while `load_data.unlabeled` holds every class.
+    """The images of some classes of a labeled source, renumbered (the
+    class-mismatch setting's labeled and test sets).
 
     Args:
         source: zero-argument callable returning the labeled `ImageSource`.
         classes: class ids to keep; the i-th becomes class i.
 
     Returns:
-        `sources.keep_classes(source(), classes)`.
+        The labeled `ImageSource` of those classes.
     """
     return sources.keep_classes(source(), classes)
 
 
 @gin.configurable
 def held_out(*, source=gin.REQUIRED, part='train', size=5000, seed=0):
-    """One part of a labeled source split into training and validation.
-
-    For tuning without the test split: bind the training part as
-    `load_data.train` and the validation part as `load_data.test`.
+    """One part of a labeled source split into training and validation,
+    for tuning without the test split (`load_data.train` and `.test`).
 
     Args:
         source: zero-argument callable returning the labeled `ImageSource`.

@@ -28,26 +28,19 @@ EMBED_BATCH_SIZE = 256
 
 def load_trained_model(model_dir, strategy, *, local=False,
                        imported=False):
-    """The run's model restored from the newest checkpoint that can be
-    restored (damaged newer ones are skipped with a warning).
-
-    Needs only `model_dir` and the gin config, not the run's images: the
-    model holds no data layout, and the evaluation preprocessing (image
-    size, channels) comes from the config and the run's recorded
-    normalisation (`experiment.recorded_preprocessing`).
+    """The run's model restored from its newest checkpoint that restores,
+    from the gin config and the run directory alone.
 
     Args:
         model_dir: the run directory.
         strategy: the running `tf.distribute.Strategy`.
         local: build the model outside the strategy (plain variables), for
-            what one process does alone: export, PAWS-NN. Else in its
-            scope, for what every worker runs together (fine-tuning).
-        imported: the run holds imported official weights
-            (`official_import`): RGB, no recorded normalisation.
+            what one process does alone (export, PAWS-NN); else in its
+            scope (fine-tuning).
+        imported: the run holds imported official weights (RGB).
 
     Returns:
-        `(model, step)`: the `PAWSModel` built from the gin config and the
-        checkpoint's global step.
+        `(model, step)`: the `PAWSModel` and the checkpoint's global step.
 
     Raises:
         FileNotFoundError: the run has no checkpoint yet.
@@ -69,11 +62,7 @@ class MissingLabeledFolder(checks.DataError):
 
 def load_labeled_data(model_dir, what):
     """The run's data (`experiment.load_data`), for `what` that reads its
-    labeled images.
-
-    Args:
-        model_dir: the run directory (its recorded labeled split).
-        what: what the labeled images are for, named in the error.
+    labeled images (named in the error).
 
     Raises:
         MissingLabeledFolder: naming the binding, when the config's labeled
@@ -87,13 +76,12 @@ def load_labeled_data(model_dir, what):
 
 
 def export_run(model_dir, model, bundle=None):
-    """Writes the embedder SavedModel, then the PAWS-NN classifier's.
+    """Writes the embedder SavedModel, then the PAWS-NN classifier's, from
+    the chief's `load_trained_model(..., local=True)`.
 
-    The chief alone calls it, with the model `load_trained_model(...,
-    local=True)` restores. The embedder needs only `model_dir`; the
-    classifier bundles the embeddings of exactly the run's labeled images
-    (`bundle`, the run's data, else read here), and is skipped with a
-    warning naming the binding when the labeled folder is missing.
+    The classifier bundles the embeddings of the run's labeled images
+    (`bundle`, else read here); it is skipped with a warning naming the
+    binding when the labeled folder is missing.
     """
     preprocessing, channels = experiment.recorded_preprocessing(model_dir)
     export.export_embedder(model, run_dir.RunDir(model_dir).embedder,
@@ -120,12 +108,9 @@ def export_run(model_dir, model, bundle=None):
                  model_dir)
 
 
-def evaluate_run(model_dir, bundle, *, model, step=0):
-    """PAWS-NN of the run on its test split, by the chief alone.
-
-    Reads the exported embedder when there is one, else the checkpoint of
-    `step` into `model`, built by `load_trained_model(..., local=True)`.
-    """
+def _paws_nn(model_dir, bundle, model, step):
+    """PAWS-NN of the exported embedder, else of the checkpoint of `step`
+    read into `model`."""
     if bundle.test is None:
         raise ValueError('No test split is configured (load_data.test): '
                          'nothing to evaluate PAWS-NN on.')
@@ -146,10 +131,7 @@ def export_and_evaluate(model_dir, strategy, *, exports=True,
     """What one process does alone with a trained run: export it
     (`exports`), then PAWS-NN (`evaluates`), on the chief from the newest
     checkpoint (or the imported weights); the other workers wait for it.
-
-    `bundle` is the run's data (`load_labeled_data`) when the caller has
-    read it already; else it is read here, for PAWS-NN, and for the
-    exported classifier when the labeled folder exists.
+    `bundle`: the run's data when the caller has read it, else read here.
 
     Returns:
         The PAWS-NN results when evaluated on the chief, else None.
@@ -164,7 +146,7 @@ def export_and_evaluate(model_dir, strategy, *, exports=True,
         if exports:
             export_run(model_dir, model, bundle)
         if evaluates:
-            results = evaluate_run(model_dir, bundle, model=model, step=step)
+            results = _paws_nn(model_dir, bundle, model, step)
     cluster.barrier(strategy)
     return results
 
@@ -178,8 +160,8 @@ class Options(typing.NamedTuple):
 
 
 def _imported(model_dir, mode, trains=False):
-    """Whether `model_dir` holds imported weights (`import_official`) that
-    `mode` (a mode that `trains`, or not) runs on.
+    """Whether `model_dir` holds imported weights that `mode` (a mode that
+    `trains`, or not) runs on.
 
     Raises:
         official_import.ImportFailed: `mode` cannot run on that import.
@@ -259,17 +241,8 @@ MODES = dict(
 
 
 def run(model_dir, strategy, mode, **options):
-    """Runs the mode named `mode` (a key of `MODES`).
-
-    Args:
-        model_dir: the run directory.
-        strategy: the running `tf.distribute.Strategy`.
-        mode: the mode's name.
-        **options: the fields of `Options`: `overwrite` (run.py's
-            --overwrite) for training and the importer, `owner_check` (the
-            run lock's check before every save) for training,
-            `official_checkpoint` (the `.pth.tar` file) for
-            `import_official`.
+    """Runs the mode named `mode` (a key of `MODES`) on `model_dir` under
+    `strategy`, with the fields of `Options` as `**options`.
 
     Returns:
         What the mode returns: PAWS-NN results, fine-tuning results, the

@@ -38,20 +38,16 @@ class ImportFailed(ValueError):
 
 
 def read_checkpoint(path):
-    """The encoder state dict and epoch of an official `.pth.tar` file.
-
-    Args:
-        path: the file `torch.save` wrote (suncet `paws_train.py`,
-            `fine_tune.py`).
+    """The encoder state dict and epoch of an official `.pth.tar` file
+    (what suncet `paws_train.py` and `fine_tune.py` save).
 
     Returns:
-        `(state, epoch)`: `{name: float32 or int NumPy array}` without the
-        DDP `module.` prefix, and the stored epoch (None when absent).
+        `(state, epoch)`: `{name: NumPy array}` without the DDP `module.`
+        prefix, and the stored epoch (None when absent).
 
     Raises:
         ImportFailed: PyTorch is not installed, or the file is missing,
-            truncated or not such a checkpoint; the message names the file
-            and what was expected.
+            truncated or not such a checkpoint.
     """
     try:
         import torch  # pylint: disable=import-outside-toplevel
@@ -81,8 +77,7 @@ def read_checkpoint(path):
         if not isinstance(tensor, torch.Tensor):
             raise ImportFailed(f'{path}: encoder entry {name!r} is a '
                                f'{type(tensor).__name__}, not a tensor.')
-        name = name[len('module.'):] if name.startswith('module.') else name
-        state[name] = tensor.detach().cpu().numpy()
+        state[name.removeprefix('module.')] = tensor.detach().cpu().numpy()
     return state, checkpoint.get('epoch')
 
 
@@ -123,15 +118,14 @@ def read_record(model_dir):
 
 def _check_architecture(path, state, backbone):
     found = architecture(state)
-    if found == backbone.name:
-        return
-    raise ImportFailed(
-        f'{path} holds {found or "an unknown network"} (conv1.weight '
-        f'{list(state.get("conv1.weight", np.zeros(0)).shape)}), but the gin '
-        f'config builds {backbone.name}: use the config of that network '
-        '(gin_configs/imagenet_rn50_{1,10}pct.gin for ResNet-50, '
-        'imagenet_rn50x2_10pct.gin for 2x, cifar10_wrn28_2_4000.gin for '
-        'WideResNet-28-2).')
+    if found != backbone.name:
+        raise ImportFailed(
+            f'{path} holds {found or "an unknown network"} (conv1.weight '
+            f'{list(state.get("conv1.weight", np.zeros(0)).shape)}), but '
+            f'the gin config builds {backbone.name}: use the config of that '
+            'network (gin_configs/imagenet_rn50_{1,10}pct.gin for '
+            'ResNet-50, imagenet_rn50x2_10pct.gin for 2x, '
+            'cifar10_wrn28_2_4000.gin for WideResNet-28-2).')
 
 
 def build_fine_tuned_classifier(state):
@@ -140,9 +134,9 @@ def build_fine_tuned_classifier(state):
     single linear layer `fc`, sized from `state`.
 
     Returns:
-        `(classifier, classifier_layers)`: a functional `tf_keras.Model`,
-        uint8-free float images -> float32 logits `[B, classes]`, and its
-        layers after the backbone that hold weights.
+        `(classifier, classifier_layers)`: a functional `tf_keras.Model`
+        (float images -> float32 logits `[B, classes]`), and its layers
+        after the backbone that hold weights.
     """
     backbone = backbones.build_backbone(input_channels=CHANNELS,
                                         sync_bn=False)
@@ -161,8 +155,8 @@ def build_fine_tuned_classifier(state):
         num_classes = state['fc.weight'].shape[0]
     dense = tf_keras.layers.Dense(num_classes, name='classifier',
                                   dtype='float32')
-    logits = dense(x)
-    classifier = tf_keras.Model(inputs, logits, name='fine_tuned_classifier')
+    classifier = tf_keras.Model(inputs, dense(x),
+                                name='fine_tuned_classifier')
     return classifier, layers + [dense]
 
 
@@ -202,15 +196,11 @@ def _network(path, state, found, strategy):
 def import_official(model_dir, path, *, strategy, overwrite=False):
     """Writes an official checkpoint into `model_dir` as a paws_tf run.
 
-    Pre-trained (backbone, `fc` projection head, `pred` prediction head):
-    `model_dir/checkpoints/ckpt-0` of the gin-configured `PAWSModel`, which
-    `--mode=export`, `evaluate_nn` and `fine_tune` read as a run trained
-    here, and its embedder SavedModel `model_dir/export/embedder`, written
-    without reading any data. Fine-tuned (backbone and classifier): the
-    classifier SavedModel `model_dir/export/fine_tuned`
-    (`export.export_fine_tuned`). Both write
-    `imported.json` (file, kind, epoch, network, tensor count). Everything
-    is read and matched before anything is written.
+    Pre-trained: a checkpoint of the gin-configured `PAWSModel`, which the
+    other modes read as a run trained here, and its embedder SavedModel.
+    Fine-tuned: the classifier SavedModel (`export.export_fine_tuned`).
+    Both write the import record (`RunDir.imported`). Everything is read
+    and matched before anything is written.
 
     Args:
         model_dir: the run directory to create.
@@ -222,8 +212,8 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
         The import record (dict).
 
     Raises:
-        ImportFailed: PyTorch missing, a bad file, another architecture,
-            unmatched or mis-shaped tensors, or `model_dir` holding a run.
+        ImportFailed: the file cannot be imported into this config, or
+            `model_dir` holds a run.
     """
     run = run_dir.RunDir(model_dir)
     taken = [path for path in (
@@ -244,18 +234,6 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
     network, backbone, count = _network(path, state, found, strategy)
     run.delete(taken)
     os.makedirs(model_dir, exist_ok=True)
-    _write(run, network, found, strategy)
-    name = backbone.name
-    record = dict(source=os.path.abspath(path), kind=found, epoch=epoch,
-                  network=name, tensors=count)
-    files.write_json(run.imported, record, indent=2, default=int)
-    logging.info('Imported %s (%s, %s, epoch %s, %d tensors) into %s.', path,
-                 found, name, epoch, count, model_dir)
-    return record
-
-
-def _write(run, network, found, strategy):
-    """Writes the imported `network` of kind `found` into `run`."""
     preprocessing, _ = experiment.recorded_preprocessing()
     if found == PRETRAINED:
         checkpoints.write_model(network, run)
@@ -264,17 +242,17 @@ def _write(run, network, found, strategy):
     else:
         export.export_fine_tuned(network, run.fine_tuned, channels=CHANNELS,
                                  strategy=strategy, **preprocessing)
+    record = dict(source=os.path.abspath(path), kind=found, epoch=epoch,
+                  network=backbone.name, tensors=count)
+    files.write_json(run.imported, record, indent=2, default=int)
+    logging.info('Imported %s (%s, %s, epoch %s, %d tensors) into %s.', path,
+                 found, backbone.name, epoch, count, model_dir)
+    return record
 
 
 def refuse(record, mode, model_dir, *, trains=False):
-    """Raises the error for a mode an imported run cannot run, if it is
-    one.
-
-    Args:
-        record: the import's record (`read_record`).
-        mode: the mode's name, for the message.
-        model_dir: the run directory.
-        trains: whether the mode trains.
+    """Raises the error for a mode (named `mode`, which `trains` or not)
+    that the import of `record` (`read_record`) in `model_dir` cannot run.
 
     Raises:
         ImportFailed: pre-training on an import, or any mode but

@@ -1,15 +1,10 @@
 """One writer per run directory: the training lock, `RunDir.lock`.
 
-A training run creates the lock file atomically (O_CREAT |
-O_EXCL) before it reads or writes any run state, keeps its heartbeat fresh
-from a daemon thread, and deletes it when it exits. The file is JSON:
-`{host, pid, pid_start, started, heartbeat, job, token}`.
-
-A lock whose holder is gone is taken over with a warning: same host and the
-process is not alive (or its pid now belongs to another process), or, from
-another host, a heartbeat older than `STALE_AFTER_SECONDS`. A holder that
-was taken over while still alive finds out before its next save
-(`RunLock.check`) and stops.
+A training run creates the lock file atomically (O_CREAT | O_EXCL) before
+it touches any run state, keeps its heartbeat fresh and deletes it when it
+exits. A lock whose holder is gone (on this host: its process; from
+another host: a heartbeat older than `STALE_AFTER_SECONDS`) is taken over;
+a holder taken over while alive finds out before its next save and stops.
 """
 
 import contextlib
@@ -35,15 +30,13 @@ STALE_AFTER_SECONDS = 300
 
 class Held(RuntimeError):
     """Another live run holds the lock of this run directory."""
-    # run.py's exit code: try again later (the other run goes on).
-    EXIT_CODE = os.EX_TEMPFAIL
+    EXIT_CODE = os.EX_TEMPFAIL  # run.py's: the other run goes on.
 
 
 class Lost(RuntimeError):
-    """Another run took over the lock this run held (its heartbeat looked
-    stale to a run on another host); this run stopped before saving."""
-    # run.py's exit code: the other run goes on with the run directory.
-    EXIT_CODE = os.EX_TEMPFAIL
+    """Another run took over the lock this run held; this run stopped
+    before saving."""
+    EXIT_CODE = os.EX_TEMPFAIL  # run.py's: the other run goes on.
 
 
 def _process_start(pid):
@@ -84,20 +77,15 @@ def describe(holder):
 
 def read(run):
     """The contents of the lock of `run` (a `RunDir`), or None if there is
-    none.
-
-    A lock being written right now (empty or partial JSON) reads as a
-    holder of unknown identity on an unknown host.
-    """
-    path = run.lock
+    none."""
     try:
-        with open(path) as f:
+        with open(run.lock) as f:
             text = f.read()
-        written = os.path.getmtime(path)
+        written = os.path.getmtime(run.lock)
     except FileNotFoundError:
         return None
-    # A holder killed between creating the file and writing it leaves it
-    # empty: it goes stale like another host's, by the file's age.
+    # A lock being written, or left empty by a holder killed while writing
+    # it, is of unknown host: it goes stale by the file's age.
     return _parse(text) or {'host': '?', 'pid': '?', 'started': written,
                             'heartbeat': written}
 
@@ -138,14 +126,14 @@ def _held_error(run, holder):
 
 class RunLock:
     """The training lock of one run directory, held from `acquire` to
-    `release`; a context manager.
+    `release`; a context manager. The file is JSON: `{host, pid,
+    pid_start, started, heartbeat, job, token}`.
 
     Args:
         run: the `RunDir` (created if missing).
-        job: identity shared by the processes of one job (the cluster spec
-            under MultiWorkerMirroredStrategy), recorded in the lock so that
-            the other workers recognise their chief's lock; None for a
-            single-process run.
+        job: what the processes of one job share (`_job`), so that the
+            other workers recognise their chief's lock; None for one
+            process.
     """
 
     def __init__(self, run, job=None):
@@ -199,14 +187,12 @@ class RunLock:
         except FileNotFoundError:
             return
         with open(aside) as f:
-            taken = f.read()
-        if (_parse(taken) or holder) != holder:
+            taken = _parse(f.read()) or holder
+        if taken != holder:
             # Another run replaced the stale lock between the read and the
             # rename: put its lock back, unless a third took the place.
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.link(aside, self._path)
-            except FileExistsError:
-                pass
             os.remove(aside)
             return
         os.remove(aside)
@@ -217,7 +203,7 @@ class RunLock:
     def _beat(self):
         while not self._stop.wait(HEARTBEAT_SECONDS):
             holder = read(self._run)
-            if holder is None or holder.get('token') != self._token:
+            if not self._ours(holder):
                 logging.error('The lock of %s is no longer this run\'s '
                               '(now %s): another run took it over.',
                               self._run,
@@ -231,17 +217,14 @@ class RunLock:
                                 self._path, error)
 
     def check(self):
-        """Raises `Lost` unless the lock is still this run's.
-
-        Called before every save: a holder that missed its heartbeats (a
-        suspended process, a host cut off from the shared filesystem) may
-        have been taken over by another run, which writes the directory now.
+        """Raises `Lost` unless the lock is still this run's (called before
+        every save).
 
         Raises:
             Lost: the lock file is gone or holds another run's token.
         """
         holder = read(self._run)
-        if holder is not None and holder.get('token') == self._token:
+        if self._ours(holder):
             return
         now = (f'held by another run ({describe(holder)})' if holder
                else 'deleted')
@@ -258,9 +241,11 @@ class RunLock:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        holder = read(self._run)
-        if holder is not None and holder.get('token') == self._token:
+        if self._ours(read(self._run)):
             os.remove(self._path)
+
+    def _ours(self, holder):
+        return holder is not None and holder.get('token') == self._token
 
     def __enter__(self):
         return self.acquire()
@@ -270,16 +255,14 @@ class RunLock:
 
 
 def check_held_by_job(run, job):
-    """For the non-chief workers of a job: fails if a live run of another
-    job holds the lock (their chief holds it, or takes it, for them).
+    """For the non-chief workers of a job, whose chief holds the lock.
 
     Raises:
         Held: another live run holds it.
     """
     holder = read(run)
-    if holder is None or holder.get('job') == job:
-        return
-    if stale_reason(holder) is None:
+    if (holder is not None and holder.get('job') != job
+            and stale_reason(holder) is None):
         raise _held_error(run, holder)
 
 
@@ -287,15 +270,13 @@ def _job(strategy):
     """What the processes of one job share and another job does not: the
     cluster spec under MultiWorkerMirroredStrategy, else None."""
     resolver = getattr(strategy, 'cluster_resolver', None)
-    if resolver is None:
-        return None
-    return json.dumps(resolver.cluster_spec().as_dict(), sort_keys=True)
+    return None if resolver is None else json.dumps(
+        resolver.cluster_spec().as_dict(), sort_keys=True)
 
 
 def for_process(run, strategy, *, training):
-    """The lock this process holds while it runs in `run` (a `RunDir`): a
-    `RunLock` on a training chief, else a no-op context after the checks
-    the other processes make.
+    """The lock this process holds in `run` (a `RunDir`): a `RunLock` on a
+    training chief, else a no-op context.
 
     Raises:
         Held: `training`, and another live run holds the lock.
@@ -303,7 +284,6 @@ def for_process(run, strategy, *, training):
     if training and cluster.is_chief(strategy):
         return RunLock(run, job=_job(strategy))
     if training:
-        # The chief holds the lock for the job's other workers.
         check_held_by_job(run, _job(strategy))
         return contextlib.nullcontext()
     holder = read(run)

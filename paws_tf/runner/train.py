@@ -22,8 +22,6 @@ from paws_tf import run_dir
 from paws_tf.runner import building
 from paws_tf.runner import callbacks
 from paws_tf.runner import experiment
-from paws_tf.runner import run_history
-from paws_tf.runner import saving
 from paws_tf import schedules
 
 
@@ -40,34 +38,6 @@ def weights_fingerprint(model):
     return digest.hexdigest()
 
 
-def _load_data(run, *, chief, resuming, on_change, overwrite):
-    """The run's data, checked against what it started on.
-
-    The labeled split and the normalisation are recorded in a staging
-    directory and moved into the run directory only once the data is
-    accepted, so that a refused run leaves the records as they were.
-
-    Returns:
-        `(bundle, restart)`: `restart` is True when the data changed and
-        --overwrite says to start the run again.
-    """
-    accepted = False
-    try:
-        bundle = experiment.load_data(run.staged() if chief else None)
-        recorded = run.read_json(run.fingerprint)
-        current = data_fingerprint.fingerprint(bundle)
-        restart = data_fingerprint.check(
-            recorded, current, model_dir=run.path, path=run.fingerprint,
-            resuming=resuming, on_change=on_change, overwrite=overwrite)
-        accepted = chief
-    finally:
-        if chief:
-            run.accept_staged(accepted)
-    if chief and recorded != current:
-        run.write_json(run.fingerprint, current)
-    return bundle, restart
-
-
 @gin.configurable(denylist=['model_dir', 'strategy', 'overwrite',
                             'owner_check'])
 def train(model_dir, strategy, *, overwrite=False, owner_check=None,
@@ -79,12 +49,11 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
           view_images=True, evaluators=(evaluators_lib.PawsNN,),
           eval_every_epochs=1, eval_max_queries=10_000,
           pretrained_backbone=None, on_data_change='stop', verbose='auto'):
-    """PAWS pre-training into `model_dir`; resumes an unfinished run.
+    """PAWS pre-training into `model_dir`.
 
-    Running it again on the same `model_dir` continues an interrupted run
-    from its last backup (the same global step, the same input stream), and
-    returns a finished run's model without training it again. A resumed
-    run's data must be the data it started on (`data_fingerprint`).
+    Called again on the same `model_dir`, it resumes an interrupted run
+    from its last backup (the same global step and input stream, on the
+    same data) and returns a finished run's model without training it.
 
     Args:
         model_dir: the run's directory (`run_dir.RunDir`).
@@ -95,7 +64,7 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
             longer owns `model_dir` (`run_lock.RunLock.check`).
         num_epochs: epochs, one pass over the unlabeled set each.
         optimizer_cls: optimizer class called with `learning_rate=schedule`
-            (gin: `@LARS`, configured in gin).
+            (gin: `@LARS`).
         schedule_cls: schedule class called with `steps_per_epoch` and
             `num_epochs` (gin: `@WarmupCosineDecay`).
         precision: one of `building.PRECISIONS` (`mixed_float16` adds
@@ -104,13 +73,12 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
         steps_per_execution: train steps per `tf.function` call.
         seed: seed of initialisation, data order and augmentations.
         deterministic_ops: bit-identical reruns on the same machine
-            (`determinism.enable`: TF op determinism, and Grappler's
-            arithmetic rewrites off); slower.
+            (`determinism.enable`); slower.
         checkpoint_every_steps: also checkpoint every this many steps (0:
             epoch ends only).
         keep_checkpoints: checkpoints kept in `model_dir/checkpoints`.
         backup_every_steps: back up every this many steps, the most work a
-            crash can lose (`saving.Saver`).
+            crash can lose.
         log_every_steps: TensorBoard scalar interval.
         view_images: write augmented views of the first step to TensorBoard.
         evaluators: the evaluator classes run on the test split at epoch
@@ -118,8 +86,8 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
         eval_every_epochs: evaluate every this many epochs when a test
             split is configured (0: never).
         eval_max_queries: test images the evaluators use (None: all).
-        pretrained_backbone: tf_keras weights file or checkpoint (a run's
-            too) to start the backbone from.
+        pretrained_backbone: weights file or checkpoint (a run's too) to
+            start the backbone from.
         on_data_change: resuming on other data than the run started on:
             `'stop'` naming what changed, or `'continue'` (recording it).
         verbose: progress bar verbosity (`progress.ProgressBar`).
@@ -145,10 +113,11 @@ def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
         checkpoint_every_steps=checkpoint_every_steps,
         log_every_steps=log_every_steps, eval_every_epochs=eval_every_epochs,
         seed=seed, precision=precision, on_data_change=on_data_change)
-    _seed(seed, deterministic_ops=deterministic_ops)
+    tf_keras.utils.set_random_seed(seed)
+    if deterministic_ops:
+        determinism.enable()
     chief = cluster.is_chief(strategy)
     run = run_dir.RunDir(model_dir)
-    # The data, and the step the run starts at.
     bundle, start_step, resume_from = _start(
         run, strategy, chief=chief, on_change=on_data_change,
         overwrite=overwrite)
@@ -157,7 +126,10 @@ def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
         num_replicas=strategy.num_replicas_in_sync, seed=seed,
         normalization=bundle.normalization)
     pretrain = input_at(start_step=start_step)
-    _record_input(run, pretrain, chief=chief)
+    if chief:
+        run.write(run.input_summary, pretrain.summary + '\n')
+    logging.info('%s; the sizes per replica and step: %s',
+                 pretrain.summary_line, run.input_summary)
     model = building.build_compiled_model(
         strategy, input_channels=bundle.labeled.channels,
         steps_per_epoch=pretrain.steps_per_epoch, num_epochs=num_epochs,
@@ -165,12 +137,11 @@ def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
         precision=precision, jit_compile=jit_compile,
         steps_per_execution=steps_per_execution,
         pretrained_backbone=pretrained_backbone)
-    # The checkpoints: resume, or start.
     history = run.record_event if chief else (lambda event: event)
     if not _resume(model, resume_from, start_step, num_epochs,
                    pretrain.steps_per_epoch, history=history):
         return model
-    saver = saving.Saver(
+    saver = callbacks.Saver(
         checkpoints.RunState(model_dir, model, strategy,
                              keep_checkpoints=keep_checkpoints,
                              before_save=owner_check),
@@ -190,21 +161,6 @@ def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
     return model
 
 
-def _seed(seed, *, deterministic_ops):
-    """Seeds Python, NumPy and TF; bit-identical ops if asked."""
-    tf_keras.utils.set_random_seed(seed)
-    if deterministic_ops:
-        determinism.enable()
-
-
-def _record_input(run, pretrain, *, chief):
-    """Writes the input's sizes per replica and step, and logs them."""
-    if chief:
-        run.write(run.input_summary, pretrain.summary + '\n')
-    logging.info('%s; the sizes per replica and step: %s',
-                 pretrain.summary_line, run.input_summary)
-
-
 def _resume(model, path, step, num_epochs, steps_per_epoch, *, history):
     """Restores the model and optimizer saved at `path` (None: a new run)
     and records the start; False for a finished run."""
@@ -216,8 +172,11 @@ def _resume(model, path, step, num_epochs, steps_per_epoch, *, history):
                          'it again.', checkpoints.describe(path).capitalize(),
                          step)
             return False
-        logging.info('Run %s.', history(run_history.resumed(
-            step, total_steps, steps_per_epoch, checkpoints.describe(path))))
+        epoch, batch = divmod(step, steps_per_epoch)
+        logging.info('Run %s.', history(
+            f'resumed at step {step} of {total_steps} (epoch {epoch + 1} of '
+            f'{num_epochs}, step {batch} of it) from '
+            f'{checkpoints.describe(path)}'))
     else:
         history(f'started a new run of {total_steps} steps')
     logging.info('Training steps %d..%d: %d epochs of %d steps.', step,
@@ -251,8 +210,7 @@ def check_arguments(*, num_epochs, keep_checkpoints, backup_every_steps,
                     log_every_steps, eval_every_epochs, seed, precision,
                     on_data_change, names=None):
     """Raises `checks.ConfigError` naming a bad argument of `train`
-    (`names`: what to call each, default `train.<argument>`); run.py runs
-    it on the bound values before any data is read.
+    (`names`: what to call each, default `train.<argument>`).
 
     Returns:
         `num_epochs` as an int.
@@ -284,9 +242,8 @@ def check_arguments(*, num_epochs, keep_checkpoints, backup_every_steps,
 
 def _fit(model, pretrain, input_at, fit_callbacks, saver, *, strategy,
          start_step, num_epochs, history, verbose):
-    """`saving.fit_from` global `start_step`, on `pretrain`, then on
-    `input_at(start_step=step)`; a failure of the cluster becomes a
-    `cluster.ClusterFailed` naming where a relaunch resumes."""
+    """`callbacks.fit_from` global `start_step`; a failure of the cluster
+    becomes a `cluster.ClusterFailed` naming where a relaunch resumes."""
     def dataset_at(step):
         return tf_keras.utils.experimental.DatasetCreator(
             (pretrain if step == start_step else
@@ -297,9 +254,10 @@ def _fit(model, pretrain, input_at, fit_callbacks, saver, *, strategy,
                                 tf.distribute.MultiWorkerMirroredStrategy)
     try:
         with saver.handling_sigterm(on_sigterm):
-            saving.fit_from(model, dataset_at, start_step, epochs=num_epochs,
-                            steps_per_epoch=pretrain.steps_per_epoch,
-                            callbacks=fit_callbacks, verbose=verbose)
+            callbacks.fit_from(
+                model, dataset_at, start_step, epochs=num_epochs,
+                steps_per_epoch=pretrain.steps_per_epoch,
+                callbacks=fit_callbacks, verbose=verbose)
     except BaseException as error:
         step = checkpoints.global_step(model)
         why = ': '.join([type(error).__name__] + str(error).splitlines()[:1])
@@ -313,15 +271,32 @@ def _fit(model, pretrain, input_at, fit_callbacks, saver, *, strategy,
 
 
 def _start(run, strategy, *, chief, on_change, overwrite):
-    """The run's data and where it starts.
+    """The run's data, checked against what it started on, and where it
+    starts.
+
+    The labeled split and the normalisation are recorded in a staging
+    directory and moved into the run directory only once the data is
+    accepted, so that a refused run leaves the records as they were.
 
     Returns:
         `(bundle, step, path)`: `path` is the backup or checkpoint of global
         `step` to restore, None for a new run (step 0).
     """
-    bundle, restart = _load_data(
-        run, chief=chief, resuming=checkpoints.has_progress(run.path),
-        on_change=on_change, overwrite=overwrite)
+    accepted = False
+    try:
+        bundle = experiment.load_data(run.staged() if chief else None)
+        recorded = run.read_json(run.fingerprint)
+        current = data_fingerprint.fingerprint(bundle)
+        restart = data_fingerprint.check(
+            recorded, current, model_dir=run.path, path=run.fingerprint,
+            resuming=checkpoints.has_progress(run.path), on_change=on_change,
+            overwrite=overwrite)
+        accepted = chief
+    finally:
+        if chief:
+            run.accept_staged(accepted)
+    if chief and recorded != current:
+        run.write_json(run.fingerprint, current)
     if restart and chief:
         run.delete(run.training_outputs)
     if overwrite:
@@ -336,10 +311,9 @@ def _start(run, strategy, *, chief, on_change, overwrite):
 def _callbacks(run, bundle, pretrain, saver, *, tau, chief, num_epochs,
                log_every_steps, view_images, evaluators, eval_every_epochs,
                eval_max_queries):
-    """`fit`'s callbacks, in order: nothing is saved before the loss and
-    the evaluation of its step have run and its summaries are written (so
-    that the logs reach the backup's step), and the progress bar comes
-    last."""
+    """`fit`'s callbacks, in order: the saver after the loss check, the
+    evaluation and the summaries of its step (so that the logs reach the
+    backup's step), the progress bar last."""
     preprocessing = experiment.eval_preprocessing(bundle)
     fit_callbacks = [
         callbacks.StopOnNonFiniteLoss(run.checkpoints),
@@ -355,7 +329,7 @@ def _callbacks(run, bundle, pretrain, saver, *, tau, chief, num_epochs,
             tau=tau, chief=chief, every_epochs=eval_every_epochs,
             max_queries=eval_max_queries))
     if chief:
-        fit_callbacks.append(run_history.OperativeConfig(run))
+        fit_callbacks.append(callbacks.OperativeConfig(run))
     if view_images:
         fit_callbacks.append(callbacks.ViewImages(
             run.train_logs, pretrain.dataset_fn,
