@@ -10,14 +10,11 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from paws_tf.data import augment
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import pipeline
-from paws_tf.data import sampling
 from paws_tf import files
 from paws_tf.evaluation import tuning
 from paws_tf.nets import backbones
-from paws_tf import progress
 
 # Stream tag of the baseline's own shuffling and views (see sampling).
 _SUPERVISED = 100
@@ -25,29 +22,12 @@ _SUPERVISED = 100
 
 def _training_dataset(labeled, multicrop, batch_size, seed):
     """Endless shuffled batches of augmented labeled views and labels."""
-    labels = tf.constant(labeled.labels, tf.int32)
-
-    def epoch_positions(epoch):
-        order = sampling.permutation(
-            labeled.num_examples,
-            sampling.derive_seed(seed, _SUPERVISED, epoch))
-        return tf.data.Dataset.from_tensor_slices(
-            (tf.fill(tf.shape(order), epoch), order))
-
-    def view(epoch, position):
-        image = augment.make_view(
-            labeled.read(position),
-            sampling.derive_seed(seed, _SUPERVISED + 1, epoch, position),
-            size=multicrop.global_size, scale=multicrop.global_scale,
-            color_strength=multicrop.color_strength,
-            blur_prob=multicrop.blur_prob, mean=multicrop.mean,
-            std=multicrop.std, distortion=multicrop.distortion)
-        return image, tf.gather(labels, position)
-
-    return (tf.data.Dataset.counter().flat_map(epoch_positions)
-            .map(view, num_parallel_calls=tf.data.AUTOTUNE)
-            .batch(batch_size, drop_remainder=True)
-            .prefetch(tf.data.AUTOTUNE))
+    return tuning.views_dataset_fn(
+        labeled, batch_size, 1, seed, (_SUPERVISED, _SUPERVISED + 1),
+        size=multicrop.global_size, scale=multicrop.global_scale,
+        color_strength=multicrop.color_strength,
+        blur_prob=multicrop.blur_prob, mean=multicrop.mean,
+        std=multicrop.std, distortion=multicrop.distortion)()
 
 
 def build_classifier(num_classes, input_channels):
@@ -98,8 +78,7 @@ def train_supervised(run, *, labeled, test, preprocessing,
     start = time.perf_counter()
     model.fit(_training_dataset(labeled, multicrop, batch_size, seed),
               epochs=1, steps_per_epoch=steps, verbose=verbose,
-              callbacks=[progress.ProgressBar(),
-                         tuning.tensorboard(run.supervised_logs)])
+              callbacks=tuning.callbacks(run.supervised_logs))
     train_seconds = time.perf_counter() - start
     correct, total = _correct(model, test, preprocessing)
     results = dict(top1=correct / total, num_test=total,

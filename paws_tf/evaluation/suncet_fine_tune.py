@@ -28,8 +28,6 @@ from paws_tf.evaluation import tuning
 from paws_tf import lars as lars_lib
 from paws_tf import losses
 from paws_tf import model as model_lib
-from paws_tf import progress
-from paws_tf import schedules
 
 # `sampling.derive_seed` tag of the views, apart from sampling's and the
 # ImageNet protocol's.
@@ -131,8 +129,7 @@ class _SuncetTrainer(tf_keras.Model):
 
 
 def _compiled_trainer(model, strategy, num_classes, tau, optimizer):
-    """A compiled `_SuncetTrainer` of `tuning.build_trunk(model)` in the
-    strategy's scope, `optimizer` the `_suncet_optimizer` arguments."""
+    """`_SuncetTrainer` of `model`'s trunk, `_suncet_optimizer(**optimizer)`."""
     with strategy.scope():
         trainer = _SuncetTrainer(tuning.build_trunk(model), num_classes, tau)
         trainer.compile(optimizer=_suncet_optimizer(**optimizer))
@@ -146,11 +143,8 @@ def _suncet_optimizer(*, learning_rate, final_learning_rate,
     """suncet `snn_fine_tune.py`: its classical-momentum SGD without weight
     decay, wrapped in LARS (biases and batch norm excluded), the rate
     cosine-decayed from `learning_rate` to `final_learning_rate`."""
-    # Every argument explicit: WarmupCosineDecay is gin-configurable, and
-    # the pre-training's bindings (a warm-up fraction) must not reach it.
-    schedule = schedules.WarmupCosineDecay(
-        steps_per_epoch, num_epochs, learning_rate, learning_rate,
-        final_lr=final_learning_rate, warmup_epochs=0, warmup_fraction=None)
+    schedule = tuning.cosine_schedule(steps_per_epoch, num_epochs,
+                                      learning_rate, final_learning_rate)
     if lars:
         return lars_lib.LARS(schedule, momentum=momentum, weight_decay=0.0,
                              trust_coefficient=trust_coefficient)
@@ -160,11 +154,9 @@ def _suncet_optimizer(*, learning_rate, final_learning_rate,
 
 def _results(by_epoch, steps, *, epochs, steps_per_epoch, total_steps):
     """`fine_tune_suncet`'s results from its PAWS-NN figures `by_epoch`
-    (epoch 0 first) and its steps' logs: `top1`/`top5` of the final model,
-    `paws_nn_before`, `paws_nn_after`, `paws_nn_by_epoch` (epoch 0 is
-    before), and `best_epoch_top1_selected_on_test` with its `best_epoch`:
-    the best of the per-epoch test figures, which selects on the test set,
-    as the official script's logged `best-val` does."""
+    (epoch 0 first, before training) and its steps' logs.
+    `best_epoch_top1_selected_on_test` selects on the test set, as the
+    official script's logged `best-val` does."""
     after = by_epoch[-1]
     best = max(by_epoch, key=lambda entry: entry['top1'])
     return {
@@ -200,9 +192,8 @@ def _checked_sizes(labeled, steps_per_epoch, **counts):
 
 def _fit(trainer, dataset_fn, paws_nn, *, num_epochs, steps_per_epoch,
          eval_every_epochs, log_dir, output_dir):
-    """Trains `trainer` with PAWS-NN of its trunk before, every
-    `eval_every_epochs` epochs and at the end; writes the outputs and
-    returns the results."""
+    """Trains `trainer`, with PAWS-NN of its trunk before, every
+    `eval_every_epochs` epochs and at the end; writes the outputs."""
     strategy = trainer.distribute_strategy
     embed_fn = evaluate.embedder_from_model(trainer.trunk)
     before = dict(epoch=0, **paws_nn(embed_fn))
@@ -216,8 +207,7 @@ def _fit(trainer, dataset_fn, paws_nn, *, num_epochs, steps_per_epoch,
         to_logs=False)
     trainer.fit(strategy.distribute_datasets_from_function(dataset_fn),
                 epochs=num_epochs, steps_per_epoch=steps_per_epoch,
-                callbacks=[step_log, epoch_eval, progress.ProgressBar()] + (
-                    [tuning.tensorboard(log_dir)] if log_dir else []))
+                callbacks=[step_log, epoch_eval] + tuning.callbacks(log_dir))
     results = _results(
         [before] + epoch_eval.history, steps, epochs=num_epochs,
         steps_per_epoch=steps_per_epoch,
