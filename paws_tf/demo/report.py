@@ -51,14 +51,12 @@ def project_2d(embeddings):
 def write_figure(run, *, embeddings, labels, class_names, title,
                  fine_tune_by_epoch=None, supervised_top1=None):
     """Training curves, PAWS-NN by epoch and the embedding projection, as
-    one PNG.
+    the `RunDir` `run`'s `results_figure` PNG.
 
     Args:
-        run: the `RunDir`: its TensorBoard runs `train` and `eval` are
-            read, its `results_figure` PNG written.
-        embeddings: `[N, D]` test embeddings; `labels` `[N]` their classes.
-        class_names: names indexed by class id.
-        title: the figure's title.
+        run: the `RunDir` whose TensorBoard runs `train` and `eval` are read.
+        embeddings, labels: `[N, D]` test embeddings, `[N]` their classes.
+        class_names, title: names indexed by class id, the figure's title.
         fine_tune_by_epoch: the fine-tuning's `paws_nn_by_epoch` entries
             (`epoch`, `top1`), drawn after the pre-training epochs.
         supervised_top1: the baseline's top-1, drawn as a level.
@@ -66,12 +64,12 @@ def write_figure(run, *, embeddings, labels, class_names, title,
     figure, axes = pyplot.subplots(1, 3, figsize=(16, 4.8))
     for tag, label in (('epoch/loss', 'loss'),
                        ('epoch/cross_entropy', 'cross-entropy')):
-        steps, values = read_scalars(run.train_logs, tag)
+        _, values = read_scalars(run.train_logs, tag)
         axes[0].plot(np.arange(1, len(values) + 1), values, marker='o',
                      label=label)
     axes[0].set(xlabel='epoch', title='PAWS training loss')
     axes[0].legend()
-    steps, top1 = read_scalars(run.eval_logs, 'paws_nn/top1')
+    _, top1 = read_scalars(run.eval_logs, 'paws_nn/top1')
     axes[1].plot(np.arange(1, len(top1) + 1), 100 * top1, marker='o',
                  label='PAWS pre-training')
     if fine_tune_by_epoch:

@@ -7,10 +7,10 @@ import numpy as np
 
 from paws_tf import bindings
 from paws_tf import cluster
+from paws_tf.data import pipeline
 from paws_tf.demo import report
 from paws_tf.demo import supervised
 from paws_tf.evaluation import evaluate
-from paws_tf.evaluation import evaluators
 from paws_tf.evaluation import fine_tune
 from paws_tf import run_dir
 from paws_tf.runner import experiment
@@ -20,14 +20,9 @@ from paws_tf.runner import train
 
 
 def demo(model_dir, strategy, options):
-    """The paper's pipeline against a supervised-only baseline on the same
-    labels.
-
-    PAWS pre-training, export and PAWS-NN; then the configured fine-tuning
-    protocol (`fine_tune.fine_tune`; the demo configs bind the CIFAR-10
-    one: SuNCEt fine-tuning on the labeled images, then PAWS-NN of the
-    final model); then the baseline (`supervised.train_supervised`, same
-    backbone and augmentations, only the labeled images). Writes
+    """PAWS pre-training, export and PAWS-NN, the configured fine-tuning
+    (`fine_tune.fine_tune`; the demo configs bind the CIFAR-10 protocol),
+    then the baseline (`supervised.train_supervised`); writes
     `results.json`, `results.png` and prints a table.
 
     Args:
@@ -67,16 +62,15 @@ def demo(model_dir, strategy, options):
     results = _results(run, bundle, paws, tuned, baseline,
                        paws_train_seconds=paws_seconds,
                        finetune_seconds=tune_seconds, start=start)
-    _report(run, results, bundle=bundle, tuned=tuned,
-            baseline=baseline, preprocessing=preprocessing, tau=paws['tau'])
+    _report(run, results, bundle=bundle, tuned=tuned, baseline=baseline,
+            preprocessing=preprocessing)
     cluster.barrier(strategy)
     return results
 
 
 def _results(run, bundle, paws, tuned, baseline, *, paws_train_seconds,
              finetune_seconds, start):
-    """The demo's results: PAWS-NN (`paws`), fine-tuning (`tuned`) and the
-    baseline's top-1, the data's sizes and the timings since `start`."""
+    """The demo's top-1s, the data's sizes and the timings since `start`."""
     per_class = np.bincount(bundle.labeled.labels)
     return dict(
         paws_nn_top1=paws['top1'], paws_nn_top5=paws.get('top5'),
@@ -95,13 +89,14 @@ def _results(run, bundle, paws, tuned, baseline, *, paws_train_seconds,
         wall_seconds=time.perf_counter() - start)
 
 
-def _report(run, results, *, bundle, tuned, baseline, preprocessing, tau):
+def _report(run, results, *, bundle, tuned, baseline, preprocessing):
     """Writes `results.json` and the figure, and prints the table."""
     results_path = report.write_results(run, results)
     # The test images embedded as PAWS-NN embeds them, by the export.
-    embeddings, labels = evaluators.PawsNN(
-        bundle.labeled, bundle.test, preprocessing=preprocessing,
-        tau=tau).embed_test(evaluate.embedder_from_saved_model(run.embedder))
+    embeddings, labels = evaluate.embed_dataset(
+        evaluate.embedder_from_saved_model(run.embedder),
+        pipeline.make_eval_dataset(bundle.test, batch_size=256,
+                                   **preprocessing))
     report.write_figure(
         run, embeddings=embeddings.numpy(), labels=labels,
         class_names=bundle.labeled.class_names,
@@ -120,17 +115,13 @@ def _report(run, results, *, bundle, tuned, baseline, preprocessing, tau):
 def _table(results, *, baseline_images_per_second):
     """The printed comparison of the demo's `results`."""
     views = results['images_per_second']
+    rows = [('PAWS-NN', 'paws_nn', 'paws_train', ' (pre-training)',
+             'not logged' if views is None else f'{views:.0f} views/s'),
+            ('PAWS-NN, fine-tuned', 'paws_finetune', 'finetune',
+             ' (fine-tuning)', ''),
+            ('supervised only', 'supervised', 'supervised', '',
+             f'{baseline_images_per_second:.0f} images/s')]
     return report.table([
-        {'method': 'PAWS-NN', 'top-1': f'{100 * results["paws_nn_top1"]:.2f}%',
-         'wall time': f'{results["paws_train_seconds"]:.0f} s (pre-training)',
-         'images/s': ('not logged' if views is None
-                      else f'{views:.0f} views/s')},
-        {'method': 'PAWS-NN, fine-tuned',
-         'top-1': f'{100 * results["paws_finetune_top1"]:.2f}%',
-         'wall time': f'{results["finetune_seconds"]:.0f} s (fine-tuning)',
-         'images/s': ''},
-        {'method': 'supervised only',
-         'top-1': f'{100 * results["supervised_top1"]:.2f}%',
-         'wall time': f'{results["supervised_seconds"]:.0f} s',
-         'images/s': f'{baseline_images_per_second:.0f} images/s'},
-    ])
+        {'method': method, 'top-1': f'{100 * results[top1 + "_top1"]:.2f}%',
+         'wall time': f'{results[seconds + "_seconds"]:.0f} s{what}',
+         'images/s': rate} for method, top1, seconds, what, rate in rows])

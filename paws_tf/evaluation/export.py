@@ -65,23 +65,18 @@ class _SNNHead(tf.Module):
                                    self.tau)  # [N, K]
         top = tf.math.top_k(probabilities, k=min(5, self._num_classes))
         class_ids = top.indices[:, 0]
-        return {'probabilities': probabilities,
-                'class_ids': class_ids,
+        return {'probabilities': probabilities, 'class_ids': class_ids,
                 'class_names': tf.gather(self.class_names, class_ids),
                 'top5_class_ids': top.indices,
                 'top5_probabilities': top.values}
 
 
-class _LogitsHead(tf.Module):
+def _logits_head(logits):
     """Class scores of a classifier's logits."""
-
-    def __call__(self, logits):
-        logits = tf.cast(logits, tf.float32)  # [N, K]
-        top = tf.math.top_k(logits, k=min(5, logits.shape[-1]))
-        return {'logits': logits,
-                'probabilities': tf.nn.softmax(logits),
-                'class_ids': top.indices[:, 0],
-                'top5_class_ids': top.indices}
+    logits = tf.cast(logits, tf.float32)  # [N, K]
+    top = tf.math.top_k(logits, k=min(5, logits.shape[-1]))
+    return {'logits': logits, 'probabilities': tf.nn.softmax(logits),
+            'class_ids': top.indices[:, 0], 'top5_class_ids': top.indices}
 
 
 class _Servable(tf.Module):
@@ -196,21 +191,16 @@ def export_embedder(model, export_dir, *, image_size, crop_fraction, mean,
                     std, channels, strategy=None):
     """Writes the encoder as a SavedModel that takes raw images.
 
-    Signatures (also callable as `loaded(images)` and
-    `loaded.call_preprocessed(images)`):
-      `serving_default`: `images` uint8 `[N, H, W, C]` (any N, H, W) ->
-          float32 `features` `[N, F]` (backbone), `projection` `[N, D]`
-          (h), `prediction` `[N, D']` (when the model has a prediction
-          head) and `embeddings`: the one of the last two that PAWS-NN
-          compares (`model.nn_embedding`, recorded as `embedding` in
-          preprocessing.json). The evaluation preprocessing of
-          `augment.center_view` comes first; the model runs in inference
-          mode.
-      `embed_preprocessed`: `images` float32 `[N, S, S, C]` already
-          preprocessed (what `pipeline.make_eval_dataset` yields) -> same dict.
-    The preprocessing parameters are stored as variables
-    (`loaded.image_size`, ...) and in `preprocessing.json` beside
-    `saved_model.pb`. Loading needs only TensorFlow.
+    `serving_default` (also `loaded(images)`): `images` uint8
+    `[N, H, W, C]` (any N, H, W), preprocessed by `augment.center_view`, ->
+    float32 `features` `[N, F]` (backbone), `projection` `[N, D]`,
+    `prediction` `[N, D']` (with a prediction head) and `embeddings`: the
+    one of the last two that PAWS-NN compares (`model.nn_embedding`,
+    `embedding` in preprocessing.json). `embed_preprocessed` (also
+    `loaded.call_preprocessed`) takes float32 `[N, S, S, C]` preprocessed
+    images (`pipeline.make_eval_dataset`'s). The preprocessing is stored as
+    variables (`loaded.image_size`, ...) and in `preprocessing.json`.
+    Loading needs only TensorFlow.
 
     Under MultiWorkerMirroredStrategy, export a copy of the model with
     plain variables on the chief (`modes.export_and_evaluate` does): a
@@ -296,7 +286,7 @@ def export_fine_tuned(classifier, export_dir, *, image_size, crop_fraction,
         export_dir, image_size, crop_fraction, mean, std, channels,
             strategy: as for `export_embedder`.
     """
-    module = _Servable(classifier, _LogitsHead(), image_size=image_size,
+    module = _Servable(classifier, _logits_head, image_size=image_size,
                        crop_fraction=crop_fraction, mean=mean, std=std,
                        channels=channels)
     module.save(export_dir, 'classify_preprocessed', strategy,

@@ -129,7 +129,7 @@ class _SuncetTrainer(tf_keras.Model):
 
 
 def _compiled_trainer(model, strategy, num_classes, tau, optimizer):
-    """`_SuncetTrainer` of `model`'s trunk, `_suncet_optimizer(**optimizer)`."""
+    """`_SuncetTrainer` of `model`'s trunk, compiled in `strategy`'s scope."""
     with strategy.scope():
         trainer = _SuncetTrainer(tuning.build_trunk(model), num_classes, tau)
         trainer.compile(optimizer=_suncet_optimizer(**optimizer))
@@ -152,29 +152,6 @@ def _suncet_optimizer(*, learning_rate, final_learning_rate,
     return tf_keras.optimizers.SGD(schedule, momentum=momentum)
 
 
-def _results(by_epoch, steps, *, epochs, steps_per_epoch, total_steps):
-    """`fine_tune_suncet`'s results from its PAWS-NN figures `by_epoch`
-    (epoch 0 first, before training) and its steps' logs.
-    `best_epoch_top1_selected_on_test` selects on the test set, as the
-    official script's logged `best-val` does."""
-    after = by_epoch[-1]
-    best = max(by_epoch, key=lambda entry: entry['top1'])
-    return {
-        'protocol': 'cifar10', 'top1': after['top1'],
-        'top5': after.get('top5'), 'paws_nn_before': by_epoch[0],
-        'paws_nn_after': after,
-        'paws_nn_by_epoch': [
-            {key: entry[key] for key in ('epoch', 'top1', 'top5')
-             if key in entry} for entry in by_epoch],
-        'best_epoch_top1_selected_on_test': best['top1'],
-        'best_epoch': best['epoch'],
-        'epochs': epochs, 'steps_per_epoch': steps_per_epoch,
-        'steps': total_steps,
-        'loss': [step['loss'] for step in steps],
-        'learning_rate': [step['learning_rate'] for step in steps],
-        'weights': tuning.TRUNK_WEIGHTS}
-
-
 def _checked_sizes(labeled, steps_per_epoch, **counts):
     """`(num_classes, steps_per_epoch)`, the steps by default the labeled
     images over the batch's distinct images; raises ValueError for an
@@ -193,7 +170,8 @@ def _checked_sizes(labeled, steps_per_epoch, **counts):
 def _fit(trainer, dataset_fn, paws_nn, *, num_epochs, steps_per_epoch,
          eval_every_epochs, log_dir, output_dir):
     """Trains `trainer`, with PAWS-NN of its trunk before, every
-    `eval_every_epochs` epochs and at the end; writes the outputs."""
+    `eval_every_epochs` epochs and at the end; writes and returns the
+    results."""
     strategy = trainer.distribute_strategy
     embed_fn = evaluate.embedder_from_model(trainer.trunk)
     before = dict(epoch=0, **paws_nn(embed_fn))
@@ -208,10 +186,24 @@ def _fit(trainer, dataset_fn, paws_nn, *, num_epochs, steps_per_epoch,
     trainer.fit(strategy.distribute_datasets_from_function(dataset_fn),
                 epochs=num_epochs, steps_per_epoch=steps_per_epoch,
                 callbacks=[step_log, epoch_eval] + tuning.callbacks(log_dir))
-    results = _results(
-        [before] + epoch_eval.history, steps, epochs=num_epochs,
-        steps_per_epoch=steps_per_epoch,
-        total_steps=int(trainer.optimizer.iterations.numpy()))
+    # The best of the per-epoch figures selects on the test set, as the
+    # official script's logged `best-val` does.
+    by_epoch = [before] + epoch_eval.history
+    best = max(by_epoch, key=lambda entry: entry['top1'])
+    results = {
+        'protocol': 'cifar10', 'top1': by_epoch[-1]['top1'],
+        'top5': by_epoch[-1].get('top5'), 'paws_nn_before': before,
+        'paws_nn_after': by_epoch[-1],
+        'paws_nn_by_epoch': [
+            {key: entry[key] for key in ('epoch', 'top1', 'top5')
+             if key in entry} for entry in by_epoch],
+        'best_epoch_top1_selected_on_test': best['top1'],
+        'best_epoch': best['epoch'], 'epochs': num_epochs,
+        'steps_per_epoch': steps_per_epoch,
+        'steps': int(trainer.optimizer.iterations.numpy()),
+        'loss': [step['loss'] for step in steps],
+        'learning_rate': [step['learning_rate'] for step in steps],
+        'weights': tuning.TRUNK_WEIGHTS}
     logging.info('PAWS-NN after fine-tuning: top-1 %.2f%% (best epoch %d: '
                  '%.2f%%, selected on the test set)', 100 * results['top1'],
                  results['best_epoch'],
@@ -251,7 +243,7 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
             (0: only before and after), and its batch.
 
     Returns:
-        `(trunk, results)`: the fine-tuned trunk and `_results`.
+        `(trunk, results)`: the fine-tuned trunk and the results dict.
 
     Raises:
         ValueError: empty labeled set, sizes that do not divide or fit, a
