@@ -83,8 +83,7 @@ def _results(run, bundle, paws, tuned, baseline, *, paws_train_seconds,
         paws_nn_top1=paws['top1'], paws_nn_top5=paws.get('top5'),
         paws_finetune_top1=tuned['top1'], finetune_protocol=tuned['protocol'],
         supervised_top1=baseline['top1'],
-        labels_per_class=(int(per_class[0]) if np.all(per_class ==
-                                                      per_class[0])
+        labels_per_class=(int(per_class[0]) if len(set(per_class)) == 1
                           else per_class.tolist()),
         num_labeled=bundle.labeled.num_examples,
         num_unlabeled=bundle.unlabeled.num_examples,
@@ -97,7 +96,7 @@ def _results(run, bundle, paws, tuned, baseline, *, paws_train_seconds,
 
 
 def _report(run, results, *, bundle, tuned, baseline, preprocessing):
-    """Writes `results.json` and the figure, and prints the table."""
+    """Writes `results.json` and the figure, and prints the comparison."""
     results_path = write_results(run, results)
     # The test images embedded as PAWS-NN embeds them, by the export.
     embeddings, labels = evaluate.embed_dataset(
@@ -113,25 +112,19 @@ def _report(run, results, *, bundle, tuned, baseline, preprocessing):
         f'{100 * results["paws_finetune_top1"]:.1f}% vs supervised '
         f'{100 * results["supervised_top1"]:.1f}% top-1 '
         f'({results["num_labeled"]} labels)')
-    print(_table(results, baseline_images_per_second=baseline[
-        'images_per_second']))
-    print(f'total wall time {results["wall_seconds"]:.0f} s; results in '
-          f'{results_path}, figure in {run.results_figure}')
-
-
-def _table(results, *, baseline_images_per_second):
-    """The printed comparison of the demo's `results`."""
     views = results['images_per_second']
     rows = [('PAWS-NN', 'paws_nn', 'paws_train', ' (pre-training)',
              'not logged' if views is None else f'{views:.0f} views/s'),
             ('PAWS-NN, fine-tuned', 'paws_finetune', 'finetune',
              ' (fine-tuning)', ''),
             ('supervised only', 'supervised', 'supervised', '',
-             f'{baseline_images_per_second:.0f} images/s')]
-    return table([
+             f'{baseline["images_per_second"]:.0f} images/s')]
+    print(table([
         {'method': method, 'top-1': f'{100 * results[top1 + "_top1"]:.2f}%',
          'wall time': f'{results[seconds + "_seconds"]:.0f} s{what}',
-         'images/s': rate} for method, top1, seconds, what, rate in rows])
+         'images/s': rate} for method, top1, seconds, what, rate in rows]))
+    print(f'total wall time {results["wall_seconds"]:.0f} s; results in '
+          f'{results_path}, figure in {run.results_figure}')
 
 
 def read_scalars(log_dir, tag):

@@ -29,8 +29,8 @@ from paws_tf.evaluation import tuning
 
 HOLDOUT_FILENAME = 'holdout.txt'
 SELECTIONS = ('best_epoch', 'sweep')
-# tf_keras weight prefixes in the output directory; load them into
-# `build_classifier(model, num_classes)` / `tuning.build_trunk(model)`.
+# tf_keras weight prefix in the output directory; load it into
+# `build_classifier(model, num_classes)`.
 CLASSIFIER_WEIGHTS = 'classifier'
 # `sampling.derive_seed` tags of the classifier input, apart from sampling's.
 _TRAIN_ORDER = 101
@@ -38,18 +38,12 @@ _TRAIN_VIEWS = 102
 
 
 def build_classifier(model, num_classes):
-    """Backbone -> fc1 -> bn1 -> ReLU -> linear layer initialised to zero.
+    """Backbone -> fc1 -> bn1 -> ReLU -> linear layer initialised to zero,
+    images -> float32 `[B, num_classes]` logits.
 
     PAWS App. A follows SimCLRv2: fine-tune from the first layer of the
     projection head. Copies of the layers are made in the current strategy
     scope (`model` is not modified); all but BN statistics are trainable.
-
-    Args:
-        model: pre-trained, built `model.PAWSModel`.
-        num_classes: classifier outputs.
-
-    Returns:
-        Functional `tf_keras.Model`: images -> float32 `[B, num_classes]`.
 
     Raises:
         ValueError: the projection head has no hidden layer.

@@ -41,11 +41,10 @@ def _suncet_dataset_fn(labeled, *, num_steps, classes_per_step,
 
     A step has `classes_per_step` classes of `images_per_class` images over
     all replicas, each replica taking its share of every class: unique
-    within the step, drawn with replacement across steps (the official
-    ClassStratifiedSampler draws each step from a fresh permutation of a
-    class's images, which is the same). Every image gives V views, view-
-    major: the centre crop of evaluation, flipped at random (suncet
-    `CenterCrop(32)` + `RandomHorizontalFlip`).
+    within the step, drawn with replacement across steps (as the official
+    ClassStratifiedSampler's fresh permutation per step). Every image gives
+    V views, view-major: the evaluation's centre crop, flipped at random
+    (suncet `CenterCrop(32)` + `RandomHorizontalFlip`).
     """
     if images_per_class % num_replicas:
         raise ValueError(

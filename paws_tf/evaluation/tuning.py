@@ -18,6 +18,8 @@ from paws_tf import progress
 from paws_tf import run_dir
 from paws_tf import schedules
 
+# tf_keras weight prefix of the fine-tuned trunk: load it into
+# `build_trunk(model)`.
 TRUNK_WEIGHTS = 'trunk'
 # Arguments `fine_tune.fine_tune` passes to the protocols, so gin must not
 # bind them.
@@ -43,18 +45,13 @@ def copy_into(inputs, originals):
 
 
 def build_trunk(model):
-    """Copy of the encoder whose output PAWS-NN compares (App. C).
-
-    The backbone and projection head, and the prediction head when
-    `model.nn_embedding` is 'prediction' (suncet `snn_fine_tune.py` with
-    `use_pred_head`). Every layer stays trainable; the SuNCEt trainer runs
-    the batch norms in inference mode.
+    """Functional copy of the encoder whose output PAWS-NN compares (App.
+    C), images -> `[B, D]`: the backbone and projection head, and the
+    prediction head when `model.nn_embedding` is 'prediction' (suncet
+    `snn_fine_tune.py` with `use_pred_head`). Every layer is trainable.
 
     Args:
         model: pre-trained, built `model.PAWSModel`; not modified.
-
-    Returns:
-        Functional `tf_keras.Model`, images -> `[B, D]` embeddings.
     """
     layers = [model.backbone, model.projection_head]
     if model.nn_embedding == 'prediction':
@@ -73,9 +70,9 @@ def finish(dataset):
 
 def views_dataset_fn(source, global_batch_size, num_replicas, seed, tags,
                      **view_args):
-    """`dataset_fn` of per-replica `(views, labels)` batches of `source`
-    reshuffled every epoch, the views `augment.make_view(**view_args)`; the
-    order and the views seeded with the `sampling.derive_seed` `tags`."""
+    """`dataset_fn` of per-replica `(augment.make_view(**view_args),
+    labels)` batches of `source` reshuffled every epoch, the order and the
+    views seeded with the two `sampling.derive_seed` `tags`."""
     n, batch = source.num_examples, global_batch_size // num_replicas
     order_tag, views_tag = tags
 
