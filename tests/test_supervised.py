@@ -76,5 +76,6 @@ def test_table_and_results(tmp_path):
     lines = text.splitlines()
     assert lines[0].split() == ['method', 'top-1']
     assert lines[2].startswith('PAWS-NN ') and lines[3].endswith('80.10%')
-    path = run_demo.write_results(run_dir.RunDir(tmp_path), {'paws_nn_top1': 0.84})
+    path = run_demo.write_results(run_dir.RunDir(tmp_path),
+                                  {'paws_nn_top1': 0.84})
     assert json.loads(open(path).read()) == {'paws_nn_top1': 0.84}

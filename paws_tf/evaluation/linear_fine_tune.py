@@ -197,9 +197,8 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
             strategy, seed: as in `fine_tune.fine_tune`; `crop_fraction` is
             for evaluation (training takes random crops).
         selection: one of `SELECTIONS`.
-        validation: for 'best_epoch': a zero-argument callable returning
-            the labeled validation source (ImageNet:
-            `tfds_sources.imagenet_validation`).
+        validation: for 'best_epoch': a callable returning the labeled
+            validation source (`tfds_sources.imagenet_validation`).
         learning_rates, epochs: the sweep (BYOL's protocol); one of each
             for 'best_epoch'.
         holdout: for 'sweep': held-out images, a count (paper: 12000) or a
