@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from paws_tf import checkpoints
 from paws_tf.data import pipeline
-from paws_tf.demo import report
+from paws_tf.demo import run_demo
 from paws_tf import run_dir
 from paws_tf.runner import experiment
 from tests.helpers import cluster
@@ -129,7 +129,7 @@ def test_chief_writes_what_one_process_writes_and_the_worker_nothing(
     for epoch in (1, 2):
         assert f'epoch {epoch}: PAWS-NN top-1' in chief_log
         assert f'epoch {epoch}: PAWS-NN top-1' not in worker_log
-    steps, top1 = report.read_scalars(
+    steps, top1 = run_demo.read_scalars(
         root / 'cluster' / 'tensorboard' / 'eval', 'paws_nn/top1')
     np.testing.assert_array_equal(steps, [8, 16])
     assert np.all(top1 > 0.5)  # 4 classes: chance is 0.25.
@@ -167,7 +167,7 @@ def test_two_workers_end_where_one_process_with_two_replicas_ends(trained):
     assert results[0]['num_queries'] == results[1]['num_queries'] == 128
     # A query whose two best classes tie to 1e-4 may flip: at most one.
     assert abs(results[0]['top1'] - results[1]['top1']) <= 1 / 128
-    curves = [report.read_scalars(root / run / 'tensorboard' / 'eval',
+    curves = [run_demo.read_scalars(root / run / 'tensorboard' / 'eval',
                                   'paws_nn/top1')
               for run in ('cluster', 'one_process')]
     np.testing.assert_array_equal(curves[0][0], [8, 16])

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from paws_tf.data import pipeline
 from paws_tf.data import sources
-from paws_tf.demo import report
+from paws_tf.demo import run_demo
 from paws_tf.evaluation import evaluators
 from paws_tf.runner import train
 from tests.helpers import debug_gin
@@ -50,7 +50,7 @@ def test_paws_nn_of_the_first_queries_matches_numpy(tmp_path):
     assert stored['source'] == 'here' and 'results_file' not in stored
     assert stored['top1'] == results['top1']
     assert results['results_file'] == str(tmp_path / 'eval' / 'out.json')
-    steps, values = report.read_scalars(str(tmp_path / 'tb'), 'probe/top1')
+    steps, values = run_demo.read_scalars(str(tmp_path / 'tb'), 'probe/top1')
     assert list(steps) == [7] and values[0] == pytest.approx(results['top1'])
 
 
@@ -93,6 +93,6 @@ def test_a_new_evaluator_is_one_class_and_one_binding(tmp_path):
     np.testing.assert_allclose(
         embeddings, model(images, training=False)['embeddings'], rtol=1e-4,
         atol=1e-5)
-    steps, _ = report.read_scalars(str(tmp_path / 'tensorboard' / 'eval'),
+    steps, _ = run_demo.read_scalars(str(tmp_path / 'tensorboard' / 'eval'),
                                    'paws_nn/top1')
     assert list(steps) == [16, 32]  # debug.gin: 16 steps per epoch.

@@ -5,7 +5,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf.data import pipeline
-from paws_tf.demo import report
+from paws_tf.demo import run_demo
 from paws_tf.evaluation import evaluate
 from paws_tf import run_dir
 from paws_tf.runner import building
@@ -44,9 +44,9 @@ def test_short_fit_lowers_the_loss_and_learns_the_classes(tmp_path):
         before = untrained_top1(tmp_path / 'untrained')
         train.train(str(tmp_path / 'run'), tf.distribute.get_strategy())
     run = run_dir.RunDir(tmp_path / 'run')
-    _, loss = report.read_scalars(run.train_logs, 'epoch/loss')
-    _, top1 = report.read_scalars(run.eval_logs, 'paws_nn/top1')
-    _, views_per_second = report.read_scalars(
+    _, loss = run_demo.read_scalars(run.train_logs, 'epoch/loss')
+    _, top1 = run_demo.read_scalars(run.eval_logs, 'paws_nn/top1')
+    _, views_per_second = run_demo.read_scalars(
         run.train_logs, 'throughput/views_per_second')
     print(f'PAWS-NN top-1 untrained {before:.3f}, by epoch '
           f'{[round(float(t), 3) for t in top1]}, loss '

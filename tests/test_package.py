@@ -62,7 +62,6 @@ def test_the_library_does_not_load_the_demo():
     assert not {name for name in library if name.startswith('paws_tf.demo')}
     assert 'paws_tf.demo.supervised' in program
     assert 'paws_tf.demo.run_demo' not in program
-    assert 'paws_tf.demo.report' not in program
 
 
 def _layout_rows():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from paws_tf.data import augment
-from paws_tf.demo import report
+from paws_tf.demo import run_demo
 from paws_tf.demo import supervised
 from paws_tf import run_dir
 from paws_tf.runner import experiment
@@ -62,7 +62,7 @@ def test_project_2d_is_the_top_principal_components():
     rng = np.random.default_rng(0)
     # Variance 9 along e0, 4 along e1, tiny elsewhere.
     points = rng.normal(size=(500, 5)) * [3.0, 2.0, 0.01, 0.01, 0.01]
-    projected = report.project_2d(points)
+    projected = run_demo.project_2d(points)
     np.testing.assert_allclose(np.var(projected, axis=0),
                                np.var(points[:, :2], axis=0), rtol=0.02)
     np.testing.assert_allclose(np.abs(np.corrcoef(projected[:, 0],
@@ -71,10 +71,11 @@ def test_project_2d_is_the_top_principal_components():
 
 
 def test_table_and_results(tmp_path):
-    text = report.table([{'method': 'PAWS-NN', 'top-1': '84.00%'},
+    text = run_demo.table([{'method': 'PAWS-NN', 'top-1': '84.00%'},
                          {'method': 'supervised only', 'top-1': '80.10%'}])
     lines = text.splitlines()
     assert lines[0].split() == ['method', 'top-1']
     assert lines[2].startswith('PAWS-NN ') and lines[3].endswith('80.10%')
-    path = report.write_results(run_dir.RunDir(tmp_path), {'paws_nn_top1': 0.84})
+    path = run_demo.write_results(run_dir.RunDir(tmp_path),
+                                  {'paws_nn_top1': 0.84})
     assert json.loads(open(path).read()) == {'paws_nn_top1': 0.84}

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
-from paws_tf.demo import report
+from paws_tf.demo import run_demo
 from tests.helpers import run_py
 
 STEPS_PER_EPOCH = 16  # debug.gin
@@ -71,15 +71,15 @@ def test_one_tensorboard_directory_with_a_run_per_stage(trained):
     assert tags(board / 'eval') == {'paws_nn/top1', 'paws_nn_test/top1'}
     assert not list((pathlib.Path(trained) / 'eval').glob('events.*'))
     last = EPOCHS * STEPS_PER_EPOCH
-    steps, top1 = report.read_scalars(board / 'eval', 'paws_nn_test/top1')
+    steps, top1 = run_demo.read_scalars(board / 'eval', 'paws_nn_test/top1')
     results = json.loads((pathlib.Path(trained) / 'eval' /
                           'paws_nn.json').read_text())
     assert list(steps) == [last]
     assert top1[0] == pytest.approx(results['top1'])
-    steps, _ = report.read_scalars(board / 'eval', 'paws_nn/top1')
+    steps, _ = run_demo.read_scalars(board / 'eval', 'paws_nn/top1')
     assert list(steps) == [STEPS_PER_EPOCH * (e + 1) for e in range(EPOCHS)]
     # The diagnostics at the steps that compute them: the 1st, 9th, ...
-    steps, _ = report.read_scalars(board / 'train', 'diagnostics/nt_xent')
+    steps, _ = run_demo.read_scalars(board / 'train', 'diagnostics/nt_xent')
     assert list(steps) == list(range(1, last + 1, DIAGNOSTICS_EVERY))
 
 
@@ -93,10 +93,10 @@ def test_a_step_point_is_that_steps_loss_not_the_running_mean(trained):
     Fails if the per-step points are the running means of `fit`'s logs
     (ProgressLog writing `logs['loss']` instead of `logs['step_loss']`)."""
     train = pathlib.Path(trained) / 'tensorboard' / 'train'
-    steps, losses = report.read_scalars(train, 'loss/total')
+    steps, losses = run_demo.read_scalars(train, 'loss/total')
     last = EPOCHS * STEPS_PER_EPOCH
     assert list(steps) == list(range(1, last + 1))
-    ends, epoch_means = report.read_scalars(train, 'epoch/loss')
+    ends, epoch_means = run_demo.read_scalars(train, 'epoch/loss')
     assert list(ends) == [STEPS_PER_EPOCH * (e + 1) for e in range(EPOCHS)]
     by_epoch = losses.reshape(EPOCHS, STEPS_PER_EPOCH)
     np.testing.assert_allclose(by_epoch.mean(axis=1), epoch_means,

@@ -15,11 +15,8 @@ FASHION_MNIST_IDX_DIR = '/usr/share/datasets/fashion-mnist'
 @gin.configurable
 def fashion_mnist(*, split='train', idx_dir=FASHION_MNIST_IDX_DIR,
                   data_dir=None):
-    """Fashion-MNIST from its IDX files, or from TFDS when they are absent.
-
-    Debian's `dataset-fashion-mnist` package installs the IDX files under
-    `FASHION_MNIST_IDX_DIR`; without them TFDS `fashion_mnist` is used
-    (which downloads on first use).
+    """Fashion-MNIST from its IDX files, or from TFDS (which downloads on
+    first use) when they are absent.
 
     Args:
         split: `'train'` (60,000 images) or `'test'` (10,000).

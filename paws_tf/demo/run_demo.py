@@ -1,17 +1,24 @@
 """`--mode=demo`: PAWS pre-training, PAWS-NN and fine-tuning against a
-supervised-only baseline on the same labels, with a table and a figure."""
+supervised-only baseline on the same labels, and its report: a table,
+results.json and a figure (training curves, PAWS-NN by epoch, 2-D
+projection of the test embeddings)."""
 
+import glob
+import os
 import time
 
+from matplotlib import figure as mpl_figure
 import numpy as np
+import tensorflow as tf
+from tensorboard.backend.event_processing import event_accumulator
 
 from paws_tf import bindings
 from paws_tf import cluster
-from paws_tf.demo import report
+from paws_tf.data import pipeline
 from paws_tf.demo import supervised
 from paws_tf.evaluation import evaluate
-from paws_tf.evaluation import evaluators
 from paws_tf.evaluation import fine_tune
+from paws_tf import files
 from paws_tf import run_dir
 from paws_tf.runner import experiment
 from paws_tf.runner import modes
@@ -20,14 +27,9 @@ from paws_tf.runner import train
 
 
 def demo(model_dir, strategy, options):
-    """The paper's pipeline against a supervised-only baseline on the same
-    labels.
-
-    PAWS pre-training, export and PAWS-NN; then the configured fine-tuning
-    protocol (`fine_tune.fine_tune`; the demo configs bind the CIFAR-10
-    one: SuNCEt fine-tuning on the labeled images, then PAWS-NN of the
-    final model); then the baseline (`supervised.train_supervised`, same
-    backbone and augmentations, only the labeled images). Writes
+    """PAWS pre-training, export and PAWS-NN, the configured fine-tuning
+    (`fine_tune.fine_tune`; the demo configs bind the CIFAR-10 protocol),
+    then the baseline (`supervised.train_supervised`); writes
     `results.json`, `results.png` and prints a table.
 
     Args:
@@ -67,23 +69,21 @@ def demo(model_dir, strategy, options):
     results = _results(run, bundle, paws, tuned, baseline,
                        paws_train_seconds=paws_seconds,
                        finetune_seconds=tune_seconds, start=start)
-    _report(run, results, bundle=bundle, tuned=tuned,
-            baseline=baseline, preprocessing=preprocessing, tau=paws['tau'])
+    _report(run, results, bundle=bundle, tuned=tuned, baseline=baseline,
+            preprocessing=preprocessing)
     cluster.barrier(strategy)
     return results
 
 
 def _results(run, bundle, paws, tuned, baseline, *, paws_train_seconds,
              finetune_seconds, start):
-    """The demo's results: PAWS-NN (`paws`), fine-tuning (`tuned`) and the
-    baseline's top-1, the data's sizes and the timings since `start`."""
+    """The demo's top-1s, the data's sizes and the timings since `start`."""
     per_class = np.bincount(bundle.labeled.labels)
     return dict(
         paws_nn_top1=paws['top1'], paws_nn_top5=paws.get('top5'),
         paws_finetune_top1=tuned['top1'], finetune_protocol=tuned['protocol'],
         supervised_top1=baseline['top1'],
-        labels_per_class=(int(per_class[0]) if np.all(per_class ==
-                                                      per_class[0])
+        labels_per_class=(int(per_class[0]) if len(set(per_class)) == 1
                           else per_class.tolist()),
         num_labeled=bundle.labeled.num_examples,
         num_unlabeled=bundle.unlabeled.num_examples,
@@ -91,18 +91,19 @@ def _results(run, bundle, paws, tuned, baseline, *, paws_train_seconds,
         paws_train_seconds=paws_train_seconds,
         finetune_seconds=finetune_seconds,
         supervised_seconds=baseline['wall_seconds'],
-        images_per_second=report.training_views_per_second(run.train_logs),
+        images_per_second=training_views_per_second(run.train_logs),
         wall_seconds=time.perf_counter() - start)
 
 
-def _report(run, results, *, bundle, tuned, baseline, preprocessing, tau):
-    """Writes `results.json` and the figure, and prints the table."""
-    results_path = report.write_results(run, results)
+def _report(run, results, *, bundle, tuned, baseline, preprocessing):
+    """Writes `results.json` and the figure, and prints the comparison."""
+    results_path = write_results(run, results)
     # The test images embedded as PAWS-NN embeds them, by the export.
-    embeddings, labels = evaluators.PawsNN(
-        bundle.labeled, bundle.test, preprocessing=preprocessing,
-        tau=tau).embed_test(evaluate.embedder_from_saved_model(run.embedder))
-    report.write_figure(
+    embeddings, labels = evaluate.embed_dataset(
+        evaluate.embedder_from_saved_model(run.embedder),
+        pipeline.make_eval_dataset(bundle.test, batch_size=256,
+                                   **preprocessing))
+    write_figure(
         run, embeddings=embeddings.numpy(), labels=labels,
         class_names=bundle.labeled.class_names,
         fine_tune_by_epoch=tuned.get('paws_nn_by_epoch'),
@@ -111,26 +112,113 @@ def _report(run, results, *, bundle, tuned, baseline, preprocessing, tau):
         f'{100 * results["paws_finetune_top1"]:.1f}% vs supervised '
         f'{100 * results["supervised_top1"]:.1f}% top-1 '
         f'({results["num_labeled"]} labels)')
-    print(_table(results, baseline_images_per_second=baseline[
-        'images_per_second']))
+    views = results['images_per_second']
+    rows = [('PAWS-NN', 'paws_nn', 'paws_train', ' (pre-training)',
+             'not logged' if views is None else f'{views:.0f} views/s'),
+            ('PAWS-NN, fine-tuned', 'paws_finetune', 'finetune',
+             ' (fine-tuning)', ''),
+            ('supervised only', 'supervised', 'supervised', '',
+             f'{baseline["images_per_second"]:.0f} images/s')]
+    print(table([
+        {'method': method, 'top-1': f'{100 * results[top1 + "_top1"]:.2f}%',
+         'wall time': f'{results[seconds + "_seconds"]:.0f} s{what}',
+         'images/s': rate} for method, top1, seconds, what, rate in rows]))
     print(f'total wall time {results["wall_seconds"]:.0f} s; results in '
           f'{results_path}, figure in {run.results_figure}')
 
 
-def _table(results, *, baseline_images_per_second):
-    """The printed comparison of the demo's `results`."""
-    views = results['images_per_second']
-    return report.table([
-        {'method': 'PAWS-NN', 'top-1': f'{100 * results["paws_nn_top1"]:.2f}%',
-         'wall time': f'{results["paws_train_seconds"]:.0f} s (pre-training)',
-         'images/s': ('not logged' if views is None
-                      else f'{views:.0f} views/s')},
-        {'method': 'PAWS-NN, fine-tuned',
-         'top-1': f'{100 * results["paws_finetune_top1"]:.2f}%',
-         'wall time': f'{results["finetune_seconds"]:.0f} s (fine-tuning)',
-         'images/s': ''},
-        {'method': 'supervised only',
-         'top-1': f'{100 * results["supervised_top1"]:.2f}%',
-         'wall time': f'{results["supervised_seconds"]:.0f} s',
-         'images/s': f'{baseline_images_per_second:.0f} images/s'},
-    ])
+def read_scalars(log_dir, tag):
+    """(steps, values) of a TensorBoard scalar under `log_dir`, by step."""
+    points = {}
+    for path in glob.glob(os.path.join(log_dir, 'events.out.tfevents.*')):
+        events = event_accumulator.EventAccumulator(
+            path, size_guidance={event_accumulator.TENSORS: 0})
+        events.Reload()
+        if tag in events.Tags()['tensors']:
+            for event in events.Tensors(tag):
+                points[event.step] = float(tf.make_ndarray(
+                    event.tensor_proto))
+    steps = sorted(points)
+    return np.array(steps), np.array([points[s] for s in steps])
+
+
+def training_views_per_second(log_dir):
+    """The median training throughput (views/s) logged under `log_dir`:
+    of the every-N-steps figures, else (runs shorter than N steps) of the
+    per-epoch ones; None when neither was logged."""
+    for tag in ('throughput/views_per_second',
+                'throughput/epoch_views_per_second'):
+        _, values = read_scalars(log_dir, tag)
+        if len(values):
+            return float(np.median(values))
+    return None
+
+
+def project_2d(embeddings):
+    """Principal-component projection of `[N, D]` embeddings to `[N, 2]`."""
+    centred = embeddings - embeddings.mean(axis=0)
+    _, _, components = np.linalg.svd(centred, full_matrices=False)
+    return centred @ components[:2].T
+
+
+def write_figure(run, *, embeddings, labels, class_names, title,
+                 fine_tune_by_epoch=None, supervised_top1=None):
+    """Training curves, PAWS-NN by epoch and the embedding projection, as
+    the `RunDir` `run`'s `results_figure` PNG.
+
+    Args:
+        run: the `RunDir` whose TensorBoard runs `train` and `eval` are read.
+        embeddings, labels: `[N, D]` test embeddings, `[N]` their classes.
+        class_names, title: names indexed by class id, the figure's title.
+        fine_tune_by_epoch: the fine-tuning's `paws_nn_by_epoch` entries
+            (`epoch`, `top1`), drawn after the pre-training epochs.
+        supervised_top1: the baseline's top-1, drawn as a level.
+    """
+    figure = mpl_figure.Figure(figsize=(16, 4.8))  # No pyplot, no display.
+    axes = figure.subplots(1, 3)
+    for tag, label in (('epoch/loss', 'loss'),
+                       ('epoch/cross_entropy', 'cross-entropy')):
+        _, values = read_scalars(run.train_logs, tag)
+        axes[0].plot(np.arange(1, len(values) + 1), values, marker='o',
+                     label=label)
+    axes[0].set(xlabel='epoch', title='PAWS training loss')
+    axes[0].legend()
+    _, top1 = read_scalars(run.eval_logs, 'paws_nn/top1')
+    axes[1].plot(np.arange(1, len(top1) + 1), 100 * top1, marker='o',
+                 label='PAWS pre-training')
+    if fine_tune_by_epoch:
+        # Fine-tuning epoch e is drawn at pre-training's last epoch + e.
+        axes[1].plot([len(top1) + e['epoch'] for e in fine_tune_by_epoch],
+                     [100 * e['top1'] for e in fine_tune_by_epoch],
+                     marker='.', label='fine-tuning')
+    if supervised_top1 is not None:
+        axes[1].axhline(100 * supervised_top1, color='grey', linestyle='--',
+                        label='supervised only')
+    axes[1].set(xlabel='epoch', ylabel='top-1 (%)',
+                title='PAWS-NN on the test split')
+    axes[1].legend()
+    points = project_2d(embeddings)
+    for class_id, name in enumerate(class_names):
+        mask = labels == class_id
+        axes[2].scatter(points[mask, 0], points[mask, 1], s=2, label=name)
+    axes[2].set(title='test embeddings (PCA)', xticks=[], yticks=[])
+    axes[2].legend(markerscale=5, fontsize=7, loc='best')
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(run.results_figure, dpi=110)
+
+
+def table(rows):
+    """A plain-text table of `rows` (dicts with the same keys)."""
+    keys = list(rows[0])
+    widths = [max(len(k), *(len(str(r[k])) for r in rows)) for k in keys]
+    line = lambda cells: '  '.join(  # noqa: E731
+        str(c).ljust(w) for c, w in zip(cells, widths))
+    return '\n'.join([line(keys), line('-' * w for w in widths)] +
+                     [line(r[k] for k in keys) for r in rows])
+
+
+def write_results(run, results):
+    """Writes `results` to the `RunDir`'s `results`; returns the path."""
+    files.write_json(run.results, results, indent=2)
+    return run.results

@@ -7,17 +7,13 @@ import time
 from absl import logging
 import gin
 import numpy as np
-import tensorflow as tf
 import tf_keras
 
-from paws_tf.data import augment
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import pipeline
-from paws_tf.data import sampling
 from paws_tf import files
 from paws_tf.evaluation import tuning
 from paws_tf.nets import backbones
-from paws_tf import progress
 
 # Stream tag of the baseline's own shuffling and views (see sampling).
 _SUPERVISED = 100
@@ -25,29 +21,12 @@ _SUPERVISED = 100
 
 def _training_dataset(labeled, multicrop, batch_size, seed):
     """Endless shuffled batches of augmented labeled views and labels."""
-    labels = tf.constant(labeled.labels, tf.int32)
-
-    def epoch_positions(epoch):
-        order = sampling.permutation(
-            labeled.num_examples,
-            sampling.derive_seed(seed, _SUPERVISED, epoch))
-        return tf.data.Dataset.from_tensor_slices(
-            (tf.fill(tf.shape(order), epoch), order))
-
-    def view(epoch, position):
-        image = augment.make_view(
-            labeled.read(position),
-            sampling.derive_seed(seed, _SUPERVISED + 1, epoch, position),
-            size=multicrop.global_size, scale=multicrop.global_scale,
-            color_strength=multicrop.color_strength,
-            blur_prob=multicrop.blur_prob, mean=multicrop.mean,
-            std=multicrop.std, distortion=multicrop.distortion)
-        return image, tf.gather(labels, position)
-
-    return (tf.data.Dataset.counter().flat_map(epoch_positions)
-            .map(view, num_parallel_calls=tf.data.AUTOTUNE)
-            .batch(batch_size, drop_remainder=True)
-            .prefetch(tf.data.AUTOTUNE))
+    return tuning.views_dataset_fn(
+        labeled, batch_size, 1, seed, (_SUPERVISED, _SUPERVISED + 1),
+        size=multicrop.global_size, scale=multicrop.global_scale,
+        color_strength=multicrop.color_strength,
+        blur_prob=multicrop.blur_prob, mean=multicrop.mean,
+        std=multicrop.std, distortion=multicrop.distortion)()
 
 
 def build_classifier(num_classes, input_channels):
@@ -62,30 +41,24 @@ def build_classifier(num_classes, input_channels):
 @gin.configurable(denylist=['run', 'labeled', 'test', 'preprocessing'])
 def train_supervised(run, *, labeled, test, preprocessing,
                      multicrop=gin.REQUIRED, steps=2000, batch_size=128,
-                     learning_rate=0.1, weight_decay=5e-4, seed=0,
-                     verbose='auto'):
-    """Trains and evaluates the supervised-only baseline.
-
-    SGD with Nesterov momentum 0.9, a cosine learning-rate decay over
-    `steps`, decoupled weight decay, softmax cross-entropy; augmented views
-    as PAWS' global views (`multicrop.global_*`, colour, blur). Evaluated
-    with the single centre crop of PAWS-NN.
+                     learning_rate=0.1, weight_decay=5e-4, seed=0):
+    """Trains and evaluates the supervised-only baseline: softmax
+    cross-entropy, Nesterov SGD of momentum 0.9, views like PAWS' global
+    views (`multicrop.global_*`, colour, blur); tested with the centre crop
+    of PAWS-NN.
 
     Args:
         run: the `RunDir`: results go to its `supervised_results`,
             TensorBoard logs to its `supervised_logs`.
-        labeled: `sources.ImageSource`, the labeled images.
-        test: `sources.ImageSource`, the evaluation split.
+        labeled, test: `sources.ImageSource`s, the labeled images and the
+            evaluation split.
         preprocessing: the `experiment.eval_preprocessing` dict.
         multicrop: the PAWS run's `augment.MultiCropConfig`; the views
             take the run's normalisation, which `preprocessing` holds.
-        steps: optimizer steps.
-        batch_size: labeled images per step.
-        learning_rate: peak learning rate.
-        weight_decay: decoupled weight decay.
+        steps, batch_size: optimizer steps, labeled images per step.
+        learning_rate, weight_decay: peak rate of the cosine decay over
+            `steps`, decoupled weight decay.
         seed: seed of initialisation, order and views.
-        verbose: Keras `fit` verbosity ('auto': progress within the epoch,
-            `progress.ProgressBar`).
 
     Returns:
         dict with `top1`, `wall_seconds`, `images_per_second`, `steps`.
@@ -94,14 +67,24 @@ def train_supervised(run, *, labeled, test, preprocessing,
         multicrop, (preprocessing['mean'], preprocessing['std']),
         labeled.channels)
     tf_keras.utils.set_random_seed(seed)
-    model = _compiled_classifier(labeled, steps, learning_rate, weight_decay)
+    model = build_classifier(len(labeled.class_names), labeled.channels)
+    model.compile(
+        optimizer=tf_keras.optimizers.SGD(
+            tf_keras.optimizers.schedules.CosineDecay(learning_rate, steps),
+            momentum=0.9, nesterov=True, weight_decay=weight_decay),
+        loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=['accuracy'])
     start = time.perf_counter()
     model.fit(_training_dataset(labeled, multicrop, batch_size, seed),
-              epochs=1, steps_per_epoch=steps, verbose=verbose,
-              callbacks=[progress.ProgressBar(),
-                         tuning.tensorboard(run.supervised_logs)])
+              epochs=1, steps_per_epoch=steps,
+              callbacks=tuning.callbacks(run.supervised_logs))
     train_seconds = time.perf_counter() - start
-    correct, total = _correct(model, test, preprocessing)
+    correct = total = 0
+    for images, labels in pipeline.make_eval_dataset(test, batch_size=256,
+                                                     **preprocessing):
+        predicted = np.argmax(model(images, training=False), axis=1)
+        correct += int(np.sum(predicted == labels.numpy()))
+        total += len(labels)
     results = dict(top1=correct / total, num_test=total,
                    num_labeled=labeled.num_examples, steps=steps,
                    wall_seconds=time.perf_counter() - start,
@@ -113,28 +96,3 @@ def train_supervised(run, *, labeled, test, preprocessing,
                  100 * results['top1'], total, labeled.num_examples,
                  train_seconds)
     return results
-
-
-def _compiled_classifier(labeled, steps, learning_rate, weight_decay):
-    """`build_classifier` for the classes of `labeled`, compiled with SGD
-    (Nesterov momentum 0.9, cosine decay over `steps`)."""
-    model = build_classifier(len(labeled.class_names), labeled.channels)
-    schedule = tf_keras.optimizers.schedules.CosineDecay(learning_rate, steps)
-    model.compile(
-        optimizer=tf_keras.optimizers.SGD(
-            schedule, momentum=0.9, nesterov=True, weight_decay=weight_decay),
-        loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=['accuracy'])
-    return model
-
-
-def _correct(model, test, preprocessing):
-    """`(correct, total)`: the test images `model` classifies right, of
-    all."""
-    correct = total = 0
-    for images, labels in pipeline.make_eval_dataset(test, batch_size=256,
-                                                     **preprocessing):
-        predicted = np.argmax(model(images, training=False), axis=1)
-        correct += int(np.sum(predicted == labels.numpy()))
-        total += len(labels)
-    return correct, total

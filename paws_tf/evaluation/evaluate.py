@@ -16,15 +16,12 @@ _LOG_SECONDS = 30
 
 
 def embedder_from_model(model):
-    """Returns `embed_fn` for an in-memory model, in inference mode.
+    """`embed_fn`: float32 `[b, S, S, C]` preprocessed images -> `[b, D]`
+    embeddings of `model` in inference mode.
 
     Args:
         model: `model.PAWSModel` (its call returns `embeddings`), or a
             network that returns the embeddings (a fine-tuning trunk).
-
-    Returns:
-        `embed_fn(images)`: float32 `[b, S, S, C]` preprocessed images ->
-        `[b, D]` embeddings (the output PAWS-NN compares).
     """
     @tf.function(reduce_retracing=True)
     def embed_fn(images):
@@ -36,16 +33,9 @@ def embedder_from_model(model):
 
 
 def embedder_from_saved_model(export_dir):
-    """Returns `embed_fn` of an `export.export_embedder` SavedModel.
-
-    Uses its `embed_preprocessed` signature, so the caller's preprocessing
-    (`pipeline.make_eval_dataset`) is the only one applied.
-
-    Args:
-        export_dir: directory written by `export.export_embedder`.
-
-    Returns:
-        `embed_fn(images)`: float32 `[b, S, S, C]` -> `[b, D]` float32.
+    """`embed_fn` of an `export.export_embedder` SavedModel in
+    `export_dir`: its `embed_preprocessed` signature, so the caller's
+    preprocessing (`pipeline.make_eval_dataset`) is the only one applied.
 
     Raises:
         ValueError: the SavedModel has no `embed_preprocessed` signature.
@@ -69,13 +59,11 @@ def embed_dataset(embed_fn, dataset, *, description='images'):
 
     Args:
         embed_fn: `[b, S, S, C]` images -> `[b, D]` embeddings.
-        dataset: `tf.data.Dataset` of `(images, int labels)` batches, e.g.
-            from `pipeline.make_eval_dataset`.
+        dataset: `(images, int labels)` batches (`pipeline.make_eval_dataset`).
         description: what the images are, for progress logs.
 
     Returns:
-        `(embeddings, labels)`: float32 `[N, D]` tensor and int32 `[N]`
-        NumPy array.
+        `(embeddings, labels)`: float32 `[N, D]` tensor, int32 `[N]` array.
 
     Raises:
         ValueError: if the dataset is empty.
@@ -107,11 +95,9 @@ def classify(query_embeddings, support_embeddings, support_labels, *,
     similarities exist at once.
 
     Args:
-        query_embeddings: `[N, D]` embeddings.
-        support_embeddings: `[M, D]` embeddings of every labeled image.
+        query_embeddings, support_embeddings: `[N, D]`, `[M, D]`.
         support_labels: int `[M]` class ids in `[0, num_classes)`.
-        num_classes: K.
-        tau: similarity temperature.
+        num_classes, tau: K, the similarity temperature.
         k: how many classes to return per query (at most K).
         query_chunk: queries per chunk.
 
@@ -143,33 +129,24 @@ def _check_labels(labels, num_classes, what):
 
 
 def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
-            tau=0.1, top_k=(1, 5), query_chunk=DEFAULT_QUERY_CHUNK):
+            tau=0.1, query_chunk=DEFAULT_QUERY_CHUNK):
     """PAWS-NN accuracy: every query classified with all supports.
 
     Args:
-        embed_fn: `[b, S, S, C]` preprocessed images -> `[b, D]` embeddings
-            (`embedder_from_model` or `embedder_from_saved_model`).
-        support_dataset: `(images, labels)` batches of every labeled image,
-            each once (`pipeline.make_eval_dataset(labeled, ...)`).
-        query_dataset: `(images, labels)` batches of the test images.
-        num_classes: K.
-        tau: similarity temperature (0.1 in the paper).
-        top_k: accuracies to report; those with k > K are left out.
-        query_chunk: queries classified at once (see `classify`).
+        embed_fn: as for `embed_dataset` (`embedder_from_model` or
+            `embedder_from_saved_model`).
+        support_dataset, query_dataset: `(images, labels)` batches of every
+            labeled image and of the test images, each once.
+        num_classes, tau, query_chunk: as for `classify`.
 
     Returns:
-        dict: `top{k}` accuracies (fractions in [0, 1]), `num_support`,
+        dict: `top1` and (K >= 5) `top5` accuracies, `num_support`,
         `num_queries`, and `per_class_accuracy`: top-1 accuracy of the
         queries of each class (None for a class without queries).
 
     Raises:
-        ValueError: labels outside `[0, num_classes)`, an empty dataset, or
-            no `top_k` at most `num_classes`.
+        ValueError: labels outside `[0, num_classes)`, an empty dataset.
     """
-    ks = [k for k in top_k if k <= num_classes]
-    if not ks:
-        raise ValueError(f'No top_k in {top_k} is at most the {num_classes} '
-                         f'classes.')
     supports, support_labels = embed_dataset(embed_fn, support_dataset,
                                              description='support images')
     queries, query_labels = embed_dataset(embed_fn, query_dataset,
@@ -181,13 +158,14 @@ def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
         logging.warning('PAWS-NN: %d of %d classes have no support image: '
                         'they get no probability.', missing, num_classes)
     top_ids = classify(queries, supports, support_labels,
-                       num_classes=num_classes, tau=tau, k=max(ks),
-                       query_chunk=query_chunk)  # [N, max k]
-    hits = top_ids == query_labels[:, None]  # [N, max k]
+                       num_classes=num_classes, tau=tau,
+                       query_chunk=query_chunk)  # [N, min(5, K)]
+    hits = top_ids == query_labels[:, None]  # [N, min(5, K)]
     per_class_hits = np.bincount(query_labels, weights=hits[:, 0],
                                  minlength=num_classes)
     per_class_count = np.bincount(query_labels, minlength=num_classes)
-    results = {f'top{k}': float(hits[:, :k].any(axis=1).mean()) for k in ks}
+    results = {f'top{k}': float(hits[:, :k].any(axis=1).mean())
+               for k in (1, 5) if k <= num_classes}
     results.update(
         num_support=len(support_labels), num_queries=len(query_labels),
         per_class_accuracy=[

@@ -16,26 +16,6 @@ from paws_tf import run_dir
 SOURCES = ('saved_model', 'checkpoint')
 
 
-def _check_export(export_dir, embedding, **expected):
-    """The embedding an export compares; raises ValueError if its
-    preprocessing or embedding (when not None) differs from ours."""
-    stored = export.read_preprocessing(export_dir)
-    if embedding is not None:
-        expected['embedding'] = embedding
-    differences = [
-        f'{key}: export {stored.get(key)}, evaluation {value}'
-        for key, value in expected.items()
-        if (stored.get(key) != value if isinstance(value, str) else
-            not np.allclose(stored[key], value, rtol=1e-6, atol=0))]
-    if differences:
-        raise ValueError(
-            f'The SavedModel {export_dir} was exported for another '
-            f'preprocessing or embedding than this evaluation: '
-            f'{"; ".join(differences)}. Export the run again '
-            '(run.py --mode=export).')
-    return stored.get('embedding')
-
-
 @gin.configurable(denylist=['labeled', 'test', 'model'])
 def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
                 std, source='saved_model', model=None, saved_model_dir=None,
@@ -43,40 +23,33 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
                 embedding=None, batch_size=256,
                 query_chunk=evaluate.DEFAULT_QUERY_CHUNK, step=0):
     """PAWS-NN of a run (`evaluators.PawsNN`), the support exactly the
-    labeled set, checked against the run's split file: TensorBoard's
+    labeled set checked against the run's split file: TensorBoard's
     `paws_nn_test/*` in `tensorboard/eval`, `eval/paws_nn.json` and a
     printed summary. Single-process (the chief alone, on a cluster).
 
     Args:
         model_dir: the run's directory.
-        labeled: `sources.ImageSource`, the labeled images (the support).
-        test: `sources.ImageSource` or `sources.StreamSource`, the queries.
-        image_size, crop_fraction, mean, std: the evaluation preprocessing
-            (`pipeline.make_eval_dataset`).
+        labeled, test: the support and the queries, as for `PawsNN`.
+        image_size, crop_fraction, mean, std: the evaluation preprocessing.
         source: `'saved_model'` (the `export_embedder` output in
             `saved_model_dir`, default `RunDir.embedder`) or `'checkpoint'`
-            (restore `model`, built from the run's gin config by
-            `model.build_model`, from `checkpoint_path`: a checkpoint
-            prefix, or a directory whose latest checkpoint is used).
-        split_file: the run's recorded labeled split (default `RunDir.split`
-            when it exists), of exactly the labeled set's images.
-        embedding: the representation compared, 'projection' or
-            'prediction' (`model.PAWSModel.nn_embedding`); an export made
-            with another is refused. None: what the export or `model` has.
-        tau, batch_size, query_chunk: similarity temperature, images per
-            embedding batch, queries classified at once.
-        step: global step of the TensorBoard scalars.
+            (`model`, built by `model.build_model`, restored from
+            `checkpoint_path`: a prefix, or a directory's latest).
+        split_file: the run's labeled split (default `RunDir.split` when it
+            exists), of exactly the labeled set's images.
+        embedding: 'projection' or 'prediction' (`PAWSModel.nn_embedding`);
+            an export made with another is refused. None: the export's or
+            `model`'s.
+        tau, batch_size, query_chunk, step: as for `PawsNN` and its call.
 
     Returns:
         The `evaluate.paws_nn` dict, plus `source`, `source_path`,
-        `embedding`, `tau`, `split_file` (None if unchecked) and
-        `results_file`.
+        `embedding`, `tau`, `split_file` (None if unchecked), `results_file`.
 
     Raises:
-        ValueError: unknown source, a checkpoint source without `model` or
-            `checkpoint_path`, an export of another preprocessing or
-            embedding, other class names, or a labeled set other than the
-            split file's.
+        ValueError: unknown source, checkpoint source without `model` or
+            `checkpoint_path`, export of another preprocessing or embedding,
+            other class names, or a labeled set not the split file's.
         FileNotFoundError: no export or checkpoint where expected.
         RuntimeError: embedded counts that differ from the sources' sizes.
     """
@@ -95,15 +68,9 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
         query_chunk=query_chunk, record=dict(
             source=source, source_path=path, embedding=embedding, tau=tau,
             split_file=split_file))(embed_fn, step)
-    return _printed(results)
-
-
-def _printed(results):
-    """`results`, once their summary is logged and printed."""
     top5 = (f', top-5 {100 * results["top5"]:.2f}%' if 'top5' in results
             else '')
-    summary = (f'PAWS-NN ({results["source"]} {results["source_path"]}, '
-               f'{results["embedding"]} embedding): top-1 '
+    summary = (f'PAWS-NN ({source} {path}, {embedding} embedding): top-1 '
                f'{100 * results["top1"]:.2f}%{top5}; support = the '
                f'{results["num_support"]} labeled images, '
                f'{results["num_queries"]} queries')
@@ -114,11 +81,25 @@ def _printed(results):
 
 def _embedder(source, embedding, expected, *, saved_model_dir, model,
               checkpoint_path):
-    """`(path, embedding, embed_fn)` of `evaluate_nn`'s `source`, checked
-    against the `expected` preprocessing and `embedding`."""
+    """`(path, embedding, embed_fn)` of `evaluate_nn`'s `source`; raises
+    ValueError if its preprocessing or embedding (when not None) differs
+    from the `expected` one."""
     if source == 'saved_model':
-        embedding = _check_export(saved_model_dir, embedding, **expected)
-        return (saved_model_dir, embedding,
+        stored = export.read_preprocessing(saved_model_dir)
+        if embedding is not None:
+            expected['embedding'] = embedding
+        differences = [
+            f'{key}: export {stored.get(key)}, evaluation {value}'
+            for key, value in expected.items()
+            if (stored.get(key) != value if isinstance(value, str) else
+                not np.allclose(stored[key], value, rtol=1e-6, atol=0))]
+        if differences:
+            raise ValueError(
+                f'The SavedModel {saved_model_dir} was exported for another '
+                f'preprocessing or embedding than this evaluation: '
+                f'{"; ".join(differences)}. Export the run again '
+                '(run.py --mode=export).')
+        return (saved_model_dir, stored.get('embedding'),
                 evaluate.embedder_from_saved_model(saved_model_dir))
     if source != 'checkpoint':
         raise ValueError(f'Unknown source {source!r}; choose one of '

@@ -1,15 +1,13 @@
-"""Evaluators: what measures a model on the labeled and test images, the
-same object at the training's epoch ends (`train.evaluators`), in
-`--mode=evaluate_nn`, during fine-tuning and in the demo.
+"""Evaluators: what measures a model on the labeled and test images, at
+the training's epoch ends (`train.evaluators`), in `--mode=evaluate_nn`,
+during fine-tuning and in the demo.
 
-An evaluator is a class built with the run's data,
-`Evaluator(labeled, test, *, preprocessing, tau, log_dir, max_queries)`,
-with a `name` (its top-1's key in `fit`'s logs) and a `title` (in log
-lines); called with `embed_fn` (`[b, S, S, C]` preprocessed images ->
-`[b, D]` embeddings) and the global step, it returns its results dict and
-writes its TensorBoard points. `PawsNN` is the one shipped; another (a
-linear probe, a kNN monitor) is a new class and a binding,
-`train.evaluators = [@PawsNN, @MyEvaluator]`.
+An evaluator is a class built as `Evaluator(labeled, test, *,
+preprocessing, tau, log_dir, max_queries)`, with a `name` (its top-1's key
+in `fit`'s logs) and a `title` (in log lines); called with `embed_fn`
+(`evaluate.embed_dataset`'s) and the global step, it returns its results
+dict and writes its TensorBoard points. Another than `PawsNN` (a linear
+probe) is a new class and a binding, `train.evaluators = [@PawsNN, @Mine]`.
 """
 
 import os
@@ -41,15 +39,14 @@ class PawsNN:
         preprocessing: `pipeline.make_eval_dataset`'s `image_size`,
             `crop_fraction`, `mean` and `std`.
         tau: similarity temperature.
-        log_dir: TensorBoard directory of the points `{tag}/top1`,
-            `{tag}/top5` (None: none written).
+        log_dir, tag: TensorBoard directory (None: none) and group of the
+            points `{tag}/top1`, `{tag}/top5`.
         max_queries: the first this many test images are the queries
             (None: all), so that a curve during training is cheap.
-        tag: the TensorBoard group of the points.
         results_file: JSON file of each call's results (None: none).
         record: entries added to the results: what was evaluated.
-        batch_size: images per embedding batch.
-        query_chunk: queries classified at once (`evaluate.classify`).
+        batch_size, query_chunk: images per embedding batch, queries
+            classified at once (`evaluate.classify`).
     """
     name, title = 'paws_nn', 'PAWS-NN'
 
@@ -74,11 +71,6 @@ class PawsNN:
         self._tau, self._tag, self._query_chunk = tau, tag, query_chunk
         self._writer = log_dir and tf.summary.create_file_writer(log_dir)
         self._results_file, self._record = results_file, record or {}
-
-    def embed_test(self, embed_fn):
-        """`(embeddings [N, D] float32, labels [N] int32)` of the queries."""
-        return evaluate.embed_dataset(embed_fn, self._queries,
-                                      description='queries')
 
     def __call__(self, embed_fn, step=0):
         """The `evaluate.paws_nn` results of `embed_fn`, plus `record` (and
@@ -112,8 +104,8 @@ class PawsNN:
 
 
 class EpochEndEvaluation(tf_keras.callbacks.Callback):
-    """Runs evaluators after every `every_epochs` epochs of `fit`, and logs
-    each one's top-1 (`{prefix}epoch {e}: {title} top-1 {x}%`).
+    """Runs evaluators every `every_epochs` epochs of `fit` and logs each
+    one's top-1 (`{prefix}epoch {e}: {title} top-1 {x}%`).
 
     Args:
         evaluators: built evaluators, run in order.
@@ -121,7 +113,6 @@ class EpochEndEvaluation(tf_keras.callbacks.Callback):
             evaluation on every process: the `embed_fn` to evaluate, or
             None where this process only takes part in reading the weights
             (a cluster's workers but the chief).
-        every_epochs: evaluate every this many epochs.
         num_epochs: when given, the last epoch is evaluated too, and the
             log lines say `epoch {e}/{num_epochs}`.
         prefix: the start of the log lines.

@@ -18,13 +18,12 @@ _REJECTED_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
 
 
 def _checked_images(images, expected, description):
-    """Returns `images` with static shape `[None, *expected]`, or fails with
-    `description` if it is not `[N, *expected]` (None: any size).
+    """`images` with static shape `[None, *expected]` (None: any size), or
+    a failure with `description`.
 
-    The check runs before any op that needs the shape. The result goes
-    through a `tf.cond`, whose output shape is fixed when traced: a loaded
-    function called with a static shape of another rank would otherwise
-    fail shape inference inside a later op, before the check could run.
+    The result goes through a `tf.cond`, whose output shape is fixed when
+    traced: a loaded function called with a static shape of another rank
+    would otherwise fail shape inference in a later op, before the check.
     """
     shape = tf.shape(images)
     padded = tf.concat([shape, tf.zeros([4], tf.int32)], 0)
@@ -66,33 +65,24 @@ class _SNNHead(tf.Module):
                                    self.tau)  # [N, K]
         top = tf.math.top_k(probabilities, k=min(5, self._num_classes))
         class_ids = top.indices[:, 0]
-        return {'probabilities': probabilities,
-                'class_ids': class_ids,
+        return {'probabilities': probabilities, 'class_ids': class_ids,
                 'class_names': tf.gather(self.class_names, class_ids),
                 'top5_class_ids': top.indices,
                 'top5_probabilities': top.values}
 
 
-class _LogitsHead(tf.Module):
+def _logits_head(logits):
     """Class scores of a classifier's logits."""
-
-    def __call__(self, logits):
-        logits = tf.cast(logits, tf.float32)  # [N, K]
-        top = tf.math.top_k(logits, k=min(5, logits.shape[-1]))
-        return {'logits': logits,
-                'probabilities': tf.nn.softmax(logits),
-                'class_ids': top.indices[:, 0],
-                'top5_class_ids': top.indices}
+    logits = tf.cast(logits, tf.float32)  # [N, K]
+    top = tf.math.top_k(logits, k=min(5, logits.shape[-1]))
+    return {'logits': logits, 'probabilities': tf.nn.softmax(logits),
+            'class_ids': top.indices[:, 0], 'top5_class_ids': top.indices}
 
 
 class _Servable(tf.Module):
-    """The model with its evaluation preprocessing and an optional head.
-
+    """The model with its evaluation preprocessing and an optional head:
     `__call__` takes raw uint8 images, `call_preprocessed` float32 images
-    already preprocessed as `pipeline.make_eval_dataset` does; both return the
-    model's outputs (`features`, `projection`, `prediction` when it has a
-    prediction head, `embeddings`), or `head` of them.
-    """
+    preprocessed as `pipeline.make_eval_dataset` does."""
 
     def __init__(self, model, head, *, image_size, crop_fraction, mean, std,
                  channels):
@@ -163,8 +153,7 @@ class _Servable(tf.Module):
             self._preprocessed_description))
 
     def save(self, export_dir, preprocessed_signature, strategy, extra_info):
-        """Saves the module and writes preprocessing.json beside it
-        (`cluster.save_dir`: the chief's copy only)."""
+        """Saves the module with preprocessing.json (the chief's copy)."""
         raw = self.__call__.get_concrete_function(
             tf.TensorSpec(None, tf.uint8, name='images'))
         for dtype in _REJECTED_DTYPES:
@@ -185,7 +174,7 @@ class _Servable(tf.Module):
 
 
 def read_preprocessing(export_dir):
-    """Returns the preprocessing parameters stored beside an export.
+    """The preprocessing parameters stored beside an export.
 
     Raises:
         FileNotFoundError: if `export_dir` holds no preprocessing.json.
@@ -202,36 +191,28 @@ def export_embedder(model, export_dir, *, image_size, crop_fraction, mean,
                     std, channels, strategy=None):
     """Writes the encoder as a SavedModel that takes raw images.
 
-    Signatures (also callable as `loaded(images)` and
-    `loaded.call_preprocessed(images)`):
-      `serving_default`: `images` uint8 `[N, H, W, C]` (any N, H, W) ->
-          float32 `features` `[N, F]` (backbone), `projection` `[N, D]`
-          (h), `prediction` `[N, D']` (the prediction head's output, when
-          the model has one) and `embeddings`: the one of the last two that
-          PAWS-NN compares (`model.nn_embedding`, recorded as `embedding`
-          in preprocessing.json). The evaluation preprocessing of
-          `augment.center_view` (resize the shorter side to `image_size /
-          crop_fraction`, centre crop, normalise) comes first, and the model
-          runs in inference mode.
-      `embed_preprocessed`: `images` float32 `[N, S, S, C]` already
-          preprocessed (what `pipeline.make_eval_dataset` yields) -> same dict.
-    The preprocessing parameters are stored as variables
-    (`loaded.image_size`, ...) and in `preprocessing.json` beside
-    `saved_model.pb`. Loading needs only TensorFlow.
+    `serving_default` (also `loaded(images)`): `images` uint8
+    `[N, H, W, C]` (any N, H, W), preprocessed by `augment.center_view`, ->
+    float32 `features` `[N, F]` (backbone), `projection` `[N, D]`,
+    `prediction` `[N, D']` (with a prediction head) and `embeddings`: the
+    one of the last two that PAWS-NN compares (`model.nn_embedding`,
+    `embedding` in preprocessing.json). `embed_preprocessed` (also
+    `loaded.call_preprocessed`) takes float32 `[N, S, S, C]` preprocessed
+    images (`pipeline.make_eval_dataset`'s). The preprocessing is stored as
+    variables (`loaded.image_size`, ...) and in `preprocessing.json`.
+    Loading needs only TensorFlow.
 
     Under MultiWorkerMirroredStrategy, export a copy of the model with
     plain variables on the chief (`modes.export_and_evaluate` does): a
     SavedModel cannot hold that strategy's distributed variables.
 
     Args:
-        model: `model.PAWSModel` (or any model whose call returns a dict
-            with `embeddings`), built.
+        model: built `model.PAWSModel` (or any model whose call returns a
+            dict with `embeddings`).
         export_dir: output directory.
-        image_size: S, side of the model input.
-        crop_fraction: centre crop as a fraction of the resized image.
-        mean: length-C channel means of the normalisation.
-        std: length-C channel standard deviations.
-        channels: C, image channels (3 RGB, 1 grayscale).
+        image_size, crop_fraction, mean, std, channels: the preprocessing:
+            S, the centre crop's fraction of the resized image, length-C
+            channel means and standard deviations, C.
         strategy: the running strategy (default: the current one).
 
     Raises:
@@ -248,29 +229,22 @@ def export_classifier(model, export_dir, *, support_embeddings,
                       crop_fraction, mean, std, channels, strategy=None):
     """Writes a self-contained PAWS-NN classifier SavedModel.
 
-    The labeled support embeddings, their labels and the class names are
-    stored inside, so `serving_default` (`images` uint8 `[N, H, W, C]`, the
-    preprocessing of `export_embedder` inside) returns:
-      `probabilities` float32 `[N, K]`: `softmax(q Sᵀ / tau) Y` over the
-          L2-normalised embeddings (`model.nn_embedding`; PAWS Appendix A,
-          no label smoothing);
-      `class_ids` int32 `[N]`: the argmax; `class_names` string `[N]`;
-      `top5_class_ids` int32 `[N, min(5, K)]` and `top5_probabilities`.
-    `classify_preprocessed` takes float32 `[N, S, S, C]` preprocessed images.
+    The supports are stored inside, so `serving_default` (raw images, as
+    for `export_embedder`) returns `probabilities` float32 `[N, K]`
+    (`softmax(q Sᵀ / tau) Y` over the L2-normalised embeddings, PAWS
+    Appendix A, no label smoothing), `class_ids` int32 `[N]` (the argmax),
+    `class_names` string `[N]`, `top5_class_ids` int32 `[N, min(5, K)]` and
+    `top5_probabilities`. `classify_preprocessed` takes float32
+    `[N, S, S, C]` preprocessed images.
 
     Args:
-        model: the built encoder, as for `export_embedder`.
-        export_dir: output directory.
+        model, export_dir: as for `export_embedder`.
         support_embeddings: `[M, D]` embeddings of every labeled image.
         support_labels: int `[M]` class ids in `[0, K)`.
         class_names: K class names indexed by class id.
         tau: similarity temperature.
-        image_size: S, side of the model input.
-        crop_fraction: centre crop as a fraction of the resized image.
-        mean: length-C channel means.
-        std: length-C channel standard deviations.
-        channels: C.
-        strategy: the running strategy (default: the current one).
+        image_size, crop_fraction, mean, std, channels, strategy: as for
+            `export_embedder`.
 
     Raises:
         ValueError: on inconsistent supports, labels or class names.
@@ -302,19 +276,17 @@ def export_fine_tuned(classifier, export_dir, *, image_size, crop_fraction,
                       mean, std, channels, strategy=None):
     """Writes a fine-tuned classifier as a SavedModel that takes raw images.
 
-    `serving_default` (`images` uint8 `[N, H, W, C]`, the preprocessing of
-    `export_embedder` inside) and `classify_preprocessed` (float32
-    `[N, S, S, C]`) return `logits` float32 `[N, K]`, `probabilities` (their
-    softmax), `class_ids` int32 `[N]` and `top5_class_ids`
-    `[N, min(5, K)]`.
+    `serving_default` (raw images, as for `export_embedder`) and
+    `classify_preprocessed` return `logits` float32 `[N, K]`,
+    `probabilities` (their softmax), `class_ids` int32 `[N]` and
+    `top5_class_ids` `[N, min(5, K)]`.
 
     Args:
         classifier: built `tf_keras.Model`, images -> `[N, K]` logits.
-        export_dir: output directory.
-        image_size, crop_fraction, mean, std, channels, strategy: as for
-            `export_embedder`.
+        export_dir, image_size, crop_fraction, mean, std, channels,
+            strategy: as for `export_embedder`.
     """
-    module = _Servable(classifier, _LogitsHead(), image_size=image_size,
+    module = _Servable(classifier, _logits_head, image_size=image_size,
                        crop_fraction=crop_fraction, mean=mean, std=std,
                        channels=channels)
     module.save(export_dir, 'classify_preprocessed', strategy,

@@ -16,18 +16,14 @@ def fine_tune(model_dir, model, *, labeled, test, protocol='imagenet',
               strategy=None, image_size=224, crop_fraction=0.875,
               mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD, seed=0):
     """Fine-tunes a pre-trained PAWS model into `model_dir/fine_tune`,
-    with TensorBoard logs in `model_dir/tensorboard/fine_tune`.
-
-    The protocol's hyper-parameters are gin bindings of `fine_tune_linear`
-    ('imagenet', App. A, `linear_fine_tune.py`) or `fine_tune_suncet`
-    ('cifar10', App. C, `suncet_fine_tune.py`); their defaults are the
-    paper's.
+    TensorBoard logs in `model_dir/tensorboard/fine_tune`; the protocol's
+    hyper-parameters are gin bindings of `fine_tune_linear` ('imagenet',
+    App. A) or `fine_tune_suncet` ('cifar10', App. C).
 
     Args:
         model_dir: run directory.
         model: restored pre-trained `model.PAWSModel` (not modified).
-        labeled: labeled `sources.ImageSource`.
-        test: labeled test source (`ImageSource` or `StreamSource`).
+        labeled, test: labeled `sources.ImageSource`, labeled test source.
         protocol: 'imagenet' or 'cifar10'.
         strategy: `tf.distribute.Strategy`; default the current one.
         image_size, crop_fraction, mean, std: preprocessing, as in
@@ -46,7 +42,6 @@ def fine_tune(model_dir, model, *, labeled, test, protocol='imagenet',
     run = run_dir.RunDir(model_dir)
     _, results = _PROTOCOLS[protocol](
         model, labeled, test, output_dir=run.fine_tune,
-        log_dir=run.fine_tune_logs,
-        strategy=strategy, image_size=image_size,
+        log_dir=run.fine_tune_logs, strategy=strategy, image_size=image_size,
         crop_fraction=crop_fraction, mean=mean, std=std, seed=seed)
     return results

@@ -24,17 +24,13 @@ import tf_keras
 
 from paws_tf import checkpoints
 from paws_tf import cluster
-from paws_tf.data import augment
 from paws_tf.data import pipeline
-from paws_tf.data import sampling
 from paws_tf.evaluation import tuning
-from paws_tf import progress
-from paws_tf import schedules
 
 HOLDOUT_FILENAME = 'holdout.txt'
 SELECTIONS = ('best_epoch', 'sweep')
-# tf_keras weight prefixes in the output directory; load them into
-# `build_classifier(model, num_classes)` / `tuning.build_trunk(model)`.
+# tf_keras weight prefix in the output directory; load it into
+# `build_classifier(model, num_classes)`.
 CLASSIFIER_WEIGHTS = 'classifier'
 # `sampling.derive_seed` tags of the classifier input, apart from sampling's.
 _TRAIN_ORDER = 101
@@ -42,18 +38,12 @@ _TRAIN_VIEWS = 102
 
 
 def build_classifier(model, num_classes):
-    """Backbone -> fc1 -> bn1 -> ReLU -> linear layer initialised to zero.
+    """Backbone -> fc1 -> bn1 -> ReLU -> linear layer initialised to zero,
+    images -> float32 `[B, num_classes]` logits.
 
     PAWS App. A follows SimCLRv2: fine-tune from the first layer of the
     projection head. Copies of the layers are made in the current strategy
     scope (`model` is not modified); all but BN statistics are trainable.
-
-    Args:
-        model: pre-trained, built `model.PAWSModel`.
-        num_classes: classifier outputs.
-
-    Returns:
-        Functional `tf_keras.Model`: images -> float32 `[B, num_classes]`.
 
     Raises:
         ValueError: the projection head has no hidden layer.
@@ -81,12 +71,8 @@ def _optimizer(learning_rate, total_steps, *, momentum, cosine_decay=True):
     tf_keras' Nesterov update: `v = mu v - lr g; w += mu v - lr g`.
     """
     if cosine_decay:
-        # Every argument explicit: WarmupCosineDecay is gin-configurable, and
-        # the pre-training's bindings (its final rate, a warm-up fraction)
-        # must not reach it.
-        learning_rate = schedules.WarmupCosineDecay(
-            total_steps, 1, learning_rate, learning_rate, final_lr=0.0,
-            warmup_epochs=0, warmup_fraction=None)
+        learning_rate = tuning.cosine_schedule(total_steps, 1, learning_rate,
+                                               0.0)
     return tf_keras.optimizers.SGD(learning_rate, momentum=momentum,
                                    nesterov=True)
 
@@ -129,39 +115,6 @@ def split_holdout(labels, holdout, seed):
     return np.setdiff1d(np.arange(labels.size), held), held
 
 
-def _classifier_dataset_fn(source, global_batch_size, num_replicas, seed,
-                           **view_args):
-    """Per-replica `(views, labels)` batches: random crops and flips."""
-    n, batch = source.num_examples, global_batch_size // num_replicas
-
-    def dataset_fn(context=None):
-        first, local = pipeline.pipeline_replicas(context, num_replicas)
-        label_table = tf.constant(source.labels, tf.int32)
-        rows = slice(first * batch, (first + local) * batch)
-
-        def epoch_items(epoch):
-            order = sampling.permutation(
-                n, sampling.derive_seed(seed, _TRAIN_ORDER, epoch))
-            return tf.data.Dataset.from_tensor_slices(
-                (tf.fill([n], epoch), order))
-
-        def view(epoch, position):
-            key = sampling.derive_seed(seed, _TRAIN_VIEWS, epoch, position)
-            return augment.make_view(
-                source.read(position), key, color_strength=0.0,
-                blur_prob=0.0, **view_args), tf.gather(label_table, position)
-
-        # Every pipeline walks the same stream of reshuffled epochs and
-        # keeps its replicas' rows of each global batch.
-        return tuning.finish(
-            tf.data.Dataset.counter().flat_map(epoch_items)
-            .batch(global_batch_size).map(lambda e, p: (e[rows], p[rows]))
-            .unbatch().map(view, num_parallel_calls=tf.data.AUTOTUNE)
-            .batch(batch, drop_remainder=True))
-
-    return dataset_fn
-
-
 def _train_classifier(model, source, *, strategy, num_classes,
                       learning_rate, epochs, global_batch_size, image_size,
                       mean, std, crop_scale, momentum, cosine_decay, seed,
@@ -187,13 +140,12 @@ def _train_classifier(model, source, *, strategy, num_classes,
         # Slots made now spare `fit` a second trace of its step.
         classifier.optimizer.build(classifier.trainable_variables)
     dataset = strategy.distribute_datasets_from_function(
-        _classifier_dataset_fn(
+        tuning.views_dataset_fn(
             source, global_batch_size, strategy.num_replicas_in_sync, seed,
-            size=image_size, scale=crop_scale, mean=mean, std=std))
+            (_TRAIN_ORDER, _TRAIN_VIEWS), size=image_size, scale=crop_scale,
+            color_strength=0.0, blur_prob=0.0, mean=mean, std=std))
     classifier.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                   callbacks=list(callbacks) + (
-                       [tuning.tensorboard(log_dir)] if log_dir else []) +
-                   [progress.ProgressBar()])
+                   callbacks=list(callbacks) + tuning.callbacks(log_dir))
     return classifier
 
 
@@ -235,20 +187,18 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
                      epochs=(30, 50), holdout=12000, global_batch_size=1024,
                      crop_scale=(0.08, 1.0), momentum=0.9, cosine_decay=True,
                      eval_batch_size=256):
-    """PAWS App. A, by best epoch or by sweep (the module's docstring).
-
+    """PAWS App. A, by best epoch or by sweep (the module's docstring):
     `output_dir` receives the held-out names (sweep), the weights and the
     results JSON; `log_dir` (or None) the TensorBoard logs of each epoch
     (`sweep/*`, `final`).
 
     Args:
         model, labeled, test, image_size, crop_fraction, mean, std,
-            strategy, seed: as in `fine_tune.fine_tune`; `crop_fraction` is for
-            evaluation (training takes random crops).
+            strategy, seed: as in `fine_tune.fine_tune`; `crop_fraction` is
+            for evaluation (training takes random crops).
         selection: one of `SELECTIONS`.
-        validation: for 'best_epoch': a zero-argument callable returning
-            the labeled validation source (ImageNet:
-            `tfds_sources.imagenet_validation`).
+        validation: for 'best_epoch': a callable returning the labeled
+            validation source (`tfds_sources.imagenet_validation`).
         learning_rates, epochs: the sweep (BYOL's protocol); one of each
             for 'best_epoch'.
         holdout: for 'sweep': held-out images, a count (paper: 12000) or a
@@ -275,12 +225,18 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
                  cosine_decay=cosine_decay, seed=seed)
     evaluation = dict(batch_size=eval_batch_size, image_size=image_size,
                       crop_fraction=crop_fraction, mean=mean, std=std)
+    test_dataset = pipeline.make_eval_dataset(test, **evaluation)
+    os.makedirs(output_dir, exist_ok=True)
     select = dict(best_epoch=functools.partial(_best_epoch, validation),
-                  sweep=functools.partial(_sweep, holdout))[selection]
-    classifier, results = select(
-        model, labeled, test, output_dir=output_dir, log_dir=log_dir,
-        learning_rates=learning_rates, epochs=epochs, train=train,
-        evaluation=evaluation)
+                  sweep=functools.partial(_sweep, holdout, output_dir))
+    classifier, entries = select[selection](
+        model, labeled, log_dir=log_dir, learning_rates=learning_rates,
+        epochs=epochs, train=train, evaluation=evaluation)
+    scores = _scores(classifier, test_dataset)
+    logging.info('Fine-tuned by %s: test %s', selection, scores)
+    results = dict(protocol='imagenet', selection=selection,
+                   top1=scores['top1'], top5=scores.get('top5'), test=scores,
+                   **entries, weights=CLASSIFIER_WEIGHTS)
     tuning.write_outputs(strategy, output_dir, classifier, CLASSIFIER_WEIGHTS,
                          results)
     return classifier, results
@@ -303,16 +259,14 @@ def _checked_classes(labeled, strategy, global_batch_size, learning_rates,
     return num_classes
 
 
-def _sweep(holdout, model, labeled, test, *, output_dir, log_dir,
-           learning_rates, epochs, train, evaluation):
-    """`fine_tune_linear` with `selection='sweep'`."""
+def _sweep(holdout, output_dir, model, labeled, *, log_dir, learning_rates,
+           epochs, train, evaluation):
+    """`fine_tune_linear`'s network and results by sweep."""
     seed = train['seed']
     train_positions, held = split_holdout(labeled.labels, holdout, seed)
     train_source = labeled.subset(train_positions)
     held_dataset = pipeline.make_eval_dataset(labeled.subset(held),
                                               **evaluation)
-    test_dataset = pipeline.make_eval_dataset(test, **evaluation)
-    os.makedirs(output_dir, exist_ok=True)
     holdout_file = os.path.join(output_dir, HOLDOUT_FILENAME)
     if cluster.is_chief(train['strategy']):
         with open(holdout_file, 'w') as f:
@@ -334,22 +288,17 @@ def _sweep(holdout, model, labeled, test, *, output_dir, log_dir,
     classifier = _train_classifier(
         model, labeled, log_dir=log_dir and os.path.join(log_dir, 'final'),
         **best, **train)
-    scores = _scores(classifier, test_dataset)
-    logging.info('Fine-tuned with %s: test %s', best, scores)
     return classifier, {
-        'protocol': 'imagenet', 'selection': 'sweep', 'top1': scores['top1'],
-        'top5': scores.get('top5'), 'test': scores, 'best': best,
-        'sweep': sweep,
-        'num_train': len(train_positions), 'weights': CLASSIFIER_WEIGHTS,
+        'best': best, 'sweep': sweep, 'num_train': len(train_positions),
         'holdout': {'count': len(held), 'seed': seed, 'file': holdout_file,
                     'per_class': np.bincount(
                         labeled.labels[held],
                         minlength=train['num_classes'])}}
 
 
-def _best_epoch(validation, model, labeled, test, *, output_dir, log_dir,
-                learning_rates, epochs, train, evaluation):
-    """`fine_tune_linear` with `selection='best_epoch'`."""
+def _best_epoch(validation, model, labeled, *, log_dir, learning_rates,
+                epochs, train, evaluation):
+    """`fine_tune_linear`'s network and results by best epoch."""
     if validation is None:
         raise ValueError(
             "fine_tune_linear.selection = 'best_epoch' needs a validation "
@@ -366,21 +315,13 @@ def _best_epoch(validation, model, labeled, test, *, output_dir, log_dir,
                          'from the labeled set.')
     best = _BestEpoch(pipeline.make_eval_dataset(validation_source,
                                                  **evaluation))
-    os.makedirs(output_dir, exist_ok=True)
     classifier = _train_classifier(
         model, labeled, learning_rate=learning_rates[0], epochs=epochs[0],
         log_dir=log_dir and os.path.join(log_dir, 'final'), callbacks=[best],
         **train)
-    scores = _scores(classifier, pipeline.make_eval_dataset(test,
-                                                            **evaluation))
-    logging.info('Fine-tuned, epoch %d of %d (best on validation): test %s',
-                 best.best_epoch, epochs[0], scores)
     return classifier, {
-        'protocol': 'imagenet', 'selection': 'best_epoch',
-        'top1': scores['top1'], 'top5': scores.get('top5'), 'test': scores,
         'learning_rate': learning_rates[0], 'epochs': epochs[0],
         'best_epoch': best.best_epoch,
         'validation_top1_by_epoch': best.top1_by_epoch,
         'num_train': labeled.num_examples,
-        'num_validation': validation_source.num_examples,
-        'weights': CLASSIFIER_WEIGHTS}
+        'num_validation': validation_source.num_examples}

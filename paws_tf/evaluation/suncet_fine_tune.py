@@ -28,8 +28,6 @@ from paws_tf.evaluation import tuning
 from paws_tf import lars as lars_lib
 from paws_tf import losses
 from paws_tf import model as model_lib
-from paws_tf import progress
-from paws_tf import schedules
 
 # `sampling.derive_seed` tag of the views, apart from sampling's and the
 # ImageNet protocol's.
@@ -43,11 +41,10 @@ def _suncet_dataset_fn(labeled, *, num_steps, classes_per_step,
 
     A step has `classes_per_step` classes of `images_per_class` images over
     all replicas, each replica taking its share of every class: unique
-    within the step, drawn with replacement across steps (the official
-    ClassStratifiedSampler draws each step from a fresh permutation of a
-    class's images, which is the same). Every image gives V views, view-
-    major: the centre crop of evaluation, flipped at random (suncet
-    `CenterCrop(32)` + `RandomHorizontalFlip`).
+    within the step, drawn with replacement across steps (as the official
+    ClassStratifiedSampler's fresh permutation per step). Every image gives
+    V views, view-major: the evaluation's centre crop, flipped at random
+    (suncet `CenterCrop(32)` + `RandomHorizontalFlip`).
     """
     if images_per_class % num_replicas:
         raise ValueError(
@@ -131,8 +128,7 @@ class _SuncetTrainer(tf_keras.Model):
 
 
 def _compiled_trainer(model, strategy, num_classes, tau, optimizer):
-    """A compiled `_SuncetTrainer` of `tuning.build_trunk(model)` in the
-    strategy's scope, `optimizer` the `_suncet_optimizer` arguments."""
+    """`_SuncetTrainer` of `model`'s trunk, compiled in `strategy`'s scope."""
     with strategy.scope():
         trainer = _SuncetTrainer(tuning.build_trunk(model), num_classes, tau)
         trainer.compile(optimizer=_suncet_optimizer(**optimizer))
@@ -146,41 +142,13 @@ def _suncet_optimizer(*, learning_rate, final_learning_rate,
     """suncet `snn_fine_tune.py`: its classical-momentum SGD without weight
     decay, wrapped in LARS (biases and batch norm excluded), the rate
     cosine-decayed from `learning_rate` to `final_learning_rate`."""
-    # Every argument explicit: WarmupCosineDecay is gin-configurable, and
-    # the pre-training's bindings (a warm-up fraction) must not reach it.
-    schedule = schedules.WarmupCosineDecay(
-        steps_per_epoch, num_epochs, learning_rate, learning_rate,
-        final_lr=final_learning_rate, warmup_epochs=0, warmup_fraction=None)
+    schedule = tuning.cosine_schedule(steps_per_epoch, num_epochs,
+                                      learning_rate, final_learning_rate)
     if lars:
         return lars_lib.LARS(schedule, momentum=momentum, weight_decay=0.0,
                              trust_coefficient=trust_coefficient)
     # tf_keras' momentum is classical: v = mu v - lr g; w += v.
     return tf_keras.optimizers.SGD(schedule, momentum=momentum)
-
-
-def _results(by_epoch, steps, *, epochs, steps_per_epoch, total_steps):
-    """`fine_tune_suncet`'s results from its PAWS-NN figures `by_epoch`
-    (epoch 0 first) and its steps' logs: `top1`/`top5` of the final model,
-    `paws_nn_before`, `paws_nn_after`, `paws_nn_by_epoch` (epoch 0 is
-    before), and `best_epoch_top1_selected_on_test` with its `best_epoch`:
-    the best of the per-epoch test figures, which selects on the test set,
-    as the official script's logged `best-val` does."""
-    after = by_epoch[-1]
-    best = max(by_epoch, key=lambda entry: entry['top1'])
-    return {
-        'protocol': 'cifar10', 'top1': after['top1'],
-        'top5': after.get('top5'), 'paws_nn_before': by_epoch[0],
-        'paws_nn_after': after,
-        'paws_nn_by_epoch': [
-            {key: entry[key] for key in ('epoch', 'top1', 'top5')
-             if key in entry} for entry in by_epoch],
-        'best_epoch_top1_selected_on_test': best['top1'],
-        'best_epoch': best['epoch'],
-        'epochs': epochs, 'steps_per_epoch': steps_per_epoch,
-        'steps': total_steps,
-        'loss': [step['loss'] for step in steps],
-        'learning_rate': [step['learning_rate'] for step in steps],
-        'weights': tuning.TRUNK_WEIGHTS}
 
 
 def _checked_sizes(labeled, steps_per_epoch, **counts):
@@ -200,9 +168,9 @@ def _checked_sizes(labeled, steps_per_epoch, **counts):
 
 def _fit(trainer, dataset_fn, paws_nn, *, num_epochs, steps_per_epoch,
          eval_every_epochs, log_dir, output_dir):
-    """Trains `trainer` with PAWS-NN of its trunk before, every
-    `eval_every_epochs` epochs and at the end; writes the outputs and
-    returns the results."""
+    """Trains `trainer`, with PAWS-NN of its trunk before, every
+    `eval_every_epochs` epochs and at the end; writes and returns the
+    results."""
     strategy = trainer.distribute_strategy
     embed_fn = evaluate.embedder_from_model(trainer.trunk)
     before = dict(epoch=0, **paws_nn(embed_fn))
@@ -216,12 +184,25 @@ def _fit(trainer, dataset_fn, paws_nn, *, num_epochs, steps_per_epoch,
         to_logs=False)
     trainer.fit(strategy.distribute_datasets_from_function(dataset_fn),
                 epochs=num_epochs, steps_per_epoch=steps_per_epoch,
-                callbacks=[step_log, epoch_eval, progress.ProgressBar()] + (
-                    [tuning.tensorboard(log_dir)] if log_dir else []))
-    results = _results(
-        [before] + epoch_eval.history, steps, epochs=num_epochs,
-        steps_per_epoch=steps_per_epoch,
-        total_steps=int(trainer.optimizer.iterations.numpy()))
+                callbacks=[step_log, epoch_eval] + tuning.callbacks(log_dir))
+    # The best of the per-epoch figures selects on the test set, as the
+    # official script's logged `best-val` does.
+    by_epoch = [before] + epoch_eval.history
+    best = max(by_epoch, key=lambda entry: entry['top1'])
+    results = {
+        'protocol': 'cifar10', 'top1': by_epoch[-1]['top1'],
+        'top5': by_epoch[-1].get('top5'), 'paws_nn_before': before,
+        'paws_nn_after': by_epoch[-1],
+        'paws_nn_by_epoch': [
+            {key: entry[key] for key in ('epoch', 'top1', 'top5')
+             if key in entry} for entry in by_epoch],
+        'best_epoch_top1_selected_on_test': best['top1'],
+        'best_epoch': best['epoch'], 'epochs': num_epochs,
+        'steps_per_epoch': steps_per_epoch,
+        'steps': int(trainer.optimizer.iterations.numpy()),
+        'loss': [step['loss'] for step in steps],
+        'learning_rate': [step['learning_rate'] for step in steps],
+        'weights': tuning.TRUNK_WEIGHTS}
     logging.info('PAWS-NN after fine-tuning: top-1 %.2f%% (best epoch %d: '
                  '%.2f%%, selected on the test set)', 100 * results['top1'],
                  results['best_epoch'],
@@ -261,7 +242,7 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
             (0: only before and after), and its batch.
 
     Returns:
-        `(trunk, results)`: the fine-tuned trunk and `_results`.
+        `(trunk, results)`: the fine-tuned trunk and the results dict.
 
     Raises:
         ValueError: empty labeled set, sizes that do not divide or fit, a

@@ -1,5 +1,5 @@
-"""What the fine-tuning protocols share: the pre-trained trunk, the end of
-their input pipelines, TensorBoard logging and the results files."""
+"""What the fine-tuning protocols share: the pre-trained trunk, the input
+pipelines, the learning-rate schedule, the callbacks and the outputs."""
 
 import os
 
@@ -9,10 +9,17 @@ import tf_keras
 
 from paws_tf import checkpoints
 from paws_tf import cluster
+from paws_tf.data import augment
+from paws_tf.data import pipeline
+from paws_tf.data import sampling
 from paws_tf import files
 from paws_tf.nets import sync_batch_norm
+from paws_tf import progress
 from paws_tf import run_dir
+from paws_tf import schedules
 
+# tf_keras weight prefix of the fine-tuned trunk: load it into
+# `build_trunk(model)`.
 TRUNK_WEIGHTS = 'trunk'
 # Arguments `fine_tune.fine_tune` passes to the protocols, so gin must not
 # bind them.
@@ -38,18 +45,13 @@ def copy_into(inputs, originals):
 
 
 def build_trunk(model):
-    """Copy of the encoder whose output PAWS-NN compares (App. C).
-
-    The backbone and projection head, and the prediction head when
-    `model.nn_embedding` is 'prediction' (suncet `snn_fine_tune.py` with
-    `use_pred_head`). Every layer stays trainable; the SuNCEt trainer runs
-    the batch norms in inference mode.
+    """Functional copy of the encoder whose output PAWS-NN compares (App.
+    C), images -> `[B, D]`: the backbone and projection head, and the
+    prediction head when `model.nn_embedding` is 'prediction' (suncet
+    `snn_fine_tune.py` with `use_pred_head`). Every layer is trainable.
 
     Args:
         model: pre-trained, built `model.PAWSModel`; not modified.
-
-    Returns:
-        Functional `tf_keras.Model`, images -> `[B, D]` embeddings.
     """
     layers = [model.backbone, model.projection_head]
     if model.nn_embedding == 'prediction':
@@ -66,11 +68,58 @@ def finish(dataset):
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
-def tensorboard(log_dir):
-    """Keras' TensorBoard callback, epoch values only: Keras' per-step
-    values are running means since the epoch began, not the step's."""
-    return tf_keras.callbacks.TensorBoard(
-        log_dir, update_freq='epoch', write_graph=False, profile_batch=0)
+def views_dataset_fn(source, global_batch_size, num_replicas, seed, tags,
+                     **view_args):
+    """`dataset_fn` of per-replica `(augment.make_view(**view_args),
+    labels)` batches of `source` reshuffled every epoch, the order and the
+    views seeded with the two `sampling.derive_seed` `tags`."""
+    n, batch = source.num_examples, global_batch_size // num_replicas
+    order_tag, views_tag = tags
+
+    def dataset_fn(context=None):
+        first, local = pipeline.pipeline_replicas(context, num_replicas)
+        label_table = tf.constant(source.labels, tf.int32)
+        rows = slice(first * batch, (first + local) * batch)
+
+        def epoch_items(epoch):
+            order = sampling.permutation(
+                n, sampling.derive_seed(seed, order_tag, epoch))
+            return tf.data.Dataset.from_tensor_slices(
+                (tf.fill([n], epoch), order))
+
+        def view(epoch, position):
+            key = sampling.derive_seed(seed, views_tag, epoch, position)
+            return (augment.make_view(source.read(position), key, **view_args),
+                    tf.gather(label_table, position))
+
+        # Every pipeline walks the same stream of reshuffled epochs and
+        # keeps its replicas' rows of each global batch.
+        return finish(
+            tf.data.Dataset.counter().flat_map(epoch_items)
+            .batch(global_batch_size).map(lambda e, p: (e[rows], p[rows]))
+            .unbatch().map(view, num_parallel_calls=tf.data.AUTOTUNE)
+            .batch(batch, drop_remainder=True))
+
+    return dataset_fn
+
+
+def cosine_schedule(steps_per_epoch, epochs, learning_rate, final_lr):
+    """`learning_rate` cosine-decayed to `final_lr`, without warm-up."""
+    # Every argument explicit: WarmupCosineDecay is gin-configurable, and
+    # the pre-training's bindings (its final rate, a warm-up fraction) must
+    # not reach it.
+    return schedules.WarmupCosineDecay(
+        steps_per_epoch, epochs, learning_rate, learning_rate,
+        final_lr=final_lr, warmup_epochs=0, warmup_fraction=None)
+
+
+def callbacks(log_dir):
+    """A progress bar, and TensorBoard's epoch values in `log_dir` (None:
+    none): Keras' per-step values are running means since the epoch
+    began, not the step's."""
+    return [progress.ProgressBar()] + ([tf_keras.callbacks.TensorBoard(
+        log_dir, update_freq='epoch', write_graph=False, profile_batch=0)]
+        if log_dir else [])
 
 
 def num_classes(labeled):
