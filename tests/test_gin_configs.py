@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 import torch
 
-from paws_tf import configurables  # noqa: F401
+from paws_tf import configurables
 from paws_tf.evaluation import suncet_fine_tune
 from paws_tf import model as model_lib
 from tests.helpers import official_torch
@@ -229,3 +229,17 @@ def test_bad_gin_fails_before_any_data_is_read(tmp_path, binding, message):
     assert proc.returncode != 0
     assert message in proc.stderr
     assert not model_dir.exists()  # Nothing was written or read.
+
+
+def test_a_shipped_config_parses_from_another_directory(
+        clean_gin, tmp_path, monkeypatch):
+    """`python /checkout/run.py --gin_file=/checkout/gin_configs/x.gin` from
+    another directory: the checkout is on sys.path (as run.py's directory
+    is) and the working directory holds no gin_configs/, so the shipped
+    includes ('gin_configs/base.gin') resolve through gin's Python-package
+    reader. Fails if gin_configs/ is a namespace package (no __init__.py):
+    gin's reader then stops with a TypeError."""
+    assert str(REPO) in sys.path
+    monkeypatch.chdir(tmp_path)
+    configurables.parse([str(REPO / 'gin_configs' / 'debug.gin')], [])
+    assert gin.query_parameter('PAWSModel.tau') == 0.1
