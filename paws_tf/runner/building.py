@@ -11,17 +11,9 @@ from paws_tf import model as model_lib
 PRECISIONS = ('float32', 'mixed_bfloat16', 'mixed_float16')
 
 
-def check_precision(precision, name='precision'):
-    """Raises `checks.ConfigError` naming `name` unless `precision` is one
-    of `PRECISIONS`."""
-    if precision not in PRECISIONS:
-        raise checks.ConfigError(f'{name} must be one of {PRECISIONS}, got '
-                                 f'{precision!r}.')
-
-
 def set_precision(precision):
     """Sets the global tf_keras mixed-precision policy by name."""
-    check_precision(precision)
+    checks.one_of('precision', precision, PRECISIONS)
     tf_keras.mixed_precision.set_global_policy(precision)
 
 

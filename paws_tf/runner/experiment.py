@@ -79,10 +79,8 @@ def load_data(run, *, train=gin.REQUIRED, test=None, unlabeled=None,
         ValueError: on a bad `normalization`.
     """
     normalization_lib.normalization(normalization)
-    if normalization_from not in NORMALIZATION_IMAGES:
-        raise ValueError(
-            f'load_data.normalization_from must be one of '
-            f'{NORMALIZATION_IMAGES}, got {normalization_from!r}.')
+    checks.one_of('load_data.normalization_from', normalization_from,
+                  NORMALIZATION_IMAGES)
     run = None if run is None else run_dir.RunDir(run)
     labeled, unlabeled_source = _split(train(), run)
     unlabeled = _at_most(

@@ -159,21 +159,8 @@ class Options(typing.NamedTuple):
     mode: str = 'train'  # --mode: named in the refusal of an import.
 
 
-def _imported(model_dir, mode, trains=False):
-    """Whether `model_dir` holds imported weights that `mode` (a mode that
-    `trains`, or not) runs on.
-
-    Raises:
-        official_import.ImportFailed: `mode` cannot run on that import.
-    """
-    record = official_import.read_record(model_dir)
-    if record is not None:
-        official_import.refuse(record, mode, model_dir, trains=trains)
-    return record is not None
-
-
 def _train(model_dir, strategy, options):
-    _imported(model_dir, options.mode, trains=True)
+    official_import.check_mode(model_dir, options.mode, trains=True)
     train.train(model_dir, strategy, overwrite=options.overwrite,
                 owner_check=options.owner_check)
 
@@ -184,17 +171,19 @@ def _train_and_evaluate(model_dir, strategy, options):
 
 
 def _export(model_dir, strategy, options):
+    imported = official_import.check_mode(model_dir, options.mode)
     export_and_evaluate(model_dir, strategy, evaluates=False,
-                        imported=_imported(model_dir, options.mode))
+                        imported=imported)
 
 
 def _evaluate_nn(model_dir, strategy, options):
+    imported = official_import.check_mode(model_dir, options.mode)
     return export_and_evaluate(model_dir, strategy, exports=False,
-                               imported=_imported(model_dir, options.mode))
+                               imported=imported)
 
 
 def _fine_tune(model_dir, strategy, options):
-    imported = _imported(model_dir, options.mode)
+    imported = official_import.check_mode(model_dir, options.mode)
     bundle = load_labeled_data(model_dir, 'fine-tuning trains on them')
     model, _ = load_trained_model(model_dir, strategy, imported=imported)
     return fine_tune.fine_tune(model_dir, model, labeled=bundle.labeled,
@@ -248,8 +237,6 @@ def run(model_dir, strategy, mode, **options):
         What the mode returns: PAWS-NN results, fine-tuning results, the
         import record, or None.
     """
-    if mode not in MODES:
-        raise ValueError(f'Unknown mode {mode!r}; choose one of '
-                         f'{sorted(MODES)}.')
+    checks.one_of('mode', mode, tuple(MODES))
     return MODES[mode].run(model_dir, strategy,
                            Options(mode=mode, **options))

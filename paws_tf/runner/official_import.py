@@ -2,7 +2,6 @@
 runs: a pre-trained encoder as a checkpoint, a fine-tuned classifier as a
 SavedModel."""
 
-import json
 import os
 
 from absl import logging
@@ -10,7 +9,6 @@ import numpy as np
 import tf_keras
 
 from paws_tf import checkpoints
-from paws_tf import files
 from paws_tf.evaluation import export
 from paws_tf.nets import backbones
 from paws_tf.nets import heads
@@ -105,15 +103,6 @@ def architecture(state):
         width = state['layer1.0.conv1.weight'].shape[0] // 16
         return f'wide_resnet{6 * blocks[0] + 4}_{width}'
     return None
-
-
-def read_record(model_dir):
-    """The import record of `model_dir`, or None for a run trained here."""
-    path = run_dir.RunDir(model_dir).imported
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
 
 
 def _check_architecture(path, state, backbone):
@@ -244,20 +233,24 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
                                  strategy=strategy, **preprocessing)
     record = dict(source=os.path.abspath(path), kind=found, epoch=epoch,
                   network=backbone.name, tensors=count)
-    files.write_json(run.imported, record, indent=2, default=int)
+    run.write_json(run.imported, record, default=int)
     logging.info('Imported %s (%s, %s, epoch %s, %d tensors) into %s.', path,
                  found, backbone.name, epoch, count, model_dir)
     return record
 
 
-def refuse(record, mode, model_dir, *, trains=False):
-    """Raises the error for a mode (named `mode`, which `trains` or not)
-    that the import of `record` (`read_record`) in `model_dir` cannot run.
+def check_mode(model_dir, mode, *, trains=False):
+    """Whether `model_dir` holds imported weights (`RunDir.imported`) that
+    the mode named `mode` (a mode that `trains`, or not) runs on.
 
     Raises:
         ImportFailed: pre-training on an import, or any mode but
             `import_official` on an imported fine-tuned classifier.
     """
+    run = run_dir.RunDir(model_dir)
+    record = run.read_json(run.imported)
+    if record is None:
+        return False
     if trains:
         raise ImportFailed(
             f'{model_dir} holds weights imported from {record["source"]}, '
@@ -267,8 +260,8 @@ def refuse(record, mode, model_dir, *, trains=False):
     if record['kind'] == FINE_TUNED:
         raise ImportFailed(
             f'{model_dir} holds the fine-tuned classifier imported from '
-            f'{record["source"]} (its SavedModel is '
-            f'{run_dir.RunDir(model_dir).fine_tuned}): '
+            f'{record["source"]} (its SavedModel is {run.fine_tuned}): '
             f'--mode={mode} needs a pre-trained checkpoint (backbone, fc '
             'projection and pred prediction heads), e.g. '
             'paws_imgnt_10percent_300ep.pth.tar.')
+    return True

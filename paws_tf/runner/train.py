@@ -225,11 +225,9 @@ def check_arguments(*, num_epochs, keep_checkpoints, backup_every_steps,
             ('log_every_steps', log_every_steps, 0),
             ('eval_every_epochs', eval_every_epochs, 0), ('seed', seed, 0)):
         checks.integer(name(key), value, minimum=minimum)
-    building.check_precision(precision, name('precision'))
-    if on_data_change not in data_fingerprint.ON_CHANGE:
-        raise checks.ConfigError(
-            f'{name("on_data_change")} must be one of '
-            f'{data_fingerprint.ON_CHANGE}, got {on_data_change!r}.')
+    checks.one_of(name('precision'), precision, building.PRECISIONS)
+    checks.one_of(name('on_data_change'), on_data_change,
+                  data_fingerprint.ON_CHANGE)
     if checkpoint_every_steps and checkpoint_every_steps < backup_every_steps:
         raise checks.ConfigError(
             f'{name("checkpoint_every_steps")} = {checkpoint_every_steps} '
