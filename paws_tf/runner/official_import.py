@@ -79,16 +79,6 @@ def read_checkpoint(path):
     return state, checkpoint.get('epoch')
 
 
-def kind(state):
-    """`PRETRAINED` (projection head `fc.fc3`), `FINE_TUNED` (classifier
-    `fc.fc2` or `fc`), or None."""
-    if 'fc.fc3.weight' in state:
-        return PRETRAINED
-    if 'fc.fc2.weight' in state or 'fc.weight' in state:
-        return FINE_TUNED
-    return None
-
-
 def architecture(state):
     """The paws_tf backbone name (`backbone.name`) of an official state
     dict: 'resnet50_<w>x' or 'wide_resnet<depth>_<width>', else None."""
@@ -105,28 +95,11 @@ def architecture(state):
     return None
 
 
-def _check_architecture(path, state, backbone):
-    found = architecture(state)
-    if found != backbone.name:
-        raise ImportFailed(
-            f'{path} holds {found or "an unknown network"} (conv1.weight '
-            f'{list(state.get("conv1.weight", np.zeros(0)).shape)}), but '
-            f'the gin config builds {backbone.name}: use the config of that '
-            'network (gin_configs/imagenet_rn50_{1,10}pct.gin for '
-            'ResNet-50, imagenet_rn50x2_10pct.gin for 2x, '
-            'cifar10_wrn28_2_4000.gin for WideResNet-28-2).')
-
-
-def build_fine_tuned_classifier(state):
-    """The network of an official fine-tuned checkpoint: the configured
-    backbone, then `fc1 -> bn1 -> ReLU -> fc2` (suncet `fine_tune.py`) or a
-    single linear layer `fc`, sized from `state`.
-
-    Returns:
-        `(classifier, classifier_layers)`: a functional `tf_keras.Model`
-        (float images -> float32 logits `[B, classes]`), and its layers
-        after the backbone that hold weights.
-    """
+def _fine_tuned_classifier(state):
+    """`(classifier, classifier_layers)`: the configured backbone, then
+    `fc1 -> bn1 -> ReLU -> fc2` (suncet `fine_tune.py`) or a linear `fc`,
+    sized from `state` (images -> float32 logits), and the weighted layers
+    after the backbone."""
     backbone = backbones.build_backbone(input_channels=CHANNELS,
                                         sync_bn=False)
     inputs = tf_keras.Input((None, None, CHANNELS), name='images')
@@ -149,12 +122,13 @@ def build_fine_tuned_classifier(state):
     return classifier, layers + [dense]
 
 
-def _network(path, state, found, strategy):
-    """`(network, backbone, tensors)`: the configured network of kind
-    `found` holding `state`'s values, its backbone, the values' count."""
+def _network(path, state, strategy):
+    """`(kind, network, backbone, tensors)`: the kind of `state`, the
+    configured network holding its values, its backbone, their count."""
     building.set_precision('float32')
     hint = ''
-    if found == PRETRAINED:
+    if 'fc.fc3.weight' in state:
+        found = PRETRAINED
         network = building.build_model(strategy, input_channels=CHANNELS)
         backbone, named = network.backbone, dict(
             projection_head=network.projection_head,
@@ -168,18 +142,32 @@ def _network(path, state, found, strategy):
             hint = (' It has a prediction head: bind build_model.'
                     'prediction_head = True (and PredictionHead.hidden_dim '
                     'to its width).')
-    else:
+    elif 'fc.fc2.weight' in state or 'fc.weight' in state:
+        found = FINE_TUNED
         with strategy.scope():
-            network, layers = build_fine_tuned_classifier(state)
+            network, layers = _fine_tuned_classifier(state)
         backbone, named = network.layers[1], dict(classifier_layers=layers)
-    _check_architecture(path, state, backbone)
+    else:
+        raise ImportFailed(
+            f'{path} has neither a projection head (fc.fc3.*, pre-trained) '
+            f'nor a classifier (fc.fc2.* or fc.*, fine-tuned); expected '
+            f'{_EXPECTED}.')
+    held = architecture(state)
+    if held != backbone.name:
+        raise ImportFailed(
+            f'{path} holds {held or "an unknown network"} (conv1.weight '
+            f'{list(state.get("conv1.weight", np.zeros(0)).shape)}), but '
+            f'the gin config builds {backbone.name}: use the config of that '
+            'network (gin_configs/imagenet_rn50_{1,10}pct.gin for '
+            'ResNet-50, imagenet_rn50x2_10pct.gin for 2x, '
+            'cifar10_wrn28_2_4000.gin for WideResNet-28-2).')
     try:
         count = torch_names.load_state_dict(
             torch_names.layer_names(backbone, **named), state,
             description=path)
     except torch_names.Mismatch as error:
         raise ImportFailed(f'{error}{hint}') from error
-    return network, backbone, count
+    return found, network, backbone, count
 
 
 def import_official(model_dir, path, *, strategy, overwrite=False):
@@ -188,8 +176,8 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
     Pre-trained: a checkpoint of the gin-configured `PAWSModel`, which the
     other modes read as a run trained here, and its embedder SavedModel.
     Fine-tuned: the classifier SavedModel (`export.export_fine_tuned`).
-    Both write the import record (`RunDir.imported`). Everything is read
-    and matched before anything is written.
+    Both write the import record (`RunDir.imported`), once everything is
+    read and matched.
 
     Args:
         model_dir: the run directory to create.
@@ -214,13 +202,7 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
             f'{model_dir} already holds {names}: import into a new '
             '--model_dir, or pass --overwrite to replace them.')
     state, epoch = read_checkpoint(path)
-    found = kind(state)
-    if found is None:
-        raise ImportFailed(
-            f'{path} has neither a projection head (fc.fc3.*, pre-trained) '
-            f'nor a classifier (fc.fc2.* or fc.*, fine-tuned); expected '
-            f'{_EXPECTED}.')
-    network, backbone, count = _network(path, state, found, strategy)
+    found, network, backbone, count = _network(path, state, strategy)
     run.delete(taken)
     os.makedirs(model_dir, exist_ok=True)
     preprocessing, _ = experiment.recorded_preprocessing()
