@@ -45,27 +45,23 @@ def load_data(run, *, train=gin.REQUIRED, test=None, unlabeled=None,
     """Loads the sources of an experiment.
 
     Args:
-        run: the `RunDir` (or its path) that records the labeled split and
-            the normalisation; None records nothing.
-        train: zero-argument callable (a gin reference such as
-            `@train/load_idx`) returning one labeled `ImageSource`, which
-            `splits.select_labeled` splits into labeled and unlabeled, or a
-            ready `(labeled, unlabeled)` pair (`image_folders`).
-        test: zero-argument callable returning the labeled test
-            `ImageSource`, or None.
+        run: the `RunDir` (or its path) recording the labeled split and the
+            normalisation; None records nothing.
+        train: zero-argument callable (gin: `@train/load_idx`) returning a
+            labeled `ImageSource` that `splits.select_labeled` splits, or a
+            `(labeled, unlabeled)` pair (`image_folders`).
+        test: zero-argument callable returning the labeled test source.
         unlabeled: zero-argument callable returning the unlabeled source
-            that replaces `train`'s (e.g. every class's images while the
-            labeled and test sets hold some classes only), or None.
-        max_unlabeled: keep a random subset of this many unlabeled images
-            (short runs); None keeps them all.
+            replacing `train`'s (e.g. every class's images while the
+            labeled and test sets hold some classes only).
+        max_unlabeled: keep a random subset of this many unlabeled images.
         seed: seed of that subset and of the normalisation's images.
-        normalization: the one source of the run's normalisation: `'data'`
-            (computed from the images), a preset of
-            `augment.NORMALIZATIONS`, or a `(mean, std)` pair (the folder
-            recipes bind the macro `NORMALIZATION`); None: none (sources
-            only).
-        normalization_images: at most this many images (drawn with `seed`)
-            give the `'data'` statistics.
+        normalization: the run's one normalisation: `'data'` (computed from
+            the images), a preset of `augment.NORMALIZATIONS` or a `(mean,
+            std)` pair (the folder recipes' macro `NORMALIZATION`); None:
+            none (sources only).
+        normalization_images: at most this many images give the `'data'`
+            statistics.
         normalization_from: one of `NORMALIZATION_IMAGES` (`'unlabeled'`
             for a labeled set too small to be representative).
 
@@ -97,9 +93,8 @@ def load_data(run, *, train=gin.REQUIRED, test=None, unlabeled=None,
 
 
 def _split(loaded, run):
-    """`(labeled, unlabeled)` of what `load_data.train` gave: a ready pair,
-    or one labeled source that `splits.select_labeled` splits; the labeled
-    images are recorded in `run` (when not None)."""
+    """The `splits.Split` of what `load_data.train` gave, its labeled
+    images recorded in `run` (when not None)."""
     if isinstance(loaded, tuple):
         split = splits.Split(*loaded, header=(
             f'{loaded[0].num_examples} labeled: all the images of the '
@@ -144,8 +139,8 @@ def _check_test(test_source, labeled):
 
 
 def resolve_normalization(spec, run, source, **kwargs):
-    """`normalization.resolve_normalization` of `spec` on `source`, read
-    from and recorded in `run` (when not None); None for a None `spec`."""
+    """`normalization.resolve_normalization` of `spec` (None: None) on
+    `source`, read from and recorded in `run` (when not None)."""
     if spec is None:
         return None
     if spec == normalization_lib.FROM_DATA and not isinstance(
@@ -196,8 +191,8 @@ def eval_preprocessing(bundle=None, *, normalization=None,
     """Single centre-crop evaluation preprocessing (PAWS Appendix A).
 
     Args:
-        bundle: the run's `DataBundle`, which gives the normalisation and
-            the channels it is checked against.
+        bundle: the run's `DataBundle`: the normalisation, checked against
+            its channels.
         normalization: the run's `(mean, std)` without a `bundle`.
         image_size: side S of the evaluated crop.
         crop_fraction: the shorter side is resized to S / crop_fraction
@@ -206,13 +201,12 @@ def eval_preprocessing(bundle=None, *, normalization=None,
         mean, std: never bound (refused, naming `load_data.normalization`).
 
     Returns:
-        dict with the keys `image_size`, `crop_fraction`, `mean` and `std`,
-        as `pipeline.make_eval_dataset` and `export` take them.
+        dict of `image_size`, `crop_fraction`, `mean` and `std`, the
+        arguments of `pipeline.make_eval_dataset` and `export`.
 
     Raises:
         checks.ConfigError: `mean` or `std` bound, or no normalisation.
-        ValueError: a normalisation that does not match the images'
-            channels.
+        ValueError: a normalisation of other channels than the images'.
     """
     normalization_lib.refuse_own('eval_preprocessing', mean, std)
     if bundle is not None:
@@ -225,17 +219,16 @@ def eval_preprocessing(bundle=None, *, normalization=None,
 
 
 def recorded_preprocessing(run=None):
-    """`eval_preprocessing` of a trained run, without reading its images:
+    """`eval_preprocessing` of a trained run without reading its images:
     the normalisation is the run's record or, for a preset or pair, the
     config's.
 
     Args:
-        run: the run's `RunDir` (or its path); None for a model that no
-            run trained (an import), normalised as the config says.
+        run: the run's `RunDir` (or its path); None for an import.
 
     Returns:
         `(preprocessing, channels)`: the `eval_preprocessing` dict and the
-        images' channel count (one mean per channel).
+        images' channel count.
     """
     spec = normalization_lib.required(
         bindings.bound('load_data.normalization'))
@@ -258,12 +251,12 @@ def synthetic_source(*, num_images=512, num_classes=4, image_size=16,
     class pattern, randomly shifted, plus pixel noise.
 
     Args:
-        num_images: images, classes taking turns.
-        num_classes, image_size, channels: classes, image side, channels.
+        num_images, num_classes, image_size, channels: the sizes (classes
+            take turns).
         noise: pixel noise std (pixel values in [0, 1]).
-        seed: seed of the shifts and noise (use another one for a test set).
-        class_seed: seed of the class patterns (keep it equal across the
-            train and test sets, so that they share classes).
+        seed: seed of the shifts and noise (another one for a test set).
+        class_seed: seed of the class patterns (the same for the train and
+            test sets, so that they share classes).
 
     Returns:
         A labeled in-memory `ImageSource` of uint8 images.
@@ -308,8 +301,7 @@ def held_out(*, source=gin.REQUIRED, part='train', size=5000, seed=0):
         source: zero-argument callable returning the labeled `ImageSource`.
         part: `'train'` (everything else) or `'validation'` (`size` images
             chosen by `seed`).
-        size: images held out for validation.
-        seed: seed of the choice.
+        size, seed: the validation images' count and seed.
 
     Returns:
         The requested part, an `ImageSource`.

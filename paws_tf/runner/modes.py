@@ -32,8 +32,7 @@ def load_trained_model(model_dir, strategy, *, local=False,
     from the gin config and the run directory alone.
 
     Args:
-        model_dir: the run directory.
-        strategy: the running `tf.distribute.Strategy`.
+        model_dir, strategy: the run directory, the running strategy.
         local: build the model outside the strategy (plain variables), for
             what one process does alone (export, PAWS-NN); else in its
             scope (fine-tuning).
@@ -62,12 +61,8 @@ class MissingLabeledFolder(checks.DataError):
 
 def load_labeled_data(model_dir, what):
     """The run's data (`experiment.load_data`), for `what` that reads its
-    labeled images (named in the error).
-
-    Raises:
-        MissingLabeledFolder: naming the binding, when the config's labeled
-            folder does not exist.
-    """
+    labeled images; raises `MissingLabeledFolder` naming the binding and
+    `what` when the config's labeled folder does not exist."""
     try:
         config_checks.check_labeled_folder(what)
     except ValueError as error:
@@ -76,13 +71,9 @@ def load_labeled_data(model_dir, what):
 
 
 def export_run(model_dir, model, bundle=None):
-    """Writes the embedder SavedModel, then the PAWS-NN classifier's, from
-    the chief's `load_trained_model(..., local=True)`.
-
-    The classifier bundles the embeddings of the run's labeled images
-    (`bundle`, else read here); it is skipped with a warning naming the
-    binding when the labeled folder is missing.
-    """
+    """Writes the embedder SavedModel, then the PAWS-NN classifier's
+    (embeddings of the labeled images of `bundle`, else read here; skipped
+    with a warning when the labeled folder is missing)."""
     preprocessing, channels = experiment.recorded_preprocessing(model_dir)
     export.export_embedder(model, run_dir.RunDir(model_dir).embedder,
                            channels=channels, **preprocessing)
@@ -129,13 +120,10 @@ def _paws_nn(model_dir, bundle, model, step):
 def export_and_evaluate(model_dir, strategy, *, exports=True,
                         evaluates=True, imported=False, bundle=None):
     """What one process does alone with a trained run: export it
-    (`exports`), then PAWS-NN (`evaluates`), on the chief from the newest
-    checkpoint (or the imported weights); the other workers wait for it.
-    `bundle`: the run's data when the caller has read it, else read here.
-
-    Returns:
-        The PAWS-NN results when evaluated on the chief, else None.
-    """
+    (`exports`), then PAWS-NN (`evaluates`) of the run's data (`bundle`,
+    else read here), on the chief from the newest checkpoint (or the
+    imported weights); the other workers wait for it. Returns the PAWS-NN
+    results on the chief, else None."""
     results = None
     if cluster.is_chief(strategy):
         if evaluates and bundle is None:
@@ -231,12 +219,8 @@ MODES = dict(
 
 def run(model_dir, strategy, mode, **options):
     """Runs the mode named `mode` (a key of `MODES`) on `model_dir` under
-    `strategy`, with the fields of `Options` as `**options`.
-
-    Returns:
-        What the mode returns: PAWS-NN results, fine-tuning results, the
-        import record, or None.
-    """
+    `strategy`, with the fields of `Options` as `**options`; returns what
+    the mode returns."""
     checks.one_of('mode', mode, tuple(MODES))
     return MODES[mode].run(model_dir, strategy,
                            Options(mode=mode, **options))
