@@ -212,13 +212,12 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
 
 class Saver(tf_keras.callbacks.Callback):
     """Backs up (every `backup_every` steps) and checkpoints (every
-    `checkpoint_every` steps, 0: epoch ends only) a `checkpoints.RunState`.
+    `checkpoint_every` steps, 0: epoch ends only) a `checkpoints.RunState`,
+    the backup first, when the global step reaches or passes a multiple.
 
-    A step is saved when the global step reaches (or, with
-    `steps_per_execution > 1`, passes) a multiple of an interval, the
-    backup first. On SIGTERM (what Slurm and most schedulers send before
-    killing a job), inside `handling_sigterm()`, the run backs up at the
-    end of the current step and stops; `preempted_at` then holds the step.
+    On SIGTERM (what Slurm and most schedulers send before killing a job),
+    inside `handling_sigterm()`, the run backs up at the end of the step
+    and stops; `preempted_at` then holds the step.
     """
 
     def __init__(self, state, *, backup_every, checkpoint_every):

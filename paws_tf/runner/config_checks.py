@@ -74,13 +74,9 @@ def _check_folders_bound(folder):
 
 
 def check_labeled_folder(what):
-    """Raises ConfigError naming the binding when the config reads its
-    labeled images (what needs them: `what`) from a missing folder.
-
-    Returns:
-        `(root, binding)` of the labeled folder, or None when the labeled
-        images are not a bound folder.
-    """
+    """`(root, binding)` of the labeled folder, or None when the labeled
+    images are not a bound folder; raises ConfigError naming the binding
+    and what needs the images (`what`) when the folder is missing."""
     folder = _folder_source()
     if folder is None or not bindings.bound(f'{folder[0]}.labeled', True):
         return None
@@ -276,12 +272,10 @@ def check_model_dir(run, config, *, overwrite, chief):
     Args:
         run: the `RunDir`.
         config: the gin config to train with (`gin.config_str()`).
-        overwrite: run.py's --overwrite.
-        chief: whether this process writes in `model_dir`.
+        overwrite, chief: run.py's --overwrite; whether this process writes.
 
     Raises:
-        checks.ConfigError: `model_dir` holds a run of another config (the
-            changed lines are listed) and `overwrite` is False.
+        checks.ConfigError: naming the changed lines, without `overwrite`.
     """
     if not os.path.exists(run.config):
         return

@@ -161,7 +161,8 @@ def resolve_normalization(spec, run, source, **kwargs):
 @gin.configurable
 def image_folders(labeled_root, unlabeled_root, *, channels=3,
                   include_labeled_in_unlabeled=True):
-    """A labeled folder of class subfolders and a folder of unlabeled images.
+    """`(labeled, unlabeled)` `ImageSource`s: a folder of class subfolders
+    and a folder of unlabeled images.
 
     Args:
         labeled_root: `labeled_root/<class_name>/*.jpg|png|...`.
@@ -169,9 +170,6 @@ def image_folders(labeled_root, unlabeled_root, *, channels=3,
         channels: channels to decode to.
         include_labeled_in_unlabeled: also stream the labeled images as
             unlabeled ones (paper footnote 1).
-
-    Returns:
-        `(labeled, unlabeled)` `ImageSource`s.
     """
     labeled = folders.image_folder(labeled_root, labeled=True,
                                    channels=channels)
@@ -244,7 +242,8 @@ def recorded_preprocessing(run=None):
 @gin.configurable
 def synthetic_source(*, num_images=512, num_classes=4, image_size=16,
                      channels=3, noise=0.25, seed=0, class_seed=0):
-    """Clustered synthetic images for smoke tests and `debug.gin`.
+    """A labeled in-memory `ImageSource` of clustered synthetic uint8
+    images, for smoke tests and `debug.gin`.
 
     Each class is a coarse random luminance pattern (the same in every
     channel, so colour augmentations keep classes apart); an image is its
@@ -257,9 +256,6 @@ def synthetic_source(*, num_images=512, num_classes=4, image_size=16,
         seed: seed of the shifts and noise (another one for a test set).
         class_seed: seed of the class patterns (the same for the train and
             test sets, so that they share classes).
-
-    Returns:
-        A labeled in-memory `ImageSource` of uint8 images.
     """
     coarse = np.random.default_rng(class_seed).uniform(
         size=(num_classes, 4, 4, 1)).repeat(channels, axis=-1)
@@ -279,32 +275,27 @@ def synthetic_source(*, num_images=512, num_classes=4, image_size=16,
 
 @gin.configurable
 def class_subset(*, source=gin.REQUIRED, classes=gin.REQUIRED):
-    """The images of some classes of a labeled source, renumbered (the
-    class-mismatch setting's labeled and test sets).
+    """The labeled `ImageSource` of some classes of a labeled source,
+    renumbered (the class-mismatch setting's labeled and test sets).
 
     Args:
         source: zero-argument callable returning the labeled `ImageSource`.
         classes: class ids to keep; the i-th becomes class i.
-
-    Returns:
-        The labeled `ImageSource` of those classes.
     """
     return sources.keep_classes(source(), classes)
 
 
 @gin.configurable
 def held_out(*, source=gin.REQUIRED, part='train', size=5000, seed=0):
-    """One part of a labeled source split into training and validation,
-    for tuning without the test split (`load_data.train` and `.test`).
+    """One part (an `ImageSource`) of a labeled source split into training
+    and validation, for tuning without the test split (`load_data.train`
+    and `.test`).
 
     Args:
         source: zero-argument callable returning the labeled `ImageSource`.
         part: `'train'` (everything else) or `'validation'` (`size` images
             chosen by `seed`).
         size, seed: the validation images' count and seed.
-
-    Returns:
-        The requested part, an `ImageSource`.
     """
     full = source()
     order = np.random.default_rng(seed).permutation(full.num_examples)

@@ -181,11 +181,8 @@ def _resume(model, path, step, num_epochs, steps_per_epoch, *, history):
 
 
 def _finish(model, saver, history, total_steps):
-    """Records the end of the run; deletes its backup when it finished.
-
-    Raises:
-        Preempted: SIGTERM stopped it.
-    """
+    """Records the end of the run and deletes its backup; raises
+    `Preempted` when SIGTERM stopped it."""
     state = saver.state
     fingerprint = weights_fingerprint(model)
     logging.info('Final weights fingerprint (SHA-256): %s', fingerprint)
