@@ -62,6 +62,13 @@ def number(name, value, *, positive=False, low=None, high=None):
     return float(value)
 
 
+def one_of(name, value, choices):
+    """Returns `value`, or raises naming `name` if it is not in `choices`."""
+    if value not in choices:
+        raise ConfigError(f'{name} must be one of {choices}, got {value!r}.')
+    return value
+
+
 def namer(names, prefix):
     """`name(argument)`: what an argument check's message calls an
     argument: `names[argument]` (run.py gives the binding it read the value

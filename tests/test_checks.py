@@ -29,6 +29,15 @@ def test_integer_rejects_with_the_value(value, minimum, kind):
         checks.integer('n', value, minimum=minimum)
 
 
+def test_one_of():
+    """Fails if `one_of` lets a value outside the choices through, or its
+    message drops the name, the choices or the value."""
+    assert checks.one_of('mode', 'b', ('a', 'b')) == 'b'
+    with pytest.raises(checks.ConfigError, match=r"^mode must be one of "
+                       r"\('a', 'b'\), got 'c'\.$"):
+        checks.one_of('mode', 'c', ('a', 'b'))
+
+
 def test_number():
     assert checks.number('tau', 0.1, positive=True) == 0.1
     assert checks.number('s', 0, low=0.0, high=1.0) == 0.0

@@ -265,12 +265,18 @@ def _refused(model_dir, path, match, config=WRN_CONFIG, bindings=()):
 
 
 def test_damaged_files_are_refused_naming_them(tmp_path):
+    """Fails if a checkpoint with neither head is built as a fine-tuned
+    classifier (or as the pre-trained model) rather than refused."""
     good = _wrn_checkpoint(tmp_path / 'good.pth.tar')
     data = good.read_bytes()
     (tmp_path / 'cut.pth.tar').write_bytes(data[:len(data) // 2])
     (tmp_path / 'text.pth.tar').write_text('not a checkpoint')
     torch.save({'state_dict': {}}, tmp_path / 'other.pth.tar')
+    torch.save({'encoder': {'conv1.weight': torch.zeros(16, 3, 3, 3)}},
+               tmp_path / 'headless.pth.tar')
     for name, match in (('cut', 'cut.pth.tar cannot be read'),
+                        ('headless', 'headless.pth.tar has neither a '
+                                     r'projection head \(fc\.fc3'),
                         ('text', 'text.pth.tar cannot be read'),
                         ('other', "other.pth.tar holds \\['state_dict'\\], "
                                   'not an official PAWS checkpoint'),

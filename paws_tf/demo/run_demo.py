@@ -41,9 +41,7 @@ def demo(model_dir, strategy, options):
     Returns:
         The results dict (also in `model_dir/results.json`).
     """
-    record = official_import.read_record(model_dir)
-    if record is not None:
-        official_import.refuse(record, 'demo', model_dir, trains=True)
+    official_import.check_mode(model_dir, 'demo', trains=True)
     start = time.perf_counter()
     train.train(model_dir, strategy, overwrite=options.overwrite,
                 owner_check=options.owner_check)

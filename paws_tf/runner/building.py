@@ -11,17 +11,9 @@ from paws_tf import model as model_lib
 PRECISIONS = ('float32', 'mixed_bfloat16', 'mixed_float16')
 
 
-def check_precision(precision, name='precision'):
-    """Raises `checks.ConfigError` naming `name` unless `precision` is one
-    of `PRECISIONS`."""
-    if precision not in PRECISIONS:
-        raise checks.ConfigError(f'{name} must be one of {PRECISIONS}, got '
-                                 f'{precision!r}.')
-
-
 def set_precision(precision):
     """Sets the global tf_keras mixed-precision policy by name."""
-    check_precision(precision)
+    checks.one_of('precision', precision, PRECISIONS)
     tf_keras.mixed_precision.set_global_policy(precision)
 
 
@@ -35,9 +27,8 @@ def build_model(strategy, *, input_channels):
         model = model_lib.build_model(
             input_channels=input_channels,
             sync_bn=strategy.num_replicas_in_sync > 1)
-        images = tf.zeros([1, 8, 8, input_channels])
         # `model(...)` sets Keras' `built` and builds every head.
-        model(images)
+        model(tf.zeros([1, 8, 8, input_channels]))
     return model
 
 
@@ -62,11 +53,8 @@ def build_compiled_model(strategy, *, input_channels, steps_per_epoch,
                          num_epochs, optimizer_cls, schedule_cls, precision,
                          jit_compile, steps_per_execution,
                          pretrained_backbone=None):
-    """Builds the PAWS model and its optimizer in the strategy's scope.
-
-    Returns:
-        The compiled, built `PAWSModel`.
-    """
+    """The PAWS model, compiled with its optimizer and built in the
+    strategy's scope."""
     if (jit_compile and strategy.num_replicas_in_sync > 1 and
             not tf.config.list_physical_devices('GPU')):
         raise ValueError(

@@ -1,6 +1,4 @@
-"""Training callbacks: non-finite loss guard, progress, images, the
-operative config, the epoch-end evaluation, the saves on schedule and on
-SIGTERM (`Saver`); and `fit` from the step a run resumes at (`fit_from`)."""
+"""Training callbacks, and `fit` from the step a run resumes at."""
 
 import contextlib
 import math
@@ -61,14 +59,10 @@ DIAGNOSTICS = ('nt_xent', 'suncet')
 
 
 class ProgressLog(tf_keras.callbacks.Callback):
-    """The training scalars to TensorBoard and one log line per epoch.
-
-    Every `every_steps` steps: that step's values (`TRAIN_TAGS`; the
-    diagnostics at the steps that compute them) and the throughput since
-    the last point; at each epoch end, the epoch's means and throughput.
-    Throughput counts every view forwarded (unlabeled and support), as the
-    benchmarks do.
-    """
+    """The training scalars to TensorBoard and one log line per epoch:
+    every `every_steps` steps, that step's values (`TRAIN_TAGS`) and the
+    throughput since the last point; at epoch ends, the epoch's means and
+    throughput (of every view forwarded, unlabeled and support)."""
 
     def __init__(self, log_dir, *, views_per_step, every_steps, num_epochs,
                  is_chief):
@@ -161,13 +155,9 @@ class ViewImages(tf_keras.callbacks.Callback):
 
 
 class OperativeConfig(tf_keras.callbacks.Callback):
-    """Writes gin's operative config to the run's `operative_config.gin`
-    once the first step has run: gin lists a configurable only once it has
-    been called, and by then training has called all of its own.
-
-    Args:
-        run: the run's `RunDir`.
-    """
+    """Writes gin's operative config to `run.operative_config` once the
+    first step has run: gin lists a configurable only once it has been
+    called, and by then training has called all of its own."""
 
     def __init__(self, run):
         super().__init__()
@@ -183,25 +173,22 @@ class OperativeConfig(tf_keras.callbacks.Callback):
 
 def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
                          every_epochs, max_queries):
-    """The training's evaluators at epoch ends, on the held-out split.
+    """The `evaluators.EpochEndEvaluation` callback of `train`'s
+    evaluators, on the held-out split.
 
     Every worker of a cluster runs it: each reads the model's weights at
-    the same epoch end (`cluster.read_weights`, collectives under
-    MultiWorkerMirroredStrategy), and the chief alone evaluates them on a
-    copy with plain variables and writes the TensorBoard points.
+    the same epoch end (collectives under MultiWorkerMirroredStrategy),
+    and the chief alone evaluates them on a copy with plain variables and
+    writes the TensorBoard points (to `log_dir`).
 
     Args:
         evaluator_classes: `train.evaluators`, each called with the run's
             data (`evaluators.PawsNN`'s arguments).
         bundle: the run's data (`experiment.load_data`).
-        log_dir: TensorBoard directory of the points (chief).
-        tau: similarity temperature.
+        log_dir, tau: the TensorBoard directory, similarity temperature.
         chief: whether this process is the chief.
-        every_epochs: evaluate every this many epochs.
-        max_queries: test images used (None: all).
-
-    Returns:
-        An `evaluators.EpochEndEvaluation` callback.
+        every_epochs, max_queries: `train`'s `eval_every_epochs` and
+            `eval_max_queries`.
     """
     local_model, built = None, []
     if chief:
@@ -225,13 +212,12 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
 
 class Saver(tf_keras.callbacks.Callback):
     """Backs up (every `backup_every` steps) and checkpoints (every
-    `checkpoint_every` steps, 0: epoch ends only) a `checkpoints.RunState`.
+    `checkpoint_every` steps, 0: epoch ends only) a `checkpoints.RunState`,
+    the backup first, when the global step reaches or passes a multiple.
 
-    A step is saved when the global step reaches (or, with
-    `steps_per_execution > 1`, passes) a multiple of an interval, the
-    backup first. On SIGTERM (what Slurm and most schedulers send before
-    killing a job), inside `handling_sigterm()`, the run backs up at the
-    end of the current step and stops; `preempted_at` then holds the step.
+    On SIGTERM (what Slurm and most schedulers send before killing a job),
+    inside `handling_sigterm()`, the run backs up at the end of the step
+    and stops; `preempted_at` then holds the step.
     """
 
     def __init__(self, state, *, backup_every, checkpoint_every):
@@ -304,8 +290,7 @@ def fit_from(model, input_at, start_step, *, epochs, steps_per_epoch,
         input_at: `step -> x` of `fit` (a `DatasetCreator`) that starts at
             global `step`.
         start_step: the global step to start at.
-        epochs, steps_per_epoch: the run's epochs and their steps.
-        callbacks, **fit_kwargs: the other arguments of every `fit`.
+        epochs, steps_per_epoch, callbacks, **fit_kwargs: of every `fit`.
     """
     epoch, done = divmod(start_step, steps_per_epoch)
     if done:

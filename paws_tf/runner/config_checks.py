@@ -74,13 +74,9 @@ def _check_folders_bound(folder):
 
 
 def check_labeled_folder(what):
-    """Raises ConfigError naming the binding when the config reads its
-    labeled images (what needs them: `what`) from a missing folder.
-
-    Returns:
-        `(root, binding)` of the labeled folder, or None when the labeled
-        images are not a bound folder.
-    """
+    """`(root, binding)` of the labeled folder, or None when the labeled
+    images are not a bound folder; raises ConfigError naming the binding
+    and what needs the images (`what`) when the folder is missing."""
     folder = _folder_source()
     if folder is None or not bindings.bound(f'{folder[0]}.labeled', True):
         return None
@@ -214,18 +210,10 @@ def _check_backbone(multicrop):
 
 
 def check_config(pretraining=True):
-    """Checks the parsed gin config before any data is read.
-
-    Each check names the binding to change and a valid value: rebound gin
-    constants, the normalisation (bound only to `load_data.normalization`,
-    with the images' channels), the `check_arguments` of `train`,
-    `PAWSModel`, `LARS` and `WarmupCosineDecay` on the bound values, the
-    batch-norm implementation, unbound image folders, a labeled folder of
-    one class or fewer classes than the support draws (its class folders
-    are listed, no image is read), the backbone's arguments, and image
-    sizes below its downsampling. Sources other than folders have their
-    channels checked once read (`pipeline.make_pretrain_dataset_fn`,
-    `experiment.eval_preprocessing`).
+    """Checks the parsed gin config before any data is read (a labeled
+    folder's class folders are listed, no image is read); each check names
+    the binding to change and a valid value. Sources other than folders
+    have their channels checked once read.
 
     Args:
         pretraining: the run pre-trains: check `train`'s arguments and the
@@ -246,13 +234,10 @@ def check_config(pretraining=True):
 
 def check_pretrained_backbone():
     """Refuses a `train.pretrained_backbone` file that does not fit the
-    configured backbone, before any data is read.
-
-    Loads the file into a backbone built outside any strategy, so call it
-    once the strategy exists (`MultiWorkerMirroredStrategy` must precede
-    other TensorFlow ops). Sources other than folders have their channels
-    known once read: their backbone is tried with 3 channels, then 1, and
-    training checks the file again.
+    configured backbone, before any data is read; call it once the
+    strategy exists (`MultiWorkerMirroredStrategy` must precede other
+    TensorFlow ops). The backbone of a source other than folders is tried
+    with 3 channels, then 1 (training checks the file again).
 
     Raises:
         checks.ConfigError: the file does not exist, or does not fit (the
@@ -287,12 +272,10 @@ def check_model_dir(run, config, *, overwrite, chief):
     Args:
         run: the `RunDir`.
         config: the gin config to train with (`gin.config_str()`).
-        overwrite: run.py's --overwrite.
-        chief: whether this process writes in `model_dir`.
+        overwrite, chief: run.py's --overwrite; whether this process writes.
 
     Raises:
-        checks.ConfigError: `model_dir` holds a run of another config (the
-            changed lines are listed) and `overwrite` is False.
+        checks.ConfigError: naming the changed lines, without `overwrite`.
     """
     if not os.path.exists(run.config):
         return

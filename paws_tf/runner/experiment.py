@@ -45,27 +45,23 @@ def load_data(run, *, train=gin.REQUIRED, test=None, unlabeled=None,
     """Loads the sources of an experiment.
 
     Args:
-        run: the `RunDir` (or its path) that records the labeled split and
-            the normalisation; None records nothing.
-        train: zero-argument callable (a gin reference such as
-            `@train/load_idx`) returning one labeled `ImageSource`, which
-            `splits.select_labeled` splits into labeled and unlabeled, or a
-            ready `(labeled, unlabeled)` pair (`image_folders`).
-        test: zero-argument callable returning the labeled test
-            `ImageSource`, or None.
+        run: the `RunDir` (or its path) recording the labeled split and the
+            normalisation; None records nothing.
+        train: zero-argument callable (gin: `@train/load_idx`) returning a
+            labeled `ImageSource` that `splits.select_labeled` splits, or a
+            `(labeled, unlabeled)` pair (`image_folders`).
+        test: zero-argument callable returning the labeled test source.
         unlabeled: zero-argument callable returning the unlabeled source
-            that replaces `train`'s (e.g. every class's images while the
-            labeled and test sets hold some classes only), or None.
-        max_unlabeled: keep a random subset of this many unlabeled images
-            (short runs); None keeps them all.
+            replacing `train`'s (e.g. every class's images while the
+            labeled and test sets hold some classes only).
+        max_unlabeled: keep a random subset of this many unlabeled images.
         seed: seed of that subset and of the normalisation's images.
-        normalization: the one source of the run's normalisation: `'data'`
-            (computed from the images), a preset of
-            `augment.NORMALIZATIONS`, or a `(mean, std)` pair (the folder
-            recipes bind the macro `NORMALIZATION`); None: none (sources
-            only).
-        normalization_images: at most this many images (drawn with `seed`)
-            give the `'data'` statistics.
+        normalization: the run's one normalisation: `'data'` (computed from
+            the images), a preset of `augment.NORMALIZATIONS` or a `(mean,
+            std)` pair (the folder recipes' macro `NORMALIZATION`); None:
+            none (sources only).
+        normalization_images: at most this many images give the `'data'`
+            statistics.
         normalization_from: one of `NORMALIZATION_IMAGES` (`'unlabeled'`
             for a labeled set too small to be representative).
 
@@ -79,10 +75,8 @@ def load_data(run, *, train=gin.REQUIRED, test=None, unlabeled=None,
         ValueError: on a bad `normalization`.
     """
     normalization_lib.normalization(normalization)
-    if normalization_from not in NORMALIZATION_IMAGES:
-        raise ValueError(
-            f'load_data.normalization_from must be one of '
-            f'{NORMALIZATION_IMAGES}, got {normalization_from!r}.')
+    checks.one_of('load_data.normalization_from', normalization_from,
+                  NORMALIZATION_IMAGES)
     run = None if run is None else run_dir.RunDir(run)
     labeled, unlabeled_source = _split(train(), run)
     unlabeled = _at_most(
@@ -99,9 +93,8 @@ def load_data(run, *, train=gin.REQUIRED, test=None, unlabeled=None,
 
 
 def _split(loaded, run):
-    """`(labeled, unlabeled)` of what `load_data.train` gave: a ready pair,
-    or one labeled source that `splits.select_labeled` splits; the labeled
-    images are recorded in `run` (when not None)."""
+    """The `splits.Split` of what `load_data.train` gave, its labeled
+    images recorded in `run` (when not None)."""
     if isinstance(loaded, tuple):
         split = splits.Split(*loaded, header=(
             f'{loaded[0].num_examples} labeled: all the images of the '
@@ -146,8 +139,8 @@ def _check_test(test_source, labeled):
 
 
 def resolve_normalization(spec, run, source, **kwargs):
-    """`normalization.resolve_normalization` of `spec` on `source`, read
-    from and recorded in `run` (when not None); None for a None `spec`."""
+    """`normalization.resolve_normalization` of `spec` (None: None) on
+    `source`, read from and recorded in `run` (when not None)."""
     if spec is None:
         return None
     if spec == normalization_lib.FROM_DATA and not isinstance(
@@ -168,7 +161,8 @@ def resolve_normalization(spec, run, source, **kwargs):
 @gin.configurable
 def image_folders(labeled_root, unlabeled_root, *, channels=3,
                   include_labeled_in_unlabeled=True):
-    """A labeled folder of class subfolders and a folder of unlabeled images.
+    """`(labeled, unlabeled)` `ImageSource`s: a folder of class subfolders
+    and a folder of unlabeled images.
 
     Args:
         labeled_root: `labeled_root/<class_name>/*.jpg|png|...`.
@@ -176,9 +170,6 @@ def image_folders(labeled_root, unlabeled_root, *, channels=3,
         channels: channels to decode to.
         include_labeled_in_unlabeled: also stream the labeled images as
             unlabeled ones (paper footnote 1).
-
-    Returns:
-        `(labeled, unlabeled)` `ImageSource`s.
     """
     labeled = folders.image_folder(labeled_root, labeled=True,
                                    channels=channels)
@@ -198,8 +189,8 @@ def eval_preprocessing(bundle=None, *, normalization=None,
     """Single centre-crop evaluation preprocessing (PAWS Appendix A).
 
     Args:
-        bundle: the run's `DataBundle`, which gives the normalisation and
-            the channels it is checked against.
+        bundle: the run's `DataBundle`: the normalisation, checked against
+            its channels.
         normalization: the run's `(mean, std)` without a `bundle`.
         image_size: side S of the evaluated crop.
         crop_fraction: the shorter side is resized to S / crop_fraction
@@ -208,13 +199,12 @@ def eval_preprocessing(bundle=None, *, normalization=None,
         mean, std: never bound (refused, naming `load_data.normalization`).
 
     Returns:
-        dict with the keys `image_size`, `crop_fraction`, `mean` and `std`,
-        as `pipeline.make_eval_dataset` and `export` take them.
+        dict of `image_size`, `crop_fraction`, `mean` and `std`, the
+        arguments of `pipeline.make_eval_dataset` and `export`.
 
     Raises:
         checks.ConfigError: `mean` or `std` bound, or no normalisation.
-        ValueError: a normalisation that does not match the images'
-            channels.
+        ValueError: a normalisation of other channels than the images'.
     """
     normalization_lib.refuse_own('eval_preprocessing', mean, std)
     if bundle is not None:
@@ -227,17 +217,16 @@ def eval_preprocessing(bundle=None, *, normalization=None,
 
 
 def recorded_preprocessing(run=None):
-    """`eval_preprocessing` of a trained run, without reading its images:
+    """`eval_preprocessing` of a trained run without reading its images:
     the normalisation is the run's record or, for a preset or pair, the
     config's.
 
     Args:
-        run: the run's `RunDir` (or its path); None for a model that no
-            run trained (an import), normalised as the config says.
+        run: the run's `RunDir` (or its path); None for an import.
 
     Returns:
         `(preprocessing, channels)`: the `eval_preprocessing` dict and the
-        images' channel count (one mean per channel).
+        images' channel count.
     """
     spec = normalization_lib.required(
         bindings.bound('load_data.normalization'))
@@ -253,22 +242,20 @@ def recorded_preprocessing(run=None):
 @gin.configurable
 def synthetic_source(*, num_images=512, num_classes=4, image_size=16,
                      channels=3, noise=0.25, seed=0, class_seed=0):
-    """Clustered synthetic images for smoke tests and `debug.gin`.
+    """A labeled in-memory `ImageSource` of clustered synthetic uint8
+    images, for smoke tests and `debug.gin`.
 
     Each class is a coarse random luminance pattern (the same in every
     channel, so colour augmentations keep classes apart); an image is its
     class pattern, randomly shifted, plus pixel noise.
 
     Args:
-        num_images: images, classes taking turns.
-        num_classes, image_size, channels: classes, image side, channels.
+        num_images, num_classes, image_size, channels: the sizes (classes
+            take turns).
         noise: pixel noise std (pixel values in [0, 1]).
-        seed: seed of the shifts and noise (use another one for a test set).
-        class_seed: seed of the class patterns (keep it equal across the
-            train and test sets, so that they share classes).
-
-    Returns:
-        A labeled in-memory `ImageSource` of uint8 images.
+        seed: seed of the shifts and noise (another one for a test set).
+        class_seed: seed of the class patterns (the same for the train and
+            test sets, so that they share classes).
     """
     coarse = np.random.default_rng(class_seed).uniform(
         size=(num_classes, 4, 4, 1)).repeat(channels, axis=-1)
@@ -288,33 +275,27 @@ def synthetic_source(*, num_images=512, num_classes=4, image_size=16,
 
 @gin.configurable
 def class_subset(*, source=gin.REQUIRED, classes=gin.REQUIRED):
-    """The images of some classes of a labeled source, renumbered (the
-    class-mismatch setting's labeled and test sets).
+    """The labeled `ImageSource` of some classes of a labeled source,
+    renumbered (the class-mismatch setting's labeled and test sets).
 
     Args:
         source: zero-argument callable returning the labeled `ImageSource`.
         classes: class ids to keep; the i-th becomes class i.
-
-    Returns:
-        The labeled `ImageSource` of those classes.
     """
     return sources.keep_classes(source(), classes)
 
 
 @gin.configurable
 def held_out(*, source=gin.REQUIRED, part='train', size=5000, seed=0):
-    """One part of a labeled source split into training and validation,
-    for tuning without the test split (`load_data.train` and `.test`).
+    """One part (an `ImageSource`) of a labeled source split into training
+    and validation, for tuning without the test split (`load_data.train`
+    and `.test`).
 
     Args:
         source: zero-argument callable returning the labeled `ImageSource`.
         part: `'train'` (everything else) or `'validation'` (`size` images
             chosen by `seed`).
-        size: images held out for validation.
-        seed: seed of the choice.
-
-    Returns:
-        The requested part, an `ImageSource`.
+        size, seed: the validation images' count and seed.
     """
     full = source()
     order = np.random.default_rng(seed).permutation(full.num_examples)

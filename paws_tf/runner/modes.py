@@ -32,8 +32,7 @@ def load_trained_model(model_dir, strategy, *, local=False,
     from the gin config and the run directory alone.
 
     Args:
-        model_dir: the run directory.
-        strategy: the running `tf.distribute.Strategy`.
+        model_dir, strategy: the run directory, the running strategy.
         local: build the model outside the strategy (plain variables), for
             what one process does alone (export, PAWS-NN); else in its
             scope (fine-tuning).
@@ -62,12 +61,8 @@ class MissingLabeledFolder(checks.DataError):
 
 def load_labeled_data(model_dir, what):
     """The run's data (`experiment.load_data`), for `what` that reads its
-    labeled images (named in the error).
-
-    Raises:
-        MissingLabeledFolder: naming the binding, when the config's labeled
-            folder does not exist.
-    """
+    labeled images; raises `MissingLabeledFolder` naming the binding and
+    `what` when the config's labeled folder does not exist."""
     try:
         config_checks.check_labeled_folder(what)
     except ValueError as error:
@@ -76,13 +71,9 @@ def load_labeled_data(model_dir, what):
 
 
 def export_run(model_dir, model, bundle=None):
-    """Writes the embedder SavedModel, then the PAWS-NN classifier's, from
-    the chief's `load_trained_model(..., local=True)`.
-
-    The classifier bundles the embeddings of the run's labeled images
-    (`bundle`, else read here); it is skipped with a warning naming the
-    binding when the labeled folder is missing.
-    """
+    """Writes the embedder SavedModel, then the PAWS-NN classifier's
+    (embeddings of the labeled images of `bundle`, else read here; skipped
+    with a warning when the labeled folder is missing)."""
     preprocessing, channels = experiment.recorded_preprocessing(model_dir)
     export.export_embedder(model, run_dir.RunDir(model_dir).embedder,
                            channels=channels, **preprocessing)
@@ -129,13 +120,10 @@ def _paws_nn(model_dir, bundle, model, step):
 def export_and_evaluate(model_dir, strategy, *, exports=True,
                         evaluates=True, imported=False, bundle=None):
     """What one process does alone with a trained run: export it
-    (`exports`), then PAWS-NN (`evaluates`), on the chief from the newest
-    checkpoint (or the imported weights); the other workers wait for it.
-    `bundle`: the run's data when the caller has read it, else read here.
-
-    Returns:
-        The PAWS-NN results when evaluated on the chief, else None.
-    """
+    (`exports`), then PAWS-NN (`evaluates`) of the run's data (`bundle`,
+    else read here), on the chief from the newest checkpoint (or the
+    imported weights); the other workers wait for it. Returns the PAWS-NN
+    results on the chief, else None."""
     results = None
     if cluster.is_chief(strategy):
         if evaluates and bundle is None:
@@ -159,21 +147,8 @@ class Options(typing.NamedTuple):
     mode: str = 'train'  # --mode: named in the refusal of an import.
 
 
-def _imported(model_dir, mode, trains=False):
-    """Whether `model_dir` holds imported weights that `mode` (a mode that
-    `trains`, or not) runs on.
-
-    Raises:
-        official_import.ImportFailed: `mode` cannot run on that import.
-    """
-    record = official_import.read_record(model_dir)
-    if record is not None:
-        official_import.refuse(record, mode, model_dir, trains=trains)
-    return record is not None
-
-
 def _train(model_dir, strategy, options):
-    _imported(model_dir, options.mode, trains=True)
+    official_import.check_mode(model_dir, options.mode, trains=True)
     train.train(model_dir, strategy, overwrite=options.overwrite,
                 owner_check=options.owner_check)
 
@@ -184,17 +159,19 @@ def _train_and_evaluate(model_dir, strategy, options):
 
 
 def _export(model_dir, strategy, options):
+    imported = official_import.check_mode(model_dir, options.mode)
     export_and_evaluate(model_dir, strategy, evaluates=False,
-                        imported=_imported(model_dir, options.mode))
+                        imported=imported)
 
 
 def _evaluate_nn(model_dir, strategy, options):
+    imported = official_import.check_mode(model_dir, options.mode)
     return export_and_evaluate(model_dir, strategy, exports=False,
-                               imported=_imported(model_dir, options.mode))
+                               imported=imported)
 
 
 def _fine_tune(model_dir, strategy, options):
-    imported = _imported(model_dir, options.mode)
+    imported = official_import.check_mode(model_dir, options.mode)
     bundle = load_labeled_data(model_dir, 'fine-tuning trains on them')
     model, _ = load_trained_model(model_dir, strategy, imported=imported)
     return fine_tune.fine_tune(model_dir, model, labeled=bundle.labeled,
@@ -242,14 +219,8 @@ MODES = dict(
 
 def run(model_dir, strategy, mode, **options):
     """Runs the mode named `mode` (a key of `MODES`) on `model_dir` under
-    `strategy`, with the fields of `Options` as `**options`.
-
-    Returns:
-        What the mode returns: PAWS-NN results, fine-tuning results, the
-        import record, or None.
-    """
-    if mode not in MODES:
-        raise ValueError(f'Unknown mode {mode!r}; choose one of '
-                         f'{sorted(MODES)}.')
+    `strategy`, with the fields of `Options` as `**options`; returns what
+    the mode returns."""
+    checks.one_of('mode', mode, tuple(MODES))
     return MODES[mode].run(model_dir, strategy,
                            Options(mode=mode, **options))

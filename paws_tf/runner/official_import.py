@@ -2,7 +2,6 @@
 runs: a pre-trained encoder as a checkpoint, a fine-tuned classifier as a
 SavedModel."""
 
-import json
 import os
 
 from absl import logging
@@ -10,7 +9,6 @@ import numpy as np
 import tf_keras
 
 from paws_tf import checkpoints
-from paws_tf import files
 from paws_tf.evaluation import export
 from paws_tf.nets import backbones
 from paws_tf.nets import heads
@@ -81,16 +79,6 @@ def read_checkpoint(path):
     return state, checkpoint.get('epoch')
 
 
-def kind(state):
-    """`PRETRAINED` (projection head `fc.fc3`), `FINE_TUNED` (classifier
-    `fc.fc2` or `fc`), or None."""
-    if 'fc.fc3.weight' in state:
-        return PRETRAINED
-    if 'fc.fc2.weight' in state or 'fc.weight' in state:
-        return FINE_TUNED
-    return None
-
-
 def architecture(state):
     """The paws_tf backbone name (`backbone.name`) of an official state
     dict: 'resnet50_<w>x' or 'wide_resnet<depth>_<width>', else None."""
@@ -107,37 +95,11 @@ def architecture(state):
     return None
 
 
-def read_record(model_dir):
-    """The import record of `model_dir`, or None for a run trained here."""
-    path = run_dir.RunDir(model_dir).imported
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
-def _check_architecture(path, state, backbone):
-    found = architecture(state)
-    if found != backbone.name:
-        raise ImportFailed(
-            f'{path} holds {found or "an unknown network"} (conv1.weight '
-            f'{list(state.get("conv1.weight", np.zeros(0)).shape)}), but '
-            f'the gin config builds {backbone.name}: use the config of that '
-            'network (gin_configs/imagenet_rn50_{1,10}pct.gin for '
-            'ResNet-50, imagenet_rn50x2_10pct.gin for 2x, '
-            'cifar10_wrn28_2_4000.gin for WideResNet-28-2).')
-
-
-def build_fine_tuned_classifier(state):
-    """The network of an official fine-tuned checkpoint: the configured
-    backbone, then `fc1 -> bn1 -> ReLU -> fc2` (suncet `fine_tune.py`) or a
-    single linear layer `fc`, sized from `state`.
-
-    Returns:
-        `(classifier, classifier_layers)`: a functional `tf_keras.Model`
-        (float images -> float32 logits `[B, classes]`), and its layers
-        after the backbone that hold weights.
-    """
+def _fine_tuned_classifier(state):
+    """`(classifier, classifier_layers)`: the configured backbone, then
+    `fc1 -> bn1 -> ReLU -> fc2` (suncet `fine_tune.py`) or a linear `fc`,
+    sized from `state` (images -> float32 logits), and the weighted layers
+    after the backbone."""
     backbone = backbones.build_backbone(input_channels=CHANNELS,
                                         sync_bn=False)
     inputs = tf_keras.Input((None, None, CHANNELS), name='images')
@@ -160,12 +122,13 @@ def build_fine_tuned_classifier(state):
     return classifier, layers + [dense]
 
 
-def _network(path, state, found, strategy):
-    """`(network, backbone, tensors)`: the configured network of kind
-    `found` holding `state`'s values, its backbone, the values' count."""
+def _network(path, state, strategy):
+    """`(kind, network, backbone, tensors)`: the kind of `state`, the
+    configured network holding its values, its backbone, their count."""
     building.set_precision('float32')
     hint = ''
-    if found == PRETRAINED:
+    if 'fc.fc3.weight' in state:
+        found = PRETRAINED
         network = building.build_model(strategy, input_channels=CHANNELS)
         backbone, named = network.backbone, dict(
             projection_head=network.projection_head,
@@ -179,18 +142,32 @@ def _network(path, state, found, strategy):
             hint = (' It has a prediction head: bind build_model.'
                     'prediction_head = True (and PredictionHead.hidden_dim '
                     'to its width).')
-    else:
+    elif 'fc.fc2.weight' in state or 'fc.weight' in state:
+        found = FINE_TUNED
         with strategy.scope():
-            network, layers = build_fine_tuned_classifier(state)
+            network, layers = _fine_tuned_classifier(state)
         backbone, named = network.layers[1], dict(classifier_layers=layers)
-    _check_architecture(path, state, backbone)
+    else:
+        raise ImportFailed(
+            f'{path} has neither a projection head (fc.fc3.*, pre-trained) '
+            f'nor a classifier (fc.fc2.* or fc.*, fine-tuned); expected '
+            f'{_EXPECTED}.')
+    held = architecture(state)
+    if held != backbone.name:
+        raise ImportFailed(
+            f'{path} holds {held or "an unknown network"} (conv1.weight '
+            f'{list(state.get("conv1.weight", np.zeros(0)).shape)}), but '
+            f'the gin config builds {backbone.name}: use the config of that '
+            'network (gin_configs/imagenet_rn50_{1,10}pct.gin for '
+            'ResNet-50, imagenet_rn50x2_10pct.gin for 2x, '
+            'cifar10_wrn28_2_4000.gin for WideResNet-28-2).')
     try:
         count = torch_names.load_state_dict(
             torch_names.layer_names(backbone, **named), state,
             description=path)
     except torch_names.Mismatch as error:
         raise ImportFailed(f'{error}{hint}') from error
-    return network, backbone, count
+    return found, network, backbone, count
 
 
 def import_official(model_dir, path, *, strategy, overwrite=False):
@@ -199,8 +176,8 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
     Pre-trained: a checkpoint of the gin-configured `PAWSModel`, which the
     other modes read as a run trained here, and its embedder SavedModel.
     Fine-tuned: the classifier SavedModel (`export.export_fine_tuned`).
-    Both write the import record (`RunDir.imported`). Everything is read
-    and matched before anything is written.
+    Both write the import record (`RunDir.imported`), once everything is
+    read and matched.
 
     Args:
         model_dir: the run directory to create.
@@ -225,13 +202,7 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
             f'{model_dir} already holds {names}: import into a new '
             '--model_dir, or pass --overwrite to replace them.')
     state, epoch = read_checkpoint(path)
-    found = kind(state)
-    if found is None:
-        raise ImportFailed(
-            f'{path} has neither a projection head (fc.fc3.*, pre-trained) '
-            f'nor a classifier (fc.fc2.* or fc.*, fine-tuned); expected '
-            f'{_EXPECTED}.')
-    network, backbone, count = _network(path, state, found, strategy)
+    found, network, backbone, count = _network(path, state, strategy)
     run.delete(taken)
     os.makedirs(model_dir, exist_ok=True)
     preprocessing, _ = experiment.recorded_preprocessing()
@@ -244,20 +215,24 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
                                  strategy=strategy, **preprocessing)
     record = dict(source=os.path.abspath(path), kind=found, epoch=epoch,
                   network=backbone.name, tensors=count)
-    files.write_json(run.imported, record, indent=2, default=int)
+    run.write_json(run.imported, record, default=int)
     logging.info('Imported %s (%s, %s, epoch %s, %d tensors) into %s.', path,
                  found, backbone.name, epoch, count, model_dir)
     return record
 
 
-def refuse(record, mode, model_dir, *, trains=False):
-    """Raises the error for a mode (named `mode`, which `trains` or not)
-    that the import of `record` (`read_record`) in `model_dir` cannot run.
+def check_mode(model_dir, mode, *, trains=False):
+    """Whether `model_dir` holds imported weights (`RunDir.imported`) that
+    the mode named `mode` (a mode that `trains`, or not) runs on.
 
     Raises:
         ImportFailed: pre-training on an import, or any mode but
             `import_official` on an imported fine-tuned classifier.
     """
+    run = run_dir.RunDir(model_dir)
+    record = run.read_json(run.imported)
+    if record is None:
+        return False
     if trains:
         raise ImportFailed(
             f'{model_dir} holds weights imported from {record["source"]}, '
@@ -267,8 +242,8 @@ def refuse(record, mode, model_dir, *, trains=False):
     if record['kind'] == FINE_TUNED:
         raise ImportFailed(
             f'{model_dir} holds the fine-tuned classifier imported from '
-            f'{record["source"]} (its SavedModel is '
-            f'{run_dir.RunDir(model_dir).fine_tuned}): '
+            f'{record["source"]} (its SavedModel is {run.fine_tuned}): '
             f'--mode={mode} needs a pre-trained checkpoint (backbone, fc '
             'projection and pred prediction heads), e.g. '
             'paws_imgnt_10percent_300ep.pth.tar.')
+    return True

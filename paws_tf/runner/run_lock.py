@@ -146,11 +146,8 @@ class RunLock:
         self._contents = None
 
     def acquire(self):
-        """Takes the lock, taking over a stale one.
-
-        Raises:
-            Held: a live run holds it.
-        """
+        """Takes the lock, taking over a stale one; raises `Held` when a
+        live run holds it."""
         os.makedirs(self._run.path, exist_ok=True)
         now = time.time()
         self._contents = dict(
@@ -217,12 +214,8 @@ class RunLock:
                                 self._path, error)
 
     def check(self):
-        """Raises `Lost` unless the lock is still this run's (called before
-        every save).
-
-        Raises:
-            Lost: the lock file is gone or holds another run's token.
-        """
+        """Raises `Lost` unless the lock file is still there with this
+        run's token (called before every save)."""
         holder = read(self._run)
         if self._ours(holder):
             return
@@ -255,11 +248,8 @@ class RunLock:
 
 
 def check_held_by_job(run, job):
-    """For the non-chief workers of a job, whose chief holds the lock.
-
-    Raises:
-        Held: another live run holds it.
-    """
+    """For the non-chief workers of a job, whose chief holds the lock:
+    raises `Held` when another live run holds it."""
     holder = read(run)
     if (holder is not None and holder.get('job') != job
             and stale_reason(holder) is None):
@@ -276,11 +266,8 @@ def _job(strategy):
 
 def for_process(run, strategy, *, training):
     """The lock this process holds in `run` (a `RunDir`): a `RunLock` on a
-    training chief, else a no-op context.
-
-    Raises:
-        Held: `training`, and another live run holds the lock.
-    """
+    training chief, else a no-op context; raises `Held` when `training`
+    and another live run holds the lock."""
     if training and cluster.is_chief(strategy):
         return RunLock(run, job=_job(strategy))
     if training:

@@ -63,29 +63,25 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
         owner_check: called before every save; raises when this run no
             longer owns `model_dir` (`run_lock.RunLock.check`).
         num_epochs: epochs, one pass over the unlabeled set each.
-        optimizer_cls: optimizer class called with `learning_rate=schedule`
-            (gin: `@LARS`).
-        schedule_cls: schedule class called with `steps_per_epoch` and
-            `num_epochs` (gin: `@WarmupCosineDecay`).
+        optimizer_cls: called with `learning_rate=schedule` (`@LARS`).
+        schedule_cls: called with `steps_per_epoch` and `num_epochs`
+            (`@WarmupCosineDecay`).
         precision: one of `building.PRECISIONS` (`mixed_float16` adds
             dynamic loss scaling).
-        jit_compile: compile the train step with XLA.
-        steps_per_execution: train steps per `tf.function` call.
+        jit_compile, steps_per_execution: XLA, and train steps per
+            `tf.function` call.
         seed: seed of initialisation, data order and augmentations.
         deterministic_ops: bit-identical reruns on the same machine
             (`determinism.enable`); slower.
         checkpoint_every_steps: also checkpoint every this many steps (0:
-            epoch ends only).
-        keep_checkpoints: checkpoints kept in `model_dir/checkpoints`.
+            epoch ends only), keeping `keep_checkpoints` of them.
         backup_every_steps: back up every this many steps, the most work a
             crash can lose.
         log_every_steps: TensorBoard scalar interval.
         view_images: write augmented views of the first step to TensorBoard.
         evaluators: the evaluator classes run on the test split at epoch
-            ends (`evaluation.evaluators`; gin: `[@PawsNN, ...]`).
-        eval_every_epochs: evaluate every this many epochs when a test
-            split is configured (0: never).
-        eval_max_queries: test images the evaluators use (None: all).
+            ends (`[@PawsNN, ...]`), every `eval_every_epochs` (0: never)
+            on `eval_max_queries` test images (None: all).
         pretrained_backbone: weights file or checkpoint (a run's too) to
             start the backbone from.
         on_data_change: resuming on other data than the run started on:
@@ -185,11 +181,8 @@ def _resume(model, path, step, num_epochs, steps_per_epoch, *, history):
 
 
 def _finish(model, saver, history, total_steps):
-    """Records the end of the run; deletes its backup when it finished.
-
-    Raises:
-        Preempted: SIGTERM stopped it.
-    """
+    """Records the end of the run and deletes its backup; raises
+    `Preempted` when SIGTERM stopped it."""
     state = saver.state
     fingerprint = weights_fingerprint(model)
     logging.info('Final weights fingerprint (SHA-256): %s', fingerprint)
@@ -209,12 +202,8 @@ def check_arguments(*, num_epochs, keep_checkpoints, backup_every_steps,
                     steps_per_execution, checkpoint_every_steps,
                     log_every_steps, eval_every_epochs, seed, precision,
                     on_data_change, names=None):
-    """Raises `checks.ConfigError` naming a bad argument of `train`
-    (`names`: what to call each, default `train.<argument>`).
-
-    Returns:
-        `num_epochs` as an int.
-    """
+    """Returns `num_epochs` as an int; raises `checks.ConfigError` naming
+    a bad argument of `train` (`names`: as `checks.namer`'s)."""
     name = checks.namer(names, 'train.')
     for key, value, minimum in (
             ('num_epochs', num_epochs, 1),
@@ -225,11 +214,9 @@ def check_arguments(*, num_epochs, keep_checkpoints, backup_every_steps,
             ('log_every_steps', log_every_steps, 0),
             ('eval_every_epochs', eval_every_epochs, 0), ('seed', seed, 0)):
         checks.integer(name(key), value, minimum=minimum)
-    building.check_precision(precision, name('precision'))
-    if on_data_change not in data_fingerprint.ON_CHANGE:
-        raise checks.ConfigError(
-            f'{name("on_data_change")} must be one of '
-            f'{data_fingerprint.ON_CHANGE}, got {on_data_change!r}.')
+    checks.one_of(name('precision'), precision, building.PRECISIONS)
+    checks.one_of(name('on_data_change'), on_data_change,
+                  data_fingerprint.ON_CHANGE)
     if checkpoint_every_steps and checkpoint_every_steps < backup_every_steps:
         raise checks.ConfigError(
             f'{name("checkpoint_every_steps")} = {checkpoint_every_steps} '
@@ -271,12 +258,8 @@ def _fit(model, pretrain, input_at, fit_callbacks, saver, *, strategy,
 
 
 def _start(run, strategy, *, chief, on_change, overwrite):
-    """The run's data, checked against what it started on, and where it
-    starts.
-
-    The labeled split and the normalisation are recorded in a staging
-    directory and moved into the run directory only once the data is
-    accepted, so that a refused run leaves the records as they were.
+    """The run's data, checked against what it started on (its records
+    staged until the data is accepted), and where it starts.
 
     Returns:
         `(bundle, step, path)`: `path` is the backup or checkpoint of global
