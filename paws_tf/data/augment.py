@@ -12,9 +12,6 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2023, 0.1994, 0.2010)
-# Registered as gin constants (%IMAGENET_MEAN, ...) by paws_tf.configurables.
-GIN_CONSTANTS = ('IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR10_MEAN',
-                 'CIFAR10_STD')
 # Fixed normalisations by name, for `load_data.normalization`.
 NORMALIZATIONS = {'imagenet': (IMAGENET_MEAN, IMAGENET_STD),
                   'cifar10': (CIFAR10_MEAN, CIFAR10_STD)}
