@@ -30,10 +30,9 @@ def adjust_brightness(image, factor):
 
 def adjust_contrast(image, factor):
     """torchvision `adjust_contrast`: blend with the mean of the luma."""
-    if image_ops.num_channels(image) == 3:
-        mean = tf.reduce_mean(tf.matmul(image, _LUMA_TO_RGB))
-    else:
-        mean = tf.reduce_mean(image)
+    gray = (tf.matmul(image, _LUMA_TO_RGB)
+            if image_ops.num_channels(image) == 3 else image)
+    mean = tf.reduce_mean(gray)
     return tf.clip_by_value(factor * image + (1 - factor) * mean, 0.0, 1.0)
 
 
@@ -107,7 +106,7 @@ def solarize(image, threshold=128):
 
     Args:
         image: [H, W, C] uint8.
-        threshold: scalar; PIL keeps value v where v < threshold.
+        threshold: scalar.
 
     Returns:
         [H, W, C] uint8.
@@ -166,13 +165,12 @@ def color_distortion(image, seed, strength=1.0, kind='simclr',
           uniformly in [0, 256), then Equalize(equalize_prob), PIL's
           operations on the uint8 image (the official PAWS CIFAR-10 views,
           suncet `src/data_manager.py`).
-    With strength 0 the whole distortion is skipped.
 
     Args:
         image: [H, W, C] float in [0, 1], C in (1, 3); for C = 1 only
             brightness and contrast act in the jitter.
         seed: [2] int32/int64 stateless seed.
-        strength: colour distortion strength s.
+        strength: colour distortion strength s; 0 skips the distortion.
         kind: one of `DISTORTIONS`.
         jitter_prob, grayscale_prob, solarize_prob, equalize_prob: each
             operation's probability.
@@ -215,12 +213,10 @@ def check_distortion(kind):
             "PAWS CIFAR-10 views, 'simclr' for ImageNet's).")
 
 
-
 def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
               blur_prob=0.0, distortion='simclr'):
-    """One view: crop, flip, colour distortion, blur, normalise.
-
-    The official PAWS order (suncet `src/data_manager.py`).
+    """One view: crop, flip, colour distortion, blur, normalise (the
+    official PAWS order, suncet `src/data_manager.py`).
 
     Args:
         image: [H, W, C] uint8 or float in [0, 1].
@@ -292,10 +288,8 @@ class MultiCropConfig:
         color_strength: colour distortion strength (0 disables it).
         blur_prob: Gaussian blur probability; like `color_strength`, applied
             to global and local views alike, as in the official PAWS code.
-        mean, std: length-C normalisation constants: None in a run, which
-            fills them in from `load_data.normalization`; Python code may
-            give them here instead of `make_pretrain_dataset_fn`'s
-            `normalization`.
+        mean, std: length-C normalisation constants; None where
+            `make_pretrain_dataset_fn`'s `normalization` gives them.
         distortion: colour distortion kind, one of `DISTORTIONS`.
     """
     global_size: int
