@@ -243,11 +243,9 @@ def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
 
 
 def center_view(image, size, *, crop_fraction, mean, std):
-    """Evaluation view: torchvision Resize(size / crop_fraction), CenterCrop.
-
-    The shorter side is resized (bilinear, antialiased like PIL) to
-    round(size / crop_fraction); with crop_fraction 1 and a size x size
-    input the result is the normalised input, uncropped.
+    """Evaluation view: torchvision Resize(size / crop_fraction), CenterCrop:
+    the shorter side resized (bilinear, antialiased like PIL) to
+    round(size / crop_fraction), then the centre size x size crop.
 
     Args:
         image: [H, W, C] uint8 or float in [0, 1].

@@ -55,12 +55,9 @@ def _undecodable(paths, channels):
 @gin.configurable
 def image_folder(root, *, labeled=True, channels=3, check_images=True,
                  on_bad_image='skip'):
-    """Lists the image files under `root` (decoded on read).
-
-    Broken files are found before training, not hours into it: with
-    `check_images` every file is decoded once here; files that fail are
-    skipped and counted in the log (`on_bad_image='skip'`), as files of
-    other types than `IMAGE_EXTENSIONS` are, or stop the run (`'fail'`).
+    """Lists the image files under `root` (decoded on read); broken files
+    are found before training, not hours into it (`check_images`), and
+    skipped and logged like files of other types, or stop the run.
 
     Args:
         root: folder. Labeled: `root/<class_name>/**/*.{jpg,png,...}` with

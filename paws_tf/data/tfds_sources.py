@@ -11,8 +11,9 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from paws_tf import checks
-from paws_tf.data import sources
 from paws_tf import files
+from paws_tf.data import sources
+from paws_tf.data import splits
 
 IMAGENET_SUBSETS = ('1pct', '10pct')
 _MANIFEST = 'manifest.tsv'
@@ -204,8 +205,8 @@ def imagenet_validation(*, cache_dir=gin.REQUIRED, data_dir=None,
         data_dir: TFDS data directory (None: TFDS default).
         per_class: images per class (official: 12).
         seed: seed of the draw.
-        names_file: a file of training file names, one per line (the
-            official `val.txt`), used instead of a draw.
+        names_file: a split file of training file names (the official
+            `val.txt`), used instead of a draw.
 
     Returns:
         A labeled `ImageSource` in class order.
@@ -213,8 +214,7 @@ def imagenet_validation(*, cache_dir=gin.REQUIRED, data_dir=None,
     checks.integer('per_class', per_class)
     names = None
     if names_file is not None:
-        with open(names_file) as f:
-            names = {line.strip() for line in f if line.strip()}
+        names = set(splits.read_split_file(names_file))
         tag = 'names_' + hashlib.sha256(
             '\n'.join(sorted(names)).encode()).hexdigest()[:12]
     else:
