@@ -21,11 +21,6 @@ from paws_tf.nets import backbones, heads  # noqa: F401
 from paws_tf.runner import experiment, train  # noqa: F401
 # pylint: enable=unused-import
 
-# Normalisation statistics, so gin files write %IMAGENET_MEAN instead of
-# copying numbers.
-for _name in augment.GIN_CONSTANTS:
-    gin.constant(_name, getattr(augment, _name))
-
 
 def _closest(message):
     """' Did you mean NAME?' for gin's message of an unknown parameter or
@@ -57,14 +52,12 @@ def _refuse_unused_macros(config):
     `%NAME` reads (`CHANNEL = 1` beside `%CHANNELS`), with the closest
     name it reads. A finalize hook (run by `parse`) is gin's public view of
     every binding: `config` maps `(scope, selector)` to the bound
-    parameters, a macro's is `(NAME, 'gin.macro')`. Bound gin constants
-    are left to `config_checks.check_config`."""
+    parameters, a macro's is `(NAME, 'gin.macro')`."""
     macro = gin.config.get_configurable(gin.config.macro)
     read = {ref.config_key[0]
             for ref in gin.config.iterate_references(config, to=macro)}
     bound = [scope for scope, selector in config
-             if selector == 'gin.macro' and scope not in read and
-             scope not in augment.GIN_CONSTANTS]
+             if selector == 'gin.macro' and scope not in read]
     if not bound:
         return None
     name = bound[0]

@@ -213,10 +213,12 @@ def test_small_recipe_normalises_with_the_images(tmp_path, channels):
 
 
 @pytest.mark.parametrize('bindings,message', [
-    (['IMAGENET_MEAN = (0.5,)'], 'IMAGENET_MEAN is a constant'),
+    (["NORMALIZATION = 'imagenett'"], "'imagenett' is unknown"),
     (['SUPPORT_CLASSES = 10'], 'bind SUPPORT_CLASSES = 3'),
 ])
 def test_errors_come_before_any_image_is_read(tmp_path, bindings, message):
+    """Fails if config_checks leaves out the check of the normalisation
+    (another message comes) or of the support classes."""
     # Every file is broken: reading one would fail differently.
     for folder in ('labeled/a', 'labeled/b', 'labeled/c', 'unlabeled',
                    'test/a'):

@@ -12,9 +12,6 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2023, 0.1994, 0.2010)
-# Registered as gin constants (%IMAGENET_MEAN, ...) by paws_tf.configurables.
-GIN_CONSTANTS = ('IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR10_MEAN',
-                 'CIFAR10_STD')
 # Fixed normalisations by name, for `load_data.normalization`.
 NORMALIZATIONS = {'imagenet': (IMAGENET_MEAN, IMAGENET_STD),
                   'cifar10': (CIFAR10_MEAN, CIFAR10_STD)}
@@ -33,10 +30,9 @@ def adjust_brightness(image, factor):
 
 def adjust_contrast(image, factor):
     """torchvision `adjust_contrast`: blend with the mean of the luma."""
-    if image_ops.num_channels(image) == 3:
-        mean = tf.reduce_mean(tf.matmul(image, _LUMA_TO_RGB))
-    else:
-        mean = tf.reduce_mean(image)
+    gray = (tf.matmul(image, _LUMA_TO_RGB)
+            if image_ops.num_channels(image) == 3 else image)
+    mean = tf.reduce_mean(gray)
     return tf.clip_by_value(factor * image + (1 - factor) * mean, 0.0, 1.0)
 
 
@@ -110,7 +106,7 @@ def solarize(image, threshold=128):
 
     Args:
         image: [H, W, C] uint8.
-        threshold: scalar; PIL keeps value v where v < threshold.
+        threshold: scalar.
 
     Returns:
         [H, W, C] uint8.
@@ -169,13 +165,12 @@ def color_distortion(image, seed, strength=1.0, kind='simclr',
           uniformly in [0, 256), then Equalize(equalize_prob), PIL's
           operations on the uint8 image (the official PAWS CIFAR-10 views,
           suncet `src/data_manager.py`).
-    With strength 0 the whole distortion is skipped.
 
     Args:
         image: [H, W, C] float in [0, 1], C in (1, 3); for C = 1 only
             brightness and contrast act in the jitter.
         seed: [2] int32/int64 stateless seed.
-        strength: colour distortion strength s.
+        strength: colour distortion strength s; 0 skips the distortion.
         kind: one of `DISTORTIONS`.
         jitter_prob, grayscale_prob, solarize_prob, equalize_prob: each
             operation's probability.
@@ -218,12 +213,10 @@ def check_distortion(kind):
             "PAWS CIFAR-10 views, 'simclr' for ImageNet's).")
 
 
-
 def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
               blur_prob=0.0, distortion='simclr'):
-    """One view: crop, flip, colour distortion, blur, normalise.
-
-    The official PAWS order (suncet `src/data_manager.py`).
+    """One view: crop, flip, colour distortion, blur, normalise (the
+    official PAWS order, suncet `src/data_manager.py`).
 
     Args:
         image: [H, W, C] uint8 or float in [0, 1].
@@ -250,11 +243,9 @@ def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
 
 
 def center_view(image, size, *, crop_fraction, mean, std):
-    """Evaluation view: torchvision Resize(size / crop_fraction), CenterCrop.
-
-    The shorter side is resized (bilinear, antialiased like PIL) to
-    round(size / crop_fraction); with crop_fraction 1 and a size x size
-    input the result is the normalised input, uncropped.
+    """Evaluation view: torchvision Resize(size / crop_fraction), CenterCrop:
+    the shorter side resized (bilinear, antialiased like PIL) to
+    round(size / crop_fraction), then the centre size x size crop.
 
     Args:
         image: [H, W, C] uint8 or float in [0, 1].
@@ -295,10 +286,8 @@ class MultiCropConfig:
         color_strength: colour distortion strength (0 disables it).
         blur_prob: Gaussian blur probability; like `color_strength`, applied
             to global and local views alike, as in the official PAWS code.
-        mean, std: length-C normalisation constants: None in a run, which
-            fills them in from `load_data.normalization`; Python code may
-            give them here instead of `make_pretrain_dataset_fn`'s
-            `normalization`.
+        mean, std: length-C normalisation constants; None where
+            `make_pretrain_dataset_fn`'s `normalization` gives them.
         distortion: colour distortion kind, one of `DISTORTIONS`.
     """
     global_size: int

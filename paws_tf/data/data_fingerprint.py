@@ -1,7 +1,6 @@
-"""The data a run trains on, recorded (`RunDir.write_json`) and
-checked when the run resumes: per source, its kind, image count, channels
-and SHA-256 digests of its class names, item names and labels (no pixels).
-"""
+"""The data a run trains on, recorded and checked when the run resumes: per
+source, its kind, image count, channels and SHA-256 digests of its class
+names, item names and labels (no pixels)."""
 
 import hashlib
 import os
@@ -79,8 +78,7 @@ def check(recorded, current, *, model_dir, path, resuming,
         model_dir, path: the run directory and its record, for messages.
         resuming: whether the run has a backup or checkpoint to resume from
             (otherwise a recorded fingerprint is just replaced).
-        on_change: `'stop'` or `'continue'` (resume on the changed data and
-            record it).
+        on_change: `'stop'`, or `'continue'` on the changed data.
         overwrite: run.py's --overwrite: the run starts again on this data.
 
     Returns:

@@ -37,17 +37,9 @@ def _other_types(other):
             + f'; read: {" ".join(IMAGE_EXTENSIONS)})')
 
 
-def undecodable(paths, channels):
-    """Positions of the files that cannot be read and decoded as images
-    (zero-byte, truncated, corrupt, non-image), each decoded once.
-
-    Args:
-        paths: file paths.
-        channels: channels to decode to.
-
-    Returns:
-        Sorted list of the positions of the bad files.
-    """
+def _undecodable(paths, channels):
+    """Sorted positions of the `paths` that cannot be read and decoded to
+    `channels` (zero-byte, truncated, corrupt, non-image files)."""
     def check(position, path):
         image = sources.decode_image(tf.io.read_file(path), channels)
         return position, tf.shape(image)[0]
@@ -63,12 +55,9 @@ def undecodable(paths, channels):
 @gin.configurable
 def image_folder(root, *, labeled=True, channels=3, check_images=True,
                  on_bad_image='skip'):
-    """Lists the image files under `root` (decoded on read).
-
-    Broken files are found before training, not hours into it: with
-    `check_images` every file is decoded once here; files that fail are
-    skipped and counted in the log (`on_bad_image='skip'`), as files of
-    other types than `IMAGE_EXTENSIONS` are, or stop the run (`'fail'`).
+    """Lists the image files under `root` (decoded on read); broken files
+    are found before training, not hours into it (`check_images`), and
+    skipped and logged like files of other types, or stop the run.
 
     Args:
         root: folder. Labeled: `root/<class_name>/**/*.{jpg,png,...}` with
@@ -109,7 +98,7 @@ def image_folder(root, *, labeled=True, channels=3, check_images=True,
             f'No {"/".join(IMAGE_EXTENSIONS)} images under {root}' +
             (' in class subfolders' if labeled else '') +
             (f'; {_other_types(other)}.' if other else '.'))
-    bad = undecodable([str(p) for p in files], channels) if check_images \
+    bad = _undecodable([str(p) for p in files], channels) if check_images \
         else []
     shown = ', '.join(files[i].relative_to(root).as_posix()
                       for i in bad[:_MAX_LISTED])

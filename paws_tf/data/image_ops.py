@@ -1,5 +1,5 @@
-"""Seeded image operations of the augmentations: crops, PIL's Gaussian blur,
-flips, uint8 rounding and normalisation, on float32 images in [0, 1]."""
+"""Seeded image operations of the augmentations (crops, PIL's Gaussian blur,
+flips, normalisation) on float32 images in [0, 1]."""
 
 import math
 
@@ -36,10 +36,8 @@ def resize(image, size, antialias=False):
 
 def sample_crop_box(height, width, seed, scale, ratio=(3 / 4, 4 / 3),
                     attempts=10):
-    """Samples a box with torchvision `RandomResizedCrop.get_params` semantics.
-
-    The `attempts` candidates are drawn at once and the first valid one is
-    taken, which is what torchvision's sequential loop returns.
+    """Samples a box as torchvision `RandomResizedCrop.get_params` does: the
+    `attempts` candidates are drawn at once and the first valid one taken.
 
     Args:
         height, width: int or int32 scalar tensors, the image's H and W.
@@ -114,15 +112,12 @@ def random_resized_crop(image, seed, size, scale, ratio=(3 / 4, 4 / 3),
                    antialias=antialias)
 
 
-def quantize(image):
-    """Float [0, 1] -> uint8, rounded: the image PIL would hold."""
-    return tf.cast(tf.round(tf.clip_by_value(image, 0.0, 1.0) * 255.0),
-                   tf.uint8)
-
-
 def on_uint8(op, image):
-    """`op` applied to the uint8 quantisation of a float [0, 1] image."""
-    return tf.cast(op(quantize(image)), tf.float32) * _UINT8_SCALE
+    """`op` applied to a float [0, 1] image rounded to uint8, the image PIL
+    would hold."""
+    pixels = tf.cast(tf.round(tf.clip_by_value(image, 0.0, 1.0) * 255.0),
+                     tf.uint8)
+    return tf.cast(op(pixels), tf.float32) * _UINT8_SCALE
 
 
 def random_apply(coin, prob, op, image):
@@ -133,9 +128,9 @@ def random_apply(coin, prob, op, image):
 def _pil_blur(image, sigma):
     """NumPy side of `pil_gaussian_blur`: [H, W, C] uint8 through PIL."""
     plane = image[..., 0] if image.shape[-1] == 1 else image
-    radius = float(sigma)  # float32 widens to float64 exactly.
+    # float32 sigma widens to float64 exactly.
     blurred = PIL.Image.fromarray(plane).filter(
-        PIL.ImageFilter.GaussianBlur(radius=radius))
+        PIL.ImageFilter.GaussianBlur(radius=float(sigma)))
     return np.asarray(blurred).reshape(image.shape)
 
 

@@ -93,10 +93,9 @@ def required(normalization_):
 
 
 def channel_statistics(source, max_images=None, seed=0):
-    """Per-channel mean and std of a source's pixels, scaled to [0, 1].
-
-    Every pixel counts once. The sums are exact integers, so every
-    machine, in any order, computes the same numbers, rounded once.
+    """Per-channel mean and std of a source's pixels (each counts once),
+    scaled to [0, 1]; the sums are exact integers, so every machine, in any
+    order, computes the same numbers.
 
     Args:
         source: `sources.ImageSource` (uint8 images).
@@ -171,14 +170,14 @@ def resolve_normalization(spec, *, source=None, recorded=None, where=None,
             trained run, whose values are its record's or `spec`'s.
         recorded: the run's record (`RunDir.read_json`), or None.
         where: where that record is, for the messages.
-        max_images: images the statistics are computed from.
-        seed: seed of that subset.
+        max_images, seed: how many images the statistics are computed
+            from, and the seed of that subset.
         description: what the images of `source` are (record, messages).
 
     Returns:
         `((mean, std), record)`: float tuples, one value per channel, and
-        the dict the run records (`RunDir.write_json`); None when
-        the values come from `recorded` or there is no `source`.
+        the dict the run records, or None when the values come from
+        `recorded` or there is no `source`.
 
     Raises:
         ValueError: a bad `spec` or one the channels or the record do not
@@ -214,9 +213,8 @@ def normalized_multicrop(multicrop, normalization_, channels):
     """`multicrop` with the run's normalisation filled in.
 
     Args:
-        multicrop: `augment.MultiCropConfig`. In a run its mean and std are
-            unbound; in Python code without `normalization_` they are the
-            normalisation.
+        multicrop: `augment.MultiCropConfig`; its mean and std are the
+            normalisation if `normalization_` is None.
         normalization_: the run's `(mean, std)`, or None.
         channels: the images' channel count.
 

@@ -3,9 +3,8 @@
 Every random choice is a stateless function of the seed and of positions in
 the stream (step, epoch, image), so a pipeline rebuilt with `start_step`
 continues exactly where an interrupted one stopped (a streamed unlabeled
-source starts a fresh pass instead). Shards are cut by hand
-(`AutoShardPolicy.OFF`): each worker builds its replicas' share of every
-step from the seed and the replica indices.
+source starts a fresh pass instead). Each worker builds its replicas' share
+of every step from the seed and the replica indices (`AutoShardPolicy.OFF`).
 """
 
 import dataclasses
@@ -34,7 +33,6 @@ class _Layout:
     sampler: sampling.SupportSampler
     support_views: int
     support_view_size: int
-    support_scale: tuple
 
     @property
     def batch_per_replica(self):
@@ -161,7 +159,7 @@ def _support(labeled, layout, seed, start_step, first_replica,
         return tuple(augment.make_view(
             image, sampling.derive_seed(seed, sampling.SUPPORT_VIEWS, step,
                                         position, v),
-            size=layout.support_view_size, scale=layout.support_scale,
+            size=layout.support_view_size, scale=mc.global_scale,
             color_strength=mc.color_strength, blur_prob=mc.blur_prob,
             mean=mc.mean, std=mc.std, distortion=mc.distortion)
             for v in range(layout.support_views)), class_id, column
@@ -177,7 +175,7 @@ def _support(labeled, layout, seed, start_step, first_replica,
             .batch(rows, drop_remainder=True))
 
 
-def _check_sizes(unlabeled, labeled, *, num_replicas, global_batch_size,
+def _check_sizes(unlabeled, labeled, num_replicas, global_batch_size,
                  classes_per_step, images_per_class, support_views,
                  start_step):
     """Raises ValueError on sizes `make_pretrain_dataset_fn` cannot use."""
@@ -254,9 +252,8 @@ def _step_element(views, support, layout, channels):
 def make_pretrain_dataset_fn(
         unlabeled, labeled, *, num_replicas, global_batch_size,
         classes_per_step, images_per_class, multicrop, support_views=1,
-        unique_classes_per_replica=False, support_view_size=None,
-        support_scale=None, seed=0, start_step=0, deterministic=True,
-        prefetch=tf.data.AUTOTUNE, normalization=None):
+        unique_classes_per_replica=False, support_view_size=None, seed=0,
+        start_step=0, deterministic=True, normalization=None):
     """Builds the PAWS pre-training input (`distribute_datasets_from_function`).
 
     Sizes are global; per-replica sizes are derived. `classes_per_step` is
@@ -277,8 +274,7 @@ def make_pretrain_dataset_fn(
           the same image at the same row of every block.
       'support_labels': int32 [V*K*n], the true class ids of those rows.
       'support_one_hot': float32 [V*K*n, classes_per_step], each row's
-          column (its class among the step's support classes), from which
-          the objective's label matrix is built.
+          column (its class among the step's support classes).
       'support_view_index': int32 [V*K*n], each row's view (0..V-1).
 
     Args:
@@ -290,19 +286,16 @@ def make_pretrain_dataset_fn(
         classes_per_step: support classes per step over all replicas.
         images_per_class: n, images per class slot on each replica.
         multicrop: `augment.MultiCropConfig`; its colour, blur and
-            normalisation settings also apply to the supports (its mean
-            and std are None when `normalization` gives them).
+            normalisation settings also apply to the supports.
         support_views: V, 1 (ImageNet) or 2 (CIFAR-10) views per support.
         unique_classes_per_replica: disjoint classes across replicas.
-        support_view_size: support view side; default the global size.
-        support_scale: support crop scale range; default the global one.
+        support_view_size: support view side; default the global size
+            (support views are cropped at the global views' scale).
         seed: int seed of every random choice.
         start_step: first global step to produce (resume).
         deterministic: tf.data determinism of the unlabeled stream; False
-            only for throughput runs (it breaks exact resume). The support
-            stream stays ordered, as its layout is positional.
-        prefetch: prefetch depth (elements).
-        normalization: the run's `(mean, std)`, or None.
+            only for throughput runs (it breaks exact resume).
+        normalization: the run's `(mean, std)`, or None (`multicrop`'s).
 
     Returns:
         `PretrainInput`; its `dataset_fn` takes a
@@ -312,11 +305,9 @@ def make_pretrain_dataset_fn(
         ValueError: sizes that do not divide or do not fit the data (see
             `sampling.SupportSampler`).
     """
-    _check_sizes(unlabeled, labeled, num_replicas=num_replicas,
-                 global_batch_size=global_batch_size,
-                 classes_per_step=classes_per_step,
-                 images_per_class=images_per_class,
-                 support_views=support_views, start_step=start_step)
+    _check_sizes(unlabeled, labeled, num_replicas, global_batch_size,
+                 classes_per_step, images_per_class, support_views,
+                 start_step)
     multicrop = normalization_lib.normalized_multicrop(
         multicrop, normalization, labeled.channels)
     sampler = sampling.SupportSampler(
@@ -330,8 +321,7 @@ def make_pretrain_dataset_fn(
         num_unlabeled=unlabeled.num_examples,
         steps_per_epoch=unlabeled.num_examples // global_batch_size,
         multicrop=multicrop, sampler=sampler, support_views=support_views,
-        support_view_size=support_view_size or multicrop.global_size,
-        support_scale=support_scale or multicrop.global_scale)
+        support_view_size=support_view_size or multicrop.global_size)
     options = tf.data.Options()
     options.deterministic = deterministic
     options.experimental_distribute.auto_shard_policy = (
@@ -353,7 +343,7 @@ def make_pretrain_dataset_fn(
         return (tf.data.Dataset.zip((views, support))
                 .map(lambda views, support: _step_element(
                     views, support, layout, labeled.channels))
-                .prefetch(prefetch).with_options(options))
+                .prefetch(tf.data.AUTOTUNE).with_options(options))
 
     return PretrainInput(dataset_fn, layout.steps_per_epoch, layout.describe(),
                          layout.views_per_step, layout.describe_briefly())
@@ -361,10 +351,8 @@ def make_pretrain_dataset_fn(
 
 @gin.configurable(denylist=['source'])
 def make_eval_dataset(source, *, batch_size, image_size, crop_fraction, mean,
-                      std, prefetch=tf.data.AUTOTUNE):
-    """Centre-cropped images and labels in source order, remainder included
-    (every image once: the test set, or the labeled set as PAWS-NN's
-    support).
+                      std):
+    """Centre-cropped images and labels, every image once in source order.
 
     Args:
         source: `sources.ImageSource` or `sources.StreamSource` with labels.
@@ -372,7 +360,6 @@ def make_eval_dataset(source, *, batch_size, image_size, crop_fraction, mean,
         image_size: output side S.
         crop_fraction: centre crop as a fraction of the image side.
         mean, std: per-channel normalisation.
-        prefetch: prefetch depth (batches).
 
     Returns:
         `tf.data.Dataset` of `(float32 [b, S, S, C], int32 [b])`.
@@ -385,4 +372,4 @@ def make_eval_dataset(source, *, batch_size, image_size, crop_fraction, mean,
     return (source.ordered_dataset()
             .map(view, num_parallel_calls=tf.data.AUTOTUNE,
                  deterministic=True)
-            .batch(batch_size).prefetch(prefetch))
+            .batch(batch_size).prefetch(tf.data.AUTOTUNE))

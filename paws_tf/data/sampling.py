@@ -35,15 +35,11 @@ def derive_seed(seed, tag, *data):
 
 
 def permutation(n, key):
-    """A uniform random permutation of range(n) drawn from `key`.
-
-    Argsort of uniform noise rather than `tf.random.experimental.
-    index_shuffle`: in TF 2.21 the latter yields only 256 distinct
-    permutations of 64 or 400 items, whatever the seed.
-
-    Returns:
-        int64 [n].
-    """
+    """A uniform random permutation of range(n), int64 [n], drawn from the
+    seed `key`."""
+    # Argsort of uniform noise rather than `tf.random.experimental.
+    # index_shuffle`: in TF 2.21 the latter yields only 256 distinct
+    # permutations of 64 or 400 items, whatever the seed.
     noise = tf.random.stateless_uniform([n], key)
     return tf.cast(tf.argsort(noise, stable=True), tf.int64)
 
@@ -62,11 +58,9 @@ class SupportSampler:
     support batch of a step, and drawn with replacement across steps.
 
     Attributes:
-        classes_per_step: global number of support classes per step.
+        classes_per_step, images_per_class (n), num_replicas (R),
+            unique_classes_per_replica: the arguments.
         classes_per_replica: K, class slots per replica.
-        images_per_class: n.
-        num_replicas: R.
-        unique_classes_per_replica: bool.
         num_labeled: labeled images.
         num_classes: classes present in the labeled set.
     """
@@ -78,9 +72,9 @@ class SupportSampler:
 
         Args:
             labels: int [M] class id of each labeled image, by position.
-            classes_per_step, images_per_class, num_replicas,
-                unique_classes_per_replica: the attributes.
-            seed: int.
+            classes_per_step: global number of support classes per step.
+            images_per_class, num_replicas, unique_classes_per_replica,
+                seed: as `make_pretrain_dataset_fn` takes them.
             class_names: names indexed by class id, for error messages.
             binding: the configurable the messages name the sizes of.
 
@@ -189,11 +183,9 @@ class SupportSampler:
                 tf.repeat(columns, n))
 
     def items(self, i, first_replica, local_replicas):
-        """Element `i` of an input pipeline's support stream, as a Dataset.
-
-        An input pipeline serves `local_replicas` replicas, starting at
-        global replica `first_replica`, in turn: element `i` is step
-        `i // local_replicas` of replica `first_replica + i %
+        """Element `i` of the support stream of an input pipeline serving
+        `local_replicas` replicas from global replica `first_replica` in
+        turn: step `i // local_replicas` of replica `first_replica + i %
         local_replicas`, for `Dataset.flat_map`.
 
         Returns:

@@ -67,7 +67,8 @@ class _Store:
 
 
 class ImageSource:
-    """Images addressable by position, with optional integer class labels.
+    """Images addressable by position, with optional integer class labels
+    (made by `from_arrays` and `from_files`).
 
     Attributes:
         labels: int32 [N] class ids, or None for an unlabeled source.
@@ -79,12 +80,8 @@ class ImageSource:
     """
 
     def __init__(self, store, rows, names, *, labels=None, class_names=()):
-        """Initialises the source; use `from_arrays` or `from_files`.
-
-        Args:
-            store: the `_Store` of the images.
-            rows: int [N], the store row of each position.
-            names, labels, class_names: the attributes (labels may be None).
+        """The images at `rows` (int [N]) of the `_Store` `store`; the
+        other arguments are the attributes (labels may be None).
 
         Raises:
             ValueError: if names or labels do not match the image count.
@@ -142,9 +139,8 @@ class ImageSource:
 
 @dataclasses.dataclass(frozen=True)
 class StreamSource:
-    """Images readable only in sequence, e.g. ImageNet's 1.28M from TFDS.
-
-    Items stay encoded until `decode`, so a shuffle buffer holds bytes.
+    """Images readable only in sequence, e.g. ImageNet's 1.28M from TFDS;
+    items stay encoded until `decode`, so a shuffle buffer holds bytes.
 
     Attributes:
         open_fn: callable `(shuffle_seed, input_context) -> Dataset` of
@@ -212,8 +208,7 @@ def from_files(paths, names, *, labels=None, class_names=(), channels=3):
     Args:
         paths: N file paths (JPEG, PNG, BMP or GIF; the format is sniffed).
         names: N item names for split files.
-        labels: int [N] class ids, or None.
-        class_names: names indexed by class id.
+        labels, class_names: as `ImageSource` has them.
         channels: channels to decode to.
 
     Returns:
@@ -256,7 +251,7 @@ def load_idx(images_path, labels_path=None, class_names=None):
     Args:
         images_path: IDX file of uint8 [N, H, W] images (`.gz` allowed).
         labels_path: IDX file of uint8 [N] labels, or None (unlabeled).
-        class_names: names indexed by class id; default `'0'`, `'1'`, ...
+        class_names: as `from_arrays` takes them.
 
     Returns:
         An `ImageSource` of one-channel images.
@@ -286,8 +281,7 @@ def keep_classes(source, classes):
         classes: class ids of `source` to keep; the i-th becomes class i.
 
     Returns:
-        An `ImageSource` of those classes' images, in source order, with
-        labels 0 .. len(classes) - 1 and the kept classes' names.
+        An `ImageSource` of those classes' images, in source order.
 
     Raises:
         ValueError: unlabeled source, or classes empty, repeated or not

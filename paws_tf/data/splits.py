@@ -1,5 +1,4 @@
-"""The labeled split: the images of a labeled source a run uses as labeled,
-drawn with a seed or read from a file."""
+"""The labeled split of a source: drawn with a seed or read from a file."""
 
 import collections
 
@@ -79,8 +78,8 @@ def select_labeled(source, *, labels_per_class=None, fraction=None, seed=0,
         `Split(labeled, unlabeled)`, both in source order.
 
     Raises:
-        ValueError: if the arguments conflict, a class is too small, or the
-            split file names unknown or repeated images.
+        ValueError: conflicting arguments, a class too small, or a split
+            file naming unknown or repeated images.
     """
     if [labels_per_class, fraction, split_file].count(None) != 2:
         raise ValueError('Give exactly one of labels_per_class, fraction and '

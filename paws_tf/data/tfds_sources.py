@@ -11,8 +11,9 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from paws_tf import checks
-from paws_tf.data import sources
 from paws_tf import files
+from paws_tf.data import sources
+from paws_tf.data import splits
 
 IMAGENET_SUBSETS = ('1pct', '10pct')
 _MANIFEST = 'manifest.tsv'
@@ -39,10 +40,8 @@ def _canonical_order(ids, split):
 
 @gin.configurable
 def load_tfds(name, *, split='train', data_dir=None, download=True):
-    """Loads a small TFDS image dataset (cifar10, fashion_mnist) into memory.
-
-    CIFAR images are put back in their original order (`_canonical_order`);
-    other datasets keep TFDS's. Names are the indices in that order.
+    """Loads a small TFDS image dataset (cifar10, fashion_mnist) into memory,
+    CIFAR's in its original order (`_canonical_order`); names are indices.
 
     Args:
         name: TFDS name, e.g. `'cifar10'` or `'fashion_mnist'`.
@@ -81,10 +80,8 @@ def _open_tfds(name, split, data_dir, shuffle_seed, input_context):
 @gin.configurable
 def tfds_stream(name, *, split='train', data_dir=None, channels=3,
                 shuffle_buffer=10_000, exclude_file_names=()):
-    """Streams a large TFDS split (e.g. `imagenet2012`), decoding on use.
-
-    A resumed pipeline starts a fresh seeded pass rather than replaying
-    the rest of the interrupted epoch (TFDS can only skip by reading).
+    """Streams a large TFDS split (e.g. `imagenet2012`), decoding on use; a
+    resumed pipeline starts a fresh seeded pass (TFDS skips only by reading).
 
     Args:
         name: TFDS name.
@@ -204,13 +201,12 @@ def imagenet_validation(*, cache_dir=gin.REQUIRED, data_dir=None,
     over the training set the first time).
 
     Args:
-        cache_dir: directory of the cached files (may be
-            `imagenet_sources.cache_dir`).
+        cache_dir: directory of the cached files.
         data_dir: TFDS data directory (None: TFDS default).
         per_class: images per class (official: 12).
         seed: seed of the draw.
-        names_file: a file of training file names, one per line (the
-            official `val.txt`), used instead of a draw.
+        names_file: a split file of training file names (the official
+            `val.txt`), used instead of a draw.
 
     Returns:
         A labeled `ImageSource` in class order.
@@ -218,8 +214,7 @@ def imagenet_validation(*, cache_dir=gin.REQUIRED, data_dir=None,
     checks.integer('per_class', per_class)
     names = None
     if names_file is not None:
-        with open(names_file) as f:
-            names = {line.strip() for line in f if line.strip()}
+        names = set(splits.read_split_file(names_file))
         tag = 'names_' + hashlib.sha256(
             '\n'.join(sorted(names)).encode()).hexdigest()[:12]
     else:
@@ -242,8 +237,7 @@ def imagenet_sources(*, labeled_subset='10pct', cache_dir=gin.REQUIRED,
     memory). The 1.28M unlabeled images are streamed from TFDS.
 
     Args:
-        labeled_subset: `'1pct'` or `'10pct'` (`imagenet2012_subset`,
-            images identified by `file_name`).
+        labeled_subset: `'1pct'` or `'10pct'` (`imagenet2012_subset`).
         cache_dir: directory for the materialised labeled subset.
         data_dir: TFDS data directory (None: TFDS default).
         include_labeled_in_unlabeled: keep the labeled images in the

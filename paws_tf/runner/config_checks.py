@@ -12,7 +12,6 @@ from paws_tf import checkpoints
 from paws_tf import bindings
 from paws_tf import checks
 from paws_tf import model as model_lib
-from paws_tf.data import augment
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.nets import backbones
 from paws_tf.nets import sync_batch_norm
@@ -23,21 +22,6 @@ from paws_tf.runner import train
 # data, how often progress is logged, how long its cluster may take to form.
 RESUME_ONLY_BINDINGS = ('train.on_data_change', 'ProgressBar.',
                         'make_strategy.start_timeout')
-
-
-def _check_constants():
-    """Refuses a gin constant that a binding tried to rebind as a macro."""
-    for name in augment.GIN_CONSTANTS:
-        try:
-            gin.query_parameter(f'{name}/macro.value')
-        except ValueError:
-            continue
-        raise checks.ConfigError(
-            f'{name} is a constant of paws_tf (values fixed in '
-            'paws_tf.data.augment): binding it changes nothing. Bind '
-            f'{normalization_lib.NORMALIZATION_MACRO} '
-            "(load_data.normalization) = (mean, std), 'data' or a preset "
-            f'({sorted(augment.NORMALIZATIONS)}).')
 
 
 def _folder_source():
@@ -222,7 +206,6 @@ def check_config(pretraining=True):
     Raises:
         checks.ConfigError: on the first problem found.
     """
-    _check_constants()
     folder = _folder_source()
     multicrop = _check_normalization(folder)
     _check_arguments(pretraining)
