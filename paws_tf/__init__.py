@@ -41,7 +41,8 @@ __version__ = '0.1.0'
 _EXPORTS = {name: module for module, names in {
     # The model and its parts.
     'model': ('PAWSModel', 'build_model'),
-    'nets.backbones': ('build_backbone', 'load_backbone_weights'),
+    'nets.backbones': ('build_backbone',),
+    'checkpoints': ('load_backbone_weights',),
     'nets.heads': ('ProjectionHead', 'PredictionHead'),
     # The objective.
     'losses': ('paws_loss', 'paws_targets', 'ropaws_loss', 'ropaws_targets',

@@ -441,8 +441,3 @@ def assign_weights(model, weights):
     copied in memory."""
     model.set_weights(weights)
 
-
-def copy_weights(source, target):
-    """Gives `target` the weights of `source`, a model or layer of the
-    same architecture."""
-    assign_weights(target, source.get_weights())

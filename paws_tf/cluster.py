@@ -246,14 +246,6 @@ def is_chief(strategy):
             'chief' not in resolver.cluster_spec().as_dict())
 
 
-def read_weights(model):
-    """`model.get_weights()`, which every worker of a cluster must call at
-    the same point: reading a sync-on-read variable (a batch-norm moving
-    statistic) is a collective of all workers, which one worker alone
-    waits in, or meets another collective of theirs with."""
-    return model.get_weights()
-
-
 def write_dir(strategy, directory):
     """Where this process writes a save of `directory`: `directory` itself
     on the chief, a private `directory/.worker_tmp_<type>_<id>` elsewhere."""

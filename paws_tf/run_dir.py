@@ -51,8 +51,10 @@ class RunDir:
     split = _path('labeled_split.txt')
     normalization = _path('normalization.json')
     fingerprint = _path('data_fingerprint.json')
-    staging = _path('.data_staging', doc='Where the data records wait '
-                    'until the data is accepted.')
+    staging = property(
+        lambda run: RunDir(os.path.join(run.path, '.data_staging')),
+        doc='The `RunDir` where a start writes its data records until the '
+        'data is accepted (`accept_staged`).')
     imported = _path('imported.json')
 
     # The model and optimizer.
@@ -143,16 +145,11 @@ class RunDir:
         except FileNotFoundError:
             return None
 
-    def staged(self):
-        """The `RunDir` of `staging`, where a start writes its data records
-        until the data is accepted (`accept_staged`)."""
-        return RunDir(self.staging)
-
     def accept_staged(self, accept=True):
         """Moves the staged data records in (`accept`), then deletes the
         staging directory: a refused start leaves the records as they
         were."""
-        staged = self.staged()
+        staged = self.staging
         try:
             for name in _STAGED if accept else ():
                 if os.path.exists(getattr(staged, name)):
