@@ -1,11 +1,9 @@
 """PAWS semi-supervised learning in TensorFlow (tf_keras, the Keras 2 API).
 
-Importing this package selects the Keras 2 API (`tf_keras`) for the whole
-process (Keras 3 cannot run `Model.fit` under `MultiWorkerMirroredStrategy`)
-and turns on TensorFlow's oneDNN CPU kernels unless TF_ENABLE_ONEDNN_OPTS
-says otherwise. The pieces a Keras user composes are attributes of the
-package, loaded on first use (`import paws_tf` does not load TensorFlow);
-README.md, "PAWS in your own Keras code", trains a model on NumPy arrays:
+Importing it selects `tf_keras` for the whole process (Keras 3 cannot run
+`Model.fit` under `MultiWorkerMirroredStrategy`) and turns on oneDNN CPU
+kernels unless TF_ENABLE_ONEDNN_OPTS says otherwise. The public names load
+on first use (README.md, "PAWS in your own Keras code"):
 
     model = paws_tf.PAWSModel(paws_tf.build_backbone(...),
                               paws_tf.ProjectionHead(...))
@@ -22,9 +20,8 @@ os.environ['TF_USE_LEGACY_KERAS'] = '1'
 # (docs/performance.md); an explicit TF_ENABLE_ONEDNN_OPTS=0 wins.
 os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '1')
 
-# TensorFlow loaded later reads the switches above; one loaded already may
-# have resolved tf.keras to Keras 3. The package itself does not load
-# TensorFlow, so that the program (cli.py) can keep its start-up logs quiet.
+# TensorFlow loaded already may have resolved tf.keras to Keras 3. The
+# package does not load TensorFlow, so that cli.py can quiet its start-up.
 if 'tensorflow' in sys.modules:
     import tensorflow as tf  # noqa: E402
     import tf_keras  # noqa: E402

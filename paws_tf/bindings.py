@@ -1,5 +1,4 @@
-"""What the parsed gin config binds, read before anything is called, and
-a configurable's own argument check run on it."""
+"""What the parsed gin config binds, read before anything is called."""
 
 import inspect
 
@@ -39,10 +38,9 @@ def reference(selector):
 
 
 def referenced_binding(selector, parameter):
-    """`(value, name)` of `parameter` of the configurable that `selector`
-    references (`load_data.test = @test/image_folder` and `'root'` give
-    the test folder and `'TEST_DIR'`), with `binding`'s `name`; `(None,
-    None)` when `selector` binds no reference."""
+    """`binding` of `parameter` of the configurable that `selector`
+    references (`load_data.test = @test/image_folder` and `'root'`), or
+    `(None, None)` when `selector` binds no reference."""
     bound_reference = reference(selector)
     if bound_reference is None:
         return None, None
@@ -63,9 +61,8 @@ def configured(selector, default):
 def check_bound(check, configurable, selector, **given):
     """Runs `check`, the argument check of `configurable`, on the values
     the config binds to `selector`, each named by the binding or macro it
-    came through: a bad value fails before any data is read, with the
-    message a library user gets. An unbound argument takes its default; a
-    required one left unbound skips the check (gin names it at the call).
+    came through, before any data is read. An unbound argument takes its
+    default; a required one skips the check (gin names it at the call).
 
     Args:
         check: takes keyword arguments named as `configurable`'s and

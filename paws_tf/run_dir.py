@@ -1,7 +1,5 @@
 """A run directory (`--model_dir`): every file and folder a run writes is
-named here, and only here (docs/operations.md, "What a run directory holds",
-lists them). The data package and the runner compute the records; `RunDir`
-writes and reads them."""
+named here, and only here (docs/operations.md lists them)."""
 
 import datetime
 import json
@@ -109,8 +107,7 @@ class RunDir:
 
     # The records.
     def write(self, path, text):
-        """Writes `text` to `path`, one of this run's files, whole
-        (`files.write_text`)."""
+        """Writes `text` to `path`, one of this run's files, whole."""
         os.makedirs(self.path, exist_ok=True)
         files.write_text(path, text)
 
@@ -126,13 +123,12 @@ class RunDir:
         return event
 
     def write_split(self, names, header):
-        """Records the labeled images' `names` under a `# header` line
-        (`splits.read_split_file` reads it back)."""
+        """Records the labeled images' `names` under a `# header` line."""
         self.write(self.split, f'# {header}\n' +
                     ''.join(f'{name}\n' for name in names))
 
     def write_json(self, path, value, **dump_kwargs):
-        """Writes `value` as JSON (indented, `json.dumps`'s `dump_kwargs`)
+        """Writes `value` as indented JSON (`json.dumps`'s `dump_kwargs`)
         to `path`, one of this run's records, whole."""
         self.write(path, json.dumps(value, indent=2, **dump_kwargs))
 
@@ -147,8 +143,7 @@ class RunDir:
 
     def accept_staged(self, accept=True):
         """Moves the staged data records in (`accept`), then deletes the
-        staging directory: a refused start leaves the records as they
-        were."""
+        staging directory: a refused start leaves the records unchanged."""
         staged = self.staging
         try:
             for name in _STAGED if accept else ():
