@@ -7,9 +7,9 @@ import gin
 
 def binding(selector, default=None):
     """`(value, name)` of the gin parameter `selector`
-    (`'scope/configurable.parameter'`), macros followed: `name` is the last
-    macro the value came through (what a user rebinds), else `selector`;
-    `value` is `default` when `selector` is unbound."""
+    (`'scope/configurable.parameter'`), `default` when unbound: `name` is
+    the last macro the value came through (what a user rebinds), else
+    `selector`."""
     name = selector
     try:
         value = gin.query_parameter(selector)
@@ -32,9 +32,8 @@ def bound(selector, default=None):
 def reference(selector):
     """The gin reference bound to `selector` (`@name`, `@name()`), or None."""
     value = bound(selector)
-    if isinstance(value, gin.config.ConfigurableReference):
-        return value
-    return None
+    return (value if isinstance(value, gin.config.ConfigurableReference)
+            else None)
 
 
 def referenced_binding(selector, parameter):

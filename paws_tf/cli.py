@@ -51,13 +51,10 @@ def _quiet_start(argv):
     """Runs the block (which loads TensorFlow) and lists the devices with
     file descriptor 2 in a temporary file, written to stderr if the block
     raises; sets TF_CPP_MIN_LOG_LEVEL=2 unless it is set. Nothing is hidden
-    when --verbose or TensorFlow is loaded already.
-
-    TensorFlow's C++ start-up notes (oneDNN, the CUDA stub, the CPU
-    features) come twice (its profiler plugin carries a second copy of its
-    logging), before absl's C++ logging is initialised: no log level filters
-    them (abseil/abseil-cpp#1957).
-    """
+    when --verbose or TensorFlow is loaded already. TensorFlow's C++
+    start-up notes come before absl's C++ logging is initialised, and twice
+    (its profiler plugin has its own logging): no log level filters them
+    (abseil/abseil-cpp#1957)."""
     if _verbose_requested(argv) or 'tensorflow' in sys.modules:
         yield
         return
@@ -185,9 +182,8 @@ def main(argv):
     # TensorFlow's own INFO records go through the 'tensorflow' logger.
     logging.get_absl_handler().python_handler.addFilter(_not_tensorflow_info)
     pylogging.getLogger('tensorflow').setLevel(pylogging.WARNING)
-    # Parsing first: a typo fails here, before any data is read or any
-    # device is set up; then the config as a whole (normalisation, warm-up,
-    # support, image sizes): a run that cannot work fails in seconds.
+    # A typo, then a config that cannot work (normalisation, warm-up,
+    # support, image sizes) fails here, before any data or device is used.
     try:
         configurables.parse(_GIN_FILES.value, _GIN_BINDINGS.value)
         config_checks.check_config(pretraining=mode.trains)
