@@ -36,30 +36,24 @@ __version__ = '0.1.0'
 
 # The submodule that defines each public name.
 _EXPORTS = {name: module for module, names in {
-    # The model and its parts.
     'model': ('PAWSModel', 'build_model'),
     'nets.backbones': ('build_backbone',),
     'checkpoints': ('load_backbone_weights',),
     'nets.heads': ('ProjectionHead', 'PredictionHead'),
-    # The objective.
     'losses': ('paws_loss', 'paws_targets', 'ropaws_loss', 'ropaws_targets',
                'snn', 'sharpen', 'label_matrix', 'target_confidence',
                'nt_xent_loss', 'suncet_loss'),
-    # Optimisation.
     'lars': ('LARS',),
     'schedules': ('WarmupCosineDecay',),
-    # Data.
     'data.sources': ('from_arrays',),
     'data.splits': ('select_labeled',),
     'data.folders': ('image_folder',),
     'data.augment': ('MultiCropConfig', 'CIFAR10_MULTICROP',
                      'IMAGENET_MULTICROP'),
     'data.pipeline': ('make_pretrain_dataset_fn', 'make_eval_dataset'),
-    # Evaluation and export.
     'evaluation.evaluate': ('paws_nn', 'classify', 'embedder_from_model',
                             'embedder_from_saved_model'),
     'evaluation.export': ('export_embedder', 'export_classifier'),
-    # Training.
     'progress': ('ProgressBar',),
 }.items() for name in names}
 __all__ = sorted(_EXPORTS)
