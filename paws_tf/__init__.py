@@ -34,27 +34,27 @@ if 'tensorflow' in sys.modules:
 
 __version__ = '0.1.0'
 
-# The submodule that defines each public name.
+# The submodule that defines each public name, relative to the package.
 _EXPORTS = {name: module for module, names in {
-    'model': ('PAWSModel', 'build_model'),
-    'nets.backbones': ('build_backbone',),
-    'checkpoints': ('load_backbone_weights',),
-    'nets.heads': ('ProjectionHead', 'PredictionHead'),
-    'losses': ('paws_loss', 'paws_targets', 'ropaws_loss', 'ropaws_targets',
-               'snn', 'sharpen', 'label_matrix', 'target_confidence',
-               'nt_xent_loss', 'suncet_loss'),
-    'lars': ('LARS',),
-    'schedules': ('WarmupCosineDecay',),
-    'data.sources': ('from_arrays',),
-    'data.splits': ('select_labeled',),
-    'data.folders': ('image_folder',),
-    'data.augment': ('MultiCropConfig', 'CIFAR10_MULTICROP',
-                     'IMAGENET_MULTICROP'),
-    'data.pipeline': ('make_pretrain_dataset_fn', 'make_eval_dataset'),
-    'evaluation.evaluate': ('paws_nn', 'classify', 'embedder_from_model',
-                            'embedder_from_saved_model'),
-    'evaluation.export': ('export_embedder', 'export_classifier'),
-    'progress': ('ProgressBar',),
+    '.model': ('PAWSModel', 'build_model'),
+    '.nets.backbones': ('build_backbone',),
+    '.checkpoints': ('load_backbone_weights',),
+    '.nets.heads': ('ProjectionHead', 'PredictionHead'),
+    '.losses': ('paws_loss', 'paws_targets', 'ropaws_loss', 'ropaws_targets',
+                'snn', 'sharpen', 'label_matrix', 'target_confidence',
+                'nt_xent_loss', 'suncet_loss'),
+    '.lars': ('LARS',),
+    '.schedules': ('WarmupCosineDecay',),
+    '.data.sources': ('from_arrays',),
+    '.data.splits': ('select_labeled',),
+    '.data.folders': ('image_folder',),
+    '.data.augment': ('MultiCropConfig', 'CIFAR10_MULTICROP',
+                      'IMAGENET_MULTICROP'),
+    '.data.pipeline': ('make_pretrain_dataset_fn', 'make_eval_dataset'),
+    '.evaluation.evaluate': ('paws_nn', 'classify', 'embedder_from_model',
+                             'embedder_from_saved_model'),
+    '.evaluation.export': ('export_embedder', 'export_classifier'),
+    '.progress': ('ProgressBar',),
 }.items() for name in names}
 __all__ = sorted(_EXPORTS)
 
@@ -65,8 +65,7 @@ def __getattr__(name):
         # AttributeError also lets `from paws_tf import <submodule>` fall
         # back to importing the submodule.
         raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-    value = getattr(importlib.import_module(f'{__name__}.{_EXPORTS[name]}'),
-                    name)
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
     globals()[name] = value
     return value
 
