@@ -1,11 +1,9 @@
 """PAWS semi-supervised learning in TensorFlow (tf_keras, the Keras 2 API).
 
-Importing this package selects the Keras 2 API (`tf_keras`) for the whole
-process (Keras 3 cannot run `Model.fit` under `MultiWorkerMirroredStrategy`)
-and turns on TensorFlow's oneDNN CPU kernels unless TF_ENABLE_ONEDNN_OPTS
-says otherwise. The pieces a Keras user composes are attributes of the
-package, loaded on first use (`import paws_tf` does not load TensorFlow);
-README.md, "PAWS in your own Keras code", trains a model on NumPy arrays:
+Importing it selects `tf_keras` for the whole process (Keras 3 cannot run
+`Model.fit` under `MultiWorkerMirroredStrategy`) and turns on oneDNN CPU
+kernels unless TF_ENABLE_ONEDNN_OPTS says otherwise. The public names load
+on first use (README.md, "PAWS in your own Keras code"):
 
     model = paws_tf.PAWSModel(paws_tf.build_backbone(...),
                               paws_tf.ProjectionHead(...))
@@ -22,9 +20,8 @@ os.environ['TF_USE_LEGACY_KERAS'] = '1'
 # (docs/performance.md); an explicit TF_ENABLE_ONEDNN_OPTS=0 wins.
 os.environ.setdefault('TF_ENABLE_ONEDNN_OPTS', '1')
 
-# TensorFlow loaded later reads the switches above; one loaded already may
-# have resolved tf.keras to Keras 3. The package itself does not load
-# TensorFlow, so that the program (cli.py) can keep its start-up logs quiet.
+# TensorFlow loaded already may have resolved tf.keras to Keras 3. The
+# package does not load TensorFlow, so that cli.py can quiet its start-up.
 if 'tensorflow' in sys.modules:
     import tensorflow as tf  # noqa: E402
     import tf_keras  # noqa: E402
@@ -37,32 +34,27 @@ if 'tensorflow' in sys.modules:
 
 __version__ = '0.1.0'
 
-# The submodule that defines each public name.
+# The submodule that defines each public name, relative to the package.
 _EXPORTS = {name: module for module, names in {
-    # The model and its parts.
-    'model': ('PAWSModel', 'build_model'),
-    'nets.backbones': ('build_backbone', 'load_backbone_weights'),
-    'nets.heads': ('ProjectionHead', 'PredictionHead'),
-    # The objective.
-    'losses': ('paws_loss', 'paws_targets', 'ropaws_loss', 'ropaws_targets',
-               'snn', 'sharpen', 'label_matrix', 'target_confidence',
-               'nt_xent_loss', 'suncet_loss'),
-    # Optimisation.
-    'lars': ('LARS',),
-    'schedules': ('WarmupCosineDecay',),
-    # Data.
-    'data.sources': ('from_arrays',),
-    'data.splits': ('select_labeled',),
-    'data.folders': ('image_folder',),
-    'data.augment': ('MultiCropConfig', 'CIFAR10_MULTICROP',
-                     'IMAGENET_MULTICROP'),
-    'data.pipeline': ('make_pretrain_dataset_fn', 'make_eval_dataset'),
-    # Evaluation and export.
-    'evaluation.evaluate': ('paws_nn', 'classify', 'embedder_from_model',
-                            'embedder_from_saved_model'),
-    'evaluation.export': ('export_embedder', 'export_classifier'),
-    # Training.
-    'progress': ('ProgressBar',),
+    '.model': ('PAWSModel', 'build_model'),
+    '.nets.backbones': ('build_backbone',),
+    '.checkpoints': ('load_backbone_weights',),
+    '.nets.heads': ('ProjectionHead', 'PredictionHead'),
+    '.losses': ('paws_loss', 'paws_targets', 'ropaws_loss', 'ropaws_targets',
+                'snn', 'sharpen', 'label_matrix', 'target_confidence',
+                'nt_xent_loss', 'suncet_loss'),
+    '.lars': ('LARS',),
+    '.schedules': ('WarmupCosineDecay',),
+    '.data.sources': ('from_arrays',),
+    '.data.splits': ('select_labeled',),
+    '.data.folders': ('image_folder',),
+    '.data.augment': ('MultiCropConfig', 'CIFAR10_MULTICROP',
+                      'IMAGENET_MULTICROP'),
+    '.data.pipeline': ('make_pretrain_dataset_fn', 'make_eval_dataset'),
+    '.evaluation.evaluate': ('paws_nn', 'classify', 'embedder_from_model',
+                             'embedder_from_saved_model'),
+    '.evaluation.export': ('export_embedder', 'export_classifier'),
+    '.progress': ('ProgressBar',),
 }.items() for name in names}
 __all__ = sorted(_EXPORTS)
 
@@ -73,8 +65,7 @@ def __getattr__(name):
         # AttributeError also lets `from paws_tf import <submodule>` fall
         # back to importing the submodule.
         raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-    value = getattr(importlib.import_module(f'{__name__}.{_EXPORTS[name]}'),
-                    name)
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
     globals()[name] = value
     return value
 

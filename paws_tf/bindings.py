@@ -1,5 +1,4 @@
-"""What the parsed gin config binds, read before anything is called, and
-a configurable's own argument check run on it."""
+"""What the parsed gin config binds, read before anything is called."""
 
 import inspect
 
@@ -8,9 +7,9 @@ import gin
 
 def binding(selector, default=None):
     """`(value, name)` of the gin parameter `selector`
-    (`'scope/configurable.parameter'`), macros followed: `name` is the last
-    macro the value came through (what a user rebinds), else `selector`;
-    `value` is `default` when `selector` is unbound."""
+    (`'scope/configurable.parameter'`), `default` when unbound: `name` is
+    the last macro the value came through (what a user rebinds), else
+    `selector`."""
     name = selector
     try:
         value = gin.query_parameter(selector)
@@ -33,16 +32,14 @@ def bound(selector, default=None):
 def reference(selector):
     """The gin reference bound to `selector` (`@name`, `@name()`), or None."""
     value = bound(selector)
-    if isinstance(value, gin.config.ConfigurableReference):
-        return value
-    return None
+    return (value if isinstance(value, gin.config.ConfigurableReference)
+            else None)
 
 
 def referenced_binding(selector, parameter):
-    """`(value, name)` of `parameter` of the configurable that `selector`
-    references (`load_data.test = @test/image_folder` and `'root'` give
-    the test folder and `'TEST_DIR'`), with `binding`'s `name`; `(None,
-    None)` when `selector` binds no reference."""
+    """`binding` of `parameter` of the configurable that `selector`
+    references (`load_data.test = @test/image_folder` and `'root'`), or
+    `(None, None)` when `selector` binds no reference."""
     bound_reference = reference(selector)
     if bound_reference is None:
         return None, None
@@ -63,9 +60,8 @@ def configured(selector, default):
 def check_bound(check, configurable, selector, **given):
     """Runs `check`, the argument check of `configurable`, on the values
     the config binds to `selector`, each named by the binding or macro it
-    came through: a bad value fails before any data is read, with the
-    message a library user gets. An unbound argument takes its default; a
-    required one left unbound skips the check (gin names it at the call).
+    came through, before any data is read. An unbound argument takes its
+    default; a required one skips the check (gin names it at the call).
 
     Args:
         check: takes keyword arguments named as `configurable`'s and

@@ -1,13 +1,10 @@
 """A run's checkpoints: written, found and restored one way, whole or in
 part.
 
-One `tf.train.Checkpoint` of the model and its optimizer is written as
-`ckpt-<global step>` into the run's backup (`backup/chief/`, the newest
-only: what an interrupted run resumes from) and its checkpoints
-(`checkpoints/`, which outlive the run); docs/operations.md says when. The
-step in the name is the optimizer's step counter in the file; nothing else
-is saved, as the input is a stateless function of (seed, step).
-"""
+`ckpt-<global step>` holds the model and its optimizer, in the backup
+(`backup/chief/`, the newest only: what an interrupted run resumes from)
+and in `checkpoints/` (which outlive the run). Nothing else is saved: the
+input is a stateless function of (seed, step)."""
 
 import collections
 import os
@@ -52,8 +49,8 @@ def step_of(path):
 
 
 def latest(directory):
-    """(path, step) of the newest `ckpt-<step>` that the `checkpoint` state
-    file of `directory` names, or (None, 0)."""
+    """(path, step) of the newest checkpoint `directory`'s state file
+    names, or (None, 0)."""
     path = tf.train.latest_checkpoint(directory) if directory else None
     return (path, step_of(path)) if path else (None, 0)
 
@@ -111,14 +108,13 @@ def backup_step(model_dir):
 
 
 def has_progress(model_dir):
-    """Whether `model_dir` holds a backup or a checkpoint to resume from (a
-    start that failed before its first save leaves neither)."""
+    """Whether `model_dir` holds a backup or a checkpoint to resume from."""
     return bool(_saved(model_dir))
 
 
 def _saved(model_dir):
     """`(path, step, kind)` of every backup and checkpoint of the run,
-    newest first; at one step the backup first (it is written first)."""
+    newest first; at one step the backup (written first) first."""
     run = run_dir_lib.RunDir(model_dir)
     found = [(path, step, kind) for kind, directory in (
         (BACKUP, run.chief_backup), (CHECKPOINT, run.checkpoints))
@@ -128,11 +124,9 @@ def _saved(model_dir):
 
 def newest_restorable(model_dir, *, backups=True, chief=True):
     """`(path, step)` of the newest backup or checkpoint of `model_dir` that
-    can be restored, `(None, 0)` when nothing is saved.
-
-    One that cannot (truncated, corrupted) is skipped with a warning naming
-    it. When no backup restores, the chief moves the backup directory into
-    `damaged/`, so that it is not tried again.
+    can be restored, `(None, 0)` when nothing is saved. One that cannot is
+    skipped with a warning; when no backup restores, the chief moves the
+    backup directory into `damaged/`, so that it is not tried again.
 
     Args:
         model_dir: the run directory.
@@ -191,8 +185,7 @@ def load(path, model, part=MODEL):
         model: the model built from the run's gin config, every variable
             created; for `WHOLE` compiled, its optimizer built.
         part: `WHOLE` (the model and its optimizer, at the step the name
-            gives: resuming), `MODEL`, or `BACKBONE` (`model.backbone`
-            alone, `load_backbone_weights`).
+            gives: resuming), `MODEL`, or `BACKBONE` (`model.backbone`).
 
     Returns:
         The checkpoint prefix (or weights file) restored.
@@ -229,17 +222,16 @@ def load(path, model, part=MODEL):
 
 
 def load_newest(model_dir, model):
-    """Restores the model of the newest checkpoint of `model_dir` that can
-    be restored (`newest_restorable`, `load`) and returns its step."""
+    """Restores the model of the newest restorable checkpoint of
+    `model_dir` and returns its step."""
     path, step = newest_restorable(model_dir, backups=False)
     load(path or run_dir_lib.RunDir(model_dir).checkpoints, model)
     return step
 
 
 def _unmatched_variables(root, prefix):
-    """Names of the variables under `root` that have no value at `prefix`,
-    keyed as TF's object-based checkpoints are (breadth first, the first
-    path to an object wins)."""
+    """Names of the variables under `root` without a value at `prefix`,
+    keyed as TF's checkpoints are (breadth first, first path wins)."""
     stored = {key for key, _ in tf.train.list_variables(prefix)}
     view = tf.train.TrackableView(root)
     seen = {id(root)}
@@ -261,8 +253,8 @@ def _unmatched_variables(root, prefix):
 
 
 def _restore_backbone(backbone, prefix):
-    """Restores `backbone` from a `tf.train.Checkpoint(backbone=...)` or
-    from a run's checkpoint (its model's backbone), all of it or raises."""
+    """Restores all of `backbone` from the checkpoint `prefix` (its own or
+    a run's model's), or raises."""
     root = tf.train.Checkpoint(backbone=backbone)
     keys = [key for key, _ in tf.train.list_variables(prefix)]
     if not any(key.startswith('backbone/') for key in keys) and any(
@@ -319,8 +311,8 @@ def load_backbone_weights(backbone, path):
 
 
 def write_model(model, model_dir, step=0):
-    """Writes `model` alone (no optimizer) as the checkpoint `ckpt-<step>`
-    of `model_dir`, what `load(..., MODEL)` reads (an import)."""
+    """Writes `model` alone (an import) as the checkpoint of `step` of
+    `model_dir`."""
     tf.train.CheckpointManager(
         tf.train.Checkpoint(model=model),
         run_dir_lib.RunDir(model_dir).checkpoints, max_to_keep=1,
@@ -339,9 +331,9 @@ def non_finite_error(what, step, checkpoint_dir):
 
 
 class RunState:
-    """Saves one run's model and optimizer (`load(..., WHOLE)` reads them
-    back); under MultiWorkerMirroredStrategy every worker saves, only the
-    chief's files are kept (`cluster.save_dir`).
+    """Saves one run's model and optimizer; under
+    MultiWorkerMirroredStrategy every worker saves, only the chief's files
+    are kept (`cluster.save_dir`).
 
     Args:
         model_dir: the run directory.
@@ -414,8 +406,8 @@ class RunState:
                 f'{backup_step(self._run) or "none yet"})')
 
     def _save_failed(self, kind, step, error):
-        """A `cluster.ClusterFailed` when a collective of the save failed (the
-        disk is not the cause), else a `SaveFailed`."""
+        """A `cluster.ClusterFailed` when a collective of the save failed,
+        else a `SaveFailed`."""
         what = (f'{CHECKPOINT} {CHECKPOINT_PREFIX}-{step}'
                 if kind == CHECKPOINT else BACKUP)
         directory = (self._managers[kind].directory if kind == CHECKPOINT
@@ -436,13 +428,7 @@ class RunState:
 
 
 def assign_weights(model, weights):
-    """Gives `model` (a built model or layer) the NumPy arrays `weights`, in
-    the order of `model.get_weights()`: the one place a model's weights are
-    copied in memory."""
+    """Gives `model` (a built model or layer) the arrays `weights` of
+    `get_weights()`'s order: the one place weights are copied in memory."""
     model.set_weights(weights)
 
-
-def copy_weights(source, target):
-    """Gives `target` the weights of `source`, a model or layer of the
-    same architecture."""
-    assign_weights(target, source.get_weights())

@@ -31,11 +31,7 @@ from paws_tf import checks
 # The environment variable that asks for TensorFlow's logs and tracebacks.
 VERBOSE_ENV = 'PAWS_TF_VERBOSE'
 _TRUE = ('1', 'true', 't', 'yes', 'y')
-
-
-def _verbose_from_env():
-    """Whether PAWS_TF_VERBOSE asks for TensorFlow's logs and tracebacks."""
-    return os.environ.get(VERBOSE_ENV, '').lower() in _TRUE
+_VERBOSE_IN_ENV = os.environ.get(VERBOSE_ENV, '').lower() in _TRUE
 
 
 def _verbose_requested(argv):
@@ -47,7 +43,7 @@ def _verbose_requested(argv):
             return not value or value.lower() in _TRUE
         if name == '--noverbose':
             return False
-    return _verbose_from_env()
+    return _VERBOSE_IN_ENV
 
 
 @contextlib.contextmanager
@@ -55,13 +51,10 @@ def _quiet_start(argv):
     """Runs the block (which loads TensorFlow) and lists the devices with
     file descriptor 2 in a temporary file, written to stderr if the block
     raises; sets TF_CPP_MIN_LOG_LEVEL=2 unless it is set. Nothing is hidden
-    when `_verbose_requested(argv)` or TensorFlow is loaded already.
-
-    TensorFlow's C++ start-up notes (oneDNN, the CUDA stub, the CPU
-    features) come twice (its profiler plugin carries a second copy of its
-    logging), before absl's C++ logging is initialised: no log level filters
-    them (abseil/abseil-cpp#1957).
-    """
+    when --verbose or TensorFlow is loaded already. TensorFlow's C++
+    start-up notes come before absl's C++ logging is initialised, and twice
+    (its profiler plugin has its own logging): no log level filters them
+    (abseil/abseil-cpp#1957)."""
     if _verbose_requested(argv) or 'tensorflow' in sys.modules:
         yield
         return
@@ -130,7 +123,7 @@ _OFFICIAL_CHECKPOINT = flags.DEFINE_string(
     'PAWS .pth.tar checkpoint (pre-trained or fine-tuned) to import into '
     '--model_dir.')
 _VERBOSE = flags.DEFINE_bool(
-    'verbose', _verbose_from_env(), 'Show TensorFlow\'s start-up '
+    'verbose', _VERBOSE_IN_ENV, 'Show TensorFlow\'s start-up '
     'logs, the gin config and the traceback of a config or data error (for '
     f'a bug report); {VERBOSE_ENV}=1 does the same.')
 _LIST_CONFIGS = flags.DEFINE_bool(
@@ -139,15 +132,14 @@ _LIST_CONFIGS = flags.DEFINE_bool(
 
 
 def _not_tensorflow_info(record):
-    """Drops TensorFlow's own INFO records (checkpoint sharding timings and
-    the like) from absl's log; its warnings and errors still show."""
+    """Drops TensorFlow's own INFO records from absl's log."""
     return (record.levelno >= pylogging.WARNING or
             f'{os.sep}tensorflow{os.sep}' not in record.pathname)
 
 
 def _check_flags(mode):
     """The flags every mode needs, and those that go with one mode;
-    --model_dir a directory or a path one can be created at."""
+    --model_dir a directory or a path where one can be created."""
     if not _GIN_FILES.value:
         raise checks.ConfigError(
             '--gin_file is required: it names the experiment, e.g. '
@@ -190,9 +182,8 @@ def main(argv):
     # TensorFlow's own INFO records go through the 'tensorflow' logger.
     logging.get_absl_handler().python_handler.addFilter(_not_tensorflow_info)
     pylogging.getLogger('tensorflow').setLevel(pylogging.WARNING)
-    # Parsing first: a typo fails here, before any data is read or any
-    # device is set up; then the config as a whole (normalisation, warm-up,
-    # support, image sizes): a run that cannot work fails in seconds.
+    # A typo, then a config that cannot work (normalisation, warm-up,
+    # support, image sizes) fails here, before any data or device is used.
     try:
         configurables.parse(_GIN_FILES.value, _GIN_BINDINGS.value)
         config_checks.check_config(pretraining=mode.trains)
@@ -216,9 +207,9 @@ def main(argv):
 
 
 def _main_with_messages(argv):
-    """`main`, with an error that has an `EXIT_CODE` (a config or data
-    mistake, a lost cluster, a held lock, ...) printed as its message alone
-    unless --verbose; every other error, a bug, keeps its traceback."""
+    """`main`, an error with an `EXIT_CODE` (a config or data mistake, a
+    lost cluster, ...) printed as its message alone unless --verbose; every
+    other error, a bug, keeps its traceback."""
     try:
         main(argv)
     except Exception as error:  # pylint: disable=broad-except
@@ -263,8 +254,7 @@ def _run_in_model_dir(run, strategy, mode, config, owner_check):
 
 def run(argv=None):
     """The `paws-tf` console script and run.py: absl parses the flags
-    (`argv`, default `sys.argv`), then calls `main`, a mistake's message
-    printed alone."""
+    (`argv`, default `sys.argv`), then calls `main`."""
     # absl's --help prints the docstring of __main__ and the flags of the
     # module named sys.argv[0]: the console script and run.py define neither.
     sys.modules['__main__'].__doc__ = __doc__

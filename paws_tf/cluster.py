@@ -22,8 +22,7 @@ STRATEGY_KINDS = ('auto', 'one_device', 'mirrored', 'multi_worker')
 
 
 def cluster_in_environment():
-    """True when TF_CONFIG or Slurm describes a job of several processes
-    (then `make_strategy('auto')` builds `MultiWorkerMirroredStrategy`)."""
+    """True when TF_CONFIG or Slurm describes a job of several processes."""
     tf_config = json.loads(os.environ.get('TF_CONFIG') or '{}')
     workers = sum(len(tasks)
                   for tasks in tf_config.get('cluster', {}).values())
@@ -100,13 +99,9 @@ def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
 
 def _cross_device_ops(devices):
     """`ReductionToOneDevice` when `devices` lists only CPUs, else None
-    (TensorFlow's collective all-reduces, NCCL on GPUs).
-
-    Logical devices that split one CPU share its memory, so summing on the
-    first device hands every replica the same buffer: one pass over the
-    gradients, where a collective all-reduce copies them into and out of one
-    packed buffer per replica.
-    """
+    (TensorFlow's collective all-reduces, NCCL on GPUs): logical CPUs share
+    one memory, so summing on the first is one pass over the gradients,
+    where a collective copies them into and out of a buffer per replica."""
     if devices and all(tf.DeviceSpec.from_string(device).device_type == 'CPU'
                        for device in devices):
         return tf.distribute.ReductionToOneDevice()
@@ -114,9 +109,8 @@ def _cross_device_ops(devices):
 
 
 def loopback_tf_configs(workers):
-    """TF_CONFIG values of a cluster of `workers` (at least 1) processes
-    on 127.0.0.1, at ports that were free when this ran: worker i's process
-    runs with `TF_CONFIG` set to the i-th JSON string."""
+    """The TF_CONFIG JSON string of each of `workers` (at least 1) processes
+    of a cluster on 127.0.0.1, at ports free when this ran."""
     if workers < 1:
         raise ValueError(f'A cluster needs at least 1 worker, got {workers}.')
     # Bound at once, so that no two workers are given the same free port.
@@ -169,8 +163,7 @@ def _lost_task(strategy, message):
 
 
 def cluster_failure(strategy, error, *, what, step, resume):
-    """The `ClusterFailed` that `error` stands for, or None when it is not
-    a failure of the cluster.
+    """The `ClusterFailed` that `error` stands for, or None.
 
     Args:
         strategy: the running strategy.
@@ -206,13 +199,10 @@ def cluster_failure(strategy, error, *, what, step, resume):
 
 
 def check_same_config(strategy, config):
-    """Raises `ClusterFailed` on every worker unless all workers of the
-    cluster pass the same `config` text (the gin config and the mode).
-
-    Workers started with different configs would otherwise run collectives
-    that do not match: a hang, or an error far from the cause. Every
-    worker must call it at the same point.
-    """
+    """Raises `ClusterFailed` on every worker unless all workers pass the
+    same `config` text (the gin config and the mode), which differing would
+    make collectives mismatch: a hang, or an error far from the cause.
+    Every worker must call it at the same point."""
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return
     digest = np.frombuffer(hashlib.sha256(config.encode()).digest()[:8],
@@ -246,14 +236,6 @@ def is_chief(strategy):
             'chief' not in resolver.cluster_spec().as_dict())
 
 
-def read_weights(model):
-    """`model.get_weights()`, which every worker of a cluster must call at
-    the same point: reading a sync-on-read variable (a batch-norm moving
-    statistic) is a collective of all workers, which one worker alone
-    waits in, or meets another collective of theirs with."""
-    return model.get_weights()
-
-
 def write_dir(strategy, directory):
     """Where this process writes a save of `directory`: `directory` itself
     on the chief, a private `directory/.worker_tmp_<type>_<id>` elsewhere."""
@@ -279,13 +261,10 @@ def save_dir(strategy, directory):
 
 def barrier(strategy):
     """Returns once every worker of a `MultiWorkerMirroredStrategy` has
-    called it; at once under any other strategy.
-
-    What the chief does to shared files before it (deleting a run) is done
-    when the other workers pass it, and workers whose part is done wait
-    here for the chief's own work (export, evaluation): a worker that exits
-    first is reported by the others' coordination service as a crash.
-    """
+    called it; at once under any other strategy. Workers whose part is done
+    wait here for the chief's own work (deleting a run, export,
+    evaluation): one that exits first is reported by the others'
+    coordination service as a crash."""
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return
     strategy.reduce(tf.distribute.ReduceOp.SUM,

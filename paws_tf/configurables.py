@@ -1,6 +1,5 @@
 """Every gin configurable of paws_tf registered (gin files need no
-`import` lines), and gin configs found and parsed: a path, or a config
-shipped with the package."""
+`import` lines), and gin configs found and parsed."""
 
 import difflib
 import inspect
@@ -81,8 +80,7 @@ CONFIG_DIR = os.path.join(CONFIG_ROOT, 'gin_configs')
 
 
 def shipped_configs():
-    """The sorted file names of the gin configs shipped with the package
-    ('debug.gin', ...)."""
+    """The sorted file names of the shipped gin configs ('debug.gin', ...)."""
     if not os.path.isdir(CONFIG_DIR):
         return []
     return sorted(name for name in os.listdir(CONFIG_DIR)
@@ -109,8 +107,7 @@ def resolve_gin_file(name):
 
 def parse(gin_files, bindings):
     """Parses the gin files (paths or shipped configs' names), then each
-    binding, and finalizes the config; includes resolve against
-    `CONFIG_ROOT`.
+    binding, and finalizes the config.
 
     Raises:
         checks.ConfigError: a file that is neither a path nor a shipped

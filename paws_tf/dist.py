@@ -11,29 +11,23 @@ def _replica_context():
 
 
 def num_replicas():
-    """Number of replicas in sync (the strategy's outside a replica
-    context)."""
-    ctx = tf.distribute.get_replica_context()
-    if ctx is None:  # Cross-replica context: ask the strategy.
-        return tf.distribute.get_strategy().num_replicas_in_sync
-    return ctx.num_replicas_in_sync
+    """Number of replicas in sync of the current strategy."""
+    return tf.distribute.get_strategy().num_replicas_in_sync
 
 
 def all_gather(x, axis=0):
     """Concatenates `x` (`[N, ...]` per replica) from all replicas along
-    `axis`, in replica order: `[R * N, ...]`. Its gradient all-reduces (sums)
-    the upstream gradient and slices this replica's rows, as the official
-    PAWS `AllGather` does. Every replica must call it, in the same order,
-    with shapes that agree except along `axis` (else the collective hangs).
-    """
+    `axis`, in replica order: `[R * N, ...]`. Its gradient sums the upstream
+    gradient over replicas and slices this replica's rows, as the official
+    `AllGather` does. Every replica must call it, in the same order, with
+    shapes that agree except along `axis` (else the collective hangs)."""
     ctx = _replica_context()
     return x if ctx is None else ctx.all_gather(x, axis=axis)
 
 
 def replica_id():
     """This replica's index among all replicas of all workers (0 with one):
-    its rows of an `all_gather` start at `replica_id() * rows_per_replica`.
-    """
+    its rows of an `all_gather` start at `replica_id() * rows_per_replica`."""
     ctx = _replica_context()
     return 0 if ctx is None else ctx.replica_id_in_sync_group
 
@@ -43,6 +37,5 @@ def all_reduce_mean(x):
     upstream gradient, what a loss divided by the number of replicas
     needs."""
     ctx = _replica_context()
-    if ctx is None:
-        return x
-    return ctx.all_reduce(tf.distribute.ReduceOp.MEAN, x)
+    return x if ctx is None else ctx.all_reduce(
+        tf.distribute.ReduceOp.MEAN, x)

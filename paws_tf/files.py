@@ -6,10 +6,10 @@ import socket
 
 
 def write_text(path, text):
-    """Writes `text` to `path` through a temporary file renamed over it: a
-    reader, or a run resumed after a crash, finds the previous file or the
-    new one, never part of one. The temporary file is named after this host
-    and process, so writers on a shared file system do not meet in it."""
+    """Writes `text` to `path` through a temporary file renamed over it (a
+    reader finds the previous file or the new one, never part of one),
+    named after this host and process (writers on a shared file system do
+    not meet in it)."""
     tmp = f'{path}.tmp.{socket.gethostname()}.{os.getpid()}'
     with open(tmp, 'w') as f:
         f.write(text)

@@ -9,16 +9,14 @@ import tf_keras
 
 from paws_tf import checks
 
-# What the progress shows, with its labels: the values a user watches while
-# training. The other logged values (trust ratios, NT-Xent, SuNCEt) go to
-# TensorBoard and the epoch's log line (`runner.callbacks.ProgressLog`)
-# only, so that the bar stays on one terminal line.
+# The values the bar shows, with their labels; the others (trust ratios,
+# NT-Xent, SuNCEt) go to TensorBoard and the epoch's log line only, so that
+# the bar stays on one terminal line.
 BAR_VALUES = (('loss', 'loss'), ('cross_entropy', 'ce'), ('me_max', 'me-max'),
               ('target_confidence', 'conf'), ('accuracy', 'acc'),
               ('top1', 'top-1'), ('top5', 'top-5'), ('learning_rate', 'lr'),
               ('paws_nn_top1', 'paws-nn'))
-# A log file gets a line at most this often (and one at each epoch end): a
-# few hundred lines for a day of training.
+# A log file's line at most this often (and one at each epoch end).
 LOG_EVERY_SECONDS = 60
 
 
@@ -37,10 +35,9 @@ def _fields(current, target, values, seconds, finalize):
 
 
 class _Bar:
-    """What `ProgbarLogger` drives (`tf_keras.utils.Progbar`'s `update`):
-    on a terminal (`live`) the line redrawn in place, cut to the terminal
-    width, an epoch's final line wrapped between values instead; else whole
-    lines, each readable alone (`epoch e/E  step s/S  values  ETA`)."""
+    """What `ProgbarLogger` drives (`Progbar.update`): on a terminal
+    (`live`) the line redrawn in place, cut to its width, an epoch's final
+    line wrapped instead; else whole lines, each readable alone."""
 
     def __init__(self, target, verbose, stream, *, live, epoch,
                  every_seconds, clock):
@@ -90,18 +87,15 @@ class _Bar:
 
 
 def _is_terminal(stream):
-    isatty = getattr(stream, 'isatty', None)
-    return bool(isatty and isatty())
+    return bool(getattr(stream, 'isatty', lambda: False)())
 
 
 @gin.configurable
 class ProgressBar(tf_keras.callbacks.ProgbarLogger):
     """Keras' progress bar, showing `BAR_VALUES` only: on a terminal one
-    line redrawn every step, else (a file, a cluster job's log) a line at
-    most every `log_every_seconds` and at each epoch end.
-
-    Pass it in `fit`'s callbacks, after `evaluators.EpochEndEvaluation`
-    (whose PAWS-NN it shows); `fit` then adds no bar of its own, and its
+    line redrawn every step, else a line at most every `log_every_seconds`
+    and at each epoch end. Pass it in `fit`'s callbacks, after
+    `evaluators.EpochEndEvaluation` (whose PAWS-NN it shows); `fit`'s
     `verbose` applies (0: silent, 1: within the epoch, 2: at its end).
 
     Args:

@@ -1,10 +1,7 @@
 """The start of a cluster: each task greets every other on their cluster
-ports, for a bounded time.
-
-TensorFlow 2.21's cluster registration (building
-`MultiWorkerMirroredStrategy`) waits for ever for a task that never starts,
-holding the Python interpreter's lock and ignoring SIGTERM. So the tasks
-meet here first, over TCP on the ports TensorFlow binds next."""
+ports, for a bounded time, as TensorFlow 2.21's cluster registration
+waits for ever for a task that never starts, holding the interpreter's lock
+and ignoring SIGTERM."""
 
 import hashlib
 import json
@@ -115,8 +112,7 @@ def _greet(address, greeting):
 def wait_for_tasks(resolver, timeout):
     """Returns once this task and every other chief or worker task of the
     cluster (from `resolver`) have greeted each other on their cluster
-    addresses; each listens on its own port until then, and TensorFlow
-    binds the port next.
+    addresses, each listening on its own port (TensorFlow binds it next).
 
     Raises:
         NotStarted: within `timeout` seconds (0: for ever), naming the tasks
@@ -156,8 +152,8 @@ def wait_for_tasks(resolver, timeout):
 
 
 def _not_started(me, tasks, answers, heard, timeout):
-    """The `NotStarted` of task `me`: `answers` are the other tasks'
-    answers to its greeting, `heard` the tasks that greeted it."""
+    """The `NotStarted` of task `me`, from the other tasks' `answers` and
+    the tasks it `heard`."""
 
     def named(names):
         return ', '.join(f'{task} ({tasks[task]})' for task in names)

@@ -1,7 +1,5 @@
 """A run directory (`--model_dir`): every file and folder a run writes is
-named here, and only here (docs/operations.md, "What a run directory holds",
-lists them). The data package and the runner compute the records; `RunDir`
-writes and reads them."""
+named here, and only here (docs/operations.md lists them)."""
 
 import datetime
 import json
@@ -51,8 +49,10 @@ class RunDir:
     split = _path('labeled_split.txt')
     normalization = _path('normalization.json')
     fingerprint = _path('data_fingerprint.json')
-    staging = _path('.data_staging', doc='Where the data records wait '
-                    'until the data is accepted.')
+    staging = property(
+        lambda run: RunDir(os.path.join(run.path, '.data_staging')),
+        doc='The `RunDir` where a start writes its data records until the '
+        'data is accepted (`accept_staged`).')
     imported = _path('imported.json')
 
     # The model and optimizer.
@@ -107,8 +107,7 @@ class RunDir:
 
     # The records.
     def write(self, path, text):
-        """Writes `text` to `path`, one of this run's files, whole
-        (`files.write_text`)."""
+        """Writes `text` to `path`, one of this run's files, whole."""
         os.makedirs(self.path, exist_ok=True)
         files.write_text(path, text)
 
@@ -124,13 +123,12 @@ class RunDir:
         return event
 
     def write_split(self, names, header):
-        """Records the labeled images' `names` under a `# header` line
-        (`splits.read_split_file` reads it back)."""
+        """Records the labeled images' `names` under a `# header` line."""
         self.write(self.split, f'# {header}\n' +
                     ''.join(f'{name}\n' for name in names))
 
     def write_json(self, path, value, **dump_kwargs):
-        """Writes `value` as JSON (indented, `json.dumps`'s `dump_kwargs`)
+        """Writes `value` as indented JSON (`json.dumps`'s `dump_kwargs`)
         to `path`, one of this run's records, whole."""
         self.write(path, json.dumps(value, indent=2, **dump_kwargs))
 
@@ -143,16 +141,10 @@ class RunDir:
         except FileNotFoundError:
             return None
 
-    def staged(self):
-        """The `RunDir` of `staging`, where a start writes its data records
-        until the data is accepted (`accept_staged`)."""
-        return RunDir(self.staging)
-
     def accept_staged(self, accept=True):
         """Moves the staged data records in (`accept`), then deletes the
-        staging directory: a refused start leaves the records as they
-        were."""
-        staged = self.staged()
+        staging directory: a refused start leaves the records unchanged."""
+        staged = self.staging
         try:
             for name in _STAGED if accept else ():
                 if os.path.exists(getattr(staged, name)):

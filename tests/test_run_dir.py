@@ -25,8 +25,8 @@ def run_dir_paths():
     paths = {run.mode_config('<mode>'), run.tensorboard()}
     for name, value in vars(run_dir.RunDir).items():
         if isinstance(value, property) and isinstance(
-                getattr(run, name), str):
-            paths.add(getattr(run, name))
+                getattr(run, name), (str, run_dir.RunDir)):
+            paths.add(os.fspath(getattr(run, name)))
     return {os.path.relpath(path, '/root') for path in paths}
 
 
@@ -45,7 +45,7 @@ def test_data_records_wait_in_staging_until_accepted(tmp_path):
     run.write_split(['a.png', 'b.png'], '2 labeled of 9 (seed 0)')
     assert pathlib.Path(run.split).read_text() == (
         '# 2 labeled of 9 (seed 0)\na.png\nb.png\n')
-    staged = run.staged()
+    staged = run.staging
     staged.write_split(['c.png'], '1 labeled of 9 (seed 1)')
     staged.write_json(staged.normalization,
                       {'mean': [0.5], 'std': [0.25]})

@@ -40,7 +40,7 @@ def copy_into(inputs, originals):
     for layer in copies:
         x = layer(x)
     for copy, original in zip(copies, originals):
-        checkpoints.copy_weights(original, copy)
+        checkpoints.assign_weights(copy, original.get_weights())
     return x
 
 

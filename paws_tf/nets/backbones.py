@@ -7,7 +7,6 @@ import math
 import gin
 import tf_keras
 
-from paws_tf import checkpoints
 from paws_tf import checks
 from paws_tf.nets import onednn
 from paws_tf.nets import padded_layers
@@ -23,8 +22,6 @@ WIDE_RESNET_FINAL_BN_MOMENTUM = 0.01
 # What `model.build_model` sets for the backbone and the heads alike (how
 # batch norm is synchronised): gin may not bind them on these builders.
 SET_BY_BUILD_MODEL = ['sync_bn', 'sync_bn_impl']
-# Pretrained weights into a built backbone (`paws_tf.load_backbone_weights`).
-load_backbone_weights = checkpoints.load_backbone_weights
 
 
 def torch_default_init(fan_in):

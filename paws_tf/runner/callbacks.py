@@ -13,7 +13,6 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import checkpoints
-from paws_tf import cluster
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import evaluators
 from paws_tf import model as model_lib
@@ -177,9 +176,10 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
     evaluators, on the held-out split.
 
     Every worker of a cluster runs it: each reads the model's weights at
-    the same epoch end (collectives under MultiWorkerMirroredStrategy),
-    and the chief alone evaluates them on a copy with plain variables and
-    writes the TensorBoard points (to `log_dir`).
+    the same epoch end (reading a sync-on-read variable, a batch-norm
+    moving statistic, is a collective of all workers), and the chief alone
+    evaluates them on a copy with plain variables and writes the
+    TensorBoard points (to `log_dir`).
 
     Args:
         evaluator_classes: `train.evaluators`, each called with the run's
@@ -200,7 +200,7 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
                      max_queries=max_queries) for cls in evaluator_classes]
 
     def embedder(model):
-        weights = cluster.read_weights(model)
+        weights = model.get_weights()
         if local_model is None:
             return None
         checkpoints.assign_weights(local_model, weights)

@@ -31,9 +31,11 @@ class Preempted(RuntimeError):
 
 
 def weights_fingerprint(model):
-    """SHA-256 of the model's weights: equal fingerprints, equal weights."""
+    """SHA-256 of the model's weights: equal fingerprints, equal weights.
+    Every worker of a cluster calls it (reading a batch-norm moving
+    statistic is a collective)."""
     digest = hashlib.sha256()
-    for weight in cluster.read_weights(model):
+    for weight in model.get_weights():
         digest.update(np.ascontiguousarray(weight).tobytes())
     return digest.hexdigest()
 
@@ -267,7 +269,7 @@ def _start(run, strategy, *, chief, on_change, overwrite):
     """
     accepted = False
     try:
-        bundle = experiment.load_data(run.staged() if chief else None)
+        bundle = experiment.load_data(run.staging if chief else None)
         recorded = run.read_json(run.fingerprint)
         current = data_fingerprint.fingerprint(bundle)
         restart = data_fingerprint.check(
