@@ -7,9 +7,9 @@ import tf_keras
 from paws_tf import checks
 from paws_tf import dist
 from paws_tf import losses
+from paws_tf import nets
 from paws_tf.nets import backbones
 from paws_tf.nets import heads
-from paws_tf.nets import sync_batch_norm
 
 # What PAWS-NN may compare: the projection h or the prediction head's output.
 NN_EMBEDDINGS = ('projection', 'prediction')
@@ -324,7 +324,7 @@ class PAWSModel(tf_keras.Model):
 
 
 @gin.configurable(denylist=['input_channels', 'sync_bn'])
-def build_model(*, input_channels, sync_bn, sync_bn_impl=sync_batch_norm.KERAS,
+def build_model(*, input_channels, sync_bn, sync_bn_impl=nets.KERAS,
                 prediction_head=True):
     """The PAWS model from gin-configured parts.
 
@@ -349,7 +349,7 @@ def build_model(*, input_channels, sync_bn, sync_bn_impl=sync_batch_norm.KERAS,
     Raises:
         ValueError: `sync_bn_impl` is not 'keras' or 'custom'.
     """
-    sync_batch_norm.check_impl(sync_bn_impl, 'build_model.sync_bn_impl')
+    nets.check_impl(sync_bn_impl, 'build_model.sync_bn_impl')
     norms = dict(sync_bn=sync_bn, sync_bn_impl=sync_bn_impl)
     backbone = backbones.build_backbone(input_channels=input_channels,
                                         **norms)
