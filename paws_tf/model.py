@@ -178,8 +178,8 @@ class PAWSModel(tf_keras.Model):
 
     @property
     def metrics(self):
-        return (list(self._means.values()) + list(self._steps.values()) +
-                list(self._last.values()))
+        return [*self._means.values(), *self._steps.values(),
+                *self._last.values()]
 
     def call(self, images, training=False):
         """Inference embeddings.
@@ -326,12 +326,8 @@ class PAWSModel(tf_keras.Model):
 @gin.configurable(denylist=['input_channels', 'sync_bn'])
 def build_model(*, input_channels, sync_bn, sync_bn_impl=nets.KERAS,
                 prediction_head=True):
-    """The PAWS model from gin-configured parts.
-
-    The backbone comes from `backbones.build_backbone`, the heads from
-    `heads.ProjectionHead` / `heads.PredictionHead` and the objective's
-    settings from `PAWSModel`; how batch norm is synchronised is set here,
-    for the backbone and the heads alike.
+    """The PAWS model from gin-configured parts (`build_backbone`, the
+    heads, `PAWSModel`), its batch norms synchronised alike.
 
     Args:
         input_channels: image channels (3 RGB, 1 grayscale).
