@@ -340,11 +340,8 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
         ValueError: unknown `name` or architecture argument, or a bad value.
     """
     check_arguments(name, kwargs)
-    if input_channels < 1:
-        raise ValueError(
-            f'input_channels must be >= 1, got {input_channels!r}')
-    if not 0.0 <= bn_momentum < 1.0:
-        raise ValueError(f'bn_momentum must be in [0, 1), got {bn_momentum!r}')
+    checks.integer('input_channels', input_channels)
+    checks.number('bn_momentum', bn_momentum, low=0.0, high=1.0)
     nets.check_impl(sync_bn_impl, 'sync_bn_impl')
     nets.check_impl(padding_impl, 'build_backbone.padding_impl')
     make = _Layers(recompute_bn_relu=recompute_bn_relu,
