@@ -161,8 +161,7 @@ class LARS(tf_keras.optimizers.Optimizer):
         """Applies one LARS update to `variable` (its per-device component
         under a distribution strategy) from `gradient`, a dense tensor or
         `tf.IndexedSlices` already aggregated across replicas."""
-        if isinstance(gradient, tf.IndexedSlices):
-            gradient = tf.convert_to_tensor(gradient)
+        gradient = tf.convert_to_tensor(gradient)  # Dense, if sparse.
         index = self._index_dict[self._var_key(variable)]
         velocity = self.momentums[index]
         trust_ratio_slot = self._trust_ratio_slots[index]

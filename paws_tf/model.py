@@ -7,9 +7,9 @@ import tf_keras
 from paws_tf import checks
 from paws_tf import dist
 from paws_tf import losses
+from paws_tf import nets
 from paws_tf.nets import backbones
 from paws_tf.nets import heads
-from paws_tf.nets import sync_batch_norm
 
 # What PAWS-NN may compare: the projection h or the prediction head's output.
 NN_EMBEDDINGS = ('projection', 'prediction')
@@ -178,8 +178,8 @@ class PAWSModel(tf_keras.Model):
 
     @property
     def metrics(self):
-        return (list(self._means.values()) + list(self._steps.values()) +
-                list(self._last.values()))
+        return [*self._means.values(), *self._steps.values(),
+                *self._last.values()]
 
     def call(self, images, training=False):
         """Inference embeddings.
@@ -324,14 +324,10 @@ class PAWSModel(tf_keras.Model):
 
 
 @gin.configurable(denylist=['input_channels', 'sync_bn'])
-def build_model(*, input_channels, sync_bn, sync_bn_impl=sync_batch_norm.KERAS,
+def build_model(*, input_channels, sync_bn, sync_bn_impl=nets.KERAS,
                 prediction_head=True):
-    """The PAWS model from gin-configured parts.
-
-    The backbone comes from `backbones.build_backbone`, the heads from
-    `heads.ProjectionHead` / `heads.PredictionHead` and the objective's
-    settings from `PAWSModel`; how batch norm is synchronised is set here,
-    for the backbone and the heads alike.
+    """The PAWS model from gin-configured parts (`build_backbone`, the
+    heads, `PAWSModel`), its batch norms synchronised alike.
 
     Args:
         input_channels: image channels (3 RGB, 1 grayscale).
@@ -349,7 +345,7 @@ def build_model(*, input_channels, sync_bn, sync_bn_impl=sync_batch_norm.KERAS,
     Raises:
         ValueError: `sync_bn_impl` is not 'keras' or 'custom'.
     """
-    sync_batch_norm.check_impl(sync_bn_impl, 'build_model.sync_bn_impl')
+    nets.check_impl(sync_bn_impl, 'build_model.sync_bn_impl')
     norms = dict(sync_bn=sync_bn, sync_bn_impl=sync_bn_impl)
     backbone = backbones.build_backbone(input_channels=input_channels,
                                         **norms)

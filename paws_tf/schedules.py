@@ -110,11 +110,9 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
         or scalar tensor) updates."""
         step = tf.cast(step, tf.float32)
         warmup_steps = float(self.warmup_steps)
-        # max(., 1) only guards the unused branch of tf.where: with
-        # warmup_steps = 0 the warm-up branch is never selected, and with
-        # warmup_steps = total_steps the cosine branch is only selected at
-        # step = total_steps, where its progress is 0/1 = 0 and lr = ref_lr
-        # = lr(warmup_steps).
+        # max(., 1) only guards the branch of tf.where not selected: the
+        # warm-up's with warmup_steps = 0; with warmup_steps = total_steps,
+        # the cosine's but at step total_steps (progress 0/1, lr = ref_lr).
         warmup_progress = step / max(warmup_steps, 1.0)
         warmup_lr = self.start_lr + (self.ref_lr - self.start_lr) * (
             warmup_progress)

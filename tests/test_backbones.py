@@ -243,6 +243,8 @@ def test_small_resnet_defaults():
     ('small_resnet', {'widths': (8, 16)}, r'equal length.*\(8, 16\)'),
     ('small_resnet', {'stem_stride': 0}, r'>= 1, got .*stem_stride=0'),
     ('small_resnet', {'input_channels': 0}, r'input_channels.*got 0'),
+    ('small_resnet', {'bn_momentum': 1.0},
+     r'bn_momentum must be a number >= 0.0 and < 1.0, got 1.0'),
 ])
 def test_bad_arguments(name, kwargs, match):
     with pytest.raises(ValueError, match=match):

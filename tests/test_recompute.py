@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import nets
 from paws_tf.nets import padded_layers
 from paws_tf.nets import recompute as recompute_lib
 from paws_tf.nets import sync_batch_norm
@@ -19,7 +20,7 @@ def _norm_relu_then(layer, epsilon=1e-3, recompute=True, strategy=None,
     with (strategy or tf.distribute.get_strategy()).scope():
         norm = sync_batch_norm.batch_norm(
             'bn', sync_bn=strategy is not None, momentum=0.9,
-            epsilon=epsilon, impl=sync_batch_norm.CUSTOM)
+            epsilon=epsilon, impl=nets.CUSTOM)
         unit = recompute_lib.NormReLUThen(norm, layer, recompute=recompute,
                                           padding=padding)
         unit.build((None, None, None, 6))
@@ -232,7 +233,7 @@ def test_norm_relu_then_does_not_hold_the_relu_output(synchronized, request):
     def norm():
         return sync_batch_norm.batch_norm('bn', sync_bn=synchronized,
                                           momentum=0.9, epsilon=1e-5,
-                                          impl=sync_batch_norm.CUSTOM)
+                                          impl=nets.CUSTOM)
 
     def composed(y, bn, conv):
         return conv(tf.nn.relu(bn(y, training=True)))
@@ -266,7 +267,7 @@ def test_norm_relu_then_does_not_hold_the_relu_output(synchronized, request):
 def test_norm_relu_then_round_trips_its_config():
     unit = recompute_lib.NormReLUThen(
         sync_batch_norm.batch_norm('b', sync_bn=True, momentum=0.8,
-                                   epsilon=1e-4, impl=sync_batch_norm.CUSTOM),
+                                   epsilon=1e-4, impl=nets.CUSTOM),
         padded_layers.PaddedConv2D(4, 3, strides=2, pad=1, name='c'),
         recompute=False, name='u')
     clone = recompute_lib.NormReLUThen.from_config(unit.get_config())

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import nets
 from paws_tf.nets import recompute
 from paws_tf.nets import sync_batch_norm
 from tests.helpers import layer_reference
@@ -120,7 +121,7 @@ def test_global_batch_norm_all_reduces_once_each_way(two_replicas_collective):
     def norm():
         return sync_batch_norm.batch_norm('bn', sync_bn=True, momentum=0.9,
                                           epsilon=1e-3,
-                                          impl=sync_batch_norm.CUSTOM)
+                                          impl=nets.CUSTOM)
 
     assert collectives_per_replica(norm) == 2
     assert collectives_per_replica(lambda: recompute.NormReLUThen(
@@ -139,7 +140,7 @@ def test_global_batch_norm_elsewhere_runs_tf_keras_layer(two_replicas):
     with two_replicas.scope():
         norm = sync_batch_norm.batch_norm('bn', sync_bn=True, momentum=0.9,
                                           epsilon=1e-3,
-                                          impl=sync_batch_norm.CUSTOM)
+                                          impl=nets.CUSTOM)
         assert isinstance(norm, sync_batch_norm.GlobalBatchNormalization)
         np.testing.assert_allclose(
             norm(x, training=True),

@@ -8,6 +8,7 @@ import gin
 import tf_keras
 
 from paws_tf import checks
+from paws_tf import nets
 from paws_tf.nets import onednn
 from paws_tf.nets import padded_layers
 from paws_tf.nets import recompute
@@ -282,8 +283,8 @@ def check_arguments(name, arguments):
 
 @gin.configurable(denylist=SET_BY_BUILD_MODEL)
 def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
-                   bn_epsilon=1e-5, sync_bn_impl=sync_batch_norm.KERAS,
-                   padding_impl=padded_layers.KERAS, recompute_bn_relu=False,
+                   bn_epsilon=1e-5, sync_bn_impl=nets.KERAS,
+                   padding_impl=nets.KERAS, recompute_bn_relu=False,
                    **kwargs):
     """Builds a channels-last feature extractor that accepts any image size.
 
@@ -336,13 +337,10 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
         ValueError: unknown `name` or architecture argument, or a bad value.
     """
     check_arguments(name, kwargs)
-    if input_channels < 1:
-        raise ValueError(
-            f'input_channels must be >= 1, got {input_channels!r}')
-    if not 0.0 <= bn_momentum < 1.0:
-        raise ValueError(f'bn_momentum must be in [0, 1), got {bn_momentum!r}')
-    sync_batch_norm.check_impl(sync_bn_impl, 'sync_bn_impl')
-    padded_layers.check_impl(padding_impl, 'build_backbone.padding_impl')
+    checks.integer('input_channels', input_channels)
+    checks.number('bn_momentum', bn_momentum, low=0.0, high=1.0)
+    nets.check_impl(sync_bn_impl, 'sync_bn_impl')
+    nets.check_impl(padding_impl, 'build_backbone.padding_impl')
     make = _Layers(recompute_bn_relu=recompute_bn_relu,
                    padding_impl=padding_impl, sync_bn=sync_bn,
                    impl=sync_bn_impl, momentum=bn_momentum,

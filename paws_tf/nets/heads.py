@@ -4,6 +4,7 @@ import gin
 import tf_keras
 
 from paws_tf import checks
+from paws_tf import nets
 from paws_tf.nets import backbones
 from paws_tf.nets import sync_batch_norm
 
@@ -31,7 +32,7 @@ class _MLPHead(tf_keras.layers.Layer):
     def __init__(self, sizes, *, sync_bn, sync_bn_impl, bn_momentum,
                  bn_epsilon, **kwargs):
         super().__init__(**kwargs)
-        sync_batch_norm.check_impl(sync_bn_impl, 'sync_bn_impl')
+        nets.check_impl(sync_bn_impl, 'sync_bn_impl')
         for arg, value in zip(self.SIZES, sizes):
             setattr(self, arg, checks.integer(arg, value))
         self.sync_bn = sync_bn
@@ -85,7 +86,7 @@ class ProjectionHead(_MLPHead):
     SIZES = ('num_layers', 'hidden_dim', 'output_dim')
 
     def __init__(self, num_layers=3, hidden_dim=2048, output_dim=2048, *,
-                 sync_bn=False, sync_bn_impl=sync_batch_norm.KERAS,
+                 sync_bn=False, sync_bn_impl=nets.KERAS,
                  bn_momentum=0.9, bn_epsilon=1e-5, name='projection_head',
                  **kwargs):
         super().__init__((num_layers, hidden_dim, output_dim),
@@ -122,7 +123,7 @@ class PredictionHead(_MLPHead):
     SIZES = ('hidden_dim', 'output_dim')
 
     def __init__(self, hidden_dim=512, output_dim=2048, *, sync_bn=False,
-                 sync_bn_impl=sync_batch_norm.KERAS, bn_momentum=0.9,
+                 sync_bn_impl=nets.KERAS, bn_momentum=0.9,
                  bn_epsilon=1e-5, name='prediction_head', **kwargs):
         super().__init__((hidden_dim, output_dim), sync_bn=sync_bn,
                          sync_bn_impl=sync_bn_impl, bn_momentum=bn_momentum,

@@ -4,18 +4,7 @@ layer and again for the backward pass."""
 import tensorflow as tf
 import tf_keras
 
-# `build_backbone`'s implementations of the padded layers.
-CUSTOM = 'custom'
-KERAS = 'keras'
-IMPLEMENTATIONS = (CUSTOM, KERAS)
-
-
-def check_impl(impl, name='impl'):
-    """Raises ValueError naming `name` (the argument or gin binding that
-    gave it) unless `impl` is one of `IMPLEMENTATIONS`."""
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(f'{name} must be one of {IMPLEMENTATIONS}, got '
-                         f'{impl!r}.')
+from paws_tf import nets
 
 
 class _InLayerPadding:
@@ -127,7 +116,7 @@ class PaddedMaxPool2D(_InLayerPadding, tf_keras.layers.MaxPool2D):
                                pad_value=float('-inf'))
 
 
-def conv(filters, kernel_size, stride, pad, *, impl=CUSTOM, name,
+def conv(filters, kernel_size, stride, pad, *, impl=nets.CUSTOM, name,
          **kwargs):
     """A Conv2D over PyTorch's symmetric zero padding of `pad` (>= 1).
 
@@ -142,10 +131,10 @@ def conv(filters, kernel_size, stride, pad, *, impl=CUSTOM, name,
         (padding, convolution): the ZeroPadding2D to apply first, or None.
 
     Raises:
-        ValueError: `impl` is not one of `IMPLEMENTATIONS`.
+        ValueError: `impl` is not one of `nets.IMPLEMENTATIONS`.
     """
-    check_impl(impl)
-    if impl == CUSTOM:
+    nets.check_impl(impl)
+    if impl == nets.CUSTOM:
         return None, PaddedConv2D(filters, kernel_size, strides=stride,
                                   pad=pad, name=name, **kwargs)
     return (tf_keras.layers.ZeroPadding2D(pad, name=f'{name}_pad'),
@@ -153,7 +142,7 @@ def conv(filters, kernel_size, stride, pad, *, impl=CUSTOM, name,
                                    padding='valid', name=name, **kwargs))
 
 
-def max_pool(pool_size, stride, pad, *, impl=CUSTOM, name):
+def max_pool(pool_size, stride, pad, *, impl=nets.CUSTOM, name):
     """A MaxPool2D over PyTorch's symmetric padding of `pad` (>= 1).
 
     Args:
@@ -170,10 +159,10 @@ def max_pool(pool_size, stride, pad, *, impl=CUSTOM, name):
         (padding, max pool): the ZeroPadding2D to apply first, or None.
 
     Raises:
-        ValueError: `impl` is not one of `IMPLEMENTATIONS`.
+        ValueError: `impl` is not one of `nets.IMPLEMENTATIONS`.
     """
-    check_impl(impl)
-    if impl == CUSTOM:
+    nets.check_impl(impl)
+    if impl == nets.CUSTOM:
         return None, PaddedMaxPool2D(pool_size, stride, pad=pad, name=name)
     return (tf_keras.layers.ZeroPadding2D(pad, name=f'{name}_pad'),
             tf_keras.layers.MaxPool2D(pool_size, stride, padding='valid',

@@ -3,22 +3,11 @@
 import tensorflow as tf
 import tf_keras
 
-# The implementations of synchronised batch norm (`batch_norm`'s `impl`).
-CUSTOM = 'custom'
-KERAS = 'keras'
-IMPLEMENTATIONS = (CUSTOM, KERAS)
-
-
-def check_impl(impl, name='impl'):
-    """Raises ValueError naming `name` (the argument or gin binding that
-    gave it) unless `impl` is one of `IMPLEMENTATIONS`."""
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(f'{name} must be one of {IMPLEMENTATIONS}, got '
-                         f'{impl!r}.')
+from paws_tf import nets
 
 
 def batch_norm(name, *, sync_bn, momentum, epsilon, zero_init=False,
-               impl=KERAS):
+               impl=nets.KERAS):
     """Returns a BatchNormalization layer over the last (channel) axis.
 
     Args:
@@ -39,13 +28,13 @@ def batch_norm(name, *, sync_bn, momentum, epsilon, zero_init=False,
         A `tf_keras.layers.BatchNormalization`.
 
     Raises:
-        ValueError: `impl` is not one of `IMPLEMENTATIONS`.
+        ValueError: `impl` is not one of `nets.IMPLEMENTATIONS`.
     """
-    check_impl(impl)
+    nets.check_impl(impl)
     kwargs = dict(momentum=momentum, epsilon=epsilon,
                   gamma_initializer='zeros' if zero_init else 'ones',
                   name=name)
-    if sync_bn and impl == CUSTOM:
+    if sync_bn and impl == nets.CUSTOM:
         return GlobalBatchNormalization(**kwargs)
     return tf_keras.layers.BatchNormalization(synchronized=sync_bn, **kwargs)
 

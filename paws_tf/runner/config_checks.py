@@ -12,9 +12,9 @@ from paws_tf import checkpoints
 from paws_tf import bindings
 from paws_tf import checks
 from paws_tf import model as model_lib
+from paws_tf import nets
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.nets import backbones
-from paws_tf.nets import sync_batch_norm
 from paws_tf.runner import building
 from paws_tf.runner import train
 
@@ -104,8 +104,8 @@ def _check_arguments(pretraining):
     bound to them."""
     bindings.check_bound(model_lib.PAWSModel.check_arguments,
                          model_lib.PAWSModel, 'PAWSModel')
-    sync_batch_norm.check_impl(*bindings.binding('build_model.sync_bn_impl',
-                                                 sync_batch_norm.KERAS))
+    nets.check_impl(*bindings.binding('build_model.sync_bn_impl',
+                                      nets.KERAS))
     if not pretraining:
         return
     bindings.check_bound(train.check_arguments, train.train, 'train')
