@@ -100,7 +100,7 @@ class ProgressBar(tf_keras.callbacks.ProgbarLogger):
     line redrawn every step, else (a file, a cluster job's log) a line at
     most every `log_every_seconds` and at each epoch end.
 
-    Pass it in `fit`'s callbacks, after `evaluators.EpochEndEvaluation`
+    Pass it in `fit`'s callbacks, after `evaluate.EpochEndEvaluation`
     (whose PAWS-NN it shows); `fit` then adds no bar of its own, and its
     `verbose` applies (0: silent, 1: within the epoch, 2: at its end).
 

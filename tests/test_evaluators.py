@@ -11,7 +11,7 @@ import tensorflow as tf
 from paws_tf.data import pipeline
 from paws_tf.data import sources
 from paws_tf.demo import run_demo
-from paws_tf.evaluation import evaluators
+from paws_tf.evaluation import evaluate
 from paws_tf.runner import train
 from tests.helpers import debug_gin
 from tests.test_evaluate import numpy_top_ids
@@ -35,7 +35,7 @@ def test_paws_nn_of_the_first_queries_matches_numpy(tmp_path):
     classes = rng.integers(0, 3, 50)
     labeled = sources.from_arrays(images[:20], classes[:20])
     test = sources.from_arrays(images[20:], classes[20:])
-    paws_nn = evaluators.PawsNN(
+    paws_nn = evaluate.PawsNN(
         labeled, test, preprocessing=IDENTITY, tau=0.5, max_queries=12,
         log_dir=str(tmp_path / 'tb'), tag='probe',
         results_file=str(tmp_path / 'eval' / 'out.json'),

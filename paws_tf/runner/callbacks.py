@@ -17,7 +17,6 @@ import tf_keras
 from paws_tf import checkpoints
 from paws_tf import cluster
 from paws_tf.evaluation import evaluate
-from paws_tf.evaluation import evaluators
 from paws_tf import model as model_lib
 from paws_tf.runner import building
 from paws_tf.runner import experiment
@@ -192,7 +191,7 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
 
     Args:
         evaluator_classes: `train.evaluators`, each called with the run's
-            data (`evaluators.PawsNN`'s arguments).
+            data (`evaluate.PawsNN`'s arguments).
         bundle: the run's data (`experiment.load_data`).
         log_dir: TensorBoard directory of the points (chief).
         tau: similarity temperature.
@@ -201,7 +200,7 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
         max_queries: test images used (None: all).
 
     Returns:
-        An `evaluators.EpochEndEvaluation` callback.
+        An `evaluate.EpochEndEvaluation` callback.
     """
     local_model, built = None, []
     if chief:
@@ -219,7 +218,7 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
         checkpoints.assign_weights(local_model, weights)
         return embed_fn
 
-    return evaluators.EpochEndEvaluation(built, embedder,
+    return evaluate.EpochEndEvaluation(built, embedder,
                                          every_epochs=every_epochs)
 
 
