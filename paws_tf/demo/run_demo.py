@@ -18,7 +18,6 @@ from paws_tf.data import pipeline
 from paws_tf.demo import supervised
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import fine_tune
-from paws_tf import files
 from paws_tf import run_dir
 from paws_tf.runner import experiment
 from paws_tf.runner import modes
@@ -97,7 +96,7 @@ def _results(run, bundle, paws, tuned, baseline, *, paws_train_seconds,
 
 def _report(run, results, *, bundle, tuned, baseline, preprocessing):
     """Writes `results.json` and the figure, and prints the comparison."""
-    results_path = write_results(run, results)
+    run.write_json(run.results, results)
     # The test images embedded as PAWS-NN embeds them, by the export.
     embeddings, labels = evaluate.embed_dataset(
         evaluate.embedder_from_saved_model(run.embedder),
@@ -124,7 +123,7 @@ def _report(run, results, *, bundle, tuned, baseline, preprocessing):
          'wall time': f'{results[seconds + "_seconds"]:.0f} s{what}',
          'images/s': rate} for method, top1, seconds, what, rate in rows]))
     print(f'total wall time {results["wall_seconds"]:.0f} s; results in '
-          f'{results_path}, figure in {run.results_figure}')
+          f'{run.results}, figure in {run.results_figure}')
 
 
 def read_scalars(log_dir, tag):
@@ -216,9 +215,3 @@ def table(rows):
         str(c).ljust(w) for c, w in zip(cells, widths))
     return '\n'.join([line(keys), line('-' * w for w in widths)] +
                      [line(r[k] for k in keys) for r in rows])
-
-
-def write_results(run, results):
-    """Writes `results` to the `RunDir`'s `results`; returns the path."""
-    files.write_json(run.results, results, indent=2)
-    return run.results
