@@ -30,12 +30,8 @@ _LOG_SECONDS = 30
 
 def embedder_from_model(model):
     """`embed_fn`: float32 `[b, S, S, C]` preprocessed images -> `[b, D]`
-    embeddings of `model` in inference mode.
-
-    Args:
-        model: `model.PAWSModel` (its call returns `embeddings`), or a
-            network that returns the embeddings (a fine-tuning trunk).
-    """
+    embeddings of `model` (a `PAWSModel`, or a network that returns the
+    embeddings: a fine-tuning trunk) in inference mode."""
     @tf.function(reduce_retracing=True)
     def embed_fn(images):
         outputs = model(images, training=False)
@@ -46,9 +42,9 @@ def embedder_from_model(model):
 
 
 def embedder_from_saved_model(export_dir):
-    """`embed_fn` of an `export.export_embedder` SavedModel in
-    `export_dir`: its `embed_preprocessed` signature, so the caller's
-    preprocessing (`pipeline.make_eval_dataset`) is the only one applied.
+    """`embed_fn` of an `export.export_embedder` SavedModel: its
+    `embed_preprocessed` signature, so the caller's preprocessing is the
+    only one applied.
 
     Raises:
         ValueError: the SavedModel has no `embed_preprocessed` signature.
@@ -71,9 +67,9 @@ def embed_dataset(embed_fn, dataset, *, description='images'):
     """Embeds every image of an `(images, labels)` dataset once, in order.
 
     Args:
-        embed_fn: `[b, S, S, C]` images -> `[b, D]` embeddings.
+        embed_fn: as `embedder_from_model`'s.
         dataset: `(images, int labels)` batches (`pipeline.make_eval_dataset`).
-        description: what the images are, for progress logs.
+        description: what the images are, for the logs.
 
     Returns:
         `(embeddings, labels)`: float32 `[N, D]` tensor, int32 `[N]` array.
@@ -146,10 +142,9 @@ def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
     """PAWS-NN accuracy: every query classified with all supports.
 
     Args:
-        embed_fn: as for `embed_dataset` (`embedder_from_model` or
-            `embedder_from_saved_model`).
-        support_dataset, query_dataset: `(images, labels)` batches of every
-            labeled image and of the test images, each once.
+        embed_fn: as for `embed_dataset`.
+        support_dataset, query_dataset: as for `embed_dataset`: every
+            labeled image, the test images.
         num_classes, tau, query_chunk: as for `classify`.
 
     Returns:
@@ -189,13 +184,10 @@ def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
 
 @gin.configurable(allowlist=['batch_size', 'query_chunk'])
 class PawsNN:
-    """PAWS-NN (PAWS App. A): every test image classified by soft nearest
-    neighbours among the embeddings of every labeled image.
-
-    Both sets are embedded once, in order, with the evaluation
-    preprocessing of `pipeline.make_eval_dataset`; the embedded counts are
-    checked against the sources' sizes (the official code once reported 1%
-    figures computed with the 10% support).
+    """`paws_nn` of the labeled and test sources, both embedded with the
+    evaluation preprocessing; the embedded counts are checked against the
+    sources' sizes (the official code once reported 1% figures computed
+    with the 10% support).
 
     Args:
         labeled: `sources.ImageSource`, the support.
@@ -209,8 +201,8 @@ class PawsNN:
             (None: all), so that a curve during training is cheap.
         results_file: JSON file of each call's results (None: none).
         record: entries added to the results: what was evaluated.
-        batch_size, query_chunk: images per embedding batch, queries
-            classified at once (`classify`).
+        batch_size, query_chunk: images per embedding batch, as for
+            `classify`.
     """
     name, title = 'paws_nn', 'PAWS-NN'
 
@@ -237,8 +229,8 @@ class PawsNN:
         self._results_file, self._record = results_file, record or {}
 
     def __call__(self, embed_fn, step=0):
-        """The `paws_nn` results of `embed_fn`, plus `record` (and
-        `results_file`, after writing it, when there is one).
+        """The `paws_nn` results of `embed_fn`, plus `record` and
+        `results_file`, once written.
 
         Raises:
             RuntimeError: embedded counts that differ from the sources'.

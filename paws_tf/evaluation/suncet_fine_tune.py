@@ -260,7 +260,7 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
         views=views, flip=flip, num_replicas=strategy.num_replicas_in_sync,
         seed=seed, **preprocessing)
     paws_nn = evaluate.PawsNN(labeled, test, preprocessing=preprocessing,
-                                tau=tau, batch_size=eval_batch_size)
+                              tau=tau, batch_size=eval_batch_size)
     trainer = _compiled_trainer(
         model, strategy, num_classes, tau, optimizer=dict(
             lars=lars, trust_coefficient=trust_coefficient, momentum=momentum,

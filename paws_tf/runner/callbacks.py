@@ -219,7 +219,7 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
         return embed_fn
 
     return evaluate.EpochEndEvaluation(built, embedder,
-                                         every_epochs=every_epochs)
+                                       every_epochs=every_epochs)
 
 
 class Saver(tf_keras.callbacks.Callback):
