@@ -146,7 +146,7 @@ def test_evaluate_nn_with_the_saved_model(run, capsys):
     with open(path) as f:
         stored = json.load(f)
     assert stored['num_support'] == 40 and stored['num_queries'] == 60
-    assert stored['source'] == 'saved_model'
+    assert stored['source'] == 'saved_model' and 'results_file' not in stored
     assert stored['embedding'] == 'projection'
     assert stored['source_path'] == run_dir.RunDir(run['model_dir']).embedder
     assert stored['split_file'] == run_dir.RunDir(run['model_dir']).split

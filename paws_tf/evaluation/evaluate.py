@@ -9,7 +9,6 @@ writes its TensorBoard points. Another than `PawsNN` (a linear probe) is a
 new class and a binding, `train.evaluators = [@PawsNN, @Mine]`.
 """
 
-import os
 import time
 
 from absl import logging
@@ -19,7 +18,6 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf.data import pipeline
-from paws_tf import files
 from paws_tf import losses
 
 # Queries classified together. Each chunk materialises a few [chunk, M]
@@ -199,16 +197,14 @@ class PawsNN:
             points `{tag}/top1`, `{tag}/top5`.
         max_queries: the first this many test images are the queries
             (None: all), so that a curve during training is cheap.
-        results_file: JSON file of each call's results (None: none).
-        record: entries added to the results: what was evaluated.
         batch_size, query_chunk: images per embedding batch, as for
             `classify`.
     """
     name, title = 'paws_nn', 'PAWS-NN'
 
     def __init__(self, labeled, test, *, preprocessing, tau, log_dir=None,
-                 max_queries=None, tag=name, results_file=None, record=None,
-                 batch_size=256, query_chunk=DEFAULT_QUERY_CHUNK):
+                 max_queries=None, tag=name, batch_size=256,
+                 query_chunk=DEFAULT_QUERY_CHUNK):
         if test.class_names and test.class_names != labeled.class_names:
             raise ValueError('The labeled and test sets name their classes '
                              'differently.')
@@ -226,11 +222,9 @@ class PawsNN:
                             int(np.max(labeled.labels)) + 1)
         self._tau, self._tag, self._query_chunk = tau, tag, query_chunk
         self._writer = log_dir and tf.summary.create_file_writer(log_dir)
-        self._results_file, self._record = results_file, record or {}
 
     def __call__(self, embed_fn, step=0):
-        """The `paws_nn` results of `embed_fn`, plus `record` and
-        `results_file`, once written.
+        """The `paws_nn` results of `embed_fn`.
 
         Raises:
             RuntimeError: embedded counts that differ from the sources'.
@@ -251,11 +245,6 @@ class PawsNN:
                     if key in results:
                         tf.summary.scalar(f'{self._tag}/{key}', results[key])
             self._writer.flush()
-        results.update(self._record)
-        if self._results_file:
-            os.makedirs(os.path.dirname(self._results_file), exist_ok=True)
-            files.write_json(self._results_file, results, indent=2)
-            results['results_file'] = self._results_file
         return results
 
 

@@ -1,6 +1,8 @@
 """PAWS-NN of a run: the checks of its labeled split and export, the
 evaluation, and its results under `model_dir/eval`."""
 
+import os
+
 from absl import logging
 import gin
 import numpy as np
@@ -28,16 +30,14 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
     Args:
         model_dir: the run's directory.
         labeled, test: the support and the queries, as for `PawsNN`.
-        image_size, crop_fraction, mean, std: the evaluation preprocessing.
+        image_size, crop_fraction, mean, std: the preprocessing.
         source: `'saved_model'` (the `export_embedder` output in
             `saved_model_dir`, default `RunDir.embedder`) or `'checkpoint'`
             (`model`, the `model.PAWSModel` restored from the checkpoint
             prefix `checkpoint_path`, which is recorded).
-        split_file: the run's labeled split (default `RunDir.split` when it
-            exists), of exactly the labeled set's images.
-        embedding: 'projection' or 'prediction' (`PAWSModel.nn_embedding`);
-            an export made with another is refused. None: the export's or
-            `model`'s.
+        split_file: the labeled split (default the run's, if any).
+        embedding: 'projection' or 'prediction' (`PAWSModel.nn_embedding`)
+            or None (the export's or `model`'s); another one is refused.
         tau, batch_size, query_chunk, step: as for `PawsNN` and its call.
 
     Returns:
@@ -46,10 +46,10 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
 
     Raises:
         ValueError: unknown source, checkpoint source without `model` or
-            `checkpoint_path`, export of another preprocessing or embedding,
-            other class names, or a labeled set not the split file's.
+            `checkpoint_path`, another preprocessing or embedding, other
+            class names, or a labeled set not the split file's.
         FileNotFoundError: no export where expected.
-        RuntimeError: embedded counts that differ from the sources' sizes.
+        RuntimeError: as for `PawsNN`'s call.
     """
     run = run_dir.RunDir(model_dir)
     preprocessing = dict(image_size=image_size, crop_fraction=crop_fraction,
@@ -61,11 +61,13 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
         checkpoint_path=checkpoint_path)
     results = evaluate.PawsNN(
         labeled, test, preprocessing=preprocessing, tau=tau,
-        log_dir=run.eval_logs, tag='paws_nn_test',
-        results_file=run.nn_results, batch_size=batch_size,
-        query_chunk=query_chunk, record=dict(
-            source=source, source_path=path, embedding=embedding, tau=tau,
-            split_file=split_file))(embed_fn, step)
+        log_dir=run.eval_logs, tag='paws_nn_test', batch_size=batch_size,
+        query_chunk=query_chunk)(embed_fn, step)
+    results.update(source=source, source_path=path, embedding=embedding,
+                   tau=tau, split_file=split_file)
+    os.makedirs(run.eval, exist_ok=True)
+    run.write_json(run.nn_results, results)
+    results['results_file'] = run.nn_results
     top5 = (f', top-5 {100 * results["top5"]:.2f}%' if 'top5' in results
             else '')
     summary = (f'PAWS-NN ({source} {path}, {embedding} embedding): top-1 '
