@@ -27,13 +27,11 @@ from paws_tf.runner import train
 
 def demo(model_dir, strategy, options):
     """PAWS pre-training, export and PAWS-NN, the configured fine-tuning
-    (`fine_tune.fine_tune`; the demo configs bind the CIFAR-10 protocol),
-    then the baseline (`supervised.train_supervised`); writes
-    `results.json`, `results.png` and prints a table.
+    (the demo configs bind the CIFAR-10 protocol), then the baseline;
+    writes `results.json`, `results.png` and prints a table.
 
     Args:
-        model_dir: the run directory.
-        strategy: the `tf.distribute.Strategy`.
+        model_dir, strategy: the run directory, the running strategy.
         options: `modes.Options`: `overwrite` and `owner_check`, passed to
             `train.train`.
 
@@ -163,10 +161,11 @@ def project_2d(embeddings):
 def write_figure(run, *, embeddings, labels, class_names, title,
                  fine_tune_by_epoch=None, supervised_top1=None):
     """Training curves, PAWS-NN by epoch and the embedding projection, as
-    the `RunDir` `run`'s `results_figure` PNG.
+    the `RunDir` `run`'s `results_figure` PNG (its TensorBoard runs `train`
+    and `eval` read).
 
     Args:
-        run: the `RunDir` whose TensorBoard runs `train` and `eval` are read.
+        run: the `RunDir`.
         embeddings, labels: `[N, D]` test embeddings, `[N]` their classes.
         class_names, title: names indexed by class id, the figure's title.
         fine_tune_by_epoch: the fine-tuning's `paws_nn_by_epoch` entries

@@ -47,8 +47,7 @@ def train_supervised(run, *, labeled, test, preprocessing,
     of PAWS-NN.
 
     Args:
-        run: the `RunDir`: results go to its `supervised_results`,
-            TensorBoard logs to its `supervised_logs`.
+        run: the `RunDir` (`supervised_results`, `supervised_logs`).
         labeled, test: `sources.ImageSource`s, the labeled images and the
             evaluation split.
         preprocessing: the `experiment.eval_preprocessing` dict.
