@@ -224,11 +224,8 @@ class PawsNN:
         self._writer = log_dir and tf.summary.create_file_writer(log_dir)
 
     def __call__(self, embed_fn, step=0):
-        """The `paws_nn` results of `embed_fn`.
-
-        Raises:
-            RuntimeError: embedded counts that differ from the sources'.
-        """
+        """The `paws_nn` results of `embed_fn`; RuntimeError for embedded
+        counts that differ from the sources'."""
         results = paws_nn(
             embed_fn, self._support, self._queries,
             num_classes=self.num_classes, tau=self._tau,
@@ -241,9 +238,8 @@ class PawsNN:
                                    f'the source holds {expected}.')
         if self._writer:
             with self._writer.as_default(step=step):
-                for key in ('top1', 'top5'):
-                    if key in results:
-                        tf.summary.scalar(f'{self._tag}/{key}', results[key])
+                for key in sorted({'top1', 'top5'} & results.keys()):
+                    tf.summary.scalar(f'{self._tag}/{key}', results[key])
             self._writer.flush()
         return results
 
