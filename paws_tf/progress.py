@@ -95,7 +95,7 @@ class ProgressBar(tf_keras.callbacks.ProgbarLogger):
     """Keras' progress bar, showing `BAR_VALUES` only: on a terminal one
     line redrawn every step, else a line at most every `log_every_seconds`
     and at each epoch end. Pass it in `fit`'s callbacks, after
-    `evaluators.EpochEndEvaluation` (whose PAWS-NN it shows); `fit`'s
+    `evaluate.EpochEndEvaluation` (whose PAWS-NN it shows); `fit`'s
     `verbose` applies (0: silent, 1: within the epoch, 2: at its end).
 
     Args:

@@ -1,8 +1,6 @@
 """Evaluators: PAWS-NN against NumPy, and a new evaluator added by one class
 and one binding, run by training at its epoch ends."""
 
-import json
-
 import gin
 import numpy as np
 import pytest
@@ -11,7 +9,7 @@ import tensorflow as tf
 from paws_tf.data import pipeline
 from paws_tf.data import sources
 from paws_tf.demo import run_demo
-from paws_tf.evaluation import evaluators
+from paws_tf.evaluation import evaluate
 from paws_tf.runner import train
 from tests.helpers import debug_gin
 from tests.test_evaluate import numpy_top_ids
@@ -27,29 +25,22 @@ def _flatten(images):
 
 
 def test_paws_nn_of_the_first_queries_matches_numpy(tmp_path):
-    """Fails if `max_queries` is ignored (all 30 queries), if the results
-    file holds no `record`, or if the TensorBoard points are not
-    `{tag}/top1` at the step."""
+    """Fails if `max_queries` is ignored (all 30 queries), or if the
+    TensorBoard points are not `{tag}/top1` at the step."""
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, [50, 4, 4, 3], np.uint8)
     classes = rng.integers(0, 3, 50)
     labeled = sources.from_arrays(images[:20], classes[:20])
     test = sources.from_arrays(images[20:], classes[20:])
-    paws_nn = evaluators.PawsNN(
+    paws_nn = evaluate.PawsNN(
         labeled, test, preprocessing=IDENTITY, tau=0.5, max_queries=12,
-        log_dir=str(tmp_path / 'tb'), tag='probe',
-        results_file=str(tmp_path / 'eval' / 'out.json'),
-        record=dict(source='here'), batch_size=8)
+        log_dir=str(tmp_path / 'tb'), tag='probe', batch_size=8)
     results = paws_nn(_flatten, step=7)
     pixels = images.reshape(50, -1).astype(np.float64) / 255
     top = numpy_top_ids(pixels[20:32], pixels[:20], classes[:20], 3, 0.5)
     assert results['num_queries'] == 12 and results['num_support'] == 20
     assert results['top1'] == pytest.approx(np.mean(top[:, 0] ==
                                                     classes[20:32]))
-    stored = json.loads((tmp_path / 'eval' / 'out.json').read_text())
-    assert stored['source'] == 'here' and 'results_file' not in stored
-    assert stored['top1'] == results['top1']
-    assert results['results_file'] == str(tmp_path / 'eval' / 'out.json')
     steps, values = run_demo.read_scalars(str(tmp_path / 'tb'), 'probe/top1')
     assert list(steps) == [7] and values[0] == pytest.approx(results['top1'])
 

@@ -18,7 +18,6 @@ from paws_tf.data import pipeline
 from paws_tf.demo import supervised
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import fine_tune
-from paws_tf import files
 from paws_tf import run_dir
 from paws_tf.runner import experiment
 from paws_tf.runner import modes
@@ -28,13 +27,11 @@ from paws_tf.runner import train
 
 def demo(model_dir, strategy, options):
     """PAWS pre-training, export and PAWS-NN, the configured fine-tuning
-    (`fine_tune.fine_tune`; the demo configs bind the CIFAR-10 protocol),
-    then the baseline (`supervised.train_supervised`); writes
-    `results.json`, `results.png` and prints a table.
+    (the demo configs bind the CIFAR-10 protocol), then the baseline;
+    writes `results.json`, `results.png` and prints a table.
 
     Args:
-        model_dir: the run directory.
-        strategy: the `tf.distribute.Strategy`.
+        model_dir, strategy: the run directory, the running strategy.
         options: `modes.Options`: `overwrite` and `owner_check`, passed to
             `train.train`.
 
@@ -95,7 +92,7 @@ def _results(run, bundle, paws, tuned, baseline, *, paws_train_seconds,
 
 def _report(run, results, *, bundle, tuned, baseline, preprocessing):
     """Writes `results.json` and the figure, and prints the comparison."""
-    results_path = write_results(run, results)
+    run.write_json(run.results, results)
     # The test images embedded as PAWS-NN embeds them, by the export.
     embeddings, labels = evaluate.embed_dataset(
         evaluate.embedder_from_saved_model(run.embedder),
@@ -122,7 +119,7 @@ def _report(run, results, *, bundle, tuned, baseline, preprocessing):
          'wall time': f'{results[seconds + "_seconds"]:.0f} s{what}',
          'images/s': rate} for method, top1, seconds, what, rate in rows]))
     print(f'total wall time {results["wall_seconds"]:.0f} s; results in '
-          f'{results_path}, figure in {run.results_figure}')
+          f'{run.results}, figure in {run.results_figure}')
 
 
 def read_scalars(log_dir, tag):
@@ -162,10 +159,11 @@ def project_2d(embeddings):
 def write_figure(run, *, embeddings, labels, class_names, title,
                  fine_tune_by_epoch=None, supervised_top1=None):
     """Training curves, PAWS-NN by epoch and the embedding projection, as
-    the `RunDir` `run`'s `results_figure` PNG.
+    the `RunDir` `run`'s `results_figure` PNG (its TensorBoard runs `train`
+    and `eval` read).
 
     Args:
-        run: the `RunDir` whose TensorBoard runs `train` and `eval` are read.
+        run: the `RunDir`.
         embeddings, labels: `[N, D]` test embeddings, `[N]` their classes.
         class_names, title: names indexed by class id, the figure's title.
         fine_tune_by_epoch: the fine-tuning's `paws_nn_by_epoch` entries
@@ -214,9 +212,3 @@ def table(rows):
         str(c).ljust(w) for c, w in zip(cells, widths))
     return '\n'.join([line(keys), line('-' * w for w in widths)] +
                      [line(r[k] for k in keys) for r in rows])
-
-
-def write_results(run, results):
-    """Writes `results` to the `RunDir`'s `results`; returns the path."""
-    files.write_json(run.results, results, indent=2)
-    return run.results

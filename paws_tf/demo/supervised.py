@@ -11,7 +11,6 @@ import tf_keras
 
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import pipeline
-from paws_tf import files
 from paws_tf.evaluation import tuning
 from paws_tf.nets import backbones
 
@@ -48,8 +47,7 @@ def train_supervised(run, *, labeled, test, preprocessing,
     of PAWS-NN.
 
     Args:
-        run: the `RunDir`: results go to its `supervised_results`,
-            TensorBoard logs to its `supervised_logs`.
+        run: the `RunDir` (`supervised_results`, `supervised_logs`).
         labeled, test: `sources.ImageSource`s, the labeled images and the
             evaluation split.
         preprocessing: the `experiment.eval_preprocessing` dict.
@@ -90,7 +88,7 @@ def train_supervised(run, *, labeled, test, preprocessing,
                    wall_seconds=time.perf_counter() - start,
                    images_per_second=steps * batch_size / train_seconds)
     os.makedirs(run.supervised, exist_ok=True)
-    files.write_json(run.supervised_results, results, indent=2)
+    run.write_json(run.supervised_results, results)
     logging.info('Supervised baseline: top-1 %.2f%% on %d test images, '
                  'trained on %d labeled images in %.0f s.',
                  100 * results['top1'], total, labeled.num_examples,

@@ -1,12 +1,23 @@
 """PAWS-NN: soft nearest-neighbour classification, the labeled set as
-support."""
+support, and the evaluators that run it.
+
+An evaluator is a class built as `Evaluator(labeled, test, *,
+preprocessing, tau, log_dir, max_queries)`, with a `name` (its top-1's key
+in `fit`'s logs) and a `title` (in log lines); called with `embed_fn`
+(`embed_dataset`'s) and the global step, it returns its results dict and
+writes its TensorBoard points. Another than `PawsNN` (a linear probe) is a
+new class and a binding, `train.evaluators = [@PawsNN, @Mine]`.
+"""
 
 import time
 
 from absl import logging
+import gin
 import numpy as np
 import tensorflow as tf
+import tf_keras
 
+from paws_tf.data import pipeline
 from paws_tf import losses
 
 # Queries classified together. Each chunk materialises a few [chunk, M]
@@ -17,12 +28,8 @@ _LOG_SECONDS = 30
 
 def embedder_from_model(model):
     """`embed_fn`: float32 `[b, S, S, C]` preprocessed images -> `[b, D]`
-    embeddings of `model` in inference mode.
-
-    Args:
-        model: `model.PAWSModel` (its call returns `embeddings`), or a
-            network that returns the embeddings (a fine-tuning trunk).
-    """
+    embeddings of `model` (a `PAWSModel`, or a network that returns the
+    embeddings: a fine-tuning trunk) in inference mode."""
     @tf.function(reduce_retracing=True)
     def embed_fn(images):
         outputs = model(images, training=False)
@@ -33,9 +40,9 @@ def embedder_from_model(model):
 
 
 def embedder_from_saved_model(export_dir):
-    """`embed_fn` of an `export.export_embedder` SavedModel in
-    `export_dir`: its `embed_preprocessed` signature, so the caller's
-    preprocessing (`pipeline.make_eval_dataset`) is the only one applied.
+    """`embed_fn` of an `export.export_embedder` SavedModel: its
+    `embed_preprocessed` signature, so the caller's preprocessing is the
+    only one applied.
 
     Raises:
         ValueError: the SavedModel has no `embed_preprocessed` signature.
@@ -58,9 +65,9 @@ def embed_dataset(embed_fn, dataset, *, description='images'):
     """Embeds every image of an `(images, labels)` dataset once, in order.
 
     Args:
-        embed_fn: `[b, S, S, C]` images -> `[b, D]` embeddings.
+        embed_fn: as `embedder_from_model`'s.
         dataset: `(images, int labels)` batches (`pipeline.make_eval_dataset`).
-        description: what the images are, for progress logs.
+        description: what the images are, for the logs.
 
     Returns:
         `(embeddings, labels)`: float32 `[N, D]` tensor, int32 `[N]` array.
@@ -133,10 +140,9 @@ def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
     """PAWS-NN accuracy: every query classified with all supports.
 
     Args:
-        embed_fn: as for `embed_dataset` (`embedder_from_model` or
-            `embedder_from_saved_model`).
-        support_dataset, query_dataset: `(images, labels)` batches of every
-            labeled image and of the test images, each once.
+        embed_fn: as for `embed_dataset`.
+        support_dataset, query_dataset: as for `embed_dataset`: every
+            labeled image, the test images.
         num_classes, tau, query_chunk: as for `classify`.
 
     Returns:
@@ -172,3 +178,116 @@ def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
             float(h / n) if n else None
             for h, n in zip(per_class_hits, per_class_count)])
     return results
+
+
+@gin.configurable(allowlist=['batch_size', 'query_chunk'])
+class PawsNN:
+    """`paws_nn` of the labeled and test sources, both embedded with the
+    evaluation preprocessing; the embedded counts are checked against the
+    sources' sizes (the official code once reported 1% figures computed
+    with the 10% support).
+
+    Args:
+        labeled: `sources.ImageSource`, the support.
+        test: `sources.ImageSource` or `sources.StreamSource`, the queries.
+        preprocessing: `pipeline.make_eval_dataset`'s `image_size`,
+            `crop_fraction`, `mean` and `std`.
+        tau: similarity temperature.
+        log_dir, tag: TensorBoard directory (None: none) and group of the
+            points `{tag}/top1`, `{tag}/top5`.
+        max_queries: the first this many test images are the queries
+            (None: all), so that a curve during training is cheap.
+        batch_size, query_chunk: images per embedding batch, as for
+            `classify`.
+    """
+    name, title = 'paws_nn', 'PAWS-NN'
+
+    def __init__(self, labeled, test, *, preprocessing, tau, log_dir=None,
+                 max_queries=None, tag=name, batch_size=256,
+                 query_chunk=DEFAULT_QUERY_CHUNK):
+        if test.class_names and test.class_names != labeled.class_names:
+            raise ValueError('The labeled and test sets name their classes '
+                             'differently.')
+        self._support = pipeline.make_eval_dataset(
+            labeled, batch_size=batch_size, **preprocessing)
+        self._queries = pipeline.make_eval_dataset(
+            test, batch_size=batch_size, **preprocessing)
+        num_queries = test.num_examples
+        if max_queries is not None:
+            self._queries = self._queries.unbatch().take(max_queries).batch(
+                batch_size)
+            num_queries = min(num_queries, max_queries)
+        self._sizes = labeled.num_examples, num_queries
+        self.num_classes = (len(labeled.class_names) or
+                            int(np.max(labeled.labels)) + 1)
+        self._tau, self._tag, self._query_chunk = tau, tag, query_chunk
+        self._writer = log_dir and tf.summary.create_file_writer(log_dir)
+
+    def __call__(self, embed_fn, step=0):
+        """The `paws_nn` results of `embed_fn`; RuntimeError for embedded
+        counts that differ from the sources'."""
+        results = paws_nn(
+            embed_fn, self._support, self._queries,
+            num_classes=self.num_classes, tau=self._tau,
+            query_chunk=self._query_chunk)
+        for what, embedded, expected in (
+                ('support', results['num_support'], self._sizes[0]),
+                ('query', results['num_queries'], self._sizes[1])):
+            if embedded != expected:
+                raise RuntimeError(f'Embedded {embedded} {what} images, but '
+                                   f'the source holds {expected}.')
+        if self._writer:
+            with self._writer.as_default(step=step):
+                for key in sorted({'top1', 'top5'} & results.keys()):
+                    tf.summary.scalar(f'{self._tag}/{key}', results[key])
+            self._writer.flush()
+        return results
+
+
+class EpochEndEvaluation(tf_keras.callbacks.Callback):
+    """Runs evaluators every `every_epochs` epochs of `fit` and logs each
+    one's top-1 (`{prefix}epoch {e}: {title} top-1 {x}%`).
+
+    Args:
+        evaluators: built evaluators, run in order.
+        embedder: `embedder(model)`, called with `fit`'s model at each
+            evaluation on every process: the `embed_fn` to evaluate, or
+            None where this process only takes part in reading the weights
+            (a cluster's workers but the chief).
+        num_epochs: when given, the last epoch is evaluated too, and the
+            log lines say `epoch {e}/{num_epochs}`.
+        prefix: the start of the log lines.
+        to_logs: put each evaluator's top-1 in `fit`'s logs as
+            `{name}_top1`, for the progress bar and the epoch's log line.
+
+    Attributes:
+        history: `dict(epoch=..., **results)` of each evaluation, in order.
+    """
+
+    def __init__(self, evaluators, embedder, *, every_epochs=1,
+                 num_epochs=None, prefix='', to_logs=True):
+        super().__init__()
+        self._evaluators, self._embedder = list(evaluators), embedder
+        self._every, self._last = every_epochs, num_epochs
+        self._prefix, self._to_logs = prefix, to_logs
+        self.history = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        done = epoch + 1
+        if (done % self._every and done != self._last or
+                self.model.stop_training):
+            return  # Not due, or stopping (a preemption's grace period).
+        embed_fn = self._embedder(self.model)
+        if embed_fn is None:
+            return
+        step = int(self.model.optimizer.iterations.numpy())
+        of = f'/{self._last}' if self._last else ''
+        for evaluator in self._evaluators:
+            results = evaluator(embed_fn, step)
+            self.history.append(dict(epoch=done, **results))
+            if 'top1' not in results:
+                continue
+            logging.info('%sepoch %d%s: %s top-1 %.2f%%', self._prefix, done,
+                         of, evaluator.title, 100 * results['top1'])
+            if self._to_logs and logs is not None:
+                logs[f'{evaluator.name}_top1'] = results['top1']

@@ -1,15 +1,15 @@
 """PAWS-NN of a run: the checks of its labeled split and export, the
 evaluation, and its results under `model_dir/eval`."""
 
+import os
+
 from absl import logging
 import gin
 import numpy as np
 import tensorflow as tf
 
-from paws_tf import checkpoints
 from paws_tf.data import splits
 from paws_tf.evaluation import evaluate
-from paws_tf.evaluation import evaluators
 from paws_tf.evaluation import export
 from paws_tf import run_dir
 
@@ -22,7 +22,7 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
                 checkpoint_path=None, split_file=None, tau=0.1,
                 embedding=None, batch_size=256,
                 query_chunk=evaluate.DEFAULT_QUERY_CHUNK, step=0):
-    """PAWS-NN of a run (`evaluators.PawsNN`), the support exactly the
+    """PAWS-NN of a run (`evaluate.PawsNN`), the support exactly the
     labeled set checked against the run's split file: TensorBoard's
     `paws_nn_test/*` in `tensorboard/eval`, `eval/paws_nn.json` and a
     printed summary. Single-process (the chief alone, on a cluster).
@@ -30,16 +30,14 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
     Args:
         model_dir: the run's directory.
         labeled, test: the support and the queries, as for `PawsNN`.
-        image_size, crop_fraction, mean, std: the evaluation preprocessing.
+        image_size, crop_fraction, mean, std: the preprocessing.
         source: `'saved_model'` (the `export_embedder` output in
             `saved_model_dir`, default `RunDir.embedder`) or `'checkpoint'`
-            (`model`, built by `model.build_model`, restored from
-            `checkpoint_path`: a prefix, or a directory's latest).
-        split_file: the run's labeled split (default `RunDir.split` when it
-            exists), of exactly the labeled set's images.
-        embedding: 'projection' or 'prediction' (`PAWSModel.nn_embedding`);
-            an export made with another is refused. None: the export's or
-            `model`'s.
+            (`model`, the `model.PAWSModel` restored from the checkpoint
+            prefix `checkpoint_path`, which is recorded).
+        split_file: the labeled split (default the run's, if any).
+        embedding: 'projection' or 'prediction' (`PAWSModel.nn_embedding`)
+            or None (the export's or `model`'s); another one is refused.
         tau, batch_size, query_chunk, step: as for `PawsNN` and its call.
 
     Returns:
@@ -48,10 +46,10 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
 
     Raises:
         ValueError: unknown source, checkpoint source without `model` or
-            `checkpoint_path`, export of another preprocessing or embedding,
-            other class names, or a labeled set not the split file's.
-        FileNotFoundError: no export or checkpoint where expected.
-        RuntimeError: embedded counts that differ from the sources' sizes.
+            `checkpoint_path`, another preprocessing or embedding, other
+            class names, or a labeled set not the split file's.
+        FileNotFoundError: no export where expected.
+        RuntimeError: as for `PawsNN`'s call.
     """
     run = run_dir.RunDir(model_dir)
     preprocessing = dict(image_size=image_size, crop_fraction=crop_fraction,
@@ -61,13 +59,15 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
         source, embedding, dict(preprocessing, channels=labeled.channels),
         saved_model_dir=saved_model_dir or run.embedder, model=model,
         checkpoint_path=checkpoint_path)
-    results = evaluators.PawsNN(
+    results = evaluate.PawsNN(
         labeled, test, preprocessing=preprocessing, tau=tau,
-        log_dir=run.eval_logs, tag='paws_nn_test',
-        results_file=run.nn_results, batch_size=batch_size,
-        query_chunk=query_chunk, record=dict(
-            source=source, source_path=path, embedding=embedding, tau=tau,
-            split_file=split_file))(embed_fn, step)
+        log_dir=run.eval_logs, tag='paws_nn_test', batch_size=batch_size,
+        query_chunk=query_chunk)(embed_fn, step)
+    results.update(source=source, source_path=path, embedding=embedding,
+                   tau=tau, split_file=split_file)
+    os.makedirs(run.eval, exist_ok=True)
+    run.write_json(run.nn_results, results)
+    results['results_file'] = run.nn_results
     top5 = (f', top-5 {100 * results["top5"]:.2f}%' if 'top5' in results
             else '')
     summary = (f'PAWS-NN ({source} {path}, {embedding} embedding): top-1 '
@@ -105,18 +105,15 @@ def _embedder(source, embedding, expected, *, saved_model_dir, model,
         raise ValueError(f'Unknown source {source!r}; choose one of '
                          f'{", ".join(SOURCES)}.')
     if model is None or checkpoint_path is None:
-        raise ValueError('source="checkpoint" needs `model`, built from '
-                         'the run\'s gin config (model.build_model), and '
-                         '`checkpoint_path`.')
+        raise ValueError('source="checkpoint" needs `model`, restored from '
+                         'the run\'s checkpoint, and `checkpoint_path`.')
     if embedding not in (None, model.nn_embedding):
         raise ValueError(
             f'evaluate_nn.embedding = {embedding!r} but the model '
             f'compares {model.nn_embedding!r} (PAWSModel.nn_embedding): '
             'bind one of them to the other.')
-    size, channels = expected['image_size'], expected['channels']
-    model(tf.zeros([1, size, size, channels]), training=False)
-    path = checkpoints.load(checkpoint_path, model)
-    return path, model.nn_embedding, evaluate.embedder_from_model(model)
+    return (checkpoint_path, model.nn_embedding,
+            evaluate.embedder_from_model(model))
 
 
 def _checked_split(run, labeled, split_file):

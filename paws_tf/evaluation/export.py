@@ -19,12 +19,9 @@ _REJECTED_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
 
 def _checked_images(images, expected, description):
     """`images` with static shape `[None, *expected]` (None: any size), or
-    a failure with `description`.
-
-    The result goes through a `tf.cond`, whose output shape is fixed when
-    traced: a loaded function called with a static shape of another rank
-    would otherwise fail shape inference in a later op, before the check.
-    """
+    a failure with `description`. Through a `tf.cond`, whose output shape
+    is fixed when traced: a loaded function called with a static shape of
+    another rank would otherwise fail shape inference before the check."""
     shape = tf.shape(images)
     padded = tf.concat([shape, tf.zeros([4], tf.int32)], 0)
     conditions = [tf.equal(tf.rank(images), 4)] + [
@@ -153,7 +150,7 @@ class _Servable(tf.Module):
             self._preprocessed_description))
 
     def save(self, export_dir, preprocessed_signature, strategy, extra_info):
-        """Saves the module with preprocessing.json (the chief's copy)."""
+        """Saves the module and preprocessing.json (the chief's copy)."""
         raw = self.__call__.get_concrete_function(
             tf.TensorSpec(None, tf.uint8, name='images'))
         for dtype in _REJECTED_DTYPES:
@@ -174,11 +171,8 @@ class _Servable(tf.Module):
 
 
 def read_preprocessing(export_dir):
-    """The preprocessing parameters stored beside an export.
-
-    Raises:
-        FileNotFoundError: if `export_dir` holds no preprocessing.json.
-    """
+    """The preprocessing parameters stored beside an export; raises
+    FileNotFoundError if `export_dir` holds no preprocessing.json."""
     path = os.path.join(export_dir, PREPROCESSING_FILENAME)
     if not tf.io.gfile.exists(path):
         raise FileNotFoundError(
@@ -195,24 +189,23 @@ def export_embedder(model, export_dir, *, image_size, crop_fraction, mean,
     `[N, H, W, C]` (any N, H, W), preprocessed by `augment.center_view`, ->
     float32 `features` `[N, F]` (backbone), `projection` `[N, D]`,
     `prediction` `[N, D']` (with a prediction head) and `embeddings`: the
-    one of the last two that PAWS-NN compares (`model.nn_embedding`,
-    `embedding` in preprocessing.json). `embed_preprocessed` (also
-    `loaded.call_preprocessed`) takes float32 `[N, S, S, C]` preprocessed
-    images (`pipeline.make_eval_dataset`'s). The preprocessing is stored as
-    variables (`loaded.image_size`, ...) and in `preprocessing.json`.
-    Loading needs only TensorFlow.
+    one of the last two that PAWS-NN compares (`model.nn_embedding`).
+    `embed_preprocessed` (also `loaded.call_preprocessed`) takes float32
+    `[N, S, S, C]` images preprocessed as `pipeline.make_eval_dataset`
+    does. The preprocessing is stored as variables (`loaded.image_size`,
+    ...) and in `preprocessing.json`. Loading needs only TensorFlow.
 
-    Under MultiWorkerMirroredStrategy, export a copy of the model with
-    plain variables on the chief (`modes.export_and_evaluate` does): a
-    SavedModel cannot hold that strategy's distributed variables.
+    Under MultiWorkerMirroredStrategy, export a plain-variable copy of the
+    model on the chief (`modes.export_and_evaluate` does): a SavedModel
+    cannot hold that strategy's distributed variables.
 
     Args:
-        model: built `model.PAWSModel` (or any model whose call returns a
-            dict with `embeddings`).
+        model: built `model.PAWSModel` (or any model returning a dict
+            with `embeddings`).
         export_dir: output directory.
-        image_size, crop_fraction, mean, std, channels: the preprocessing:
-            S, the centre crop's fraction of the resized image, length-C
-            channel means and standard deviations, C.
+        image_size, crop_fraction, mean, std, channels: S, the centre
+            crop's fraction of the resized image, the C channel means and
+            standard deviations, C.
         strategy: the running strategy (default: the current one).
 
     Raises:
@@ -238,13 +231,11 @@ def export_classifier(model, export_dir, *, support_embeddings,
     `[N, S, S, C]` preprocessed images.
 
     Args:
-        model, export_dir: as for `export_embedder`.
-        support_embeddings: `[M, D]` embeddings of every labeled image.
-        support_labels: int `[M]` class ids in `[0, K)`.
-        class_names: K class names indexed by class id.
-        tau: similarity temperature.
-        image_size, crop_fraction, mean, std, channels, strategy: as for
-            `export_embedder`.
+        model, export_dir, image_size, crop_fraction, mean, std, channels,
+            strategy: as for `export_embedder`.
+        support_embeddings, support_labels: `[M, D]` embeddings of every
+            labeled image, int `[M]` class ids in `[0, K)`.
+        class_names, tau: K names indexed by class id, the temperature.
 
     Raises:
         ValueError: on inconsistent supports, labels or class names.

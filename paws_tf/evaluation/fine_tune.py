@@ -25,7 +25,7 @@ def fine_tune(model_dir, model, *, labeled, test, protocol='imagenet',
         model: restored pre-trained `model.PAWSModel` (not modified).
         labeled, test: labeled `sources.ImageSource`, labeled test source.
         protocol: 'imagenet' or 'cifar10'.
-        strategy: `tf.distribute.Strategy`; default the current one.
+        strategy: default the current one.
         image_size, crop_fraction, mean, std: preprocessing, as in
             `pipeline.make_eval_dataset`.
         seed: seed of every random choice.

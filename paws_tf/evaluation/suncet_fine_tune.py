@@ -23,7 +23,6 @@ from paws_tf.data import pipeline
 from paws_tf.data import sampling
 from paws_tf import dist
 from paws_tf.evaluation import evaluate
-from paws_tf.evaluation import evaluators
 from paws_tf.evaluation import tuning
 from paws_tf import lars as lars_lib
 from paws_tf import losses
@@ -178,7 +177,7 @@ def _fit(trainer, dataset_fn, paws_nn, *, num_epochs, steps_per_epoch,
     steps = []
     step_log = tf_keras.callbacks.LambdaCallback(
         on_train_batch_end=lambda batch, logs: steps.append(logs))
-    epoch_eval = evaluators.EpochEndEvaluation(
+    epoch_eval = evaluate.EpochEndEvaluation(
         [paws_nn], lambda _: embed_fn, num_epochs=num_epochs,
         every_epochs=eval_every_epochs or num_epochs, prefix='Fine-tuning ',
         to_logs=False)
@@ -260,8 +259,8 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
         classes_per_step=classes_per_step, images_per_class=images_per_class,
         views=views, flip=flip, num_replicas=strategy.num_replicas_in_sync,
         seed=seed, **preprocessing)
-    paws_nn = evaluators.PawsNN(labeled, test, preprocessing=preprocessing,
-                                tau=tau, batch_size=eval_batch_size)
+    paws_nn = evaluate.PawsNN(labeled, test, preprocessing=preprocessing,
+                              tau=tau, batch_size=eval_batch_size)
     trainer = _compiled_trainer(
         model, strategy, num_classes, tau, optimizer=dict(
             lars=lars, trust_coefficient=trust_coefficient, momentum=momentum,

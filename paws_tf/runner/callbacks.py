@@ -14,7 +14,6 @@ import tf_keras
 
 from paws_tf import checkpoints
 from paws_tf.evaluation import evaluate
-from paws_tf.evaluation import evaluators
 from paws_tf import model as model_lib
 from paws_tf.runner import building
 from paws_tf.runner import experiment
@@ -172,7 +171,7 @@ class OperativeConfig(tf_keras.callbacks.Callback):
 
 def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
                          every_epochs, max_queries):
-    """The `evaluators.EpochEndEvaluation` callback of `train`'s
+    """The `evaluate.EpochEndEvaluation` callback of `train`'s
     evaluators, on the held-out split.
 
     Every worker of a cluster runs it: each reads the model's weights at
@@ -183,7 +182,7 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
 
     Args:
         evaluator_classes: `train.evaluators`, each called with the run's
-            data (`evaluators.PawsNN`'s arguments).
+            data (`evaluate.PawsNN`'s arguments).
         bundle: the run's data (`experiment.load_data`).
         log_dir, tau: the TensorBoard directory, similarity temperature.
         chief: whether this process is the chief.
@@ -206,8 +205,8 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
         checkpoints.assign_weights(local_model, weights)
         return embed_fn
 
-    return evaluators.EpochEndEvaluation(built, embedder,
-                                         every_epochs=every_epochs)
+    return evaluate.EpochEndEvaluation(built, embedder,
+                                       every_epochs=every_epochs)
 
 
 class Saver(tf_keras.callbacks.Callback):

@@ -15,7 +15,7 @@ from paws_tf import cluster
 from paws_tf import determinism
 from paws_tf.data import data_fingerprint
 from paws_tf.data import pipeline
-from paws_tf.evaluation import evaluators as evaluators_lib
+from paws_tf.evaluation import evaluate
 from paws_tf import lars
 from paws_tf import progress
 from paws_tf import run_dir
@@ -48,7 +48,7 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
           precision='float32', jit_compile=False, steps_per_execution=1,
           seed=0, deterministic_ops=False, checkpoint_every_steps=1000,
           keep_checkpoints=3, backup_every_steps=100, log_every_steps=50,
-          view_images=True, evaluators=(evaluators_lib.PawsNN,),
+          view_images=True, evaluators=(evaluate.PawsNN,),
           eval_every_epochs=1, eval_max_queries=10_000,
           pretrained_backbone=None, on_data_change='stop', verbose='auto'):
     """PAWS pre-training into `model_dir`.
@@ -82,8 +82,9 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
         log_every_steps: TensorBoard scalar interval.
         view_images: write augmented views of the first step to TensorBoard.
         evaluators: the evaluator classes run on the test split at epoch
-            ends (`[@PawsNN, ...]`), every `eval_every_epochs` (0: never)
-            on `eval_max_queries` test images (None: all).
+            ends (`evaluate.PawsNN`; gin: `[@PawsNN, ...]`), every
+            `eval_every_epochs` (0: never) on `eval_max_queries` test
+            images (None: all).
         pretrained_backbone: weights file or checkpoint (a run's too) to
             start the backbone from.
         on_data_change: resuming on other data than the run started on:
