@@ -54,7 +54,7 @@ def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
     # The coordination service misses the dead worker's heartbeats.
     assert time.time() - killed < 120
     assert code == cluster_lib.ClusterFailed.EXIT_CODE, output[-3000:]
-    assert (f'worker 0 stopped at step ' in output and
+    assert ('worker 0 stopped at step ' in output and
             f': worker 1 ({address}) was lost; ' in output), output[-3000:]
     assert 'Find the first error in the log of worker 1,' in output
     assert 'Traceback' not in output

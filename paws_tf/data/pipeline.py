@@ -254,7 +254,8 @@ def make_pretrain_dataset_fn(
         classes_per_step, images_per_class, multicrop, support_views=1,
         unique_classes_per_replica=False, support_view_size=None, seed=0,
         start_step=0, deterministic=True, normalization=None):
-    """Builds the PAWS pre-training input (`distribute_datasets_from_function`).
+    """Builds the PAWS pre-training input
+    (`distribute_datasets_from_function`).
 
     Sizes are global; per-replica sizes are derived. `classes_per_step` is
     the number of support classes per step over all replicas (users of the

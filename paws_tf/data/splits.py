@@ -32,7 +32,8 @@ def _positions_of(source, names, split_file):
     if unknown:
         raise checks.DataError(
             f'{split_file}: {len(unknown)} names are not in the source, e.g. '
-            f'{unknown[:3]} (source names look like {list(source.names[:3])}).')
+            f'{unknown[:3]} (source names look like '
+            f'{list(source.names[:3])}).')
     if len(set(names)) != len(names):
         raise checks.DataError(
             f'{split_file} lists some images more than once.')
