@@ -143,3 +143,12 @@ def test_permutation_and_seeds():
     firsts = {tuple(sampling.permutation(
         64, sampling.derive_seed(0, 1, s)).numpy()[:3]) for s in range(300)}
     assert len(firsts) > 290
+
+
+@pytest.mark.parametrize('sizes', [dict(classes_per_step=0),
+                                   dict(images_per_class=0)])
+def test_sizes_below_one_are_refused(sizes):
+    """Fails if the sampler builds with no support class or no image per
+    class (a support that classifies nothing)."""
+    with pytest.raises(ValueError, match='must be >= 1'):
+        _sampler(np.repeat(np.arange(4), 5), **sizes)

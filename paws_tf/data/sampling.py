@@ -88,6 +88,10 @@ class SupportSampler:
             raise checks.DataError(
                 'The labeled set is empty: PAWS needs labeled support images. '
                 'Check labels_per_class / the split file of the labeled set.')
+        if classes_per_step < 1 or images_per_class < 1:
+            raise ValueError(f'{binding}.classes_per_step and '
+                             f'{binding}.images_per_class must be >= 1, got '
+                             f'{classes_per_step} and {images_per_class}.')
         class_ids, counts = np.unique(labels, return_counts=True)
         name = dict(enumerate(class_names))  # A class's name, else its id.
         if len(class_ids) < 2:
