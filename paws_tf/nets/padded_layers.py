@@ -133,7 +133,7 @@ def conv(filters, kernel_size, stride, pad, *, impl=nets.CUSTOM, name,
     Raises:
         ValueError: `impl` is not one of `nets.IMPLEMENTATIONS`.
     """
-    nets.check_impl(impl)
+    nets.check_impl(impl, 'padded layer impl')
     if impl == nets.CUSTOM:
         return None, PaddedConv2D(filters, kernel_size, strides=stride,
                                   pad=pad, name=name, **kwargs)
@@ -161,7 +161,7 @@ def max_pool(pool_size, stride, pad, *, impl=nets.CUSTOM, name):
     Raises:
         ValueError: `impl` is not one of `nets.IMPLEMENTATIONS`.
     """
-    nets.check_impl(impl)
+    nets.check_impl(impl, 'padded layer impl')
     if impl == nets.CUSTOM:
         return None, PaddedMaxPool2D(pool_size, stride, pad=pad, name=name)
     return (tf_keras.layers.ZeroPadding2D(pad, name=f'{name}_pad'),
