@@ -281,8 +281,9 @@ def check_model_dir(run, config, *, overwrite, chief):
         raise checks.ConfigError(
             f'{run} holds a run with a different gin config:\n' +
             '\n'.join(changed) + '\nUse another --model_dir, undo the change '
-            'to resume that run, or pass --overwrite to delete it and start '
-            'again.')
+            'to resume that run (for a binding of a parameter that no longer '
+            f'exists: delete its line from {run.config}), or pass '
+            '--overwrite to delete it and start again.')
     if chief:
         logging.warning('--overwrite: deleting the previous run in %s.',
                         run)
