@@ -75,31 +75,27 @@ def describe(holder):
             f'{_utc(holder.get("started", 0))}')
 
 
-def read(run):
-    """The contents of the lock of `run` (a `RunDir`), or None if there is
-    none."""
+def read(path):
+    """The contents of the lock file `path` (`RunDir.lock`), or None if
+    there is none."""
     try:
-        with open(run.lock) as f:
+        with open(path) as f:
             text = f.read()
-        written = os.path.getmtime(run.lock)
+        written = os.path.getmtime(path)
     except FileNotFoundError:
         return None
-    # A lock being written, or left empty by a holder killed while writing
-    # it, is of unknown host: it goes stale by the file's age.
-    return _parse(text) or {'host': '?', 'pid': '?', 'started': written,
-                            'heartbeat': written}
-
-
-def _parse(text):
     try:
         return json.loads(text)
     except ValueError:
-        return None
+        # A lock being written, or left empty by a holder killed while
+        # writing it, is of unknown host: it goes stale by the file's age.
+        return {'host': '?', 'pid': '?', 'started': written,
+                'heartbeat': written}
 
 
-def stale_reason(holder, now=None):
+def stale_reason(holder):
     """Why the lock `holder` is stale, or None if its holder may be alive."""
-    now = time.time() if now is None else now
+    now = time.time()
     if holder.get('host') == socket.gethostname():
         pid = holder.get('pid')
         if isinstance(pid, int) and not _alive(pid, holder.get('pid_start')):
@@ -170,7 +166,7 @@ class RunLock:
         return self
 
     def _take_over_if_stale(self):
-        holder = read(self._run)
+        holder = read(self._path)
         if holder is None:
             return  # Released meanwhile: try again.
         reason = stale_reason(holder)
@@ -183,9 +179,7 @@ class RunLock:
             os.rename(self._path, aside)
         except FileNotFoundError:
             return
-        with open(aside) as f:
-            taken = _parse(f.read()) or holder
-        if taken != holder:
+        if read(aside) != holder:
             # Another run replaced the stale lock between the read and the
             # rename: put its lock back, unless a third took the place.
             with contextlib.suppress(FileExistsError):
@@ -199,7 +193,7 @@ class RunLock:
 
     def _beat(self):
         while not self._stop.wait(HEARTBEAT_SECONDS):
-            holder = read(self._run)
+            holder = read(self._path)
             if not self._ours(holder):
                 logging.error('The lock of %s is no longer this run\'s '
                               '(now %s): another run took it over.',
@@ -216,7 +210,7 @@ class RunLock:
     def check(self):
         """Raises `Lost` unless the lock file is still there with this
         run's token (called before every save)."""
-        holder = read(self._run)
+        holder = read(self._path)
         if self._ours(holder):
             return
         now = (f'held by another run ({describe(holder)})' if holder
@@ -234,7 +228,7 @@ class RunLock:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if self._ours(read(self._run)):
+        if self._ours(read(self._path)):
             os.remove(self._path)
 
     def _ours(self, holder):
@@ -250,7 +244,7 @@ class RunLock:
 def check_held_by_job(run, job):
     """For the non-chief workers of a job, whose chief holds the lock:
     raises `Held` when another live run holds it."""
-    holder = read(run)
+    holder = read(run.lock)
     if (holder is not None and holder.get('job') != job
             and stale_reason(holder) is None):
         raise _held_error(run, holder)
@@ -273,7 +267,7 @@ def for_process(run, strategy, *, training):
     if training:
         check_held_by_job(run, _job(strategy))
         return contextlib.nullcontext()
-    holder = read(run)
+    holder = read(run.lock)
     if holder is not None and stale_reason(holder) is None:
         logging.warning(
             'A training run (%s) is writing %s: reading its newest complete '
