@@ -2,6 +2,7 @@
 restoring a trained run, exporting and evaluating it."""
 
 import contextlib
+import functools
 import os
 import typing
 
@@ -33,9 +34,8 @@ def load_trained_model(model_dir, strategy, *, local=False,
 
     Args:
         model_dir, strategy: the run directory, the running strategy.
-        local: build the model outside the strategy (plain variables), for
-            what one process does alone (export, PAWS-NN); else in its
-            scope (fine-tuning).
+        local: plain variables outside the strategy, for what one process
+            does alone (export, PAWS-NN); else in its scope (fine-tuning).
         imported: the run holds imported official weights (RGB).
 
     Returns:
@@ -158,16 +158,10 @@ def _train_and_evaluate(model_dir, strategy, options):
     return export_and_evaluate(model_dir, strategy)
 
 
-def _export(model_dir, strategy, options):
+def _export_or_evaluate(model_dir, strategy, options, *, evaluates):
     imported = official_import.check_mode(model_dir, options.mode)
-    export_and_evaluate(model_dir, strategy, evaluates=False,
-                        imported=imported)
-
-
-def _evaluate_nn(model_dir, strategy, options):
-    imported = official_import.check_mode(model_dir, options.mode)
-    return export_and_evaluate(model_dir, strategy, exports=False,
-                               imported=imported)
+    return export_and_evaluate(model_dir, strategy, exports=not evaluates,
+                               evaluates=evaluates, imported=imported)
 
 
 def _fine_tune(model_dir, strategy, options):
@@ -203,15 +197,12 @@ class Mode(typing.NamedTuple):
     imports: bool = False
 
 
-# The library's modes; run.py's --mode adds the demo's (`cli.MODES`). On a
-# model_dir holding an import, export, evaluate_nn and fine_tune run on the
-# imported weights, built from the gin config alone (the import already
-# exported the embedder).
+# The library's modes; run.py's --mode adds the demo's (`cli.MODES`).
 MODES = dict(
     train=Mode(_train, trains=True),
-    evaluate_nn=Mode(_evaluate_nn),
+    evaluate_nn=Mode(functools.partial(_export_or_evaluate, evaluates=True)),
     fine_tune=Mode(_fine_tune),
-    export=Mode(_export),
+    export=Mode(functools.partial(_export_or_evaluate, evaluates=False)),
     train_and_evaluate=Mode(_train_and_evaluate, trains=True),
     import_official=Mode(_import_official, imports=True),
 )
