@@ -8,6 +8,7 @@ import typing
 
 from absl import logging
 import tensorflow as tf
+import tf_keras
 
 from paws_tf import checkpoints
 from paws_tf import checks
@@ -46,7 +47,7 @@ def load_trained_model(model_dir, strategy, *, local=False,
         checkpoints.NoneRestorable: none of its checkpoints restores.
     """
     # Float32 whatever the training precision: portable exports.
-    building.set_precision('float32')
+    tf_keras.mixed_precision.set_global_policy('float32')
     channels = (official_import.CHANNELS if imported else
                 experiment.recorded_preprocessing(model_dir)[1])
     model = (building.build_local_model(input_channels=channels) if local

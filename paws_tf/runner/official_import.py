@@ -125,7 +125,7 @@ def _fine_tuned_classifier(state):
 def _network(path, state, strategy):
     """`(kind, network, backbone, tensors)`: the kind of `state`, the
     configured network holding its values, its backbone, their count."""
-    building.set_precision('float32')
+    tf_keras.mixed_precision.set_global_policy('float32')
     hint = ''
     if 'fc.fc3.weight' in state:
         found = PRETRAINED
