@@ -20,11 +20,8 @@ from paws_tf.runner import experiment
 
 
 class StopOnNonFiniteLoss(tf_keras.callbacks.Callback):
-    """Stops training with a clear error when the loss is NaN or infinite.
-
-    Listed before the `Saver`, so the non-finite state is never
-    written over a good checkpoint or backup.
-    """
+    """Stops training with a clear error when the loss is NaN or infinite,
+    before the `Saver` writes that state over a good one."""
 
     def __init__(self, checkpoint_dir):
         super().__init__()
@@ -181,13 +178,12 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
     TensorBoard points (to `log_dir`).
 
     Args:
-        evaluator_classes: `train.evaluators`, each called with the run's
-            data (`evaluate.PawsNN`'s arguments).
-        bundle: the run's data (`experiment.load_data`).
-        log_dir, tau: the TensorBoard directory, similarity temperature.
-        chief: whether this process is the chief.
-        every_epochs, max_queries: `train`'s `eval_every_epochs` and
-            `eval_max_queries`.
+        evaluator_classes, every_epochs, max_queries: `train`'s
+            `evaluators` (called as `evaluate.PawsNN`), `eval_every_epochs`
+            and `eval_max_queries`.
+        bundle, log_dir, tau, chief: the run's data, the TensorBoard
+            directory, the similarity temperature, whether this process is
+            the chief.
     """
     local_model, built = None, []
     if chief:
