@@ -194,10 +194,9 @@ def _check_backbone(multicrop):
 
 
 def check_config(pretraining=True):
-    """Checks the parsed gin config before any data is read (a labeled
-    folder's class folders are listed, no image is read); each check names
-    the binding to change and a valid value. Sources other than folders
-    have their channels checked once read.
+    """Checks the parsed gin config (a labeled folder's class folders are
+    listed, no image is read; other sources' channels are checked once
+    read); each check names the binding to change and a valid value.
 
     Args:
         pretraining: the run pre-trains: check `train`'s arguments and the
@@ -217,14 +216,14 @@ def check_config(pretraining=True):
 
 def check_pretrained_backbone():
     """Refuses a `train.pretrained_backbone` file that does not fit the
-    configured backbone, before any data is read; call it once the
-    strategy exists (`MultiWorkerMirroredStrategy` must precede other
-    TensorFlow ops). The backbone of a source other than folders is tried
-    with 3 channels, then 1 (training checks the file again).
+    configured backbone; call it once the strategy exists
+    (`MultiWorkerMirroredStrategy` must precede other TensorFlow ops). The
+    backbone of a source other than folders is tried with 3 channels, then
+    1 (training checks the file again).
 
     Raises:
-        checks.ConfigError: the file does not exist, or does not fit (the
-            message names the binding and the variables that do not fit).
+        checks.ConfigError: the file is missing or does not fit (naming the
+            binding and the variables that do not fit).
     """
     path, name = bindings.binding('train.pretrained_backbone')
     if not path:

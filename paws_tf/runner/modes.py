@@ -25,9 +25,6 @@ from paws_tf.runner import experiment
 from paws_tf.runner import official_import
 from paws_tf.runner import train
 
-EMBED_BATCH_SIZE = 256
-
-
 def load_trained_model(model_dir, strategy, *, local=False,
                        imported=False):
     """The run's model restored from its newest checkpoint that restores,
@@ -88,7 +85,7 @@ def export_run(model_dir, model, bundle=None):
             return
     supports, labels = evaluate.embed_dataset(
         evaluate.embedder_from_model(model),
-        pipeline.make_eval_dataset(bundle.labeled, batch_size=EMBED_BATCH_SIZE,
+        pipeline.make_eval_dataset(bundle.labeled, batch_size=256,
                                    **preprocessing),
         description='labeled images')
     export.export_classifier(

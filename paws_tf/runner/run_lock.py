@@ -1,11 +1,6 @@
-"""One writer per run directory: the training lock, `RunDir.lock`.
-
-A training run creates the lock file atomically (O_CREAT | O_EXCL) before
-it touches any run state, keeps its heartbeat fresh and deletes it when it
-exits. A lock whose holder is gone (on this host: its process; from
-another host: a heartbeat older than `STALE_AFTER_SECONDS`) is taken over;
-a holder taken over while alive finds out before its next save and stops.
-"""
+"""One writer per run directory: the training lock, `RunDir.lock`, taken
+over when its holder is gone; a holder taken over while alive finds out
+before its next save and stops."""
 
 import contextlib
 import datetime
@@ -121,15 +116,13 @@ def _held_error(run, holder):
 
 
 class RunLock:
-    """The training lock of one run directory, held from `acquire` to
-    `release`; a context manager. The file is JSON: `{host, pid,
-    pid_start, started, heartbeat, job, token}`.
+    """The training lock of one run directory, held from `acquire` (before
+    the run touches any state) to `release`; a context manager.
 
     Args:
         run: the `RunDir` (created if missing).
         job: what the processes of one job share (`_job`), so that the
-            other workers recognise their chief's lock; None for one
-            process.
+            other workers recognise their chief's lock; None for one process.
     """
 
     def __init__(self, run, job=None):
