@@ -77,10 +77,9 @@ class ProgressLog(tf_keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = self._mark()
 
-    def _rate(self, start, end=None):
+    def _rate(self, start, end):
         """(views per second, seconds per step, seconds) from `start` to
-        `end` (default now), both `_mark()`s."""
-        end = end or self._mark()
+        `end`, both `_mark()`s."""
         seconds = end[0] - start[0]
         steps = max(end[1] - start[1], 1)
         return steps * self._views_per_step / seconds, seconds / steps, seconds
@@ -89,11 +88,11 @@ class ProgressLog(tf_keras.callbacks.Callback):
         # Epoch throughput ends at the last step, not after the epoch-end
         # evaluation and saves.
         self._last_batch_end = self._mark()
-        step = checkpoints.global_step(self.model)
+        step = self._last_batch_end[1]
         if not self._every_steps or step % self._every_steps:
             return
         views_per_second, seconds_per_step, _ = self._rate(
-            self._interval_start)
+            self._interval_start, self._last_batch_end)
         logs = logs or {}
         every = getattr(self.model, 'diagnostics_every', 0)
         with self._writer.as_default(step=step):
@@ -139,12 +138,11 @@ class ViewImages(tf_keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         element = next(iter(self._dataset_fn(None)))
-        mean = np.reshape(self._mean, [1, 1, 1, -1])
-        std = np.reshape(self._std, [1, 1, 1, -1])
         with tf.summary.create_file_writer(self._log_dir).as_default(step=0):
             for key in ('global_views', 'local_views', 'support_views'):
                 if key in element:
-                    images = element[key][:self._count].numpy() * std + mean
+                    images = (element[key][:self._count].numpy() * self._std
+                              + self._mean)  # Per channel: [C] each.
                     tf.summary.image(f'views/{key}', np.clip(images, 0, 1),
                                      max_outputs=self._count)
 
@@ -156,14 +154,13 @@ class OperativeConfig(tf_keras.callbacks.Callback):
 
     def __init__(self, run):
         super().__init__()
-        self._run = run
-        self._written = False
+        self._run = run  # None once written.
 
     def on_train_batch_end(self, batch, logs=None):
-        if not self._written:
+        if self._run is not None:
             self._run.write(self._run.operative_config,
                             gin.operative_config_str())
-            self._written = True
+            self._run = None
 
 
 def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
@@ -209,7 +206,6 @@ class Saver(tf_keras.callbacks.Callback):
     """Backs up (every `backup_every` steps) and checkpoints (every
     `checkpoint_every` steps, 0: epoch ends only) a `checkpoints.RunState`,
     the backup first, when the global step reaches or passes a multiple.
-
     On SIGTERM (what Slurm and most schedulers send before killing a job),
     inside `handling_sigterm()`, the run backs up at the end of the step
     and stops; `preempted_at` then holds the step.
@@ -281,10 +277,10 @@ def fit_from(model, input_at, start_step, *, epochs, steps_per_epoch,
     counts from the first step of each `fit`).
 
     Args:
-        model: the compiled model, restored at `start_step`.
+        model, start_step: the compiled model, restored at the global step
+            to start at.
         input_at: `step -> x` of `fit` (a `DatasetCreator`) that starts at
             global `step`.
-        start_step: the global step to start at.
         epochs, steps_per_epoch, callbacks, **fit_kwargs: of every `fit`.
     """
     epoch, done = divmod(start_step, steps_per_epoch)

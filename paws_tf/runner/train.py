@@ -261,13 +261,9 @@ def _fit(model, pretrain, input_at, fit_callbacks, saver, *, strategy,
 
 
 def _start(run, strategy, *, chief, on_change, overwrite):
-    """The run's data, checked against what it started on (its records
-    staged until the data is accepted), and where it starts.
-
-    Returns:
-        `(bundle, step, path)`: `path` is the backup or checkpoint of global
-        `step` to restore, None for a new run (step 0).
-    """
+    """`(bundle, step, path)`: the run's data, checked against what it
+    started on (its records staged until the data is accepted), and the
+    backup or checkpoint of global `step` to restore (None: a new run)."""
     accepted = False
     try:
         bundle = experiment.load_data(run.staging if chief else None)
