@@ -178,9 +178,8 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
         evaluator_classes, every_epochs, max_queries: `train`'s
             `evaluators` (called as `evaluate.PawsNN`), `eval_every_epochs`
             and `eval_max_queries`.
-        bundle, log_dir, tau, chief: the run's data, the TensorBoard
-            directory, the similarity temperature, whether this process is
-            the chief.
+        bundle, log_dir, tau, chief: the run's data, the TensorBoard directory,
+            the similarity temperature, whether this process is the chief.
     """
     local_model, built = None, []
     if chief:

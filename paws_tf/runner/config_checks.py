@@ -47,8 +47,7 @@ def _check_folders_bound(folder):
             roots.append((f'{prefix}.unlabeled_root', 'unlabeled images'))
     test = bindings.reference('load_data.test')
     if test is not None and test.configurable.name == 'image_folder':
-        roots.append((f'{test.scoped_selector}.root',
-                      'test class subfolders'))
+        roots.append((f'{test.scoped_selector}.root', 'test class subfolders'))
     for selector, what in roots:
         root, name = bindings.binding(selector)
         if root is None:
@@ -140,8 +139,7 @@ def _check_normalization(folder):
     selector)` bound called, or None."""
     channels = None
     if folder is not None:
-        channels, channels_name = bindings.binding(f'{folder[0]}.channels',
-                                                   3)
+        channels, channels_name = bindings.binding(f'{folder[0]}.channels', 3)
         if channels not in (1, 3) or isinstance(channels, bool):
             raise checks.ConfigError(
                 f'{channels_name} = {channels!r}: images are decoded to 1 '
@@ -232,8 +230,7 @@ def check_pretrained_backbone():
     tried = ((bindings.binding(f'{folder[0]}.channels', 3)[0],)
              if folder is not None else (3, 1))
     for channels in tried:
-        backbone = building.build_local_model(
-            input_channels=channels).backbone
+        backbone = building.build_local_model(input_channels=channels).backbone
         try:
             checkpoints.load_backbone_weights(backbone, path)
             return
@@ -283,7 +280,6 @@ def check_model_dir(run, config, *, overwrite, chief):
             'to resume that run, or pass --overwrite to delete it and start '
             'again.')
     if chief:
-        logging.warning('--overwrite: deleting the previous run in %s.',
-                        run)
+        logging.warning('--overwrite: deleting the previous run in %s.', run)
         run.delete(run.training_outputs +
                    (run.config, run.fingerprint, run.normalization))

@@ -123,11 +123,10 @@ def _check_test(test_source, labeled):
         raise checks.DataError(
             f'The test set{_folder("load_data.test")} has classes '
             f'{_classes(test_source)} but the labeled set'
-            f'{_folder("load_data.train")} has '
-            f'{_classes(labeled)}: both need the same class folder '
-            'names (classes are numbered in sorted order). Rename the '
-            'test class folders, or bind the test folder to one that '
-            'holds the labeled classes.')
+            f'{_folder("load_data.train")} has {_classes(labeled)}: both need '
+            'the same class folder names (classes are numbered in sorted '
+            'order). Rename the test class folders, or bind the test folder '
+            'to one that holds the labeled classes.')
     if test_source.channels != labeled.channels:
         raise checks.DataError(
             f'The test images have {test_source.channels} channels, the '
@@ -142,9 +141,8 @@ def resolve_normalization(spec, run, source, **kwargs):
     if spec == normalization_lib.FROM_DATA and not isinstance(
             source, sources.ImageSource):
         raise ValueError(
-            'The unlabeled images are a stream, which a sample cannot '
-            "be drawn from: bind load_data.normalization_from = "
-            "'labeled'.")
+            'The unlabeled images are a stream, which a sample cannot be '
+            "drawn from: bind load_data.normalization_from = 'labeled'.")
     values, record = normalization_lib.resolve_normalization(
         spec, source=source,
         recorded=None if run is None else run.read_json(run.normalization),
@@ -212,9 +210,8 @@ def eval_preprocessing(bundle=None, *, normalization=None,
 
 
 def recorded_preprocessing(run=None):
-    """`eval_preprocessing` of a trained run without reading its images:
-    the normalisation is the run's record or, for a preset or pair, the
-    config's.
+    """`eval_preprocessing` of a trained run without reading its images: the
+    normalisation is the run's record or, for a preset or pair, the config's.
 
     Args:
         run: the run's `RunDir` (or its path); None for an import.

@@ -25,8 +25,7 @@ from paws_tf.runner import experiment
 from paws_tf.runner import official_import
 from paws_tf.runner import train
 
-def load_trained_model(model_dir, strategy, *, local=False,
-                       imported=False):
+def load_trained_model(model_dir, strategy, *, local=False, imported=False):
     """The run's model restored from its newest checkpoint that restores,
     from the gin config and the run directory alone.
 
@@ -211,5 +210,4 @@ def run(model_dir, strategy, mode, **options):
     `strategy`, with the fields of `Options` as `**options`; returns what
     the mode returns."""
     checks.one_of('mode', mode, tuple(MODES))
-    return MODES[mode].run(model_dir, strategy,
-                           Options(mode=mode, **options))
+    return MODES[mode].run(model_dir, strategy, Options(mode=mode, **options))

@@ -100,8 +100,7 @@ def _fine_tuned_classifier(state):
     `fc1 -> bn1 -> ReLU -> fc2` (suncet `fine_tune.py`) or a linear `fc`,
     sized from `state` (images -> float32 logits), and the weighted layers
     after the backbone."""
-    backbone = backbones.build_backbone(input_channels=CHANNELS,
-                                        sync_bn=False)
+    backbone = backbones.build_backbone(input_channels=CHANNELS, sync_bn=False)
     inputs = tf_keras.Input((None, None, CHANNELS), name='images')
     x = backbone(inputs)  # [B, F]
     layers = []
@@ -117,8 +116,7 @@ def _fine_tuned_classifier(state):
         num_classes = state['fc.weight'].shape[0]
     dense = tf_keras.layers.Dense(num_classes, name='classifier',
                                   dtype='float32')
-    classifier = tf_keras.Model(inputs, dense(x),
-                                name='fine_tuned_classifier')
+    classifier = tf_keras.Model(inputs, dense(x), name='fine_tuned_classifier')
     return classifier, layers + [dense]
 
 

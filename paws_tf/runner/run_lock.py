@@ -105,14 +105,13 @@ def stale_reason(holder):
 
 def _held_error(run, holder):
     return Held(
-        f'{run} is being trained by another run ({describe(holder)}; '
-        f'last heartbeat {_utc(holder.get("heartbeat", 0))}): two runs '
-        'writing one directory corrupt each other\'s checkpoints. Wait for '
-        f'it to finish, stop it (kill {holder.get("pid")} on '
-        f'{holder.get("host")}), or use another --model_dir. (The lock of a '
-        'process that has gone is taken over without asking: on its host at '
-        f'once, from another host once its heartbeat is '
-        f'{STALE_AFTER_SECONDS} s old.)')
+        f'{run} is being trained by another run ({describe(holder)}; last '
+        f'heartbeat {_utc(holder.get("heartbeat", 0))}): two runs writing one '
+        "directory corrupt each other's checkpoints. Wait for it to finish, "
+        f'stop it (kill {holder.get("pid")} on {holder.get("host")}), or use '
+        'another --model_dir. (The lock of a process that has gone is taken '
+        'over without asking: on its host at once, from another host once its '
+        f'heartbeat is {STALE_AFTER_SECONDS} s old.)')
 
 
 class RunLock:
