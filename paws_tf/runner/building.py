@@ -1,5 +1,4 @@
-"""The PAWS model and its optimizer, built under a strategy and a
-precision policy."""
+"""The PAWS model and its optimizer under a strategy and a precision policy."""
 
 import tensorflow as tf
 import tf_keras

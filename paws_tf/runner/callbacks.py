@@ -1,7 +1,6 @@
 """Training callbacks, and `fit` from the step a run resumes at."""
 
 import contextlib
-import math
 import signal
 import threading
 import time
@@ -29,7 +28,7 @@ class StopOnNonFiniteLoss(tf_keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         loss = (logs or {}).get('loss')
-        if loss is not None and not math.isfinite(float(loss)):
+        if loss is not None and not np.isfinite(loss):
             raise checkpoints.non_finite_error(
                 f'The loss became {float(loss)} (batch {batch} of this '
                 'epoch)', checkpoints.global_step(self.model),

@@ -1,5 +1,4 @@
-"""The checks of a whole gin config, made before any data is read: its
-values, and whether it is the config of the run already in `model_dir`."""
+"""Checks of a gin config before data is read, also against model_dir's run."""
 
 import inspect
 import numbers

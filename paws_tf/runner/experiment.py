@@ -1,5 +1,4 @@
-"""An experiment's data: its sources, their normalisation (recorded in the
-run's directory) and the evaluation preprocessing."""
+"""An experiment's data, its normalisation and evaluation preprocessing."""
 
 import collections
 import os

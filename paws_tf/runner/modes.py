@@ -1,5 +1,4 @@
-"""run.py's modes, one function each (`MODES`), and what they share:
-restoring a trained run, exporting and evaluating it."""
+"""run.py's modes (`MODES`) and what they share: restore, export, evaluate."""
 
 import contextlib
 import functools

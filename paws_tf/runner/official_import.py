@@ -1,6 +1,4 @@
-"""Importing the official PyTorch PAWS checkpoints (`.pth.tar`) as paws_tf
-runs: a pre-trained encoder as a checkpoint, a fine-tuned classifier as a
-SavedModel."""
+"""Importing official PyTorch PAWS checkpoints (`.pth.tar`) as paws_tf runs."""
 
 import os
 

@@ -3,7 +3,6 @@ over when its holder is gone; a holder taken over while alive finds out
 before its next save and stops."""
 
 import contextlib
-import datetime
 import json
 import os
 import socket
@@ -60,8 +59,7 @@ def _alive(pid, pid_start):
 
 
 def _utc(seconds):
-    return datetime.datetime.fromtimestamp(
-        seconds, datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')
+    return time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(seconds))
 
 
 def describe(holder):
