@@ -226,8 +226,7 @@ class Saver(tf_keras.callbacks.Callback):
             yield
             return
 
-        def request_stop(signum, frame):
-            del signum, frame  # Unused.
+        def request_stop(*_):  # (signum, frame)
             self._stop_requested = True
 
         previous = signal.signal(signal.SIGTERM, request_stop)

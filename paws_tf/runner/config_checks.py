@@ -248,8 +248,7 @@ def check_model_dir(run, config, *, overwrite, chief):
     start that saved nothing.
 
     Args:
-        run: the `RunDir`.
-        config: the gin config to train with (`gin.config_str()`).
+        run, config: the `RunDir`, the gin config text to train with.
         overwrite, chief: run.py's --overwrite; whether this process writes.
 
     Raises:

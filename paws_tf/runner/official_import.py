@@ -176,8 +176,7 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
     read and matched.
 
     Args:
-        model_dir: the run directory to create.
-        path: the official `.pth.tar` file.
+        model_dir, path: the run directory to create, the official file.
         strategy: the `tf.distribute.Strategy` to build in.
         overwrite: replace an earlier import or run in `model_dir`.
 
