@@ -44,9 +44,8 @@ TRAIN_TAGS = {
     'trust_ratio_min': 'lars/trust_ratio_min',
     'trust_ratio_max': 'lars/trust_ratio_max',
     'nt_xent': 'diagnostics/nt_xent', 'suncet': 'diagnostics/suncet'}
-# The values that are means over the epoch in `fit`'s logs: their per-step
-# values come as `model.STEP_PREFIX + name`, their epoch means go under
-# `epoch/`.
+# Means over the epoch in `fit`'s logs: each step's value is under
+# `model.STEP_PREFIX + name`, the epoch's goes to TensorBoard's `epoch/`.
 EPOCH_MEANS = ('loss', 'cross_entropy', 'me_max', 'target_confidence',
                'in_domain')
 DIAGNOSTICS = ('nt_xent', 'suncet')
