@@ -31,9 +31,8 @@ class Preempted(RuntimeError):
 
 
 def weights_fingerprint(model):
-    """SHA-256 of the model's weights: equal fingerprints, equal weights.
-    Every worker of a cluster calls it (reading a batch-norm moving
-    statistic is a collective)."""
+    """SHA-256 of the model's weights, which every worker of a cluster
+    computes (reading a batch-norm moving statistic is a collective)."""
     digest = hashlib.sha256()
     for weight in model.get_weights():
         digest.update(np.ascontiguousarray(weight).tobytes())
