@@ -342,7 +342,8 @@ def make_pretrain_dataset_fn(
 @gin.configurable(denylist=['source'])
 def make_eval_dataset(source, *, batch_size, image_size, crop_fraction, mean,
                       std):
-    """Centre-cropped images and labels, every image once in source order.
+    """Centre-cropped images and labels, every image once in source order:
+    a `tf.data.Dataset` of `(float32 [b, S, S, C], int32 [b])`.
 
     Args:
         source: `sources.ImageSource` or `sources.StreamSource` with labels.
@@ -350,9 +351,6 @@ def make_eval_dataset(source, *, batch_size, image_size, crop_fraction, mean,
         image_size: output side S.
         crop_fraction: centre crop as a fraction of the image side.
         mean, std: per-channel normalisation.
-
-    Returns:
-        `tf.data.Dataset` of `(float32 [b, S, S, C], int32 [b])`.
     """
     def view(image, label):
         return augment.center_view(image, image_size,

@@ -12,8 +12,7 @@ SUPPORT_CLASSES = 3
 SUPPORT_IMAGES = 4
 SUPPORT_VIEWS = 5
 STREAM_VIEWS = 6
-# Listed when classes are too small; longer lists are cut.
-_MAX_LISTED = 5
+_MAX_LISTED = 5  # Classes named in an error; longer lists are cut.
 
 
 def derive_seed(seed, tag, *data):

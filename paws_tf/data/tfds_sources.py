@@ -222,7 +222,8 @@ def imagenet_validation(*, cache_dir=gin.REQUIRED, data_dir=None,
 def imagenet_sources(*, labeled_subset='10pct', cache_dir=gin.REQUIRED,
                      data_dir=None, include_labeled_in_unlabeled=True,
                      shuffle_buffer=10_000):
-    """ImageNet: a SimCLR labeled subset and the streamed training set.
+    """ImageNet: `(labeled, unlabeled)`, a SimCLR labeled subset (an
+    `ImageSource`) and the streamed training set (a `StreamSource`).
 
     The labeled subset must be random-access for class-balanced support
     sampling, but 10pct is 128k JPEGs (~14 GB): too much to keep in memory
@@ -237,9 +238,6 @@ def imagenet_sources(*, labeled_subset='10pct', cache_dir=gin.REQUIRED,
         include_labeled_in_unlabeled: keep the labeled images in the
             unlabeled stream (paper footnote 1).
         shuffle_buffer: encoded images in the unlabeled shuffle buffer.
-
-    Returns:
-        `(labeled ImageSource, unlabeled StreamSource)`.
 
     Raises:
         ValueError: for an unknown `labeled_subset`.
