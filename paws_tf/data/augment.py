@@ -1,5 +1,4 @@
-"""Stateless SimCLR augmentations (colour jitter and grayscale, or the
-official CIFAR-10 jitter, Solarize and Equalize) and PAWS multi-crop views."""
+"""Stateless SimCLR and CIFAR-10 augmentations, and PAWS multi-crop views."""
 
 import dataclasses
 
@@ -222,9 +221,7 @@ def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
     crop_seed, flip_seed, color_seed, blur_seed = image_ops.split_seed(seed, 4)
     view = image_ops.random_resized_crop(image, crop_seed, size, scale)
     view = image_ops.random_flip(view, flip_seed)
-    if color_strength:
-        view = color_distortion(view, color_seed, color_strength,
-                                kind=distortion)
+    view = color_distortion(view, color_seed, color_strength, kind=distortion)
     if blur_prob:
         view = image_ops.gaussian_blur(view, blur_seed, blur_prob)
     return image_ops.normalize(view, mean, std)

@@ -1,5 +1,4 @@
-"""Image folders as sources: one sub-folder per class (labeled) or a flat
-tree (unlabeled), with undecodable files found before training starts."""
+"""Image folders as sources, undecodable files found before training."""
 
 import collections
 import pathlib

@@ -1,5 +1,4 @@
-"""Seeded image operations of the augmentations (crops, PIL's Gaussian blur,
-flips, normalisation) on float32 images in [0, 1]."""
+"""Seeded image operations of the augmentations, on float32 in [0, 1]."""
 
 import math
 
