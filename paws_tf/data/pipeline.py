@@ -249,12 +249,11 @@ def make_pretrain_dataset_fn(
         start_step=0, deterministic=True, normalization=None):
     """The PAWS pre-training input (`distribute_datasets_from_function`).
 
-    Sizes are global; per-replica sizes are derived. `classes_per_step` is
-    the number of support classes per step over all replicas (users of the
-    official code were misled by per-GPU values): each replica samples
-    K = classes_per_step / R classes if `unique_classes_per_replica`
-    (ImageNet: 960 = 15 x 64 GPUs), else all replicas sample the same
-    K = classes_per_step classes, each with its own images.
+    Sizes are global (users of the official code were misled by per-GPU
+    values); per-replica sizes are derived: each replica samples K =
+    classes_per_step / R classes if `unique_classes_per_replica` (ImageNet:
+    960 = 15 x 64 GPUs), else all replicas sample the same K =
+    classes_per_step classes, each with its own images.
 
     Each pipeline yields, for every step, one element per local replica in
     local-replica order (tf.distribute hands them out round-robin):

@@ -13,7 +13,6 @@ from paws_tf import checks
 FASHION_MNIST_CLASS_NAMES = (
     'T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt',
     'Sneaker', 'Bag', 'Ankle boot')
-_IDX_UBYTE = 0x08  # The only IDX element type MNIST-style files use.
 
 
 def _eager_constant(array):
@@ -216,7 +215,7 @@ def read_idx(path):
     opener = gzip.open if str(path).endswith('.gz') else open
     with opener(path, 'rb') as f:
         data = f.read()
-    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != _IDX_UBYTE:
+    if len(data) < 4 or data[:3] != b'\x00\x00\x08':
         raise checks.DataError(
             f'{path}: bad IDX magic number {data[:4].hex()}; expected '
             '0000 08 NN (unsigned bytes, NN dimensions). Is it an MNIST-style '

@@ -83,9 +83,7 @@ def tfds_stream(name, *, split='train', data_dir=None, channels=3,
     by reading).
 
     Args:
-        name: TFDS name.
-        split: TFDS split.
-        data_dir: TFDS data directory (None: TFDS default).
+        name, split, data_dir: as `load_tfds` takes them.
         channels: channels to decode to.
         shuffle_buffer: encoded items in the seeded shuffle buffer.
         exclude_file_names: `file_name`s to leave out (the labeled subset,
