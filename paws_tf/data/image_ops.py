@@ -130,8 +130,7 @@ def _pil_blur(image, sigma):
 
 
 def pil_gaussian_blur(image, sigma):
-    """PIL `ImageFilter.GaussianBlur(radius=sigma)` of a uint8 image, in
-    a uint8 image of its shape.
+    """PIL `ImageFilter.GaussianBlur(radius=sigma)` of a uint8 image.
 
     The official blur is PIL's own, so the view is blurred by PIL itself:
     the same values by construction, and a fraction of the CPU time of its
@@ -139,7 +138,7 @@ def pil_gaussian_blur(image, sigma):
     blurs, so the parallel calls of a `tf.data` map blur on every core.
 
     Args:
-        image: [H, W, C] uint8 tensor, C 1 or 3.
+        image: [H, W, C] uint8 tensor, C 1 or 3; the result alike.
         sigma: scalar float32 standard deviation, in pixels.
     """
     blurred = tf.numpy_function(_pil_blur, [image, sigma], tf.uint8,
