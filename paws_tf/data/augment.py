@@ -158,15 +158,12 @@ def color_distortion(image, seed, strength=1.0, kind='simclr',
 
     Args:
         image: [H, W, C] float in [0, 1], C in (1, 3); for C = 1 only
-            brightness and contrast act in the jitter.
+            brightness and contrast act in the jitter; the result float32.
         seed: [2] int32/int64 stateless seed.
         strength: colour distortion strength s; 0 skips the distortion.
         kind: one of `DISTORTIONS`.
         jitter_prob, grayscale_prob, solarize_prob, equalize_prob: each
             operation's probability.
-
-    Returns:
-        [H, W, C] float32 in [0, 1].
     """
     check_distortion(kind)
     image = tf.cast(image, tf.float32)

@@ -133,9 +133,8 @@ def channel_statistics(source, max_images=None, seed=0):
 
 
 def _check_record(recorded, where, spec, fixed, channels):
-    """The values of the record `recorded` (read from `where`), checked
-    against `spec` (`fixed`: its values, None for `FROM_DATA`) and the
-    `channels`."""
+    """`recorded`'s values (read from `where`), checked against `spec`
+    (`fixed`: its values, None for `FROM_DATA`) and `channels`."""
     values = tuple(recorded['mean']), tuple(recorded['std'])
     if channels is not None and recorded.get('channels') != channels:
         raise ValueError(
