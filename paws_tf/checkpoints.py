@@ -1,12 +1,8 @@
-"""A run's checkpoints: written, found and restored one way, whole or in
-part.
+"""A run's checkpoints, written, found and restored one way: `ckpt-<global
+step>` holds the model and its optimizer, in the backup (the newest only:
+what an interrupted run resumes from) and in `checkpoints/`. Nothing else
+is saved: the input is a stateless function of (seed, step)."""
 
-`ckpt-<global step>` holds the model and its optimizer, in the backup
-(`backup/chief/`, the newest only: what an interrupted run resumes from)
-and in `checkpoints/` (which outlive the run). Nothing else is saved: the
-input is a stateless function of (seed, step)."""
-
-import collections
 import os
 import shutil
 import time
@@ -33,8 +29,7 @@ class SaveFailed(RuntimeError):
 
 
 class NoneRestorable(RuntimeError):
-    """Checkpoints exist but none can be restored (truncated or corrupted
-    files)."""
+    """Checkpoints exist but none can be restored (damaged files)."""
     EXIT_CODE = os.EX_DATAERR  # run.py's exit code.
 
 
@@ -235,19 +230,16 @@ def _unmatched_variables(root, prefix):
     stored = {key for key, _ in tf.train.list_variables(prefix)}
     view = tf.train.TrackableView(root)
     seen = {id(root)}
-    queue = collections.deque([(root, ())])
+    queue = [(root, '')]  # Read while it grows: breadth first.
     missing = []
-    while queue:
-        parent, path = queue.popleft()
-        for child_name, child in view.children(parent).items():
+    for parent, path in queue:
+        for name, child in view.children(parent).items():
             if id(child) in seen:
                 continue
             seen.add(id(child))
-            child_path = path + (child_name,)
             if not isinstance(child, tf.Variable):
-                queue.append((child, child_path))
-            elif '/'.join(child_path + ('.ATTRIBUTES', 'VARIABLE_VALUE')
-                          ) not in stored:
+                queue.append((child, f'{path}{name}/'))
+            elif f'{path}{name}/.ATTRIBUTES/VARIABLE_VALUE' not in stored:
                 missing.append(child.name)
     return missing
 
@@ -331,9 +323,8 @@ def non_finite_error(what, step, checkpoint_dir):
 
 
 class RunState:
-    """Saves one run's model and optimizer; under
-    MultiWorkerMirroredStrategy every worker saves, only the chief's files
-    are kept (`cluster.save_dir`).
+    """Saves one run's model and optimizer (on every worker of a cluster:
+    `cluster.save_dir`).
 
     Args:
         model_dir: the run directory.

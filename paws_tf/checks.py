@@ -53,11 +53,9 @@ def number(name, value, *, positive=False, low=None, high=None):
            (low is not None and not value >= low) or
            (high is not None and not value < high))
     if bad:
-        if positive:
-            kind = 'positive'
-        else:
-            kind = 'a number' + (f' >= {low}' if low is not None else '') + (
-                f' and < {high}' if high is not None else '')
+        kind = ('positive' if positive else 'a number' +
+                (f' >= {low}' if low is not None else '') +
+                (f' and < {high}' if high is not None else ''))
         raise ConfigError(f'{name} must be {kind}, got {value!r}.')
     return float(value)
 

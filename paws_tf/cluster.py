@@ -24,10 +24,8 @@ STRATEGY_KINDS = ('auto', 'one_device', 'mirrored', 'multi_worker')
 def cluster_in_environment():
     """True when TF_CONFIG or Slurm describes a job of several processes."""
     tf_config = json.loads(os.environ.get('TF_CONFIG') or '{}')
-    workers = sum(len(tasks)
-                  for tasks in tf_config.get('cluster', {}).values())
-    slurm_tasks = int(os.environ.get('SLURM_NTASKS', '1'))
-    return workers > 1 or slurm_tasks > 1
+    workers = sum(map(len, tf_config.get('cluster', {}).values()))
+    return workers > 1 or int(os.environ.get('SLURM_NTASKS', '1')) > 1
 
 
 def _cluster_resolver(slurm_port_base):

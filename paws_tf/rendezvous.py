@@ -25,15 +25,10 @@ class NotStarted(RuntimeError):
 
 def _tasks(resolver):
     """{'worker 0': 'host:port', ...} of the jobs in `_JOBS`."""
-    tasks = {}
-    for job, addresses in resolver.cluster_spec().as_dict().items():
-        if job not in _JOBS:
-            continue
-        if not isinstance(addresses, dict):  # A sparse spec is a dict.
-            addresses = dict(enumerate(addresses))
-        tasks.update({f'{job} {index}': address
-                      for index, address in addresses.items()})
-    return tasks
+    spec = resolver.cluster_spec()
+    return {f'{job} {index}': spec.task_address(job, index)
+            for job in _JOBS if job in spec.jobs
+            for index in spec.task_indices(job)}
 
 
 def _split(address):
