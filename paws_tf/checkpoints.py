@@ -247,12 +247,10 @@ def _unmatched_variables(root, prefix):
 def _restore_backbone(backbone, prefix):
     """Restores all of `backbone` from the checkpoint `prefix` (its own or
     a run's model's), or raises."""
+    roots = {key.split('/')[0] for key, _ in tf.train.list_variables(prefix)}
     root = tf.train.Checkpoint(backbone=backbone)
-    keys = [key for key, _ in tf.train.list_variables(prefix)]
-    if not any(key.startswith('backbone/') for key in keys) and any(
-            key.startswith('model/backbone/') for key in keys):
-        root = tf.train.Checkpoint(model=tf.train.Checkpoint(
-            backbone=backbone))
+    if 'backbone' not in roots and 'model' in roots:
+        root = tf.train.Checkpoint(model=root)
     missing = _unmatched_variables(root, prefix)
     if missing:
         shown = ', '.join(missing[:_MAX_NAMES_SHOWN])
@@ -397,8 +395,7 @@ class RunState:
                 f'{backup_step(self._run) or "none yet"})')
 
     def _save_failed(self, kind, step, error):
-        """A `cluster.ClusterFailed` when a collective of the save failed,
-        else a `SaveFailed`."""
+        """The `cluster.ClusterFailed` or `SaveFailed` of a failed save."""
         what = (f'{CHECKPOINT} {CHECKPOINT_PREFIX}-{step}'
                 if kind == CHECKPOINT else BACKUP)
         directory = (self._managers[kind].directory if kind == CHECKPOINT

@@ -20,20 +20,6 @@ BAR_VALUES = (('loss', 'loss'), ('cross_entropy', 'ce'), ('me_max', 'me-max'),
 LOG_EVERY_SECONDS = 60
 
 
-def _fields(current, target, values, seconds, finalize):
-    """`step/target`, the `BAR_VALUES` logged, then the time taken (at the
-    end) or the estimated time left."""
-    logged = dict(values or ())
-    fields = [f'{current}/{target or "?"}']
-    fields += [f'{label} {float(logged[key]):.4g}'
-               for key, label in BAR_VALUES if key in logged]
-    if finalize:
-        fields.append(f'{seconds:.0f} s')
-    elif target and current:
-        fields.append(f'ETA {seconds / current * (target - current):.0f} s')
-    return fields
-
-
 class _Bar:
     """What `ProgbarLogger` drives (`Progbar.update`): on a terminal
     (`live`) the line redrawn in place, cut to its width, an epoch's final
@@ -62,8 +48,17 @@ class _Bar:
                 now - self._written < self._every_seconds or last):
             return
         self._written = now
-        fields = _fields(current, self.target, values, now - self._start,
-                         finalize)
+        # step/target, the `BAR_VALUES` logged, then the time taken (at the
+        # end) or the estimated time left.
+        logged, seconds = dict(values or ()), now - self._start
+        fields = [f'{current}/{self.target or "?"}']
+        fields += [f'{label} {float(logged[key]):.4g}'
+                   for key, label in BAR_VALUES if key in logged]
+        if finalize:
+            fields.append(f'{seconds:.0f} s')
+        elif self.target and current:
+            left = seconds / current * (self.target - current)
+            fields.append(f'ETA {left:.0f} s')
         width = shutil.get_terminal_size().columns - 1
         if not self.live:
             fields[0] = f'step {fields[0]}'
@@ -96,7 +91,7 @@ class ProgressBar(tf_keras.callbacks.ProgbarLogger):
 
     Args:
         log_every_seconds: the shortest time between two lines in a log
-            (0: a line every step); a terminal's bar is redrawn every step.
+            (0: a line every step).
         stream: where to write; None: `sys.stdout` at the time of writing.
         clock: seconds of a monotonic clock.
     """

@@ -67,12 +67,9 @@ class _Listener:
 
     def _serve(self):
         while not self._stop.is_set():
-            try:
+            try:  # An OSError: a timeout, or a greeting cut short.
                 connection, _ = self._server.accept()
-            except socket.timeout:
-                continue
-            with connection:
-                try:
+                with connection:
                     connection.settimeout(_IO_SECONDS)
                     token, _, task = _read_line(connection).partition(' ')
                     if token != self._token:  # Not a task of this job.
@@ -83,8 +80,8 @@ class _Listener:
                     # the port TensorFlow binds next.
                     connection.recv(1)
                     self.heard.add(task)
-                except OSError:
-                    continue
+            except OSError:
+                continue
 
     def close(self):
         self._stop.set()
@@ -133,8 +130,7 @@ def wait_for_tasks(resolver, timeout):
                 if answers[task] != _OK:
                     # A stranger that answered once is remembered as one.
                     answers[task] = _greet(address, greeting) or answers[task]
-            greeted = {task for task in peers if answers[task] == _OK}
-            if greeted == set(peers) and greeted <= listener.heard:
+            if set(answers.values()) == {_OK} and set(peers) <= listener.heard:
                 logging.info('All %d tasks of the cluster started.',
                              len(tasks))
                 return
