@@ -68,9 +68,7 @@ def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
         ValueError: unknown kind, or `multi_worker` without a cluster.
         ClusterFailed: a task of the cluster did not start in time.
     """
-    if kind not in STRATEGY_KINDS:
-        raise ValueError(f'Unknown strategy {kind!r}; choose one of '
-                         f'{", ".join(STRATEGY_KINDS)}.')
+    checks.one_of('make_strategy.kind', kind, STRATEGY_KINDS)
     if kind == 'auto':
         gpus = tf.config.list_physical_devices('GPU')
         kind = ('multi_worker' if cluster_in_environment() else
@@ -145,18 +143,13 @@ def _lost_task(strategy, message):
     """'worker 1 (127.0.0.1:2223)': the first other task of the cluster
     that TensorFlow's `message` names (`/job:worker/replica:0/task:1`),
     with its address from TF_CONFIG; None when it names none."""
-    resolver = strategy.cluster_resolver
-    spec = resolver.cluster_spec()
+    addresses = rendezvous.cluster_tasks(strategy.cluster_resolver)
     for kind, index in re.findall(r'/job:(\w+)/replica:\d+/task:(\d+)',
                                   message):
-        index = int(index)
-        if (kind, index) == (resolver.task_type, resolver.task_id):
-            continue
-        try:
-            address = spec.task_address(kind, index)
-        except ValueError:
-            address = None
-        return f'{kind} {index}' + (f' ({address})' if address else '')
+        task = f'{kind} {int(index)}'
+        if task != task_name(strategy):
+            address = addresses.get(task)
+            return task + (f' ({address})' if address else '')
     return None
 
 
@@ -208,11 +201,7 @@ def check_same_config(strategy, config):
     # [replicas, 2]: worker w's replicas are consecutive rows.
     digests = strategy.gather(
         strategy.run(lambda: tf.constant(digest)[tf.newaxis]), axis=0).numpy()
-    # Replicas are ordered by task name: the chief's, then the workers'.
-    tasks = [f'{kind} {index}' for kind, addresses in sorted(
-        strategy.cluster_resolver.cluster_spec().as_dict().items())
-             if kind in ('chief', 'worker')
-             for index in range(len(addresses))]
+    tasks = list(rendezvous.cluster_tasks(strategy.cluster_resolver))
     per_worker = len(digests) // len(tasks)
     differing = [task for task, row in zip(tasks, digests[::per_worker])
                  if not np.array_equal(row, digests[0])]

@@ -23,8 +23,9 @@ class NotStarted(RuntimeError):
     """A task of the cluster did not start within the timeout."""
 
 
-def _tasks(resolver):
-    """{'worker 0': 'host:port', ...} of the jobs in `_JOBS`."""
+def cluster_tasks(resolver):
+    """{'chief 0': 'host:port', 'worker 0': ...} of the cluster's chief and
+    workers (MultiWorkerMirroredStrategy's replicas' order)."""
     spec = resolver.cluster_spec()
     return {f'{job} {index}': spec.task_address(job, index)
             for job in _JOBS if job in spec.jobs
@@ -110,7 +111,7 @@ def wait_for_tasks(resolver, timeout):
         NotStarted: within `timeout` seconds (0: for ever), naming the tasks
             not met and what to do.
     """
-    tasks = _tasks(resolver)
+    tasks = cluster_tasks(resolver)
     me = f'{resolver.task_type} {resolver.task_id}'
     if me not in tasks or len(tasks) < 2:
         return
