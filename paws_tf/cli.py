@@ -69,9 +69,8 @@ def _quiet_start(argv):
             tf.config.list_physical_devices()
         except BaseException:
             sys.stderr.flush()
-            os.dup2(saved, 2)
             held.seek(0)
-            os.write(2, held.read())
+            os.write(saved, held.read())
             raise
         finally:
             sys.stderr.flush()

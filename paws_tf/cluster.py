@@ -1,6 +1,5 @@
-"""The cluster's life cycle: the strategy built by name, the chief, the
-directories each worker writes, barriers, and a failed collective told as
-the worker that was lost."""
+"""The cluster's life cycle: the strategy by name, the chief, each worker's
+save directory, barriers, and a failed collective told as the lost worker."""
 
 import contextlib
 import hashlib
