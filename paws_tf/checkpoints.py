@@ -283,13 +283,12 @@ def load_backbone_weights(backbone, path):
     path = os.fspath(path)
     if path.endswith('.h5') and not tf.io.gfile.exists(path):
         raise FileNotFoundError(f'weights file {path!r} does not exist')
-    prefix = None if path.endswith('.h5') else resolve_prefix(path)
     snapshot = backbone.get_weights()
     try:
-        if prefix is None:
+        if path.endswith('.h5'):
             backbone.load_weights(path)
         else:
-            _restore_backbone(backbone, prefix)
+            _restore_backbone(backbone, resolve_prefix(path))
     except (AssertionError, KeyError, ValueError,
             tf.errors.OpError) as error:
         assign_weights(backbone, snapshot)

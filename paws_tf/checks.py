@@ -71,5 +71,4 @@ def namer(names, prefix):
     """`name(argument)`: what an argument check's message calls an
     argument: `names[argument]` (run.py gives the binding it read the value
     from, `bindings.check_bound`), else `prefix + argument`."""
-    names = names or {}
-    return lambda argument: names.get(argument, prefix + argument)
+    return lambda argument: (names or {}).get(argument, prefix + argument)

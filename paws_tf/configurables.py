@@ -53,11 +53,10 @@ def _refuse_unused_macros(config):
     macro = gin.config.get_configurable(gin.config.macro)
     read = {ref.config_key[0]
             for ref in gin.config.iterate_references(config, to=macro)}
-    bound = [scope for scope, selector in config
-             if selector == 'gin.macro' and scope not in read]
-    if not bound:
+    name = next((scope for scope, selector in config
+                 if selector == 'gin.macro' and scope not in read), None)
+    if name is None:
         return None
-    name = bound[0]
     close = difflib.get_close_matches(name, sorted(read), n=1)
     hint = (f'did you mean {close[0]}? ' if close else '') + (
         f'The config reads {", ".join(sorted(read))}.' if read else
