@@ -339,7 +339,7 @@ class RunState:
         self.checkpoint_dir = run.checkpoints
         self.backup_dir = run.backup
         self._strategy = strategy
-        self._before_save = before_save
+        self._before_save = before_save or (lambda: None)
         checkpoint = tf.train.Checkpoint(model=model,
                                          optimizer=model.optimizer)
         self._directories = {BACKUP: run.chief_backup,
@@ -364,8 +364,7 @@ class RunState:
         step = global_step(self.model)
         if self._saved_at[kind] == step:
             return
-        if self._before_save is not None:
-            self._before_save()
+        self._before_save()
         # An update can break the weights while the step's loss, computed
         # before it, is still finite.
         for variable in self.model.variables:
@@ -400,18 +399,14 @@ class RunState:
         directory = (self._managers[kind].directory if kind == CHECKPOINT
                      else self.backup_dir)
         kept = self.kept()
-        failure = cluster.cluster_failure(
+        return cluster.cluster_failure(
             self._strategy, error, what=what, step=step,
-            resume=f'the newest of {kept}')
-        if failure is not None:
-            return failure
-        cause = (error.message if isinstance(error, tf.errors.OpError)
-                 else error)
-        return SaveFailed(
-            f'Could not write {what} in {directory}: {cause}. Training '
-            f'stopped; what was saved before is unchanged: {kept}. Free '
-            f'space or restore write access to {directory}, then run the '
-            'same command again: it resumes from there.')
+            resume=f'the newest of {kept}') or SaveFailed(
+                f'Could not write {what} in {directory}: '
+                f'{getattr(error, "message", error)}. Training stopped; what '
+                f'was saved before is unchanged: {kept}. Free space or '
+                f'restore write access to {directory}, then run the same '
+                'command again: it resumes from there.')
 
 
 def assign_weights(model, weights):
