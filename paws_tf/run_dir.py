@@ -1,11 +1,11 @@
 """A run directory (`--model_dir`): every file and folder a run writes is
 named here, and only here (docs/operations.md lists them)."""
 
-import datetime
 import json
 import os
 import shutil
 import socket
+import time
 
 from paws_tf import files
 
@@ -115,8 +115,7 @@ class RunDir:
         """Appends `<UTC time> <host> pid <pid>: <event>` to the history, in
         one write (a kill leaves the lines before it whole), and returns
         `event`."""
-        now = datetime.datetime.now(datetime.timezone.utc).strftime(
-            '%Y-%m-%dT%H:%M:%SZ')
+        now = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())
         with open(self.history, 'a') as f:
             f.write(f'{now} {socket.gethostname()} pid {os.getpid()}: '
                     f'{event}\n')
