@@ -98,7 +98,7 @@ def _report(run, results, *, bundle, tuned, baseline, preprocessing):
         evaluate.embedder_from_saved_model(run.embedder),
         pipeline.make_eval_dataset(bundle.test, batch_size=256,
                                    **preprocessing))
-    write_figure(
+    _write_figure(
         run, embeddings=embeddings.numpy(), labels=labels,
         class_names=bundle.labeled.class_names,
         fine_tune_by_epoch=tuned.get('paws_nn_by_epoch'),
@@ -156,20 +156,11 @@ def project_2d(embeddings):
     return centred @ components[:2].T
 
 
-def write_figure(run, *, embeddings, labels, class_names, title,
-                 fine_tune_by_epoch=None, supervised_top1=None):
-    """Training curves, PAWS-NN by epoch and the embedding projection, as
-    the `RunDir` `run`'s `results_figure` PNG (its TensorBoard runs `train`
-    and `eval` read).
-
-    Args:
-        run: the `RunDir`.
-        embeddings, labels: `[N, D]` test embeddings, `[N]` their classes.
-        class_names, title: names indexed by class id, the figure's title.
-        fine_tune_by_epoch: the fine-tuning's `paws_nn_by_epoch` entries
-            (`epoch`, `top1`), drawn after the pre-training epochs.
-        supervised_top1: the baseline's top-1, drawn as a level.
-    """
+def _write_figure(run, *, embeddings, labels, class_names, title,
+                  fine_tune_by_epoch, supervised_top1):
+    """Training curves (`run`'s TensorBoard logs), PAWS-NN by epoch with
+    the fine-tuning's and the baseline's, and the PCA of the `[N, D]` test
+    `embeddings`, as `run.results_figure`."""
     figure = mpl_figure.Figure(figsize=(16, 4.8))  # No pyplot, no display.
     axes = figure.subplots(1, 3)
     for tag, label in (('epoch/loss', 'loss'),
@@ -187,9 +178,8 @@ def write_figure(run, *, embeddings, labels, class_names, title,
         axes[1].plot([len(top1) + e['epoch'] for e in fine_tune_by_epoch],
                      [100 * e['top1'] for e in fine_tune_by_epoch],
                      marker='.', label='fine-tuning')
-    if supervised_top1 is not None:
-        axes[1].axhline(100 * supervised_top1, color='grey', linestyle='--',
-                        label='supervised only')
+    axes[1].axhline(100 * supervised_top1, color='grey', linestyle='--',
+                    label='supervised only')
     axes[1].set(xlabel='epoch', ylabel='top-1 (%)',
                 title='PAWS-NN on the test split')
     axes[1].legend()

@@ -131,16 +131,14 @@ class _Servable(tf.Module):
         p = self.preprocessing
         images = _checked_images(images, [None, None, p['channels']],
                                  self._raw_description)
-        size = p['image_size']
-
-        def preprocess(image):
-            return augment.center_view(
-                image, size, crop_fraction=p['crop_fraction'],
-                mean=p['mean'], std=p['std'])
-
         # augment.center_view takes one [H, W, C] image.
-        views = tf.map_fn(preprocess, images, fn_output_signature=(
-            tf.TensorSpec([size, size, p['channels']], tf.float32)))
+        views = tf.map_fn(
+            lambda image: augment.center_view(
+                image, p['image_size'], crop_fraction=p['crop_fraction'],
+                mean=p['mean'], std=p['std']),
+            images, fn_output_signature=tf.TensorSpec(
+                [p['image_size'], p['image_size'], p['channels']],
+                tf.float32))
         return self._outputs(views)
 
     def _serve_preprocessed(self, images):

@@ -2,6 +2,7 @@
 
 import gin
 
+from paws_tf import checks
 from paws_tf.data import augment
 from paws_tf.evaluation import linear_fine_tune
 from paws_tf.evaluation import suncet_fine_tune
@@ -36,9 +37,7 @@ def fine_tune(model_dir, model, *, labeled, test, protocol='imagenet',
     Raises:
         ValueError: unknown protocol, or the protocol's errors.
     """
-    if protocol not in _PROTOCOLS:
-        raise ValueError(f'Unknown fine-tuning protocol {protocol!r}: use '
-                         f'one of {sorted(_PROTOCOLS)}.')
+    checks.one_of('fine_tune.protocol', protocol, tuple(_PROTOCOLS))
     run = run_dir.RunDir(model_dir)
     _, results = _PROTOCOLS[protocol](
         model, labeled, test, output_dir=run.fine_tune,

@@ -1,14 +1,11 @@
 """The CIFAR-10 fine-tuning protocol of PAWS App. C, as the official code runs
-it (suncet `configs/paws/cifar10_snn.yaml` run by `src/snn_fine_tune.py`).
+it (suncet `configs/paws/cifar10_snn.yaml` run by `src/snn_fine_tune.py`):
+the encoder fine-tuned with the SuNCEt loss on class-balanced batches of the
+labeled images, PAWS-NN measured before, every few epochs and at the end.
 
-The encoder (backbone, projection head, and the prediction head when PAWS-NN
-compares its output) is fine-tuned with the SuNCEt loss (no label smoothing)
-on class-balanced batches of the labeled images, two flipped centre crops of
-each, its batch norms in inference mode but gamma and beta trained. PAWS-NN
-(labeled set as support, the test images as queries) is measured before,
-every few epochs and at the end. The paper's text describes 180 plain
-momentum-SGD steps on one view with frozen batch norm; the defaults are the
-official code's, which produced its 96.0.
+The paper's text describes 180 plain momentum-SGD steps on one view with
+frozen batch norm; the defaults are the official code's, which produced its
+96.0.
 """
 
 from absl import logging
@@ -93,9 +90,7 @@ class _SuncetTrainer(tf_keras.Model):
 
     def __init__(self, trunk, num_classes, tau):
         super().__init__()
-        self.trunk = trunk
-        self.num_classes = num_classes
-        self.tau = tau
+        self.trunk, self.num_classes, self.tau = trunk, num_classes, tau
         self._loss = model_lib.LastValue('loss')
         self._learning_rate = model_lib.LastValue('learning_rate')
 

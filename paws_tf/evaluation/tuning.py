@@ -33,13 +33,13 @@ def clone_layer(layer):
 
 def copy_into(inputs, originals):
     """Applies fresh copies of `originals` in turn, with their weights."""
-    copies = [tf_keras.models.clone_model(layer, clone_function=clone_layer)
-              if isinstance(layer, tf_keras.Model) else clone_layer(layer)
-              for layer in originals]
     x = inputs
-    for layer in copies:
-        x = layer(x)
-    for copy, original in zip(copies, originals):
+    for original in originals:
+        copy = (tf_keras.models.clone_model(original,
+                                            clone_function=clone_layer)
+                if isinstance(original, tf_keras.Model)
+                else clone_layer(original))
+        x = copy(x)
         checkpoints.assign_weights(copy, original.get_weights())
     return x
 
