@@ -1,7 +1,5 @@
-"""`--mode=demo`: PAWS pre-training, PAWS-NN and fine-tuning against a
-supervised-only baseline on the same labels, and its report: a table,
-results.json and a figure (training curves, PAWS-NN by epoch, 2-D
-projection of the test embeddings)."""
+"""`--mode=demo`: PAWS against a supervised-only baseline on the same
+labels, and its report (a table, results.json and a figure)."""
 
 import glob
 import os
@@ -27,8 +25,7 @@ from paws_tf.runner import train
 
 def demo(model_dir, strategy, options):
     """PAWS pre-training, export and PAWS-NN, the configured fine-tuning
-    (the demo configs bind the CIFAR-10 protocol), then the baseline;
-    writes `results.json`, `results.png` and prints a table.
+    (the demo configs bind the CIFAR-10 protocol), then the baseline.
 
     Args:
         model_dir, strategy: the run directory, the running strategy.
@@ -36,7 +33,7 @@ def demo(model_dir, strategy, options):
             `train.train`.
 
     Returns:
-        The results dict (also in `model_dir/results.json`).
+        The results dict, also in `model_dir/results.json`.
     """
     official_import.check_mode(model_dir, 'demo', trains=True)
     start = time.perf_counter()

@@ -125,12 +125,6 @@ def classify(query_embeddings, support_embeddings, support_labels, *,
     return np.concatenate(top_ids).astype(np.int32)
 
 
-def _check_labels(labels, num_classes, what):
-    if labels.min() < 0 or labels.max() >= num_classes:
-        raise ValueError(f'{what} labels must be in [0, {num_classes}), got '
-                         f'[{labels.min()}, {labels.max()}].')
-
-
 def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
             tau=0.1, query_chunk=DEFAULT_QUERY_CHUNK):
     """PAWS-NN accuracy: every query classified with all supports.
@@ -153,8 +147,10 @@ def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
                                              description='support images')
     queries, query_labels = embed_dataset(embed_fn, query_dataset,
                                           description='queries')
-    _check_labels(support_labels, num_classes, 'Support')
-    _check_labels(query_labels, num_classes, 'Query')
+    for what, labels in ('Support', support_labels), ('Query', query_labels):
+        if labels.min() < 0 or labels.max() >= num_classes:
+            raise ValueError(f'{what} labels must be in [0, {num_classes}), '
+                             f'got [{labels.min()}, {labels.max()}].')
     missing = num_classes - len(np.unique(support_labels))
     if missing:
         logging.warning('PAWS-NN: %d of %d classes have no support image: '
@@ -250,7 +246,6 @@ class EpochEndEvaluation(tf_keras.callbacks.Callback):
             (a cluster's workers but the chief).
         num_epochs: when given, the last epoch is evaluated too, and the
             log lines say `epoch {e}/{num_epochs}`.
-        prefix: the start of the log lines.
         to_logs: put each evaluator's top-1 in `fit`'s logs as
             `{name}_top1`, for the progress bar and the epoch's log line.
 

@@ -221,9 +221,8 @@ def export_classifier(model, export_dir, *, support_embeddings,
     """Writes a self-contained PAWS-NN classifier SavedModel.
 
     The supports are stored inside, so `serving_default` (raw images, as
-    for `export_embedder`) returns `probabilities` float32 `[N, K]`
-    (`softmax(q Sᵀ / tau) Y` over the L2-normalised embeddings, PAWS
-    Appendix A, no label smoothing), `class_ids` int32 `[N]` (the argmax),
+    for `export_embedder`) returns `probabilities` float32 `[N, K]` (as
+    `evaluate.classify` ranks them), `class_ids` int32 `[N]` (the argmax),
     `class_names` string `[N]`, `top5_class_ids` int32 `[N, min(5, K)]` and
     `top5_probabilities`. `classify_preprocessed` takes float32
     `[N, S, S, C]` preprocessed images.

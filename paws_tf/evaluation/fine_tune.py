@@ -17,15 +17,14 @@ def fine_tune(model_dir, model, *, labeled, test, protocol='imagenet',
               strategy=None, image_size=224, crop_fraction=0.875,
               mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD, seed=0):
     """Fine-tunes a pre-trained PAWS model into `model_dir/fine_tune`,
-    TensorBoard logs in `model_dir/tensorboard/fine_tune`; the protocol's
-    hyper-parameters are gin bindings of `fine_tune_linear` ('imagenet',
-    App. A) or `fine_tune_suncet` ('cifar10', App. C).
+    TensorBoard logs in `model_dir/tensorboard/fine_tune`.
 
     Args:
         model_dir: run directory.
         model: restored pre-trained `model.PAWSModel` (not modified).
         labeled, test: labeled `sources.ImageSource`, labeled test source.
-        protocol: 'imagenet' or 'cifar10'.
+        protocol: 'imagenet' (`fine_tune_linear`, App. A) or 'cifar10'
+            (`fine_tune_suncet`, App. C), configured by their bindings.
         strategy: default the current one.
         image_size, crop_fraction, mean, std: preprocessing, as in
             `pipeline.make_eval_dataset`.

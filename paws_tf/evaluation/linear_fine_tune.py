@@ -31,9 +31,8 @@ SELECTIONS = ('best_epoch', 'sweep')
 # tf_keras weight prefix in the output directory; load it into
 # `build_classifier(model, num_classes)`.
 CLASSIFIER_WEIGHTS = 'classifier'
-# `sampling.derive_seed` tags of the classifier input, apart from sampling's.
-_TRAIN_ORDER = 101
-_TRAIN_VIEWS = 102
+# `sampling.derive_seed` tags of the input's order and views, not sampling's.
+_TRAIN_TAGS = (101, 102)
 
 
 def build_classifier(model, num_classes):
@@ -51,9 +50,7 @@ def build_classifier(model, num_classes):
     if [layer.name for layer in first] != ['fc1', 'bn1', 'relu1']:
         raise ValueError('The projection head has no fc1 -> bn1 -> relu1 '
                          'layer to fine-tune from (num_layers >= 2).')
-    inputs = tf_keras.Input(model.backbone.input_shape[1:])
-    # [B, hidden_dim]
-    hidden = tuning.copy_into(inputs, [model.backbone] + first)
+    inputs, hidden = tuning.copy_layers([model.backbone] + first)  # [B, H]
     logits = tf_keras.layers.Dense(
         num_classes, kernel_initializer='zeros', bias_initializer='zeros',
         dtype='float32', name='classifier')(hidden)
@@ -136,7 +133,7 @@ def _train_classifier(model, source, *, strategy, num_classes,
     dataset = strategy.distribute_datasets_from_function(
         tuning.views_dataset_fn(
             source, global_batch_size, strategy.num_replicas_in_sync, seed,
-            (_TRAIN_ORDER, _TRAIN_VIEWS), size=image_size, scale=crop_scale,
+            _TRAIN_TAGS, size=image_size, scale=crop_scale,
             color_strength=0.0, blur_prob=0.0, mean=mean, std=std))
     classifier.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
                    callbacks=list(callbacks) + tuning.callbacks(log_dir))
@@ -179,10 +176,9 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
                      epochs=(30, 50), holdout=12000, global_batch_size=1024,
                      crop_scale=(0.08, 1.0), momentum=0.9,
                      eval_batch_size=256):
-    """PAWS App. A, by best epoch or by sweep (the module's docstring):
-    `output_dir` receives the held-out names (sweep), the weights and the
-    results JSON; `log_dir` (or None) the TensorBoard logs of each epoch
-    (`sweep/*`, `final`).
+    """PAWS App. A (the module's docstring): the held-out names (sweep),
+    weights and results JSON in `output_dir`, the TensorBoard logs of each
+    training (`sweep/*`, `final`) in `log_dir` (or None).
 
     Args:
         model, labeled, test, image_size, crop_fraction, mean, std,

@@ -2,10 +2,8 @@
 it (suncet `configs/paws/cifar10_snn.yaml` run by `src/snn_fine_tune.py`):
 the encoder fine-tuned with the SuNCEt loss on class-balanced batches of the
 labeled images, PAWS-NN measured before, every few epochs and at the end.
-
-The paper's text describes 180 plain momentum-SGD steps on one view with
-frozen batch norm; the defaults are the official code's, which produced its
-96.0.
+The defaults are the official code's, which produced its 96.0; the paper's
+text has 180 plain momentum-SGD steps on one view, frozen batch norm.
 """
 
 from absl import logging
@@ -121,15 +119,6 @@ class _SuncetTrainer(tf_keras.Model):
         return {m.name: m.result() for m in self.metrics}
 
 
-def _compiled_trainer(model, strategy, num_classes, tau, optimizer):
-    """`_SuncetTrainer` of `model`'s trunk, compiled in `strategy`'s scope."""
-    with strategy.scope():
-        trainer = _SuncetTrainer(tuning.build_trunk(model), num_classes, tau)
-        trainer.compile(optimizer=_suncet_optimizer(**optimizer))
-        trainer.optimizer.build(trainer.trunk.trainable_variables)
-    return trainer
-
-
 def _suncet_optimizer(*, learning_rate, final_learning_rate,
                       steps_per_epoch, num_epochs, momentum, lars,
                       trust_coefficient):
@@ -214,14 +203,12 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
                      flip=True, learning_rate=0.1, final_learning_rate=0.01,
                      momentum=0.9, lars=True, trust_coefficient=0.001,
                      tau=0.1, eval_every_epochs=1, eval_batch_size=256):
-    """The official CIFAR-10 fine-tuning (PAWS App. C; the module's
-    docstring): `output_dir` receives the trunk weights and the results
-    JSON, `log_dir` (or None) the TensorBoard logs of each epoch.
+    """PAWS App. C (the module's docstring): the trunk weights and results
+    JSON in `output_dir`, the epochs' TensorBoard logs in `log_dir` (or None).
 
     Args:
         model, labeled, test, image_size, crop_fraction, mean, std,
-            strategy, seed: as in `fine_tune.fine_tune`; `output_dir` and
-            `log_dir` as above.
+            strategy, seed: as in `fine_tune.fine_tune`.
         num_epochs, steps_per_epoch: 30 epochs (the official values in
             parentheses) of, by default, the labeled images over the batch's
             distinct images (4000 // 640 = 6 for CIFAR-10: 180 steps).
@@ -256,11 +243,13 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
         seed=seed, **preprocessing)
     paws_nn = evaluate.PawsNN(labeled, test, preprocessing=preprocessing,
                               tau=tau, batch_size=eval_batch_size)
-    trainer = _compiled_trainer(
-        model, strategy, num_classes, tau, optimizer=dict(
-            lars=lars, trust_coefficient=trust_coefficient, momentum=momentum,
+    with strategy.scope():
+        trainer = _SuncetTrainer(tuning.build_trunk(model), num_classes, tau)
+        trainer.compile(optimizer=_suncet_optimizer(
             learning_rate=learning_rate, steps_per_epoch=steps_per_epoch,
-            final_learning_rate=final_learning_rate, num_epochs=num_epochs))
+            final_learning_rate=final_learning_rate, num_epochs=num_epochs,
+            lars=lars, trust_coefficient=trust_coefficient, momentum=momentum))
+        trainer.optimizer.build(trainer.trunk.trainable_variables)
     results = _fit(
         trainer, dataset_fn, paws_nn, num_epochs=num_epochs,
         steps_per_epoch=steps_per_epoch, eval_every_epochs=eval_every_epochs,
