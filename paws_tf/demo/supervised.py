@@ -1,5 +1,4 @@
-"""Supervised-only baseline: the same backbone trained on the labeled images
-alone, with the same augmentations as PAWS' global views."""
+"""The demo's supervised-only baseline: the backbone on the labels alone."""
 
 import os
 import time

@@ -130,9 +130,8 @@ def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
     """PAWS-NN accuracy: every query classified with all supports.
 
     Args:
-        embed_fn: as for `embed_dataset`.
-        support_dataset, query_dataset: as for `embed_dataset`: every
-            labeled image, the test images.
+        embed_fn, support_dataset, query_dataset: as for `embed_dataset`:
+            the datasets of every labeled image and of the test images.
         num_classes, tau, query_chunk: as for `classify`.
 
     Returns:
@@ -182,15 +181,13 @@ class PawsNN:
     Args:
         labeled: `sources.ImageSource`, the support.
         test: `sources.ImageSource` or `sources.StreamSource`, the queries.
-        preprocessing: `pipeline.make_eval_dataset`'s `image_size`,
-            `crop_fraction`, `mean` and `std`.
-        tau: similarity temperature.
+        preprocessing, tau: `pipeline.make_eval_dataset`'s `image_size`,
+            `crop_fraction`, `mean` and `std`; the similarity temperature.
         log_dir, tag: TensorBoard directory (None: none) and group of the
             points `{tag}/top1`, `{tag}/top5`.
         max_queries: the first this many test images are the queries
             (None: all), so that a curve during training is cheap.
-        batch_size, query_chunk: images per embedding batch, as for
-            `classify`.
+        batch_size, query_chunk: images per embedding batch; as for `classify`.
     """
     name, title = 'paws_nn', 'PAWS-NN'
 
@@ -216,8 +213,7 @@ class PawsNN:
         self._writer = log_dir and tf.summary.create_file_writer(log_dir)
 
     def __call__(self, embed_fn, step=0):
-        """The `paws_nn` results of `embed_fn`; RuntimeError for embedded
-        counts that differ from the sources'."""
+        """`paws_nn` of `embed_fn`; RuntimeError if a count differs."""
         results = paws_nn(
             embed_fn, self._support, self._queries,
             num_classes=self.num_classes, tau=self._tau,

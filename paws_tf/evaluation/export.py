@@ -44,9 +44,8 @@ class _SNNHead(tf.Module):
 
     def __init__(self, support_embeddings, support_labels, class_names, tau):
         super().__init__(name='snn_head')
-        self.support_embeddings = tf.Variable(
-            support_embeddings, trainable=False,
-            name='support_embeddings')  # [M, D]
+        self.support_embeddings = tf.Variable(  # [M, D]
+            support_embeddings, trainable=False, name='support_embeddings')
         self.support_labels = tf.Variable(
             support_labels, trainable=False, name='support_labels')  # [M]
         self.class_names = tf.Variable(list(class_names), trainable=False,

@@ -1,13 +1,11 @@
 """The ImageNet fine-tuning protocol of PAWS App. A: a classifier on the
-pre-trained network, trained on the labeled images, tested with a centre
-crop.
+pre-trained network, trained on the labeled images, tested centre-cropped.
 
-`selection='best_epoch'` (the official `fine_tune.py`,
-`imgnt_fine_tune.yaml`): one setting, scored on a validation set after each
-epoch; its best epoch is tested. `selection='sweep'` (the paper's text):
-each (learning rate, epochs) pair is scored on a held-out split of the
-labeled images; the best is retrained on them all and tested. Ties go to
-the first.
+`selection='best_epoch'` (the official `fine_tune.py`, `imgnt_fine_tune.yaml`):
+one setting, scored on a validation set after each epoch; its best epoch is
+tested. `selection='sweep'` (the paper's text): each (learning rate, epochs)
+pair is scored on a held-out split of the labeled images; the best is
+retrained on them all and tested. Ties go to the first.
 """
 
 import functools
@@ -231,8 +229,7 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
 
 def _checked_classes(labeled, strategy, global_batch_size, learning_rates,
                      epochs, selection):
-    """The class count; raises ValueError for a bad `fine_tune_linear`
-    argument."""
+    """The class count; ValueError for a bad `fine_tune_linear` argument."""
     num_classes = tuning.num_classes(labeled)
     if global_batch_size % strategy.num_replicas_in_sync:
         raise ValueError(

@@ -99,8 +99,7 @@ class _SuncetTrainer(tf_keras.Model):
     def train_step(self, batch):
         images, labels = batch  # [V K n, S, S, C], [V K n]
         with tf.GradientTape() as tape:
-            # training=False: the batch norms' inference mode; the trunk
-            # has no dropout.
+            # The batch norms' inference mode; the trunk has no dropout.
             z = tf.cast(self.trunk(images, training=False), tf.float32)
             supports = dist.all_gather(z)  # [R V K n, D]
             targets = tf.stop_gradient(dist.all_gather(

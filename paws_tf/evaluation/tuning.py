@@ -1,5 +1,4 @@
-"""What the fine-tuning protocols share: the pre-trained trunk, the input
-pipelines, the learning-rate schedule, the callbacks and the outputs."""
+"""What the fine-tuning protocols and the demo's baseline share."""
 
 import os
 
