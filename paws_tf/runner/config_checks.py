@@ -267,7 +267,7 @@ def check_model_dir(run, config, *, overwrite, chief):
         logging.info('%s holds the config of a start that saved no backup '
                      'or checkpoint: starting with this config.', run)
         if chief:
-            run.delete([run.tensorboard()])
+            run.delete([run.tensorboard])
         return
     if not overwrite:
         changed = [f'  - {line}' for line in old if line not in new][:5] + [
