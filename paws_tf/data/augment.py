@@ -105,8 +105,7 @@ def solarize(image, threshold=128):
         threshold: scalar.
     """
     image = tf.convert_to_tensor(image, tf.uint8)
-    return tf.where(tf.cast(image, tf.float32) < threshold, image,
-                    255 - image)
+    return tf.where(tf.cast(image, tf.float32) < threshold, image, 255 - image)
 
 
 def equalize(image):
@@ -139,8 +138,7 @@ def equalize(image):
     unchanged = (tf.reduce_sum(occupied, axis=1) <= 1) | (step == 0)
     lut = tf.where(unchanged[:, None], tf.range(256)[None], lut)
     mapped = tf.gather(lut, tf.transpose(pixels), batch_dims=1)  # [C, N]
-    return tf.reshape(tf.cast(tf.transpose(mapped), tf.uint8),
-                      tf.shape(image))
+    return tf.reshape(tf.cast(tf.transpose(mapped), tf.uint8), tf.shape(image))
 
 
 def color_distortion(image, seed, strength=1.0, kind='simclr',

@@ -151,8 +151,7 @@ def _check_record(recorded, where, spec, fixed, channels):
             f'with, {NORMALIZATION_MACRO} = '
             f'{recorded.get("spec")!r} (mean {values[0]}, std '
             f'{values[1]}), not {spec!r}: bind it back.')
-    logging.info('Normalisation read from %s: mean %s, std %s', where,
-                 *values)
+    logging.info('Normalisation read from %s: mean %s, std %s', where, *values)
     return values
 
 

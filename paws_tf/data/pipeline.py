@@ -140,8 +140,7 @@ def _streamed_unlabeled(source, layout, seed, start_step, input_context):
             .batch(layout.batch_per_replica, drop_remainder=True))
 
 
-def _support(labeled, layout, seed, start_step, first_replica,
-             local_replicas):
+def _support(labeled, layout, seed, start_step, first_replica, local_replicas):
     """Support views and labels of this pipeline's replicas, per step."""
     sampler, mc = layout.sampler, layout.multicrop
 

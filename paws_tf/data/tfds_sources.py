@@ -60,8 +60,7 @@ def load_tfds(name, *, split='train', data_dir=None, download=True):
     order = _canonical_order(data.get('id'), split)
     if order is not None:
         images, labels = images[order], labels[order]
-    return sources.from_arrays(images, labels,
-                               info.features['label'].names)
+    return sources.from_arrays(images, labels, info.features['label'].names)
 
 
 def _open_tfds(name, split, data_dir, shuffle_seed, input_context):

@@ -121,8 +121,7 @@ def read_scalars(log_dir, tag):
         events.Reload()
         if tag in events.Tags()['tensors']:
             for event in events.Tensors(tag):
-                points[event.step] = float(tf.make_ndarray(
-                    event.tensor_proto))
+                points[event.step] = float(tf.make_ndarray(event.tensor_proto))
     steps = sorted(points)
     return np.array(steps), np.array([points[s] for s in steps])
 

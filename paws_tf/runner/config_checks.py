@@ -102,8 +102,7 @@ def _check_arguments(pretraining):
     bound to them."""
     bindings.check_bound(model_lib.PAWSModel.check_arguments,
                          model_lib.PAWSModel, 'PAWSModel')
-    nets.check_impl(*bindings.binding('build_model.sync_bn_impl',
-                                      nets.KERAS))
+    nets.check_impl(*bindings.binding('build_model.sync_bn_impl', nets.KERAS))
     if not pretraining:
         return
     bindings.check_bound(train.check_arguments, train.train, 'train')
