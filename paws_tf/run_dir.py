@@ -72,6 +72,7 @@ class RunDir:
     eval = _path('eval')
     nn_results = _path('eval', 'paws_nn.json', doc="PAWS-NN's results.")
     fine_tune = _path('fine_tune')
+    fine_tune_results = _path('fine_tune', RESULTS_FILE)
     supervised = _path('supervised')
     supervised_results = _path('supervised', RESULTS_FILE,
                                doc="The demo's baseline's results.")
