@@ -58,10 +58,15 @@ def test_a_live_holder_is_named_and_a_gone_one_taken_over(tmp_path, caplog):
         run_lock.RunLock(run_dir.RunDir(tmp_path)).acquire()
 
 
-def test_an_empty_lock_goes_stale_by_its_age(tmp_path):
-    """A holder killed between creating the lock and writing it."""
+@pytest.mark.parametrize('text', ['', 'null', '[]', '{}', '1', '{"ho'])
+def test_an_empty_lock_goes_stale_by_its_age(tmp_path, text):
+    """A holder killed between creating the lock and writing it, or a
+    lock file damaged into JSON that is not a holder's.
+
+    Fails if `read` returns such JSON as it is: `null` reads as no lock
+    (acquire retries for ever), a list or number breaks `stale_reason`."""
     path = pathlib.Path(run_dir.RunDir(tmp_path).lock)
-    path.write_text('')
+    path.write_text(text)
     with pytest.raises(run_lock.Held):
         run_lock.RunLock(run_dir.RunDir(tmp_path)).acquire()
     old = time.time() - run_lock.STALE_AFTER_SECONDS - 1

@@ -78,12 +78,15 @@ def read(path):
     except FileNotFoundError:
         return None
     try:
-        return json.loads(text)
+        holder = json.loads(text)
     except ValueError:
-        # A lock being written, or left empty by a holder killed while
-        # writing it, is of unknown host: it goes stale by the file's age.
-        return {'host': '?', 'pid': '?', 'started': written,
-                'heartbeat': written}
+        holder = None
+    # A lock being written, or left empty (or damaged) by a holder killed
+    # while writing it, is of unknown host: it goes stale by the file's age.
+    if not holder or not isinstance(holder, dict):
+        holder = {'host': '?', 'pid': '?', 'started': written,
+                  'heartbeat': written}
+    return holder
 
 
 def stale_reason(holder):
