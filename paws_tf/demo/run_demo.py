@@ -1,12 +1,13 @@
 """`--mode=demo`: PAWS pre-training, PAWS-NN and fine-tuning against a
 supervised-only baseline on the same labels, and its report: a table,
 results.json and a figure (training curves, PAWS-NN by epoch, 2-D
-projection of the test embeddings)."""
+projection of the test embeddings, and PAWS-NN's pictures)."""
 
 import glob
 import os
 import time
 
+import matplotlib.image
 from matplotlib import figure as mpl_figure
 import numpy as np
 import tensorflow as tf
@@ -158,9 +159,9 @@ def project_2d(embeddings):
 
 def write_figure(run, *, embeddings, labels, class_names, title,
                  fine_tune_by_epoch=None, supervised_top1=None):
-    """Training curves, PAWS-NN by epoch and the embedding projection, as
-    the `RunDir` `run`'s `results_figure` PNG (its TensorBoard runs `train`
-    and `eval` read).
+    """Training curves, PAWS-NN by epoch and the embedding projection
+    above PAWS-NN's pictures (`RunDir.nn_figure`), as the `RunDir` `run`'s
+    `results_figure` PNG (its TensorBoard runs `train` and `eval` read).
 
     Args:
         run: the `RunDir`.
@@ -170,8 +171,10 @@ def write_figure(run, *, embeddings, labels, class_names, title,
             (`epoch`, `top1`), drawn after the pre-training epochs.
         supervised_top1: the baseline's top-1, drawn as a level.
     """
-    figure = mpl_figure.Figure(figsize=(16, 4.8))  # No pyplot, no display.
-    axes = figure.subplots(1, 3)
+    # No pyplot, no display.
+    figure = mpl_figure.Figure(figsize=(16, 13.5), layout='constrained')
+    top, bottom = figure.subfigures(2, 1, height_ratios=[4.8, 8.7])
+    axes = top.subplots(1, 3)
     for tag, label in (('epoch/loss', 'loss'),
                        ('epoch/cross_entropy', 'cross-entropy')):
         _, values = read_scalars(run.train_logs, tag)
@@ -199,8 +202,10 @@ def write_figure(run, *, embeddings, labels, class_names, title,
         axes[2].scatter(points[mask, 0], points[mask, 1], s=2, label=name)
     axes[2].set(title='test embeddings (PCA)', xticks=[], yticks=[])
     axes[2].legend(markerscale=5, fontsize=7, loc='best')
-    figure.suptitle(title)
-    figure.tight_layout()
+    top.suptitle(title)
+    pictures = bottom.subplots()
+    pictures.imshow(matplotlib.image.imread(run.nn_figure))
+    pictures.set_axis_off()
     figure.savefig(run.results_figure, dpi=110)
 
 

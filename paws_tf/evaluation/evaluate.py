@@ -136,7 +136,7 @@ def _check_labels(labels, num_classes, what):
 
 
 def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
-            tau=0.1, query_chunk=DEFAULT_QUERY_CHUNK):
+            tau=0.1, query_chunk=DEFAULT_QUERY_CHUNK, keep=False):
     """PAWS-NN accuracy: every query classified with all supports.
 
     Args:
@@ -144,6 +144,8 @@ def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
         support_dataset, query_dataset: as for `embed_dataset`: every
             labeled image, the test images.
         num_classes, tau, query_chunk: as for `classify`.
+        keep: add the embeddings and labels to the results, as
+            `embedded`: `pictures.Pictures`' keyword arguments.
 
     Returns:
         dict: `top1` and (K >= 5) `top5` accuracies, `num_support`,
@@ -177,6 +179,10 @@ def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
         per_class_accuracy=[
             float(h / n) if n else None
             for h, n in zip(per_class_hits, per_class_count)])
+    if keep:
+        results['embedded'] = dict(
+            supports=supports, support_labels=support_labels,
+            queries=queries, query_labels=query_labels)
     return results
 
 
@@ -199,12 +205,18 @@ class PawsNN:
             (None: all), so that a curve during training is cheap.
         batch_size, query_chunk: images per embedding batch, as for
             `classify`.
+        pictures: a `pictures.Pictures` to draw in `log_dir` (needs
+            one), or None. Its `[K, K]` confusion matrix is added to the
+            results (`confusion_matrix`), and its figure (`figure`).
     """
     name, title = 'paws_nn', 'PAWS-NN'
 
     def __init__(self, labeled, test, *, preprocessing, tau, log_dir=None,
                  max_queries=None, tag=name, batch_size=256,
-                 query_chunk=DEFAULT_QUERY_CHUNK):
+                 query_chunk=DEFAULT_QUERY_CHUNK, pictures=None):
+        if pictures is not None and log_dir is None:
+            raise ValueError('PawsNN draws its pictures in log_dir: give '
+                             'one.')
         if test.class_names and test.class_names != labeled.class_names:
             raise ValueError('The labeled and test sets name their classes '
                              'differently.')
@@ -222,6 +234,7 @@ class PawsNN:
                             int(np.max(labeled.labels)) + 1)
         self._tau, self._tag, self._query_chunk = tau, tag, query_chunk
         self._writer = log_dir and tf.summary.create_file_writer(log_dir)
+        self._log_dir, self._pictures = log_dir, pictures
 
     def __call__(self, embed_fn, step=0):
         """The `paws_nn` results of `embed_fn`; RuntimeError for embedded
@@ -229,7 +242,7 @@ class PawsNN:
         results = paws_nn(
             embed_fn, self._support, self._queries,
             num_classes=self.num_classes, tau=self._tau,
-            query_chunk=self._query_chunk)
+            query_chunk=self._query_chunk, keep=self._pictures is not None)
         for what, embedded, expected in (
                 ('support', results['num_support'], self._sizes[0]),
                 ('query', results['num_queries'], self._sizes[1])):
@@ -241,6 +254,11 @@ class PawsNN:
                 for key in sorted({'top1', 'top5'} & results.keys()):
                     tf.summary.scalar(f'{self._tag}/{key}', results[key])
             self._writer.flush()
+        if self._pictures is not None:
+            matrix, results['figure'] = self._pictures(
+                self._log_dir, step, tau=self._tau,
+                **results.pop('embedded'))
+            results['confusion_matrix'] = matrix.tolist()
         return results
 
 

@@ -11,6 +11,7 @@ import tensorflow as tf
 from paws_tf.data import splits
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import export
+from paws_tf.evaluation import pictures as pictures_lib
 from paws_tf import run_dir
 
 SOURCES = ('saved_model', 'checkpoint')
@@ -21,11 +22,15 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
                 std, source='saved_model', model=None, saved_model_dir=None,
                 checkpoint_path=None, split_file=None, tau=0.1,
                 embedding=None, batch_size=256,
-                query_chunk=evaluate.DEFAULT_QUERY_CHUNK, step=0):
+                query_chunk=evaluate.DEFAULT_QUERY_CHUNK, step=0,
+                pictures=True):
     """PAWS-NN of a run (`evaluate.PawsNN`), the support exactly the
     labeled set checked against the run's split file: TensorBoard's
     `paws_nn_test/*` in `tensorboard/eval`, `eval/paws_nn.json` and a
-    printed summary. Single-process (the chief alone, on a cluster).
+    printed summary; with `pictures`, the pictures of
+    `pictures.Pictures` in `tensorboard/eval` (the embedding projector,
+    an image) and `eval/paws_nn.png`. Single-process (the chief alone, on
+    a cluster).
 
     Args:
         model_dir: the run's directory.
@@ -39,10 +44,12 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
         embedding: 'projection' or 'prediction' (`PAWSModel.nn_embedding`)
             or None (the export's or `model`'s); another one is refused.
         tau, batch_size, query_chunk, step: as for `PawsNN` and its call.
+        pictures: draw the pictures (`pictures.Pictures`, its defaults).
 
     Returns:
         The `evaluate.paws_nn` dict, plus `source`, `source_path`,
-        `embedding`, `tau`, `split_file` (None if unchecked), `results_file`.
+        `embedding`, `tau`, `split_file` (None if unchecked), `results_file`;
+        with `pictures`, `confusion_matrix` and `figure_file`.
 
     Raises:
         ValueError: unknown source, checkpoint source without `model` or
@@ -59,13 +66,19 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
         source, embedding, dict(preprocessing, channels=labeled.channels),
         saved_model_dir=saved_model_dir or run.embedder, model=model,
         checkpoint_path=checkpoint_path)
+    drawer = (pictures_lib.Pictures(labeled, test,
+                                    preprocessing=preprocessing)
+              if pictures else None)
     results = evaluate.PawsNN(
         labeled, test, preprocessing=preprocessing, tau=tau,
         log_dir=run.eval_logs, tag='paws_nn_test', batch_size=batch_size,
-        query_chunk=query_chunk)(embed_fn, step)
+        query_chunk=query_chunk, pictures=drawer)(embed_fn, step)
     results.update(source=source, source_path=path, embedding=embedding,
                    tau=tau, split_file=split_file)
     os.makedirs(run.eval, exist_ok=True)
+    if pictures:
+        results.pop('figure').savefig(run.nn_figure, dpi=100)
+        results['figure_file'] = run.nn_figure
     run.write_json(run.nn_results, results)
     results['results_file'] = run.nn_results
     top5 = (f', top-5 {100 * results["top5"]:.2f}%' if 'top5' in results
