@@ -23,7 +23,7 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
                 checkpoint_path=None, split_file=None, tau=0.1,
                 embedding=None, batch_size=256,
                 query_chunk=evaluate.DEFAULT_QUERY_CHUNK, step=0,
-                pictures=True):
+                pictures=True, from_model=None):
     """PAWS-NN of a run (`evaluate.PawsNN`), the support exactly the
     labeled set checked against the run's split file: TensorBoard's
     `paws_nn_test/*` in `tensorboard/eval`, `eval/paws_nn.json` and a
@@ -45,6 +45,11 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
             or None (the export's or `model`'s); another one is refused.
         tau, batch_size, query_chunk, step: as for `PawsNN` and its call.
         pictures: draw the pictures (`pictures.Pictures`, its defaults).
+        from_model: an existing model to evaluate instead of the run's
+            (`source` and `saved_model_dir` unused): its embedder export,
+            or a run directory holding one (`embedder_of`), e.g. an
+            import of a published model; `--mode=evaluate_nn` then
+            evaluates it on the config's data with its own preprocessing.
 
     Returns:
         The `evaluate.paws_nn` dict, plus `source`, `source_path`,
@@ -59,6 +64,8 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
         RuntimeError: as for `PawsNN`'s call.
     """
     run = run_dir.RunDir(model_dir)
+    if from_model is not None:
+        source, saved_model_dir = 'saved_model', embedder_of(from_model)
     preprocessing = dict(image_size=image_size, crop_fraction=crop_fraction,
                          mean=mean, std=std)
     split_file = _checked_split(run, labeled, split_file)
@@ -90,6 +97,24 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
     logging.info(summary)
     print(summary)
     return results
+
+
+def embedder_of(path):
+    """The embedder export of the existing model `path`: `path` itself, or
+    the `RunDir.embedder` of the run directory `path`.
+
+    Raises:
+        FileNotFoundError: neither holds an export, naming the fix.
+    """
+    for candidate in (path, run_dir.RunDir(path).embedder):
+        if tf.io.gfile.exists(
+                os.path.join(candidate, export.PREPROCESSING_FILENAME)):
+            return candidate
+    raise FileNotFoundError(
+        f'evaluate_nn.from_model = {path!r} is neither an embedder export '
+        f'nor a run directory with one ({run_dir.RunDir(path).embedder}): '
+        f'export it first (run.py --mode=export --model_dir={path} with '
+        'its config).')
 
 
 def _embedder(source, embedding, expected, *, saved_model_dir, model,

@@ -134,10 +134,10 @@ def _check_size(size, size_name, minimum, backbone, backbone_name):
             f'{size_name} = {minimum} or more, or {other}.')
 
 
-def _check_normalization(folder):
+def _check_normalization(folder, required=True):
     """The folders' channels, and the normalisation bound only to
-    `load_data.normalization`; returns the multi-crop `(config,
-    selector)` bound called, or None."""
+    `load_data.normalization` (bound, if `required`); returns the
+    multi-crop `(config, selector)` bound called, or None."""
     channels = None
     if folder is not None:
         channels, channels_name = bindings.binding(f'{folder[0]}.channels',
@@ -157,9 +157,32 @@ def _check_normalization(folder):
     normalization_lib.refuse_own('eval_preprocessing',
                                  bindings.bound('eval_preprocessing.mean'),
                                  bindings.bound('eval_preprocessing.std'))
-    normalization_lib.normalization(normalization_lib.required(
-        bindings.bound('load_data.normalization')), channels)
+    normalization = bindings.bound('load_data.normalization')
+    if required or normalization is not None:
+        normalization_lib.normalization(
+            normalization_lib.required(normalization), channels)
     return multicrop
+
+
+def existing_model():
+    """The existing model `evaluate_nn.from_model` names, or None when the
+    config does not bind it.
+
+    Raises:
+        checks.ConfigError: it is bound to None (a MODEL macro left for the
+            command line).
+    """
+    try:
+        gin.query_parameter('evaluate_nn.from_model')
+    except ValueError:
+        return None
+    path, name = bindings.binding('evaluate_nn.from_model')
+    if path is None:
+        raise checks.ConfigError(
+            f'{name} is not bound: bind it to the model to evaluate (a run '
+            f"directory or its export), e.g. --gin_bindings=\"{name} = "
+            "'runs/imported'\".")
+    return path
 
 
 def _check_backbone(multicrop):
@@ -207,12 +230,28 @@ def check_config(pretraining=True):
         checks.ConfigError: on the first problem found.
     """
     folder = _folder_source()
-    multicrop = _check_normalization(folder)
+    # An existing model brings its own normalisation.
+    multicrop = _check_normalization(
+        folder, required=existing_model() is None)
     _check_arguments(pretraining)
     _check_folders_bound(folder)
     if pretraining:
         _check_support()
     _check_backbone(multicrop)
+
+
+def check_folder_channels(channels, model):
+    """Refuses a folder source of the config that decodes to other than
+    the `channels` that `model` (a description) takes, before its images
+    are read."""
+    folder = _folder_source()
+    if folder is None:
+        return
+    bound, name = bindings.binding(f'{folder[0]}.channels', 3)
+    if bound != channels:
+        raise checks.ConfigError(
+            f'{model} takes {channels}-channel images, but {name} = {bound}: '
+            f'bind {name} = {channels} (the images are decoded to that).')
 
 
 def check_pretrained_backbone():
