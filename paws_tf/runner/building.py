@@ -4,7 +4,6 @@ precision policy."""
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import checkpoints
 from paws_tf import checks
 from paws_tf import model as model_lib
 
@@ -51,8 +50,7 @@ def build_local_model(*, input_channels):
 
 def build_compiled_model(strategy, *, input_channels, steps_per_epoch,
                          num_epochs, optimizer_cls, schedule_cls, precision,
-                         jit_compile, steps_per_execution,
-                         pretrained_backbone=None):
+                         jit_compile, steps_per_execution):
     """The PAWS model, compiled with its optimizer and built in the
     strategy's scope."""
     if (jit_compile and strategy.num_replicas_in_sync > 1 and
@@ -64,9 +62,6 @@ def build_compiled_model(strategy, *, input_channels, steps_per_epoch,
     set_precision(precision)
     model = build_model(strategy, input_channels=input_channels)
     with strategy.scope():
-        if pretrained_backbone:
-            checkpoints.load(pretrained_backbone, model,
-                                checkpoints.BACKBONE)
         schedule = schedule_cls(steps_per_epoch=steps_per_epoch,
                                 num_epochs=num_epochs)
         optimizer = optimizer_cls(learning_rate=schedule)
