@@ -11,8 +11,15 @@ import tensorflow as tf
 
 torch = pytest.importorskip('torch')
 
+from paws_tf import checkpoints  # noqa: E402
+from paws_tf import lars  # noqa: E402
+from paws_tf import schedules  # noqa: E402
+from paws_tf.runner import building  # noqa: E402
+from paws_tf.runner import config_checks  # noqa: E402
+from paws_tf.runner import train  # noqa: E402
 from tests.helpers import image_folders  # noqa: E402
 from tests.helpers import run_py  # noqa: E402
+from tests.test_official_import import _config  # noqa: E402
 from tests.test_official_import import _wrn_checkpoint  # noqa: E402
 from tests.test_official_import import SYNTHETIC_BINDINGS  # noqa: E402
 from tests.test_official_import import WRN_CONFIG  # noqa: E402
@@ -118,3 +125,38 @@ def test_a_model_of_other_channels_or_none_is_refused_before_reading(
     assert 'Traceback' not in output
     code, output = _evaluate(imported, imported / 'nothing', name='none')
     assert code != 0 and 'export it first' in output, output[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_paws_starts_from_an_import(imported):
+    """`train.pretrained_model` on an import of a published model: the
+    config's check passes, and a new run's compiled model gets the import's
+    weights, backbone and heads, with its optimizer at step 0 (what
+    `train` does before its first step; the run itself is
+    test_pretrained_backbone's).
+
+    Fails if only the backbone is read."""
+    source = str(imported / 'imported')
+    with _config(WRN_CONFIG, SYNTHETIC_BINDINGS + (
+            f"train.pretrained_model = '{source}'",)):
+        config_checks.check_pretrained(imported / 'new')
+        model = building.build_compiled_model(
+            tf.distribute.get_strategy(), input_channels=3,
+            steps_per_epoch=1, num_epochs=600, optimizer_cls=lars.LARS,
+            schedule_cls=schedules.WarmupCosineDecay, precision='float32',
+            jit_compile=False, steps_per_execution=1)
+        origin = train._load_pretrained(model, None, source)
+    prefix = tf.train.latest_checkpoint(f'{source}/checkpoints')
+    assert origin == f' from the model of {prefix}'
+    assert checkpoints.global_step(model) == 0
+    written = tf.train.Checkpoint(model=model).write(
+        str(imported / 'new' / 'ckpt'))
+    ours, theirs = (tf.train.load_checkpoint(p) for p in (written, prefix))
+    keys = [key for key, _ in tf.train.list_variables(prefix)
+            if key.startswith('model/') and '/optimizer/' not in key
+            and '_CHECKPOINTABLE_OBJECT_GRAPH' not in key]
+    assert any(key.startswith('model/projection_head') for key in keys)
+    for key in keys:
+        np.testing.assert_array_equal(ours.get_tensor(key),
+                                      theirs.get_tensor(key), key)
