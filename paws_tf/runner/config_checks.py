@@ -1,5 +1,4 @@
-"""The checks of a whole gin config, made before any data is read: its
-values, and whether it is the config of the run already in `model_dir`."""
+"""Checks of a gin config before data is read, also against model_dir's run."""
 
 import inspect
 import numbers
@@ -48,8 +47,7 @@ def _check_folders_bound(folder):
             roots.append((f'{prefix}.unlabeled_root', 'unlabeled images'))
     test = bindings.reference('load_data.test')
     if test is not None and test.configurable.name == 'image_folder':
-        roots.append((f'{test.scoped_selector}.root',
-                      'test class subfolders'))
+        roots.append((f'{test.scoped_selector}.root', 'test class subfolders'))
     for selector, what in roots:
         root, name = bindings.binding(selector)
         if root is None:
@@ -105,8 +103,7 @@ def _check_arguments(pretraining):
     bound to them."""
     bindings.check_bound(model_lib.PAWSModel.check_arguments,
                          model_lib.PAWSModel, 'PAWSModel')
-    nets.check_impl(*bindings.binding('build_model.sync_bn_impl',
-                                      nets.KERAS))
+    nets.check_impl(*bindings.binding('build_model.sync_bn_impl', nets.KERAS))
     if not pretraining:
         return
     bindings.check_bound(train.check_arguments, train.train, 'train')
@@ -141,8 +138,7 @@ def _check_normalization(folder, required=True):
     multi-crop `(config, selector)` bound called, or None."""
     channels = None
     if folder is not None:
-        channels, channels_name = bindings.binding(f'{folder[0]}.channels',
-                                                   3)
+        channels, channels_name = bindings.binding(f'{folder[0]}.channels', 3)
         if channels not in (1, 3) or isinstance(channels, bool):
             raise checks.ConfigError(
                 f'{channels_name} = {channels!r}: images are decoded to 1 '
@@ -218,10 +214,9 @@ def _check_backbone(multicrop):
 
 
 def check_config(pretraining=True):
-    """Checks the parsed gin config before any data is read (a labeled
-    folder's class folders are listed, no image is read); each check names
-    the binding to change and a valid value. Sources other than folders
-    have their channels checked once read.
+    """Checks the parsed gin config (a labeled folder's class folders are
+    listed, no image is read; other sources' channels are checked once
+    read); each check names the binding to change and a valid value.
 
     Args:
         pretraining: the run pre-trains: check `train`'s arguments and the
@@ -334,8 +329,7 @@ def check_model_dir(run, config, *, overwrite, chief):
     start that saved nothing.
 
     Args:
-        run: the `RunDir`.
-        config: the gin config to train with (`gin.config_str()`).
+        run, config: the `RunDir`, the gin config text to train with.
         overwrite, chief: run.py's --overwrite; whether this process writes.
 
     Raises:
@@ -354,7 +348,7 @@ def check_model_dir(run, config, *, overwrite, chief):
         logging.info('%s holds the config of a start that saved no backup '
                      'or checkpoint: starting with this config.', run)
         if chief:
-            run.delete([run.tensorboard()])
+            run.delete([run.tensorboard])
         return
     if not overwrite:
         changed = [f'  - {line}' for line in old if line not in new][:5] + [
@@ -362,10 +356,10 @@ def check_model_dir(run, config, *, overwrite, chief):
         raise checks.ConfigError(
             f'{run} holds a run with a different gin config:\n' +
             '\n'.join(changed) + '\nUse another --model_dir, undo the change '
-            'to resume that run, or pass --overwrite to delete it and start '
-            'again.')
+            'to resume that run (for a binding of a parameter that no longer '
+            f'exists: delete its line from {run.config}), or pass '
+            '--overwrite to delete it and start again.')
     if chief:
-        logging.warning('--overwrite: deleting the previous run in %s.',
-                        run)
+        logging.warning('--overwrite: deleting the previous run in %s.', run)
         run.delete(run.training_outputs +
                    (run.config, run.fingerprint, run.normalization))

@@ -31,9 +31,8 @@ class Preempted(RuntimeError):
 
 
 def weights_fingerprint(model):
-    """SHA-256 of the model's weights: equal fingerprints, equal weights.
-    Every worker of a cluster calls it (reading a batch-norm moving
-    statistic is a collective)."""
+    """SHA-256 of the model's weights, which every worker of a cluster
+    computes (reading a batch-norm moving statistic is a collective)."""
     digest = hashlib.sha256()
     for weight in model.get_weights():
         digest.update(np.ascontiguousarray(weight).tobytes())
@@ -59,8 +58,7 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
     same data) and returns a finished run's model without training it.
 
     Args:
-        model_dir: the run's directory (`run_dir.RunDir`).
-        strategy: the `tf.distribute.Strategy` to train under.
+        model_dir, strategy: the run's directory, the strategy to train under.
         overwrite: when the data differs from what the run started on,
             delete the run and start again (run.py's --overwrite).
         owner_check: called before every save; raises when this run no
@@ -71,8 +69,7 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
             (`@WarmupCosineDecay`).
         precision: one of `building.PRECISIONS` (`mixed_float16` adds
             dynamic loss scaling).
-        jit_compile, steps_per_execution: XLA, and train steps per
-            `tf.function` call.
+        jit_compile, steps_per_execution: XLA, train steps per tf.function.
         seed: seed of initialisation, data order and augmentations.
         deterministic_ops: bit-identical reruns on the same machine
             (`determinism.enable`); slower.
@@ -80,8 +77,8 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
             epoch ends only), keeping `keep_checkpoints` of them.
         backup_every_steps: back up every this many steps, the most work a
             crash can lose.
-        log_every_steps: TensorBoard scalar interval.
-        view_images: write augmented views of the first step to TensorBoard.
+        log_every_steps, view_images: TensorBoard's scalar interval, and
+            the augmented views of the first step.
         evaluators: the evaluator classes run on the test split at epoch
             ends (`evaluate.PawsNN`; gin: `[@PawsNN, ...]`), every
             `eval_every_epochs` (0: never) on `eval_max_queries` test
@@ -282,13 +279,9 @@ def _fit(model, pretrain, input_at, fit_callbacks, saver, *, strategy,
 
 
 def _start(run, strategy, *, chief, on_change, overwrite):
-    """The run's data, checked against what it started on (its records
-    staged until the data is accepted), and where it starts.
-
-    Returns:
-        `(bundle, step, path)`: `path` is the backup or checkpoint of global
-        `step` to restore, None for a new run (step 0).
-    """
+    """`(bundle, step, path)`: the run's data, checked against what it
+    started on (its records staged until the data is accepted), and the
+    backup or checkpoint of global `step` to restore (None: a new run)."""
     accepted = False
     try:
         bundle = experiment.load_data(run.staging if chief else None)
