@@ -17,6 +17,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf.data import pipeline
+from paws_tf.evaluation import pictures as pictures_lib
 from paws_tf import losses
 
 # Queries classified together. Each chunk materialises a few [chunk, M]
@@ -194,9 +195,9 @@ class PawsNN:
         max_queries: the first this many test images are the queries
             (None: all), so that a curve during training is cheap.
         batch_size, query_chunk: images per embedding batch; as for `classify`.
-        pictures: a `pictures.Pictures` to draw in `log_dir` (needs
-            one), or None. Its `[K, K]` confusion matrix is added to the
-            results (`confusion_matrix`), and its figure (`figure`).
+        pictures: None, or the PNG file of `pictures.Pictures`' figure,
+            drawn with its projector in `log_dir` (needs one); its `[K, K]`
+            confusion matrix is added to the results (`confusion_matrix`).
     """
     name, title = 'paws_nn', 'PAWS-NN'
 
@@ -223,7 +224,9 @@ class PawsNN:
                             int(np.max(labeled.labels)) + 1)
         self._tau, self._tag, self._query_chunk = tau, tag, query_chunk
         self._writer = log_dir and tf.summary.create_file_writer(log_dir)
-        self._log_dir, self._pictures = log_dir, pictures
+        self._log_dir, self._pictures = log_dir, pictures and (
+            pictures, pictures_lib.Pictures(labeled, test,
+                                            preprocessing=preprocessing))
 
     def __call__(self, embed_fn, step=0):
         """`paws_nn` of `embed_fn`; RuntimeError if a count differs."""
@@ -241,9 +244,10 @@ class PawsNN:
                     tf.summary.scalar(f'{self._tag}/{key}', results[key])
             self._writer.flush()
         if self._pictures is not None:
-            matrix, results['figure'] = self._pictures(
-                self._log_dir, step, tau=self._tau,
-                **results.pop('embedded'))
+            path, drawer = self._pictures
+            matrix, figure = drawer(self._log_dir, step, tau=self._tau,
+                                    **results.pop('embedded'))
+            figure.savefig(path, dpi=100)
             results['confusion_matrix'] = matrix.tolist()
         return results
 

@@ -12,7 +12,6 @@ from paws_tf import checks
 from paws_tf.data import splits
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import export
-from paws_tf.evaluation import pictures as pictures_lib
 from paws_tf import run_dir
 
 
@@ -24,10 +23,8 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
     """PAWS-NN of a run (`evaluate.PawsNN`), the support exactly the
     labeled set checked against the run's split file (if any): TensorBoard's
     `paws_nn_test/*` in `tensorboard/eval`, `eval/paws_nn.json` and a
-    printed summary; with `pictures`, the pictures of
-    `pictures.Pictures` in `tensorboard/eval` (the embedding projector,
-    an image) and `eval/paws_nn.png`. Single-process (the chief alone, on
-    a cluster).
+    printed summary; with `pictures`, `pictures.Pictures`' projector and
+    image there and `eval/paws_nn.png`. Single-process (the chief alone).
 
     Args:
         model_dir: the run's directory.
@@ -41,16 +38,14 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
             or None (the export's or `model`'s); another one is refused.
         tau, batch_size, step: as for `PawsNN` and its call.
         pictures: draw the pictures (`pictures.Pictures`, its defaults).
-        from_model: an existing model to evaluate instead of the run's
-            (`source` and `saved_model_dir` unused): its embedder export,
-            or a run directory holding one (`embedder_of`), e.g. an
-            import of a published model; `--mode=evaluate_nn` then
-            evaluates it on the config's data with its own preprocessing.
+        from_model: an existing model evaluated instead of the run's (an
+            embedder export or a run directory, `embedder_of`): what
+            `--mode=evaluate_nn` runs on the config's data.
 
     Returns:
         The `evaluate.paws_nn` dict, plus `source`, `source_path`,
-        `embedding`, `tau`, `split_file` (None if unchecked), `results_file`;
-        with `pictures`, `confusion_matrix` and `figure_file`.
+        `embedding`, `tau`, `split_file` (None if unchecked), `results_file`,
+        `figure_file` and with `pictures` `confusion_matrix`.
 
     Raises:
         ValueError: unknown source, checkpoint source without `model` or
@@ -69,30 +64,31 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
         source, embedding, dict(preprocessing, channels=labeled.channels),
         saved_model_dir=saved_model_dir or run.embedder, model=model,
         checkpoint_path=checkpoint_path)
-    drawer = (pictures_lib.Pictures(labeled, test,
-                                    preprocessing=preprocessing)
-              if pictures else None)
+    os.makedirs(run.eval, exist_ok=True)
     results = evaluate.PawsNN(
         labeled, test, preprocessing=preprocessing, tau=tau,
         log_dir=run.eval_logs, tag='paws_nn_test', batch_size=batch_size,
-        pictures=drawer)(embed_fn, step)
+        pictures=pictures and run.nn_figure)(embed_fn, step)
     results.update(source=source, source_path=path, embedding=embedding,
-                   tau=tau, split_file=split_file)
-    os.makedirs(run.eval, exist_ok=True)
-    if pictures:
-        results.pop('figure').savefig(run.nn_figure, dpi=100)
-        results['figure_file'] = run.nn_figure
+                   tau=tau, split_file=split_file,
+                   figure_file=pictures and run.nn_figure or None)
     run.write_json(run.nn_results, results)
     results['results_file'] = run.nn_results
+    _summary(results)
+    return results
+
+
+def _summary(results):
+    """Logs and prints the line that sums `evaluate_nn`'s `results` up."""
     top5 = (f', top-5 {100 * results["top5"]:.2f}%' if 'top5' in results
             else '')
-    summary = (f'PAWS-NN ({source} {path}, {embedding} embedding): top-1 '
+    summary = (f'PAWS-NN ({results["source"]} {results["source_path"]}, '
+               f'{results["embedding"]} embedding): top-1 '
                f'{100 * results["top1"]:.2f}%{top5}; support = the '
                f'{results["num_support"]} labeled images, '
                f'{results["num_queries"]} queries')
     logging.info(summary)
     print(summary)
-    return results
 
 
 def embedder_of(path):

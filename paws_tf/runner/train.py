@@ -140,10 +140,9 @@ def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
         precision=precision, jit_compile=jit_compile,
         steps_per_execution=steps_per_execution)
     history = run.record_event if chief else (lambda event: event)
-    origin = ('' if resume_from else
-              _load_pretrained(model, pretrained_backbone, pretrained_model))
+    pretrained = pretrained_backbone, pretrained_model
     if not _resume(model, resume_from, start_step, num_epochs,
-                   pretrain.steps_per_epoch, history=history, origin=origin):
+                   pretrain.steps_per_epoch, history, pretrained):
         return model
     saver = callbacks.Saver(
         checkpoints.RunState(model_dir, model, strategy,
@@ -151,7 +150,6 @@ def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
                              before_save=owner_check),
         backup_every=backup_every_steps,
         checkpoint_every=checkpoint_every_steps)
-    # The loop, its logs and its epoch-end evaluations.
     fit_callbacks = _callbacks(
         run, bundle, pretrain, saver, tau=model.tau, chief=chief,
         num_epochs=num_epochs, log_every_steps=log_every_steps,
@@ -177,10 +175,11 @@ def _load_pretrained(model, backbone, whole):
     return ''
 
 
-def _resume(model, path, step, num_epochs, steps_per_epoch, *, history,
-            origin=''):
+def _resume(model, path, step, num_epochs, steps_per_epoch, history,
+            pretrained):
     """Restores the model and optimizer saved at `path` (None: a new run,
-    started `origin`) and records the start; False for a finished run."""
+    from the `pretrained` backbone or model if any) and records the start;
+    False for a finished run."""
     total_steps = num_epochs * steps_per_epoch
     if path:
         checkpoints.load(path, model, checkpoints.WHOLE)
@@ -195,6 +194,7 @@ def _resume(model, path, step, num_epochs, steps_per_epoch, *, history,
             f'{num_epochs}, step {batch} of it) from '
             f'{checkpoints.describe(path)}'))
     else:
+        origin = _load_pretrained(model, *pretrained)
         history(f'started a new run of {total_steps} steps{origin}')
     logging.info('Training steps %d..%d: %d epochs of %d steps.', step,
                  total_steps, num_epochs, steps_per_epoch)
