@@ -159,7 +159,7 @@ class Pictures:
         max_points: labeled and test images each in the projector (the
             first ones of each source).
         num_examples, num_neighbours: test images in the neighbours
-            picture (misclassified ones first), labeled images beside each.
+            picture (up to half misclassified), labeled images beside each.
         thumbnail_side: the thumbnails' side in pixels.
     """
 
@@ -218,7 +218,8 @@ class Pictures:
                 ['labeled'] * len(shown) + ['test'] * len(queried)),
             np.concatenate([labeled_images, test_images]))
         figure = mpl_figure.Figure(
-            figsize=(14, max(6, 1.5 * self._num_examples)))
+            figsize=(14, max(6, 1.5 * self._num_examples)),
+            layout='constrained')
         left, right = figure.subfigures(1, 2, width_ratios=[1, 1.3])
         draw_confusion_matrix(left.subplots(), matrix, self.class_names)
         draw_neighbours(right, self._examples(
@@ -247,10 +248,12 @@ class Pictures:
     def _examples(self, weights, labels, predictions, confidences,
                   support_labels, images, labeled):
         """The neighbours picture's rows, of the projector's test images
-        (`weights` etc. theirs): misclassified ones first."""
-        chosen = np.concatenate([np.flatnonzero(predictions != labels),
-                                 np.flatnonzero(predictions == labels)])[
-                                     :self._num_examples]
+        (`weights` etc. theirs): misclassified ones (at most half), then
+        right ones."""
+        wrong = np.flatnonzero(predictions != labels)[
+            :self._num_examples // 2]
+        right = np.flatnonzero(predictions == labels)
+        chosen = np.concatenate([wrong, right])[:self._num_examples]
         nearest = np.argsort(-weights[chosen], axis=1)[
             :, :self._num_neighbours]
         # Every labeled image the rows show, read once.
