@@ -102,6 +102,17 @@ def backup_step(model_dir):
     return backups[0][1] if backups else 0
 
 
+def model_checkpoint(path):
+    """The checkpoint of the existing model `path`: the newest checkpoint
+    that restores of the run directory `path` (a paws_tf run or an
+    import), else `resolve_prefix(path)`."""
+    if tf.io.gfile.isdir(run_dir_lib.RunDir(path).checkpoints):
+        prefix, _ = newest_restorable(path, backups=False, chief=False)
+        if prefix:
+            return prefix
+    return resolve_prefix(path)
+
+
 def has_progress(model_dir):
     """Whether `model_dir` holds a backup or a checkpoint to resume from."""
     return bool(_saved(model_dir))
@@ -193,7 +204,7 @@ def load(path, model, part=MODEL):
         load_backbone_weights(model.backbone, path)
         return os.fspath(path)
     prefix = resolve_prefix(path)
-    objects = dict(model=model)
+    objects = dict(model=model if part == WHOLE else _model_only(model))
     if part == WHOLE:
         objects['optimizer'] = model.optimizer
     try:
@@ -214,6 +225,14 @@ def load(path, model, part=MODEL):
             'trainer?')
     logging.info('Restored the %s from %s.', part, prefix)
     return prefix
+
+
+def _model_only(model):
+    """The checkpoint dependencies of `model` but its optimizer, which a
+    compiled tf_keras model tracks: what `MODEL` restores."""
+    children = tf.train.TrackableView(model).children(model)
+    return tf.train.Checkpoint(**{name: child for name, child in
+                                  children.items() if name != 'optimizer'})
 
 
 def load_newest(model_dir, model):

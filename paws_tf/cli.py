@@ -194,7 +194,7 @@ def main(argv):
     cluster.check_same_config(strategy, f'--mode={_MODE.value}\n{config}')
     if mode.trains:
         # Once the strategy exists; still before any data is read.
-        config_checks.check_pretrained_backbone()
+        config_checks.check_pretrained(run)
     lock = run_lock.for_process(run, strategy, training=mode.trains)
     with lock:
         _run_in_model_dir(run, strategy, mode, config,

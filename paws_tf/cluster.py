@@ -20,15 +20,31 @@ from paws_tf import rendezvous
 STRATEGY_KINDS = ('auto', 'one_device', 'mirrored', 'multi_worker')
 
 
+def _tf_config():
+    """TF_CONFIG as a dict ({} when unset); ConfigError for one that is not
+    a JSON object."""
+    text = os.environ.get('TF_CONFIG') or '{}'
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise checks.ConfigError(
+            f'TF_CONFIG is not a JSON object: {text[:200]!r}. Set it to one '
+            'such as {"cluster": {"worker": ["host0:2222", "host1:2222"]}, '
+            '"task": {"type": "worker", "index": 0}} (BUILD.md, "Cluster '
+            'launch").')
+    return value
+
+
 def cluster_in_environment():
     """True when TF_CONFIG or Slurm describes a job of several processes."""
-    tf_config = json.loads(os.environ.get('TF_CONFIG') or '{}')
-    workers = sum(map(len, tf_config.get('cluster', {}).values()))
+    workers = sum(map(len, _tf_config().get('cluster', {}).values()))
     return workers > 1 or int(os.environ.get('SLURM_NTASKS', '1')) > 1
 
 
 def _cluster_resolver(slurm_port_base):
-    if os.environ.get('TF_CONFIG'):
+    if _tf_config():
         return tf.distribute.cluster_resolver.TFConfigClusterResolver()
     if 'SLURM_JOB_ID' in os.environ:
         gpus = {}

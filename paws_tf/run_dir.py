@@ -71,6 +71,8 @@ class RunDir:
                        'imported fine-tuned classifier.')
     eval = _path('eval')
     nn_results = _path('eval', 'paws_nn.json', doc="PAWS-NN's results.")
+    nn_figure = _path('eval', 'paws_nn.png', doc="PAWS-NN's confusion "
+                      'matrix and neighbours.')
     fine_tune = _path('fine_tune')
     fine_tune_results = _path('fine_tune', RESULTS_FILE)
     supervised = _path('supervised')

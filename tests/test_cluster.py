@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from paws_tf import checks
 from paws_tf import cluster
 from paws_tf import dist
 
@@ -55,6 +56,20 @@ def test_multi_worker_without_cluster_says_how_to_fix(monkeypatch):
     monkeypatch.delenv('SLURM_JOB_ID', raising=False)
     with pytest.raises(ValueError, match='TF_CONFIG'):
         cluster.make_strategy('multi_worker')
+
+
+@pytest.mark.parametrize('kind', ['auto', 'multi_worker'])
+@pytest.mark.parametrize('value', [
+    json.dumps(cluster.loopback_tf_configs(2)[0]), '{"cluster": ', '[]'])
+def test_a_tf_config_not_a_json_object_is_named(monkeypatch, kind, value):
+    """A TF_CONFIG encoded twice (a JSON string), cut short, or a list.
+
+    Fails if TF_CONFIG is used without checking that it is an object (a
+    TypeError or JSONDecodeError traceback)."""
+    monkeypatch.setenv('TF_CONFIG', value)
+    with pytest.raises(checks.ConfigError,
+                       match='TF_CONFIG is not a JSON object: .* Set it to'):
+        cluster.make_strategy(kind)
 
 
 @pytest.mark.parametrize('env,expected', [

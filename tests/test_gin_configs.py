@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 import torch
 
+from paws_tf import bindings
 from paws_tf import configurables
 from paws_tf.evaluation import suncet_fine_tune
 from paws_tf import model as model_lib
@@ -50,7 +51,9 @@ def test_there_are_configs():
 FOLDERS = ["LABELED_DIR = '/data/labeled'",
            "UNLABELED_DIR = '/data/unlabeled'", "TEST_DIR = '/data/test'"]
 USER_BINDINGS = {'image_folders.gin': FOLDERS,
-                 'image_folders_small.gin': FOLDERS}
+                 'image_folders_small.gin': FOLDERS,
+                 'existing_model_folders.gin': [
+                     "MODEL = 'runs/imported'", *FOLDERS[::2]]}
 
 
 def official_parameters(encoder, output_dim, use_pred):
@@ -122,6 +125,9 @@ def test_every_config_parses_and_builds_its_model(clean_gin, path):
     parse(path.name, USER_BINDINGS.get(path.name, ()))
     if path.name == 'base.gin':  # Shared values only, no model.
         assert gin.query_parameter('PAWSModel.tau') == 0.1
+        return
+    if path.name == 'existing_model_folders.gin':  # The model's, no own.
+        assert bindings.bound('evaluate_nn.from_model') == 'runs/imported'
         return
     model, params = trainable_parameters()
     assert params == PARAMETERS[path.name]()

@@ -1,5 +1,6 @@
-"""`train.pretrained_backbone` through run.py, as docs/operations.md gives
-it: the run starts from the file's backbone weights, and a file of another
+"""`train.pretrained_backbone` and `train.pretrained_model` through run.py,
+as docs/operations.md gives them: the run starts from the file's backbone
+weights, or from an earlier run's whole model, and a file of another
 architecture is refused before any image is read."""
 
 import os
@@ -51,10 +52,11 @@ def write_weights(folder, kind, backbone):
         str(folder / 'backbone_ckpt'))
 
 
-def run(tmp_path, weights_path, data):
+def run(tmp_path, weights_path, data, *, part='backbone', name='run',
+        bindings=()):
     return run_py.finish(run_py.start(
-        tmp_path / 'run',
-        data + [f"train.pretrained_backbone = '{weights_path}'"],
+        tmp_path / name,
+        data + [f"train.pretrained_{part} = '{weights_path}'", *bindings],
         gin_file='gin_configs/image_folders_small.gin',
         base_bindings=BINDINGS), timeout=300)
 
@@ -98,7 +100,7 @@ def test_run_starts_from_the_files_backbone(tmp_path, kind, data):
 def test_a_file_of_another_architecture_is_refused_before_reading(
         tmp_path, data):
     """Fails if run.py reads the data before checking the file
-    (cli.py's config_checks.check_pretrained_backbone call removed: the
+    (cli.py's config_checks.check_pretrained call removed: the
     missing unlabeled folder is found first)."""
     # Wider second stage; the unlabeled folder does not exist, so a run
     # that read its data first would stop on that instead.
@@ -125,7 +127,7 @@ def test_the_check_of_a_source_of_unknown_channels(tmp_path, channels):
     """debug.gin's synthetic source has its channels known only once read:
     a file of its backbone for 1 or 3 channels passes the check before
     reading, one of a wider backbone is refused naming the binding.
-    Fails if check_pretrained_backbone tries only 3 channels there."""
+    Fails if check_pretrained tries only 3 channels there."""
     with debug_gin.parsed():
         fitting = building.build_local_model(
             input_channels=channels).backbone
@@ -135,9 +137,81 @@ def test_the_check_of_a_source_of_unknown_channels(tmp_path, channels):
         with debug_gin.parsed(
                 [f"train.pretrained_backbone = '{path}'"]):
             if fits:
-                config_checks.check_pretrained_backbone()
+                config_checks.check_pretrained(tmp_path / 'run')
             else:
                 with pytest.raises(ValueError, match=(
                         "train.pretrained_backbone = '.*' does not fit the "
                         'configured backbone')):
-                    config_checks.check_pretrained_backbone()
+                    config_checks.check_pretrained(tmp_path / 'run')
+
+
+@pytest.fixture(scope='module')
+def earlier(tmp_path_factory, data):
+    """A run of `BINDINGS` with another seed than the runs that start from
+    it, so that their own initial weights differ from its."""
+    model_dir = tmp_path_factory.mktemp('earlier') / 'run'
+    code, output = run_py.finish(run_py.start(
+        model_dir, data + ['train.seed = 1'],
+        gin_file='gin_configs/image_folders_small.gin',
+        base_bindings=BINDINGS), timeout=300)
+    assert code == 0, output[-3000:]
+    return model_dir
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_run_starts_from_an_earlier_runs_whole_model(tmp_path, data,
+                                                       earlier):
+    """At a learning rate of 0 the new run's trainable weights stay the
+    earlier run's, backbone and heads; its optimizer starts at step 0; the
+    config and the run history name the model it started from.
+
+    Fails if only the backbone is read (the heads keep their own
+    initialisation), or the optimizer's state is read too (the new run's
+    step counts on from the earlier run's)."""
+    code, output = run(tmp_path, earlier, data, part='model')
+    assert code == 0, output[-3000:]
+    source = tf.train.latest_checkpoint(str(earlier / 'checkpoints'))
+    theirs = tf.train.load_checkpoint(source)
+    new = tf.train.latest_checkpoint(str(tmp_path / 'run' / 'checkpoints'))
+    ours = tf.train.load_checkpoint(new)
+    heads = compared = 0
+    for key, _ in tf.train.list_variables(source):
+        if (not key.startswith('model/') or 'moving_' in key
+                or 'OPTIMIZER_SLOT' in key):
+            continue
+        np.testing.assert_array_equal(ours.get_tensor(key),
+                                      theirs.get_tensor(key), key)
+        compared += 1
+        heads += 'backbone' not in key
+    assert compared > 21 and heads > 0
+    # One epoch each: the new run's own step count, not the sum.
+    assert new.endswith(source.rsplit('-', 1)[1])
+    history = (tmp_path / 'run' / 'run_history.txt').read_text()
+    assert f'from the model of {source}' in history
+    assert (f"train.pretrained_model = '{earlier}'" in
+            (tmp_path / 'run' / 'config.gin').read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_model_of_another_architecture_is_refused_naming_both(
+        tmp_path, data, earlier):
+    """Fails if the model is not checked before the data is read (the
+    missing unlabeled folder would be found first), or the message does
+    not name the differing bindings of both sides."""
+    data = data[:1] + [f"UNLABELED_DIR = '{tmp_path / 'missing'}'"] + data[2:]
+    code, output = run(tmp_path, earlier, data, part='model',
+                       bindings=['build_backbone.widths = (8, 32)'])
+    assert code == os.EX_CONFIG, output[-3000:]
+    assert 'Traceback' not in output
+    assert (f"train.pretrained_model = '{earlier}' does not fit the "
+            'configured model') in output
+    assert (f'{earlier} was built with build_backbone.widths = (8, 16); '
+            'this config builds build_backbone.widths = (8, 32)') in output
+    assert not (tmp_path / 'run').exists()
+    code, output = run(tmp_path, earlier, data, part='model', bindings=[
+        f"train.pretrained_backbone = '{earlier}'"])
+    assert code == os.EX_CONFIG
+    assert ('train.pretrained_backbone and train.pretrained_model are both '
+            'bound: bind one') in output

@@ -349,9 +349,11 @@ def _data_bindings(gin_file, request, tmp_path):
     return []  # Its own synthetic images.
 
 
+# existing_model_folders.gin trains no model of its own: its documented
+# command runs in tests/test_existing_model.py.
 CONFIGS = [name for name in sorted(
     path.name for path in (REPO / 'gin_configs').glob('*.gin'))
-    if _binds_data(name)]
+    if _binds_data(name) and name != 'existing_model_folders.gin']
 
 
 @pytest.mark.slow

@@ -8,10 +8,13 @@ import pathlib
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
 from paws_tf.demo import run_demo
+from paws_tf.evaluation import pictures
 from tests.helpers import run_py
+from tests.helpers import tensorboard_server
 
 STEPS_PER_EPOCH = 16  # debug.gin
 EPOCHS = 2
@@ -68,7 +71,9 @@ def test_one_tensorboard_directory_with_a_run_per_stage(trained):
     assert not list((pathlib.Path(trained) / 'fine_tune').rglob('events.*'))
     assert tags(board / 'train') == TRAIN_TAGS
     # debug.gin has 4 classes: no top-5.
-    assert tags(board / 'eval') == {'paws_nn/top1', 'paws_nn_test/top1'}
+    assert tags(board / 'eval') == {
+        'paws_nn/top1', 'paws_nn_test/top1',
+        'paws_nn_pictures/confusion_and_neighbours'}
     assert not list((pathlib.Path(trained) / 'eval').glob('events.*'))
     last = EPOCHS * STEPS_PER_EPOCH
     steps, top1 = run_demo.read_scalars(board / 'eval', 'paws_nn_test/top1')
@@ -107,3 +112,59 @@ def test_a_step_point_is_that_steps_loss_not_the_running_mean(trained):
     # the running mean is the mean of the first two steps.
     assert np.all(np.abs(running[:, 1] - by_epoch[:, 1]) > 1e-6)
     assert np.all(np.abs(running.mean(axis=1) - epoch_means) > 1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_tensorboard_serves_paws_nn_projector_and_pictures(trained):
+    """The real TensorBoard server, over its HTTP endpoints: the eval run's
+    projector has a row per labeled and test image, whose metadata
+    predictions are PAWS-NN's rule computed here in NumPy on the vectors
+    the server returns; the confusion matrix's diagonal is the top-1.
+
+    Fails if the projector is written outside the eval run's directory,
+    the rows of the tensor and of the metadata differ in order, or the
+    confusion matrix's rows are not the true classes."""
+    results = json.loads((pathlib.Path(trained) / 'eval' /
+                          'paws_nn.json').read_text())
+    matrix = np.array(results['confusion_matrix'])
+    assert matrix.sum() == results['num_queries']
+    assert np.trace(matrix) / matrix.sum() == pytest.approx(results['top1'])
+    np.testing.assert_allclose(np.diag(matrix) / matrix.sum(axis=1),
+                               results['per_class_accuracy'])
+    assert (pathlib.Path(trained) / 'eval' / 'paws_nn.png').stat().st_size
+    name = 'paws_nn_embeddings'
+    with tensorboard_server.serve(pathlib.Path(trained) /
+                                  'tensorboard') as get:
+        assert 'eval' in get.json('/data/plugin/projector/runs')
+        embedding, = get.json(
+            '/data/plugin/projector/info?run=eval')['embeddings']
+        rows, dims = embedding['tensorShape']
+        vectors = np.frombuffer(get(
+            f'/data/plugin/projector/tensor?run=eval&name={name}'),
+            np.float32).reshape(rows, dims)
+        metadata = [line.split('\t') for line in get(
+            f'/data/plugin/projector/metadata?run=eval&name={name}'
+        ).decode().splitlines()]
+        sprite = tf.io.decode_png(get(
+            f'/data/plugin/projector/sprite_image?run=eval&name={name}'))
+        images = get.json('/data/plugin/images/tags')['eval']
+    assert metadata[0] == list(pictures.METADATA_COLUMNS)
+    label, predicted, confidence, split = map(np.array, zip(*metadata[1:]))
+    labeled, test = split == 'labeled', split == 'test'
+    assert labeled.sum() == results['num_support']  # debug.gin: < 1000.
+    assert test.sum() == min(1000, results['num_queries'])
+    # PAWS-NN by hand: the test rows against every labeled row.
+    names = sorted(set(label))
+    one_hot = np.eye(len(names))[[names.index(n) for n in label[labeled]]]
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    logits = unit[test] @ unit[labeled].T / results['tau']
+    weights = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs = weights / weights.sum(axis=1, keepdims=True) @ one_hot
+    assert list(predicted[test]) == [names[k] for k in probs.argmax(1)]
+    np.testing.assert_allclose(confidence[test].astype(float),
+                               probs.max(axis=1), atol=2e-3)
+    grid = int(np.ceil(np.sqrt(rows)))
+    side = embedding['sprite']['singleImageDim']
+    assert sprite.shape == (grid * side[0], grid * side[1], 3)
+    assert images['paws_nn_pictures/confusion_and_neighbours']['samples'] == 1

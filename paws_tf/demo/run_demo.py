@@ -1,10 +1,12 @@
 """`--mode=demo`: PAWS against a supervised-only baseline on the same
-labels, and its report (a table, results.json and a figure)."""
+labels, and its report (a table, results.json and a figure with PAWS-NN's
+pictures)."""
 
 import glob
 import os
 import time
 
+import matplotlib.image
 from matplotlib import figure as mpl_figure
 import numpy as np
 import tensorflow as tf
@@ -149,9 +151,12 @@ def _write_figure(run, results, embeddings, labels, class_names,
                   fine_tune_by_epoch):
     """Training curves (`run`'s TensorBoard logs), PAWS-NN by epoch with
     the fine-tuning's and the baseline's top-1 (`results`), and the PCA of
-    the `[N, D]` test `embeddings`, as `run.results_figure`."""
-    figure = mpl_figure.Figure(figsize=(16, 4.8))  # No pyplot, no display.
-    axes = figure.subplots(1, 3)
+    the `[N, D]` test `embeddings`, above PAWS-NN's pictures
+    (`run.nn_figure`), as `run.results_figure`."""
+    # No pyplot, no display.
+    figure = mpl_figure.Figure(figsize=(16, 13.5), layout='constrained')
+    top, bottom = figure.subfigures(2, 1, height_ratios=[4.8, 8.7])
+    axes = top.subplots(1, 3)
     for tag, label in (('epoch/loss', 'loss'),
                        ('epoch/cross_entropy', 'cross-entropy')):
         _, values = read_scalars(run.train_logs, tag)
@@ -178,12 +183,14 @@ def _write_figure(run, results, embeddings, labels, class_names,
         axes[2].scatter(points[mask, 0], points[mask, 1], s=2, label=name)
     axes[2].set(title='test embeddings (PCA)', xticks=[], yticks=[])
     axes[2].legend(markerscale=5, fontsize=7, loc='best')
-    figure.suptitle(
+    top.suptitle(
         f'PAWS-NN {100 * results["paws_nn_top1"]:.1f}%, fine-tuned '
         f'{100 * results["paws_finetune_top1"]:.1f}% vs supervised '
         f'{100 * results["supervised_top1"]:.1f}% top-1 '
         f'({results["num_labeled"]} labels)')
-    figure.tight_layout()
+    pictures = bottom.subplots()
+    pictures.imshow(matplotlib.image.imread(run.nn_figure))
+    pictures.set_axis_off()
     figure.savefig(run.results_figure, dpi=110)
 
 

@@ -17,6 +17,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf.data import pipeline
+from paws_tf.evaluation import pictures as pictures_lib
 from paws_tf import losses
 
 # Queries classified together. Each chunk materialises a few [chunk, M]
@@ -126,13 +127,15 @@ def classify(query_embeddings, support_embeddings, support_labels, *,
 
 
 def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
-            tau=0.1, query_chunk=DEFAULT_QUERY_CHUNK):
+            tau=0.1, query_chunk=DEFAULT_QUERY_CHUNK, keep=False):
     """PAWS-NN accuracy: every query classified with all supports.
 
     Args:
         embed_fn, support_dataset, query_dataset: as for `embed_dataset`:
             the datasets of every labeled image and of the test images.
         num_classes, tau, query_chunk: as for `classify`.
+        keep: add the embeddings and labels to the results, as
+            `embedded`: `pictures.Pictures`' keyword arguments.
 
     Returns:
         dict: `top1` and (K >= 5) `top5` accuracies, `num_support`,
@@ -168,6 +171,10 @@ def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
         per_class_accuracy=[
             float(h / n) if n else None
             for h, n in zip(per_class_hits, per_class_count)])
+    if keep:
+        results['embedded'] = dict(
+            supports=supports, support_labels=support_labels,
+            queries=queries, query_labels=query_labels)
     return results
 
 
@@ -188,12 +195,18 @@ class PawsNN:
         max_queries: the first this many test images are the queries
             (None: all), so that a curve during training is cheap.
         batch_size, query_chunk: images per embedding batch; as for `classify`.
+        pictures: None, or the PNG file of `pictures.Pictures`' figure,
+            drawn with its projector in `log_dir` (needs one); its `[K, K]`
+            confusion matrix is added to the results (`confusion_matrix`).
     """
     name, title = 'paws_nn', 'PAWS-NN'
 
     def __init__(self, labeled, test, *, preprocessing, tau, log_dir=None,
                  max_queries=None, tag=name, batch_size=256,
-                 query_chunk=DEFAULT_QUERY_CHUNK):
+                 query_chunk=DEFAULT_QUERY_CHUNK, pictures=None):
+        if pictures is not None and log_dir is None:
+            raise ValueError('PawsNN draws its pictures in log_dir: give '
+                             'one.')
         if test.class_names and test.class_names != labeled.class_names:
             raise ValueError('The labeled and test sets name their classes '
                              'differently.')
@@ -211,13 +224,16 @@ class PawsNN:
                             int(np.max(labeled.labels)) + 1)
         self._tau, self._tag, self._query_chunk = tau, tag, query_chunk
         self._writer = log_dir and tf.summary.create_file_writer(log_dir)
+        self._log_dir, self._pictures = log_dir, pictures and (
+            pictures, pictures_lib.Pictures(labeled, test,
+                                            preprocessing=preprocessing))
 
     def __call__(self, embed_fn, step=0):
         """`paws_nn` of `embed_fn`; RuntimeError if a count differs."""
         results = paws_nn(
             embed_fn, self._support, self._queries,
             num_classes=self.num_classes, tau=self._tau,
-            query_chunk=self._query_chunk)
+            query_chunk=self._query_chunk, keep=self._pictures is not None)
         embedded = results['num_support'], results['num_queries']
         if embedded != self._sizes:
             raise RuntimeError(f'Embedded {embedded} (support, query) '
@@ -227,6 +243,12 @@ class PawsNN:
                 for key in sorted({'top1', 'top5'} & results.keys()):
                     tf.summary.scalar(f'{self._tag}/{key}', results[key])
             self._writer.flush()
+        if self._pictures is not None:
+            path, drawer = self._pictures
+            matrix, figure = drawer(self._log_dir, step, tau=self._tau,
+                                    **results.pop('embedded'))
+            figure.savefig(path, dpi=100)
+            results['confusion_matrix'] = matrix.tolist()
         return results
 
 

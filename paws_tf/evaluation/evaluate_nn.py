@@ -19,11 +19,12 @@ from paws_tf import run_dir
 def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
                 std, source='saved_model', model=None, saved_model_dir=None,
                 checkpoint_path=None, tau=0.1, embedding=None, batch_size=256,
-                step=0):
+                step=0, pictures=True, from_model=None):
     """PAWS-NN of a run (`evaluate.PawsNN`), the support exactly the
     labeled set checked against the run's split file (if any): TensorBoard's
     `paws_nn_test/*` in `tensorboard/eval`, `eval/paws_nn.json` and a
-    printed summary. Single-process (the chief alone, on a cluster).
+    printed summary; with `pictures`, `pictures.Pictures`' projector and
+    image there and `eval/paws_nn.png`. Single-process (the chief alone).
 
     Args:
         model_dir: the run's directory.
@@ -36,10 +37,15 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
         embedding: 'projection' or 'prediction' (`PAWSModel.nn_embedding`)
             or None (the export's or `model`'s); another one is refused.
         tau, batch_size, step: as for `PawsNN` and its call.
+        pictures: draw the pictures (`pictures.Pictures`, its defaults).
+        from_model: an existing model evaluated instead of the run's (an
+            embedder export or a run directory, `embedder_of`): what
+            `--mode=evaluate_nn` runs on the config's data.
 
     Returns:
         The `evaluate.paws_nn` dict, plus `source`, `source_path`,
-        `embedding`, `tau`, `split_file` (None if unchecked), `results_file`.
+        `embedding`, `tau`, `split_file` (None if unchecked), `results_file`,
+        `figure_file` and with `pictures` `confusion_matrix`.
 
     Raises:
         ValueError: unknown source, checkpoint source without `model` or
@@ -49,6 +55,8 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
         RuntimeError: as for `PawsNN`'s call.
     """
     run = run_dir.RunDir(model_dir)
+    if from_model is not None:
+        source, saved_model_dir = 'saved_model', embedder_of(from_model)
     preprocessing = dict(image_size=image_size, crop_fraction=crop_fraction,
                          mean=mean, std=std)
     split_file = _checked_split(run, labeled)
@@ -56,24 +64,49 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
         source, embedding, dict(preprocessing, channels=labeled.channels),
         saved_model_dir=saved_model_dir or run.embedder, model=model,
         checkpoint_path=checkpoint_path)
+    os.makedirs(run.eval, exist_ok=True)
     results = evaluate.PawsNN(
         labeled, test, preprocessing=preprocessing, tau=tau,
-        log_dir=run.eval_logs, tag='paws_nn_test',
-        batch_size=batch_size)(embed_fn, step)
+        log_dir=run.eval_logs, tag='paws_nn_test', batch_size=batch_size,
+        pictures=pictures and run.nn_figure)(embed_fn, step)
     results.update(source=source, source_path=path, embedding=embedding,
-                   tau=tau, split_file=split_file)
-    os.makedirs(run.eval, exist_ok=True)
+                   tau=tau, split_file=split_file,
+                   figure_file=pictures and run.nn_figure or None)
     run.write_json(run.nn_results, results)
     results['results_file'] = run.nn_results
+    _summary(results)
+    return results
+
+
+def _summary(results):
+    """Logs and prints the line that sums `evaluate_nn`'s `results` up."""
     top5 = (f', top-5 {100 * results["top5"]:.2f}%' if 'top5' in results
             else '')
-    summary = (f'PAWS-NN ({source} {path}, {embedding} embedding): top-1 '
+    summary = (f'PAWS-NN ({results["source"]} {results["source_path"]}, '
+               f'{results["embedding"]} embedding): top-1 '
                f'{100 * results["top1"]:.2f}%{top5}; support = the '
                f'{results["num_support"]} labeled images, '
                f'{results["num_queries"]} queries')
     logging.info(summary)
     print(summary)
-    return results
+
+
+def embedder_of(path):
+    """The embedder export of the existing model `path`: `path` itself, or
+    the `RunDir.embedder` of the run directory `path`.
+
+    Raises:
+        FileNotFoundError: neither holds an export, naming the fix.
+    """
+    for candidate in (path, run_dir.RunDir(path).embedder):
+        if tf.io.gfile.exists(
+                os.path.join(candidate, export.PREPROCESSING_FILENAME)):
+            return candidate
+    raise FileNotFoundError(
+        f'evaluate_nn.from_model = {path!r} is neither an embedder export '
+        f'nor a run directory with one ({run_dir.RunDir(path).embedder}): '
+        f'export it first (run.py --mode=export --model_dir={path} with '
+        'its config).')
 
 
 def _embedder(source, embedding, expected, *, saved_model_dir, model,

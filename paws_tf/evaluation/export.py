@@ -178,6 +178,25 @@ def read_preprocessing(export_dir):
         return json.load(f)
 
 
+class LoadedEmbedder(tf.Module):
+    """An `export_embedder` SavedModel as the model of another export:
+    float32 preprocessed images -> `{'embeddings': [N, D]}`."""
+
+    def __init__(self, export_dir):
+        super().__init__(name='loaded_embedder')
+        self.nn_embedding = read_preprocessing(export_dir).get('embedding')
+        self._loaded = tf.saved_model.load(export_dir)
+
+    @property
+    def variables(self):
+        return list(self._loaded.model_variables)
+
+    def __call__(self, images, training=False):
+        del training  # Inference mode only.
+        return {'embeddings': self._loaded.call_preprocessed(images)[
+            'embeddings']}
+
+
 def export_embedder(model, export_dir, *, image_size, crop_fraction, mean,
                     std, channels, strategy=None):
     """Writes the encoder as a SavedModel that takes raw images.

@@ -3,7 +3,6 @@
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import checkpoints
 from paws_tf import model as model_lib
 
 PRECISIONS = ('float32', 'mixed_bfloat16', 'mixed_float16')
@@ -41,8 +40,7 @@ def build_local_model(*, input_channels):
 
 def build_compiled_model(strategy, *, input_channels, steps_per_epoch,
                          num_epochs, optimizer_cls, schedule_cls, precision,
-                         jit_compile, steps_per_execution,
-                         pretrained_backbone=None):
+                         jit_compile, steps_per_execution):
     """The PAWS model, compiled with its optimizer and built in the
     strategy's scope."""
     if (jit_compile and strategy.num_replicas_in_sync > 1 and
@@ -54,8 +52,6 @@ def build_compiled_model(strategy, *, input_channels, steps_per_epoch,
     tf_keras.mixed_precision.set_global_policy(precision)
     model = build_model(strategy, input_channels=input_channels)
     with strategy.scope():
-        if pretrained_backbone:
-            checkpoints.load(pretrained_backbone, model, checkpoints.BACKBONE)
         schedule = schedule_cls(steps_per_epoch=steps_per_epoch,
                                 num_epochs=num_epochs)
         optimizer = optimizer_cls(learning_rate=schedule)

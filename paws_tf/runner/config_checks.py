@@ -14,6 +14,7 @@ from paws_tf import model as model_lib
 from paws_tf import nets
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.nets import backbones
+from paws_tf import run_dir
 from paws_tf.runner import building
 from paws_tf.runner import train
 
@@ -131,10 +132,10 @@ def _check_size(size, size_name, minimum, backbone, backbone_name):
             f'{size_name} = {minimum} or more, or {other}.')
 
 
-def _check_normalization(folder):
+def _check_normalization(folder, required=True):
     """The folders' channels, and the normalisation bound only to
-    `load_data.normalization`; returns the multi-crop `(config,
-    selector)` bound called, or None."""
+    `load_data.normalization` (bound, if `required`); returns the
+    multi-crop `(config, selector)` bound called, or None."""
     channels = None
     if folder is not None:
         channels, channels_name = bindings.binding(f'{folder[0]}.channels', 3)
@@ -153,9 +154,32 @@ def _check_normalization(folder):
     normalization_lib.refuse_own('eval_preprocessing',
                                  bindings.bound('eval_preprocessing.mean'),
                                  bindings.bound('eval_preprocessing.std'))
-    normalization_lib.normalization(normalization_lib.required(
-        bindings.bound('load_data.normalization')), channels)
+    normalization = bindings.bound('load_data.normalization')
+    if required or normalization is not None:
+        normalization_lib.normalization(
+            normalization_lib.required(normalization), channels)
     return multicrop
+
+
+def existing_model():
+    """The existing model `evaluate_nn.from_model` names, or None when the
+    config does not bind it.
+
+    Raises:
+        checks.ConfigError: it is bound to None (a MODEL macro left for the
+            command line).
+    """
+    try:
+        gin.query_parameter('evaluate_nn.from_model')
+    except ValueError:
+        return None
+    path, name = bindings.binding('evaluate_nn.from_model')
+    if path is None:
+        raise checks.ConfigError(
+            f'{name} is not bound: bind it to the model to evaluate (a run '
+            f"directory or its export), e.g. --gin_bindings=\"{name} = "
+            "'runs/imported'\".")
+    return path
 
 
 def _check_backbone(multicrop):
@@ -202,7 +226,9 @@ def check_config(pretraining=True):
         checks.ConfigError: on the first problem found.
     """
     folder = _folder_source()
-    multicrop = _check_normalization(folder)
+    # An existing model brings its own normalisation.
+    multicrop = _check_normalization(
+        folder, required=existing_model() is None)
     _check_arguments(pretraining)
     _check_folders_bound(folder)
     if pretraining:
@@ -210,35 +236,91 @@ def check_config(pretraining=True):
     _check_backbone(multicrop)
 
 
-def check_pretrained_backbone():
-    """Refuses a `train.pretrained_backbone` file that does not fit the
-    configured backbone; call it once the strategy exists
-    (`MultiWorkerMirroredStrategy` must precede other TensorFlow ops). The
-    backbone of a source other than folders is tried with 3 channels, then
-    1 (training checks the file again).
+def check_folder_channels(channels, model):
+    """Refuses a folder source of the config that decodes to other than
+    the `channels` that `model` (a description) takes, before its images
+    are read."""
+    folder = _folder_source()
+    if folder is None:
+        return
+    bound, name = bindings.binding(f'{folder[0]}.channels', 3)
+    if bound != channels:
+        raise checks.ConfigError(
+            f'{model} takes {channels}-channel images, but {name} = {bound}: '
+            f'bind {name} = {channels} (the images are decoded to that).')
+
+
+# The bindings that make the model's variables, compared in the message
+# on a pretrained model that does not fit.
+_ARCHITECTURE = ('build_backbone.', 'build_model.', 'ProjectionHead.',
+                 'PredictionHead.')
+
+
+def check_pretrained(run):
+    """Refuses a `train.pretrained_backbone` or `train.pretrained_model`
+    that does not fit the configured model, before any data is read; call
+    it once the strategy exists (`MultiWorkerMirroredStrategy` must
+    precede other TensorFlow ops). A run that resumes (its own checkpoint
+    wins) is not checked. The model of a source other than folders is
+    tried with 3 channels, then 1 (training checks the file again).
 
     Raises:
-        checks.ConfigError: the file is missing or does not fit (naming the
-            binding and the variables that do not fit).
+        checks.ConfigError: both are bound, or the file does not exist or
+            does not fit (the message names the binding, the variables
+            that do not fit, and the architecture bindings of both models
+            that differ).
     """
-    path, name = bindings.binding('train.pretrained_backbone')
-    if not path:
+    backbone, backbone_name = bindings.binding('train.pretrained_backbone')
+    whole, whole_name = bindings.binding('train.pretrained_model')
+    if backbone and whole:
+        raise checks.ConfigError(
+            f'{backbone_name} and {whole_name} are both bound: bind one '
+            '(the model includes its backbone).')
+    if not (backbone or whole) or checkpoints.has_progress(run):
         return
     folder = _folder_source()
     tried = ((bindings.binding(f'{folder[0]}.channels', 3)[0],)
              if folder is not None else (3, 1))
     for channels in tried:
-        backbone = building.build_local_model(input_channels=channels).backbone
+        model = building.build_local_model(input_channels=channels)
         try:
-            checkpoints.load_backbone_weights(backbone, path)
+            if backbone:
+                checkpoints.load_backbone_weights(model.backbone, backbone)
+            else:
+                checkpoints.load(checkpoints.model_checkpoint(whole), model)
             return
         except FileNotFoundError as error:
             raise checks.ConfigError(str(error)) from error
         except ValueError as error:
             refused = error
+    if backbone:
+        raise checks.ConfigError(
+            f'{backbone_name} = {backbone!r} does not fit the configured '
+            f'backbone (build_backbone): {refused}')
     raise checks.ConfigError(
-        f'{name} = {path!r} does not fit the configured backbone '
-        f'(build_backbone): {refused}')
+        f'{whole_name} = {whole!r} does not fit the configured model: '
+        f'{refused}' + _architecture_differences(whole, tried))
+
+
+def _architecture_differences(path, channels):
+    """The architecture bindings and channels of the run directory `path`
+    and of this config where they differ, for a message ('' if unknown)."""
+    source = run_dir.RunDir(path)
+    try:
+        with open(source.config) as f:
+            theirs = set(f.read().splitlines())
+    except OSError:
+        return ''
+    ours = set(gin.config_str().splitlines())
+    differ = lambda lines, other: sorted(  # noqa: E731
+        line for line in lines - other if line.startswith(_ARCHITECTURE))
+    parts = [f'{path} was built with {"; ".join(differ(theirs, ours))}',
+             f'this config builds {"; ".join(differ(ours, theirs))}']
+    recorded = source.read_json(source.normalization)
+    if recorded is not None and len(recorded['mean']) not in channels:
+        parts.append(f'{path} takes {len(recorded["mean"])}-channel images, '
+                     f'this config {" or ".join(map(str, channels))}')
+    return '. ' + '; '.join(parts) + '.'
 
 
 def check_model_dir(run, config, *, overwrite, chief):

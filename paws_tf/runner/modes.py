@@ -81,26 +81,80 @@ def export_run(model_dir, model, bundle=None):
             logging.warning('Exported the embedder under %s/export, not the '
                             'classifier: %s', model_dir, missing)
             return
+    _export_classifier(model_dir, model, bundle.labeled, preprocessing,
+                       channels=channels, tau=model.tau)
+    logging.info('Exported the embedder and the classifier under %s/export.',
+                 model_dir)
+
+
+def _export_classifier(model_dir, model, labeled, preprocessing, *,
+                       channels, tau):
+    """The PAWS-NN classifier of `model` with the `labeled` images as
+    supports, in `RunDir.classifier`."""
     supports, labels = evaluate.embed_dataset(
         evaluate.embedder_from_model(model),
-        pipeline.make_eval_dataset(bundle.labeled, batch_size=256,
+        pipeline.make_eval_dataset(labeled, batch_size=256,
                                    **preprocessing),
         description='labeled images')
     export.export_classifier(
         model, run_dir.RunDir(model_dir).classifier,
         support_embeddings=supports, support_labels=labels,
-        class_names=bundle.labeled.class_names, tau=model.tau,
-        channels=channels, **preprocessing)
-    logging.info('Exported the embedder and the classifier under %s/export.',
-                 model_dir)
+        class_names=labeled.class_names, tau=tau, channels=channels,
+        **preprocessing)
+
+
+def evaluate_existing(model_dir, strategy, path):
+    """PAWS-NN of the existing model `path` (`evaluate_nn.from_model`) on
+    the config's labeled and test data, with the preprocessing recorded in
+    its export, into `model_dir`, where its PAWS-NN classifier of these
+    classes is exported too (`RunDir.classifier`). The chief's work; the
+    other workers wait. Returns the PAWS-NN results on the chief.
+
+    Raises:
+        FileNotFoundError: `path` holds no embedder export.
+        checks.ConfigError: the config's folders decode to other channels
+            than the model takes.
+    """
+    results = None
+    if cluster.is_chief(strategy):
+        embedder = evaluate_nn.embedder_of(path)
+        stored = export.read_preprocessing(embedder)
+        config_checks.check_folder_channels(
+            stored['channels'], f'The model of {embedder}')
+        bundle = load_labeled_data(
+            model_dir, 'PAWS-NN compares the test images with them')
+        _check_test(bundle)
+        if bundle.labeled.channels != stored['channels']:
+            raise checks.DataError(
+                f'The model of {embedder} takes {stored["channels"]}-channel '
+                f'images, but the labeled images have '
+                f'{bundle.labeled.channels}.')
+        preprocessing = {key: stored[key] for key in (
+            'image_size', 'crop_fraction', 'mean', 'std')}
+        results = evaluate_nn.evaluate_nn(
+            model_dir, labeled=bundle.labeled, test=bundle.test,
+            **preprocessing)
+        _export_classifier(model_dir, export.LoadedEmbedder(embedder),
+                           bundle.labeled, preprocessing,
+                           channels=stored['channels'], tau=results['tau'])
+        logging.info('Exported the PAWS-NN classifier of %s for these %d '
+                     'classes under %s.', embedder,
+                     len(bundle.labeled.class_names),
+                     run_dir.RunDir(model_dir).classifier)
+    cluster.barrier(strategy)
+    return results
+
+
+def _check_test(bundle):
+    if bundle.test is None:
+        raise ValueError('No test split is configured (load_data.test): '
+                         'nothing to evaluate PAWS-NN on.')
 
 
 def _paws_nn(model_dir, bundle, model, step):
     """PAWS-NN of the exported embedder, else of the checkpoint of `step`
     read into `model`."""
-    if bundle.test is None:
-        raise ValueError('No test split is configured (load_data.test): '
-                         'nothing to evaluate PAWS-NN on.')
+    _check_test(bundle)
     embedder_dir = run_dir.RunDir(model_dir).embedder
     if os.path.isdir(embedder_dir):
         kwargs = dict(source='saved_model', saved_model_dir=embedder_dir)
@@ -155,6 +209,9 @@ def _train_and_evaluate(model_dir, strategy, options):
 
 
 def _export_or_evaluate(model_dir, strategy, options, *, evaluates):
+    existing = config_checks.existing_model() if evaluates else None
+    if existing is not None:
+        return evaluate_existing(model_dir, strategy, existing)
     imported = official_import.check_mode(model_dir, options.mode)
     return export_and_evaluate(model_dir, strategy, exports=not evaluates,
                                evaluates=evaluates, imported=imported)

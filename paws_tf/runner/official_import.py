@@ -231,9 +231,9 @@ def check_mode(model_dir, mode, *, trains=False):
     if trains:
         raise ImportFailed(
             f'{model_dir} holds weights imported from {record["source"]}, '
-            'not a paws_tf training run: pre-train in another --model_dir '
-            "(train.pretrained_backbone = '...' starts a backbone from "
-            'weights).')
+            'not a paws_tf training run: pre-train in another --model_dir, '
+            f"with train.pretrained_model = '{model_dir}' to start from "
+            'this model.')
     if record['kind'] == FINE_TUNED:
         raise ImportFailed(
             f'{model_dir} holds the fine-tuned classifier imported from '

@@ -49,7 +49,8 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
           keep_checkpoints=3, backup_every_steps=100, log_every_steps=50,
           view_images=True, evaluators=(evaluate.PawsNN,),
           eval_every_epochs=1, eval_max_queries=10_000,
-          pretrained_backbone=None, on_data_change='stop', verbose='auto'):
+          pretrained_backbone=None, pretrained_model=None,
+          on_data_change='stop', verbose='auto'):
     """PAWS pre-training into `model_dir`.
 
     Called again on the same `model_dir`, it resumes an interrupted run
@@ -83,7 +84,12 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
             `eval_every_epochs` (0: never) on `eval_max_queries` test
             images (None: all).
         pretrained_backbone: weights file or checkpoint (a run's too) to
-            start the backbone from.
+            start the backbone from; the heads start fresh.
+        pretrained_model: an existing model to start from, backbone and
+            heads (the optimizer starts fresh): a run directory (a paws_tf
+            run or an import of a published model; its newest checkpoint)
+            or a checkpoint. Read when the run starts, not when it
+            resumes.
         on_data_change: resuming on other data than the run started on:
             `'stop'` naming what changed, or `'continue'` (recording it).
         verbose: progress bar verbosity (`progress.ProgressBar`).
@@ -100,7 +106,8 @@ def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
            steps_per_execution, seed, deterministic_ops,
            checkpoint_every_steps, keep_checkpoints, backup_every_steps,
            log_every_steps, view_images, evaluators, eval_every_epochs,
-           eval_max_queries, pretrained_backbone, on_data_change, verbose):
+           eval_max_queries, pretrained_backbone, pretrained_model,
+           on_data_change, verbose):
     """`train`: config -> data -> model -> checkpoints -> loop."""
     num_epochs = check_arguments(
         num_epochs=num_epochs, keep_checkpoints=keep_checkpoints,
@@ -131,11 +138,11 @@ def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
         steps_per_epoch=pretrain.steps_per_epoch, num_epochs=num_epochs,
         optimizer_cls=optimizer_cls, schedule_cls=schedule_cls,
         precision=precision, jit_compile=jit_compile,
-        steps_per_execution=steps_per_execution,
-        pretrained_backbone=pretrained_backbone)
+        steps_per_execution=steps_per_execution)
     history = run.record_event if chief else (lambda event: event)
+    pretrained = pretrained_backbone, pretrained_model
     if not _resume(model, resume_from, start_step, num_epochs,
-                   pretrain.steps_per_epoch, history=history):
+                   pretrain.steps_per_epoch, history, pretrained):
         return model
     saver = callbacks.Saver(
         checkpoints.RunState(model_dir, model, strategy,
@@ -143,7 +150,6 @@ def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
                              before_save=owner_check),
         backup_every=backup_every_steps,
         checkpoint_every=checkpoint_every_steps)
-    # The loop, its logs and its epoch-end evaluations.
     fit_callbacks = _callbacks(
         run, bundle, pretrain, saver, tau=model.tau, chief=chief,
         num_epochs=num_epochs, log_every_steps=log_every_steps,
@@ -157,9 +163,23 @@ def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
     return model
 
 
-def _resume(model, path, step, num_epochs, steps_per_epoch, *, history):
-    """Restores the model and optimizer saved at `path` (None: a new run)
-    and records the start; False for a finished run."""
+def _load_pretrained(model, backbone, whole):
+    """Loads `train.pretrained_backbone` or `pretrained_model` into a new
+    run's model; returns what the run history says of it."""
+    if backbone:
+        path = checkpoints.load(backbone, model, checkpoints.BACKBONE)
+        return f' from the backbone of {path}'
+    if whole:
+        path = checkpoints.load(checkpoints.model_checkpoint(whole), model)
+        return f' from the model of {path}'
+    return ''
+
+
+def _resume(model, path, step, num_epochs, steps_per_epoch, history,
+            pretrained):
+    """Restores the model and optimizer saved at `path` (None: a new run,
+    from the `pretrained` backbone or model if any) and records the start;
+    False for a finished run."""
     total_steps = num_epochs * steps_per_epoch
     if path:
         checkpoints.load(path, model, checkpoints.WHOLE)
@@ -174,7 +194,8 @@ def _resume(model, path, step, num_epochs, steps_per_epoch, *, history):
             f'{num_epochs}, step {batch} of it) from '
             f'{checkpoints.describe(path)}'))
     else:
-        history(f'started a new run of {total_steps} steps')
+        origin = _load_pretrained(model, *pretrained)
+        history(f'started a new run of {total_steps} steps{origin}')
     logging.info('Training steps %d..%d: %d epochs of %d steps.', step,
                  total_steps, num_epochs, steps_per_epoch)
     return True

@@ -1,0 +1,136 @@
+"""PAWS-NN's pictures against NumPy: the weights of the labeled images in a
+prediction, the confusion matrix, the projector's sprite and rows."""
+
+import csv
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing import event_accumulator
+
+from paws_tf.data import sources
+from paws_tf.evaluation import pictures
+
+CLASSES = ('a', 'b', 'c')
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _cosine(a, b):
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return a @ b.T
+
+
+def test_weights_and_predictions_are_the_soft_nearest_neighbour_rule():
+    """Fails if the embeddings are not L2-normalised, tau is not applied,
+    or the class probability is not the sum of its supports' weights."""
+    rng = np.random.default_rng(0)
+    queries = rng.normal(size=(7, 5)).astype(np.float32) * 3
+    supports = rng.normal(size=(9, 5)).astype(np.float32)
+    labels = rng.integers(0, 3, 9)
+    weights = pictures.support_weights(queries, supports, 0.2)
+    expected = _softmax(_cosine(queries, supports) / 0.2)
+    np.testing.assert_allclose(weights, expected, rtol=1e-5)
+    predictions, confidences = pictures.predict(weights, labels, 3)
+    probabilities = np.stack([expected[:, labels == k].sum(axis=1)
+                              for k in range(3)], axis=1)
+    np.testing.assert_array_equal(predictions, probabilities.argmax(axis=1))
+    np.testing.assert_allclose(confidences, probabilities.max(axis=1),
+                               rtol=1e-5)
+
+
+def test_confusion_matrix_rows_are_true_classes():
+    """Fails if rows and columns are swapped."""
+    labels = np.array([0, 0, 1, 2, 2, 2])
+    predictions = np.array([0, 1, 1, 2, 0, 0])
+    matrix = pictures.confusion_matrix(labels, predictions, 3)
+    expected = np.zeros((3, 3), int)
+    for label, predicted in zip(labels, predictions):
+        expected[label, predicted] += 1
+    np.testing.assert_array_equal(matrix, expected)
+
+
+def test_sprite_lays_thumbnails_row_by_row():
+    """Fails if the thumbnails go column by column, or the grid is not the
+    smallest square holding them (the projector finds thumbnail i at row
+    i // g, column i % g)."""
+    images = np.stack([np.full((2, 2, 1), i / 10) for i in range(5)])
+    sheet = pictures.sprite(images)
+    assert sheet.shape == (6, 6, 3) and sheet.dtype == np.uint8
+    for i in range(9):
+        row, column = divmod(i, 3)
+        tile = sheet[2 * row:2 * row + 2, 2 * column:2 * column + 2]
+        assert np.all(tile == (round(255 * i / 10) if i < 5 else 0)), i
+
+
+def test_a_sprite_beyond_the_projectors_limit_is_refused():
+    with pytest.raises(ValueError, match='wider than 8192 px'):
+        pictures.sprite(np.zeros((257 ** 2, 32, 32, 3)))
+
+
+def _rows(path):
+    with open(path) as f:
+        return list(csv.reader(f, delimiter='\t'))
+
+
+def test_pictures_of_an_evaluation(tmp_path):
+    """The projector's rows: the labeled images predicted by the others
+    (a labeled image alone would predict itself at 100%), the test images
+    by all; the neighbours are the heaviest labeled images.
+
+    Fails if a labeled image's own weight is kept, or the neighbours are
+    the lightest ones."""
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, (12, 10, 10, 1), np.uint8)
+    labels = np.array([0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2])
+    labeled = sources.from_arrays(images[:6], labels[:6], CLASSES)
+    test = sources.from_arrays(images[6:], labels[6:], CLASSES)
+    embeddings = rng.normal(size=(12, 4)).astype(np.float32)
+    drawer = pictures.Pictures(
+        labeled, test, preprocessing=dict(image_size=8, crop_fraction=1.0),
+        num_examples=2, num_neighbours=3)
+    matrix, figure = drawer(
+        str(tmp_path), 5, supports=embeddings[:6], support_labels=labels[:6],
+        queries=embeddings[6:], query_labels=labels[6:], tau=0.1)
+
+    weights = _softmax(_cosine(embeddings[6:], embeddings[:6]) / 0.1)
+    test_probs = weights @ np.eye(3)[labels[:6]]
+    own = np.exp(_cosine(embeddings[:6], embeddings[:6]) / 0.1)
+    np.fill_diagonal(own, 0)
+    labeled_probs = (own / own.sum(axis=1, keepdims=True)) @ np.eye(3)[
+        labels[:6]]
+    rows = _rows(tmp_path / pictures.METADATA)
+    assert rows[0] == list(pictures.METADATA_COLUMNS)
+    for row, split, label, probs in zip(
+            rows[1:], ['labeled'] * 6 + ['test'] * 6, labels,
+            np.concatenate([labeled_probs, test_probs])):
+        assert row[:2] + row[3:] == [CLASSES[label], CLASSES[probs.argmax()],
+                                     split]
+        assert float(row[2]) == pytest.approx(probs.max(), abs=1e-3)
+    np.testing.assert_allclose(
+        np.loadtxt(tmp_path / pictures.TENSORS), embeddings, rtol=1e-5)
+    expected = np.zeros((3, 3), int)
+    for label, probs in zip(labels[6:], test_probs):
+        expected[label, probs.argmax()] += 1
+    np.testing.assert_array_equal(matrix, expected)
+    examples = drawer._examples(
+        weights, labels[6:], test_probs.argmax(axis=1),
+        test_probs.max(axis=1), labels[:6], np.zeros((6, 32, 32, 1)),
+        labeled)
+    wrong = np.flatnonzero(test_probs.argmax(axis=1) != labels[6:])
+    first = wrong[0] if len(wrong) else 0
+    np.testing.assert_allclose(examples[0]['neighbour_weights'],
+                               np.sort(weights[first])[::-1][:3], rtol=1e-5)
+    # 1 + 3 panels per row, one row per example, and the matrix.
+    assert len(figure.get_axes()) == 2 * 4 + 1
+    events = event_accumulator.EventAccumulator(str(tmp_path))
+    events.Reload()
+    image, = events.Tensors('paws_nn_pictures/confusion_and_neighbours')
+    assert image.step == 5
+    # An image summary: width, height, then the PNG.
+    width, height, encoded = image.tensor_proto.string_val
+    assert tf.io.decode_png(encoded).shape[:2] == (int(height), int(width))
