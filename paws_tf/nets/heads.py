@@ -67,8 +67,8 @@ class _MLPHead(tf_keras.layers.Layer):
         return x  # [B, output_dim]
 
     def get_config(self):
-        keys = self.SIZES + ('activation', 'sync_bn', 'sync_bn_impl', 'bn_momentum',
-                             'bn_epsilon')
+        keys = self.SIZES + ('activation', 'sync_bn', 'sync_bn_impl',
+                             'bn_momentum', 'bn_epsilon')
         return {**super().get_config(),
                 **{key: getattr(self, key) for key in keys}}
 
@@ -105,9 +105,9 @@ class ProjectionHead(_MLPHead):
                  bn_momentum=0.9, bn_epsilon=1e-5, name='projection_head',
                  **kwargs):
         super().__init__((num_layers, hidden_dim, output_dim),
-                         activation=activation, sync_bn=sync_bn, sync_bn_impl=sync_bn_impl,
-                         bn_momentum=bn_momentum, bn_epsilon=bn_epsilon,
-                         name=name, **kwargs)
+                         activation=activation, sync_bn=sync_bn,
+                         sync_bn_impl=sync_bn_impl, bn_momentum=bn_momentum,
+                         bn_epsilon=bn_epsilon, name=name, **kwargs)
         self.mlp_layers = []
         for i in range(1, num_layers):
             self.mlp_layers.extend([
