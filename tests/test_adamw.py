@@ -239,6 +239,36 @@ def test_mirrored_step_equals_one_device(two_replicas):
     assert optimizer.iterations.numpy() == 2
 
 
+def test_checkpoint_restores_moments_and_iterations(tmp_path):
+    """Fails if a moment is not a tracked slot (left out of checkpoints):
+    a resumed run must continue as the uninterrupted one, its weight decay
+    and bias corrections at the restored step."""
+    values = _initial_values()
+    grads = _gradients(4)
+
+    def make(initial_values):
+        variables = _make_variables(initial_values)
+        optimizer = _make_optimizer()
+        model = tf.Module()
+        model.variables_list = variables
+        return variables, optimizer, tf.train.Checkpoint(optimizer=optimizer,
+                                                         model=model)
+
+    variables, optimizer, checkpoint = make(values)
+    _run(optimizer, variables, grads[:2])
+    path = checkpoint.save(str(tmp_path / 'ckpt'))
+    _run(optimizer, variables, grads[2:])
+
+    zeros = {name: np.zeros_like(v) for name, v in values.items()}
+    restored_vars, restored_opt, restored_ckpt = make(zeros)
+    restored_ckpt.restore(path).assert_existing_objects_matched()
+    assert int(restored_opt.iterations) == 2
+    _run(restored_opt, restored_vars, grads[2:])
+    for got, want in zip(restored_vars, variables):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6,
+                                   err_msg=want.name)
+
+
 def test_cosine_schedule_is_dinos():
     """Fails if the cosine ends at the last step rather than after it
     (DINO divides by the number of steps), or goes on past the run."""
