@@ -122,12 +122,6 @@ def parse_args():
                              "(default, as the CPU configs) or tf_keras' "
                              "synchronized=True layer (build_model's "
                              "default)")
-    parser.add_argument('--padding_impl', choices=('custom', 'keras'),
-                        default='custom',
-                        help="build_backbone.padding_impl: paws_tf's padded "
-                             "layers (default, as the CPU configs) or "
-                             "ZeroPadding2D and tf_keras' layers "
-                             "(build_backbone's default)")
     parser.add_argument('--deterministic_ops', action='store_true',
                         help='determinism.enable(), as '
                              'train.deterministic_ops = True')
@@ -333,8 +327,7 @@ def main():
     config = CONFIGS[args.config]
     sync_bn = {'auto': replicas > 1, 'on': True, 'off': False}[args.sync_bn]
     switches = dict(recompute_bn_relu=args.recompute_bn_relu == 'on',
-                    sync_bn_impl=args.sync_bn_impl,
-                    padding_impl=args.padding_impl)
+                    sync_bn_impl=args.sync_bn_impl)
     tf_keras.mixed_precision.set_global_policy(POLICIES[args.precision])
     if args.deterministic_ops:
         determinism.enable()

@@ -14,7 +14,6 @@ import tf_keras
 from paws_tf import configurables  # noqa: F401  (what the configs bind)
 from paws_tf import model as model_lib
 from paws_tf.nets import backbones
-from paws_tf.nets import padded_layers
 from paws_tf.nets import recompute
 from paws_tf.nets import sync_batch_norm
 from tests.helpers import layer_reference
@@ -23,17 +22,12 @@ from tests.helpers import tiny_model
 SMALL = ('small_resnet', tiny_model.TINY)
 # Its strided convolutions follow a batch norm and ReLU (in NormReLUThen).
 WIDE = ('wide_resnet', {'depth': 10, 'width': 1})
-# The only backbone with a max pool (its stem's).
-RESNET50 = ('resnet50', {})
-STANDARD = {'sync_bn_impl': 'keras', 'padding_impl': 'keras',
-            'recompute_bn_relu': False}
+STANDARD = {'sync_bn_impl': 'keras', 'recompute_bn_relu': False}
 # paws_tf's CPU-tuned layers, which the CPU configs select.
-CPU = {'sync_bn_impl': 'custom', 'padding_impl': 'custom',
-       'recompute_bn_relu': True}
+CPU = {'sync_bn_impl': 'custom', 'recompute_bn_relu': True}
 # Where gin binds each switch: how batch norm is synchronised is
 # build_model's, for the backbone and the heads alike.
 CONFIGURABLE = {'sync_bn_impl': 'build_model',
-                'padding_impl': 'build_backbone',
                 'recompute_bn_relu': 'build_backbone'}
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -71,7 +65,7 @@ def _inputs(arch, seed=1):
     features; odd sizes inside the network exercise the padding."""
     rng = np.random.default_rng(seed)
     images = (1.5 * rng.normal(size=(4, 18, 18, 3)) + 0.5).astype(np.float32)
-    model_dim = {'small_resnet': 16, 'wide_resnet': 64, 'resnet50': 2048}
+    model_dim = {'small_resnet': 16, 'wide_resnet': 64}
     upstream = rng.normal(size=(4, model_dim[arch[0]])).astype(np.float32)
     return images, upstream
 
@@ -104,29 +98,6 @@ def _assert_all_close(got, want, rtol=1e-5):
         np.testing.assert_allclose(np.asarray(g), w, rtol=rtol,
                                    atol=max(rtol * np.abs(w).max(), 1e-6),
                                    err_msg=f'tensor {index}')
-
-
-@pytest.mark.parametrize('arch', [SMALL, WIDE, RESNET50],
-                         ids=lambda arch: arch[0])
-@pytest.mark.slow
-def test_padding_switch_gives_the_same_values_and_gradients(arch, tmp_path):
-    """`padding_impl='keras'` (ZeroPadding2D before 'valid' tf_keras
-    layers) against PaddedConv2D / PaddedMaxPool2D, with the other
-    switches at the CPU settings (recomputed NormReLUThen units then pad
-    inside): same features, image and weight gradients and moving
-    statistics."""
-    custom = _build(arch, **CPU)
-    keras = _build(arch, **dict(CPU, padding_impl='keras'))
-    kinds = {type(layer) for layer in keras.submodules}
-    assert not kinds & {padded_layers.PaddedConv2D,
-                        padded_layers.PaddedMaxPool2D}
-    assert padded_layers.PaddedConv2D in {
-        type(layer) for layer in custom.submodules}
-    _randomise(custom)
-    _copy_through_checkpoint(custom, keras, tmp_path)
-    images, upstream = _inputs(arch)
-    want = _one_device_step(custom, images, upstream)
-    _assert_all_close(_one_device_step(keras, images, upstream), want)
 
 
 @pytest.mark.parametrize('arch', [SMALL, WIDE], ids=lambda arch: arch[0])
@@ -187,8 +158,8 @@ def _two_replica_step(strategy, model, images, upstream):
 def test_sync_bn_switch_gives_the_same_values_and_gradients(
         arch, switches, strategy_fixture, request, tmp_path):
     """On a two-replica MirroredStrategy (logical CPUs), tf_keras'
-    `BatchNormalization(synchronized=True)` (alone, and with the other two
-    switches at tf_keras' layers too) against the CPU settings'
+    `BatchNormalization(synchronized=True)` (alone, and with the other
+    switch at tf_keras' layers too) against the CPU settings'
     GlobalBatchNormalization: same features, image and weight gradients and
     moving statistics; and both against one device with local batch norm
     on the whole batch (without the moving variance, which that layer keeps
@@ -251,8 +222,6 @@ def _assert_standard_layers(model):
         and norm.synchronized for norm in norms)
     kinds = {type(layer) for layer in model.submodules}
     assert tf_keras.layers.ZeroPadding2D in kinds
-    assert not kinds & {padded_layers.PaddedConv2D,
-                        padded_layers.PaddedMaxPool2D}
     assert not any(layer.recompute for layer in model.submodules
                    if isinstance(layer, recompute.NormReLUThen))
 
@@ -299,12 +268,9 @@ def test_build_model_sync_bn_impl_sets_every_batch_norm(impl, kind,
 
 
 def test_gin_binds_the_switches(clean_gin):
-    model = _gin_model('custom', **{'build_backbone.padding_impl': 'custom',
-                                    'build_backbone.recompute_bn_relu': True})
+    model = _gin_model('custom', **{'build_backbone.recompute_bn_relu': True})
     kinds = {type(layer) for layer in model.backbone.submodules}
     assert sync_batch_norm.GlobalBatchNormalization in kinds
-    assert padded_layers.PaddedConv2D in kinds
-    assert tf_keras.layers.ZeroPadding2D not in kinds
     assert all(layer.recompute for layer in model.backbone.submodules
                if isinstance(layer, recompute.NormReLUThen))
 
@@ -373,15 +339,12 @@ def test_cpu_configs_select_the_cpu_layers_and_gpu_configs_the_defaults(
 
 @pytest.mark.parametrize('build,binding', [
     (lambda: backbones.build_backbone('small_resnet', **tiny_model.TINY,
-                                      padding_impl='tf_keras'),
-     r'build_backbone\.padding_impl'),
-    (lambda: backbones.build_backbone('small_resnet', **tiny_model.TINY,
                                       sync_bn_impl='tf_keras'),
      'sync_bn_impl'),
     (lambda: model_lib.build_model(input_channels=3, sync_bn=True,
                                    sync_bn_impl='tf_keras'),
      r'build_model\.sync_bn_impl')],
-    ids=['padding_impl', 'backbone_sync_bn_impl', 'model_sync_bn_impl'])
+    ids=['backbone_sync_bn_impl', 'model_sync_bn_impl'])
 def test_bad_switch_values_are_refused(build, binding):
     with pytest.raises(ValueError, match=(
             rf"^{binding} must be one of \('custom', 'keras'\), got "

@@ -31,7 +31,7 @@ def small_backbone(widths=WIDTHS):
     backbone = backbones.build_backbone(
         'small_resnet', input_channels=3, widths=widths,
         blocks_per_stage=(1,) * len(widths), stage_strides=(2,) * len(widths),
-        recompute_bn_relu=True, padding_impl='custom')
+        recompute_bn_relu=True)
     backbone(tf.zeros([1, 32, 32, 3]))
     rng = np.random.default_rng(7)
     for variable in backbone.variables:

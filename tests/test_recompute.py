@@ -8,7 +8,6 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import nets
-from paws_tf.nets import padded_layers
 from paws_tf.nets import recompute as recompute_lib
 from paws_tf.nets import sync_batch_norm
 from tests.helpers import layer_reference
@@ -32,26 +31,28 @@ def _norm_relu_then(layer, epsilon=1e-3, recompute=True, strategy=None,
     return unit
 
 
-@pytest.mark.parametrize(
-    'kernel_size, stride, use_bias, recompute, padding_impl', [
-        (3, 1, True, True, 'custom'), (3, 2, False, True, 'custom'),
-        (1, 1, False, True, 'custom'), (3, 2, True, False, 'custom'),
-        (3, 2, False, True, 'keras'), (3, 2, True, False, 'keras')])
+def _padded_conv(filters, kernel_size, stride, use_bias=False):
+    """(ZeroPadding2D of kernel_size // 2, 'valid' Conv2D): the backbones'
+    strided convolution."""
+    return (tf_keras.layers.ZeroPadding2D(kernel_size // 2),
+            tf_keras.layers.Conv2D(filters, kernel_size, strides=stride,
+                                   use_bias=use_bias, name='c'))
+
+
+@pytest.mark.parametrize('kernel_size, stride, use_bias, recompute', [
+    (3, 1, True, True), (3, 2, False, True), (1, 1, False, True),
+    (3, 2, True, False)])
 def test_norm_relu_then_conv_trains_like_numpy(kernel_size, stride,
-                                               use_bias, recompute,
-                                               padding_impl):
+                                               use_bias, recompute):
     """Training, NormReLUThen holds only its input and recomputes the ReLU
     output for the backward pass; output, gradients and moving statistics
     are still those of batch norm -> ReLU -> conv, by hand (and with
     recompute=False, which composes the tf_keras layers). A strided
-    convolution is a PaddedConv2D, or with padding_impl='keras' a 'valid'
-    Conv2D behind the unit's ZeroPadding2D."""
+    convolution is a 'valid' Conv2D behind the unit's ZeroPadding2D."""
     pad = kernel_size // 2
     padding = None
     if stride > 1:
-        padding, conv = padded_layers.conv(5, kernel_size, stride, pad,
-                                           impl=padding_impl, name='conv',
-                                           use_bias=use_bias)
+        padding, conv = _padded_conv(5, kernel_size, stride, use_bias)
     else:
         conv = tf_keras.layers.Conv2D(5, kernel_size, padding='same',
                                       use_bias=use_bias)
@@ -90,14 +91,12 @@ def test_norm_relu_then_conv_trains_like_numpy(kernel_size, stride,
         0.9 * moving_variance + 0.1 * x64.var((0, 1, 2), ddof=1), rtol=1e-5)
 
 
-@pytest.mark.parametrize('padding_impl', ['custom', 'keras'])
-def test_norm_relu_then_max_pool_trains_like_numpy(padding_impl):
+def test_norm_relu_then_max_pool_trains_like_numpy():
     """The ResNet-50 stem: batch norm -> ReLU -> max pool, recomputed; the
-    reference pads with -inf, as PaddedMaxPool2D and PyTorch do, and the
-    ZeroPadding2D of padding_impl='keras' gives the same on ReLU outputs."""
-    padding, pool = padded_layers.max_pool(3, 2, 1, impl=padding_impl,
-                                           name='pool')
-    unit = _norm_relu_then(pool, padding=padding)
+    reference pads with -inf, as PyTorch does, and the unit's ZeroPadding2D
+    gives the same on ReLU outputs."""
+    unit = _norm_relu_then(tf_keras.layers.MaxPool2D(3, 2),
+                           padding=tf_keras.layers.ZeroPadding2D(1))
     rng = np.random.default_rng(5)
     x = rng.normal(size=(2, 5, 5, 6)).astype(np.float32)
     upstream = rng.normal(size=(2, 3, 3, 6))
@@ -126,28 +125,23 @@ def test_norm_relu_then_max_pool_trains_like_numpy(padding_impl):
     np.testing.assert_allclose(dx, want_dx, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize(
-    'kernel_size, stride, use_bias, recompute, padding_impl', [
-        (3, 2, False, True, 'custom'), (1, 1, True, True, 'custom'),
-        (3, 2, False, False, 'custom'), (3, 2, False, True, 'keras')])
+@pytest.mark.parametrize('kernel_size, stride, use_bias, recompute', [
+    (3, 2, False, True), (1, 1, True, True), (3, 2, False, False)])
 def test_synchronized_norm_relu_then_trains_like_numpy(
-        kernel_size, stride, use_bias, recompute, padding_impl,
-        two_replicas):
+        kernel_size, stride, use_bias, recompute, two_replicas):
     """With a synchronised batch norm on two replicas, each replica's output
     and input gradient, the replicas' summed weight gradients and the moving
     statistics are those of batch norm -> ReLU -> conv over the two
     replicas' batches concatenated, by hand: recomputed with one all-reduce
-    each way (padding the ReLU output with a PaddedConv2D, or the unit's
-    ZeroPadding2D), and (recompute=False) through
+    each way (padding the ReLU output with the unit's ZeroPadding2D), and
+    (recompute=False) through
     GlobalBatchNormalization's own call."""
     strategy = two_replicas
     pad = kernel_size // 2
     padding = None
     with strategy.scope():
         if stride > 1:
-            padding, conv = padded_layers.conv(
-                5, kernel_size, stride, pad, impl=padding_impl, name='conv',
-                use_bias=use_bias)
+            padding, conv = _padded_conv(5, kernel_size, stride, use_bias)
         else:
             conv = tf_keras.layers.Conv2D(5, kernel_size, use_bias=use_bias)
     unit = _norm_relu_then(conv, recompute=recompute, strategy=strategy,
@@ -265,21 +259,16 @@ def test_norm_relu_then_does_not_hold_the_relu_output(synchronized, request):
 
 
 def test_norm_relu_then_round_trips_its_config():
+    padding, conv = _padded_conv(4, 3, 2)
     unit = recompute_lib.NormReLUThen(
         sync_batch_norm.batch_norm('b', sync_bn=True, momentum=0.8,
                                    epsilon=1e-4, impl=nets.CUSTOM),
-        padded_layers.PaddedConv2D(4, 3, strides=2, pad=1, name='c'),
-        recompute=False, name='u')
+        conv, recompute=False, padding=padding, name='u')
     clone = recompute_lib.NormReLUThen.from_config(unit.get_config())
     assert clone.get_config() == unit.get_config()
     assert clone.norm.synchronized and clone.norm.momentum == 0.8
     assert not clone.recompute
-    assert isinstance(clone.layer, padded_layers.PaddedConv2D)
-    padding, conv = padded_layers.conv(4, 3, 2, 1, impl='keras', name='c')
-    unit = recompute_lib.NormReLUThen(
-        tf_keras.layers.BatchNormalization(), conv, padding=padding)
-    clone = recompute_lib.NormReLUThen.from_config(unit.get_config())
-    assert clone.get_config() == unit.get_config()
+    assert clone.layer.strides == (2, 2)
     assert clone.padding.padding == ((1, 1), (1, 1))
 
 

@@ -37,7 +37,7 @@ def test_a_live_holder_is_named_and_a_gone_one_taken_over(tmp_path, caplog):
     write_lock(tmp_path, host='node7', pid=4242, started=now - 3600,
                heartbeat=now - run_lock.STALE_AFTER_SECONDS - 1)
     with run_lock.RunLock(run_dir.RunDir(tmp_path)):
-        holder = run_lock.read(run_dir.RunDir(tmp_path))
+        holder = run_lock.read(run_dir.RunDir(tmp_path).lock)
         assert holder['pid'] == os.getpid()
         assert holder['host'] == socket.gethostname()
     assert 'heartbeat is' in caplog.text and 'node7' in caplog.text
@@ -67,16 +67,16 @@ def test_an_empty_lock_goes_stale_by_its_age(tmp_path):
     old = time.time() - run_lock.STALE_AFTER_SECONDS - 1
     os.utime(path, (old, old))
     with run_lock.RunLock(run_dir.RunDir(tmp_path)):
-        assert run_lock.read(run_dir.RunDir(tmp_path))['pid'] == os.getpid()
+        assert run_lock.read(path)['pid'] == os.getpid()
 
 
 def test_heartbeat_and_release_keep_to_their_own_lock(tmp_path,
                                                       monkeypatch):
     monkeypatch.setattr(run_lock, 'HEARTBEAT_SECONDS', 0.05)
     lock = run_lock.RunLock(run_dir.RunDir(tmp_path), job='job-a').acquire()
-    first = run_lock.read(run_dir.RunDir(tmp_path))['heartbeat']
+    first = run_lock.read(run_dir.RunDir(tmp_path).lock)['heartbeat']
     time.sleep(0.3)
-    assert run_lock.read(run_dir.RunDir(tmp_path))['heartbeat'] > first
+    assert run_lock.read(run_dir.RunDir(tmp_path).lock)['heartbeat'] > first
     # The workers of the same job pass; another job's do not.
     run_lock.check_held_by_job(run_dir.RunDir(tmp_path), 'job-a')
     with pytest.raises(run_lock.Held):
@@ -86,7 +86,7 @@ def test_heartbeat_and_release_keep_to_their_own_lock(tmp_path,
     write_lock(tmp_path, host='node7', pid=1, started=now, heartbeat=now,
                token='theirs')
     lock.release()
-    assert run_lock.read(run_dir.RunDir(tmp_path))['token'] == 'theirs'
+    assert run_lock.read(run_dir.RunDir(tmp_path).lock)['token'] == 'theirs'
 
 
 def lock_holder(model_dir, proc, timeout=300):
@@ -94,7 +94,7 @@ def lock_holder(model_dir, proc, timeout=300):
     deadline = time.time() + timeout
     while time.time() < deadline:
         assert proc.poll() is None, proc.communicate()[0][-3000:]
-        holder = run_lock.read(run_dir.RunDir(model_dir))
+        holder = run_lock.read(run_dir.RunDir(model_dir).lock)
         if holder and holder.get('pid') == proc.pid and os.path.isdir(
                 model_dir / 'backup' / 'chief'):
             return holder
@@ -205,6 +205,6 @@ def test_a_run_whose_lock_was_taken_over_stops_before_its_next_save(
     assert run_py.backup_step(tmp_path) <= taken_at + 4
     assert 'Final weights fingerprint' not in output
     # The other run's lock is left as it is.
-    assert run_lock.read(run_dir.RunDir(tmp_path)) == intruder
+    assert run_lock.read(run_dir.RunDir(tmp_path).lock) == intruder
     history = pathlib.Path(run_dir.RunDir(tmp_path).history).read_text()
     assert 'stopped at step' in history and 'Lost' in history

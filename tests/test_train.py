@@ -126,6 +126,8 @@ def run_py(model_dir, *extra):
 @pytest.mark.slow
 @pytest.mark.long
 def test_run_py_refuses_another_config_unless_overwrite(tmp_path):
+    """Fails if a resume refused for a binding of a removed parameter does
+    not say to delete its line from the run's config.gin."""
     first = run_py(tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     assert (tmp_path / 'operative_config.gin').exists()
@@ -138,6 +140,17 @@ def test_run_py_refuses_another_config_unless_overwrite(tmp_path):
     assert 'different gin config' in changed.stderr
     assert '+ PAWSModel.tau = 0.2' in changed.stderr
     assert (tmp_path / 'checkpoints').exists()  # Nothing was lost.
+
+    # The run's record binds a parameter that no longer exists: resuming
+    # says to delete the line, and resumes once it is deleted.
+    config = tmp_path / 'config.gin'
+    recorded = config.read_text()
+    config.write_text(recorded + "build_backbone.padding_impl = 'custom'\n")
+    stale = run_py(tmp_path)
+    assert stale.returncode != 0
+    assert "  - build_backbone.padding_impl = 'custom'" in stale.stderr
+    assert f'delete its line from {config})' in stale.stderr
+    config.write_text(recorded)
 
     same = run_py(tmp_path)  # Same config: the finished run is kept.
     assert same.returncode == 0

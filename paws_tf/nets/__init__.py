@@ -1,8 +1,8 @@
 """Networks: the backbones, the heads, the CPU-tuned layers the CPU configs
 select and the official PyTorch names of their layers."""
 
-# The implementations of the padded layers and of synchronised batch norm:
-# the CPU-tuned layer or tf_keras' (the same values and variables).
+# The implementations of synchronised batch norm: the CPU-tuned layer or
+# tf_keras' (the same values and variables).
 CUSTOM = 'custom'
 KERAS = 'keras'
 IMPLEMENTATIONS = (CUSTOM, KERAS)

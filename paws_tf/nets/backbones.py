@@ -10,7 +10,6 @@ import tf_keras
 from paws_tf import checks
 from paws_tf import nets
 from paws_tf.nets import onednn
-from paws_tf.nets import padded_layers
 from paws_tf.nets import recompute
 from paws_tf.nets import sync_batch_norm
 
@@ -46,13 +45,12 @@ def torch_default_init(fan_in):
 
 
 class _Layers:
-    """Makes a backbone's convolutions, batch norms and max pool with the
+    """Makes a backbone's convolutions and batch norms with the
     `build_backbone` switches between paws_tf's layers and tf_keras'; the
     architecture builders receive it as `make`."""
 
-    def __init__(self, *, recompute_bn_relu, padding_impl, **batch_norm_args):
+    def __init__(self, *, recompute_bn_relu, **batch_norm_args):
         self.recompute_bn_relu = recompute_bn_relu
-        self.padding_impl = padding_impl
         self.batch_norm_args = batch_norm_args
 
     def norm(self, name, zero_init=False, **overrides):
@@ -80,9 +78,11 @@ class _Layers:
         if stride > 1 and kernel_size > 1:
             # Keras 'same' pads strided convs asymmetrically on even sizes;
             # explicit padding keeps torchvision's output grid and sizes.
-            return padded_layers.conv(filters, kernel_size, stride,
-                                      kernel_size // 2,
-                                      impl=self.padding_impl, **kwargs)
+            return (tf_keras.layers.ZeroPadding2D(kernel_size // 2,
+                                                  name=f'{name}_pad'),
+                    tf_keras.layers.Conv2D(filters, kernel_size,
+                                           strides=stride, padding='valid',
+                                           **kwargs))
         padding = 'same' if stride == 1 else 'valid'  # 1x1: no padding.
         return None, tf_keras.layers.Conv2D(
             filters, kernel_size, strides=stride, padding=padding, **kwargs)
@@ -147,10 +147,15 @@ def _resnet50(inputs, make, width_multiplier=1, zero_init_residual=False):
             f'{RESNET50_WIDTH_MULTIPLIERS}, got {width_multiplier!r}')
     width = 64 * width_multiplier
     x = make.conv(inputs, width, 7, 2, 'stem_conv')  # [B, H/2, W/2, 64w]
-    # torchvision's stem: batch norm, ReLU, MaxPool2d(3, 2, 1).
-    x = make.norm_relu_then(x, 'stem_bn', padded_layers.max_pool(
-        3, 2, 1, impl=make.padding_impl, name='stem_pool'),
-        'stem_bn_pool')  # [B, H/4, W/4, 64w]
+    # torchvision's stem: batch norm, ReLU, MaxPool2d(3, 2, 1). Zeros give
+    # the values and gradients of its -inf padding on ReLU outputs: a window
+    # holds a real value >= 0, and a real 0 that ties with the padding
+    # passes no gradient back through its ReLU.
+    pool = (tf_keras.layers.ZeroPadding2D(1, name='stem_pool_pad'),
+            tf_keras.layers.MaxPool2D(3, 2, padding='valid',
+                                      name='stem_pool'))
+    x = make.norm_relu_then(x, 'stem_bn', pool,
+                            'stem_bn_pool')  # [B, H/4, W/4, 64w]
     for stage, num_blocks in enumerate(RESNET50_STAGE_BLOCKS, start=1):
         planes = width * 2 ** (stage - 1)
         for block in range(1, num_blocks + 1):
@@ -284,11 +289,10 @@ def check_arguments(name, arguments):
 @gin.configurable(denylist=SET_BY_BUILD_MODEL)
 def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
                    bn_epsilon=1e-5, sync_bn_impl=nets.KERAS,
-                   padding_impl=nets.KERAS, recompute_bn_relu=False,
-                   **kwargs):
+                   recompute_bn_relu=False, **kwargs):
     """Builds a channels-last feature extractor that accepts any image size.
 
-    Three switches choose between tf_keras' standard layers (the defaults)
+    Two switches choose between tf_keras' standard layers (the defaults)
     and paws_tf's CPU-tuned ones, which the CPU configs select. Each pair
     has the same variables and gives the same values and gradients, so
     checkpoints move between settings. The custom layers' gains were
@@ -319,9 +323,6 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
         sync_bn_impl: with `sync_bn`, 'keras' (default) or 'custom'
             (`sync_batch_norm.batch_norm`'s `impl`). Only 'custom' is
             recomputed (`recompute_bn_relu`).
-        padding_impl: the strided convolutions and the ResNet-50 max pool,
-            padded symmetrically as in PyTorch: 'keras' (default) or
-            'custom' (`padded_layers.conv`'s `impl`).
         recompute_bn_relu: where a batch norm and ReLU feed a convolution or
             max pool alone, recompute the ReLU output in the backward pass
             instead of holding it (`recompute.NormReLUThen`); False
@@ -340,9 +341,7 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
     checks.integer('input_channels', input_channels)
     checks.number('bn_momentum', bn_momentum, low=0.0, high=1.0)
     nets.check_impl(sync_bn_impl, 'sync_bn_impl')
-    nets.check_impl(padding_impl, 'build_backbone.padding_impl')
-    make = _Layers(recompute_bn_relu=recompute_bn_relu,
-                   padding_impl=padding_impl, sync_bn=sync_bn,
+    make = _Layers(recompute_bn_relu=recompute_bn_relu, sync_bn=sync_bn,
                    impl=sync_bn_impl, momentum=bn_momentum,
                    epsilon=bn_epsilon)
     inputs = tf_keras.Input(shape=(None, None, input_channels), name='images')

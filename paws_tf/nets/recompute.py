@@ -31,13 +31,12 @@ class NormReLUThen(tf_keras.layers.Layer):
     Args:
         norm: a `tf_keras.layers.BatchNormalization` over the last axis, with
             `center` and `scale` (as `sync_batch_norm.batch_norm` makes it).
-        layer: a `tf_keras.layers.Conv2D` (or `PaddedConv2D`) without
-            activation, or a `tf_keras.layers.MaxPool2D` (or
-            `PaddedMaxPool2D`).
+        layer: a `tf_keras.layers.Conv2D` without activation, or a
+            `tf_keras.layers.MaxPool2D`.
         recompute: False holds `a` as the composition does (the same
             values; faster, more memory).
         padding: None, or a `tf_keras.layers.ZeroPadding2D` that pads `a`
-            before `layer` (`padded_layers.conv(..., impl=KERAS)`).
+            before `layer`.
         **kwargs: passed to `tf_keras.layers.Layer`.
 
     Raises:

@@ -1,28 +1,18 @@
-"""The PAWS model and its optimizer, built under a strategy and a
-precision policy."""
+"""The PAWS model and its optimizer under a strategy and a precision policy."""
 
 import tensorflow as tf
 import tf_keras
 
 from paws_tf import checkpoints
-from paws_tf import checks
 from paws_tf import model as model_lib
 
 PRECISIONS = ('float32', 'mixed_bfloat16', 'mixed_float16')
 
 
-def set_precision(precision):
-    """Sets the global tf_keras mixed-precision policy by name."""
-    checks.one_of('precision', precision, PRECISIONS)
-    tf_keras.mixed_precision.set_global_policy(precision)
-
-
 def build_model(strategy, *, input_channels):
-    """Builds the PAWS model's variables in the strategy's scope.
-
-    Batch norm is synchronised across replicas when there are several
-    (global BN, PAWS Sec. 5) and fused otherwise.
-    """
+    """The PAWS model, built in the strategy's scope; its batch norm is
+    synchronised across replicas when there are several (global BN, PAWS
+    Sec. 5), else fused."""
     with strategy.scope():
         model = model_lib.build_model(
             input_channels=input_channels,
@@ -61,12 +51,11 @@ def build_compiled_model(strategy, *, input_channels, steps_per_epoch,
             'jit_compile=True with several replicas on CPU devices fails in '
             'TensorFlow 2.21 (XLA cannot read the mirrored variables of the '
             'other CPU devices); use XLA with GPUs or with one replica.')
-    set_precision(precision)
+    tf_keras.mixed_precision.set_global_policy(precision)
     model = build_model(strategy, input_channels=input_channels)
     with strategy.scope():
         if pretrained_backbone:
-            checkpoints.load(pretrained_backbone, model,
-                                checkpoints.BACKBONE)
+            checkpoints.load(pretrained_backbone, model, checkpoints.BACKBONE)
         schedule = schedule_cls(steps_per_epoch=steps_per_epoch,
                                 num_epochs=num_epochs)
         optimizer = optimizer_cls(learning_rate=schedule)

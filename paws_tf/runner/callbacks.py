@@ -1,7 +1,6 @@
 """Training callbacks, and `fit` from the step a run resumes at."""
 
 import contextlib
-import math
 import signal
 import threading
 import time
@@ -20,11 +19,8 @@ from paws_tf.runner import experiment
 
 
 class StopOnNonFiniteLoss(tf_keras.callbacks.Callback):
-    """Stops training with a clear error when the loss is NaN or infinite.
-
-    Listed before the `Saver`, so the non-finite state is never
-    written over a good checkpoint or backup.
-    """
+    """Stops training with a clear error when the loss is NaN or infinite,
+    before the `Saver` writes that state over a good one."""
 
     def __init__(self, checkpoint_dir):
         super().__init__()
@@ -32,7 +28,7 @@ class StopOnNonFiniteLoss(tf_keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         loss = (logs or {}).get('loss')
-        if loss is not None and not math.isfinite(float(loss)):
+        if loss is not None and not np.isfinite(loss):
             raise checkpoints.non_finite_error(
                 f'The loss became {float(loss)} (batch {batch} of this '
                 'epoch)', checkpoints.global_step(self.model),
@@ -48,9 +44,8 @@ TRAIN_TAGS = {
     'trust_ratio_min': 'lars/trust_ratio_min',
     'trust_ratio_max': 'lars/trust_ratio_max',
     'nt_xent': 'diagnostics/nt_xent', 'suncet': 'diagnostics/suncet'}
-# The values that are means over the epoch in `fit`'s logs: their per-step
-# values come as `model.STEP_PREFIX + name`, their epoch means go under
-# `epoch/`.
+# Means over the epoch in `fit`'s logs: each step's value is under
+# `model.STEP_PREFIX + name`, the epoch's goes to TensorBoard's `epoch/`.
 EPOCH_MEANS = ('loss', 'cross_entropy', 'me_max', 'target_confidence',
                'in_domain')
 DIAGNOSTICS = ('nt_xent', 'suncet')
@@ -80,10 +75,9 @@ class ProgressLog(tf_keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = self._mark()
 
-    def _rate(self, start, end=None):
+    def _rate(self, start, end):
         """(views per second, seconds per step, seconds) from `start` to
-        `end` (default now), both `_mark()`s."""
-        end = end or self._mark()
+        `end`, both `_mark()`s."""
         seconds = end[0] - start[0]
         steps = max(end[1] - start[1], 1)
         return steps * self._views_per_step / seconds, seconds / steps, seconds
@@ -92,11 +86,11 @@ class ProgressLog(tf_keras.callbacks.Callback):
         # Epoch throughput ends at the last step, not after the epoch-end
         # evaluation and saves.
         self._last_batch_end = self._mark()
-        step = checkpoints.global_step(self.model)
+        step = self._last_batch_end[1]
         if not self._every_steps or step % self._every_steps:
             return
         views_per_second, seconds_per_step, _ = self._rate(
-            self._interval_start)
+            self._interval_start, self._last_batch_end)
         logs = logs or {}
         every = getattr(self.model, 'diagnostics_every', 0)
         with self._writer.as_default(step=step):
@@ -142,12 +136,11 @@ class ViewImages(tf_keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         element = next(iter(self._dataset_fn(None)))
-        mean = np.reshape(self._mean, [1, 1, 1, -1])
-        std = np.reshape(self._std, [1, 1, 1, -1])
         with tf.summary.create_file_writer(self._log_dir).as_default(step=0):
             for key in ('global_views', 'local_views', 'support_views'):
                 if key in element:
-                    images = element[key][:self._count].numpy() * std + mean
+                    images = (element[key][:self._count].numpy() * self._std
+                              + self._mean)  # Per channel: [C] each.
                     tf.summary.image(f'views/{key}', np.clip(images, 0, 1),
                                      max_outputs=self._count)
 
@@ -159,14 +152,13 @@ class OperativeConfig(tf_keras.callbacks.Callback):
 
     def __init__(self, run):
         super().__init__()
-        self._run = run
-        self._written = False
+        self._run = run  # None once written.
 
     def on_train_batch_end(self, batch, logs=None):
-        if not self._written:
+        if self._run is not None:
             self._run.write(self._run.operative_config,
                             gin.operative_config_str())
-            self._written = True
+            self._run = None
 
 
 def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
@@ -181,13 +173,11 @@ def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
     TensorBoard points (to `log_dir`).
 
     Args:
-        evaluator_classes: `train.evaluators`, each called with the run's
-            data (`evaluate.PawsNN`'s arguments).
-        bundle: the run's data (`experiment.load_data`).
-        log_dir, tau: the TensorBoard directory, similarity temperature.
-        chief: whether this process is the chief.
-        every_epochs, max_queries: `train`'s `eval_every_epochs` and
-            `eval_max_queries`.
+        evaluator_classes, every_epochs, max_queries: `train`'s
+            `evaluators` (called as `evaluate.PawsNN`), `eval_every_epochs`
+            and `eval_max_queries`.
+        bundle, log_dir, tau, chief: the run's data, the TensorBoard directory,
+            the similarity temperature, whether this process is the chief.
     """
     local_model, built = None, []
     if chief:
@@ -213,7 +203,6 @@ class Saver(tf_keras.callbacks.Callback):
     """Backs up (every `backup_every` steps) and checkpoints (every
     `checkpoint_every` steps, 0: epoch ends only) a `checkpoints.RunState`,
     the backup first, when the global step reaches or passes a multiple.
-
     On SIGTERM (what Slurm and most schedulers send before killing a job),
     inside `handling_sigterm()`, the run backs up at the end of the step
     and stops; `preempted_at` then holds the step.
@@ -236,8 +225,7 @@ class Saver(tf_keras.callbacks.Callback):
             yield
             return
 
-        def request_stop(signum, frame):
-            del signum, frame  # Unused.
+        def request_stop(*_):  # (signum, frame)
             self._stop_requested = True
 
         previous = signal.signal(signal.SIGTERM, request_stop)
@@ -285,10 +273,10 @@ def fit_from(model, input_at, start_step, *, epochs, steps_per_epoch,
     counts from the first step of each `fit`).
 
     Args:
-        model: the compiled model, restored at `start_step`.
+        model, start_step: the compiled model, restored at the global step
+            to start at.
         input_at: `step -> x` of `fit` (a `DatasetCreator`) that starts at
             global `step`.
-        start_step: the global step to start at.
         epochs, steps_per_epoch, callbacks, **fit_kwargs: of every `fit`.
     """
     epoch, done = divmod(start_step, steps_per_epoch)

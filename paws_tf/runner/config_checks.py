@@ -1,5 +1,4 @@
-"""The checks of a whole gin config, made before any data is read: its
-values, and whether it is the config of the run already in `model_dir`."""
+"""Checks of a gin config before data is read, also against model_dir's run."""
 
 import inspect
 import numbers
@@ -47,8 +46,7 @@ def _check_folders_bound(folder):
             roots.append((f'{prefix}.unlabeled_root', 'unlabeled images'))
     test = bindings.reference('load_data.test')
     if test is not None and test.configurable.name == 'image_folder':
-        roots.append((f'{test.scoped_selector}.root',
-                      'test class subfolders'))
+        roots.append((f'{test.scoped_selector}.root', 'test class subfolders'))
     for selector, what in roots:
         root, name = bindings.binding(selector)
         if root is None:
@@ -140,8 +138,7 @@ def _check_normalization(folder):
     selector)` bound called, or None."""
     channels = None
     if folder is not None:
-        channels, channels_name = bindings.binding(f'{folder[0]}.channels',
-                                                   3)
+        channels, channels_name = bindings.binding(f'{folder[0]}.channels', 3)
         if channels not in (1, 3) or isinstance(channels, bool):
             raise checks.ConfigError(
                 f'{channels_name} = {channels!r}: images are decoded to 1 '
@@ -194,10 +191,9 @@ def _check_backbone(multicrop):
 
 
 def check_config(pretraining=True):
-    """Checks the parsed gin config before any data is read (a labeled
-    folder's class folders are listed, no image is read); each check names
-    the binding to change and a valid value. Sources other than folders
-    have their channels checked once read.
+    """Checks the parsed gin config (a labeled folder's class folders are
+    listed, no image is read; other sources' channels are checked once
+    read); each check names the binding to change and a valid value.
 
     Args:
         pretraining: the run pre-trains: check `train`'s arguments and the
@@ -217,14 +213,14 @@ def check_config(pretraining=True):
 
 def check_pretrained_backbone():
     """Refuses a `train.pretrained_backbone` file that does not fit the
-    configured backbone, before any data is read; call it once the
-    strategy exists (`MultiWorkerMirroredStrategy` must precede other
-    TensorFlow ops). The backbone of a source other than folders is tried
-    with 3 channels, then 1 (training checks the file again).
+    configured backbone; call it once the strategy exists
+    (`MultiWorkerMirroredStrategy` must precede other TensorFlow ops). The
+    backbone of a source other than folders is tried with 3 channels, then
+    1 (training checks the file again).
 
     Raises:
-        checks.ConfigError: the file does not exist, or does not fit (the
-            message names the binding and the variables that do not fit).
+        checks.ConfigError: the file is missing or does not fit (naming the
+            binding and the variables that do not fit).
     """
     path, name = bindings.binding('train.pretrained_backbone')
     if not path:
@@ -233,8 +229,7 @@ def check_pretrained_backbone():
     tried = ((bindings.binding(f'{folder[0]}.channels', 3)[0],)
              if folder is not None else (3, 1))
     for channels in tried:
-        backbone = building.build_local_model(
-            input_channels=channels).backbone
+        backbone = building.build_local_model(input_channels=channels).backbone
         try:
             checkpoints.load_backbone_weights(backbone, path)
             return
@@ -253,8 +248,7 @@ def check_model_dir(run, config, *, overwrite, chief):
     start that saved nothing.
 
     Args:
-        run: the `RunDir`.
-        config: the gin config to train with (`gin.config_str()`).
+        run, config: the `RunDir`, the gin config text to train with.
         overwrite, chief: run.py's --overwrite; whether this process writes.
 
     Raises:
@@ -281,10 +275,10 @@ def check_model_dir(run, config, *, overwrite, chief):
         raise checks.ConfigError(
             f'{run} holds a run with a different gin config:\n' +
             '\n'.join(changed) + '\nUse another --model_dir, undo the change '
-            'to resume that run, or pass --overwrite to delete it and start '
-            'again.')
+            'to resume that run (for a binding of a parameter that no longer '
+            f'exists: delete its line from {run.config}), or pass '
+            '--overwrite to delete it and start again.')
     if chief:
-        logging.warning('--overwrite: deleting the previous run in %s.',
-                        run)
+        logging.warning('--overwrite: deleting the previous run in %s.', run)
         run.delete(run.training_outputs +
                    (run.config, run.fingerprint, run.normalization))

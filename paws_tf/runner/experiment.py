@@ -1,5 +1,4 @@
-"""An experiment's data: its sources, their normalisation (recorded in the
-run's directory) and the evaluation preprocessing."""
+"""An experiment's data, its normalisation and evaluation preprocessing."""
 
 import collections
 import os
@@ -14,9 +13,6 @@ from paws_tf.data import folders
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import sources
 from paws_tf.data import splits
-
-# Which images `load_data.normalization = 'data'` is computed from.
-NORMALIZATION_IMAGES = ('labeled', 'unlabeled')
 
 DataBundle = collections.namedtuple(
     'DataBundle', ['labeled', 'unlabeled', 'test', 'normalization'])
@@ -50,20 +46,19 @@ def load_data(run, *, train=gin.REQUIRED, test=None, unlabeled=None,
         train: zero-argument callable (gin: `@train/load_idx`) returning a
             labeled `ImageSource` that `splits.select_labeled` splits, or a
             `(labeled, unlabeled)` pair (`image_folders`).
-        test: zero-argument callable returning the labeled test source.
-        unlabeled: zero-argument callable returning the unlabeled source
-            replacing `train`'s (e.g. every class's images while the
-            labeled and test sets hold some classes only).
+        test, unlabeled: zero-argument callables returning the labeled
+            test source, and the unlabeled source replacing `train`'s (e.g.
+            every class's images while the labeled and test sets hold some
+            classes only).
         max_unlabeled: keep a random subset of this many unlabeled images.
         seed: seed of that subset and of the normalisation's images.
         normalization: the run's one normalisation: `'data'` (computed from
             the images), a preset of `augment.NORMALIZATIONS` or a `(mean,
             std)` pair (the folder recipes' macro `NORMALIZATION`); None:
             none (sources only).
-        normalization_images: at most this many images give the `'data'`
-            statistics.
-        normalization_from: one of `NORMALIZATION_IMAGES` (`'unlabeled'`
-            for a labeled set too small to be representative).
+        normalization_images, normalization_from: at most this many images
+            give the `'data'` statistics, of the `'labeled'` or the
+            `'unlabeled'` set (a labeled set too small to be representative).
 
     Returns:
         `DataBundle(labeled, unlabeled, test, normalization)`; `test` and
@@ -76,7 +71,7 @@ def load_data(run, *, train=gin.REQUIRED, test=None, unlabeled=None,
     """
     normalization_lib.normalization(normalization)
     checks.one_of('load_data.normalization_from', normalization_from,
-                  NORMALIZATION_IMAGES)
+                  ('labeled', 'unlabeled'))
     run = None if run is None else run_dir.RunDir(run)
     labeled, unlabeled_source = _split(train(), run)
     unlabeled = _at_most(
@@ -127,11 +122,10 @@ def _check_test(test_source, labeled):
         raise checks.DataError(
             f'The test set{_folder("load_data.test")} has classes '
             f'{_classes(test_source)} but the labeled set'
-            f'{_folder("load_data.train")} has '
-            f'{_classes(labeled)}: both need the same class folder '
-            'names (classes are numbered in sorted order). Rename the '
-            'test class folders, or bind the test folder to one that '
-            'holds the labeled classes.')
+            f'{_folder("load_data.train")} has {_classes(labeled)}: both need '
+            'the same class folder names (classes are numbered in sorted '
+            'order). Rename the test class folders, or bind the test folder '
+            'to one that holds the labeled classes.')
     if test_source.channels != labeled.channels:
         raise checks.DataError(
             f'The test images have {test_source.channels} channels, the '
@@ -146,9 +140,8 @@ def resolve_normalization(spec, run, source, **kwargs):
     if spec == normalization_lib.FROM_DATA and not isinstance(
             source, sources.ImageSource):
         raise ValueError(
-            'The unlabeled images are a stream, which a sample cannot '
-            "be drawn from: bind load_data.normalization_from = "
-            "'labeled'.")
+            'The unlabeled images are a stream, which a sample cannot be '
+            "drawn from: bind load_data.normalization_from = 'labeled'.")
     values, record = normalization_lib.resolve_normalization(
         spec, source=source,
         recorded=None if run is None else run.read_json(run.normalization),
@@ -189,9 +182,8 @@ def eval_preprocessing(bundle=None, *, normalization=None,
     """Single centre-crop evaluation preprocessing (PAWS Appendix A).
 
     Args:
-        bundle: the run's `DataBundle`: the normalisation, checked against
-            its channels.
-        normalization: the run's `(mean, std)` without a `bundle`.
+        bundle, normalization: the run's `DataBundle` (its normalisation,
+            checked against its channels), else its `(mean, std)`.
         image_size: side S of the evaluated crop.
         crop_fraction: the shorter side is resized to S / crop_fraction
             before the centre crop (0.875 for ImageNet; 1.0 keeps CIFAR-10
@@ -217,9 +209,8 @@ def eval_preprocessing(bundle=None, *, normalization=None,
 
 
 def recorded_preprocessing(run=None):
-    """`eval_preprocessing` of a trained run without reading its images:
-    the normalisation is the run's record or, for a preset or pair, the
-    config's.
+    """`eval_preprocessing` of a trained run without reading its images: the
+    normalisation is the run's record or, for a preset or pair, the config's.
 
     Args:
         run: the run's `RunDir` (or its path); None for an import.
@@ -241,23 +232,21 @@ def recorded_preprocessing(run=None):
 
 @gin.configurable
 def synthetic_source(*, num_images=512, num_classes=4, image_size=16,
-                     channels=3, noise=0.25, seed=0, class_seed=0):
+                     channels=3, seed=0):
     """A labeled in-memory `ImageSource` of clustered synthetic uint8
     images, for smoke tests and `debug.gin`.
 
     Each class is a coarse random luminance pattern (the same in every
-    channel, so colour augmentations keep classes apart); an image is its
-    class pattern, randomly shifted, plus pixel noise.
+    channel, so colour augmentations keep classes apart, and for every
+    `seed`, so that the train and test sets share classes); an image is its
+    class pattern, randomly shifted, plus pixel noise of std 0.25.
 
     Args:
         num_images, num_classes, image_size, channels: the sizes (classes
             take turns).
-        noise: pixel noise std (pixel values in [0, 1]).
         seed: seed of the shifts and noise (another one for a test set).
-        class_seed: seed of the class patterns (the same for the train and
-            test sets, so that they share classes).
     """
-    coarse = np.random.default_rng(class_seed).uniform(
+    coarse = np.random.default_rng(0).uniform(
         size=(num_classes, 4, 4, 1)).repeat(channels, axis=-1)
     rng = np.random.default_rng(seed)
     patterns = np.kron(coarse, np.ones((1, image_size // 4 + 1,
@@ -267,7 +256,7 @@ def synthetic_source(*, num_images=512, num_classes=4, image_size=16,
     for label in labels:
         dy, dx = rng.integers(0, patterns.shape[1] - image_size + 1, size=2)
         image = patterns[label, dy:dy + image_size, dx:dx + image_size]
-        image = image + noise * rng.normal(size=image.shape)
+        image = image + 0.25 * rng.normal(size=image.shape)
         images.append(np.clip(image * 255.0, 0, 255).astype(np.uint8))
     return sources.from_arrays(np.stack(images), labels,
                                [f'class_{c}' for c in range(num_classes)])

@@ -1,12 +1,13 @@
-"""run.py's modes, one function each (`MODES`), and what they share:
-restoring a trained run, exporting and evaluating it."""
+"""run.py's modes (`MODES`) and what they share: restore, export, evaluate."""
 
 import contextlib
+import functools
 import os
 import typing
 
 from absl import logging
 import tensorflow as tf
+import tf_keras
 
 from paws_tf import checkpoints
 from paws_tf import checks
@@ -23,19 +24,14 @@ from paws_tf.runner import experiment
 from paws_tf.runner import official_import
 from paws_tf.runner import train
 
-EMBED_BATCH_SIZE = 256
-
-
-def load_trained_model(model_dir, strategy, *, local=False,
-                       imported=False):
+def load_trained_model(model_dir, strategy, *, local=False, imported=False):
     """The run's model restored from its newest checkpoint that restores,
     from the gin config and the run directory alone.
 
     Args:
         model_dir, strategy: the run directory, the running strategy.
-        local: build the model outside the strategy (plain variables), for
-            what one process does alone (export, PAWS-NN); else in its
-            scope (fine-tuning).
+        local: plain variables outside the strategy, for what one process
+            does alone (export, PAWS-NN); else in its scope (fine-tuning).
         imported: the run holds imported official weights (RGB).
 
     Returns:
@@ -46,7 +42,7 @@ def load_trained_model(model_dir, strategy, *, local=False,
         checkpoints.NoneRestorable: none of its checkpoints restores.
     """
     # Float32 whatever the training precision: portable exports.
-    building.set_precision('float32')
+    tf_keras.mixed_precision.set_global_policy('float32')
     channels = (official_import.CHANNELS if imported else
                 experiment.recorded_preprocessing(model_dir)[1])
     model = (building.build_local_model(input_channels=channels) if local
@@ -87,7 +83,7 @@ def export_run(model_dir, model, bundle=None):
             return
     supports, labels = evaluate.embed_dataset(
         evaluate.embedder_from_model(model),
-        pipeline.make_eval_dataset(bundle.labeled, batch_size=EMBED_BATCH_SIZE,
+        pipeline.make_eval_dataset(bundle.labeled, batch_size=256,
                                    **preprocessing),
         description='labeled images')
     export.export_classifier(
@@ -158,16 +154,10 @@ def _train_and_evaluate(model_dir, strategy, options):
     return export_and_evaluate(model_dir, strategy)
 
 
-def _export(model_dir, strategy, options):
+def _export_or_evaluate(model_dir, strategy, options, *, evaluates):
     imported = official_import.check_mode(model_dir, options.mode)
-    export_and_evaluate(model_dir, strategy, evaluates=False,
-                        imported=imported)
-
-
-def _evaluate_nn(model_dir, strategy, options):
-    imported = official_import.check_mode(model_dir, options.mode)
-    return export_and_evaluate(model_dir, strategy, exports=False,
-                               imported=imported)
+    return export_and_evaluate(model_dir, strategy, exports=not evaluates,
+                               evaluates=evaluates, imported=imported)
 
 
 def _fine_tune(model_dir, strategy, options):
@@ -203,15 +193,12 @@ class Mode(typing.NamedTuple):
     imports: bool = False
 
 
-# The library's modes; run.py's --mode adds the demo's (`cli.MODES`). On a
-# model_dir holding an import, export, evaluate_nn and fine_tune run on the
-# imported weights, built from the gin config alone (the import already
-# exported the embedder).
+# The library's modes; run.py's --mode adds the demo's (`cli.MODES`).
 MODES = dict(
     train=Mode(_train, trains=True),
-    evaluate_nn=Mode(_evaluate_nn),
+    evaluate_nn=Mode(functools.partial(_export_or_evaluate, evaluates=True)),
     fine_tune=Mode(_fine_tune),
-    export=Mode(_export),
+    export=Mode(functools.partial(_export_or_evaluate, evaluates=False)),
     train_and_evaluate=Mode(_train_and_evaluate, trains=True),
     import_official=Mode(_import_official, imports=True),
 )
@@ -222,5 +209,4 @@ def run(model_dir, strategy, mode, **options):
     `strategy`, with the fields of `Options` as `**options`; returns what
     the mode returns."""
     checks.one_of('mode', mode, tuple(MODES))
-    return MODES[mode].run(model_dir, strategy,
-                           Options(mode=mode, **options))
+    return MODES[mode].run(model_dir, strategy, Options(mode=mode, **options))

@@ -1,6 +1,4 @@
-"""Importing the official PyTorch PAWS checkpoints (`.pth.tar`) as paws_tf
-runs: a pre-trained encoder as a checkpoint, a fine-tuned classifier as a
-SavedModel."""
+"""Importing official PyTorch PAWS checkpoints (`.pth.tar`) as paws_tf runs."""
 
 import os
 
@@ -100,8 +98,7 @@ def _fine_tuned_classifier(state):
     `fc1 -> bn1 -> ReLU -> fc2` (suncet `fine_tune.py`) or a linear `fc`,
     sized from `state` (images -> float32 logits), and the weighted layers
     after the backbone."""
-    backbone = backbones.build_backbone(input_channels=CHANNELS,
-                                        sync_bn=False)
+    backbone = backbones.build_backbone(input_channels=CHANNELS, sync_bn=False)
     inputs = tf_keras.Input((None, None, CHANNELS), name='images')
     x = backbone(inputs)  # [B, F]
     layers = []
@@ -117,15 +114,14 @@ def _fine_tuned_classifier(state):
         num_classes = state['fc.weight'].shape[0]
     dense = tf_keras.layers.Dense(num_classes, name='classifier',
                                   dtype='float32')
-    classifier = tf_keras.Model(inputs, dense(x),
-                                name='fine_tuned_classifier')
+    classifier = tf_keras.Model(inputs, dense(x), name='fine_tuned_classifier')
     return classifier, layers + [dense]
 
 
 def _network(path, state, strategy):
     """`(kind, network, backbone, tensors)`: the kind of `state`, the
     configured network holding its values, its backbone, their count."""
-    building.set_precision('float32')
+    tf_keras.mixed_precision.set_global_policy('float32')
     hint = ''
     if 'fc.fc3.weight' in state:
         found = PRETRAINED
@@ -180,8 +176,7 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
     read and matched.
 
     Args:
-        model_dir: the run directory to create.
-        path: the official `.pth.tar` file.
+        model_dir, path: the run directory to create, the official file.
         strategy: the `tf.distribute.Strategy` to build in.
         overwrite: replace an earlier import or run in `model_dir`.
 

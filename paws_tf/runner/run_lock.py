@@ -1,14 +1,8 @@
-"""One writer per run directory: the training lock, `RunDir.lock`.
-
-A training run creates the lock file atomically (O_CREAT | O_EXCL) before
-it touches any run state, keeps its heartbeat fresh and deletes it when it
-exits. A lock whose holder is gone (on this host: its process; from
-another host: a heartbeat older than `STALE_AFTER_SECONDS`) is taken over;
-a holder taken over while alive finds out before its next save and stops.
-"""
+"""One writer per run directory: the training lock, `RunDir.lock`, taken
+over when its holder is gone; a holder taken over while alive finds out
+before its next save and stops."""
 
 import contextlib
-import datetime
 import json
 import os
 import socket
@@ -65,8 +59,7 @@ def _alive(pid, pid_start):
 
 
 def _utc(seconds):
-    return datetime.datetime.fromtimestamp(
-        seconds, datetime.timezone.utc).strftime('%Y-%m-%d %H:%M:%S UTC')
+    return time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(seconds))
 
 
 def describe(holder):
@@ -75,31 +68,27 @@ def describe(holder):
             f'{_utc(holder.get("started", 0))}')
 
 
-def read(run):
-    """The contents of the lock of `run` (a `RunDir`), or None if there is
-    none."""
+def read(path):
+    """The contents of the lock file `path` (`RunDir.lock`), or None if
+    there is none."""
     try:
-        with open(run.lock) as f:
+        with open(path) as f:
             text = f.read()
-        written = os.path.getmtime(run.lock)
+        written = os.path.getmtime(path)
     except FileNotFoundError:
         return None
-    # A lock being written, or left empty by a holder killed while writing
-    # it, is of unknown host: it goes stale by the file's age.
-    return _parse(text) or {'host': '?', 'pid': '?', 'started': written,
-                            'heartbeat': written}
-
-
-def _parse(text):
     try:
         return json.loads(text)
     except ValueError:
-        return None
+        # A lock being written, or left empty by a holder killed while
+        # writing it, is of unknown host: it goes stale by the file's age.
+        return {'host': '?', 'pid': '?', 'started': written,
+                'heartbeat': written}
 
 
-def stale_reason(holder, now=None):
+def stale_reason(holder):
     """Why the lock `holder` is stale, or None if its holder may be alive."""
-    now = time.time() if now is None else now
+    now = time.time()
     if holder.get('host') == socket.gethostname():
         pid = holder.get('pid')
         if isinstance(pid, int) and not _alive(pid, holder.get('pid_start')):
@@ -114,26 +103,23 @@ def stale_reason(holder, now=None):
 
 def _held_error(run, holder):
     return Held(
-        f'{run} is being trained by another run ({describe(holder)}; '
-        f'last heartbeat {_utc(holder.get("heartbeat", 0))}): two runs '
-        'writing one directory corrupt each other\'s checkpoints. Wait for '
-        f'it to finish, stop it (kill {holder.get("pid")} on '
-        f'{holder.get("host")}), or use another --model_dir. (The lock of a '
-        'process that has gone is taken over without asking: on its host at '
-        f'once, from another host once its heartbeat is '
-        f'{STALE_AFTER_SECONDS} s old.)')
+        f'{run} is being trained by another run ({describe(holder)}; last '
+        f'heartbeat {_utc(holder.get("heartbeat", 0))}): two runs writing one '
+        "directory corrupt each other's checkpoints. Wait for it to finish, "
+        f'stop it (kill {holder.get("pid")} on {holder.get("host")}), or use '
+        'another --model_dir. (The lock of a process that has gone is taken '
+        'over without asking: on its host at once, from another host once its '
+        f'heartbeat is {STALE_AFTER_SECONDS} s old.)')
 
 
 class RunLock:
-    """The training lock of one run directory, held from `acquire` to
-    `release`; a context manager. The file is JSON: `{host, pid,
-    pid_start, started, heartbeat, job, token}`.
+    """The training lock of one run directory, held from `acquire` (before
+    the run touches any state) to `release`; a context manager.
 
     Args:
         run: the `RunDir` (created if missing).
         job: what the processes of one job share (`_job`), so that the
-            other workers recognise their chief's lock; None for one
-            process.
+            other workers recognise their chief's lock; None for one process.
     """
 
     def __init__(self, run, job=None):
@@ -170,7 +156,7 @@ class RunLock:
         return self
 
     def _take_over_if_stale(self):
-        holder = read(self._run)
+        holder = read(self._path)
         if holder is None:
             return  # Released meanwhile: try again.
         reason = stale_reason(holder)
@@ -183,9 +169,7 @@ class RunLock:
             os.rename(self._path, aside)
         except FileNotFoundError:
             return
-        with open(aside) as f:
-            taken = _parse(f.read()) or holder
-        if taken != holder:
+        if read(aside) != holder:
             # Another run replaced the stale lock between the read and the
             # rename: put its lock back, unless a third took the place.
             with contextlib.suppress(FileExistsError):
@@ -199,7 +183,7 @@ class RunLock:
 
     def _beat(self):
         while not self._stop.wait(HEARTBEAT_SECONDS):
-            holder = read(self._run)
+            holder = read(self._path)
             if not self._ours(holder):
                 logging.error('The lock of %s is no longer this run\'s '
                               '(now %s): another run took it over.',
@@ -216,7 +200,7 @@ class RunLock:
     def check(self):
         """Raises `Lost` unless the lock file is still there with this
         run's token (called before every save)."""
-        holder = read(self._run)
+        holder = read(self._path)
         if self._ours(holder):
             return
         now = (f'held by another run ({describe(holder)})' if holder
@@ -234,7 +218,7 @@ class RunLock:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if self._ours(read(self._run)):
+        if self._ours(read(self._path)):
             os.remove(self._path)
 
     def _ours(self, holder):
@@ -250,7 +234,7 @@ class RunLock:
 def check_held_by_job(run, job):
     """For the non-chief workers of a job, whose chief holds the lock:
     raises `Held` when another live run holds it."""
-    holder = read(run)
+    holder = read(run.lock)
     if (holder is not None and holder.get('job') != job
             and stale_reason(holder) is None):
         raise _held_error(run, holder)
@@ -273,7 +257,7 @@ def for_process(run, strategy, *, training):
     if training:
         check_held_by_job(run, _job(strategy))
         return contextlib.nullcontext()
-    holder = read(run)
+    holder = read(run.lock)
     if holder is not None and stale_reason(holder) is None:
         logging.warning(
             'A training run (%s) is writing %s: reading its newest complete '

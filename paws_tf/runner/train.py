@@ -31,9 +31,8 @@ class Preempted(RuntimeError):
 
 
 def weights_fingerprint(model):
-    """SHA-256 of the model's weights: equal fingerprints, equal weights.
-    Every worker of a cluster calls it (reading a batch-norm moving
-    statistic is a collective)."""
+    """SHA-256 of the model's weights, which every worker of a cluster
+    computes (reading a batch-norm moving statistic is a collective)."""
     digest = hashlib.sha256()
     for weight in model.get_weights():
         digest.update(np.ascontiguousarray(weight).tobytes())
@@ -261,13 +260,9 @@ def _fit(model, pretrain, input_at, fit_callbacks, saver, *, strategy,
 
 
 def _start(run, strategy, *, chief, on_change, overwrite):
-    """The run's data, checked against what it started on (its records
-    staged until the data is accepted), and where it starts.
-
-    Returns:
-        `(bundle, step, path)`: `path` is the backup or checkpoint of global
-        `step` to restore, None for a new run (step 0).
-    """
+    """`(bundle, step, path)`: the run's data, checked against what it
+    started on (its records staged until the data is accepted), and the
+    backup or checkpoint of global `step` to restore (None: a new run)."""
     accepted = False
     try:
         bundle = experiment.load_data(run.staging if chief else None)
