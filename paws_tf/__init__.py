@@ -3,12 +3,7 @@
 Importing it selects `tf_keras` for the whole process (Keras 3 cannot run
 `Model.fit` under `MultiWorkerMirroredStrategy`) and turns on oneDNN CPU
 kernels unless TF_ENABLE_ONEDNN_OPTS says otherwise. The public names load
-on first use (README.md, "PAWS in your own Keras code"):
-
-    model = paws_tf.PAWSModel(paws_tf.build_backbone(...),
-                              paws_tf.ProjectionHead(...))
-    model.compile(optimizer=paws_tf.LARS(paws_tf.WarmupCosineDecay(...)))
-"""
+on first use (README.md, "PAWS in your own Keras code")."""
 
 import importlib
 import os

@@ -1,12 +1,8 @@
-"""A run's checkpoints: written, found and restored one way, whole or in
-part.
+"""A run's checkpoints, written, found and restored one way: `ckpt-<global
+step>` holds the model and its optimizer, in the backup (the newest only:
+what an interrupted run resumes from) and in `checkpoints/`. Nothing else
+is saved: the input is a stateless function of (seed, step)."""
 
-`ckpt-<global step>` holds the model and its optimizer, in the backup
-(`backup/chief/`, the newest only: what an interrupted run resumes from)
-and in `checkpoints/` (which outlive the run). Nothing else is saved: the
-input is a stateless function of (seed, step)."""
-
-import collections
 import os
 import shutil
 import time
@@ -33,8 +29,7 @@ class SaveFailed(RuntimeError):
 
 
 class NoneRestorable(RuntimeError):
-    """Checkpoints exist but none can be restored (truncated or corrupted
-    files)."""
+    """Checkpoints exist but none can be restored (damaged files)."""
     EXIT_CODE = os.EX_DATAERR  # run.py's exit code.
 
 
@@ -235,19 +230,16 @@ def _unmatched_variables(root, prefix):
     stored = {key for key, _ in tf.train.list_variables(prefix)}
     view = tf.train.TrackableView(root)
     seen = {id(root)}
-    queue = collections.deque([(root, ())])
+    queue = [(root, '')]  # Read while it grows: breadth first.
     missing = []
-    while queue:
-        parent, path = queue.popleft()
-        for child_name, child in view.children(parent).items():
+    for parent, path in queue:
+        for name, child in view.children(parent).items():
             if id(child) in seen:
                 continue
             seen.add(id(child))
-            child_path = path + (child_name,)
             if not isinstance(child, tf.Variable):
-                queue.append((child, child_path))
-            elif '/'.join(child_path + ('.ATTRIBUTES', 'VARIABLE_VALUE')
-                          ) not in stored:
+                queue.append((child, f'{path}{name}/'))
+            elif f'{path}{name}/.ATTRIBUTES/VARIABLE_VALUE' not in stored:
                 missing.append(child.name)
     return missing
 
@@ -255,12 +247,10 @@ def _unmatched_variables(root, prefix):
 def _restore_backbone(backbone, prefix):
     """Restores all of `backbone` from the checkpoint `prefix` (its own or
     a run's model's), or raises."""
+    roots = {key.split('/')[0] for key, _ in tf.train.list_variables(prefix)}
     root = tf.train.Checkpoint(backbone=backbone)
-    keys = [key for key, _ in tf.train.list_variables(prefix)]
-    if not any(key.startswith('backbone/') for key in keys) and any(
-            key.startswith('model/backbone/') for key in keys):
-        root = tf.train.Checkpoint(model=tf.train.Checkpoint(
-            backbone=backbone))
+    if 'backbone' not in roots and 'model' in roots:
+        root = tf.train.Checkpoint(model=root)
     missing = _unmatched_variables(root, prefix)
     if missing:
         shown = ', '.join(missing[:_MAX_NAMES_SHOWN])
@@ -293,13 +283,12 @@ def load_backbone_weights(backbone, path):
     path = os.fspath(path)
     if path.endswith('.h5') and not tf.io.gfile.exists(path):
         raise FileNotFoundError(f'weights file {path!r} does not exist')
-    prefix = None if path.endswith('.h5') else resolve_prefix(path)
     snapshot = backbone.get_weights()
     try:
-        if prefix is None:
+        if path.endswith('.h5'):
             backbone.load_weights(path)
         else:
-            _restore_backbone(backbone, prefix)
+            _restore_backbone(backbone, resolve_prefix(path))
     except (AssertionError, KeyError, ValueError,
             tf.errors.OpError) as error:
         assign_weights(backbone, snapshot)
@@ -331,9 +320,8 @@ def non_finite_error(what, step, checkpoint_dir):
 
 
 class RunState:
-    """Saves one run's model and optimizer; under
-    MultiWorkerMirroredStrategy every worker saves, only the chief's files
-    are kept (`cluster.save_dir`).
+    """Saves one run's model and optimizer (on every worker of a cluster:
+    `cluster.save_dir`).
 
     Args:
         model_dir: the run directory.
@@ -351,7 +339,7 @@ class RunState:
         self.checkpoint_dir = run.checkpoints
         self.backup_dir = run.backup
         self._strategy = strategy
-        self._before_save = before_save
+        self._before_save = before_save or (lambda: None)
         checkpoint = tf.train.Checkpoint(model=model,
                                          optimizer=model.optimizer)
         self._directories = {BACKUP: run.chief_backup,
@@ -376,8 +364,7 @@ class RunState:
         step = global_step(self.model)
         if self._saved_at[kind] == step:
             return
-        if self._before_save is not None:
-            self._before_save()
+        self._before_save()
         # An update can break the weights while the step's loss, computed
         # before it, is still finite.
         for variable in self.model.variables:
@@ -406,25 +393,20 @@ class RunState:
                 f'{backup_step(self._run) or "none yet"})')
 
     def _save_failed(self, kind, step, error):
-        """A `cluster.ClusterFailed` when a collective of the save failed,
-        else a `SaveFailed`."""
+        """The `cluster.ClusterFailed` or `SaveFailed` of a failed save."""
         what = (f'{CHECKPOINT} {CHECKPOINT_PREFIX}-{step}'
                 if kind == CHECKPOINT else BACKUP)
         directory = (self._managers[kind].directory if kind == CHECKPOINT
                      else self.backup_dir)
         kept = self.kept()
-        failure = cluster.cluster_failure(
+        return cluster.cluster_failure(
             self._strategy, error, what=what, step=step,
-            resume=f'the newest of {kept}')
-        if failure is not None:
-            return failure
-        cause = (error.message if isinstance(error, tf.errors.OpError)
-                 else error)
-        return SaveFailed(
-            f'Could not write {what} in {directory}: {cause}. Training '
-            f'stopped; what was saved before is unchanged: {kept}. Free '
-            f'space or restore write access to {directory}, then run the '
-            'same command again: it resumes from there.')
+            resume=f'the newest of {kept}') or SaveFailed(
+                f'Could not write {what} in {directory}: '
+                f'{getattr(error, "message", error)}. Training stopped; what '
+                f'was saved before is unchanged: {kept}. Free space or '
+                f'restore write access to {directory}, then run the same '
+                'command again: it resumes from there.')
 
 
 def assign_weights(model, weights):

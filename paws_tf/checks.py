@@ -53,11 +53,9 @@ def number(name, value, *, positive=False, low=None, high=None):
            (low is not None and not value >= low) or
            (high is not None and not value < high))
     if bad:
-        if positive:
-            kind = 'positive'
-        else:
-            kind = 'a number' + (f' >= {low}' if low is not None else '') + (
-                f' and < {high}' if high is not None else '')
+        kind = ('positive' if positive else 'a number' +
+                (f' >= {low}' if low is not None else '') +
+                (f' and < {high}' if high is not None else ''))
         raise ConfigError(f'{name} must be {kind}, got {value!r}.')
     return float(value)
 
@@ -73,5 +71,4 @@ def namer(names, prefix):
     """`name(argument)`: what an argument check's message calls an
     argument: `names[argument]` (run.py gives the binding it read the value
     from, `bindings.check_bound`), else `prefix + argument`."""
-    names = names or {}
-    return lambda argument: names.get(argument, prefix + argument)
+    return lambda argument: (names or {}).get(argument, prefix + argument)

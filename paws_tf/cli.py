@@ -69,9 +69,8 @@ def _quiet_start(argv):
             tf.config.list_physical_devices()
         except BaseException:
             sys.stderr.flush()
-            os.dup2(saved, 2)
             held.seek(0)
-            os.write(2, held.read())
+            os.write(saved, held.read())
             raise
         finally:
             sys.stderr.flush()
@@ -131,12 +130,6 @@ _LIST_CONFIGS = flags.DEFINE_bool(
     'which --gin_file accepts from any directory, and exit.')
 
 
-def _not_tensorflow_info(record):
-    """Drops TensorFlow's own INFO records from absl's log."""
-    return (record.levelno >= pylogging.WARNING or
-            f'{os.sep}tensorflow{os.sep}' not in record.pathname)
-
-
 def _check_flags(mode):
     """The flags every mode needs, and those that go with one mode;
     --model_dir a directory or a path where one can be created."""
@@ -178,9 +171,11 @@ def main(argv):
         return
     mode = MODES[_MODE.value]
     _check_flags(mode)
-    # absl's handler delegates to its python_handler, which applies filters;
-    # TensorFlow's own INFO records go through the 'tensorflow' logger.
-    logging.get_absl_handler().python_handler.addFilter(_not_tensorflow_info)
+    # TensorFlow's own INFO records dropped: by absl's python_handler (which
+    # applies filters, not absl's handler), and by the 'tensorflow' logger.
+    logging.get_absl_handler().python_handler.addFilter(
+        lambda record: record.levelno >= pylogging.WARNING or
+        f'{os.sep}tensorflow{os.sep}' not in record.pathname)
     pylogging.getLogger('tensorflow').setLevel(pylogging.WARNING)
     # A typo, then a config that cannot work (normalisation, warm-up,
     # support, image sizes) fails here, before any data or device is used.

@@ -1,6 +1,5 @@
-"""The cluster's life cycle: the strategy built by name, the chief, the
-directories each worker writes, barriers, and a failed collective told as
-the worker that was lost."""
+"""The cluster's life cycle: the strategy by name, the chief, each worker's
+save directory, barriers, and a failed collective told as the lost worker."""
 
 import contextlib
 import hashlib
@@ -24,10 +23,8 @@ STRATEGY_KINDS = ('auto', 'one_device', 'mirrored', 'multi_worker')
 def cluster_in_environment():
     """True when TF_CONFIG or Slurm describes a job of several processes."""
     tf_config = json.loads(os.environ.get('TF_CONFIG') or '{}')
-    workers = sum(len(tasks)
-                  for tasks in tf_config.get('cluster', {}).values())
-    slurm_tasks = int(os.environ.get('SLURM_NTASKS', '1'))
-    return workers > 1 or slurm_tasks > 1
+    workers = sum(map(len, tf_config.get('cluster', {}).values()))
+    return workers > 1 or int(os.environ.get('SLURM_NTASKS', '1')) > 1
 
 
 def _cluster_resolver(slurm_port_base):
@@ -70,9 +67,7 @@ def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
         ValueError: unknown kind, or `multi_worker` without a cluster.
         ClusterFailed: a task of the cluster did not start in time.
     """
-    if kind not in STRATEGY_KINDS:
-        raise ValueError(f'Unknown strategy {kind!r}; choose one of '
-                         f'{", ".join(STRATEGY_KINDS)}.')
+    checks.one_of('make_strategy.kind', kind, STRATEGY_KINDS)
     if kind == 'auto':
         gpus = tf.config.list_physical_devices('GPU')
         kind = ('multi_worker' if cluster_in_environment() else
@@ -147,18 +142,13 @@ def _lost_task(strategy, message):
     """'worker 1 (127.0.0.1:2223)': the first other task of the cluster
     that TensorFlow's `message` names (`/job:worker/replica:0/task:1`),
     with its address from TF_CONFIG; None when it names none."""
-    resolver = strategy.cluster_resolver
-    spec = resolver.cluster_spec()
+    addresses = rendezvous.cluster_tasks(strategy.cluster_resolver)
     for kind, index in re.findall(r'/job:(\w+)/replica:\d+/task:(\d+)',
                                   message):
-        index = int(index)
-        if (kind, index) == (resolver.task_type, resolver.task_id):
-            continue
-        try:
-            address = spec.task_address(kind, index)
-        except ValueError:
-            address = None
-        return f'{kind} {index}' + (f' ({address})' if address else '')
+        task = f'{kind} {int(index)}'
+        if task != task_name(strategy):
+            address = addresses.get(task)
+            return task + (f' ({address})' if address else '')
     return None
 
 
@@ -210,11 +200,7 @@ def check_same_config(strategy, config):
     # [replicas, 2]: worker w's replicas are consecutive rows.
     digests = strategy.gather(
         strategy.run(lambda: tf.constant(digest)[tf.newaxis]), axis=0).numpy()
-    # Replicas are ordered by task name: the chief's, then the workers'.
-    tasks = [f'{kind} {index}' for kind, addresses in sorted(
-        strategy.cluster_resolver.cluster_spec().as_dict().items())
-             if kind in ('chief', 'worker')
-             for index in range(len(addresses))]
+    tasks = list(rendezvous.cluster_tasks(strategy.cluster_resolver))
     per_worker = len(digests) // len(tasks)
     differing = [task for task, row in zip(tasks, digests[::per_worker])
                  if not np.array_equal(row, digests[0])]

@@ -49,18 +49,15 @@ def _closest(message):
 @gin.config.register_finalize_hook
 def _refuse_unused_macros(config):
     """Raises ConfigError naming a macro that the config binds but no
-    `%NAME` reads (`CHANNEL = 1` beside `%CHANNELS`), with the closest
-    name it reads. A finalize hook (run by `parse`) is gin's public view of
-    every binding: `config` maps `(scope, selector)` to the bound
-    parameters, a macro's is `(NAME, 'gin.macro')`."""
+    `%NAME` reads (`CHANNEL = 1` beside `%CHANNELS`). A finalize hook is
+    gin's public view of the bindings (a macro's: `(NAME, 'gin.macro')`)."""
     macro = gin.config.get_configurable(gin.config.macro)
     read = {ref.config_key[0]
             for ref in gin.config.iterate_references(config, to=macro)}
-    bound = [scope for scope, selector in config
-             if selector == 'gin.macro' and scope not in read]
-    if not bound:
+    name = next((scope for scope, selector in config
+                 if selector == 'gin.macro' and scope not in read), None)
+    if name is None:
         return None
-    name = bound[0]
     close = difflib.get_close_matches(name, sorted(read), n=1)
     hint = (f'did you mean {close[0]}? ' if close else '') + (
         f'The config reads {", ".join(sorted(read))}.' if read else

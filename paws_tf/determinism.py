@@ -3,14 +3,9 @@ graph rewrites that differ from process to process."""
 
 import tensorflow as tf
 
-# Grappler rewrites turned off by `enable`. With op determinism alone, two
-# processes training gin_configs/debug.gin on a 2-core CPU differed after 9
-# to 95 of 192 steps in most pairs (first a LARS trust ratio one rounding
-# apart, from a weight gradient's norm; the input batches were identical),
-# with one thread or two, oneDNN on or off. With Grappler's arithmetic
-# optimizer off, every pair was bit-identical; with its remapper off instead,
-# they still differed. So that optimizer does not rewrite the train step's
-# graph the same way in every process (TensorFlow 2.21).
+# Grappler rewrites turned off by `enable`: with op determinism alone, two
+# processes training debug.gin differed within 95 steps, until Grappler's
+# arithmetic optimizer was off (docs/operations.md, "Reproducibility").
 GRAPPLER_OFF = {'arithmetic_optimization': False}
 
 

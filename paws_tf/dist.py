@@ -37,5 +37,4 @@ def all_reduce_mean(x):
     upstream gradient, what a loss divided by the number of replicas
     needs."""
     ctx = _replica_context()
-    return x if ctx is None else ctx.all_reduce(
-        tf.distribute.ReduceOp.MEAN, x)
+    return x if ctx is None else ctx.all_reduce(tf.distribute.ReduceOp.MEAN, x)

@@ -167,8 +167,7 @@ def paws_loss(anchor_views, anchor_supports, anchor_support_labels,
         target_views, target_supports, target_support_labels,
         multicrop=multicrop, tau=tau, sharpen_temperature=sharpen_temperature)
     # 3. Cross-entropy H(targets, p), averaged over all anchor views.
-    cross_entropy = tf.reduce_mean(
-        tf.reduce_sum(-targets * log_probs, axis=1))
+    cross_entropy = tf.reduce_mean(tf.reduce_sum(-targets * log_probs, axis=1))
     # 4. me-max: -H(mean over views and replicas of sharpen(p)).
     me_max_term = (_me_max(log_probs, sharpen_temperature) if me_max
                    else tf.constant(0.0))
@@ -283,8 +282,7 @@ def ropaws_loss(anchor_views, anchor_supports, anchor_support_labels,
     # 4. me-max, as PAWS.
     me_max_term = (_me_max(log_probs, sharpen_temperature) if me_max
                    else tf.constant(0.0))
-    return PawsTerms(cross_entropy, me_max_term, targets, log_probs,
-                     in_domain)
+    return PawsTerms(cross_entropy, me_max_term, targets, log_probs, in_domain)
 
 
 def label_matrix(columns, num_classes, smoothing=0.0):

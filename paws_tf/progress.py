@@ -20,20 +20,6 @@ BAR_VALUES = (('loss', 'loss'), ('cross_entropy', 'ce'), ('me_max', 'me-max'),
 LOG_EVERY_SECONDS = 60
 
 
-def _fields(current, target, values, seconds, finalize):
-    """`step/target`, the `BAR_VALUES` logged, then the time taken (at the
-    end) or the estimated time left."""
-    logged = dict(values or ())
-    fields = [f'{current}/{target or "?"}']
-    fields += [f'{label} {float(logged[key]):.4g}'
-               for key, label in BAR_VALUES if key in logged]
-    if finalize:
-        fields.append(f'{seconds:.0f} s')
-    elif target and current:
-        fields.append(f'ETA {seconds / current * (target - current):.0f} s')
-    return fields
-
-
 class _Bar:
     """What `ProgbarLogger` drives (`Progbar.update`): on a terminal
     (`live`) the line redrawn in place, cut to its width, an epoch's final
@@ -43,8 +29,8 @@ class _Bar:
                  every_seconds, clock):
         self.target = target
         self.verbose = verbose
-        self._stream = stream
-        self._live = live
+        self.stream = stream
+        self.live = live
         self._epoch = epoch
         self._every_seconds = every_seconds
         self._clock = clock
@@ -58,20 +44,29 @@ class _Bar:
             return
         now = self._clock()
         # A log's last step's line waits for the epoch end's (with PAWS-NN).
-        if not (self._live or finalize) and (
+        if not (self.live or finalize) and (
                 now - self._written < self._every_seconds or last):
             return
         self._written = now
-        fields = _fields(current, self.target, values, now - self._start,
-                         finalize)
+        # step/target, the `BAR_VALUES` logged, then the time taken (at the
+        # end) or the estimated time left.
+        logged, seconds = dict(values or ()), now - self._start
+        fields = [f'{current}/{self.target or "?"}']
+        fields += [f'{label} {float(logged[key]):.4g}'
+                   for key, label in BAR_VALUES if key in logged]
+        if finalize:
+            fields.append(f'{seconds:.0f} s')
+        elif self.target and current:
+            left = seconds / current * (self.target - current)
+            fields.append(f'ETA {left:.0f} s')
         width = shutil.get_terminal_size().columns - 1
-        if not self._live:
+        if not self.live:
             fields[0] = f'step {fields[0]}'
-            self._stream.write('  '.join(
+            self.stream.write('  '.join(
                 ([self._epoch] if self._epoch else []) + fields) + '\n')
         elif not finalize:
             line = '  '.join(fields)[:width]
-            self._stream.write('\r' + line.ljust(self._drawn))
+            self.stream.write('\r' + line.ljust(self._drawn))
             self._drawn = len(line)
         else:
             lines = [fields[0]]
@@ -81,13 +76,9 @@ class _Bar:
                 else:
                     lines[-1] += '  ' + field
             start = '\r' + ' ' * self._drawn + '\r' if self._drawn else ''
-            self._stream.write(start + '\n'.join(lines) + '\n')
+            self.stream.write(start + '\n'.join(lines) + '\n')
             self._drawn = 0
-        self._stream.flush()
-
-
-def _is_terminal(stream):
-    return bool(getattr(stream, 'isatty', lambda: False)())
+        self.stream.flush()
 
 
 @gin.configurable
@@ -100,7 +91,7 @@ class ProgressBar(tf_keras.callbacks.ProgbarLogger):
 
     Args:
         log_every_seconds: the shortest time between two lines in a log
-            (0: a line every step); a terminal's bar is redrawn every step.
+            (0: a line every step).
         stream: where to write; None: `sys.stdout` at the time of writing.
         clock: seconds of a monotonic clock.
     """
@@ -114,26 +105,23 @@ class ProgressBar(tf_keras.callbacks.ProgbarLogger):
         self._clock = clock
         self._epoch = None
 
-    def _output(self):
-        return self._stream or sys.stdout
-
     def on_epoch_begin(self, epoch, logs=None):
         # A terminal shows the epoch above its bar; each line of a log
         # names it.
         self._epoch = f'epoch {epoch + 1}/{self.epochs}'
         self._reset_progbar()
         self._maybe_init_progbar()
-        stream = self._output()
-        if self.verbose and self.epochs > 1 and _is_terminal(stream):
-            stream.write(f'Epoch {epoch + 1}/{self.epochs}\n')
+        if self.verbose and self.epochs > 1 and self.progbar.live:
+            self.progbar.stream.write(f'Epoch {epoch + 1}/{self.epochs}\n')
 
     def _maybe_init_progbar(self):
         # tf_keras' ProgbarLogger builds its Progbar here; the rest of its
         # logic (targets, verbosity, epoch headers) is kept.
         if self.progbar is not None:
             return
-        stream = self._output()
+        stream = self._stream or sys.stdout
         self.progbar = _Bar(
-            self.target, self.verbose, stream, live=_is_terminal(stream),
+            self.target, self.verbose, stream,
+            live=bool(getattr(stream, 'isatty', lambda: False)()),
             epoch=self._epoch, every_seconds=self.log_every_seconds,
             clock=self._clock)

@@ -23,17 +23,13 @@ class NotStarted(RuntimeError):
     """A task of the cluster did not start within the timeout."""
 
 
-def _tasks(resolver):
-    """{'worker 0': 'host:port', ...} of the jobs in `_JOBS`."""
-    tasks = {}
-    for job, addresses in resolver.cluster_spec().as_dict().items():
-        if job not in _JOBS:
-            continue
-        if not isinstance(addresses, dict):  # A sparse spec is a dict.
-            addresses = dict(enumerate(addresses))
-        tasks.update({f'{job} {index}': address
-                      for index, address in addresses.items()})
-    return tasks
+def cluster_tasks(resolver):
+    """{'chief 0': 'host:port', 'worker 0': ...} of the cluster's chief and
+    workers (MultiWorkerMirroredStrategy's replicas' order)."""
+    spec = resolver.cluster_spec()
+    return {f'{job} {index}': spec.task_address(job, index)
+            for job in _JOBS if job in spec.jobs
+            for index in spec.task_indices(job)}
 
 
 def _split(address):
@@ -72,12 +68,9 @@ class _Listener:
 
     def _serve(self):
         while not self._stop.is_set():
-            try:
+            try:  # An OSError: a timeout, or a greeting cut short.
                 connection, _ = self._server.accept()
-            except socket.timeout:
-                continue
-            with connection:
-                try:
+                with connection:
                     connection.settimeout(_IO_SECONDS)
                     token, _, task = _read_line(connection).partition(' ')
                     if token != self._token:  # Not a task of this job.
@@ -88,8 +81,8 @@ class _Listener:
                     # the port TensorFlow binds next.
                     connection.recv(1)
                     self.heard.add(task)
-                except OSError:
-                    continue
+            except OSError:
+                continue
 
     def close(self):
         self._stop.set()
@@ -118,7 +111,7 @@ def wait_for_tasks(resolver, timeout):
         NotStarted: within `timeout` seconds (0: for ever), naming the tasks
             not met and what to do.
     """
-    tasks = _tasks(resolver)
+    tasks = cluster_tasks(resolver)
     me = f'{resolver.task_type} {resolver.task_id}'
     if me not in tasks or len(tasks) < 2:
         return
@@ -138,8 +131,7 @@ def wait_for_tasks(resolver, timeout):
                 if answers[task] != _OK:
                     # A stranger that answered once is remembered as one.
                     answers[task] = _greet(address, greeting) or answers[task]
-            greeted = {task for task in peers if answers[task] == _OK}
-            if greeted == set(peers) and greeted <= listener.heard:
+            if set(answers.values()) == {_OK} and set(peers) <= listener.heard:
                 logging.info('All %d tasks of the cluster started.',
                              len(tasks))
                 return

@@ -1,11 +1,11 @@
 """A run directory (`--model_dir`): every file and folder a run writes is
 named here, and only here (docs/operations.md lists them)."""
 
-import datetime
 import json
 import os
 import shutil
 import socket
+import time
 
 from paws_tf import files
 
@@ -79,9 +79,8 @@ class RunDir:
     results = _path(RESULTS_FILE, doc="The demo's results.")
     results_figure = _path('results.png')
 
-    def tensorboard(self):
-        """TensorBoard's log directory, the parent of its runs' below."""
-        return os.path.join(self.path, 'tensorboard')
+    tensorboard = _path('tensorboard', doc="TensorBoard's log directory, "
+                        "the parent of its runs' below.")
 
     train_logs = _path('tensorboard', 'train')
     eval_logs = _path('tensorboard', 'eval')
@@ -93,7 +92,7 @@ class RunDir:
         """What a training run writes besides its config and data records:
         what `--overwrite` deletes."""
         return (self.checkpoints, self.backup, self.damaged,
-                self.tensorboard(), self.export, self.eval, self.fine_tune,
+                self.tensorboard, self.export, self.eval, self.fine_tune,
                 self.supervised, self.history, self.operative_config,
                 self.input_summary, self.results, self.results_figure)
 
@@ -115,8 +114,7 @@ class RunDir:
         """Appends `<UTC time> <host> pid <pid>: <event>` to the history, in
         one write (a kill leaves the lines before it whole), and returns
         `event`."""
-        now = datetime.datetime.now(datetime.timezone.utc).strftime(
-            '%Y-%m-%dT%H:%M:%SZ')
+        now = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())
         with open(self.history, 'a') as f:
             f.write(f'{now} {socket.gethostname()} pid {os.getpid()}: '
                     f'{event}\n')

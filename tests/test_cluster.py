@@ -46,7 +46,7 @@ def test_mirrored_on_logical_cpus_reduces_on_one_device():
 
 
 def test_unknown_kind_names_the_choices():
-    with pytest.raises(ValueError, match='one_device, mirrored'):
+    with pytest.raises(ValueError, match="'one_device', 'mirrored'"):
         cluster.make_strategy('tpu')
 
 

@@ -49,7 +49,7 @@ def test_classify_matches_numpy_for_every_chunk_size(tau):
     expected = numpy_top_ids(queries, supports, labels, num_classes, tau)
     for chunk in (1, 5, 8, 36, 37, 100):  # 37 queries: most do not divide.
         top_ids = evaluate.classify(queries, supports, labels,
-                                    num_classes=num_classes, tau=tau, k=5,
+                                    num_classes=num_classes, tau=tau,
                                     query_chunk=chunk)
         np.testing.assert_array_equal(top_ids, expected[:, :5])
 

@@ -62,7 +62,6 @@ def test_imagenet_fine_tuning_bindings_are_the_official_runs(gin_file):
             bound[name] = value
     assert bound['momentum'] == OFFICIAL['momentum']
     assert tuple(bound['crop_scale']) == OFFICIAL['crop_scale']
-    assert bound['cosine_decay'] is True
     assert bound['global_batch_size'] == (
         OFFICIAL['batch_per_process'] * OFFICIAL_PROCESSES)
 
@@ -71,7 +70,7 @@ def _defaults():
     parameters = inspect.signature(
         linear_fine_tune.fine_tune_linear).parameters
     return {name: parameters[name].default for name in
-            ('momentum', 'crop_scale', 'cosine_decay', 'global_batch_size')}
+            ('momentum', 'crop_scale', 'global_batch_size')}
 
 
 @pytest.mark.parametrize('gin_file', IMAGENET_CONFIGS + [

@@ -22,7 +22,7 @@ def documented_paths():
 def run_dir_paths():
     """Every path a `RunDir` names, relative to its root."""
     run = run_dir.RunDir('/root')
-    paths = {run.mode_config('<mode>'), run.tensorboard()}
+    paths = {run.mode_config('<mode>'), run.tensorboard}
     for name, value in vars(run_dir.RunDir).items():
         if isinstance(value, property) and isinstance(
                 getattr(run, name), (str, run_dir.RunDir)):

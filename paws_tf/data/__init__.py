@@ -1,3 +1,1 @@
-"""The input side: image sources (arrays, folders, TFDS), the multi-crop
-augmentations, class-balanced support sampling and the `tf.data` pipelines
-that feed a training step or an evaluation."""
+"""The input side: sources, augmentations, sampling, `tf.data` pipelines."""

@@ -1,5 +1,4 @@
-"""Stateless SimCLR augmentations (colour jitter and grayscale, or the
-official CIFAR-10 jitter, Solarize and Equalize) and PAWS multi-crop views."""
+"""Stateless SimCLR and CIFAR-10 augmentations, and PAWS multi-crop views."""
 
 import dataclasses
 
@@ -86,11 +85,8 @@ def color_jitter(image, seed, strength):
     """Applies the four ColorJitter ops of `jitter_params`, in its order.
 
     Args:
-        image: [H, W, C] float32 in [0, 1], C in (1, 3).
+        image: [H, W, C] float32 in [0, 1], C in (1, 3); the result alike.
         seed, strength: as `jitter_params` takes them.
-
-    Returns:
-        [H, W, C] float32 in [0, 1].
     """
     order, factors = jitter_params(seed, strength)
     for step in range(4):
@@ -105,15 +101,11 @@ def solarize(image, threshold=128):
     """PIL `ImageOps.solarize`: values >= `threshold` become 255 - value.
 
     Args:
-        image: [H, W, C] uint8.
+        image: [H, W, C] uint8; the result alike.
         threshold: scalar.
-
-    Returns:
-        [H, W, C] uint8.
     """
     image = tf.convert_to_tensor(image, tf.uint8)
-    return tf.where(tf.cast(image, tf.float32) < threshold, image,
-                    255 - image)
+    return tf.where(tf.cast(image, tf.float32) < threshold, image, 255 - image)
 
 
 def equalize(image):
@@ -125,10 +117,7 @@ def equalize(image):
     occupied value or `step` 0 is left unchanged.
 
     Args:
-        image: [H, W, C] uint8, static C.
-
-    Returns:
-        [H, W, C] uint8.
+        image: [H, W, C] uint8, static C; the result alike.
     """
     image = tf.convert_to_tensor(image, tf.uint8)
     channels = image.shape[-1]
@@ -149,8 +138,7 @@ def equalize(image):
     unchanged = (tf.reduce_sum(occupied, axis=1) <= 1) | (step == 0)
     lut = tf.where(unchanged[:, None], tf.range(256)[None], lut)
     mapped = tf.gather(lut, tf.transpose(pixels), batch_dims=1)  # [C, N]
-    return tf.reshape(tf.cast(tf.transpose(mapped), tf.uint8),
-                      tf.shape(image))
+    return tf.reshape(tf.cast(tf.transpose(mapped), tf.uint8), tf.shape(image))
 
 
 def color_distortion(image, seed, strength=1.0, kind='simclr',
@@ -168,15 +156,12 @@ def color_distortion(image, seed, strength=1.0, kind='simclr',
 
     Args:
         image: [H, W, C] float in [0, 1], C in (1, 3); for C = 1 only
-            brightness and contrast act in the jitter.
+            brightness and contrast act in the jitter; the result float32.
         seed: [2] int32/int64 stateless seed.
         strength: colour distortion strength s; 0 skips the distortion.
         kind: one of `DISTORTIONS`.
         jitter_prob, grayscale_prob, solarize_prob, equalize_prob: each
             operation's probability.
-
-    Returns:
-        [H, W, C] float32 in [0, 1].
     """
     check_distortion(kind)
     image = tf.cast(image, tf.float32)
@@ -215,8 +200,8 @@ def check_distortion(kind):
 
 def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
               blur_prob=0.0, distortion='simclr'):
-    """One view: crop, flip, colour distortion, blur, normalise (the
-    official PAWS order, suncet `src/data_manager.py`).
+    """One view, [size, size, C] float32: crop, flip, colour distortion,
+    blur, normalise (the official PAWS order, suncet `src/data_manager.py`).
 
     Args:
         image: [H, W, C] uint8 or float in [0, 1].
@@ -227,41 +212,31 @@ def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
         color_strength: colour distortion strength; 0 skips it.
         blur_prob: Gaussian blur probability; 0 skips it.
         distortion: colour distortion kind, one of `DISTORTIONS`.
-
-    Returns:
-        [size, size, C] float32, normalised.
     """
     crop_seed, flip_seed, color_seed, blur_seed = image_ops.split_seed(seed, 4)
     view = image_ops.random_resized_crop(image, crop_seed, size, scale)
     view = image_ops.random_flip(view, flip_seed)
-    if color_strength:
-        view = color_distortion(view, color_seed, color_strength,
-                                kind=distortion)
+    view = color_distortion(view, color_seed, color_strength, kind=distortion)
     if blur_prob:
         view = image_ops.gaussian_blur(view, blur_seed, blur_prob)
     return image_ops.normalize(view, mean, std)
 
 
 def center_view(image, size, *, crop_fraction, mean, std):
-    """Evaluation view: torchvision Resize(size / crop_fraction), CenterCrop:
-    the shorter side resized (bilinear, antialiased like PIL) to
-    round(size / crop_fraction), then the centre size x size crop.
+    """Evaluation view, [size, size, C] float32: torchvision
+    Resize(round(size / crop_fraction)) of the shorter side (bilinear,
+    antialiased like PIL), then CenterCrop(size), then normalised.
 
     Args:
-        image: [H, W, C] uint8 or float in [0, 1].
+        image, mean, std: as `make_view` takes them.
         size: int, output height and width.
         crop_fraction: in (0, 1], e.g. 0.875 for ImageNet, 1.0 for CIFAR-10.
-        mean, std: length-C channel means and standard deviations.
-
-    Returns:
-        [size, size, C] float32, normalised.
     """
     if not 0 < crop_fraction <= 1:
         raise ValueError(f'crop_fraction must be in (0, 1], got '
                          f'{crop_fraction}.')
     short = round(size / crop_fraction)
-    shape = tf.shape(image)
-    height, width = shape[0], shape[1]
+    height, width = tf.unstack(tf.shape(image)[:2])
     # torchvision: the longer side becomes int(short * long / shorter).
     resized_h = tf.where(height <= width, short, short * height // width)
     resized_w = tf.where(height <= width, short * width // height, short)
@@ -340,8 +315,7 @@ def multicrop_views(image, seed, config):
     """Multi-crop views of one image, each with its own sub-seed.
 
     Args:
-        image: [H, W, C] uint8 or float in [0, 1].
-        seed: [2] int32/int64 stateless seed.
+        image, seed: as `make_view` takes them.
         config: a `MultiCropConfig`.
 
     Returns:

@@ -1,6 +1,4 @@
-"""The data a run trains on, recorded and checked when the run resumes: per
-source, its kind, image count, channels and SHA-256 digests of its class
-names, item names and labels (no pixels)."""
+"""The data a run trains on (sizes, digests), checked when it resumes."""
 
 import hashlib
 import os

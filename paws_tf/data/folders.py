@@ -1,5 +1,4 @@
-"""Image folders as sources: one sub-folder per class (labeled) or a flat
-tree (unlabeled), with undecodable files found before training starts."""
+"""Image folders as sources, undecodable files found before training."""
 
 import collections
 import pathlib
@@ -19,15 +18,11 @@ _MAX_LISTED = 5  # Files or classes named in an error; longer lists are cut.
 def _image_files(directory):
     """Sorted image files under `directory`, recursively, and a count of
     the other files by extension."""
-    images, other = [], collections.Counter()
-    for path in sorted(pathlib.Path(directory).rglob('*')):
-        if not path.is_file():
-            continue
-        if path.suffix.lower() in IMAGE_EXTENSIONS:
-            images.append(path)
-        else:
-            other[path.suffix.lower() or '(none)'] += 1
-    return images, other
+    paths = [p for p in sorted(pathlib.Path(directory).rglob('*'))
+             if p.is_file()]
+    other = collections.Counter(p.suffix.lower() or '(none)' for p in paths
+                                if p.suffix.lower() not in IMAGE_EXTENSIONS)
+    return [p for p in paths if p.suffix.lower() in IMAGE_EXTENSIONS], other
 
 
 def _other_types(other):
@@ -55,9 +50,10 @@ def _undecodable(paths, channels):
 @gin.configurable
 def image_folder(root, *, labeled=True, channels=3, check_images=True,
                  on_bad_image='skip'):
-    """Lists the image files under `root` (decoded on read); broken files
-    are found before training, not hours into it (`check_images`), and
-    skipped and logged like files of other types, or stop the run.
+    """The image files under `root` as an `ImageSource` (decoded on read;
+    names are paths relative to `root`); broken files are found before
+    training, not hours into it (`check_images`), and skipped and logged
+    like files of other types, or stop the run.
 
     Args:
         root: folder. Labeled: `root/<class_name>/**/*.{jpg,png,...}` with
@@ -68,9 +64,6 @@ def image_folder(root, *, labeled=True, channels=3, check_images=True,
         check_images: decode every file once now (for a huge folder known
             to be clean, False skips it; a bad file then stops training).
         on_bad_image: `'skip'` or `'fail'`.
-
-    Returns:
-        An `ImageSource` whose names are paths relative to `root`.
 
     Raises:
         checks.DataError: if `root` holds no images, a class folder is

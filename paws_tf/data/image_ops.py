@@ -1,5 +1,4 @@
-"""Seeded image operations of the augmentations (crops, PIL's Gaussian blur,
-flips, normalisation) on float32 images in [0, 1]."""
+"""Seeded image operations of the augmentations, on float32 in [0, 1]."""
 
 import math
 
@@ -34,22 +33,21 @@ def resize(image, size, antialias=False):
     return resized * _UINT8_SCALE if image.dtype == tf.uint8 else resized
 
 
-def sample_crop_box(height, width, seed, scale, ratio=(3 / 4, 4 / 3),
-                    attempts=10):
-    """Samples a box as torchvision `RandomResizedCrop.get_params` does: the
-    `attempts` candidates are drawn at once and the first valid one taken.
+def sample_crop_box(height, width, seed, scale, ratio=(3 / 4, 4 / 3)):
+    """Samples a box as torchvision `RandomResizedCrop.get_params` does: its
+    10 candidates are drawn at once and the first valid one taken.
 
     Args:
         height, width: int or int32 scalar tensors, the image's H and W.
         seed: [2] int32/int64 stateless seed.
         scale: (min, max) fraction of the image area.
         ratio: (min, max) aspect ratio w/h, sampled log-uniformly.
-        attempts: number of candidates before the centre-crop fallback.
 
     Returns:
         (offset_y, offset_x, h, w), int32 scalars with
         0 <= offset_y <= H - h and 0 <= offset_x <= W - w.
     """
+    attempts = 10  # Candidates before the centre-crop fallback.
     height, width = (tf.cast(v, tf.float64) for v in (height, width))
     u = tf.random.stateless_uniform([2 * attempts + 2], seed, dtype=tf.float64)
     # torchvision: area * U(scale), exp(U(log r0, log r1)), round() to even.
@@ -82,12 +80,12 @@ def sample_crop_box(height, width, seed, scale, ratio=(3 / 4, 4 / 3),
 
 def random_resized_crop(image, seed, size, scale, ratio=(3 / 4, 4 / 3),
                         antialias=True):
-    """torchvision `RandomResizedCrop`: crop a random box, resize bilinearly.
+    """torchvision `RandomResizedCrop`: a random box resized bilinearly to
+    [size, size, C] float32 in [0, 1].
 
     The official PAWS code runs it on PIL images, whose bilinear resize
-    widens its triangle filter when it shrinks (antialiasing): with
-    `antialias` (the default) the view matches PIL's to within its uint8
-    rounding, as evaluation's `center_view` does. Without it, the resize
+    widens its triangle filter when it shrinks: with `antialias` the view
+    matches PIL's to within its uint8 rounding; without it, the resize
     samples the box like torchvision on tensors or SimCLR's TF code, which
     aliases when the box is larger than the view. Slice + resize with
     half-pixel centres: `tf.image.crop_and_resize` is slower on CPU, and
@@ -99,9 +97,6 @@ def random_resized_crop(image, seed, size, scale, ratio=(3 / 4, 4 / 3),
         seed, scale, ratio: as `sample_crop_box` takes them.
         size: int or (height, width) of the output.
         antialias: widen the filter when shrinking, as PIL does.
-
-    Returns:
-        [size, size, C] float32 in [0, 1].
     """
     image = tf.convert_to_tensor(image)
     shape = tf.shape(image)
@@ -143,11 +138,8 @@ def pil_gaussian_blur(image, sigma):
     blurs, so the parallel calls of a `tf.data` map blur on every core.
 
     Args:
-        image: [H, W, C] uint8 tensor, C 1 or 3.
+        image: [H, W, C] uint8 tensor, C 1 or 3; the result alike.
         sigma: scalar float32 standard deviation, in pixels.
-
-    Returns:
-        [H, W, C] uint8, the shape of `image`.
     """
     blurred = tf.numpy_function(_pil_blur, [image, sigma], tf.uint8,
                                 stateful=False)
@@ -159,13 +151,11 @@ def gaussian_blur(image, seed, prob=0.5, sigma_range=(0.1, 2.0)):
     """The official PAWS random Gaussian blur (PIL, on the uint8 image).
 
     Args:
-        image: [H, W, C] float in [0, 1].
+        image: [H, W, C] float in [0, 1]; the result float32, multiples of
+            1/255 where blurred.
         seed: [2] int32/int64 stateless seed.
         prob: probability of blurring.
         sigma_range: (min, max) of the uniform sigma, in pixels.
-
-    Returns:
-        [H, W, C] float32 in [0, 1] (multiples of 1/255 where blurred).
     """
     image = tf.cast(image, tf.float32)
     u = tf.random.stateless_uniform([2], seed)

@@ -133,9 +133,8 @@ def channel_statistics(source, max_images=None, seed=0):
 
 
 def _check_record(recorded, where, spec, fixed, channels):
-    """The values of the record `recorded` (read from `where`), checked
-    against `spec` (`fixed`: its values, None for `FROM_DATA`) and the
-    `channels`."""
+    """`recorded`'s values (read from `where`), checked against `spec`
+    (`fixed`: its values, None for `FROM_DATA`) and `channels`."""
     values = tuple(recorded['mean']), tuple(recorded['std'])
     if channels is not None and recorded.get('channels') != channels:
         raise ValueError(
@@ -152,8 +151,7 @@ def _check_record(recorded, where, spec, fixed, channels):
             f'with, {NORMALIZATION_MACRO} = '
             f'{recorded.get("spec")!r} (mean {values[0]}, std '
             f'{values[1]}), not {spec!r}: bind it back.')
-    logging.info('Normalisation read from %s: mean %s, std %s', where,
-                 *values)
+    logging.info('Normalisation read from %s: mean %s, std %s', where, *values)
     return values
 
 
@@ -170,8 +168,7 @@ def resolve_normalization(spec, *, source=None, recorded=None, where=None,
             trained run, whose values are its record's or `spec`'s.
         recorded: the run's record (`RunDir.read_json`), or None.
         where: where that record is, for the messages.
-        max_images, seed: how many images the statistics are computed
-            from, and the seed of that subset.
+        max_images, seed: as `channel_statistics` takes them.
         description: what the images of `source` are (record, messages).
 
     Returns:
@@ -210,16 +207,14 @@ def resolve_normalization(spec, *, source=None, recorded=None, where=None,
 
 
 def normalized_multicrop(multicrop, normalization_, channels):
-    """`multicrop` with the run's normalisation filled in.
+    """`multicrop` with the run's normalisation filled in (float mean and
+    std tuples).
 
     Args:
         multicrop: `augment.MultiCropConfig`; its mean and std are the
             normalisation if `normalization_` is None.
         normalization_: the run's `(mean, std)`, or None.
         channels: the images' channel count.
-
-    Returns:
-        A `MultiCropConfig` with float mean and std tuples.
 
     Raises:
         checks.ConfigError: a mean or std on `multicrop` besides

@@ -22,8 +22,9 @@ from paws_tf.data import sources
 
 
 @dataclasses.dataclass(frozen=True)
-class _Layout:
-    """Validated global and per-replica sizes of one training step."""
+class PretrainInput:
+    """What `make_pretrain_dataset_fn` returns: the validated global and
+    per-replica sizes of one training step, and the `dataset_fn`."""
 
     num_replicas: int
     global_batch_size: int
@@ -33,6 +34,7 @@ class _Layout:
     sampler: sampling.SupportSampler
     support_views: int
     support_view_size: int
+    dataset_fn: typing.Callable = None  # InputContext or None -> Dataset
 
     @property
     def batch_per_replica(self):
@@ -40,12 +42,15 @@ class _Layout:
 
     @property
     def views_per_step(self):
+        """Images forwarded per step, over all replicas."""
         s = self.sampler
         return (self.global_batch_size * (2 + self.multicrop.num_local) +
                 self.support_views * s.classes_per_replica *
                 s.images_per_class * self.num_replicas)
 
-    def describe_briefly(self):
+    @property
+    def summary_line(self):
+        """The main sizes in one line, for the trainer's log."""
         s = self.sampler
         return (f'PAWS input: {self.num_unlabeled} unlabeled images, '
                 f'{self.steps_per_epoch} steps/epoch of '
@@ -53,7 +58,9 @@ class _Layout:
                 f'{s.num_classes} classes; {self.views_per_step} views '
                 'per step')
 
-    def describe(self):
+    @property
+    def summary(self):
+        """The effective global and per-replica sizes, a few lines."""
         s, m, r = self.sampler, self.multicrop, self.num_replicas
         k, n, v = s.classes_per_replica, s.images_per_class, self.support_views
         unique = s.unique_classes_per_replica
@@ -75,22 +82,6 @@ class _Layout:
             f'{k * n * r} distinct images, {v * k * n * r} views',
             f'  views per step (global): {self.views_per_step}',
         ])
-
-
-class PretrainInput(typing.NamedTuple):
-    """What `make_pretrain_dataset_fn` returns."""
-
-    dataset_fn: typing.Callable  # InputContext or None -> tf.data.Dataset
-    steps_per_epoch: int
-    summary: str  # effective global and per-replica sizes, a few lines
-    views_per_step: int  # images forwarded per step, over all replicas
-    summary_line: str  # the main sizes in one line, for the trainer's log
-
-
-def _check_divisible(value, name, divisor, divisor_name, fix):
-    if value % divisor:
-        raise ValueError(f'{name}={value} is not divisible by the '
-                         f'{divisor} {divisor_name}: {fix}.')
 
 
 def _concat(views, size, channels):
@@ -135,7 +126,7 @@ def _streamed_unlabeled(source, layout, seed, start_step, input_context):
     local replicas in turn; a fresh pass shuffled by (seed, start_step)."""
     shuffle_seed = int(np.random.SeedSequence(
         [seed, start_step]).generate_state(1)[0])
-    pipeline = input_context.input_pipeline_id
+    pipeline = input_context.input_pipeline_id if input_context else 0
 
     def views(count, item):
         key = sampling.derive_seed(seed, sampling.STREAM_VIEWS, start_step,
@@ -149,8 +140,7 @@ def _streamed_unlabeled(source, layout, seed, start_step, input_context):
             .batch(layout.batch_per_replica, drop_remainder=True))
 
 
-def _support(labeled, layout, seed, start_step, first_replica,
-             local_replicas):
+def _support(labeled, layout, seed, start_step, first_replica, local_replicas):
     """Support views and labels of this pipeline's replicas, per step."""
     sampler, mc = layout.sampler, layout.multicrop
 
@@ -179,13 +169,14 @@ def _check_sizes(unlabeled, labeled, num_replicas, global_batch_size,
                  classes_per_step, images_per_class, support_views,
                  start_step):
     """Raises ValueError on sizes `make_pretrain_dataset_fn` cannot use."""
-    for name, value in (('global_batch_size', global_batch_size),
-                        ('classes_per_step', classes_per_step),
-                        ('images_per_class', images_per_class)):
-        checks.integer(name, value)
+    checks.integer('global_batch_size', global_batch_size)
+    checks.integer('classes_per_step', classes_per_step)
+    checks.integer('images_per_class', images_per_class)
     checks.integer('start_step', start_step, minimum=0)
-    _check_divisible(global_batch_size, 'global_batch_size', num_replicas,
-                     'replicas', 'make it a multiple of the replica count')
+    if global_batch_size % num_replicas:
+        raise ValueError(f'global_batch_size={global_batch_size} is not '
+                         f'divisible by the {num_replicas} replicas: make it '
+                         'a multiple of the replica count.')
     if unlabeled.num_examples < global_batch_size:
         raise checks.DataError(
             f'The unlabeled set has {unlabeled.num_examples} images, fewer '
@@ -218,9 +209,10 @@ def pipeline_replicas(input_context, num_replicas):
         raise ValueError(
             f'The input was built for num_replicas={num_replicas} but the '
             f'strategy has {context.num_replicas_in_sync} replicas.')
-    _check_divisible(num_replicas, 'num_replicas',
-                     context.num_input_pipelines, 'input pipelines',
-                     'every worker must hold as many replicas')
+    if num_replicas % context.num_input_pipelines:
+        raise ValueError(f'num_replicas={num_replicas} is not divisible by '
+                         f'the {context.num_input_pipelines} input pipelines:'
+                         ' every worker must hold as many replicas.')
     local_replicas = num_replicas // context.num_input_pipelines
     return context.input_pipeline_id * local_replicas, local_replicas
 
@@ -254,15 +246,13 @@ def make_pretrain_dataset_fn(
         classes_per_step, images_per_class, multicrop, support_views=1,
         unique_classes_per_replica=False, support_view_size=None, seed=0,
         start_step=0, deterministic=True, normalization=None):
-    """Builds the PAWS pre-training input
-    (`distribute_datasets_from_function`).
+    """The PAWS pre-training input (`distribute_datasets_from_function`).
 
-    Sizes are global; per-replica sizes are derived. `classes_per_step` is
-    the number of support classes per step over all replicas (users of the
-    official code were misled by per-GPU values): each replica samples
-    K = classes_per_step / R classes if `unique_classes_per_replica`
-    (ImageNet: 960 = 15 x 64 GPUs), else all replicas sample the same
-    K = classes_per_step classes, each with its own images.
+    Sizes are global (users of the official code were misled by per-GPU
+    values); per-replica sizes are derived: each replica samples K =
+    classes_per_step / R classes if `unique_classes_per_replica` (ImageNet:
+    960 = 15 x 64 GPUs), else all replicas sample the same K =
+    classes_per_step classes, each with its own images.
 
     Each pipeline yields, for every step, one element per local replica in
     local-replica order (tf.distribute hands them out round-robin):
@@ -317,7 +307,7 @@ def make_pretrain_dataset_fn(
         num_replicas=num_replicas,
         unique_classes_per_replica=unique_classes_per_replica, seed=seed,
         class_names=labeled.class_names)
-    layout = _Layout(
+    layout = PretrainInput(
         num_replicas=num_replicas, global_batch_size=global_batch_size,
         num_unlabeled=unlabeled.num_examples,
         steps_per_epoch=unlabeled.num_examples // global_batch_size,
@@ -329,13 +319,11 @@ def make_pretrain_dataset_fn(
         tf.data.experimental.AutoShardPolicy.OFF)
 
     def dataset_fn(input_context=None):
-        context = input_context or tf.distribute.InputContext(
-            num_replicas_in_sync=num_replicas)
-        first_replica, local_replicas = pipeline_replicas(context,
+        first_replica, local_replicas = pipeline_replicas(input_context,
                                                           num_replicas)
         if isinstance(unlabeled, sources.StreamSource):
             views = _streamed_unlabeled(unlabeled, layout, seed, start_step,
-                                        context)
+                                        input_context)
         else:
             views = _indexed_unlabeled(unlabeled, layout, seed, start_step,
                                        first_replica, local_replicas)
@@ -346,14 +334,14 @@ def make_pretrain_dataset_fn(
                     views, support, layout, labeled.channels))
                 .prefetch(tf.data.AUTOTUNE).with_options(options))
 
-    return PretrainInput(dataset_fn, layout.steps_per_epoch, layout.describe(),
-                         layout.views_per_step, layout.describe_briefly())
+    return dataclasses.replace(layout, dataset_fn=dataset_fn)
 
 
 @gin.configurable(denylist=['source'])
 def make_eval_dataset(source, *, batch_size, image_size, crop_fraction, mean,
                       std):
-    """Centre-cropped images and labels, every image once in source order.
+    """Centre-cropped images and labels, every image once in source order:
+    a `tf.data.Dataset` of `(float32 [b, S, S, C], int32 [b])`.
 
     Args:
         source: `sources.ImageSource` or `sources.StreamSource` with labels.
@@ -361,9 +349,6 @@ def make_eval_dataset(source, *, batch_size, image_size, crop_fraction, mean,
         image_size: output side S.
         crop_fraction: centre crop as a fraction of the image side.
         mean, std: per-channel normalisation.
-
-    Returns:
-        `tf.data.Dataset` of `(float32 [b, S, S, C], int32 [b])`.
     """
     def view(image, label):
         return augment.center_view(image, image_size,

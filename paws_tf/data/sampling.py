@@ -12,20 +12,16 @@ SUPPORT_CLASSES = 3
 SUPPORT_IMAGES = 4
 SUPPORT_VIEWS = 5
 STREAM_VIEWS = 6
-# Listed when classes are too small; longer lists are cut.
-_MAX_LISTED = 5
+_MAX_LISTED = 5  # Classes named in an error; longer lists are cut.
 
 
 def derive_seed(seed, tag, *data):
-    """Stateless seed for `tf.random.stateless_*` from (seed, tag, *data).
+    """An int64 [2] seed for `tf.random.stateless_*` from (seed, tag, *data).
 
     Args:
         seed: int, the user's seed.
         tag: int, one of the stream tags above.
         *data: int scalars (tensors allowed): step, epoch, index, view...
-
-    Returns:
-        int64 [2].
     """
     key = tf.constant([seed, tag], tf.int64)
     for value in data:

@@ -13,15 +13,12 @@ from paws_tf import checks
 FASHION_MNIST_CLASS_NAMES = (
     'T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt',
     'Sneaker', 'Bag', 'Ankle boot')
-_IDX_UBYTE = 0x08  # The only IDX element type MNIST-style files use.
 
 
 def _eager_constant(array):
-    """Builds a CPU tensor outside any trace, so graphs capture it by handle.
-
-    A NumPy array captured by a `Dataset.map` function would be embedded in
-    the graph as a constant (150 MB for CIFAR-10); an eager tensor is not.
-    """
+    """A CPU tensor built outside any trace: graphs capture it by handle,
+    where a NumPy array captured by `Dataset.map` is embedded as a constant
+    (150 MB for CIFAR-10)."""
     with tf.init_scope(), tf.device('CPU:0'):
         return tf.constant(array)
 
@@ -81,11 +78,7 @@ class ImageSource:
 
     def __init__(self, store, rows, names, *, labels=None, class_names=()):
         """The images at `rows` (int [N]) of the `_Store` `store`; the
-        other arguments are the attributes (labels may be None).
-
-        Raises:
-            ValueError: if names or labels do not match the image count.
-        """
+        other arguments are the attributes (labels may be None)."""
         self._store = store
         self._rows = np.asarray(rows, np.int64)
         self._rows_tensor = None
@@ -177,15 +170,12 @@ class StreamSource:
 
 
 def from_arrays(images, labels=None, class_names=None):
-    """Wraps in-memory images as a source; names are the indices.
+    """In-memory images as an `ImageSource`; names are the indices.
 
     Args:
         images: uint8 [N, H, W, C] or [N, H, W] (one channel).
         labels: int [N] class ids, or None.
         class_names: names indexed by class id; default `'0'`, `'1'`, ...
-
-    Returns:
-        An `ImageSource`.
     """
     images = np.asarray(images)
     if images.dtype != np.uint8 or images.ndim not in (3, 4):
@@ -203,16 +193,13 @@ def from_arrays(images, labels=None, class_names=None):
 
 
 def from_files(paths, names, *, labels=None, class_names=(), channels=3):
-    """Wraps image files as a source, decoded to `channels` on read.
+    """Image files as an `ImageSource`, decoded to `channels` on read.
 
     Args:
         paths: N file paths (JPEG, PNG, BMP or GIF; the format is sniffed).
         names: N item names for split files.
         labels, class_names: as `ImageSource` has them.
         channels: channels to decode to.
-
-    Returns:
-        An `ImageSource`.
     """
     store = _Store(np.array(paths, object), channels)
     return ImageSource(store, np.arange(len(paths)), names, labels=labels,
@@ -228,7 +215,7 @@ def read_idx(path):
     opener = gzip.open if str(path).endswith('.gz') else open
     with opener(path, 'rb') as f:
         data = f.read()
-    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != _IDX_UBYTE:
+    if len(data) < 4 or data[:3] != b'\x00\x00\x08':
         raise checks.DataError(
             f'{path}: bad IDX magic number {data[:4].hex()}; expected '
             '0000 08 NN (unsigned bytes, NN dimensions). Is it an MNIST-style '
@@ -246,15 +233,13 @@ def read_idx(path):
 
 @gin.configurable
 def load_idx(images_path, labels_path=None, class_names=None):
-    """Loads MNIST-style IDX files, e.g. Fashion-MNIST's, into memory.
+    """MNIST-style IDX files, e.g. Fashion-MNIST's, loaded as an in-memory
+    `ImageSource` of one-channel images.
 
     Args:
         images_path: IDX file of uint8 [N, H, W] images (`.gz` allowed).
         labels_path: IDX file of uint8 [N] labels, or None (unlabeled).
         class_names: as `from_arrays` takes them.
-
-    Returns:
-        An `ImageSource` of one-channel images.
 
     Raises:
         checks.DataError: on malformed files or different image and label
@@ -274,14 +259,12 @@ def load_idx(images_path, labels_path=None, class_names=None):
 
 
 def keep_classes(source, classes):
-    """The images of some classes of a labeled source, renumbered.
+    """The images of some classes of a labeled `ImageSource`, renumbered,
+    as an `ImageSource` in source order.
 
     Args:
         source: `ImageSource` with labels.
         classes: class ids of `source` to keep; the i-th becomes class i.
-
-    Returns:
-        An `ImageSource` of those classes' images, in source order.
 
     Raises:
         ValueError: unlabeled source, or classes empty, repeated or not

@@ -59,7 +59,8 @@ def _sample_per_class(source, labels_per_class, fraction, seed):
 @gin.configurable(denylist=['source'])
 def select_labeled(source, *, labels_per_class=None, fraction=None, seed=0,
                    split_file=None, include_labeled_in_unlabeled=True):
-    """Splits a labeled source into the labeled subset and the unlabeled set.
+    """Splits a labeled source into the labeled subset and the unlabeled set,
+    a `Split(labeled, unlabeled)` both in source order.
 
     Give exactly one of `labels_per_class`, `fraction` or `split_file`.
 
@@ -74,9 +75,6 @@ def select_labeled(source, *, labels_per_class=None, fraction=None, seed=0,
             suncet's `cifar10_subsets/*.txt` work as they are).
         include_labeled_in_unlabeled: keep the labeled images in the
             unlabeled set (paper footnote 1: they may overlap).
-
-    Returns:
-        `Split(labeled, unlabeled)`, both in source order.
 
     Raises:
         ValueError: conflicting arguments, a class too small, or a split

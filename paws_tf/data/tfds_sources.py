@@ -40,17 +40,15 @@ def _canonical_order(ids, split):
 
 @gin.configurable
 def load_tfds(name, *, split='train', data_dir=None, download=True):
-    """Loads a small TFDS image dataset (cifar10, fashion_mnist) into memory,
-    CIFAR's in its original order (`_canonical_order`); names are indices.
+    """A small TFDS image dataset (cifar10, fashion_mnist) as an in-memory
+    labeled `ImageSource`, CIFAR's in its original order
+    (`_canonical_order`); names are indices.
 
     Args:
         name: TFDS name, e.g. `'cifar10'` or `'fashion_mnist'`.
         split: TFDS split.
         data_dir: TFDS data directory (None: TFDS default).
         download: let TFDS download and prepare the dataset if missing.
-
-    Returns:
-        An `ImageSource` of uint8 images with labels and class names.
     """
     dataset, info = tfds.load(name, split=split, data_dir=data_dir,
                               download=download, with_info=True)
@@ -62,8 +60,7 @@ def load_tfds(name, *, split='train', data_dir=None, download=True):
     order = _canonical_order(data.get('id'), split)
     if order is not None:
         images, labels = images[order], labels[order]
-    return sources.from_arrays(images, labels,
-                               info.features['label'].names)
+    return sources.from_arrays(images, labels, info.features['label'].names)
 
 
 def _open_tfds(name, split, data_dir, shuffle_seed, input_context):
@@ -80,20 +77,16 @@ def _open_tfds(name, split, data_dir, shuffle_seed, input_context):
 @gin.configurable
 def tfds_stream(name, *, split='train', data_dir=None, channels=3,
                 shuffle_buffer=10_000, exclude_file_names=()):
-    """Streams a large TFDS split (e.g. `imagenet2012`), decoding on use; a
-    resumed pipeline starts a fresh seeded pass (TFDS skips only by reading).
+    """A large TFDS split (e.g. `imagenet2012`) as a `StreamSource`, decoded
+    on use; a resumed pipeline starts a fresh seeded pass (TFDS skips only
+    by reading).
 
     Args:
-        name: TFDS name.
-        split: TFDS split.
-        data_dir: TFDS data directory (None: TFDS default).
+        name, split, data_dir: as `load_tfds` takes them.
         channels: channels to decode to.
         shuffle_buffer: encoded items in the seeded shuffle buffer.
         exclude_file_names: `file_name`s to leave out (the labeled subset,
             when it must not appear in the unlabeled stream).
-
-    Returns:
-        A `StreamSource`.
     """
     info = tfds.builder(name, data_dir=data_dir).info
     num_examples = int(_open_tfds(name, split, data_dir, None,
@@ -192,7 +185,8 @@ def _validation_examples(data_dir, per_class, seed, names):
 @gin.configurable
 def imagenet_validation(*, cache_dir=gin.REQUIRED, data_dir=None,
                         per_class=12, seed=0, names_file=None):
-    """The validation set of the official ImageNet fine-tuning.
+    """The validation set of the official ImageNet fine-tuning, a labeled
+    `ImageSource` in class order.
 
     suncet `fine_tune.py` keeps the epoch of best top-1 on
     `imagenet_subsets/val.txt`: 12 training images per class, in neither
@@ -207,9 +201,6 @@ def imagenet_validation(*, cache_dir=gin.REQUIRED, data_dir=None,
         seed: seed of the draw.
         names_file: a split file of training file names (the official
             `val.txt`), used instead of a draw.
-
-    Returns:
-        A labeled `ImageSource` in class order.
     """
     checks.integer('per_class', per_class)
     names = None
@@ -228,7 +219,8 @@ def imagenet_validation(*, cache_dir=gin.REQUIRED, data_dir=None,
 def imagenet_sources(*, labeled_subset='10pct', cache_dir=gin.REQUIRED,
                      data_dir=None, include_labeled_in_unlabeled=True,
                      shuffle_buffer=10_000):
-    """ImageNet: a SimCLR labeled subset and the streamed training set.
+    """ImageNet: `(labeled, unlabeled)`, a SimCLR labeled subset (an
+    `ImageSource`) and the streamed training set (a `StreamSource`).
 
     The labeled subset must be random-access for class-balanced support
     sampling, but 10pct is 128k JPEGs (~14 GB): too much to keep in memory
@@ -243,9 +235,6 @@ def imagenet_sources(*, labeled_subset='10pct', cache_dir=gin.REQUIRED,
         include_labeled_in_unlabeled: keep the labeled images in the
             unlabeled stream (paper footnote 1).
         shuffle_buffer: encoded images in the unlabeled shuffle buffer.
-
-    Returns:
-        `(labeled ImageSource, unlabeled StreamSource)`.
 
     Raises:
         ValueError: for an unknown `labeled_subset`.

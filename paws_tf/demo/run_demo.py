@@ -1,7 +1,5 @@
-"""`--mode=demo`: PAWS pre-training, PAWS-NN and fine-tuning against a
-supervised-only baseline on the same labels, and its report: a table,
-results.json and a figure (training curves, PAWS-NN by epoch, 2-D
-projection of the test embeddings)."""
+"""`--mode=demo`: PAWS against a supervised-only baseline on the same
+labels, and its report (a table, results.json and a figure)."""
 
 import glob
 import os
@@ -27,8 +25,7 @@ from paws_tf.runner import train
 
 def demo(model_dir, strategy, options):
     """PAWS pre-training, export and PAWS-NN, the configured fine-tuning
-    (the demo configs bind the CIFAR-10 protocol), then the baseline;
-    writes `results.json`, `results.png` and prints a table.
+    (the demo configs bind the CIFAR-10 protocol), then the baseline.
 
     Args:
         model_dir, strategy: the run directory, the running strategy.
@@ -36,7 +33,7 @@ def demo(model_dir, strategy, options):
             `train.train`.
 
     Returns:
-        The results dict (also in `model_dir/results.json`).
+        The results dict, also in `model_dir/results.json`.
     """
     official_import.check_mode(model_dir, 'demo', trains=True)
     start = time.perf_counter()
@@ -98,15 +95,8 @@ def _report(run, results, *, bundle, tuned, baseline, preprocessing):
         evaluate.embedder_from_saved_model(run.embedder),
         pipeline.make_eval_dataset(bundle.test, batch_size=256,
                                    **preprocessing))
-    write_figure(
-        run, embeddings=embeddings.numpy(), labels=labels,
-        class_names=bundle.labeled.class_names,
-        fine_tune_by_epoch=tuned.get('paws_nn_by_epoch'),
-        supervised_top1=baseline['top1'],
-        title=f'PAWS-NN {100 * results["paws_nn_top1"]:.1f}%, fine-tuned '
-        f'{100 * results["paws_finetune_top1"]:.1f}% vs supervised '
-        f'{100 * results["supervised_top1"]:.1f}% top-1 '
-        f'({results["num_labeled"]} labels)')
+    _write_figure(run, results, embeddings.numpy(), labels,
+                  bundle.labeled.class_names, tuned.get('paws_nn_by_epoch'))
     views = results['images_per_second']
     rows = [('PAWS-NN', 'paws_nn', 'paws_train', ' (pre-training)',
              'not logged' if views is None else f'{views:.0f} views/s'),
@@ -131,8 +121,7 @@ def read_scalars(log_dir, tag):
         events.Reload()
         if tag in events.Tags()['tensors']:
             for event in events.Tensors(tag):
-                points[event.step] = float(tf.make_ndarray(
-                    event.tensor_proto))
+                points[event.step] = float(tf.make_ndarray(event.tensor_proto))
     steps = sorted(points)
     return np.array(steps), np.array([points[s] for s in steps])
 
@@ -156,20 +145,11 @@ def project_2d(embeddings):
     return centred @ components[:2].T
 
 
-def write_figure(run, *, embeddings, labels, class_names, title,
-                 fine_tune_by_epoch=None, supervised_top1=None):
-    """Training curves, PAWS-NN by epoch and the embedding projection, as
-    the `RunDir` `run`'s `results_figure` PNG (its TensorBoard runs `train`
-    and `eval` read).
-
-    Args:
-        run: the `RunDir`.
-        embeddings, labels: `[N, D]` test embeddings, `[N]` their classes.
-        class_names, title: names indexed by class id, the figure's title.
-        fine_tune_by_epoch: the fine-tuning's `paws_nn_by_epoch` entries
-            (`epoch`, `top1`), drawn after the pre-training epochs.
-        supervised_top1: the baseline's top-1, drawn as a level.
-    """
+def _write_figure(run, results, embeddings, labels, class_names,
+                  fine_tune_by_epoch):
+    """Training curves (`run`'s TensorBoard logs), PAWS-NN by epoch with
+    the fine-tuning's and the baseline's top-1 (`results`), and the PCA of
+    the `[N, D]` test `embeddings`, as `run.results_figure`."""
     figure = mpl_figure.Figure(figsize=(16, 4.8))  # No pyplot, no display.
     axes = figure.subplots(1, 3)
     for tag, label in (('epoch/loss', 'loss'),
@@ -187,9 +167,8 @@ def write_figure(run, *, embeddings, labels, class_names, title,
         axes[1].plot([len(top1) + e['epoch'] for e in fine_tune_by_epoch],
                      [100 * e['top1'] for e in fine_tune_by_epoch],
                      marker='.', label='fine-tuning')
-    if supervised_top1 is not None:
-        axes[1].axhline(100 * supervised_top1, color='grey', linestyle='--',
-                        label='supervised only')
+    axes[1].axhline(100 * results['supervised_top1'], color='grey',
+                    linestyle='--', label='supervised only')
     axes[1].set(xlabel='epoch', ylabel='top-1 (%)',
                 title='PAWS-NN on the test split')
     axes[1].legend()
@@ -199,7 +178,11 @@ def write_figure(run, *, embeddings, labels, class_names, title,
         axes[2].scatter(points[mask, 0], points[mask, 1], s=2, label=name)
     axes[2].set(title='test embeddings (PCA)', xticks=[], yticks=[])
     axes[2].legend(markerscale=5, fontsize=7, loc='best')
-    figure.suptitle(title)
+    figure.suptitle(
+        f'PAWS-NN {100 * results["paws_nn_top1"]:.1f}%, fine-tuned '
+        f'{100 * results["paws_finetune_top1"]:.1f}% vs supervised '
+        f'{100 * results["supervised_top1"]:.1f}% top-1 '
+        f'({results["num_labeled"]} labels)')
     figure.tight_layout()
     figure.savefig(run.results_figure, dpi=110)
 

@@ -1,5 +1,4 @@
-"""Supervised-only baseline: the same backbone trained on the labeled images
-alone, with the same augmentations as PAWS' global views."""
+"""The demo's supervised-only baseline: the backbone on the labels alone."""
 
 import os
 import time
@@ -28,28 +27,18 @@ def _training_dataset(labeled, multicrop, batch_size, seed):
         std=multicrop.std, distortion=multicrop.distortion)()
 
 
-def build_classifier(num_classes, input_channels):
-    """The gin-configured backbone with a linear softmax classifier."""
-    backbone = backbones.build_backbone(input_channels=input_channels)
-    images = tf_keras.Input([None, None, input_channels])
-    logits = tf_keras.layers.Dense(num_classes, name='classifier')(
-        backbone(images))
-    return tf_keras.Model(images, logits, name='supervised_classifier')
-
-
 @gin.configurable(denylist=['run', 'labeled', 'test', 'preprocessing'])
 def train_supervised(run, *, labeled, test, preprocessing,
                      multicrop=gin.REQUIRED, steps=2000, batch_size=128,
                      learning_rate=0.1, weight_decay=5e-4, seed=0):
-    """Trains and evaluates the supervised-only baseline: softmax
-    cross-entropy, Nesterov SGD of momentum 0.9, views like PAWS' global
-    views (`multicrop.global_*`, colour, blur); tested with the centre crop
-    of PAWS-NN.
+    """Trains and evaluates the supervised-only baseline: the configured
+    backbone and a linear layer, softmax cross-entropy, Nesterov SGD of
+    momentum 0.9, views like PAWS' global views (`multicrop.global_*`,
+    colour, blur); tested with the centre crop of PAWS-NN.
 
     Args:
         run: the `RunDir` (`supervised_results`, `supervised_logs`).
-        labeled, test: `sources.ImageSource`s, the labeled images and the
-            evaluation split.
+        labeled, test: the labeled and test `sources.ImageSource`s.
         preprocessing: the `experiment.eval_preprocessing` dict.
         multicrop: the PAWS run's `augment.MultiCropConfig`; the views
             take the run's normalisation, which `preprocessing` holds.
@@ -65,7 +54,11 @@ def train_supervised(run, *, labeled, test, preprocessing,
         multicrop, (preprocessing['mean'], preprocessing['std']),
         labeled.channels)
     tf_keras.utils.set_random_seed(seed)
-    model = build_classifier(len(labeled.class_names), labeled.channels)
+    backbone = backbones.build_backbone(input_channels=labeled.channels)
+    inputs = tf_keras.Input([None, None, labeled.channels])
+    logits = tf_keras.layers.Dense(len(labeled.class_names),
+                                   name='classifier')(backbone(inputs))
+    model = tf_keras.Model(inputs, logits, name='supervised_classifier')
     model.compile(
         optimizer=tf_keras.optimizers.SGD(
             tf_keras.optimizers.schedules.CosineDecay(learning_rate, steps),

@@ -1,2 +1,1 @@
-"""Evaluation of a pre-trained model: PAWS-NN, the fine-tuning protocols and
-the SavedModel exports."""
+"""Evaluation of a pre-trained model: PAWS-NN, fine-tuning, SavedModels."""

@@ -3,10 +3,9 @@ support, and the evaluators that run it.
 
 An evaluator is a class built as `Evaluator(labeled, test, *,
 preprocessing, tau, log_dir, max_queries)`, with a `name` (its top-1's key
-in `fit`'s logs) and a `title` (in log lines); called with `embed_fn`
-(`embed_dataset`'s) and the global step, it returns its results dict and
-writes its TensorBoard points. Another than `PawsNN` (a linear probe) is a
-new class and a binding, `train.evaluators = [@PawsNN, @Mine]`.
+in `fit`'s logs) and a `title`; called with `embed_fn` and the global step,
+it returns its results and writes its TensorBoard points. A new one (a
+linear probe) is a class and a binding: `train.evaluators = [@PawsNN, @X]`.
 """
 
 import time
@@ -40,9 +39,8 @@ def embedder_from_model(model):
 
 
 def embedder_from_saved_model(export_dir):
-    """`embed_fn` of an `export.export_embedder` SavedModel: its
-    `embed_preprocessed` signature, so the caller's preprocessing is the
-    only one applied.
+    """`embed_fn` of an `export.export_embedder` SavedModel (its
+    `embed_preprocessed` signature: the caller preprocesses).
 
     Raises:
         ValueError: the SavedModel has no `embed_preprocessed` signature.
@@ -93,28 +91,26 @@ def embed_dataset(embed_fn, dataset, *, description='images'):
 
 
 def classify(query_embeddings, support_embeddings, support_labels, *,
-             num_classes, tau=0.1, k=5, query_chunk=DEFAULT_QUERY_CHUNK):
-    """Top-k classes of every query under the soft nearest-neighbour rule.
+             num_classes, tau=0.1, query_chunk=DEFAULT_QUERY_CHUNK):
+    """Top-5 classes of every query under the soft nearest-neighbour rule.
 
     PAWS Appendix A: `argmax softmax(q Sᵀ / tau) Y` over L2-normalised
-    embeddings, Y the one-hot support labels (no smoothing). Queries are
-    processed `query_chunk` at a time, so only `[query_chunk, M]`
-    similarities exist at once.
+    embeddings, Y the one-hot support labels (no smoothing).
 
     Args:
         query_embeddings, support_embeddings: `[N, D]`, `[M, D]`.
         support_labels: int `[M]` class ids in `[0, num_classes)`.
         num_classes, tau: K, the similarity temperature.
-        k: how many classes to return per query (at most K).
-        query_chunk: queries per chunk.
+        query_chunk: queries classified at once, so that only
+            `[query_chunk, M]` similarities exist at a time.
 
     Returns:
-        int32 `[N, min(k, K)]` NumPy class ids, most probable first (ties:
+        int32 `[N, min(5, K)]` NumPy class ids, most probable first (ties:
         lower class id first).
     """
     label_matrix = tf.one_hot(support_labels, num_classes)  # [M, K]
     num_queries = int(query_embeddings.shape[0])
-    k = min(k, num_classes)
+    k = min(5, num_classes)
     top_ids, start = [], time.monotonic()
     for first in range(0, num_queries, query_chunk):
         probabilities = losses.snn(
@@ -129,20 +125,13 @@ def classify(query_embeddings, support_embeddings, support_labels, *,
     return np.concatenate(top_ids).astype(np.int32)
 
 
-def _check_labels(labels, num_classes, what):
-    if labels.min() < 0 or labels.max() >= num_classes:
-        raise ValueError(f'{what} labels must be in [0, {num_classes}), got '
-                         f'[{labels.min()}, {labels.max()}].')
-
-
 def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
             tau=0.1, query_chunk=DEFAULT_QUERY_CHUNK):
     """PAWS-NN accuracy: every query classified with all supports.
 
     Args:
-        embed_fn: as for `embed_dataset`.
-        support_dataset, query_dataset: as for `embed_dataset`: every
-            labeled image, the test images.
+        embed_fn, support_dataset, query_dataset: as for `embed_dataset`:
+            the datasets of every labeled image and of the test images.
         num_classes, tau, query_chunk: as for `classify`.
 
     Returns:
@@ -157,8 +146,10 @@ def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
                                              description='support images')
     queries, query_labels = embed_dataset(embed_fn, query_dataset,
                                           description='queries')
-    _check_labels(support_labels, num_classes, 'Support')
-    _check_labels(query_labels, num_classes, 'Query')
+    for what, labels in ('Support', support_labels), ('Query', query_labels):
+        if labels.min() < 0 or labels.max() >= num_classes:
+            raise ValueError(f'{what} labels must be in [0, {num_classes}), '
+                             f'got [{labels.min()}, {labels.max()}].')
     missing = num_classes - len(np.unique(support_labels))
     if missing:
         logging.warning('PAWS-NN: %d of %d classes have no support image: '
@@ -190,15 +181,13 @@ class PawsNN:
     Args:
         labeled: `sources.ImageSource`, the support.
         test: `sources.ImageSource` or `sources.StreamSource`, the queries.
-        preprocessing: `pipeline.make_eval_dataset`'s `image_size`,
-            `crop_fraction`, `mean` and `std`.
-        tau: similarity temperature.
+        preprocessing, tau: `pipeline.make_eval_dataset`'s `image_size`,
+            `crop_fraction`, `mean` and `std`; the similarity temperature.
         log_dir, tag: TensorBoard directory (None: none) and group of the
             points `{tag}/top1`, `{tag}/top5`.
         max_queries: the first this many test images are the queries
             (None: all), so that a curve during training is cheap.
-        batch_size, query_chunk: images per embedding batch, as for
-            `classify`.
+        batch_size, query_chunk: images per embedding batch; as for `classify`.
     """
     name, title = 'paws_nn', 'PAWS-NN'
 
@@ -224,18 +213,15 @@ class PawsNN:
         self._writer = log_dir and tf.summary.create_file_writer(log_dir)
 
     def __call__(self, embed_fn, step=0):
-        """The `paws_nn` results of `embed_fn`; RuntimeError for embedded
-        counts that differ from the sources'."""
+        """`paws_nn` of `embed_fn`; RuntimeError if a count differs."""
         results = paws_nn(
             embed_fn, self._support, self._queries,
             num_classes=self.num_classes, tau=self._tau,
             query_chunk=self._query_chunk)
-        for what, embedded, expected in (
-                ('support', results['num_support'], self._sizes[0]),
-                ('query', results['num_queries'], self._sizes[1])):
-            if embedded != expected:
-                raise RuntimeError(f'Embedded {embedded} {what} images, but '
-                                   f'the source holds {expected}.')
+        embedded = results['num_support'], results['num_queries']
+        if embedded != self._sizes:
+            raise RuntimeError(f'Embedded {embedded} (support, query) '
+                               f'images, but the sources hold {self._sizes}.')
         if self._writer:
             with self._writer.as_default(step=step):
                 for key in sorted({'top1', 'top5'} & results.keys()):
@@ -256,7 +242,6 @@ class EpochEndEvaluation(tf_keras.callbacks.Callback):
             (a cluster's workers but the chief).
         num_epochs: when given, the last epoch is evaluated too, and the
             log lines say `epoch {e}/{num_epochs}`.
-        prefix: the start of the log lines.
         to_logs: put each evaluator's top-1 in `fit`'s logs as
             `{name}_top1`, for the progress bar and the epoch's log line.
 

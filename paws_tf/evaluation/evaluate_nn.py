@@ -8,22 +8,20 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from paws_tf import checks
 from paws_tf.data import splits
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import export
 from paws_tf import run_dir
 
-SOURCES = ('saved_model', 'checkpoint')
-
 
 @gin.configurable(denylist=['labeled', 'test', 'model'])
 def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
                 std, source='saved_model', model=None, saved_model_dir=None,
-                checkpoint_path=None, split_file=None, tau=0.1,
-                embedding=None, batch_size=256,
-                query_chunk=evaluate.DEFAULT_QUERY_CHUNK, step=0):
+                checkpoint_path=None, tau=0.1, embedding=None, batch_size=256,
+                step=0):
     """PAWS-NN of a run (`evaluate.PawsNN`), the support exactly the
-    labeled set checked against the run's split file: TensorBoard's
+    labeled set checked against the run's split file (if any): TensorBoard's
     `paws_nn_test/*` in `tensorboard/eval`, `eval/paws_nn.json` and a
     printed summary. Single-process (the chief alone, on a cluster).
 
@@ -35,10 +33,9 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
             `saved_model_dir`, default `RunDir.embedder`) or `'checkpoint'`
             (`model`, the `model.PAWSModel` restored from the checkpoint
             prefix `checkpoint_path`, which is recorded).
-        split_file: the labeled split (default the run's, if any).
         embedding: 'projection' or 'prediction' (`PAWSModel.nn_embedding`)
             or None (the export's or `model`'s); another one is refused.
-        tau, batch_size, query_chunk, step: as for `PawsNN` and its call.
+        tau, batch_size, step: as for `PawsNN` and its call.
 
     Returns:
         The `evaluate.paws_nn` dict, plus `source`, `source_path`,
@@ -54,15 +51,15 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
     run = run_dir.RunDir(model_dir)
     preprocessing = dict(image_size=image_size, crop_fraction=crop_fraction,
                          mean=mean, std=std)
-    split_file = _checked_split(run, labeled, split_file)
+    split_file = _checked_split(run, labeled)
     path, embedding, embed_fn = _embedder(
         source, embedding, dict(preprocessing, channels=labeled.channels),
         saved_model_dir=saved_model_dir or run.embedder, model=model,
         checkpoint_path=checkpoint_path)
     results = evaluate.PawsNN(
         labeled, test, preprocessing=preprocessing, tau=tau,
-        log_dir=run.eval_logs, tag='paws_nn_test', batch_size=batch_size,
-        query_chunk=query_chunk)(embed_fn, step)
+        log_dir=run.eval_logs, tag='paws_nn_test',
+        batch_size=batch_size)(embed_fn, step)
     results.update(source=source, source_path=path, embedding=embedding,
                    tau=tau, split_file=split_file)
     os.makedirs(run.eval, exist_ok=True)
@@ -84,6 +81,7 @@ def _embedder(source, embedding, expected, *, saved_model_dir, model,
     """`(path, embedding, embed_fn)` of `evaluate_nn`'s `source`; raises
     ValueError if its preprocessing or embedding (when not None) differs
     from the `expected` one."""
+    checks.one_of('evaluate_nn.source', source, ('saved_model', 'checkpoint'))
     if source == 'saved_model':
         stored = export.read_preprocessing(saved_model_dir)
         if embedding is not None:
@@ -101,9 +99,6 @@ def _embedder(source, embedding, expected, *, saved_model_dir, model,
                 '(run.py --mode=export).')
         return (saved_model_dir, stored.get('embedding'),
                 evaluate.embedder_from_saved_model(saved_model_dir))
-    if source != 'checkpoint':
-        raise ValueError(f'Unknown source {source!r}; choose one of '
-                         f'{", ".join(SOURCES)}.')
     if model is None or checkpoint_path is None:
         raise ValueError('source="checkpoint" needs `model`, restored from '
                          'the run\'s checkpoint, and `checkpoint_path`.')
@@ -116,20 +111,18 @@ def _embedder(source, embedding, expected, *, saved_model_dir, model,
             evaluate.embedder_from_model(model))
 
 
-def _checked_split(run, labeled, split_file):
-    """The split file (default the run's) whose images `labeled` holds
-    exactly, or None when there is none; raises ValueError if it differs."""
-    if split_file is None and tf.io.gfile.exists(run.split):
-        split_file = run.split
-    if split_file is None:
+def _checked_split(run, labeled):
+    """The run's split file, whose images `labeled` must hold exactly, or
+    None when there is none; raises ValueError if it differs."""
+    if not tf.io.gfile.exists(run.split):
         logging.warning('PAWS-NN: no split file to check the labeled set '
                         'against (%s does not exist).', run.split)
         return None
-    names = splits.read_split_file(split_file)
+    names = splits.read_split_file(run.split)
     if sorted(names) != sorted(labeled.names):
         raise ValueError(
             f'The labeled set has {labeled.num_examples} images but the '
-            f'split file {split_file} lists {len(names)} others: PAWS-NN '
+            f'split file {run.split} lists {len(names)} others: PAWS-NN '
             f'must use exactly the run\'s labeled images as support.')
-    logging.info('PAWS-NN: the labeled set matches %s', split_file)
-    return split_file
+    logging.info('PAWS-NN: the labeled set matches %s', run.split)
+    return run.split

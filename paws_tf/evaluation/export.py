@@ -44,9 +44,8 @@ class _SNNHead(tf.Module):
 
     def __init__(self, support_embeddings, support_labels, class_names, tau):
         super().__init__(name='snn_head')
-        self.support_embeddings = tf.Variable(
-            support_embeddings, trainable=False,
-            name='support_embeddings')  # [M, D]
+        self.support_embeddings = tf.Variable(  # [M, D]
+            support_embeddings, trainable=False, name='support_embeddings')
         self.support_labels = tf.Variable(
             support_labels, trainable=False, name='support_labels')  # [M]
         self.class_names = tf.Variable(list(class_names), trainable=False,
@@ -131,16 +130,14 @@ class _Servable(tf.Module):
         p = self.preprocessing
         images = _checked_images(images, [None, None, p['channels']],
                                  self._raw_description)
-        size = p['image_size']
-
-        def preprocess(image):
-            return augment.center_view(
-                image, size, crop_fraction=p['crop_fraction'],
-                mean=p['mean'], std=p['std'])
-
         # augment.center_view takes one [H, W, C] image.
-        views = tf.map_fn(preprocess, images, fn_output_signature=(
-            tf.TensorSpec([size, size, p['channels']], tf.float32)))
+        views = tf.map_fn(
+            lambda image: augment.center_view(
+                image, p['image_size'], crop_fraction=p['crop_fraction'],
+                mean=p['mean'], std=p['std']),
+            images, fn_output_signature=tf.TensorSpec(
+                [p['image_size'], p['image_size'], p['channels']],
+                tf.float32))
         return self._outputs(views)
 
     def _serve_preprocessed(self, images):
@@ -223,9 +220,8 @@ def export_classifier(model, export_dir, *, support_embeddings,
     """Writes a self-contained PAWS-NN classifier SavedModel.
 
     The supports are stored inside, so `serving_default` (raw images, as
-    for `export_embedder`) returns `probabilities` float32 `[N, K]`
-    (`softmax(q Sᵀ / tau) Y` over the L2-normalised embeddings, PAWS
-    Appendix A, no label smoothing), `class_ids` int32 `[N]` (the argmax),
+    for `export_embedder`) returns `probabilities` float32 `[N, K]` (as
+    `evaluate.classify` ranks them), `class_ids` int32 `[N]` (the argmax),
     `class_names` string `[N]`, `top5_class_ids` int32 `[N, min(5, K)]` and
     `top5_probabilities`. `classify_preprocessed` takes float32
     `[N, S, S, C]` preprocessed images.

@@ -2,6 +2,7 @@
 
 import gin
 
+from paws_tf import checks
 from paws_tf.data import augment
 from paws_tf.evaluation import linear_fine_tune
 from paws_tf.evaluation import suncet_fine_tune
@@ -16,15 +17,14 @@ def fine_tune(model_dir, model, *, labeled, test, protocol='imagenet',
               strategy=None, image_size=224, crop_fraction=0.875,
               mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD, seed=0):
     """Fine-tunes a pre-trained PAWS model into `model_dir/fine_tune`,
-    TensorBoard logs in `model_dir/tensorboard/fine_tune`; the protocol's
-    hyper-parameters are gin bindings of `fine_tune_linear` ('imagenet',
-    App. A) or `fine_tune_suncet` ('cifar10', App. C).
+    TensorBoard logs in `model_dir/tensorboard/fine_tune`.
 
     Args:
         model_dir: run directory.
         model: restored pre-trained `model.PAWSModel` (not modified).
         labeled, test: labeled `sources.ImageSource`, labeled test source.
-        protocol: 'imagenet' or 'cifar10'.
+        protocol: 'imagenet' (`fine_tune_linear`, App. A) or 'cifar10'
+            (`fine_tune_suncet`, App. C), configured by their bindings.
         strategy: default the current one.
         image_size, crop_fraction, mean, std: preprocessing, as in
             `pipeline.make_eval_dataset`.
@@ -36,9 +36,7 @@ def fine_tune(model_dir, model, *, labeled, test, protocol='imagenet',
     Raises:
         ValueError: unknown protocol, or the protocol's errors.
     """
-    if protocol not in _PROTOCOLS:
-        raise ValueError(f'Unknown fine-tuning protocol {protocol!r}: use '
-                         f'one of {sorted(_PROTOCOLS)}.')
+    checks.one_of('fine_tune.protocol', protocol, tuple(_PROTOCOLS))
     run = run_dir.RunDir(model_dir)
     _, results = _PROTOCOLS[protocol](
         model, labeled, test, output_dir=run.fine_tune,

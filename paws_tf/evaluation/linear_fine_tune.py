@@ -1,15 +1,11 @@
 """The ImageNet fine-tuning protocol of PAWS App. A: a classifier on the
-pre-trained network, trained on the labeled images, tested with a centre
-crop.
+pre-trained network, trained on the labeled images, tested centre-cropped.
 
-`selection='best_epoch'` (the official `fine_tune.py` with
-`imgnt_fine_tune.yaml`: one learning rate, 0.02, and 50 epochs): one
-classifier trains on every labeled image, is scored on a validation set
-after each epoch, and the weights of its best epoch (the first on ties) are
+`selection='best_epoch'` (the official `fine_tune.py`, `imgnt_fine_tune.yaml`):
+one setting, scored on a validation set after each epoch; its best epoch is
 tested. `selection='sweep'` (the paper's text): each (learning rate, epochs)
-pair trains a fresh classifier on the labeled images outside a held-out
-split and is scored on that split; the best top-1 (the first in sweep order
-on ties) is retrained on the whole labeled set and tested.
+pair is scored on a held-out split of the labeled images; the best is
+retrained on them all and tested. Ties go to the first.
 """
 
 import functools
@@ -23,6 +19,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import checkpoints
+from paws_tf import checks
 from paws_tf import cluster
 from paws_tf.data import pipeline
 from paws_tf.evaluation import tuning
@@ -32,9 +29,8 @@ SELECTIONS = ('best_epoch', 'sweep')
 # tf_keras weight prefix in the output directory; load it into
 # `build_classifier(model, num_classes)`.
 CLASSIFIER_WEIGHTS = 'classifier'
-# `sampling.derive_seed` tags of the classifier input, apart from sampling's.
-_TRAIN_ORDER = 101
-_TRAIN_VIEWS = 102
+# `sampling.derive_seed` tags of the input's order and views, not sampling's.
+_TRAIN_TAGS = (101, 102)
 
 
 def build_classifier(model, num_classes):
@@ -52,29 +48,23 @@ def build_classifier(model, num_classes):
     if [layer.name for layer in first] != ['fc1', 'bn1', 'relu1']:
         raise ValueError('The projection head has no fc1 -> bn1 -> relu1 '
                          'layer to fine-tune from (num_layers >= 2).')
-    inputs = tf_keras.Input(model.backbone.input_shape[1:])
-    # [B, hidden_dim]
-    hidden = tuning.copy_into(inputs, [model.backbone] + first)
+    inputs, hidden = tuning.copy_layers([model.backbone] + first)  # [B, H]
     logits = tf_keras.layers.Dense(
         num_classes, kernel_initializer='zeros', bias_initializer='zeros',
         dtype='float32', name='classifier')(hidden)
     return tf_keras.Model(inputs, logits, name='fine_tune_classifier')
 
 
-def _optimizer(learning_rate, total_steps, *, momentum, cosine_decay=True):
-    """Nesterov SGD without weight decay; the rate is cosine-decayed to 0 or
-    constant.
+def _optimizer(learning_rate, total_steps, *, momentum):
+    """Nesterov SGD without weight decay, the rate cosine-decayed to 0.
 
     SimCLR(v2) fine-tuning decays with a cosine and no warm-up (google-
     research/simclr `--optimizer=momentum --warmup_epochs=0`: Nesterov SGD
     with `WarmUpAndCosineDecay`), as does the official PAWS `fine_tune.py`.
     tf_keras' Nesterov update: `v = mu v - lr g; w += mu v - lr g`.
     """
-    if cosine_decay:
-        learning_rate = tuning.cosine_schedule(total_steps, 1, learning_rate,
-                                               0.0)
-    return tf_keras.optimizers.SGD(learning_rate, momentum=momentum,
-                                   nesterov=True)
+    schedule = tuning.cosine_schedule(total_steps, 1, learning_rate, 0.0)
+    return tf_keras.optimizers.SGD(schedule, momentum=momentum, nesterov=True)
 
 
 def split_holdout(labels, holdout, seed):
@@ -117,8 +107,8 @@ def split_holdout(labels, holdout, seed):
 
 def _train_classifier(model, source, *, strategy, num_classes,
                       learning_rate, epochs, global_batch_size, image_size,
-                      mean, std, crop_scale, momentum, cosine_decay, seed,
-                      log_dir=None, callbacks=()):
+                      mean, std, crop_scale, momentum, seed, log_dir=None,
+                      callbacks=()):
     """Trains a fresh `build_classifier` network on `source` (App. A).
 
     Softmax cross-entropy on random resized crops (torchvision's default
@@ -129,9 +119,8 @@ def _train_classifier(model, source, *, strategy, num_classes,
     with strategy.scope():
         classifier = build_classifier(model, num_classes)
         classifier.compile(
-            optimizer=_optimizer(
-                learning_rate, steps_per_epoch * epochs, momentum=momentum,
-                cosine_decay=cosine_decay),
+            optimizer=_optimizer(learning_rate, steps_per_epoch * epochs,
+                                 momentum=momentum),
             loss=tf_keras.losses.SparseCategoricalCrossentropy(
                 from_logits=True),
             metrics=[tf_keras.metrics.SparseCategoricalAccuracy(name='top1'),
@@ -142,7 +131,7 @@ def _train_classifier(model, source, *, strategy, num_classes,
     dataset = strategy.distribute_datasets_from_function(
         tuning.views_dataset_fn(
             source, global_batch_size, strategy.num_replicas_in_sync, seed,
-            (_TRAIN_ORDER, _TRAIN_VIEWS), size=image_size, scale=crop_scale,
+            _TRAIN_TAGS, size=image_size, scale=crop_scale,
             color_strength=0.0, blur_prob=0.0, mean=mean, std=std))
     classifier.fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
                    callbacks=list(callbacks) + tuning.callbacks(log_dir))
@@ -156,19 +145,17 @@ class _BestEpoch(tf_keras.callbacks.Callback):
 
     def __init__(self, dataset):
         super().__init__()
-        self.dataset = dataset
-        self.top1_by_epoch = []
-        self.best_epoch = None
-        self._best_weights = None
+        self.dataset, self.top1_by_epoch = dataset, []
+        self.best_epoch = self._best_weights = None
 
     def on_epoch_end(self, epoch, logs=None):
         top1 = _scores(self.model, self.dataset)['top1']
-        self.top1_by_epoch.append(top1)
         logging.info('Fine-tuning epoch %d: validation top-1 %.4f', epoch + 1,
                      top1)
-        if self.best_epoch is None or top1 > max(self.top1_by_epoch[:-1]):
+        if top1 > max(self.top1_by_epoch, default=-1):
             self.best_epoch = epoch + 1
             self._best_weights = self.model.get_weights()
+        self.top1_by_epoch.append(top1)
 
     def on_train_end(self, logs=None):
         checkpoints.assign_weights(self.model, self._best_weights)
@@ -185,12 +172,11 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
                      log_dir=None, selection='sweep', validation=None,
                      learning_rates=(0.01, 0.02, 0.05, 0.1, 0.2),
                      epochs=(30, 50), holdout=12000, global_batch_size=1024,
-                     crop_scale=(0.08, 1.0), momentum=0.9, cosine_decay=True,
+                     crop_scale=(0.08, 1.0), momentum=0.9,
                      eval_batch_size=256):
-    """PAWS App. A, by best epoch or by sweep (the module's docstring):
-    `output_dir` receives the held-out names (sweep), the weights and the
-    results JSON; `log_dir` (or None) the TensorBoard logs of each epoch
-    (`sweep/*`, `final`).
+    """PAWS App. A (the module's docstring): the held-out names (sweep),
+    weights and results JSON in `output_dir`, the TensorBoard logs of each
+    training (`sweep/*`, `final`) in `log_dir` (or None).
 
     Args:
         model, labeled, test, image_size, crop_fraction, mean, std,
@@ -205,7 +191,6 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
             fraction.
         global_batch_size, crop_scale, momentum: images per step over all
             replicas, area range of the training crops, Nesterov momentum.
-        cosine_decay: cosine decay to 0 without warm-up, else constant.
         eval_batch_size: batch of the held-out and test passes.
 
     Returns:
@@ -222,7 +207,7 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
     train = dict(strategy=strategy, num_classes=num_classes,
                  global_batch_size=global_batch_size, image_size=image_size,
                  mean=mean, std=std, crop_scale=crop_scale, momentum=momentum,
-                 cosine_decay=cosine_decay, seed=seed)
+                 seed=seed)
     evaluation = dict(batch_size=eval_batch_size, image_size=image_size,
                       crop_fraction=crop_fraction, mean=mean, std=std)
     test_dataset = pipeline.make_eval_dataset(test, **evaluation)
@@ -244,8 +229,7 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
 
 def _checked_classes(labeled, strategy, global_batch_size, learning_rates,
                      epochs, selection):
-    """The class count; raises ValueError for a bad `fine_tune_linear`
-    argument."""
+    """The class count; ValueError for a bad `fine_tune_linear` argument."""
     num_classes = tuning.num_classes(labeled)
     if global_batch_size % strategy.num_replicas_in_sync:
         raise ValueError(
@@ -253,9 +237,7 @@ def _checked_classes(labeled, strategy, global_batch_size, learning_rates,
             f'{strategy.num_replicas_in_sync} replicas.')
     if not learning_rates or not epochs:
         raise ValueError('Give at least one learning rate and epoch count.')
-    if selection not in SELECTIONS:
-        raise ValueError(f'fine_tune_linear.selection must be one of '
-                         f'{SELECTIONS}, got {selection!r}.')
+    checks.one_of('fine_tune_linear.selection', selection, SELECTIONS)
     return num_classes
 
 

@@ -1,14 +1,9 @@
 """The CIFAR-10 fine-tuning protocol of PAWS App. C, as the official code runs
-it (suncet `configs/paws/cifar10_snn.yaml` run by `src/snn_fine_tune.py`).
-
-The encoder (backbone, projection head, and the prediction head when PAWS-NN
-compares its output) is fine-tuned with the SuNCEt loss (no label smoothing)
-on class-balanced batches of the labeled images, two flipped centre crops of
-each, its batch norms in inference mode but gamma and beta trained. PAWS-NN
-(labeled set as support, the test images as queries) is measured before,
-every few epochs and at the end. The paper's text describes 180 plain
-momentum-SGD steps on one view with frozen batch norm; the defaults are the
-official code's, which produced its 96.0.
+it (suncet `configs/paws/cifar10_snn.yaml` run by `src/snn_fine_tune.py`):
+the encoder fine-tuned with the SuNCEt loss on class-balanced batches of the
+labeled images, PAWS-NN measured before, every few epochs and at the end.
+The defaults are the official code's, which produced its 96.0; the paper's
+text has 180 plain momentum-SGD steps on one view, frozen batch norm.
 """
 
 from absl import logging
@@ -93,9 +88,7 @@ class _SuncetTrainer(tf_keras.Model):
 
     def __init__(self, trunk, num_classes, tau):
         super().__init__()
-        self.trunk = trunk
-        self.num_classes = num_classes
-        self.tau = tau
+        self.trunk, self.num_classes, self.tau = trunk, num_classes, tau
         self._loss = model_lib.LastValue('loss')
         self._learning_rate = model_lib.LastValue('learning_rate')
 
@@ -106,8 +99,7 @@ class _SuncetTrainer(tf_keras.Model):
     def train_step(self, batch):
         images, labels = batch  # [V K n, S, S, C], [V K n]
         with tf.GradientTape() as tape:
-            # training=False: the batch norms' inference mode; the trunk
-            # has no dropout.
+            # The batch norms' inference mode; the trunk has no dropout.
             z = tf.cast(self.trunk(images, training=False), tf.float32)
             supports = dist.all_gather(z)  # [R V K n, D]
             targets = tf.stop_gradient(dist.all_gather(
@@ -124,15 +116,6 @@ class _SuncetTrainer(tf_keras.Model):
         self._learning_rate.update_state(self.optimizer.learning_rate)
         self._loss.update_state(loss)
         return {m.name: m.result() for m in self.metrics}
-
-
-def _compiled_trainer(model, strategy, num_classes, tau, optimizer):
-    """`_SuncetTrainer` of `model`'s trunk, compiled in `strategy`'s scope."""
-    with strategy.scope():
-        trainer = _SuncetTrainer(tuning.build_trunk(model), num_classes, tau)
-        trainer.compile(optimizer=_suncet_optimizer(**optimizer))
-        trainer.optimizer.build(trainer.trunk.trainable_variables)
-    return trainer
 
 
 def _suncet_optimizer(*, learning_rate, final_learning_rate,
@@ -219,14 +202,12 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
                      flip=True, learning_rate=0.1, final_learning_rate=0.01,
                      momentum=0.9, lars=True, trust_coefficient=0.001,
                      tau=0.1, eval_every_epochs=1, eval_batch_size=256):
-    """The official CIFAR-10 fine-tuning (PAWS App. C; the module's
-    docstring): `output_dir` receives the trunk weights and the results
-    JSON, `log_dir` (or None) the TensorBoard logs of each epoch.
+    """PAWS App. C (the module's docstring): the trunk weights and results
+    JSON in `output_dir`, the epochs' TensorBoard logs in `log_dir` (or None).
 
     Args:
         model, labeled, test, image_size, crop_fraction, mean, std,
-            strategy, seed: as in `fine_tune.fine_tune`; `output_dir` and
-            `log_dir` as above.
+            strategy, seed: as in `fine_tune.fine_tune`.
         num_epochs, steps_per_epoch: 30 epochs (the official values in
             parentheses) of, by default, the labeled images over the batch's
             distinct images (4000 // 640 = 6 for CIFAR-10: 180 steps).
@@ -261,11 +242,13 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
         seed=seed, **preprocessing)
     paws_nn = evaluate.PawsNN(labeled, test, preprocessing=preprocessing,
                               tau=tau, batch_size=eval_batch_size)
-    trainer = _compiled_trainer(
-        model, strategy, num_classes, tau, optimizer=dict(
-            lars=lars, trust_coefficient=trust_coefficient, momentum=momentum,
+    with strategy.scope():
+        trainer = _SuncetTrainer(tuning.build_trunk(model), num_classes, tau)
+        trainer.compile(optimizer=_suncet_optimizer(
             learning_rate=learning_rate, steps_per_epoch=steps_per_epoch,
-            final_learning_rate=final_learning_rate, num_epochs=num_epochs))
+            final_learning_rate=final_learning_rate, num_epochs=num_epochs,
+            lars=lars, trust_coefficient=trust_coefficient, momentum=momentum))
+        trainer.optimizer.build(trainer.trunk.trainable_variables)
     results = _fit(
         trainer, dataset_fn, paws_nn, num_epochs=num_epochs,
         steps_per_epoch=steps_per_epoch, eval_every_epochs=eval_every_epochs,

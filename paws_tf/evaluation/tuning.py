@@ -1,5 +1,4 @@
-"""What the fine-tuning protocols share: the pre-trained trunk, the input
-pipelines, the learning-rate schedule, the callbacks and the outputs."""
+"""What the fine-tuning protocols and the demo's baseline share."""
 
 import os
 
@@ -21,27 +20,27 @@ from paws_tf import schedules
 # tf_keras weight prefix of the fine-tuned trunk: load it into
 # `build_trunk(model)`.
 TRUNK_WEIGHTS = 'trunk'
-# Arguments `fine_tune.fine_tune` passes to the protocols, so gin must not
-# bind them.
+# Arguments `fine_tune.fine_tune` passes to the protocols (not gin's).
 PASSED = ['model', 'labeled', 'test', 'output_dir', 'log_dir', 'strategy',
           'image_size', 'crop_fraction', 'mean', 'std', 'seed']
 
 
-def clone_layer(layer):
+def _clone_layer(layer):
     return layer.__class__.from_config(sync_batch_norm.layer_config(layer))
 
 
-def copy_into(inputs, originals):
-    """Applies fresh copies of `originals` in turn, with their weights."""
-    copies = [tf_keras.models.clone_model(layer, clone_function=clone_layer)
-              if isinstance(layer, tf_keras.Model) else clone_layer(layer)
-              for layer in originals]
-    x = inputs
-    for layer in copies:
-        x = layer(x)
-    for copy, original in zip(copies, originals):
+def copy_layers(originals):
+    """`(inputs, outputs)` of fresh copies of `originals`, with their
+    weights, applied in turn to the first one's input."""
+    inputs = x = tf_keras.Input(originals[0].input_shape[1:])
+    for original in originals:
+        copy = (tf_keras.models.clone_model(original,
+                                            clone_function=_clone_layer)
+                if isinstance(original, tf_keras.Model)
+                else _clone_layer(original))
+        x = copy(x)
         checkpoints.assign_weights(copy, original.get_weights())
-    return x
+    return inputs, x
 
 
 def build_trunk(model):
@@ -56,9 +55,7 @@ def build_trunk(model):
     layers = [model.backbone, model.projection_head]
     if model.nn_embedding == 'prediction':
         layers.append(model.prediction_head)
-    inputs = tf_keras.Input(model.backbone.input_shape[1:])
-    return tf_keras.Model(inputs, copy_into(inputs, layers),
-                          name='fine_tune_trunk')
+    return tf_keras.Model(*copy_layers(layers), name='fine_tune_trunk')
 
 
 def finish(dataset):

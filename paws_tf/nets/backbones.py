@@ -292,13 +292,10 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
                    recompute_bn_relu=False, **kwargs):
     """Builds a channels-last feature extractor that accepts any image size.
 
-    Two switches choose between tf_keras' standard layers (the defaults)
-    and paws_tf's CPU-tuned ones, which the CPU configs select. Each pair
-    has the same variables and gives the same values and gradients, so
-    checkpoints move between settings. The custom layers' gains were
-    measured on 2-core CPUs only (docs/performance.md). `model.build_model`
-    passes `sync_bn` and `sync_bn_impl` to the heads too, and gin binds
-    `build_model.sync_bn_impl`, not these.
+    `sync_bn_impl` and `recompute_bn_relu` choose between tf_keras' layers
+    (the defaults) and paws_tf's CPU-tuned ones, with the same variables,
+    values and gradients (docs/performance.md). `model.build_model` passes
+    `sync_bn` and `sync_bn_impl` (gin binds them there).
 
     Args:
         name: one of

@@ -11,16 +11,12 @@ from paws_tf.nets import sync_batch_norm
 class NormReLUThen(tf_keras.layers.Layer):
     """`layer(relu(norm(x)))` that holds only `x` for the backward pass.
 
-    Composed of tf_keras layers, the ReLU output `a` is held from the
-    forward pass until the gradient of `layer` reads it (a convolution's
-    weight gradient, a max pool's input gradient), beside `x`, which the
-    batch norm's gradient reads. Here the three run inside one custom
-    gradient that recomputes `a` from `x` in the backward pass, at the cost
-    of one more batch-norm pass over `x` (a `GlobalBatchNormalization`'s
-    with its one all-reduce each way): ResNet-50's bottleneck blocks hold
-    10 activations of P channels instead of 12, the WideResNet blocks 2 of
-    4 (docs/performance.md measures the tensor peak and CPU time of a step
-    on 2 CPU cores, not on GPUs).
+    Composed of tf_keras layers, the ReLU output `a` is held beside `x`
+    until the gradient of `layer` reads it. Here one custom gradient
+    recomputes `a` from `x` instead, at the cost of one more batch-norm
+    pass (a `GlobalBatchNormalization`'s with its one all-reduce each way):
+    ResNet-50's bottleneck blocks hold 10 activations of P channels instead
+    of 12, the WideResNet blocks 2 of 4 (docs/performance.md).
 
     Values, gradients and moving statistics are those of the composition,
     which runs instead when `recompute` is False, or the batch norm is
@@ -43,8 +39,7 @@ class NormReLUThen(tf_keras.layers.Layer):
         ValueError: `norm`, `layer` or `padding` is not of that kind.
     """
 
-    def __init__(self, norm, layer, recompute=True, padding=None,
-                 **kwargs):
+    def __init__(self, norm, layer, recompute=True, padding=None, **kwargs):
         super().__init__(**kwargs)
         if not (isinstance(norm, tf_keras.layers.BatchNormalization)
                 and norm.center and norm.scale
@@ -79,8 +74,7 @@ class NormReLUThen(tf_keras.layers.Layer):
                 else self.padding.compute_output_shape(input_shape))
 
     def compute_output_shape(self, input_shape):
-        return self.layer.compute_output_shape(
-            self._padded_shape(input_shape))
+        return self.layer.compute_output_shape(self._padded_shape(input_shape))
 
     def get_config(self):
         norm = {**tf_keras.layers.serialize(self.norm),

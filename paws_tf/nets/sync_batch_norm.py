@@ -51,8 +51,7 @@ def _sum_over_replicas(replica_context, x):
                                       tf.stop_gradient(x))
 
 
-def global_normalise(x, gamma, beta, epsilon, replica_context,
-                      relu=False):
+def global_normalise(x, gamma, beta, epsilon, replica_context, relu=False):
     """Batch norm of this replica's `x` [B, H, W, C] on the statistics of
     the global batch across replicas, with one all-reduce (and the ReLU of
     it if `relu`).

@@ -102,8 +102,7 @@ def _torch_values(layer, prefix):
         pairs = [('weight', layer.gamma), ('bias', layer.beta),
                  ('running_mean', layer.moving_mean),
                  ('running_var', layer.moving_variance)]
-        return {f'{prefix}.{key}': (variable, same)
-                for key, variable in pairs}
+        return {f'{prefix}.{key}': (variable, same) for key, variable in pairs}
     if isinstance(layer, tf_keras.layers.Conv2D):
         # [out, in, kh, kw] -> [kh, kw, in, out].
         kernel = (layer.kernel, lambda a: np.transpose(a, (2, 3, 1, 0)))

@@ -102,8 +102,7 @@ def _check_arguments(pretraining):
     bound to them."""
     bindings.check_bound(model_lib.PAWSModel.check_arguments,
                          model_lib.PAWSModel, 'PAWSModel')
-    nets.check_impl(*bindings.binding('build_model.sync_bn_impl',
-                                      nets.KERAS))
+    nets.check_impl(*bindings.binding('build_model.sync_bn_impl', nets.KERAS))
     if not pretraining:
         return
     bindings.check_bound(train.check_arguments, train.train, 'train')
@@ -267,7 +266,7 @@ def check_model_dir(run, config, *, overwrite, chief):
         logging.info('%s holds the config of a start that saved no backup '
                      'or checkpoint: starting with this config.', run)
         if chief:
-            run.delete([run.tensorboard()])
+            run.delete([run.tensorboard])
         return
     if not overwrite:
         changed = [f'  - {line}' for line in old if line not in new][:5] + [

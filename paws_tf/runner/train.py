@@ -57,8 +57,7 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
     same data) and returns a finished run's model without training it.
 
     Args:
-        model_dir: the run's directory (`run_dir.RunDir`).
-        strategy: the `tf.distribute.Strategy` to train under.
+        model_dir, strategy: the run's directory, the strategy to train under.
         overwrite: when the data differs from what the run started on,
             delete the run and start again (run.py's --overwrite).
         owner_check: called before every save; raises when this run no
@@ -69,8 +68,7 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
             (`@WarmupCosineDecay`).
         precision: one of `building.PRECISIONS` (`mixed_float16` adds
             dynamic loss scaling).
-        jit_compile, steps_per_execution: XLA, and train steps per
-            `tf.function` call.
+        jit_compile, steps_per_execution: XLA, train steps per tf.function.
         seed: seed of initialisation, data order and augmentations.
         deterministic_ops: bit-identical reruns on the same machine
             (`determinism.enable`); slower.
@@ -78,8 +76,8 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
             epoch ends only), keeping `keep_checkpoints` of them.
         backup_every_steps: back up every this many steps, the most work a
             crash can lose.
-        log_every_steps: TensorBoard scalar interval.
-        view_images: write augmented views of the first step to TensorBoard.
+        log_every_steps, view_images: TensorBoard's scalar interval, and
+            the augmented views of the first step.
         evaluators: the evaluator classes run on the test split at epoch
             ends (`evaluate.PawsNN`; gin: `[@PawsNN, ...]`), every
             `eval_every_epochs` (0: never) on `eval_max_queries` test
