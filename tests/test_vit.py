@@ -8,6 +8,8 @@ import tf_keras
 import torch
 import torch.nn.functional as F
 
+from paws_tf import checks
+from paws_tf.nets import backbones
 from paws_tf.nets import vit
 from tests.helpers import timm_vit
 
@@ -285,3 +287,21 @@ def test_mixed_precision_features_close_to_float32(policy, tolerance):
     features = features.numpy().astype(np.float32)
     assert np.isfinite(features).all()
     assert _relative_error(features, expected) < tolerance
+
+
+def test_build_backbone_builds_the_vits_by_name():
+    """`build_backbone` names the ViTs beside the ResNets, with their own
+    arguments: a ResNet's is refused naming the ViT's.
+
+    Fails if `build_backbone` passes batch-norm arguments to the ViT, or
+    the patch size is not the ViT's downsampling."""
+    model = backbones.build_backbone(
+        'vit_small', input_channels=1, sync_bn=True, patch_size=8,
+        image_size=16, depth=1)
+    assert model.output_dim == 384
+    assert model(tf.zeros([2, 24, 24, 1])).shape == (2, 384)
+    assert backbones.downsampling('vit_small', patch_size=8) == 8
+    with pytest.raises(checks.ConfigError, match=(
+            r"build_backbone.widths is not an argument of backbone "
+            r"'vit_tiny': .*\['patch_size', 'image_size', 'depth'\]")):
+        backbones.check_arguments('vit_tiny', ['widths'])
