@@ -11,7 +11,8 @@ import gin
 from paws_tf import checks
 # The modules that define gin configurables, imported to register them.
 # pylint: disable=unused-import
-from paws_tf import cluster, lars, model, progress, schedules  # noqa: F401
+from paws_tf import adamw, cluster, lars, model  # noqa: F401
+from paws_tf import progress, schedules  # noqa: F401
 from paws_tf.data import augment, folders, pipeline  # noqa: F401
 from paws_tf.data import sources, splits, tfds_sources  # noqa: F401
 from paws_tf.demo import fashion_mnist, supervised  # noqa: F401

@@ -1,5 +1,7 @@
 """Tests for paws_tf.nets.heads."""
 
+import math
+
 import gin
 import numpy as np
 import pytest
@@ -97,6 +99,54 @@ def test_prediction_head_matches_numpy_in_inference():
     y = np.maximum(_bn_inference(_dense(_bn_inference(x, bn0), fc1), bn1), 0)
     np.testing.assert_allclose(head(x, training=False), _dense(y, fc2),
                                rtol=1e-5, atol=1e-5)
+
+
+def _gelu(x):
+    """Exact GELU, x * Phi(x), as PyTorch's `nn.GELU()`."""
+    return x * 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+
+
+def _tanh_gelu(x):
+    """GELU's tanh approximation, `nn.GELU(approximate='tanh')`."""
+    return 0.5 * x * (1.0 + np.tanh(
+        math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+@pytest.mark.parametrize('training', [False, True])
+def test_gelu_heads_match_numpy(training):
+    """Fails if the GELU is the tanh approximation or a ReLU, or if a
+    hidden layer skips its activation."""
+    rng = np.random.RandomState(3)
+    projection = heads.ProjectionHead(num_layers=3, hidden_dim=4,
+                                      output_dim=3, activation='gelu')
+    prediction = heads.PredictionHead(hidden_dim=4, output_dim=3,
+                                      activation='gelu')
+    x = rng.normal(size=(6, 5)).astype(np.float32)
+    prediction(projection(x))
+    _randomise(projection, rng)
+    _randomise(prediction, rng)
+    fc1, bn1, _, fc2, bn2, _, fc3 = projection.mlp_layers
+    bn0, pfc1, pbn1, _, pfc2 = prediction.mlp_layers
+
+    def norm(y, layer):
+        if training:
+            return _bn_training(y, layer, 1)
+        return _bn_inference(y, layer)
+
+    def forward(act):
+        y = act(norm(_dense(x, fc1), bn1))
+        h = _dense(act(norm(_dense(y, fc2), bn2)), fc3)
+        z = _dense(act(norm(_dense(norm(h, bn0), pfc1), pbn1)), pfc2)
+        return h, z
+
+    h = projection(x, training=training)
+    z = prediction(h, training=training)
+    want_h, want_z = forward(_gelu)
+    np.testing.assert_allclose(h, want_h, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(z, want_z, rtol=1e-5, atol=1e-5)
+    # The check tells the exact GELU from its tanh approximation.
+    assert np.abs(forward(_tanh_gelu)[1] - want_z).max() > 1e-4
+    assert _layer_types(prediction)[3] == 'Activation'
 
 
 def test_training_mode_uses_batch_stats_and_updates_moving_stats():
@@ -297,9 +347,12 @@ def test_get_config_round_trip(sync_bn_impl):
     assert _layer_types(clone) == _layer_types(head)
     assert clone.mlp_layers[1].synchronized
     assert type(clone.mlp_layers[1]) is type(head.mlp_layers[1])
-    pred = heads.PredictionHead(hidden_dim=3, output_dim=6)
-    assert heads.PredictionHead.from_config(
-        pred.get_config()).get_config() == pred.get_config()
+    pred = heads.PredictionHead(hidden_dim=3, output_dim=6,
+                                activation='gelu')
+    pred_clone = heads.PredictionHead.from_config(pred.get_config())
+    assert pred_clone.get_config() == pred.get_config()
+    assert pred_clone.activation == 'gelu'
+    assert _layer_types(pred_clone) == _layer_types(pred)
 
 
 def test_gin_configures_heads():
@@ -309,6 +362,7 @@ def test_gin_configures_heads():
             ProjectionHead.hidden_dim = 128
             ProjectionHead.output_dim = 128
             PredictionHead.hidden_dim = 32
+            PredictionHead.activation = 'gelu'
         """)
         projection = heads.ProjectionHead()
         prediction = heads.PredictionHead(output_dim=128)
@@ -316,6 +370,9 @@ def test_gin_configures_heads():
         gin.clear_config()
     assert (projection.hidden_dim, projection.output_dim) == (128, 128)
     assert prediction.hidden_dim == 32
+    assert (projection.activation, prediction.activation) == ('relu',
+                                                              'gelu')
+    assert _layer_types(prediction)[3] == 'Activation'
 
 
 @pytest.mark.parametrize('head', ['ProjectionHead', 'PredictionHead'])
@@ -350,3 +407,9 @@ def test_bad_sync_bn_impl(head):
             r"sync_bn_impl must be one of \('custom', 'keras'\), got "
             r"'global'")):
         head(sync_bn=True, sync_bn_impl='global')
+
+
+@pytest.mark.parametrize('head', [heads.ProjectionHead, heads.PredictionHead])
+def test_bad_activation(head):
+    with pytest.raises(ValueError, match="activation must be one of"):
+        head(activation='swish')

@@ -12,6 +12,7 @@ from paws_tf import nets
 from paws_tf.nets import onednn
 from paws_tf.nets import recompute
 from paws_tf.nets import sync_batch_norm
+from paws_tf.nets import vit
 
 RESNET50_STAGE_BLOCKS = (3, 4, 6, 3)
 RESNET50_WIDTH_MULTIPLIERS = (1, 2, 4)
@@ -251,18 +252,23 @@ _BUILDERS = {
     'wide_resnet': _wide_resnet,
     'small_resnet': _small_resnet,
 }
+NAMES = (*_BUILDERS, *vit.ARCHITECTURES)
 
 
-def downsampling(name, *, stem_stride=1, stage_strides=(2, 2, 2)):
+def downsampling(name, *, stem_stride=1, stage_strides=(2, 2, 2),
+                 patch_size=16):
     """How many times backbone `name` shrinks an image side: the product of
-    its strides (`stem_stride` and `stage_strides` are small_resnet's).
+    its strides (`stem_stride` and `stage_strides` are small_resnet's), or
+    a ViT's `patch_size`.
 
     Raises:
         ValueError: unknown `name`.
     """
+    if name in vit.ARCHITECTURES:
+        return patch_size
     if name not in _BUILDERS:
         raise ValueError(f'unknown backbone {name!r}; valid choices: '
-                         f'{sorted(_BUILDERS)}')
+                         f'{sorted(NAMES)}')
     # ResNet-50: stem conv and max pool, stages 2-4 (five strides of 2);
     # WideResNet: its second and third groups.
     fixed = {'resnet50': 32, 'wide_resnet': 4}
@@ -273,11 +279,14 @@ def check_arguments(name, arguments):
     """Raises ConfigError naming the binding (and the closest argument)
     unless `name` is a backbone and `arguments` (names) its architecture
     arguments; gin accepts any argument of `build_backbone`."""
-    if name not in _BUILDERS:
+    if name not in NAMES:
         raise checks.ConfigError(
             f'build_backbone.name = {name!r} is not a backbone; valid '
-            f'choices: {sorted(_BUILDERS)}.')
-    valid = list(inspect.signature(_BUILDERS[name]).parameters)[2:]
+            f'choices: {sorted(NAMES)}.')
+    valid = (list(inspect.signature(vit.build_vit).parameters)[1:]
+             if name in vit.ARCHITECTURES else
+             list(inspect.signature(_BUILDERS[name]).parameters)[2:])
+    valid = [argument for argument in valid if argument != 'input_channels']
     for argument in sorted(set(arguments) - set(valid)):
         close = difflib.get_close_matches(argument, valid, n=1)
         raise checks.ConfigError(
@@ -312,6 +321,11 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
                 widths[-1]. kwargs: `widths` (default (32, 64, 128)),
                 `blocks_per_stage` ((1, 1, 1)), `stem_stride` (1),
                 `stage_strides` ((2, 2, 2)); all tuples of equal length.
+            'vit_tiny', 'vit_small', 'vit_base': `vit.build_vit`'s Vision
+                Transformers, F = 192, 384, 768 (no batch norm: the
+                batch-norm arguments do not apply). kwargs: `patch_size`
+                (16), `image_size` (224, the side the position embeddings
+                are learned for), `depth` (12).
         input_channels: C of the [B, H, W, C] input images.
         sync_bn: synchronise batch-norm statistics across replicas (global
             BN, PAWS Sec. 5); use False with a single replica (fusable BN).
@@ -335,6 +349,8 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
         ValueError: unknown `name` or architecture argument, or a bad value.
     """
     check_arguments(name, kwargs)
+    if name in vit.ARCHITECTURES:
+        return vit.build_vit(name, input_channels=input_channels, **kwargs)
     checks.integer('input_channels', input_channels)
     checks.number('bn_momentum', bn_momentum, low=0.0, high=1.0)
     nets.check_impl(sync_bn_impl, 'sync_bn_impl')

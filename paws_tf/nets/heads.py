@@ -8,6 +8,10 @@ from paws_tf import nets
 from paws_tf.nets import backbones
 from paws_tf.nets import sync_batch_norm
 
+# Activations of the heads' hidden layers: ReLU (the official ResNet heads)
+# or GELU (the ViT recipe), the exact erf form as PyTorch's `nn.GELU()`.
+ACTIVATIONS = ('relu', 'gelu')
+
 
 @tf_keras.saving.register_keras_serializable(package='paws_tf')
 class Linear(tf_keras.layers.Dense):
@@ -25,14 +29,17 @@ class Linear(tf_keras.layers.Dense):
 class _MLPHead(tf_keras.layers.Layer):
     """Runs `mlp_layers` in order; `training` selects the BN statistics.
     `SIZES` names the subclass's size arguments (integers >= 1), kept as
-    attributes and, with the batch-norm settings, in the config."""
+    attributes and, with the activation and the batch-norm settings, in the
+    config."""
 
     SIZES = ()
 
-    def __init__(self, sizes, *, sync_bn, sync_bn_impl, bn_momentum,
-                 bn_epsilon, **kwargs):
+    def __init__(self, sizes, *, activation, sync_bn, sync_bn_impl,
+                 bn_momentum, bn_epsilon, **kwargs):
         super().__init__(**kwargs)
         nets.check_impl(sync_bn_impl, 'sync_bn_impl')
+        self.activation = checks.one_of('activation', activation,
+                                        ACTIVATIONS)
         for arg, value in zip(self.SIZES, sizes):
             setattr(self, arg, checks.integer(arg, value))
         self.sync_bn = sync_bn
@@ -46,6 +53,12 @@ class _MLPHead(tf_keras.layers.Layer):
                                           momentum=self.bn_momentum,
                                           epsilon=self.bn_epsilon)
 
+    def _activation(self, index):
+        if self.activation == 'gelu':
+            # tf_keras' 'gelu' is the erf form (approximate=False).
+            return tf_keras.layers.Activation('gelu', name=f'gelu{index}')
+        return tf_keras.layers.ReLU(name=f'relu{index}')
+
     def call(self, inputs, training=None):
         x = inputs  # [B, F]
         for layer in self.mlp_layers:
@@ -54,8 +67,8 @@ class _MLPHead(tf_keras.layers.Layer):
         return x  # [B, output_dim]
 
     def get_config(self):
-        keys = self.SIZES + ('sync_bn', 'sync_bn_impl', 'bn_momentum',
-                             'bn_epsilon')
+        keys = self.SIZES + ('activation', 'sync_bn', 'sync_bn_impl',
+                             'bn_momentum', 'bn_epsilon')
         return {**super().get_config(),
                 **{key: getattr(self, key) for key in keys}}
 
@@ -68,12 +81,14 @@ class ProjectionHead(_MLPHead):
     Dense(output_dim, bias) without BN or ReLU (PAWS Sec. 5 and App. A: three
     layers of 2048 for ResNet-50, of 128 for WideResNet-28-2 in App. C). The
     official code sets hidden_dim to the backbone's F (4096 / 8192 for the
-    2x / 4x ResNet-50).
+    2x / 4x ResNet-50). The ViT-S/16 recipe of facebookresearch/suncet#26
+    has three layers of 256 with GELU.
 
     Args:
         num_layers: number of Dense layers (>= 1).
         hidden_dim: width of the hidden layers.
         output_dim: width of the output representation h.
+        activation: one of `ACTIVATIONS`, after each hidden BN.
         sync_bn, sync_bn_impl, bn_momentum, bn_epsilon: the batch norms'
             settings, as `backbones.build_backbone`'s.
         name: layer name.
@@ -86,19 +101,19 @@ class ProjectionHead(_MLPHead):
     SIZES = ('num_layers', 'hidden_dim', 'output_dim')
 
     def __init__(self, num_layers=3, hidden_dim=2048, output_dim=2048, *,
-                 sync_bn=False, sync_bn_impl=nets.KERAS,
+                 activation='relu', sync_bn=False, sync_bn_impl=nets.KERAS,
                  bn_momentum=0.9, bn_epsilon=1e-5, name='projection_head',
                  **kwargs):
         super().__init__((num_layers, hidden_dim, output_dim),
-                         sync_bn=sync_bn, sync_bn_impl=sync_bn_impl,
-                         bn_momentum=bn_momentum, bn_epsilon=bn_epsilon,
-                         name=name, **kwargs)
+                         activation=activation, sync_bn=sync_bn,
+                         sync_bn_impl=sync_bn_impl, bn_momentum=bn_momentum,
+                         bn_epsilon=bn_epsilon, name=name, **kwargs)
         self.mlp_layers = []
         for i in range(1, num_layers):
             self.mlp_layers.extend([
                 Linear(hidden_dim, name=f'fc{i}'),
                 self._batch_norm(f'bn{i}'),
-                tf_keras.layers.ReLU(name=f'relu{i}'),
+                self._activation(i),
             ])
         self.mlp_layers.append(Linear(output_dim, name=f'fc{num_layers}'))
 
@@ -108,13 +123,14 @@ class PredictionHead(_MLPHead):
     """PAWS prediction head: BN -> Dense -> BN -> ReLU -> Dense (App. A).
 
     Maps the projection h to z; the official code uses a 4x bottleneck,
-    hidden_dim = output_dim / 4 (512 for 2048).
+    hidden_dim = output_dim / 4 (512 for 2048). The ViT-S/16 recipe of
+    facebookresearch/suncet#26 has widths [256, 256] with GELU.
 
     Args:
         hidden_dim: width of the hidden layer.
         output_dim: width of the output z.
-        sync_bn, sync_bn_impl, bn_momentum, bn_epsilon, name, **kwargs: as
-            `ProjectionHead`'s.
+        activation, sync_bn, sync_bn_impl, bn_momentum, bn_epsilon, name,
+            **kwargs: as `ProjectionHead`'s.
 
     Raises:
         ValueError: a size is < 1, or a bad `sync_bn_impl`.
@@ -122,16 +138,18 @@ class PredictionHead(_MLPHead):
 
     SIZES = ('hidden_dim', 'output_dim')
 
-    def __init__(self, hidden_dim=512, output_dim=2048, *, sync_bn=False,
-                 sync_bn_impl=nets.KERAS, bn_momentum=0.9,
-                 bn_epsilon=1e-5, name='prediction_head', **kwargs):
-        super().__init__((hidden_dim, output_dim), sync_bn=sync_bn,
+    def __init__(self, hidden_dim=512, output_dim=2048, *,
+                 activation='relu', sync_bn=False, sync_bn_impl=nets.KERAS,
+                 bn_momentum=0.9, bn_epsilon=1e-5, name='prediction_head',
+                 **kwargs):
+        super().__init__((hidden_dim, output_dim), activation=activation,
+                         sync_bn=sync_bn,
                          sync_bn_impl=sync_bn_impl, bn_momentum=bn_momentum,
                          bn_epsilon=bn_epsilon, name=name, **kwargs)
         self.mlp_layers = [
             self._batch_norm('bn0'),
             Linear(hidden_dim, name='fc1'),
             self._batch_norm('bn1'),
-            tf_keras.layers.ReLU(name='relu1'),
+            self._activation(1),
             Linear(output_dim, name='fc2'),
         ]

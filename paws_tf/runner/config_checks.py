@@ -15,6 +15,7 @@ from paws_tf import nets
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.nets import backbones
 from paws_tf import run_dir
+from paws_tf.nets import vit
 from paws_tf.runner import building
 from paws_tf.runner import train
 
@@ -194,7 +195,7 @@ def _check_backbone(multicrop):
                                         resolve_references=False)
         if key not in explicit])
     strides = {key: bindings.bound(f'build_backbone.{key}')
-               for key in ('stem_stride', 'stage_strides')}
+               for key in ('stem_stride', 'stage_strides', 'patch_size')}
     minimum = backbones.downsampling(
         backbone, **{k: v for k, v in strides.items() if v is not None})
     sizes = [bindings.binding('eval_preprocessing.image_size')[::-1]]
@@ -211,6 +212,11 @@ def _check_backbone(multicrop):
             sizes.append(support_size[::-1])
     for size_name, size in sizes:
         _check_size(size, size_name, minimum, backbone, backbone_name)
+        if backbone in vit.ARCHITECTURES and size % minimum:
+            raise checks.ConfigError(
+                f'{size_name} = {size} is not a multiple of '
+                f'build_backbone.patch_size = {minimum}: {backbone_name} = '
+                f'{backbone!r} cuts images into patches of that side.')
 
 
 def check_config(pretraining=True):

@@ -1,0 +1,356 @@
+"""Vision Transformer feature extractors: images [B, H, W, C] -> the class
+token's features [B, D]."""
+
+import math
+
+import tensorflow as tf
+import tf_keras
+
+from paws_tf import checks
+
+# (width D, depth, heads) of timm's, DeiT's and DINO's ViT-Ti, -S and -B.
+ARCHITECTURES = {
+    'vit_tiny': (192, 12, 3),
+    'vit_small': (384, 12, 6),
+    'vit_base': (768, 12, 12),
+}
+MLP_RATIO = 4
+LAYER_NORM_EPSILON = 1e-6
+# timm's `trunc_normal_(std=.02)` cuts at +-2 absolute, i.e. 100 standard
+# deviations: a plain normal draws the same (tf_keras' TruncatedNormal
+# cuts at 2 standard deviations, which shrinks the spread to 0.88 of it).
+WEIGHT_STD = 0.02
+CLASS_TOKEN_STD = 1e-6
+# The Keys cubic of PIL's and PyTorch's antialiased bicubic resize.
+CUBIC_A = -0.5
+
+
+def _weight_init():
+    # A fresh instance per variable: an unseeded one repeats its values.
+    return tf_keras.initializers.RandomNormal(stddev=WEIGHT_STD)
+
+
+def _dense(units, name, activation=None):
+    """timm's `nn.Linear` of a ViT: N(0, 0.02) kernel, zero bias."""
+    return tf_keras.layers.Dense(units, activation=activation, name=name,
+                                 kernel_initializer=_weight_init())
+
+
+def _layer_norm(name):
+    return tf_keras.layers.LayerNormalization(epsilon=LAYER_NORM_EPSILON,
+                                              name=name)
+
+
+def _build_in_scope(layer, input_shape):
+    """Builds sublayer `layer` with variables named `<outer>/<layer>/...`,
+    as its own call would name them, before the outer layer calls it."""
+    with tf.name_scope(layer.name):
+        layer.build(input_shape)
+
+
+def _cubic(x):
+    """Keys' cubic convolution kernel with a = `CUBIC_A`, zero for |x| >= 2."""
+    x = tf.abs(x)
+    a = CUBIC_A
+    near = ((a + 2) * x - (a + 3)) * x * x + 1  # |x| < 1
+    far = ((x - 5) * x + 8) * x * a - 4 * a  # 1 <= |x| < 2
+    return tf.where(x < 1, near, tf.where(x < 2, far, tf.zeros_like(x)))
+
+
+def resample_matrix(new_size, old_size):
+    """Weights [new_size, old_size] float32 of PyTorch's
+    `F.interpolate(mode='bicubic', antialias=True)` along one axis.
+
+    Output sample i sits at (i + 0.5) * old / new in input pixels; when
+    shrinking, the cubic is stretched by old / new (antialiasing, as PIL
+    does); each row is renormalised over the input samples it covers.
+    `tf.image.resize(..., 'bicubic', antialias=True)` gives the same
+    values, but its op has no XLA kernel (ScaleAndTranslate), so a compiled
+    train step with local views could not run it. At equal sizes the
+    matrix is the identity exactly (the cubic is 1 at 0, 0 at +-1 and +-2).
+
+    Args:
+        new_size, old_size: int or int32 scalar tensor, >= 1.
+
+    Returns:
+        [new_size, old_size] float32, rows summing to 1.
+    """
+    new = tf.cast(new_size, tf.float32)
+    old = tf.cast(old_size, tf.float32)
+    scale = old / new
+    stretch = tf.maximum(scale, 1.0)
+    centers = (tf.range(new) + 0.5) * scale  # [new]
+    offsets = tf.range(old) + 0.5 - centers[:, None]  # [new, old]
+    weights = _cubic(offsets / stretch)
+    return weights / tf.reduce_sum(weights, axis=1, keepdims=True)
+
+
+def resample_positions(grid, new_size):
+    """timm's `resample_abs_pos_embed` of the patches' position embeddings:
+    bicubic with antialiasing, as PyTorch's `F.interpolate` computes it.
+
+    Args:
+        grid: [h, w, D] float32 embeddings of an h x w patch grid.
+        new_size: (height, width), ints or int32 scalar tensors.
+
+    Returns:
+        [height, width, D] float32.
+    """
+    rows = resample_matrix(new_size[0], tf.shape(grid)[0])
+    columns = resample_matrix(new_size[1], tf.shape(grid)[1])
+    return tf.einsum('ih,hwd,jw->ijd', rows, grid, columns)
+
+
+def scaled_dot_product_attention(queries, keys, values,
+                                 logits_dtype=tf.float32):
+    """softmax(q k^T / sqrt(d)) v, the logits and softmax in `logits_dtype`.
+
+    Under mixed precision, float16 logits overflow to inf past 65504 (a
+    softmax over them gives NaN) and bfloat16 ones keep 8 bits: the
+    logits and the softmax are computed in float32 and the attention
+    weights cast back to the dtype of `values`. `logits_dtype` is there to
+    show what breaks without it.
+
+    Args:
+        queries, keys, values: [B, heads, N, d] of one float dtype.
+        logits_dtype: dtype of the logits and the softmax.
+
+    Returns:
+        [B, heads, N, d] in the dtype of `values`.
+    """
+    scale = queries.shape[-1] ** -0.5
+    logits = tf.matmul(tf.cast(queries, logits_dtype) * scale,
+                       tf.cast(keys, logits_dtype),
+                       transpose_b=True)  # [B, heads, N, N]
+    weights = tf.nn.softmax(logits, axis=-1)
+    return tf.matmul(tf.cast(weights, values.dtype), values)
+
+
+@tf_keras.saving.register_keras_serializable(package='paws_tf')
+class PatchEmbedding(tf_keras.layers.Layer):
+    """Non-overlapping p x p patches projected to D by a stride-p
+    convolution `proj` (timm `PatchEmbed`): [B, H, W, C] -> [B, H/p, W/p, D].
+
+    The convolution keeps PyTorch's default `nn.Conv2d` initialisation,
+    which timm's and DINO's ViT initialisation leaves untouched: kernel and
+    bias U(+-1/sqrt(fan_in)).
+
+    Raises:
+        InvalidArgumentError (ValueError for static sizes): H or W is not
+            a multiple of p.
+    """
+
+    def __init__(self, dim, patch_size, **kwargs):
+        super().__init__(**kwargs)
+        self.dim = dim
+        self.patch_size = patch_size
+        self.proj = None
+
+    def build(self, input_shape):
+        fan_in = self.patch_size * self.patch_size * int(input_shape[-1])
+        bound = 1 / math.sqrt(fan_in)
+        self.proj = tf_keras.layers.Conv2D(
+            self.dim, self.patch_size, strides=self.patch_size,
+            padding='valid', name='proj',
+            kernel_initializer=tf_keras.initializers.VarianceScaling(
+                scale=1 / 3, mode='fan_in', distribution='uniform'),
+            bias_initializer=tf_keras.initializers.RandomUniform(-bound,
+                                                                 bound))
+        _build_in_scope(self.proj, input_shape)
+        super().build(input_shape)
+
+    def call(self, images):
+        p = self.patch_size
+        for axis, side in ((1, 'height'), (2, 'width')):
+            size = images.shape[axis]
+            if size is not None and size % p:
+                raise ValueError(f'Image {side} {size} is not a multiple of '
+                                 f'the patch size {p}.')
+            if size is None:
+                tf.debugging.assert_equal(
+                    tf.shape(images)[axis] % p, 0,
+                    message=f'Image {side} is not a multiple of the patch '
+                            f'size {p}.')
+        return self.proj(images)  # [B, H/p, W/p, D]
+
+    def get_config(self):
+        return {**super().get_config(), 'dim': self.dim,
+                'patch_size': self.patch_size}
+
+
+@tf_keras.saving.register_keras_serializable(package='paws_tf')
+class ClassTokenAndPositions(tf_keras.layers.Layer):
+    """Prepends the class token to the patch tokens and adds the learned
+    position embeddings, the class token's included (timm `_pos_embed` with
+    `no_embed_class=False`, as DeiT and DINO).
+
+    The embeddings `pos_embed` [1, 1 + g*g, D] belong to the g x g grid of
+    the size the network is built for; another grid gets the patches'
+    embeddings resampled (`resample_positions`, timm with
+    `dynamic_img_size=True`), the class token's kept. Variables are read in
+    float32 and resampled in float32 (as timm does) under any mixed
+    precision policy, then cast to the compute dtype.
+    """
+
+    def __init__(self, grid_size, **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = grid_size
+        self.cls_token = None
+        self.pos_embed = None
+
+    def build(self, input_shape):
+        dim = int(input_shape[-1])
+        self.cls_token = self.add_weight(
+            'cls_token', shape=[1, 1, dim], autocast=False,
+            initializer=tf_keras.initializers.RandomNormal(
+                stddev=CLASS_TOKEN_STD))
+        self.pos_embed = self.add_weight(
+            'pos_embed', shape=[1, 1 + self.grid_size ** 2, dim],
+            initializer=_weight_init(), autocast=False)
+        super().build(input_shape)
+
+    def call(self, patches):
+        shape = tf.shape(patches)
+        batch, height, width = shape[0], shape[1], shape[2]
+        dim = self.pos_embed.shape[-1]
+        grid = tf.reshape(self.pos_embed[0, 1:],
+                          [self.grid_size, self.grid_size, dim])
+        grid = resample_positions(grid, (height, width))
+        positions = tf.concat(
+            [self.pos_embed[0, :1], tf.reshape(grid, [-1, dim])], axis=0)
+        dtype = patches.dtype  # The compute dtype.
+        tokens = tf.reshape(patches, [batch, -1, dim])
+        cls_tokens = tf.broadcast_to(tf.cast(self.cls_token, dtype),
+                                     [batch, 1, dim])
+        tokens = tf.concat([cls_tokens, tokens], axis=1)  # [B, 1 + h*w, D]
+        return tokens + tf.cast(positions, dtype)
+
+    def get_config(self):
+        return {**super().get_config(), 'grid_size': self.grid_size}
+
+
+@tf_keras.saving.register_keras_serializable(package='paws_tf')
+class SelfAttention(tf_keras.layers.Layer):
+    """Multi-head self-attention with one `qkv` projection and an output
+    projection `proj` (timm `Attention`): [B, N, D] -> [B, N, D]."""
+
+    def __init__(self, num_heads, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.qkv = None
+        self.proj = None
+
+    def build(self, input_shape):
+        dim = int(input_shape[-1])
+        if dim % self.num_heads:
+            raise ValueError(f'Width {dim} is not a multiple of '
+                             f'{self.num_heads} heads.')
+        self.qkv = _dense(3 * dim, 'qkv')
+        self.proj = _dense(dim, 'proj')
+        _build_in_scope(self.qkv, input_shape)
+        _build_in_scope(self.proj, input_shape)
+        super().build(input_shape)
+
+    def call(self, x):
+        shape = tf.shape(x)
+        batch, length, dim = shape[0], shape[1], x.shape[-1]
+        heads = self.num_heads
+        qkv = tf.reshape(self.qkv(x), [batch, length, 3, heads, dim // heads])
+        qkv = tf.transpose(qkv, [2, 0, 3, 1, 4])  # [3, B, heads, N, d]
+        queries, keys, values = tf.unstack(qkv)
+        x = scaled_dot_product_attention(queries, keys, values)
+        x = tf.reshape(tf.transpose(x, [0, 2, 1, 3]), [batch, length, dim])
+        return self.proj(x)
+
+    def get_config(self):
+        return {**super().get_config(), 'num_heads': self.num_heads}
+
+
+@tf_keras.saving.register_keras_serializable(package='paws_tf')
+class Block(tf_keras.layers.Layer):
+    """Pre-norm transformer block (timm `Block`): x + attn(norm1(x)), then
+    x + mlp(norm2(x)); the MLP is fc1 (D -> 4D), exact (erf) GELU, fc2."""
+
+    def __init__(self, num_heads, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = num_heads
+        self.norm1 = _layer_norm('norm1')
+        self.attn = SelfAttention(num_heads, name='attn')
+        self.norm2 = _layer_norm('norm2')
+        self.fc1 = None
+        self.fc2 = None
+
+    def build(self, input_shape):
+        dim = int(input_shape[-1])
+        # tf_keras' 'gelu' is the exact one, as PyTorch's nn.GELU().
+        self.fc1 = _dense(MLP_RATIO * dim, 'fc1', activation='gelu')
+        self.fc2 = _dense(dim, 'fc2')
+        for layer in (self.norm1, self.attn, self.norm2):
+            _build_in_scope(layer, input_shape)
+        hidden_shape = tf.TensorShape(input_shape)[:-1] + [MLP_RATIO * dim]
+        with tf.name_scope('mlp'):  # timm's names: mlp.fc1, mlp.fc2.
+            _build_in_scope(self.fc1, input_shape)
+            _build_in_scope(self.fc2, hidden_shape)
+        super().build(input_shape)
+
+    def call(self, x):
+        x = x + self.attn(self.norm1(x))
+        return x + self.fc2(self.fc1(self.norm2(x)))
+
+    def get_config(self):
+        return {**super().get_config(), 'num_heads': self.num_heads}
+
+
+def build_vit(name, *, patch_size=16, image_size=224, input_channels=3,
+              depth=None):
+    """Builds a ViT in the layout of timm's `VisionTransformer`, DeiT and
+    DINO: patch embedding, class token, learned position embeddings (the
+    class token's too), pre-norm blocks, final LayerNorm (epsilon 1e-6),
+    the class token's output as the features.
+
+    Images of any size whose sides are multiples of `patch_size` go
+    through: PAWS's local views (96 px beside 224-px global views) get the
+    position embeddings resampled as timm does (`ClassTokenAndPositions`).
+    Weights are initialised as timm's default: linear kernels N(0, 0.02)
+    (its truncation at +-2 never acts), zero biases, position embeddings
+    N(0, 0.02), class token N(0, 1e-6), LayerNorm ones and zeros, the
+    patch convolution PyTorch's default.
+
+    Args:
+        name: 'vit_tiny' (D 192, 3 heads), 'vit_small' (D 384, 6 heads) or
+            'vit_base' (D 768, 12 heads); 12 blocks each.
+        patch_size: side p of the square patches.
+        image_size: side of the square images the position embeddings are
+            learned for, a multiple of `patch_size`.
+        input_channels: C of the [B, H, W, C] input images.
+        depth: number of blocks, or None for the architecture's 12.
+
+    Returns:
+        A `tf_keras.Model` mapping [B, H, W, C] float images (H and W
+        multiples of p) to [B, D] features (in the compute dtype of the
+        global mixed-precision policy), with the int attribute
+        `output_dim` = D.
+
+    Raises:
+        ValueError: unknown `name`, or a bad size.
+    """
+    checks.one_of('ViT name', name, sorted(ARCHITECTURES))
+    dim, default_depth, num_heads = ARCHITECTURES[name]
+    depth = checks.integer('depth', default_depth if depth is None else depth)
+    patch_size = checks.integer('patch_size', patch_size)
+    image_size = checks.integer('image_size', image_size)
+    checks.integer('input_channels', input_channels)
+    if image_size % patch_size:
+        raise ValueError(f'image_size {image_size} is not a multiple of '
+                         f'patch_size {patch_size}.')
+    inputs = tf_keras.Input(shape=(None, None, input_channels), name='images')
+    x = PatchEmbedding(dim, patch_size, name='patch_embed')(inputs)
+    x = ClassTokenAndPositions(image_size // patch_size, name='tokens')(x)
+    for index in range(depth):
+        x = Block(num_heads, name=f'blocks_{index}')(x)  # [B, 1 + h*w, D]
+    # LayerNorm is per token: normalising the class token alone gives
+    # timm's features, norm(x)[:, 0].
+    features = _layer_norm('norm')(x[:, 0])  # [B, D]
+    model = tf_keras.Model(inputs, features, name=name)
+    model.output_dim = dim
+    return model
