@@ -10,6 +10,7 @@ import time
 from absl import logging
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from paws_tf import cluster
 from paws_tf import run_dir as run_dir_lib
@@ -207,17 +208,18 @@ def load(path, model, part=MODEL):
     objects = dict(model=model if part == WHOLE else _model_only(model))
     if part == WHOLE:
         objects['optimizer'] = model.optimizer
-    try:
-        tf.train.Checkpoint(**objects).read(
-            prefix).expect_partial().assert_existing_objects_matched()
-    # Missing variables (AssertionError) or other shapes (ValueError);
-    # TF's message goes on to list the unmatched variables' values.
-    except (AssertionError, ValueError) as error:
+    root = tf.train.Checkpoint(**objects)
+    # Checked before reading: a read that fails part way leaves TF's
+    # restore behind, which logs every stored value at garbage collection.
+    unmatched = _unmatched_variables(root, prefix)
+    if unmatched:
         raise ValueError(
-            f'{prefix} does not hold this run\'s {part} '
-            f'({str(error).split(".")[0]}): it was written with another '
-            'config or by another program. Run with the config it was '
-            'written with, or move it away to start again.') from error
+            f'{prefix} does not hold this run\'s {part} ({len(unmatched)} '
+            'variables missing or of other shapes: '
+            f'{", ".join(unmatched[:_MAX_NAMES_SHOWN])}): it was written with '
+            'another config or by another program. Run with the config it '
+            'was written with, or move it away to start again.')
+    root.read(prefix).expect_partial().assert_existing_objects_matched()
     if part == WHOLE and global_step(model) != step_of(prefix):
         raise ValueError(
             f'{prefix} holds the optimizer step {global_step(model)}, not '
@@ -244,23 +246,39 @@ def load_newest(model_dir, model):
 
 
 def _unmatched_variables(root, prefix):
-    """Names of the variables under `root` without a value at `prefix`,
-    keyed as TF's checkpoints are (breadth first, first path wins)."""
-    stored = {key for key, _ in tf.train.list_variables(prefix)}
+    """The variables under `root` that a read of `prefix` would leave
+    unset or give another shape (names, and shapes where they differ).
+    The checkpoint's object graph is followed by its edges' names, as TF's
+    restore matches objects."""
+    reader = tf.train.load_checkpoint(prefix)
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor('_CHECKPOINTABLE_OBJECT_GRAPH'))
+    shapes = reader.get_variable_to_shape_map()
     view = tf.train.TrackableView(root)
-    seen = {id(root)}
-    queue = [(root, '')]  # Read while it grows: breadth first.
-    missing = []
-    for parent, path in queue:
-        for name, child in view.children(parent).items():
-            if id(child) in seen:
+    stored = {}  # id(variable): its stored shape
+    queue, seen = [(root, 0)], {id(root)}
+    for parent, node in queue:  # Read while it grows: breadth first.
+        children = view.children(parent)
+        for edge in graph.nodes[node].children:
+            child = children.get(edge.local_name)
+            if child is None or id(child) in seen:
                 continue
             seen.add(id(child))
             if not isinstance(child, tf.Variable):
-                queue.append((child, f'{path}{name}/'))
-            elif f'{path}{name}/.ATTRIBUTES/VARIABLE_VALUE' not in stored:
-                missing.append(child.name)
-    return missing
+                queue.append((child, edge.node_id))
+            for attribute in graph.nodes[edge.node_id].attributes:
+                stored[id(child)] = shapes.get(attribute.checkpoint_key)
+    unmatched = []
+    for variable in view.descendants():
+        if not isinstance(variable, tf.Variable):
+            continue
+        shape = stored.get(id(variable))
+        if shape is None:
+            unmatched.append(variable.name)
+        elif list(shape) != variable.shape.as_list():
+            unmatched.append(f'{variable.name} of shape '
+                             f'{variable.shape.as_list()}, stored {shape}')
+    return unmatched
 
 
 def _restore_backbone(backbone, prefix):
@@ -276,8 +294,9 @@ def _restore_backbone(backbone, prefix):
         more = len(missing) - _MAX_NAMES_SHOWN
         raise ValueError(
             f'{len(missing)} of {len(backbone.variables)} variables have no '
-            f'value under the "backbone" key of the checkpoint (written by '
-            f'another architecture, or not with tf.train.Checkpoint('
+            f'value of their shape under the "backbone" key of the checkpoint'
+            ' (written by '
+            'another architecture, or not with tf.train.Checkpoint('
             f'backbone=...)?): {shown}' + (f' and {more} more' if more > 0
                                           else ''))
     # Extra stored values (heads, optimizer slots) are fine.
