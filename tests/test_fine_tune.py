@@ -458,7 +458,11 @@ def test_clear_errors_before_training(tmp_path, two_replicas):
 @pytest.mark.slow
 def test_best_epoch_keeps_the_epoch_of_best_validation_top1(tmp_path):
     """The official selection: one setting, validation after every epoch,
-    the weights of the first epoch of best top-1 tested."""
+    the weights of the first epoch of best top-1 tested; a call without a
+    validation set or with several settings is refused before its output
+    directory is made.
+
+    Fails if the refusal comes after `os.makedirs(output_dir)`."""
     model = build_model()
     labeled, test = clustered(2, 16, seed=0), clustered(2, 6, seed=1)
     validation = clustered(2, 5, seed=2)
@@ -488,6 +492,7 @@ def test_best_epoch_keeps_the_epoch_of_best_validation_top1(tmp_path):
              'trains one setting')):
         with pytest.raises(ValueError, match=match):
             linear_fine_tune.fine_tune_linear(
-                model, labeled, test, output_dir=output_dir,
+                model, labeled, test, output_dir=str(tmp_path / 'refused'),
                 selection='best_epoch', **{'learning_rates': (0.1,),
                                            'epochs': (3,), **kwargs}, **PRE)
+        assert not os.path.exists(tmp_path / 'refused')

@@ -203,7 +203,8 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
     """
     strategy = strategy or tf.distribute.get_strategy()
     num_classes = _checked_classes(labeled, strategy, global_batch_size,
-                                   learning_rates, epochs, selection)
+                                   learning_rates, epochs, selection,
+                                   validation)
     train = dict(strategy=strategy, num_classes=num_classes,
                  global_batch_size=global_batch_size, image_size=image_size,
                  mean=mean, std=std, crop_scale=crop_scale, momentum=momentum,
@@ -218,7 +219,9 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
         model, labeled, log_dir=log_dir, learning_rates=learning_rates,
         epochs=epochs, train=train, evaluation=evaluation)
     scores = _scores(classifier, test_dataset)
-    logging.info('Fine-tuned by %s: test %s', selection, scores)
+    chosen = entries.get('best') or {
+        key: entries[key] for key in ('learning_rate', 'epochs', 'best_epoch')}
+    logging.info('Fine-tuned by %s, %s: test %s', selection, chosen, scores)
     results = dict(protocol='imagenet', selection=selection,
                    top1=scores['top1'], top5=scores.get('top5'), test=scores,
                    **entries, weights=CLASSIFIER_WEIGHTS)
@@ -228,7 +231,7 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
 
 
 def _checked_classes(labeled, strategy, global_batch_size, learning_rates,
-                     epochs, selection):
+                     epochs, selection, validation):
     """The class count; ValueError for a bad `fine_tune_linear` argument."""
     num_classes = tuning.num_classes(labeled)
     if global_batch_size % strategy.num_replicas_in_sync:
@@ -238,6 +241,17 @@ def _checked_classes(labeled, strategy, global_batch_size, learning_rates,
     if not learning_rates or not epochs:
         raise ValueError('Give at least one learning rate and epoch count.')
     checks.one_of('fine_tune_linear.selection', selection, SELECTIONS)
+    if selection == 'best_epoch' and validation is None:
+        raise ValueError(
+            "fine_tune_linear.selection = 'best_epoch' needs a validation "
+            'set: bind fine_tune_linear.validation (ImageNet: '
+            "@imagenet_validation), or fine_tune_linear.selection = 'sweep'.")
+    if selection == 'best_epoch' and (len(learning_rates) != 1
+                                      or len(epochs) != 1):
+        raise ValueError(
+            "fine_tune_linear.selection = 'best_epoch' trains one setting: "
+            f'give one learning rate and one epoch count, not '
+            f'{tuple(learning_rates)} x {tuple(epochs)}.')
     return num_classes
 
 
@@ -281,16 +295,6 @@ def _sweep(holdout, output_dir, model, labeled, *, log_dir, learning_rates,
 def _best_epoch(validation, model, labeled, *, log_dir, learning_rates,
                 epochs, train, evaluation):
     """`fine_tune_linear`'s network and results by best epoch."""
-    if validation is None:
-        raise ValueError(
-            "fine_tune_linear.selection = 'best_epoch' needs a validation "
-            'set: bind fine_tune_linear.validation (ImageNet: '
-            "@imagenet_validation), or fine_tune_linear.selection = 'sweep'.")
-    if len(learning_rates) != 1 or len(epochs) != 1:
-        raise ValueError(
-            "fine_tune_linear.selection = 'best_epoch' trains one setting: "
-            f'give one learning rate and one epoch count, not '
-            f'{tuple(learning_rates)} x {tuple(epochs)}.')
     validation_source = validation()
     if tuple(validation_source.class_names) != tuple(labeled.class_names):
         raise ValueError('The validation set names its classes differently '
