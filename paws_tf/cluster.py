@@ -214,8 +214,8 @@ def check_same_config(strategy, config):
     digest = np.frombuffer(hashlib.sha256(config.encode()).digest()[:8],
                            np.int32)
     # [replicas, 2]: worker w's replicas are consecutive rows.
-    digests = strategy.gather(
-        strategy.run(lambda: tf.constant(digest)[tf.newaxis]), axis=0).numpy()
+    digests = _traced(lambda: strategy.gather(
+        strategy.run(lambda: tf.constant(digest)[tf.newaxis]), axis=0))
     tasks = list(rendezvous.cluster_tasks(strategy.cluster_resolver))
     per_worker = len(digests) // len(tasks)
     differing = [task for task, row in zip(tasks, digests[::per_worker])
@@ -269,5 +269,12 @@ def barrier(strategy):
     coordination service as a crash."""
     if not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return
-    strategy.reduce(tf.distribute.ReduceOp.SUM,
-                    strategy.run(lambda: tf.ones([])), axis=None)
+    _traced(lambda: strategy.reduce(tf.distribute.ReduceOp.SUM,
+                                    strategy.run(lambda: tf.ones([])),
+                                    axis=None))
+
+
+def _traced(collective):
+    """The NumPy value of `collective()` run as a tf.function: called
+    eagerly, `strategy.run` logs a warning of its overhead every time."""
+    return tf.function(collective)().numpy()

@@ -119,8 +119,12 @@ def trained(tmp_path_factory):
 @pytest.mark.long
 def test_chief_writes_what_one_process_writes_and_the_worker_nothing(
         trained):
+    """Fails if a worker's collective outside training runs eagerly
+    (tried: `cluster.barrier` without `tf.function`, TensorFlow's warning
+    of its overhead in both logs)."""
     root, results = trained
     chief_log, worker_log = results[0][1], results[1][1]
+    assert 'eagerly' not in chief_log + worker_log
     assert (cluster.written(root / 'cluster') ==
             cluster.written(root / 'one_process'))
     assert not cluster.worker_leftovers(root / 'cluster')
