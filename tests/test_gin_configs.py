@@ -114,6 +114,9 @@ PARAMETERS = {
     'mismatch_fashion_mnist_curated_ropaws.gin': SMALL_96,
     'mismatch_fashion_mnist_ropaws.gin': SMALL_96,
     'mismatch_fashion_mnist_validation.gin': SMALL_96,
+    'transfer_fashion_mnist.gin': SMALL_96,
+    'transfer_fashion_mnist_source.gin': SMALL_96,
+    'transfer_fashion_mnist_validation.gin': SMALL_96,
 }
 
 
@@ -181,6 +184,21 @@ def test_small_batch_config_is_table_7(clean_gin):
 def test_one_percent_config(clean_gin):
     parse('imagenet_rn50_1pct.gin')
     assert q('imagenet_sources.labeled_subset') == '1pct'
+
+
+@pytest.mark.parametrize('name, classes, labels, epochs', [
+    ('transfer_fashion_mnist_source.gin', (0, 1, 2, 3, 4), 40, 4),
+    ('transfer_fashion_mnist.gin', (5, 6, 7, 8, 9), 10, 1),
+    ('transfer_fashion_mnist_validation.gin', (5, 6, 7, 8, 9), 10, 1)])
+def test_transfer_configs_split_the_classes(clean_gin, name, classes, labels,
+                                            epochs):
+    """The source model sees five classes, the transfer the other five;
+    fails if the transfer config keeps the source's classes or labels."""
+    parse(name)
+    assert q('%CLASSES') == classes  # class_subset.classes = %CLASSES
+    assert q('select_labeled.labels_per_class') == labels
+    assert q('train.num_epochs') == epochs
+    assert q('make_pretrain_dataset_fn.classes_per_step') == 5
 
 
 def test_cifar10_config_is_appendix_c(clean_gin):

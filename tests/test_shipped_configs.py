@@ -111,6 +111,9 @@ SHRINK = {
     'mismatch_fashion_mnist_curated_ropaws.gin': _FASHION,
     'mismatch_fashion_mnist_ropaws.gin': _FASHION,
     'mismatch_fashion_mnist_validation.gin': _FASHION_VALIDATION,
+    'transfer_fashion_mnist.gin': _FASHION,
+    'transfer_fashion_mnist_source.gin': _FASHION,
+    'transfer_fashion_mnist_validation.gin': _FASHION_VALIDATION,
 }
 # The configs whose test images are enough for PAWS-NN at 10 times tau to
 # give other per-class accuracies than at tau: their runs must show it, so
