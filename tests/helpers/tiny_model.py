@@ -14,7 +14,7 @@ TINY = dict(widths=(8, 16), blocks_per_stage=(1, 1), stage_strides=(2, 2))
 
 
 def make(sync_bn=False, prediction_head=True, *, channels=3, hidden=8,
-         width=6, prediction_hidden=4, **kwargs):
+         width=6, prediction_hidden=4, activation='relu', **kwargs):
     """An unbuilt tiny PAWSModel: the `TINY` backbone (F = 16), projection
     `hidden` -> `width`, prediction `prediction_hidden` -> `width`.
 
@@ -23,15 +23,18 @@ def make(sync_bn=False, prediction_head=True, *, channels=3, hidden=8,
         prediction_head: with a prediction head.
         channels: input channels.
         hidden, width, prediction_hidden: head widths.
+        activation: the heads' (`heads.ACTIVATIONS`).
         **kwargs: other `PAWSModel` arguments; `diagnostics_every`
             defaults to 0.
     """
     backbone = backbones.build_backbone(
         'small_resnet', input_channels=channels, sync_bn=sync_bn, **TINY)
     projection = heads.ProjectionHead(hidden_dim=hidden, output_dim=width,
-                                      sync_bn=sync_bn)
+                                      activation=activation, sync_bn=sync_bn)
     prediction = (heads.PredictionHead(hidden_dim=prediction_hidden,
-                                       output_dim=width, sync_bn=sync_bn)
+                                       output_dim=width,
+                                       activation=activation,
+                                       sync_bn=sync_bn)
                   if prediction_head else None)
     kwargs.setdefault('diagnostics_every', 0)
     return model_lib.PAWSModel(backbone, projection, prediction, **kwargs)
