@@ -106,6 +106,9 @@ SHRINK = {
         'build_backbone.width_multiplier = 1'],
     'imagenet_rn50x4_10pct.gin': _IMAGENET + [
         'build_backbone.width_multiplier = 1'],
+    # ViT-S/16 at one block, with position embeddings for 64-px images.
+    'imagenet_vits16_10pct.gin': _IMAGENET + [
+        'build_backbone.image_size = 64', 'build_backbone.depth = 1'],
     'mismatch_fashion_mnist.gin': _FASHION,
     'mismatch_fashion_mnist_curated.gin': _FASHION,
     'mismatch_fashion_mnist_curated_ropaws.gin': _FASHION,
