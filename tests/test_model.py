@@ -14,7 +14,8 @@ from tests.helpers import tiny_model
 from tests.test_losses import np_labels
 
 
-def _one_step_each(two_replicas, views, unique, optimizer_fn):
+def _one_step_each(two_replicas, views, unique, optimizer_fn,
+                   backbone='small_resnet'):
     """One train_step on 2 replicas and on one device, same global batch.
 
     Returns (names, before, distributed_after, single_after) weight lists.
@@ -31,11 +32,11 @@ def _one_step_each(two_replicas, views, unique, optimizer_fn):
                                           multicrop, replica=r, num_replicas=2,
                                           unique=unique) for r in range(2)]
     with two_replicas.scope():
-        distributed = tiny_model.make(sync_bn=True)
+        distributed = tiny_model.make(sync_bn=True, backbone=backbone)
         tiny_model.compile_and_build(distributed, optimizer=optimizer_fn())
     # Same BN math on one device (fused BN would apply Bessel's correction
     # to the moving variance, synchronised BN does not).
-    single = tiny_model.make(sync_bn=True)
+    single = tiny_model.make(sync_bn=True, backbone=backbone)
     tiny_model.compile_and_build(single, optimizer=optimizer_fn())
     single.set_weights(distributed.get_weights())
     before = [w.copy() for w in single.get_weights()]
@@ -51,15 +52,24 @@ def _one_step_each(two_replicas, views, unique, optimizer_fn):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('views,unique', [(1, True), (2, False)])
+@pytest.mark.parametrize('views,unique,backbone', [
+    (1, True, 'small_resnet'), (2, False, 'small_resnet'),
+    pytest.param(1, True, 'vit_tiny', marks=pytest.mark.long)])
 def test_mirrored_gradient_equals_single_device_gradient(two_replicas, views,
-                                                         unique):
+                                                         unique, backbone):
     """Sync BN + gathered supports + all-reduced me-max + loss / R: the
     summed replica gradients equal the one-device gradient of the global
-    batch. Plain SGD (update = -lr * gradient) so a scale error shows."""
+    batch. Plain SGD (update = -lr * gradient) so a scale error shows. The
+    ViT (layer norms, no batch norm in the trunk) with 4-px patches of the
+    8-px and 4-px views, its position embeddings resampled for the latter
+    (12 s on 2 cores).
+
+    Fails, for the ViT, if its attention's softmax runs across the batch
+    (axis 0 in `vit.scaled_dot_product_attention`), which a replica's half
+    of the batch computes otherwise."""
     names, before, got, want = _one_step_each(
         two_replicas, views, unique,
-        lambda: tf_keras.optimizers.SGD(learning_rate=1.0))
+        lambda: tf_keras.optimizers.SGD(learning_rate=1.0), backbone)
     steps = [(new_d - old, new_s - old)
              for old, new_d, new_s in zip(before, got, want)]
     largest = max(np.abs(step_s).max() for _, step_s in steps)
