@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import adamw
 from paws_tf import lars
 from paws_tf import losses
 from paws_tf import model as model_lib
@@ -257,3 +258,37 @@ def test_logged_learning_rate_is_the_one_each_step_used():
     for value in want:
         np.testing.assert_allclose(step(data)['learning_rate'], value,
                                    rtol=1e-5, atol=1e-7)
+
+
+def test_the_step_logs_what_the_running_optimizer_has():
+    """With AdamW and its cosine weight decay, the step logs the learning
+    rate and the weight decay each update used (closed forms: warm-up then
+    cosine; DINO's cosine from 0.04 to 0.4 over the 6 updates), and no
+    trust ratios; with LARS, the trust ratios and no weight decay.
+
+    Fails if the weight decay logged is the next update's (tried:
+    `applied_weight_decay` at `iterations`, not `iterations - 1`), or if
+    AdamW's log carries LARS's trust ratios (zeros)."""
+    model = tiny_model.make()
+    schedule = schedules.WarmupCosineDecay(steps_per_epoch=2, num_epochs=3,
+                                           start_lr=0.1, ref_lr=1.0,
+                                           final_lr=0.0, warmup_epochs=1)
+    tiny_model.compile_and_build(model, optimizer=adamw.AdamW(
+        schedule, weight_decay=0.04, final_weight_decay=0.4))
+    data = tiny_model.random_step(np.random.default_rng(5), 2, 2, 2, 1, 2)
+    step = tf.function(model.train_step)
+    learning_rates = [0.1, 0.55, 1.0, 0.5 * (1 + np.cos(np.pi / 4))]
+    for t, learning_rate in enumerate(learning_rates):
+        logs = step(data)
+        np.testing.assert_allclose(logs['learning_rate'], learning_rate,
+                                   rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(
+            logs['weight_decay'],
+            0.4 + 0.5 * (0.04 - 0.4) * (1 + np.cos(np.pi * t / 6)),
+            rtol=1e-6)
+        assert not set(model_lib.TRUST_RATIOS) & set(logs)
+    lars_model = tiny_model.make()
+    tiny_model.compile_and_build(lars_model)
+    logs = tf.function(lars_model.train_step)(data)
+    assert set(model_lib.TRUST_RATIOS) <= set(logs)
+    assert 'weight_decay' not in logs
