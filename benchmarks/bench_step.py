@@ -9,6 +9,7 @@ logs. Prints one JSON object:
 
     python benchmarks/bench_step.py --config cifar_small
     python benchmarks/bench_step.py --config rn50_tiny --xla
+    python benchmarks/bench_step.py --config vit_small
     python benchmarks/bench_step.py --config cifar_small --replicas 2
     python benchmarks/bench_step.py --config cifar_small --deterministic_ops
     # RoPAWS's step against PAWS's, timed in alternation:
@@ -42,6 +43,7 @@ import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 from benchmarks import memory  # noqa: E402
+from paws_tf import adamw  # noqa: E402
 from paws_tf import cluster  # noqa: E402
 from paws_tf import determinism  # noqa: E402
 from paws_tf import lars  # noqa: E402
@@ -67,6 +69,16 @@ CONFIGS = {
         backbone=dict(name='resnet50'),
         projection=dict(hidden_dim=2048, output_dim=2048),
         prediction=dict(hidden_dim=512, output_dim=2048),
+        batch=8, global_size=96, local_size=48, multicrop=6,
+        classes=16, images_per_class=2, support_views=1),
+    # imagenet_vits16_10pct.gin's network, heads and optimizer (ViT-S/16
+    # built for 224 px, GELU heads of 256, AdamW) at rn50_tiny's sizes: its
+    # 96- and 48-px views get the position embeddings resampled.
+    'vit_small': dict(
+        backbone=dict(name='vit_small', patch_size=16, image_size=224),
+        projection=dict(hidden_dim=256, output_dim=256, activation='gelu'),
+        prediction=dict(hidden_dim=256, output_dim=256, activation='gelu'),
+        optimizer='adamw',
         batch=8, global_size=96, local_size=48, multicrop=6,
         classes=16, images_per_class=2, support_views=1),
     # A slice of one GPU's step of the ImageNet configs (per GPU: 64 x (2 x
@@ -263,10 +275,13 @@ def make_step(config, strategy, sync_bn, switches, xla, objective='paws'):
                for _ in range(replicas)]
     with strategy.scope():
         model = build(config, sync_bn, switches, objective)
-        # LARS as in training; the learning rate only keeps the synthetic
-        # run finite. mixed_float16 makes compile add loss scaling.
-        model.compile(optimizer=lars.LARS(learning_rate=0.1),
-                      jit_compile=xla)
+        # The config's optimizer as in training (LARS unless told); the
+        # learning rate only keeps the synthetic run finite.
+        # mixed_float16 makes compile add loss scaling.
+        optimizer = (adamw.AdamW(learning_rate=1e-3)
+                     if config.get('optimizer') == 'adamw'
+                     else lars.LARS(learning_rate=0.1))
+        model.compile(optimizer=optimizer, jit_compile=xla)
     dataset = strategy.distribute_datasets_from_function(
         lambda ctx: tf.data.Dataset.from_tensors(
             batches[ctx.input_pipeline_id]).repeat())
@@ -379,6 +394,7 @@ def main():
         'rss_before_first_step_mib': rss_built_mib,
         'xla': args.xla, 'precision': args.precision,
         'objective': args.objective,
+        'optimizer': config.get('optimizer', 'lars'),
         'deterministic_ops': args.deterministic_ops,
         'replicas': replicas, 'strategy': type(strategy).__name__,
         'sync_bn': sync_bn,

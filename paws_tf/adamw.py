@@ -202,6 +202,13 @@ class AdamW(tf_keras.optimizers.Optimizer):
         variable.assign_sub(lr / tf.cast(correction_1, dtype) * m
                             / denominator)
 
+    def applied_weight_decay(self):
+        """The weight decay of the latest update, as `update_step` computed
+        it (the schedule after the updates before it): a float32 scalar,
+        the first update's before any."""
+        return tf.cast(self.weight_decay_schedule(
+            tf.maximum(self.iterations - 1, 0)), tf.float32)
+
     def get_config(self):
         """Returns the constructor arguments, for `from_config`: a callable
         `exclude_from_weight_decay` as is (not JSON-serialisable; use None

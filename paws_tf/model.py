@@ -17,6 +17,9 @@ NN_EMBEDDINGS = ('projection', 'prediction')
 OBJECTIVES = ('paws', 'ropaws')
 # `train_step`'s per-step values are its means' names with this prefix.
 STEP_PREFIX = 'step_'
+# LARS's trust ratios (`lars.LARS.trust_ratio_stats`), in the step's logs
+# with LARS only.
+TRUST_RATIOS = ('trust_ratio_mean', 'trust_ratio_min', 'trust_ratio_max')
 
 
 class LastValue(tf_keras.metrics.Metric):
@@ -173,8 +176,8 @@ class PAWSModel(tf_keras.Model):
         self._steps = {name: LastValue(name=STEP_PREFIX + name)
                        for name in names}
         self._last = {name: LastValue(name=name) for name in (
-            'learning_rate', 'trust_ratio_mean', 'trust_ratio_min',
-            'trust_ratio_max', 'nt_xent', 'suncet')}
+            'learning_rate', *TRUST_RATIOS, 'weight_decay', 'nt_xent',
+            'suncet')}
 
     @property
     def metrics(self):
@@ -295,17 +298,34 @@ class PAWSModel(tf_keras.Model):
         self._last['learning_rate'].update_state(optimizer.learning_rate)
 
         self._update_means(loss, terms, tf.shape(z_global)[0], self._steps)
-        lars = getattr(optimizer, 'inner_optimizer', optimizer)
-        if hasattr(lars, 'trust_ratio_stats'):
-            for name, value in lars.trust_ratio_stats().items():
-                self._last['trust_ratio_' + name].update_state(value)
+        not_reported = self._update_optimizer_values(
+            getattr(optimizer, 'inner_optimizer', optimizer))
         if self.diagnostics_every:
             step = optimizer.iterations - 1  # This step's index, from 0.
             tf.cond(
                 step % self.diagnostics_every == 0,
                 lambda: self._update_diagnostics(z_global, z_support, labels),
                 lambda: None)
-        return {m.name: m.result() for m in self.metrics}
+        return {m.name: m.result() for m in self.metrics
+                if m.name not in not_reported}
+
+    def _update_optimizer_values(self, optimizer):
+        """Records what `optimizer` (unwrapped) has beside the learning
+        rate: LARS's trust ratios (`trust_ratio_stats`), AdamW's weight
+        decay (`applied_weight_decay`). Returns the names of those it has
+        not, which the step leaves out of its logs."""
+        not_reported = set()
+        if hasattr(optimizer, 'trust_ratio_stats'):
+            for name, value in optimizer.trust_ratio_stats().items():
+                self._last['trust_ratio_' + name].update_state(value)
+        else:
+            not_reported.update(TRUST_RATIOS)
+        if hasattr(optimizer, 'applied_weight_decay'):
+            self._last['weight_decay'].update_state(
+                optimizer.applied_weight_decay())
+        else:
+            not_reported.add('weight_decay')
+        return not_reported
 
     def _update_diagnostics(self, z_global, z_support, labels):
         """PAWS Fig. 4b: NT-Xent of the two global views, SuNCEt of the

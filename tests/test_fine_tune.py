@@ -26,11 +26,12 @@ PRE = dict(image_size=SIZE, crop_fraction=1.0, mean=(0.5,) * 3,
            std=(0.25,) * 3)
 
 
-def build_model(sync_bn=False, seed=None, init_seed=0):
+def build_model(sync_bn=False, seed=None, init_seed=0, activation='relu'):
     """A tiny PAWSModel: Keras' seeded initialisation, or with `seed`, every
-    weight random (BN statistics too)."""
+    weight random (BN statistics too); `activation`: the heads'."""
     tf_keras.utils.set_random_seed(init_seed)
-    model = tiny_model.make(sync_bn=sync_bn, hidden=HID, width=HID)
+    model = tiny_model.make(sync_bn=sync_bn, hidden=HID, width=HID,
+                            activation=activation)
     model._encode(tf.zeros([1, SIZE, SIZE, 3]), training=False)
     if seed is None:
         return model
@@ -67,21 +68,36 @@ def weights_by_name(network):
     return {v.name: v.numpy() for v in network.weights}
 
 
-def test_classifier_is_zero_initialised_on_fc1_bn1_relu():
-    model = build_model(seed=0)
+# The heads' activations by hand: ReLU, and GELU's erf form.
+ACTIVATIONS = {
+    'relu': lambda x: np.maximum(x, 0),
+    'gelu': lambda x: 0.5 * x * (
+        1 + np.vectorize(math.erf)(x / math.sqrt(2))),
+}
+
+
+@pytest.mark.parametrize('activation', sorted(ACTIVATIONS))
+def test_classifier_is_zero_initialised_on_fc1_bn1_and_activation(
+        activation):
+    """Fails if the GELU heads of the ViT recipe are refused (a check of
+    the layer names for 'relu1' only), or if the classifier skips their
+    activation."""
+    model = build_model(seed=0, activation=activation)
     classifier = linear_fine_tune.build_classifier(model, 3)
     images = tf.random.stateless_normal([5, SIZE, SIZE, 3], [1, 2])
     logits = classifier(images, training=False)
     np.testing.assert_array_equal(logits, np.zeros([5, 3]))
     np.testing.assert_allclose(tf.nn.softmax(logits), 1 / 3, rtol=1e-7)
 
-    # Its input is fc1 -> bn1 -> ReLU of the backbone features, by hand.
+    # Its input is fc1 -> bn1 -> activation of the backbone features, by
+    # hand.
     fc1, bn1 = model.projection_head.mlp_layers[:2]
     kernel, bias = fc1.get_weights()
     gamma, beta, mean, variance = bn1.get_weights()
     features = model.backbone(images, training=False).numpy()
-    hidden = np.maximum(gamma * (features @ kernel + bias - mean) /
-                        np.sqrt(variance + bn1.epsilon) + beta, 0)
+    hidden = ACTIVATIONS[activation](
+        gamma * (features @ kernel + bias - mean) /
+        np.sqrt(variance + bn1.epsilon) + beta)
     rng = np.random.default_rng(0)
     head = [rng.normal(size=(HID, 3)), rng.normal(size=3)]
     classifier.get_layer('classifier').set_weights(head)

@@ -17,6 +17,7 @@ from paws_tf import configurables
 from paws_tf.evaluation import suncet_fine_tune
 from paws_tf import model as model_lib
 from tests.helpers import official_torch
+from tests.helpers import timm_vit
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GIN_FILES = sorted((REPO / 'gin_configs').glob('*.gin'))
@@ -83,6 +84,24 @@ def head_parameters(features, hidden, output):
             hidden + 2 * hidden + hidden * output + output)
 
 
+def prediction_parameters(width, hidden):
+    """Prediction head: BN, Dense, BN, Dense back to `width`."""
+    return (2 * width + width * hidden + hidden + 2 * hidden +
+            hidden * width + width)
+
+
+def vit_parameters(name, hidden, output):
+    """timm's ViT (tests/helpers/timm_vit.py, on PyTorch's meta device)
+    with 16-px patches at 224 px, and both heads counted by hand."""
+    dim, depth, heads = {'vit_small': (384, 12, 6)}[name]
+    with torch.device('meta'):
+        trunk = timm_vit.VisionTransformer(embed_dim=dim, depth=depth,
+                                           num_heads=heads)
+    return (sum(p.numel() for p in trunk.parameters()) +
+            head_parameters(dim, hidden, output) +
+            prediction_parameters(output, hidden))
+
+
 def resnet50(widen):
     return lambda: official_parameters(
         lambda: official_torch.ResNet50(widen), 2048, True)
@@ -109,6 +128,8 @@ PARAMETERS = {
     'imagenet_rn50_1pct.gin': resnet50(1),
     'imagenet_rn50x2_10pct.gin': resnet50(2),
     'imagenet_rn50x4_10pct.gin': resnet50(4),
+    'imagenet_vits16_10pct.gin': lambda: vit_parameters('vit_small', 256,
+                                                        256),
     'mismatch_fashion_mnist.gin': SMALL_96,
     'mismatch_fashion_mnist_curated.gin': SMALL_96,
     'mismatch_fashion_mnist_curated_ropaws.gin': SMALL_96,
@@ -169,6 +190,44 @@ def test_imagenet_configs_hold_the_paper_settings(clean_gin, name, width,
                 for v in model.backbone.trainable_variables)
     assert trunk == params  # ResNet-50 at this width (Table 2).
     assert model.projection_head.output_dim == 2048
+
+
+def test_vit_config_is_the_recipe_of_the_paws_authors(clean_gin):
+    """imagenet_vits16_10pct.gin holds facebookresearch/suncet#26's
+    settings: ViT-S/16, batch 1024, support 960 x 7, tau 0.1, T 0.25,
+    me-max, AdamW with lr 2e-4 -> 1e-3 -> 1e-6 and weight decay 0.04 ->
+    0.4, GELU heads of widths [256, 256, 256] and [256, 256].
+
+    Fails if a head's widths or layers are not the recipe's (tried:
+    `ProjectionHead.num_layers = 2`, `PredictionHead.hidden_dim = 64`)."""
+    parse('imagenet_vits16_10pct.gin')
+    assert q('imagenet_sources.labeled_subset') == '10pct'
+    assert q('make_pretrain_dataset_fn.global_batch_size') == 1024
+    assert q('make_pretrain_dataset_fn.classes_per_step') == 960
+    assert q('make_pretrain_dataset_fn.images_per_class') == 7
+    assert (q('PAWSModel.me_max_weight'), q('PAWSModel.nn_embedding')) == (
+        1.0, 'prediction')
+    assert q('train.optimizer_cls').scoped_configurable_fn.__name__ == \
+        'AdamW'
+    assert (q('WarmupCosineDecay.start_lr'), q('WarmupCosineDecay.ref_lr'),
+            q('WarmupCosineDecay.final_lr'),
+            q('WarmupCosineDecay.warmup_epochs')) == (2e-4, 1e-3, 1e-6, 10)
+    assert (q('AdamW.weight_decay'), q('AdamW.final_weight_decay')) == (
+        0.04, 0.4)
+    multicrop = q('make_pretrain_dataset_fn.multicrop'
+                  ).scoped_configurable_fn()
+    assert (multicrop.global_size, multicrop.local_size) == (224, 96)
+    model, _ = trainable_parameters()
+    assert model.backbone.name == 'vit_small'
+    assert model.backbone.side_multiple == 16
+    assert [(layer.name, getattr(layer, 'units', None))
+            for layer in model.projection_head.mlp_layers] == [
+        ('fc1', 256), ('bn1', None), ('gelu1', None), ('fc2', 256),
+        ('bn2', None), ('gelu2', None), ('fc3', 256)]
+    assert [(layer.name, getattr(layer, 'units', None))
+            for layer in model.prediction_head.mlp_layers] == [
+        ('bn0', None), ('fc1', 256), ('bn1', None), ('gelu1', None),
+        ('fc2', 256)]
 
 
 def test_small_batch_config_is_table_7(clean_gin):

@@ -36,7 +36,8 @@ OFFICIAL = {
 OFFICIAL_PROCESSES = 4
 IMAGENET_CONFIGS = ['imagenet.gin', 'imagenet_rn50_1pct.gin',
                     'imagenet_rn50_10pct.gin', 'imagenet_rn50_10pct_8gpu.gin',
-                    'imagenet_rn50x2_10pct.gin', 'imagenet_rn50x4_10pct.gin']
+                    'imagenet_rn50x2_10pct.gin', 'imagenet_rn50x4_10pct.gin',
+                    'imagenet_vits16_10pct.gin']
 
 
 @pytest.mark.parametrize('gin_file', IMAGENET_CONFIGS)

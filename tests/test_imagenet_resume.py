@@ -101,9 +101,9 @@ def learning_rates(model_dir):
         acc = event_accumulator.EventAccumulator(
             path, size_guidance={event_accumulator.TENSORS: 0})
         acc.Reload()
-        if 'lars/learning_rate' not in acc.Tags()['tensors']:
+        if 'optimizer/learning_rate' not in acc.Tags()['tensors']:
             continue
-        for event in acc.Tensors('lars/learning_rate'):
+        for event in acc.Tensors('optimizer/learning_rate'):
             rates[event.step] = float(tf.make_ndarray(event.tensor_proto))
     return rates
 

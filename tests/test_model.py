@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import adamw
 from paws_tf import lars
 from paws_tf import losses
 from paws_tf import model as model_lib
@@ -14,7 +15,8 @@ from tests.helpers import tiny_model
 from tests.test_losses import np_labels
 
 
-def _one_step_each(two_replicas, views, unique, optimizer_fn):
+def _one_step_each(two_replicas, views, unique, optimizer_fn,
+                   backbone='small_resnet'):
     """One train_step on 2 replicas and on one device, same global batch.
 
     Returns (names, before, distributed_after, single_after) weight lists.
@@ -31,11 +33,11 @@ def _one_step_each(two_replicas, views, unique, optimizer_fn):
                                           multicrop, replica=r, num_replicas=2,
                                           unique=unique) for r in range(2)]
     with two_replicas.scope():
-        distributed = tiny_model.make(sync_bn=True)
+        distributed = tiny_model.make(sync_bn=True, backbone=backbone)
         tiny_model.compile_and_build(distributed, optimizer=optimizer_fn())
     # Same BN math on one device (fused BN would apply Bessel's correction
     # to the moving variance, synchronised BN does not).
-    single = tiny_model.make(sync_bn=True)
+    single = tiny_model.make(sync_bn=True, backbone=backbone)
     tiny_model.compile_and_build(single, optimizer=optimizer_fn())
     single.set_weights(distributed.get_weights())
     before = [w.copy() for w in single.get_weights()]
@@ -51,15 +53,24 @@ def _one_step_each(two_replicas, views, unique, optimizer_fn):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('views,unique', [(1, True), (2, False)])
+@pytest.mark.parametrize('views,unique,backbone', [
+    (1, True, 'small_resnet'), (2, False, 'small_resnet'),
+    pytest.param(1, True, 'vit_tiny', marks=pytest.mark.long)])
 def test_mirrored_gradient_equals_single_device_gradient(two_replicas, views,
-                                                         unique):
+                                                         unique, backbone):
     """Sync BN + gathered supports + all-reduced me-max + loss / R: the
     summed replica gradients equal the one-device gradient of the global
-    batch. Plain SGD (update = -lr * gradient) so a scale error shows."""
+    batch. Plain SGD (update = -lr * gradient) so a scale error shows. The
+    ViT (layer norms, no batch norm in the trunk) with 4-px patches of the
+    8-px and 4-px views, its position embeddings resampled for the latter
+    (12 s on 2 cores).
+
+    Fails, for the ViT, if its attention's softmax runs across the batch
+    (axis 0 in `vit.scaled_dot_product_attention`), which a replica's half
+    of the batch computes otherwise."""
     names, before, got, want = _one_step_each(
         two_replicas, views, unique,
-        lambda: tf_keras.optimizers.SGD(learning_rate=1.0))
+        lambda: tf_keras.optimizers.SGD(learning_rate=1.0), backbone)
     steps = [(new_d - old, new_s - old)
              for old, new_d, new_s in zip(before, got, want)]
     largest = max(np.abs(step_s).max() for _, step_s in steps)
@@ -209,6 +220,7 @@ def test_train_step_metrics_match_the_objective():
     for name in stats_names:
         np.testing.assert_allclose(logs[name], stats[name.split('_')[-1]])
     assert logs['trust_ratio_min'] <= logs['trust_ratio_max']
+    assert 'weight_decay' not in logs  # AdamW's.
 
 
 def test_build_model_from_gin():
@@ -247,3 +259,32 @@ def test_logged_learning_rate_is_the_one_each_step_used():
     for value in want:
         np.testing.assert_allclose(step(data)['learning_rate'], value,
                                    rtol=1e-5, atol=1e-7)
+
+
+def test_the_step_logs_what_the_running_optimizer_has():
+    """With AdamW and its cosine weight decay, the step logs the learning
+    rate and the weight decay each update used (closed forms: warm-up then
+    cosine; DINO's cosine from 0.04 to 0.4 over the 6 updates), and no
+    trust ratios (LARS's: test_train_step_metrics_match_the_objective).
+
+    Fails if the weight decay logged is the next update's (tried:
+    `applied_weight_decay` at `iterations`, not `iterations - 1`), or if
+    AdamW's log carries LARS's trust ratios (zeros)."""
+    model = tiny_model.make()
+    schedule = schedules.WarmupCosineDecay(steps_per_epoch=2, num_epochs=3,
+                                           start_lr=0.1, ref_lr=1.0,
+                                           final_lr=0.0, warmup_epochs=1)
+    tiny_model.compile_and_build(model, optimizer=adamw.AdamW(
+        schedule, weight_decay=0.04, final_weight_decay=0.4))
+    data = tiny_model.random_step(np.random.default_rng(5), 2, 2, 2, 1, 2)
+    step = tf.function(model.train_step)
+    learning_rates = [0.1, 0.55, 1.0, 0.5 * (1 + np.cos(np.pi / 4))]
+    for t, learning_rate in enumerate(learning_rates):
+        logs = step(data)
+        np.testing.assert_allclose(logs['learning_rate'], learning_rate,
+                                   rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(
+            logs['weight_decay'],
+            0.4 + 0.5 * (0.04 - 0.4) * (1 + np.cos(np.pi * t / 6)),
+            rtol=1e-6)
+        assert not set(model_lib.TRUST_RATIOS) & set(logs)

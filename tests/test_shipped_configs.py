@@ -106,6 +106,9 @@ SHRINK = {
         'build_backbone.width_multiplier = 1'],
     'imagenet_rn50x4_10pct.gin': _IMAGENET + [
         'build_backbone.width_multiplier = 1'],
+    # ViT-S/16 at one block, with position embeddings for 64-px images.
+    'imagenet_vits16_10pct.gin': _IMAGENET + [
+        'build_backbone.image_size = 64', 'build_backbone.depth = 1'],
     'mismatch_fashion_mnist.gin': _FASHION,
     'mismatch_fashion_mnist_curated.gin': _FASHION,
     'mismatch_fashion_mnist_curated_ropaws.gin': _FASHION,
@@ -376,8 +379,12 @@ def test_shipped_config_runs_every_mode(gin_file, request, tmp_path):
     0.053, 0.064 for 0.015, 0.005, 0), if the export differs from the
     checkpoint, if the ImageNet validation draw is not the hand-drawn one
     outside both subsets (tried, imagenet_rn50_1pct.gin: the subsets'
-    images not excluded in `tfds_sources._validation_examples`), or if the
-    kept epoch is not the best logged one.
+    images not excluded in `tfds_sources._validation_examples`), if the
+    kept epoch is not the best logged one, or if a ViT config does not
+    train or fine-tune (tried, imagenet_vits16_10pct.gin: the model built
+    on 8-px images in `building.build_model`, not a multiple of its patch;
+    `linear_fine_tune.build_classifier` taking relu1 only, not the GELU
+    head's gelu1: both stop with a ValueError).
     """
     assert gin_file in SHRINK, (
         f'Add a row for {gin_file} to SHRINK in {pathlib.Path(__file__).name}'

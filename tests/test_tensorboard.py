@@ -25,8 +25,9 @@ BINDINGS = (f'train.num_epochs = {EPOCHS}', 'train.log_every_steps = 1',
             'train.verbose = 0', 'train_supervised.steps = 20')
 TRAIN_TAGS = {
     'loss/total', 'loss/cross_entropy', 'loss/me_max',
-    'paws/target_confidence', 'lars/learning_rate', 'lars/trust_ratio_mean',
-    'lars/trust_ratio_min', 'lars/trust_ratio_max', 'diagnostics/nt_xent',
+    'paws/target_confidence', 'optimizer/learning_rate',
+    'lars/trust_ratio_mean', 'lars/trust_ratio_min', 'lars/trust_ratio_max',
+    'diagnostics/nt_xent',
     'diagnostics/suncet', 'throughput/views_per_second',
     'throughput/seconds_per_step', 'throughput/epoch_views_per_second',
     'epoch/loss', 'epoch/cross_entropy', 'epoch/me_max',

@@ -63,7 +63,7 @@ def test_train_checkpoints_logs_and_does_not_retrain(debug_config, tmp_path):
     train_logs = str(tmp_path / 'tensorboard' / 'train')
     scalars = tags(train_logs, 'tensors')
     assert {'throughput/views_per_second', 'epoch/loss',
-            'epoch/cross_entropy', 'epoch/me_max', 'lars/learning_rate',
+            'epoch/cross_entropy', 'epoch/me_max', 'optimizer/learning_rate',
             'lars/trust_ratio_mean', 'epoch/target_confidence',
             'loss/total'} <= scalars
     assert all('/' in tag for tag in scalars), scalars  # Grouped.

@@ -1,6 +1,7 @@
 """Tests for paws_tf.nets.vit: timm's VisionTransformer in PyTorch
 (tests/helpers/timm_vit.py) is the reference."""
 
+import gin
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 from paws_tf import checks
 from paws_tf.nets import backbones
 from paws_tf.nets import vit
+from paws_tf.runner import building
 from tests.helpers import timm_vit
 
 # Small-contrast images keep LayerNorm's inputs of small variance, where
@@ -305,3 +307,23 @@ def test_build_backbone_builds_the_vits_by_name():
             r"build_backbone.widths is not an argument of backbone "
             r"'vit_tiny': .*\['patch_size', 'image_size', 'depth'\]")):
         backbones.check_arguments('vit_tiny', ['widths'])
+
+
+def test_the_paws_model_builds_around_a_vit(clean_gin):
+    """`building.build_model` builds every layer of a PAWS model whose ViT
+    takes 16-px patches, with the parameters counted by hand.
+
+    Fails if the model is built on images whose side is not a multiple of
+    the patch size (8 px: `patch_embed` raises ValueError)."""
+    for name, value in (('name', 'vit_tiny'), ('patch_size', 16),
+                        ('image_size', 32), ('depth', 1)):
+        gin.bind_parameter(f'build_backbone.{name}', value)
+    model = building.build_model(tf.distribute.get_strategy(),
+                                 input_channels=3)
+    assert model.built and model.prediction_head.built
+    d, c, p, grid = 192, 3, 16, (32 // 16) ** 2
+    block = (2 * d + (d * 3 * d + 3 * d) + (d * d + d) + 2 * d +
+             (d * 4 * d + 4 * d) + (4 * d * d + d))
+    expected = (p * p * c * d + d) + (d + (1 + grid) * d) + block + 2 * d
+    assert sum(int(np.prod(v.shape))
+               for v in model.backbone.trainable_variables) == expected

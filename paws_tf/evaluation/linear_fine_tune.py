@@ -34,8 +34,9 @@ _TRAIN_TAGS = (101, 102)
 
 
 def build_classifier(model, num_classes):
-    """Backbone -> fc1 -> bn1 -> ReLU -> linear layer initialised to zero,
-    images -> float32 `[B, num_classes]` logits.
+    """Backbone -> fc1 -> bn1 -> the head's activation (ReLU, or GELU in
+    the ViT recipe) -> linear layer initialised to zero, images -> float32
+    `[B, num_classes]` logits.
 
     PAWS App. A follows SimCLRv2: fine-tune from the first layer of the
     projection head. Copies of the layers are made in the current strategy
@@ -44,10 +45,13 @@ def build_classifier(model, num_classes):
     Raises:
         ValueError: the projection head has no hidden layer.
     """
-    first = model.projection_head.mlp_layers[:3]
-    if [layer.name for layer in first] != ['fc1', 'bn1', 'relu1']:
-        raise ValueError('The projection head has no fc1 -> bn1 -> relu1 '
-                         'layer to fine-tune from (num_layers >= 2).')
+    head = model.projection_head
+    first = head.mlp_layers[:3]
+    activation = f'{head.activation}1'
+    if [layer.name for layer in first] != ['fc1', 'bn1', activation]:
+        raise ValueError(f'The projection head has no fc1 -> bn1 -> '
+                         f'{activation} layer to fine-tune from (num_layers '
+                         '>= 2).')
     inputs, hidden = tuning.copy_layers([model.backbone] + first)  # [B, H]
     logits = tf_keras.layers.Dense(
         num_classes, kernel_initializer='zeros', bias_initializer='zeros',

@@ -117,6 +117,7 @@ def _features_model(inputs, x, name):
     features = tf_keras.layers.GlobalAveragePooling2D(name='avg_pool')(x)
     model = tf_keras.Model(inputs, features, name=name)  # [B, F]
     model.output_dim = int(features.shape[-1])
+    model.side_multiple = 1  # Any image side goes through.
     return model
 
 
@@ -343,7 +344,9 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
     Returns:
         A `tf_keras.Model` mapping [B, H, W, C] float images to [B, F]
         features (in the compute dtype of the global mixed-precision
-        policy), with the int attribute `output_dim` = F.
+        policy), with the int attributes `output_dim` = F and
+        `side_multiple`, of which every image side must be a multiple (1
+        for the ResNets, the patch size for the ViTs).
 
     Raises:
         ValueError: unknown `name` or architecture argument, or a bad value.

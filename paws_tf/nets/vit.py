@@ -328,8 +328,8 @@ def build_vit(name, *, patch_size=16, image_size=224, input_channels=3,
     Returns:
         A `tf_keras.Model` mapping [B, H, W, C] float images (H and W
         multiples of p) to [B, D] features (in the compute dtype of the
-        global mixed-precision policy), with the int attribute
-        `output_dim` = D.
+        global mixed-precision policy), with the int attributes
+        `output_dim` = D and `side_multiple` = p.
 
     Raises:
         ValueError: unknown `name`, or a bad size.
@@ -353,4 +353,5 @@ def build_vit(name, *, patch_size=16, image_size=224, input_channels=3,
     features = _layer_norm('norm')(x[:, 0])  # [B, D]
     model = tf_keras.Model(inputs, features, name=name)
     model.output_dim = dim
+    model.side_multiple = patch_size
     return model

@@ -1,5 +1,7 @@
 """The PAWS model and its optimizer under a strategy and a precision policy."""
 
+import math
+
 import tensorflow as tf
 import tf_keras
 
@@ -16,8 +18,10 @@ def build_model(strategy, *, input_channels):
         model = model_lib.build_model(
             input_channels=input_channels,
             sync_bn=strategy.num_replicas_in_sync > 1)
-        # `model(...)` sets Keras' `built` and builds every head.
-        model(tf.zeros([1, 8, 8, input_channels]))
+        # `model(...)` sets Keras' `built` and builds every head, on
+        # images of a side the backbone takes (a ViT's: patch multiples).
+        side = math.lcm(8, model.backbone.side_multiple)
+        model(tf.zeros([1, side, side, input_channels]))
     return model
 
 

@@ -35,14 +35,18 @@ class StopOnNonFiniteLoss(tf_keras.callbacks.Callback):
                 self._checkpoint_dir)
 
 
-# TensorBoard's tag of each value `PAWSModel.train_step` returns, grouped.
+# TensorBoard's tag of each value `PAWSModel.train_step` returns, grouped;
+# the step returns the trust ratios with LARS only, the weight decay with
+# AdamW only.
 TRAIN_TAGS = {
     'loss': 'loss/total', 'cross_entropy': 'loss/cross_entropy',
     'me_max': 'loss/me_max', 'target_confidence': 'paws/target_confidence',
-    'in_domain': 'paws/in_domain', 'learning_rate': 'lars/learning_rate',
+    'in_domain': 'paws/in_domain',
+    'learning_rate': 'optimizer/learning_rate',
     'trust_ratio_mean': 'lars/trust_ratio_mean',
     'trust_ratio_min': 'lars/trust_ratio_min',
     'trust_ratio_max': 'lars/trust_ratio_max',
+    'weight_decay': 'adamw/weight_decay',
     'nt_xent': 'diagnostics/nt_xent', 'suncet': 'diagnostics/suncet'}
 # Means over the epoch in `fit`'s logs: each step's value is under
 # `model.STEP_PREFIX + name`, the epoch's goes to TensorBoard's `epoch/`.

@@ -9,6 +9,27 @@ import gin
 from paws_tf import configurables  # noqa: F401  (registers the configurables)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+# debug.gin's run with the Vision Transformer recipe at its size: vit_tiny
+# of one block cutting its 16-px global and 8-px local views into 4-px
+# patches, GELU heads, AdamW with a cosine weight decay, learning rates
+# for Adam.
+VIT = ("build_backbone.name = 'vit_tiny'", 'build_backbone.patch_size = 4',
+       'build_backbone.image_size = 16', 'build_backbone.depth = 1',
+       "ProjectionHead.activation = 'gelu'",
+       'train.optimizer_cls = @AdamW', 'AdamW.weight_decay = 0.04',
+       'AdamW.final_weight_decay = 0.4', 'WarmupCosineDecay.start_lr = 1e-4',
+       'WarmupCosineDecay.ref_lr = 1e-3', 'WarmupCosineDecay.final_lr = 1e-5')
+
+
+def write_vit_config(path):
+    """debug.gin with its small ResNet's bindings replaced by `VIT`,
+    written to `path` (a ResNet's architecture arguments are refused with
+    a ViT); returns `path`."""
+    lines = [line for line in
+             (REPO / 'gin_configs' / 'debug.gin').read_text().splitlines()
+             if not line.startswith('build_backbone.')]
+    pathlib.Path(path).write_text('\n'.join(lines + list(VIT)) + '\n')
+    return path
 
 
 @contextlib.contextmanager

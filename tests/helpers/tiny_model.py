@@ -11,30 +11,39 @@ from paws_tf.nets import heads
 # The smallest small_resnet the tests use. Strided 1x1 convolutions need 8
 # input channels under oneDNN (onednn.check_conv_safe), hence 8, 16.
 TINY = dict(widths=(8, 16), blocks_per_stage=(1, 1), stage_strides=(2, 2))
+# The smallest ViT (F = 192): one block, 4-px patches of 8-px views.
+TINY_VIT = dict(patch_size=4, image_size=8, depth=1)
+BACKBONES = {'small_resnet': TINY, 'vit_tiny': TINY_VIT}
 
 
 def make(sync_bn=False, prediction_head=True, *, channels=3, hidden=8,
-         width=6, prediction_hidden=4, **kwargs):
+         width=6, prediction_hidden=4, activation='relu',
+         backbone='small_resnet', **kwargs):
     """An unbuilt tiny PAWSModel: the `TINY` backbone (F = 16), projection
     `hidden` -> `width`, prediction `prediction_hidden` -> `width`.
 
     Args:
         sync_bn: synchronised batch norm in the backbone and heads.
+        backbone: 'small_resnet' (`TINY`) or 'vit_tiny' (`TINY_VIT`).
         prediction_head: with a prediction head.
         channels: input channels.
         hidden, width, prediction_hidden: head widths.
+        activation: the heads' (`heads.ACTIVATIONS`).
         **kwargs: other `PAWSModel` arguments; `diagnostics_every`
             defaults to 0.
     """
-    backbone = backbones.build_backbone(
-        'small_resnet', input_channels=channels, sync_bn=sync_bn, **TINY)
+    trunk = backbones.build_backbone(
+        backbone, input_channels=channels, sync_bn=sync_bn,
+        **BACKBONES[backbone])
     projection = heads.ProjectionHead(hidden_dim=hidden, output_dim=width,
-                                      sync_bn=sync_bn)
+                                      activation=activation, sync_bn=sync_bn)
     prediction = (heads.PredictionHead(hidden_dim=prediction_hidden,
-                                       output_dim=width, sync_bn=sync_bn)
+                                       output_dim=width,
+                                       activation=activation,
+                                       sync_bn=sync_bn)
                   if prediction_head else None)
     kwargs.setdefault('diagnostics_every', 0)
-    return model_lib.PAWSModel(backbone, projection, prediction, **kwargs)
+    return model_lib.PAWSModel(trunk, projection, prediction, **kwargs)
 
 
 def build(channels=3, size=16, seed=0):
