@@ -316,7 +316,9 @@ CPU_CONFIGS = ('debug', 'demo_fashion_mnist', 'demo_fashion_mnist_quick',
                'mismatch_fashion_mnist', 'mismatch_fashion_mnist_curated',
                'mismatch_fashion_mnist_curated_ropaws',
                'mismatch_fashion_mnist_ropaws',
-               'mismatch_fashion_mnist_validation')
+               'mismatch_fashion_mnist_validation', 'transfer_fashion_mnist',
+               'transfer_fashion_mnist_source',
+               'transfer_fashion_mnist_validation')
 
 
 @pytest.mark.parametrize('config', sorted(
