@@ -1,12 +1,11 @@
 """AdamW as PyTorch's, with DINO's cosine weight-decay schedule."""
 
-import re
-
 import gin
 import tensorflow as tf
 import tf_keras
 
 from paws_tf import checks
+from paws_tf import lars
 from paws_tf import schedules
 
 # Last name components of the ViT's class token and position embeddings,
@@ -27,21 +26,6 @@ def is_excluded_from_decay(variable):
     """
     name = variable.name.split('/')[-1].split(':')[0]
     return variable.shape.rank <= 1 or name in TOKEN_NAMES
-
-
-def _as_predicate(exclude_from_weight_decay):
-    """Turns a predicate, a regex string or None into a
-    `tf.Variable -> bool`."""
-    if exclude_from_weight_decay is None:
-        return is_excluded_from_decay
-    if isinstance(exclude_from_weight_decay, str):
-        pattern = re.compile(exclude_from_weight_decay)
-        return lambda variable: pattern.search(variable.name) is not None
-    if callable(exclude_from_weight_decay):
-        return exclude_from_weight_decay
-    raise TypeError(
-        'exclude_from_weight_decay must be None, a regex string or a '
-        f'callable tf.Variable -> bool, got {exclude_from_weight_decay!r}.')
 
 
 @tf_keras.saving.register_keras_serializable(package='paws_tf')
@@ -122,8 +106,9 @@ class AdamW(tf_keras.optimizers.Optimizer):
         self.beta_2 = beta_2
         self.epsilon = epsilon
         self._exclude_from_weight_decay_arg = exclude_from_weight_decay
-        self.exclude_from_weight_decay = _as_predicate(
-            exclude_from_weight_decay)
+        self.exclude_from_weight_decay = lars.as_predicate(
+            exclude_from_weight_decay, is_excluded_from_decay,
+            'exclude_from_weight_decay', takes='tf.Variable')
         self.weight_decay_schedule = lambda step: weight_decay
         if final_weight_decay is not None:
             if not all(hasattr(learning_rate, key) for key in (

@@ -31,18 +31,22 @@ def _norm(x):
     return tf.sqrt(2.0 * tf.nn.l2_loss(x))
 
 
-def _as_predicate(exclude_from_adaptation):
-    """Turns a predicate, a regex string or None into a `str -> bool`."""
-    if exclude_from_adaptation is None:
-        return is_bias_or_norm
-    if isinstance(exclude_from_adaptation, str):
-        pattern = re.compile(exclude_from_adaptation)
-        return lambda name: pattern.search(name) is not None
-    if callable(exclude_from_adaptation):
-        return exclude_from_adaptation
-    raise TypeError(
-        'exclude_from_adaptation must be None, a regex string or a callable '
-        f'str -> bool, got {exclude_from_adaptation!r}.')
+def as_predicate(value, default, parameter, takes='str'):
+    """An optimizer's exclusion argument `value` as a predicate on what
+    `takes` names (`'str'`, a variable name, or `'tf.Variable'`): None is
+    `default`, a regex string is searched in the name, a callable is
+    itself; `parameter` names the argument in the TypeError."""
+    if value is None:
+        return default
+    if isinstance(value, str):
+        pattern = re.compile(value)
+        if takes == 'str':
+            return lambda name: pattern.search(name) is not None
+        return lambda variable: pattern.search(variable.name) is not None
+    if callable(value):
+        return value
+    raise TypeError(f'{parameter} must be None, a regex string or a callable '
+                    f'{takes} -> bool, got {value!r}.')
 
 
 @tf_keras.saving.register_keras_serializable(package='paws_tf')
@@ -109,7 +113,8 @@ class LARS(tf_keras.optimizers.Optimizer):
         self.trust_coefficient = trust_coefficient
         self.eps = eps
         self._exclude_from_adaptation_arg = exclude_from_adaptation
-        self.exclude_from_adaptation = _as_predicate(exclude_from_adaptation)
+        self.exclude_from_adaptation = as_predicate(
+            exclude_from_adaptation, is_bias_or_norm, 'exclude_from_adaptation')
 
     @staticmethod
     def check_arguments(*, momentum, weight_decay, trust_coefficient, eps,

@@ -307,6 +307,12 @@ def test_custom_exclusion_is_honoured():
     np.testing.assert_allclose(bias.numpy(), 1.0 - 0.5 * 0.1, rtol=1e-6)
 
 
+def test_invalid_exclusion_raises():
+    with pytest.raises(TypeError, match=r'exclude_from_weight_decay .* '
+                                        r'callable tf\.Variable -> bool'):
+        adamw.AdamW(learning_rate=0.1, exclude_from_weight_decay=3)
+
+
 def test_get_config_round_trip():
     optimizer = _make_optimizer(beta_2=0.99, epsilon=1e-6,
                                 exclude_from_weight_decay='bias$',
