@@ -404,3 +404,33 @@ def test_shipped_config_runs_every_mode(gin_file, request, tmp_path):
         _check_imagenet_learning_rates(model_dir, 3, 0.02)
     else:
         _check_cifar10_fine_tune(model_dir, output)
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_the_documented_transfer_runs(request, tmp_path):
+    """docs/own_images.md's transfer commands, shrunk: the source model on
+    five classes, PAWS-NN of it on the other five with no training, and
+    PAWS continued from it in `--mode=demo`.
+
+    Fails if the transfer's support or test holds the source's classes, or
+    if the continued run does not start from the source model (tried:
+    `train._resume` not loading `train.pretrained_model`)."""
+    data = _data_bindings('transfer_fashion_mnist.gin', request, tmp_path)
+    shrink = SHRINK['transfer_fashion_mnist.gin'] + data
+    source = tmp_path / 'source'
+    _run('transfer_fashion_mnist_source.gin', str(source), shrink,
+         'train_and_evaluate')
+    _run('transfer_fashion_mnist.gin', str(tmp_path / 'nn'), shrink + [
+        f"evaluate_nn.from_model = '{source}'"], 'evaluate_nn')
+    with open(tmp_path / 'nn' / 'eval' / 'paws_nn.json') as f:
+        figures = json.load(f)
+    # fashion_mnist_dir: 4 test images of each class; 2 labels a class.
+    assert (figures['num_support'], figures['num_queries']) == (10, 20)
+    continued = tmp_path / 'continued'
+    _run('transfer_fashion_mnist.gin', str(continued), shrink + [
+        f"train.pretrained_model = '{source}'"], 'demo')
+    history = (continued / 'run_history.txt').read_text()
+    assert f'from the model of {source}' in history, history
+    with open(continued / 'results.json') as f:
+        assert json.load(f)['num_labeled'] == 10

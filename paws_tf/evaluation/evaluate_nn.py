@@ -96,13 +96,13 @@ def embedder_of(path):
     the `RunDir.embedder` of the run directory `path`.
 
     Raises:
-        FileNotFoundError: neither holds an export, naming the fix.
+        checks.ConfigError: neither holds an export, naming the fix.
     """
     for candidate in (path, run_dir.RunDir(path).embedder):
         if tf.io.gfile.exists(
                 os.path.join(candidate, export.PREPROCESSING_FILENAME)):
             return candidate
-    raise FileNotFoundError(
+    raise checks.ConfigError(
         f'evaluate_nn.from_model = {path!r} is neither an embedder export '
         f'nor a run directory with one ({run_dir.RunDir(path).embedder}): '
         f'export it first (run.py --mode=export --model_dir={path} with '

@@ -13,6 +13,7 @@ from paws_tf import checks
 from paws_tf import model as model_lib
 from paws_tf import nets
 from paws_tf.data import normalization as normalization_lib
+from paws_tf.evaluation import evaluate_nn
 from paws_tf.nets import backbones
 from paws_tf import run_dir
 from paws_tf.nets import vit
@@ -168,7 +169,7 @@ def existing_model():
 
     Raises:
         checks.ConfigError: it is bound to None (a MODEL macro left for the
-            command line).
+            command line), or to a path without an embedder export.
     """
     try:
         gin.query_parameter('evaluate_nn.from_model')
@@ -180,6 +181,7 @@ def existing_model():
             f'{name} is not bound: bind it to the model to evaluate (a run '
             f"directory or its export), e.g. --gin_bindings=\"{name} = "
             "'runs/imported'\".")
+    evaluate_nn.embedder_of(path)
     return path
 
 
