@@ -11,6 +11,7 @@ from paws_tf import checks
 from paws_tf import configurables  # noqa: F401  (registers configurables)
 from paws_tf.data import augment
 from paws_tf.data import normalization as normalization_lib
+from paws_tf.evaluation import export
 from paws_tf.runner import config_checks
 
 
@@ -74,10 +75,16 @@ def check(name, bindings):
 @pytest.mark.parametrize('name', sorted(  # base.gin: shared values only.
     p.name for p in (REPO / 'gin_configs').glob('*.gin')
     if p.name != 'base.gin'))
-def test_every_shipped_config_passes(clean_gin, folders, name):
+def test_every_shipped_config_passes(clean_gin, folders, name, tmp_path):
     bindings = folders if name.startswith('image_folders') else []
     if name == 'existing_model_folders.gin':
-        bindings = ["MODEL = 'runs/imported'", folders[0], folders[2]]
+        # A run directory with an embedder export, as far as the checks
+        # look: its preprocessing file.
+        embedder = tmp_path / 'imported' / 'export' / 'embedder'
+        embedder.mkdir(parents=True)
+        (embedder / export.PREPROCESSING_FILENAME).write_text('{}')
+        bindings = [f"MODEL = '{tmp_path / 'imported'}'", folders[0],
+                    folders[2]]
     check(name, bindings)
 
 
