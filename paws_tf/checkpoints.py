@@ -294,10 +294,9 @@ def _restore_backbone(backbone, prefix):
         more = len(missing) - _MAX_NAMES_SHOWN
         raise ValueError(
             f'{len(missing)} of {len(backbone.variables)} variables have no '
-            f'value of their shape under the "backbone" key of the checkpoint'
-            ' (written by '
-            'another architecture, or not with tf.train.Checkpoint('
-            f'backbone=...)?): {shown}' + (f' and {more} more' if more > 0
+            'value of their shape under the "backbone" key of the '
+            'checkpoint (written by another architecture, or not with '
+            f'tf.train.Checkpoint(backbone=...)?): {shown}' + (f' and {more} more' if more > 0
                                           else ''))
     # Extra stored values (heads, optimizer slots) are fine.
     root.read(prefix).expect_partial().assert_existing_objects_matched()

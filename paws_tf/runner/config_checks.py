@@ -164,8 +164,9 @@ def _check_normalization(folder, required=True):
 
 
 def existing_model():
-    """The existing model `evaluate_nn.from_model` names, or None when the
-    config does not bind it.
+    """The embedder export of the existing model `evaluate_nn.from_model`
+    names (`evaluate_nn.embedder_of`), or None when the config does not
+    bind it.
 
     Raises:
         checks.ConfigError: it is bound to None (a MODEL macro left for the
@@ -181,8 +182,7 @@ def existing_model():
             f'{name} is not bound: bind it to the model to evaluate (a run '
             f"directory or its export), e.g. --gin_bindings=\"{name} = "
             "'runs/imported'\".")
-    evaluate_nn.embedder_of(path)
-    return path
+    return evaluate_nn.embedder_of(path)
 
 
 def _check_backbone(multicrop):

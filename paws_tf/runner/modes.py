@@ -103,21 +103,20 @@ def _export_classifier(model_dir, model, labeled, preprocessing, *,
         **preprocessing)
 
 
-def evaluate_existing(model_dir, strategy, path):
-    """PAWS-NN of the existing model `path` (`evaluate_nn.from_model`) on
-    the config's labeled and test data, with the preprocessing recorded in
-    its export, into `model_dir`, where its PAWS-NN classifier of these
-    classes is exported too (`RunDir.classifier`). The chief's work; the
-    other workers wait. Returns the PAWS-NN results on the chief.
+def evaluate_existing(model_dir, strategy, embedder):
+    """PAWS-NN of the existing model whose embedder export is `embedder`
+    (`config_checks.existing_model`) on the config's labeled and test
+    data, with the preprocessing recorded in its export, into `model_dir`,
+    where its PAWS-NN classifier of these classes is exported too
+    (`RunDir.classifier`). The chief's work; the other workers wait.
+    Returns the PAWS-NN results on the chief.
 
     Raises:
-        FileNotFoundError: `path` holds no embedder export.
         checks.ConfigError: the config's folders decode to other channels
             than the model takes.
     """
     results = None
     if cluster.is_chief(strategy):
-        embedder = evaluate_nn.embedder_of(path)
         stored = export.read_preprocessing(embedder)
         config_checks.check_folder_channels(
             stored['channels'], f'The model of {embedder}')
