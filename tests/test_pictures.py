@@ -93,12 +93,13 @@ def test_pictures_of_an_evaluation(tmp_path):
     drawer = pictures.Pictures(
         labeled, test, preprocessing=dict(image_size=8, crop_fraction=1.0),
         num_examples=2, num_neighbours=3)
-    matrix, figure = drawer(
-        str(tmp_path), 5, supports=embeddings[:6], support_labels=labels[:6],
-        queries=embeddings[6:], query_labels=labels[6:], tau=0.1)
-
     weights = _softmax(_cosine(embeddings[6:], embeddings[:6]) / 0.1)
     test_probs = weights @ np.eye(3)[labels[:6]]
+    matrix, figure = drawer(
+        str(tmp_path), 5, supports=embeddings[:6], support_labels=labels[:6],
+        queries=embeddings[6:], query_labels=labels[6:],
+        predictions=test_probs.argmax(axis=1), tau=0.1)
+
     own = np.exp(_cosine(embeddings[:6], embeddings[:6]) / 0.1)
     np.fill_diagonal(own, 0)
     labeled_probs = (own / own.sum(axis=1, keepdims=True)) @ np.eye(3)[

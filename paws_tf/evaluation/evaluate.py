@@ -134,8 +134,8 @@ def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
         embed_fn, support_dataset, query_dataset: as for `embed_dataset`:
             the datasets of every labeled image and of the test images.
         num_classes, tau, query_chunk: as for `classify`.
-        keep: add the embeddings and labels to the results, as
-            `embedded`: `pictures.Pictures`' keyword arguments.
+        keep: add the embeddings, labels and top-1 predictions to the
+            results, as `embedded`: `pictures.Pictures`' keyword arguments.
 
     Returns:
         dict: `top1` and (K >= 5) `top5` accuracies, `num_support`,
@@ -174,7 +174,8 @@ def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
     if keep:
         results['embedded'] = dict(
             supports=supports, support_labels=support_labels,
-            queries=queries, query_labels=query_labels)
+            queries=queries, query_labels=query_labels,
+            predictions=top_ids[:, 0])
     return results
 
 

@@ -177,7 +177,7 @@ class Pictures:
             str(k) for k in range(int(np.max(labeled.labels)) + 1))
 
     def __call__(self, log_dir, step, *, supports, support_labels, queries,
-                 query_labels, tau):
+                 query_labels, predictions, tau):
         """Writes the projector in `log_dir`, and the confusion matrix and
         neighbours images at `step` as TensorBoard images
         `paws_nn_pictures/*` there; returns `(confusion matrix, figure)`:
@@ -188,12 +188,11 @@ class Pictures:
             supports, queries: `[M, D]`, `[N, D]` embeddings, in source
                 order.
             support_labels, query_labels: their `[M]`, `[N]` class ids.
+            predictions: `[N]` PAWS-NN's class of each query
+                (`evaluate.classify`'s top-1), for the confusion matrix.
             tau: PAWS-NN's temperature.
         """
         num_classes = len(self.class_names)
-        weights = support_weights(queries, supports, tau)  # [N, M]
-        predictions, confidences = predict(weights, support_labels,
-                                           num_classes)
         matrix = confusion_matrix(query_labels, predictions, num_classes)
         labeled, test = self._sources
         shown, labeled_images = self._points(labeled)
@@ -204,6 +203,12 @@ class Pictures:
             own / own.sum(axis=1, keepdims=True), support_labels,
             num_classes)
         queried, test_images = self._points(test)
+        # The projector's test images only: every query's weights would be
+        # [N, M] at once (ImageNet: 50,000 x 128,000), which classify
+        # computes in chunks.
+        weights = support_weights(tf.gather(queries, queried), supports, tau)
+        predictions, confidences = predict(weights, support_labels,
+                                           num_classes)
         names = np.array(self.class_names)
         write_projector(
             log_dir,
@@ -211,10 +216,9 @@ class Pictures:
                             tf.gather(queries, queried)]),
             zip(names[np.concatenate([support_labels[shown],
                                       query_labels[queried]])],
-                names[np.concatenate([own_predictions,
-                                      predictions[queried]])],
+                names[np.concatenate([own_predictions, predictions])],
                 [f'{c:.3f}' for c in np.concatenate(
-                    [own_confidences, confidences[queried]])],
+                    [own_confidences, confidences])],
                 ['labeled'] * len(shown) + ['test'] * len(queried)),
             np.concatenate([labeled_images, test_images]))
         figure = mpl_figure.Figure(
@@ -223,9 +227,8 @@ class Pictures:
         left, right = figure.subfigures(1, 2, width_ratios=[1, 1.3])
         draw_confusion_matrix(left.subplots(), matrix, self.class_names)
         draw_neighbours(right, self._examples(
-            weights[queried], query_labels[queried], predictions[queried],
-            confidences[queried], support_labels, test_images, labeled),
-            self.class_names)
+            weights, query_labels[queried], predictions, confidences,
+            support_labels, test_images, labeled), self.class_names)
         with tf.summary.create_file_writer(log_dir).as_default(step=step):
             tf.summary.image('paws_nn_pictures/confusion_and_neighbours',
                              tf.io.decode_png(png(figure))[None])
