@@ -234,10 +234,12 @@ def test_small_resnet_defaults():
     ('resnet18', {}, r"'resnet18'.*resnet50.*small_resnet.*wide_resnet"),
     ('resnet50', {'width_multiplier': 3}, r'\(1, 2, 4\), got 3'),
     ('resnet50', {'depth': 50},
-     r"build_backbone\.depth is not an argument of backbone 'resnet50': "
+     r"build_backbone\.depth \(an argument of 'wide_resnet'\) is not an "
+     r"argument of backbone 'resnet50'\. "
      r"Its arguments: \['width_multiplier'"),
     ('small_resnet', {'widht': (8,)},
-     r'build_backbone\.widht .* did you mean build_backbone\.widths\?'),
+     r'build_backbone\.widht \(did you mean build_backbone\.widths\?\) is '
+     r'not an argument'),
     ('wide_resnet', {'depth': 27}, r'6n \+ 4.*27'),
     ('wide_resnet', {'width': 0}, r'width must be >= 1, got 0'),
     ('small_resnet', {'widths': (8, 16)}, r'equal length.*\(8, 16\)'),

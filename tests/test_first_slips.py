@@ -53,6 +53,27 @@ def test_an_unbound_macro_is_named(run_main, tmp_path):
     assert not (tmp_path / 'run').exists()
 
 
+def test_another_backbone_names_the_included_configs_arguments(run_main,
+                                                              tmp_path):
+    """The demo switched to a ViT by a binding keeps its small ResNet's
+    arguments (gin cannot remove a binding): one message names all three,
+    whose they are and how to unset them. Fails if only the first is
+    named, or if one gets a typo's closest match (stage_strides is not a
+    misspelt image_size)."""
+    resnet = r"\(an argument of 'small_resnet'\)"
+    with pytest.raises(checks.ConfigError, match=(
+            rf'^build_backbone\.blocks_per_stage {resnet}, '
+            rf'build_backbone\.stage_strides {resnet}, build_backbone\.widths '
+            rf"{resnet} are not arguments of backbone 'vit_tiny'\. .* "
+            r'build_backbone\.blocks_per_stage = None; '
+            r'build_backbone\.stage_strides = None; build_backbone\.widths = '
+            r'None\.$')):
+        run_main('--gin_file=demo_fashion_mnist.gin',
+                 f'--model_dir={tmp_path / "run"}',
+                 "--gin_bindings=build_backbone.name = 'vit_tiny'")
+    assert not (tmp_path / 'run').exists()
+
+
 @pytest.mark.parametrize('bound,missing,what', [
     ((), 'LABELED_DIR', 'labeled class subfolders'),
     (('LABELED_DIR',), 'UNLABELED_DIR', 'unlabeled images'),

@@ -145,8 +145,8 @@ def _mistakes(root):
             "'num_epoch'. Did you mean train.num_epochs?"),
         'misspelled backbone argument': (
             ['build_backbone.widht = (8, 16)'], config,
-            "build_backbone.widht is not an argument of backbone "
-            "'small_resnet': did you mean build_backbone.widths? "),
+            "build_backbone.widht (did you mean build_backbone.widths?) is "
+            "not an argument of backbone 'small_resnet'. "),
         'one class': (
             [f"LABELED_DIR = '{one}'"], data,
             f"LABELED_DIR = '{one}' holds one class folder ('up'): PAWS "

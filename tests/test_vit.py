@@ -293,20 +293,31 @@ def test_mixed_precision_features_close_to_float32(policy, tolerance):
 
 def test_build_backbone_builds_the_vits_by_name():
     """`build_backbone` names the ViTs beside the ResNets, with their own
-    arguments: a ResNet's is refused naming the ViT's.
+    arguments: a ResNet's is refused naming the ViT's, unless it is None
+    (unset, as demo_fashion_mnist_vit.gin unsets the demo's).
 
-    Fails if `build_backbone` passes batch-norm arguments to the ViT, or
-    the patch size is not the ViT's downsampling."""
+    Fails if `build_backbone` passes batch-norm arguments or None to the
+    ViT, or the patch size is not the ViT's downsampling."""
     model = backbones.build_backbone(
         'vit_small', input_channels=1, sync_bn=True, patch_size=8,
         image_size=16, depth=1)
     assert model.output_dim == 384
     assert model(tf.zeros([2, 24, 24, 1])).shape == (2, 384)
     assert backbones.downsampling('vit_small', patch_size=8) == 8
+    unset = backbones.build_backbone('vit_tiny', patch_size=8, image_size=16,
+                                     depth=None, widths=None)
+    assert sum(layer.name.startswith('blocks_')
+               for layer in unset.layers) == 12
     with pytest.raises(checks.ConfigError, match=(
-            r"build_backbone.widths is not an argument of backbone "
-            r"'vit_tiny': .*\['patch_size', 'image_size', 'depth'\]")):
-        backbones.check_arguments('vit_tiny', ['widths'])
+            r"^build_backbone.stage_strides \(an argument of "
+            r"'small_resnet'\), build_backbone.widths \(an argument of "
+            r"'small_resnet'\) are not "
+            r"arguments of backbone 'vit_tiny'\. Its arguments: "
+            r"\['patch_size', 'image_size', 'depth'\]\. Remove the binding, "
+            r"or unset what an included config binds: "
+            r"build_backbone.stage_strides = None; build_backbone.widths = "
+            r"None\.$")):
+        backbones.check_arguments('vit_tiny', ['widths', 'stage_strides'])
 
 
 def test_the_paws_model_builds_around_a_vit(clean_gin):

@@ -276,24 +276,46 @@ def downsampling(name, *, stem_stride=1, stage_strides=(2, 2, 2),
     return fixed.get(name, stem_stride * math.prod(stage_strides))
 
 
+def _arguments(name):
+    """The architecture arguments of backbone `name`, in order."""
+    arguments = (list(inspect.signature(vit.build_vit).parameters)[1:]
+                 if name in vit.ARCHITECTURES else
+                 list(inspect.signature(_BUILDERS[name]).parameters)[2:])
+    return [argument for argument in arguments
+            if argument != 'input_channels']
+
+
 def check_arguments(name, arguments):
-    """Raises ConfigError naming the binding (and the closest argument)
-    unless `name` is a backbone and `arguments` (names) its architecture
-    arguments; gin accepts any argument of `build_backbone`."""
+    """Raises ConfigError naming every binding that is not one (with the
+    backbone it belongs to, or the closest argument) unless `name` is a
+    backbone and `arguments` (names) its architecture arguments; gin
+    accepts any argument of `build_backbone`. Callers leave out arguments
+    bound to None (`build_backbone` ignores them)."""
     if name not in NAMES:
         raise checks.ConfigError(
             f'build_backbone.name = {name!r} is not a backbone; valid '
             f'choices: {sorted(NAMES)}.')
-    valid = (list(inspect.signature(vit.build_vit).parameters)[1:]
-             if name in vit.ARCHITECTURES else
-             list(inspect.signature(_BUILDERS[name]).parameters)[2:])
-    valid = [argument for argument in valid if argument != 'input_channels']
-    for argument in sorted(set(arguments) - set(valid)):
+    valid = _arguments(name)
+    unknown = sorted(set(arguments) - set(valid))
+    if not unknown:
+        return
+    named = []
+    for argument in unknown:
+        owner = next((other for other in NAMES
+                      if argument in _arguments(other)), None)
         close = difflib.get_close_matches(argument, valid, n=1)
-        raise checks.ConfigError(
-            f'build_backbone.{argument} is not an argument of backbone '
-            f'{name!r}: ' + (f'did you mean build_backbone.{close[0]}? '
-                             if close else '') + f'Its arguments: {valid}.')
+        named.append(f'build_backbone.{argument}' + (
+            f' (an argument of {owner!r})' if owner else
+            f' (did you mean build_backbone.{close[0]}?)' if close else ''))
+    # A config that includes the demo's (a small ResNet) and names a ViT
+    # keeps the ResNet's bindings: gin has no way to remove one.
+    unset = '; '.join(f'build_backbone.{argument} = None'
+                      for argument in unknown)
+    raise checks.ConfigError(
+        f'{", ".join(named)} '
+        + ('is not an argument' if len(unknown) == 1 else 'are not arguments')
+        + f' of backbone {name!r}. Its arguments: {valid}. Remove the '
+        f'binding, or unset what an included config binds: {unset}.')
 
 
 @gin.configurable(denylist=SET_BY_BUILD_MODEL)
@@ -339,7 +361,9 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
             max pool alone, recompute the ReLU output in the backward pass
             instead of holding it (`recompute.NormReLUThen`); False
             (default) composes the tf_keras layers, which hold it.
-        **kwargs: architecture arguments of the chosen backbone.
+        **kwargs: architecture arguments of the chosen backbone; one that is
+            None is not passed (a config that includes another backbone's
+            config unsets that backbone's arguments so).
 
     Returns:
         A `tf_keras.Model` mapping [B, H, W, C] float images to [B, F]
@@ -351,6 +375,8 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
     Raises:
         ValueError: unknown `name` or architecture argument, or a bad value.
     """
+    kwargs = {key: value for key, value in kwargs.items()
+              if value is not None}
     check_arguments(name, kwargs)
     if name in vit.ARCHITECTURES:
         return vit.build_vit(name, input_channels=input_channels, **kwargs)

@@ -193,9 +193,9 @@ def _check_backbone(multicrop):
         return
     explicit = inspect.signature(backbones.build_backbone).parameters
     backbones.check_arguments(backbone, [
-        key for key in gin.get_bindings('build_backbone',
-                                        resolve_references=False)
-        if key not in explicit])
+        key for key, value in gin.get_bindings(
+            'build_backbone', resolve_references=False).items()
+        if key not in explicit and value is not None])
     strides = {key: bindings.bound(f'build_backbone.{key}')
                for key in ('stem_stride', 'stage_strides', 'patch_size')}
     minimum = backbones.downsampling(
