@@ -312,7 +312,8 @@ def test_model_checkpoint_restores_across_sync_bn_impls(source, target,
 # The configs meant for CPUs; the others (ImageNet, CIFAR-10, own images at
 # full size) are for GPUs and keep the defaults.
 CPU_CONFIGS = ('debug', 'demo_fashion_mnist', 'demo_fashion_mnist_quick',
-               'demo_fashion_mnist_validation', 'image_folders_small',
+               'demo_fashion_mnist_validation', 'demo_fashion_mnist_vit',
+               'demo_fashion_mnist_vit_validation', 'image_folders_small',
                'mismatch_fashion_mnist', 'mismatch_fashion_mnist_curated',
                'mismatch_fashion_mnist_curated_ropaws',
                'mismatch_fashion_mnist_ropaws',

@@ -90,16 +90,18 @@ def prediction_parameters(width, hidden):
             hidden * width + width)
 
 
-def vit_parameters(name, hidden, output):
-    """timm's ViT (tests/helpers/timm_vit.py, on PyTorch's meta device)
-    with 16-px patches at 224 px, and both heads counted by hand."""
-    dim, depth, heads = {'vit_small': (384, 12, 6)}[name]
+def vit_parameters(name, hidden, output, prediction=True, **trunk):
+    """timm's ViT (tests/helpers/timm_vit.py, on PyTorch's meta device;
+    16-px patches at 224 px unless `trunk` says otherwise) and the heads
+    counted by hand."""
+    dim, depth, heads = {'vit_tiny': (192, 12, 3),
+                         'vit_small': (384, 12, 6)}[name]
     with torch.device('meta'):
-        trunk = timm_vit.VisionTransformer(embed_dim=dim, depth=depth,
-                                           num_heads=heads)
+        trunk = timm_vit.VisionTransformer(
+            embed_dim=dim, num_heads=heads, **{'depth': depth, **trunk})
     return (sum(p.numel() for p in trunk.parameters()) +
             head_parameters(dim, hidden, output) +
-            prediction_parameters(output, hidden))
+            (prediction_parameters(output, hidden) if prediction else 0))
 
 
 def resnet50(widen):
@@ -109,9 +111,13 @@ def resnet50(widen):
 
 SMALL_96 = lambda: (small_resnet_parameters((24, 48, 96)) +  # noqa: E731
                     head_parameters(96, 128, 128))
+DEMO_VIT = lambda: vit_parameters(  # noqa: E731
+    'vit_tiny', 128, 128, prediction=False, img_size=28, patch_size=4,
+    depth=2)
 # Each config's trainable parameters (3 input channels), counted without
 # paws_tf: the official networks for ResNet-50 and WRN-28-2, a hand sum of
-# the layers' shapes for small_resnet. A new config needs its line here.
+# the layers' shapes for small_resnet, timm's ViT for the ViTs. A new config
+# needs its line here.
 PARAMETERS = {
     'cifar10_wrn28_2_4000.gin': lambda: official_parameters(
         lambda: official_torch.WideResNet(28, 2), 128, False),
@@ -120,6 +126,8 @@ PARAMETERS = {
     'demo_fashion_mnist.gin': SMALL_96,
     'demo_fashion_mnist_quick.gin': SMALL_96,
     'demo_fashion_mnist_validation.gin': SMALL_96,
+    'demo_fashion_mnist_vit.gin': DEMO_VIT,
+    'demo_fashion_mnist_vit_validation.gin': DEMO_VIT,
     'image_folders.gin': resnet50(1),
     'image_folders_small.gin': SMALL_96,
     'imagenet.gin': resnet50(1),

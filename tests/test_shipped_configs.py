@@ -68,6 +68,10 @@ _FASHION = _CPU + _NO_WARMUP + [
     'fine_tune_suncet.steps_per_epoch = 2',
     'fine_tune_suncet.images_per_class = 1']
 _FASHION_VALIDATION = _FASHION + ['held_out.size = 40']
+# The demo's ViT at one block (the small ResNet's widths do not apply).
+_FASHION_VIT = [binding for binding in _FASHION
+                if not binding.startswith('build_backbone.widths')] + [
+    'build_backbone.depth = 1']
 _FOLDERS = [b for b in image_folders.SMALL
             if not b.startswith('train.num_epochs')] + _CPU + [
     'train.num_epochs = 1', 'fine_tune_suncet.steps_per_epoch = 2']
@@ -94,6 +98,9 @@ SHRINK = {
     'demo_fashion_mnist_quick.gin': _FASHION + [
         'load_data.max_unlabeled = 64'],
     'demo_fashion_mnist_validation.gin': _FASHION_VALIDATION,
+    'demo_fashion_mnist_vit.gin': _FASHION_VIT,
+    'demo_fashion_mnist_vit_validation.gin': _FASHION_VIT + [
+        'held_out.size = 40'],
     'image_folders.gin': _FOLDERS,
     'image_folders_small.gin': _FOLDERS,
     'imagenet.gin': _IMAGENET,
