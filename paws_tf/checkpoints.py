@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
+from paws_tf import checks
 from paws_tf import cluster
 from paws_tf import run_dir as run_dir_lib
 
@@ -216,9 +217,9 @@ def load(path, model, part=MODEL):
         raise ValueError(
             f'{prefix} does not hold this run\'s {part} ({len(unmatched)} '
             'variables missing or of other shapes: '
-            f'{", ".join(unmatched[:_MAX_NAMES_SHOWN])}): it was written with '
-            'another config or by another program. Run with the config it '
-            'was written with, or move it away to start again.')
+            f'{checks.listing(unmatched, _MAX_NAMES_SHOWN)}): it was written '
+            'with another config or by another program. Run with the config '
+            'it was written with, or move it away to start again.')
     root.read(prefix).expect_partial().assert_existing_objects_matched()
     if part == WHOLE and global_step(model) != step_of(prefix):
         raise ValueError(
@@ -290,14 +291,12 @@ def _restore_backbone(backbone, prefix):
         root = tf.train.Checkpoint(model=root)
     missing = _unmatched_variables(root, prefix)
     if missing:
-        shown = ', '.join(missing[:_MAX_NAMES_SHOWN])
-        more = len(missing) - _MAX_NAMES_SHOWN
         raise ValueError(
             f'{len(missing)} of {len(backbone.variables)} variables have no '
             'value of their shape under the "backbone" key of the '
             'checkpoint (written by another architecture, or not with '
-            f'tf.train.Checkpoint(backbone=...)?): {shown}' + (f' and {more} more' if more > 0
-                                          else ''))
+            'tf.train.Checkpoint(backbone=...)?): '
+            f'{checks.listing(missing, _MAX_NAMES_SHOWN)}')
     # Extra stored values (heads, optimizer slots) are fine.
     root.read(prefix).expect_partial().assert_existing_objects_matched()
 

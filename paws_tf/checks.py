@@ -67,6 +67,14 @@ def one_of(name, value, choices):
     return value
 
 
+def listing(names, limit):
+    """The first `limit` of `names` joined for a message, then how many
+    more there are."""
+    more = len(names) - limit
+    return ', '.join(names[:limit]) + (f' and {more} more' if more > 0
+                                       else '')
+
+
 def namer(names, prefix):
     """`name(argument)`: what an argument check's message calls an
     argument: `names[argument]` (run.py gives the binding it read the value

@@ -6,6 +6,8 @@ import re
 import numpy as np
 import tf_keras
 
+from paws_tf import checks
+
 # PyTorch's BatchNorm counts its updates in this buffer; no Keras variable
 # holds it and inference does not read it.
 BN_COUNTER = 'num_batches_tracked'
@@ -114,13 +116,6 @@ def _torch_values(layer, prefix):
     return values
 
 
-def _listing(keys):
-    keys = sorted(keys)
-    shown = ', '.join(keys[:_MAX_KEYS_SHOWN])
-    more = len(keys) - _MAX_KEYS_SHOWN
-    return shown + (f' and {more} more' if more > 0 else '')
-
-
 def load_state_dict(pairs, state_dict, *, description):
     """Assigns a PyTorch state dict to Keras layers, all or nothing.
 
@@ -157,7 +152,8 @@ def load_state_dict(pairs, state_dict, *, description):
         if tuple(converted.shape) != tuple(variable.shape):
             shapes.append(f'{key} {list(array.shape)} (the model: '
                           f'{_torch_shape(variable)})')
-    problems = [f'{len(keys)} key(s) {what}: {_listing(keys)}'
+    problems = [f'{len(keys)} key(s) {what}: '
+                f'{checks.listing(sorted(keys), _MAX_KEYS_SHOWN)}'
                 for keys, what in (
                     (missing, 'the model needs are not in it'),
                     (unused, 'in it have no place in the model'),
