@@ -1,4 +1,9 @@
-"""Tests for paws_tf.data.augment against NumPy references and distributions."""
+"""Tests for paws_tf.data.augment against NumPy references and distributions.
+
+The paper's and the official code's settings (views, normalisations) are
+written here from their source, not read from `augment`'s constants; bugs
+tried there: ImageNet's std (0.229, 0.224, 0.226) in `augment`.
+"""
 
 import colorsys
 import dataclasses
@@ -602,7 +607,11 @@ def test_paper_multicrop_settings():
         6, 0.5, 0.0)
     # The normalisation is the run's (load_data.normalization = 'cifar10').
     assert cifar.mean is None and imagenet.std is None
-    assert augment.NORMALIZATIONS['cifar10'][0] == (0.4914, 0.4822, 0.4465)
+    # facebookresearch/suncet at 731547d src/data_manager.py, lines 519-521
+    # (CIFAR-10's transforms.Normalize) and 597-599 (ImageNet's).
+    assert augment.NORMALIZATIONS == {
+        'cifar10': ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
+        'imagenet': ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))}
     # suncet src/data_manager.py: grayscale for ImageNet, solarize and
     # equalize for CIFAR-10.
     assert (imagenet.distortion, cifar.distortion) == ('simclr', 'cifar10')

@@ -1,5 +1,10 @@
 """Importing official PyTorch PAWS checkpoints: equal outputs in both
-frameworks, PAWS-NN as snn_eval.py computes it, and clear errors."""
+frameworks, PAWS-NN as snn_eval.py computes it, and clear errors.
+
+The official side's normalisation (`OFFICIAL_CIFAR10`,
+`OFFICIAL_IMAGENET`) is written here from the official code, so that a
+wrong constant in `augment` cannot reach both sides.
+"""
 
 import contextlib
 import json
@@ -33,6 +38,10 @@ RN50_BINDINGS = ('eval_preprocessing.image_size = 64',)
 RN50_RESIZE, RN50_CROP = 73, 64
 # Relative tolerance of float32 outputs computed by two frameworks.
 RTOL = 1e-4
+# The official code's (mean, std): facebookresearch/suncet at 731547d,
+# src/data_manager.py lines 519-521 (CIFAR-10) and 597-599 (ImageNet).
+OFFICIAL_CIFAR10 = ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010))
+OFFICIAL_IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 
 @pytest.fixture(autouse=True)
@@ -115,8 +124,7 @@ def test_wide_resnet_import_gives_the_official_outputs(tmp_path):
     assert record['epoch'] == 300
     assert record['tensors'] == _weight_count(encoder)
     images = _images(0, 6, 32, 32)  # CenterCrop(32): the whole image.
-    ours, theirs = _both_preprocessed(images, 32, 32, augment.CIFAR10_MEAN,
-                                      augment.CIFAR10_STD)
+    ours, theirs = _both_preprocessed(images, 32, 32, *OFFICIAL_CIFAR10)
     np.testing.assert_allclose(ours, theirs.transpose(0, 2, 3, 1),
                                atol=1e-6)
     _compare_embedder(tmp_path / 'run/export/embedder', encoder, ours,
@@ -140,8 +148,7 @@ def test_resnet50_import_gives_the_official_outputs(tmp_path):
     images = [*_images(3, 2, RN50_RESIZE, 90), *_images(4, 2, 81,
                                                         RN50_RESIZE)]
     ours, theirs = _both_preprocessed(images, RN50_RESIZE, RN50_CROP,
-                                      augment.IMAGENET_MEAN,
-                                      augment.IMAGENET_STD)
+                                      *OFFICIAL_IMAGENET)
     np.testing.assert_allclose(ours, theirs.transpose(0, 2, 3, 1),
                                atol=1e-6)
     got, _ = _compare_embedder(
@@ -167,8 +174,7 @@ def test_fine_tuned_resnet50_gives_the_official_logits(tmp_path):
             modes.run(str(tmp_path / 'run'), _strategy(), 'evaluate_nn')
     images = _images(6, 3, RN50_RESIZE, 77)
     ours, theirs = _both_preprocessed(images, RN50_RESIZE, RN50_CROP,
-                                      augment.IMAGENET_MEAN,
-                                      augment.IMAGENET_STD)
+                                      *OFFICIAL_IMAGENET)
     loaded = tf.saved_model.load(str(tmp_path / 'run/export/fine_tuned'))
     got = loaded.signatures['classify_preprocessed'](images=tf.constant(ours))
     want = official_torch.outputs(encoder, torch.from_numpy(theirs))
@@ -229,7 +235,7 @@ def test_paws_nn_of_an_import_is_the_official_rule(tmp_path):
         images = np.stack([image for image, _ in
                            source.ordered_dataset().as_numpy_iterator()])
         return np.stack([official_torch.eval_transform(
-            image, 32, 32, augment.CIFAR10_MEAN, augment.CIFAR10_STD)
+            image, 32, 32, *OFFICIAL_CIFAR10)
             for image in images])
 
     top1, top5, predicted = _official_snn_eval(
@@ -341,8 +347,7 @@ def test_fine_tuned_linear_layout_and_refusals(tmp_path):
                                match='not a paws_tf training run'):
                 train_over_it()
     images = _images(10, 2, 32, 32)
-    ours, theirs = _both_preprocessed(images, 32, 32, augment.CIFAR10_MEAN,
-                                      augment.CIFAR10_STD)
+    ours, theirs = _both_preprocessed(images, 32, 32, *OFFICIAL_CIFAR10)
     loaded = tf.saved_model.load(str(tmp_path / 'run/export/fine_tuned'))
     got = loaded.signatures['classify_preprocessed'](images=tf.constant(ours))
     want = official_torch.outputs(encoder, torch.from_numpy(theirs))

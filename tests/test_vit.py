@@ -1,5 +1,17 @@
 """Tests for paws_tf.nets.vit: timm's VisionTransformer in PyTorch
-(tests/helpers/timm_vit.py) is the reference."""
+(tests/helpers/timm_vit.py) is the reference, its architectures (`TIMM`)
+written here from timm's source, not read from `vit.ARCHITECTURES`.
+
+Bugs tried (each test's docstring names the ones it catches): post-norm
+blocks; no position embedding on the class token; resampling without
+antialiasing; LayerNorm epsilon 1e-5; heads split from the wrong axis of
+qkv; attention scale 1 / sqrt(D); resampled embeddings cut from the
+gradient; tanh GELU; TruncatedNormal kernels; the class token drawn like
+the position embeddings; tf.image.resize in the resampling (no XLA
+kernel); the grid size left out of the tokens layer's config; float16
+attention logits; vit_small with 8 heads and vit_base 6 blocks deep in
+`vit.ARCHITECTURES`.
+"""
 
 import gin
 import numpy as np
@@ -19,6 +31,14 @@ from tests.helpers import timm_vit
 # its epsilon (1e-6 against 1e-5) shows in the features.
 IMAGE_STD = 0.05
 RELATIVE_TOLERANCE = 1e-4
+# (embed_dim, depth, num_heads, patch_size) of timm's ViT-Ti/16, -S/16 and
+# -B/16, written from huggingface/pytorch-image-models at
+# aa4b5850c1543fa488abf260f18390eda46cf85d, timm/models/vision_transformer.py
+# lines 3108, 3144 and 3192 (`vit_{tiny,small,base}_patch16_224`'s
+# `model_args`); timm's `VisionTransformer` defaults to mlp_ratio 4 (line
+# 729), as tests/helpers/timm_vit.py does.
+TIMM = {'vit_tiny': (192, 12, 3, 16), 'vit_small': (384, 12, 6, 16),
+        'vit_base': (768, 12, 12, 16)}
 
 
 def _images(shape, seed):
@@ -42,7 +62,7 @@ def _relative_error(actual, expected):
 def _pair(name, patch_size, image_size, depth, seed):
     """timm's model with random weights (no 0 or 1) and the paws_tf one
     with the same weights."""
-    width, _, heads = vit.ARCHITECTURES[name]
+    width, _, heads, _ = TIMM[name]
     torch.manual_seed(seed)
     reference = timm_vit.VisionTransformer(
         img_size=image_size, patch_size=patch_size, embed_dim=width,
@@ -125,6 +145,29 @@ def test_gradients_equal_timm_at_a_local_view(small_pair):
         name = variable.name.split(':')[0]
         error = _relative_error(gradient, expected[name])
         assert error < RELATIVE_TOLERANCE, (name, error)
+
+
+@pytest.mark.parametrize('name', sorted(TIMM))
+def test_each_architecture_is_timms(name):
+    """Each name builds timm's model of that name: one block equals timm's
+    built from `TIMM` (its width and heads), and unset, the depth is
+    timm's, each block with timm's head count and MLP width.
+
+    Fails if a width, depth or head count in `vit.ARCHITECTURES` is not
+    timm's (tried: vit_small with 8 heads, vit_base with depth 6)."""
+    width, depth, heads, patch = TIMM[name]
+    reference, model = _pair(name, patch_size=patch, image_size=2 * patch,
+                             depth=1, seed=11)
+    images = _images((2, 2 * patch, 2 * patch, 3), seed=12)
+    error = _relative_error(model(images), _timm_features(reference, images))
+    assert error < RELATIVE_TOLERANCE, error
+    full = vit.build_vit(name, patch_size=patch, image_size=2 * patch)
+    blocks = [layer for layer in full.layers
+              if layer.name.startswith('blocks_')]
+    assert (full.output_dim, len(blocks)) == (width, depth)
+    for block in blocks:
+        assert block.num_heads == heads
+        assert block.fc1.kernel.shape == (width, 4 * width)
 
 
 def test_mlp_activation_is_exact_gelu():
