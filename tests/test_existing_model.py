@@ -1,6 +1,22 @@
 """An existing model on your images: PAWS-NN of an imported official model
 on image folders with the model's own preprocessing, and the classifier of
-the folders' classes, as `gin_configs/existing_model_folders.gin` runs it."""
+the folders' classes, as `gin_configs/existing_model_folders.gin` runs it.
+
+The folders hold noise whose class is arbitrary, so that PAWS-NN's figures
+depend on every embedding: folders any embedding separates give top-1 1.0
+whichever output of the export is compared.
+
+Bugs tried, each caught by the test named:
+- PAWS-NN comparing the export's `features` instead of its `embeddings`
+  (`evaluate.embedder_from_saved_model`; top-1 and the per-class figures
+  stay the same, the confusion matrix does not), and the classifier's
+  supports and queries embedded with `features` (`export.LoadedEmbedder`):
+  the figures test.
+- an export path as MODEL not taken (`evaluate_nn.embedder_of` trying the
+  run directory's export only): the figures test.
+- a MODEL without an export ending in a traceback (`embedder_of` raising
+  FileNotFoundError): the refusal test.
+"""
 
 import json
 
@@ -57,53 +73,95 @@ def imported(tmp_path_factory):
         gin_file=f'gin_configs/{WRN_CONFIG}', mode='import_official',
         flags=[f'--official_checkpoint={path}']))
     assert code == 0, output
-    image_folders.write_folder(tmp_path / 'images/labeled',
-                               image_folders.CLASSES, 4, seed=0)
-    image_folders.write_folder(tmp_path / 'images/test',
-                               image_folders.CLASSES, 5, seed=1)
+    _write_noise(tmp_path / 'images/labeled', 4, seed=0)
+    _write_noise(tmp_path / 'images/test', 5, seed=1)
     return tmp_path
+
+
+def _write_noise(root, per_class, seed):
+    """`per_class` PNG images of each of `image_folders.CLASSES` under
+    `root/<class>`: uniform noise over a random colour, the class
+    arbitrary."""
+    rng = np.random.default_rng(seed)
+    for name in image_folders.CLASSES:
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = (rng.integers(0, 128, size=(40, 40, 3)) +
+                      rng.integers(0, 128, size=3))
+            Image.fromarray(pixels.astype(np.uint8)).save(
+                root / name / f'{i}.png')
+
+
+def _numpy_paws_nn(embedder, root, output, tau):
+    """The soft nearest-neighbour rule in NumPy on the `output` of the
+    `embedder` SavedModel (raw images in) for the folders under `root`:
+    `(probabilities [N, K], predictions [N], query labels [N], classes)`."""
+    def embed(folder):
+        images, labels, classes = _folder_images(folder)
+        embeddings = np.concatenate([
+            embedder(tf.constant(image[None]))[output].numpy()
+            for image in images])
+        return embeddings / np.linalg.norm(embeddings, axis=1,
+                                           keepdims=True), labels, classes
+
+    supports, support_labels, classes = embed(root / 'labeled')
+    queries, query_labels, _ = embed(root / 'test')
+    logits = queries @ supports.T / tau
+    weights = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probabilities = (weights / weights.sum(axis=1, keepdims=True)
+                     @ np.eye(len(classes))[support_labels])
+    return (probabilities, probabilities.argmax(axis=1), query_labels,
+            classes)
+
+
+def _confusion(labels, predictions):
+    """[K, K] counts, row the true class, column the predicted one."""
+    size = len(image_folders.CLASSES)
+    return np.bincount(labels * size + predictions,
+                       minlength=size * size).reshape(size, size)
 
 
 @pytest.mark.slow
 @pytest.mark.long
 def test_paws_nn_of_an_import_on_folders_and_its_classifier(imported):
-    """PAWS-NN and the exported classifier equal the soft nearest-neighbour
-    rule computed here in NumPy on the embeddings of the import's own
-    SavedModel (raw images in, its recorded preprocessing inside).
+    """`MODEL` given as the import's embedder export itself (the form
+    docs/own_images.md documents beside a run directory): PAWS-NN's
+    figures (top-1, per class, the confusion matrix) and the exported
+    classifier's per-image probabilities and classes equal the soft
+    nearest-neighbour rule computed here in NumPy on the `embeddings` of
+    that SavedModel (raw images in, its recorded preprocessing inside).
+    The same rule on its `features` gives other figures on these folders.
 
-    Fails if the folders are preprocessed with other values than the
-    export's (e.g. the config's normalisation), or the classifier's
-    supports are not every labeled image."""
-    code, output = _evaluate(imported, imported / 'imported')
+    Fails if PAWS-NN or the classifier compare another output of the
+    export than `embeddings` (tried: `features`, in
+    `evaluate.embedder_from_saved_model` and in `export.LoadedEmbedder`),
+    if the folders are preprocessed with other values than the export's
+    (e.g. the config's normalisation), if the classifier's supports are
+    not every labeled image, or if an export path as MODEL is refused."""
+    embedder_dir = imported / 'imported/export/embedder'
+    code, output = _evaluate(imported, embedder_dir)
     assert code == 0, output[-3000:]
     results = json.loads(
         (imported / 'mine/eval/paws_nn.json').read_text())
-    embedder = tf.saved_model.load(str(imported / 'imported/export/embedder'))
-
-    def embed(root):
-        images, labels, classes = _folder_images(root)
-        embeddings = np.concatenate([
-            embedder(tf.constant(image[None]))['embeddings'].numpy()
-            for image in images])
-        return embeddings / np.linalg.norm(embeddings, axis=1,
-                                           keepdims=True), labels, classes
-
-    supports, support_labels, classes = embed(imported / 'images/labeled')
-    queries, query_labels, _ = embed(imported / 'images/test')
-    logits = queries @ supports.T / results['tau']
-    weights = np.exp(logits - logits.max(axis=1, keepdims=True))
-    probabilities = (weights / weights.sum(axis=1, keepdims=True)
-                     @ np.eye(len(classes))[support_labels])
-    predicted = probabilities.argmax(axis=1)
-    assert results['num_support'] == len(support_labels) == 12
-    assert results['top1'] == pytest.approx(
-        np.mean(predicted == query_labels))
-    assert results['source_path'] == str(
-        imported / 'imported/export/embedder')
+    embedder = tf.saved_model.load(str(embedder_dir))
+    images = imported / 'images'
+    probabilities, predicted, labels, classes = _numpy_paws_nn(
+        embedder, images, 'embeddings', results['tau'])
+    _, other, _, _ = _numpy_paws_nn(embedder, images, 'features',
+                                    results['tau'])
+    assert (_confusion(labels, other) != _confusion(labels, predicted)).any()
+    assert results['source_path'] == str(embedder_dir)
+    assert (results['num_support'], results['num_queries']) == (12, 15)
+    assert results['top1'] == pytest.approx(np.mean(predicted == labels))
+    np.testing.assert_allclose(
+        results['per_class_accuracy'],
+        [np.mean(predicted[labels == k] == k) for k in range(3)])
+    np.testing.assert_array_equal(results['confusion_matrix'],
+                                  _confusion(labels, predicted))
     classifier = tf.saved_model.load(
         str(imported / 'mine/export/classifier'))
-    images, _, _ = _folder_images(imported / 'images/test')
-    out = classifier(tf.constant(np.stack(images)))
+    test_images, _, _ = _folder_images(images / 'test')
+    out = classifier(tf.constant(np.stack(test_images)))
     np.testing.assert_allclose(out['probabilities'].numpy(), probabilities,
                                atol=1e-5)
     assert [name.decode() for name in out['class_names'].numpy()] == [
