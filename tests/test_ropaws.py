@@ -1,4 +1,12 @@
-"""RoPAWS against a float64 NumPy transcription of the official loss."""
+"""RoPAWS against a float64 NumPy transcription of the official loss
+(tests/helpers/ropaws_reference.py), alone and as `PAWSModel`'s step
+trains it.
+
+Bugs tried, beside those the tests' docstrings name: the step weighing
+the views by 1 (`PAWSModel` passing prior_pow = 0), its label ratio given
+the prior temperature, the step training PAWS's objective, and the mean
+of p_in ** 2 logged as `in_domain`.
+"""
 
 import pathlib
 
@@ -239,19 +247,34 @@ def test_low_precision_embeddings_are_solved_in_float32(dtype):
 
 
 def test_train_step_under_mixed_precision_logs_the_in_domain_share():
+    """Under mixed_float16 the step logs the mean p_in of its batch: the
+    official code's (float64 NumPy) on the float16 embeddings the model
+    gives the batch in training mode.
+
+    Fails if the logged share is not the batch's mean p_in (tried: the
+    mean of p_in ** 2)."""
     tf_keras.mixed_precision.set_global_policy('mixed_float16')
     try:
-        model = tiny_model.make(objective='ropaws', ropaws_prior_tau=0.5)
+        model = tiny_model.make(objective='ropaws', ropaws_prior_tau=0.5,
+                                prediction_head=False)
         tiny_model.compile_and_build(model, learning_rate=0.3)
         data = tiny_model.random_step(np.random.default_rng(5), 3, 2, 2, 1, 2)
         loss, terms, *_ = model._forward(data, training=False)
+        h, _ = model._encode(np.concatenate([data['support_views'],
+                                             data['global_views']]),
+                             training=True)
         logs = tf.function(model.train_step)(data)
     finally:
         tf_keras.mixed_precision.set_global_policy('float32')
     assert terms.cross_entropy.dtype == tf.float32
     assert terms.in_domain.shape == (3,)
     assert np.isfinite(logs['loss'])
-    assert 0.0 < logs['in_domain'] <= 1.0
+    h = h.numpy().astype(np.float64)
+    targets = np.concatenate(np.split(h[4:], 2)[::-1])
+    _, p_in = ref.snn_semi([targets], h[:4], np_labels(2, 2, smoothing=0.1),
+                           rank=0, tau=TAU, prior_tau=0.5, label_ratio=5.0,
+                           s_batch_size=2, u_batch_size=3)
+    np.testing.assert_allclose(logs['in_domain'], p_in.mean(), rtol=1e-3)
 
 
 def test_the_model_reads_images_per_class_from_the_support_rows():
@@ -280,6 +303,44 @@ def test_the_model_reads_images_per_class_from_the_support_rows():
                                rtol=1e-6)
     assert np.abs(terms.in_domain - ropaws(6).in_domain).max() > 1e-4
     assert np.abs(terms.targets - ropaws(6).targets).max() > 1e-4
+
+
+def test_a_train_step_descends_the_official_objective_of_its_batch():
+    """One `train_step` of a RoPAWS model (prediction head, 2 local views,
+    prior_pow 2) reports, as the loss it descends, the official objective
+    (float64 NumPy, `ropaws_reference`) of the embeddings the model gives
+    the same batch before the step; the PAWS objective of those
+    embeddings is 0.05 away, and p_in ** 2 weighs the views.
+
+    Fails if the step weighs the views by anything but p_in ** prior_pow
+    (tried: `PAWSModel` passing prior_pow = 0, every weight 1; passing
+    its prior_tau as the label ratio) or trains PAWS's objective."""
+    settings = dict(prior_tau=0.3, prior_pow=2.0, label_ratio=3.0)
+    tf_keras.utils.set_random_seed(2)
+    model = tiny_model.make(objective='ropaws', **{
+        f'ropaws_{key}': value for key, value in settings.items()})
+    tiny_model.compile_and_build(model)
+    data = tiny_model.random_step(np.random.default_rng(3), 3, 2, 2, 2, 2)
+    # The model's embeddings in training mode, its views encoded as its
+    # step does (supports and global views in one batch, local ones apart).
+    h, z = (x.numpy().astype(np.float64) for x in model._encode(
+        np.concatenate([data['support_views'], data['global_views']]),
+        training=True))
+    _, z_local = model._encode(data['local_views'], training=True)
+    supports = len(data['support_views'])
+    h_global = np.split(h[supports:], 2)
+    rank = {'a': np.concatenate([z[supports:], z_local.numpy()]),
+            't': np.concatenate(h_global[::-1])}
+    labels = np_labels(2, 2, views=2, smoothing=0.1)
+    cross_entropy, me_max = ref.ropaws(
+        [rank], labels, z[:supports], h[:supports], tau=TAU, t=T,
+        s_batch_size=2, multicrop=2, **settings)
+    logs = model.train_step(data)
+    np.testing.assert_allclose(logs['loss'], cross_entropy + me_max,
+                               rtol=1e-5)
+    paws = np_paws(rank['a'], z[:supports], labels, rank['t'], h[:supports],
+                   multicrop=2)
+    assert abs(sum(paws) - (cross_entropy + me_max)) > 0.05
 
 
 @pytest.mark.parametrize('kwargs,message', [
