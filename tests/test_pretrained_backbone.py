@@ -1,7 +1,14 @@
 """`train.pretrained_backbone` and `train.pretrained_model` through run.py,
 as docs/operations.md gives them: the run starts from the file's backbone
 weights, or from an earlier run's whole model, and a file of another
-architecture is refused before any image is read."""
+architecture or channel count is refused before any image is read.
+
+Bugs tried: the backbone file not loaded (`load_backbone_weights`
+skipped); cli.py's `check_pretrained` call removed; `check_pretrained`
+building the model for 3 channels whatever the folders decode to (the
+grayscale run started from the RGB model's checkpoint and stopped on its
+missing folder instead).
+"""
 
 import os
 
@@ -215,3 +222,28 @@ def test_a_model_of_another_architecture_is_refused_naming_both(
     assert code == os.EX_CONFIG
     assert ('train.pretrained_backbone and train.pretrained_model are both '
             'bound: bind one') in output
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_model_of_other_channels_is_refused_naming_both(tmp_path, data,
+                                                          earlier):
+    """docs/own_images.md: a `train.pretrained_model` of another channel
+    count is refused before any image is read, naming both counts. The
+    earlier run took RGB images; this config decodes them to grayscale
+    (`CHANNELS = 1`, as the config's comment gives it).
+
+    Fails if the check does not try the folders' channels (tried:
+    `config_checks.check_pretrained` building the model for 3 channels
+    whatever the folders decode to: the run starts), or the message does
+    not name the channel counts."""
+    data = data[:1] + [f"UNLABELED_DIR = '{tmp_path / 'missing'}'"] + data[2:]
+    code, output = run(tmp_path, earlier, data, part='model',
+                       bindings=['CHANNELS = 1'])
+    assert code == os.EX_CONFIG, output[-3000:]
+    assert 'Traceback' not in output
+    assert (f"train.pretrained_model = '{earlier}' does not fit the "
+            'configured model') in output
+    assert (f'{earlier} takes 3-channel images, this config 1.'
+            in output), output[-3000:]
+    assert not (tmp_path / 'run').exists()
