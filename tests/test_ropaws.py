@@ -305,12 +305,47 @@ def test_the_model_reads_images_per_class_from_the_support_rows():
     assert np.abs(terms.targets - ropaws(6).targets).max() > 1e-4
 
 
+def official_step_objective(model, data, *, classes, images, smoothing,
+                            multicrop, **settings):
+    """The official RoPAWS objective (float64 NumPy, `ropaws_reference`)
+    of the embeddings `model` gives a step's `data` in training mode, its
+    views encoded as the step encodes them (supports and global views in
+    one batch, local views apart): `(objective, PAWS's objective)`.
+
+    Args:
+        model: a built `PAWSModel`.
+        data: one replica's step (`tiny_model.random_step`'s layout: 2
+            support views of `classes` x `images`).
+        classes, images, smoothing, multicrop: the supports' layout, their
+            label smoothing, the local views per image.
+        **settings: `prior_tau`, `prior_pow`, `label_ratio`.
+    """
+    h, z = (x.numpy().astype(np.float64) for x in model._encode(
+        np.concatenate([data['support_views'], data['global_views']]),
+        training=True))
+    anchors = [z[len(data['support_views']):]]
+    if multicrop:
+        anchors.append(model._encode(data['local_views'], training=True)[1]
+                       .numpy())
+    supports = len(data['support_views'])
+    h_global = np.split(h[supports:], 2)
+    rank = {'a': np.concatenate(anchors),
+            't': np.concatenate(h_global[::-1])}
+    labels = np_labels(classes, images, views=2, smoothing=smoothing)
+    cross_entropy, me_max = ref.ropaws(
+        [rank], labels, z[:supports], h[:supports], tau=TAU, t=T,
+        s_batch_size=images, multicrop=multicrop, **settings)
+    paws = np_paws(rank['a'], z[:supports], labels, rank['t'], h[:supports],
+                   multicrop=multicrop)
+    return cross_entropy + me_max, sum(paws)
+
+
 def test_a_train_step_descends_the_official_objective_of_its_batch():
     """One `train_step` of a RoPAWS model (prediction head, 2 local views,
     prior_pow 2) reports, as the loss it descends, the official objective
-    (float64 NumPy, `ropaws_reference`) of the embeddings the model gives
-    the same batch before the step; the PAWS objective of those
-    embeddings is 0.05 away, and p_in ** 2 weighs the views.
+    of the embeddings the model gives the same batch before the step
+    (`official_step_objective`); PAWS's objective of those embeddings is
+    0.05 away.
 
     Fails if the step weighs the views by anything but p_in ** prior_pow
     (tried: `PAWSModel` passing prior_pow = 0, every weight 1; passing
@@ -321,26 +356,12 @@ def test_a_train_step_descends_the_official_objective_of_its_batch():
         f'ropaws_{key}': value for key, value in settings.items()})
     tiny_model.compile_and_build(model)
     data = tiny_model.random_step(np.random.default_rng(3), 3, 2, 2, 2, 2)
-    # The model's embeddings in training mode, its views encoded as its
-    # step does (supports and global views in one batch, local ones apart).
-    h, z = (x.numpy().astype(np.float64) for x in model._encode(
-        np.concatenate([data['support_views'], data['global_views']]),
-        training=True))
-    _, z_local = model._encode(data['local_views'], training=True)
-    supports = len(data['support_views'])
-    h_global = np.split(h[supports:], 2)
-    rank = {'a': np.concatenate([z[supports:], z_local.numpy()]),
-            't': np.concatenate(h_global[::-1])}
-    labels = np_labels(2, 2, views=2, smoothing=0.1)
-    cross_entropy, me_max = ref.ropaws(
-        [rank], labels, z[:supports], h[:supports], tau=TAU, t=T,
-        s_batch_size=2, multicrop=2, **settings)
+    expected, paws = official_step_objective(
+        model, data, classes=2, images=2, smoothing=0.1, multicrop=2,
+        **settings)
     logs = model.train_step(data)
-    np.testing.assert_allclose(logs['loss'], cross_entropy + me_max,
-                               rtol=1e-5)
-    paws = np_paws(rank['a'], z[:supports], labels, rank['t'], h[:supports],
-                   multicrop=2)
-    assert abs(sum(paws) - (cross_entropy + me_max)) > 0.05
+    np.testing.assert_allclose(logs['loss'], expected, rtol=1e-5)
+    assert abs(paws - expected) > 0.05
 
 
 @pytest.mark.parametrize('kwargs,message', [

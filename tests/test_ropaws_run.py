@@ -2,7 +2,13 @@
 holds images of a class the labeled folder lacks (docs/ropaws.md): the run
 finishes, exports and logs `in_domain`, and the trained model gives the
 out-of-class unlabeled images a lower in-domain probability p_in than the
-in-class ones."""
+in-class ones, and the model it built evaluates the official RoPAWS
+objective at the config's settings.
+
+Bugs tried: PAWSModel's objective ignored (PAWS trained, no in_domain);
+ropaws_targets' in-domain prior dropped (pi = 1); the config's
+`PAWSModel.ropaws_prior_pow` 0 (every view weighted 1).
+"""
 
 import glob
 import os
@@ -15,9 +21,13 @@ import tensorflow as tf
 
 from paws_tf import losses
 from paws_tf import run_dir
+from paws_tf.runner import modes
+from tests.helpers import debug_gin
 from tests.helpers import image_folders
 from tests.helpers import ropaws_reference
 from tests.helpers import run_py
+from tests.helpers import tiny_model
+from tests.test_ropaws import official_step_objective
 
 # The labeled classes, each a colour; the out-of-class images are a black
 # and white checkerboard, unlike any of them in colour and texture.
@@ -26,6 +36,7 @@ COLOURS = {'red': (220, 30, 30), 'green': (30, 200, 40),
 LABELED, IN_CLASS, OUT_OF_CLASS = 4, 8, 12
 # image_folders_small.gin's RoPAWS and PAWS settings (and base.gin's).
 TAU, PRIOR_TAU, LABEL_RATIO, SMOOTHING = 0.1, 0.1, 5.0, 0.1
+PRIOR_POW = 1.0
 BINDINGS = image_folders.SMALL + [
     "OBJECTIVE = 'ropaws'", 'train.num_epochs = 4',
     'train.log_every_steps = 1', 'train.eval_every_epochs = 0',
@@ -97,6 +108,34 @@ def trained(tmp_path_factory):
         base_bindings=BINDINGS), timeout=600)
     assert code == 0, output[-3000:]
     return root / 'run', images, output
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_the_trained_model_descends_the_official_objective(trained):
+    """The run's model, rebuilt from its config and checkpoint as the run
+    built it, evaluates on a step of its own layout (3 classes x 2
+    images x 2 views of supports, 4 unlabeled images, 2 local views) the
+    official RoPAWS objective at the config's settings, written here
+    (`official_step_objective`), not PAWS's.
+
+    Fails if the run's model is not built with the config's RoPAWS
+    settings (tried: `PAWSModel.ropaws_prior_pow = 0.0` in
+    image_folders_small.gin, every view weighted 1)."""
+    model_dir, _, _ = trained
+    with debug_gin.parsed(
+            BINDINGS + image_folders.path_bindings(model_dir.parent / 'data'),
+            gin_file='gin_configs/image_folders_small.gin'):
+        model, _ = modes.load_trained_model(
+            model_dir, tf.distribute.get_strategy(), local=True)
+    data = tiny_model.random_step(np.random.default_rng(0), 4, 3, 2, 2, 2,
+                                  size=32)
+    loss, *_ = model._forward(data, training=True)
+    expected, paws = official_step_objective(
+        model, data, classes=3, images=2, smoothing=SMOOTHING, multicrop=2,
+        prior_tau=PRIOR_TAU, prior_pow=PRIOR_POW, label_ratio=LABEL_RATIO)
+    np.testing.assert_allclose(loss, expected, rtol=1e-5)
+    assert abs(paws - expected) > 1e-3
 
 
 @pytest.mark.slow
