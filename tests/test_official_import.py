@@ -3,7 +3,10 @@ frameworks, PAWS-NN as snn_eval.py computes it, and clear errors.
 
 The official side's normalisation (`OFFICIAL_CIFAR10`,
 `OFFICIAL_IMAGENET`) is written here from the official code, so that a
-wrong constant in `augment` cannot reach both sides.
+wrong constant in `augment` cannot reach both sides. Bug tried there:
+ImageNet's std (0.229, 0.224, 0.235) in `augment` (the fine-tuned
+ResNet-50's raw-image logits differ; read from `augment` on the official
+side too, they agreed).
 """
 
 import contextlib
