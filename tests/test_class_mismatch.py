@@ -1,5 +1,10 @@
 """The class-mismatch experiment's data: known classes labeled and tested,
-every class unlabeled (or the known ones only, curated)."""
+every class unlabeled (or the known ones only, curated).
+
+Bugs tried: Fashion-MNIST's 'Sandal' and 'Shirt' swapped in
+`sources.FASHION_MNIST_CLASS_NAMES` (the known classes' names are written
+in tests/test_sources.py, not read from it).
+"""
 
 import pathlib
 
@@ -12,6 +17,7 @@ from paws_tf import configurables  # noqa: F401  (registers configurables)
 from paws_tf.data import sources
 from paws_tf.runner import experiment
 from tests.helpers import idx
+from tests.test_sources import FASHION_MNIST_NAMES
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TRAIN_PER_CLASS, TEST_PER_CLASS = 50, 10
@@ -55,7 +61,7 @@ def test_known_classes_are_labeled_and_tested(clean_gin, fake_fashion_mnist,
                                               tmp_path, name,
                                               unlabeled_count):
     bundle = load(name, fake_fashion_mnist, tmp_path / 'run')
-    names = sources.FASHION_MNIST_CLASS_NAMES[:6]
+    names = FASHION_MNIST_NAMES[:6]
     assert bundle.labeled.class_names == names
     assert bundle.test.class_names == names
     assert bundle.labeled.num_examples == 6 * 40
