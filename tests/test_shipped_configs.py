@@ -37,6 +37,7 @@ from tests.helpers import idx
 from tests.helpers import image_folders
 from tests.helpers import run_py
 from tests.helpers import tfds_archives
+from tests.test_sources import FASHION_MNIST_NAMES
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -422,9 +423,8 @@ def test_shipped_config_runs_every_mode(gin_file, request, tmp_path):
         _check_cifar10_fine_tune(model_dir, output)
 
 
-# Fashion-MNIST's class names by id, as its README lists them
-# (zalandoresearch/fashion-mnist, "Labels"); the transfer's are ids 5-9.
-TRANSFER_CLASSES = ('Sandal', 'Shirt', 'Sneaker', 'Bag', 'Ankle boot')
+# The transfer's classes, Fashion-MNIST's ids 5-9, by their names.
+TRANSFER_CLASSES = FASHION_MNIST_NAMES[5:]
 
 
 def _read_idx(path):
