@@ -189,7 +189,7 @@ def _existing_model(root, channels):
      r'export nor a run directory with one'),
     ('model', ['CHANNELS = 3'], r'^The model of {root}/model/export/embedder '
      r'takes 1-channel images, but CHANNELS = 3: bind CHANNELS = 1'),
-])
+], ids=['missing', 'no export', 'other channels'])
 def test_an_existing_model_is_checked_before_anything_is_written(
         run_main, tmp_path, model, extra, message):
     """docs/own_images.md's evaluate_nn of an existing model: a typo in
