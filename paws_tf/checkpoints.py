@@ -30,6 +30,15 @@ class SaveFailed(RuntimeError):
     EXIT_CODE = os.EX_IOERR  # run.py's exit code.
 
 
+class Mismatch(ValueError):
+    """A checkpoint does not hold the variables of the model it is read
+    into: `unmatched` names them (with both shapes where they differ)."""
+
+    def __init__(self, message, unmatched):
+        super().__init__(message)
+        self.unmatched = unmatched
+
+
 class NoneRestorable(RuntimeError):
     """Checkpoints exist but none can be restored (damaged files)."""
     EXIT_CODE = os.EX_DATAERR  # run.py's exit code.
@@ -200,7 +209,8 @@ def load(path, model, part=MODEL):
 
     Raises:
         FileNotFoundError: no checkpoint at `path`.
-        ValueError: the checkpoint does not hold `part` of this model.
+        Mismatch: the checkpoint does not hold `part` of this model.
+        ValueError: its optimizer step is not the one its name gives.
     """
     if part == BACKBONE:
         load_backbone_weights(model.backbone, path)
@@ -214,12 +224,13 @@ def load(path, model, part=MODEL):
     # restore behind, which logs every stored value at garbage collection.
     unmatched = _unmatched_variables(root, prefix)
     if unmatched:
-        raise ValueError(
+        raise Mismatch(
             f'{prefix} does not hold this run\'s {part} ({len(unmatched)} '
             'variables missing or of other shapes: '
             f'{checks.listing(unmatched, _MAX_NAMES_SHOWN)}): it was written '
             'with another config or by another program. Run with the config '
-            'it was written with, or move it away to start again.')
+            'it was written with, or move it away to start again.',
+            unmatched)
     root.read(prefix).expect_partial().assert_existing_objects_matched()
     if part == WHOLE and global_step(model) != step_of(prefix):
         raise ValueError(
@@ -291,12 +302,12 @@ def _restore_backbone(backbone, prefix):
         root = tf.train.Checkpoint(model=root)
     missing = _unmatched_variables(root, prefix)
     if missing:
-        raise ValueError(
+        raise Mismatch(
             f'{len(missing)} of {len(backbone.variables)} variables have no '
             'value of their shape under the "backbone" key of the '
             'checkpoint (written by another architecture, or not with '
             'tf.train.Checkpoint(backbone=...)?): '
-            f'{checks.listing(missing, _MAX_NAMES_SHOWN)}')
+            f'{checks.listing(missing, _MAX_NAMES_SHOWN)}', missing)
     # Extra stored values (heads, optimizer slots) are fine.
     root.read(prefix).expect_partial().assert_existing_objects_matched()
 
@@ -313,7 +324,7 @@ def load_backbone_weights(backbone, path):
 
     Raises:
         FileNotFoundError: `path` does not exist or holds no checkpoint.
-        ValueError: the stored weights do not fit (the backbone is left
+        Mismatch: the stored weights do not fit (the backbone is left
             unchanged), naming the variables as far as the loader can.
     """
     path = os.fspath(path)
@@ -328,11 +339,12 @@ def load_backbone_weights(backbone, path):
     except (AssertionError, KeyError, ValueError,
             tf.errors.OpError) as error:
         assign_weights(backbone, snapshot)
-        raise ValueError(
+        raise Mismatch(
             f'could not load {path!r} into backbone {backbone.name!r} '
             f'({len(snapshot)} variables); none were restored, the backbone '
             f'is unchanged. Architecture mismatch? Cause: '
-            f'{type(error).__name__}: {error}') from error
+            f'{type(error).__name__}: {error}',
+            getattr(error, 'unmatched', None)) from error
 
 
 def write_model(model, model_dir, step=0):

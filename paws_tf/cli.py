@@ -17,6 +17,7 @@ PyTorch checkpoint, --official_checkpoint, as a run of --model_dir).
 import contextlib
 import logging as pylogging
 import os
+import re
 import sys
 import tempfile
 
@@ -50,7 +51,9 @@ def _verbose_requested(argv):
 def _quiet_start(argv):
     """Runs the block (which loads TensorFlow) and lists the devices with
     file descriptor 2 in a temporary file, written to stderr if the block
-    raises; sets TF_CPP_MIN_LOG_LEVEL=2 unless it is set. Nothing is hidden
+    raises; sets TF_CPP_MIN_LOG_LEVEL=3 unless it is set (TensorFlow's C++
+    error logs, such as a lost cluster peer's `StartAbort UNAVAILABLE`
+    lines, repeat what the error line says). Nothing is hidden
     when --verbose or TensorFlow is loaded already. TensorFlow's C++
     start-up notes come before absl's C++ logging is initialised, and twice
     (its profiler plugin has its own logging): no log level filters them
@@ -58,7 +61,7 @@ def _quiet_start(argv):
     if _verbose_requested(argv) or 'tensorflow' in sys.modules:
         yield
         return
-    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+    os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as held:
@@ -122,7 +125,7 @@ _OFFICIAL_CHECKPOINT = flags.DEFINE_string(
     'PAWS .pth.tar checkpoint (pre-trained or fine-tuned) to import into '
     '--model_dir.')
 _VERBOSE = flags.DEFINE_bool(
-    'verbose', _VERBOSE_IN_ENV, 'Show TensorFlow\'s start-up '
+    'verbose', _VERBOSE_IN_ENV, 'Show TensorFlow\'s start-up and C++ '
     'logs, the gin config and the traceback of a config or data error (for '
     f'a bug report); {VERBOSE_ENV}=1 does the same.')
 _LIST_CONFIGS = flags.DEFINE_bool(
@@ -194,7 +197,7 @@ def main(argv):
     cluster.check_same_config(strategy, f'--mode={_MODE.value}\n{config}')
     if mode.trains:
         # Once the strategy exists; still before any data is read.
-        config_checks.check_pretrained(run)
+        config_checks.check_pretrained(run, overwrite=_OVERWRITE.value)
     lock = run_lock.for_process(run, strategy, training=mode.trains)
     with lock:
         _run_in_model_dir(run, strategy, mode, config,
@@ -203,48 +206,57 @@ def main(argv):
 
 def _main_with_messages(argv):
     """`main`, an error with an `EXIT_CODE` (a config or data mistake, a
-    lost cluster, ...) printed as its message alone unless --verbose; every
-    other error, a bug, keeps its traceback."""
+    lost cluster, ...) printed as one plain line, `Error: <message>`,
+    unless --verbose; every other error, a bug, keeps its traceback."""
     try:
         main(argv)
     except Exception as error:  # pylint: disable=broad-except
         code = getattr(error, 'EXIT_CODE', None)
         if code is None or _VERBOSE.value:
             raise
-        if isinstance(error, train.Preempted):
-            logging.warning('%s', error)
-        else:
-            logging.error('%s', getattr(error, 'message', error))
+        # gin appends the configurable the error passed through.
+        message = _GIN_CALL.sub('', getattr(error, 'message', str(error)))
+        sys.stderr.flush()
+        print(message if isinstance(error, train.Preempted) else
+              f'Error: {message}', file=sys.stderr, flush=True)
         sys.exit(code)
+
+
+# The line gin appends to an error raised in a configurable.
+_GIN_CALL = re.compile(r"\n\s*In call to configurable '[^']*' \(<[^>]*>\)")
 
 
 def _run_in_model_dir(run, strategy, mode, config, owner_check):
     """Everything `main` does under the run directory's lock;
     `owner_check` raises when another run took the lock over."""
-    chief = cluster.is_chief(strategy)
-    if mode.trains:
-        config_checks.check_model_dir(
-            run, config, overwrite=_OVERWRITE.value, chief=chief)
-        if _OVERWRITE.value:
-            # The other workers of a cluster wait for the chief to delete.
-            cluster.barrier(strategy)
     # The importer creates model_dir only once the checkpoint fits.
     if not mode.imports:
         os.makedirs(run.path, exist_ok=True)
-        # A training run's config is the run's record (config_checks
-        # compares a resumed run's with it); the other modes' is kept
-        # beside it under their own name.
-        config_path = (run.config if mode.trains else
+        # A training run's config is the run's record (train compares a
+        # resumed run's with it): staged with the flags, it replaces the
+        # run's once the start has passed its checks. The other modes'
+        # is kept beside it under their own name.
+        records = run.staging if mode.trains else run
+        config_path = (records.config if mode.trains else
                        run.mode_config(_MODE.value))
-        if chief:
-            run.write(run.flags, flags.FLAGS.flags_into_string())
-            run.write(config_path, config)
-        logging.info('gin config: %s', config_path)
+        if cluster.is_chief(strategy):
+            records.write(records.flags, _flags_record())
+            records.write(config_path, config)
+        if not mode.trains:
+            logging.info('gin config: %s', config_path)
     if _VERBOSE.value:
         logging.info('gin config:\n%s', config)
     mode.run(run.path, strategy, modes.Options(
         overwrite=_OVERWRITE.value, owner_check=owner_check,
         official_checkpoint=_OFFICIAL_CHECKPOINT.value, mode=_MODE.value))
+
+
+def _flags_record():
+    """run.py's own flags as given or defaulted, one `--name=value` a line:
+    flags.txt (absl's and TensorFlow's flags left out)."""
+    return ''.join(f'{flag.serialize()}\n'
+                   for flag in flags.FLAGS.get_key_flags_for_module(__name__)
+                   if flag.serialize())
 
 
 def run(argv=None):

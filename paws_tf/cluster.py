@@ -168,6 +168,18 @@ def _lost_task(strategy, message):
     return None
 
 
+def _cause(message):
+    """The first line of TensorFlow's error `message` that says what went
+    wrong (the peer that stopped, the mismatched collective): after a
+    function's 'Graph execution error:', the node and its indented Python
+    stack come first; the op's {{...}} name is left out."""
+    for line in re.sub(r'\{\{.*?\}\}\s*', '', message).splitlines():
+        if line.strip() and not line[0].isspace() and not line.startswith(
+                ('Graph execution error:', 'Detected at node')):
+            return line.strip()[:300]
+    return message.strip().splitlines()[0][:300] if message.strip() else ''
+
+
 def cluster_failure(strategy, error, *, what, step, resume):
     """The `ClusterFailed` that `error` stands for, or None.
 
@@ -184,10 +196,7 @@ def cluster_failure(strategy, error, *, what, step, resume):
             isinstance(error, _PEER_ERRORS) or 'ollective' in error.message or
             'oordination' in error.message):
         return None
-    # TF's message starts with the op's {{...}} name; the cause (the peer
-    # that stopped, or the mismatched collective) follows on two lines.
-    cause = ' '.join(re.sub(r'\{\{.*?\}\}\s*', '', error.message)
-                     .split('\n')[:2]).strip()[:500]
+    cause = _cause(error.message)
     lost = _lost_task(strategy, error.message)
     if lost:
         culprit = f'{lost} was lost'

@@ -9,8 +9,9 @@ import time
 
 from paws_tf import files
 
-# The records that wait in `RunDir.staging` until the data is accepted.
-_STAGED = ('split', 'normalization')
+# The records that wait in `RunDir.staging` until a training run's start is
+# accepted: its data records, and run.py's config and flags.
+_STAGED = ('split', 'normalization', 'config', 'flags')
 # The results of the demo, of fine-tuning and of the baseline, each in its
 # directory (a fine-tuning's output directory outside a run too).
 RESULTS_FILE = 'results.json'
@@ -51,8 +52,8 @@ class RunDir:
     fingerprint = _path('data_fingerprint.json')
     staging = property(
         lambda run: RunDir(os.path.join(run.path, '.data_staging')),
-        doc='The `RunDir` where a start writes its data records until the '
-        'data is accepted (`accept_staged`).')
+        doc='The `RunDir` where a training run writes its records until '
+        'its start is accepted (`accept_staged`).')
     imported = _path('imported.json')
 
     # The model and optimizer.
@@ -142,7 +143,7 @@ class RunDir:
             return None
 
     def accept_staged(self, accept=True):
-        """Moves the staged data records in (`accept`), then deletes the
+        """Moves the staged records in (`accept`), then deletes the
         staging directory: a refused start leaves the records unchanged."""
         staged = self.staging
         try:

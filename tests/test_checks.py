@@ -82,7 +82,8 @@ def test_every_shipped_config_passes(clean_gin, folders, name, tmp_path):
         # look: its preprocessing file.
         embedder = tmp_path / 'imported' / 'export' / 'embedder'
         embedder.mkdir(parents=True)
-        (embedder / export.PREPROCESSING_FILENAME).write_text('{}')
+        (embedder / export.PREPROCESSING_FILENAME).write_text(
+            '{"channels": 3}')
         bindings = [f"MODEL = '{tmp_path / 'imported'}'", folders[0],
                     folders[2]]
     check(name, bindings)

@@ -40,9 +40,12 @@ def test_workers_started_with_different_configs_stop_before_any_work(
 @pytest.mark.long
 def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
         tmp_path):
-    """The survivor names the lost task and its TF_CONFIG address. Fails
-    if cluster_lib.cluster_failure names no task, or takes the address from
-    another task of the cluster spec."""
+    """The survivor names the lost task and its TF_CONFIG address, and
+    TensorFlow's cause, in one error line. Fails if
+    cluster_lib.cluster_failure names no task, takes the address from
+    another task of the cluster spec, or gives 'Graph execution error:'
+    as the cause (the first line of a function's error, before its node's
+    stack), or if the line ends in gin's 'In call to configurable'."""
     tf_configs = cluster_lib.loopback_tf_configs(2)
     address = json.loads(tf_configs[0])['cluster']['worker'][1]
     procs = cluster.start_cluster(cluster_command(tmp_path),
@@ -58,6 +61,10 @@ def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
             f': worker 1 ({address}) was lost; ' in output), output[-3000:]
     assert 'Find the first error in the log of worker 1,' in output
     assert 'Traceback' not in output
+    last = output.strip().splitlines()[-1]
+    assert last.startswith('Error: worker 0 stopped at step '), last
+    assert 'Graph execution error:)' not in last
+    assert 'In call to configurable' not in output
     assert '/job:worker/replica:0/task:1' in output, output[-3000:]
     assert 'Free space' not in output
     path, stopped_at = checkpoints.newest_restorable(str(tmp_path))

@@ -1,11 +1,14 @@
 """A new user's usual slips: each gets one message naming it and the fix,
 before any data is read or any run state is written."""
 
+import json
+
 from absl import flags
 import pytest
 
 from paws_tf import checks
 from paws_tf import cli
+from paws_tf.evaluation import export
 from tests.helpers import image_folders
 
 
@@ -147,4 +150,60 @@ def test_a_labeled_folder_of_one_class_is_refused(run_main, tmp_path):
                  f'--model_dir={tmp_path / "run"}',
                  *[f'--gin_bindings={b}'
                    for b in image_folders.path_bindings(tmp_path)])
+    assert not (tmp_path / 'run').exists()
+
+
+def test_an_error_is_one_plain_line(run_main, tmp_path, capsys):
+    """run.py prints a user's error as `Error: <message>` on stderr and
+    exits with its code. Fails if it is logged as an absl record
+    (`E1128 06:10:06.595101 140475126840192 cli.py:217] ...`)."""
+    del run_main  # The flags, restored after.
+    flags.FLAGS(['run.py', f'--model_dir={tmp_path / "run"}'])
+    with pytest.raises(SystemExit) as stopped:
+        cli._main_with_messages(['run.py'])
+    assert stopped.value.code == checks.ConfigError.EXIT_CODE
+    assert capsys.readouterr().err == (
+        'Error: --gin_file is required: it names the experiment, e.g. '
+        '--gin_file=debug.gin (an install check); --list_configs names the '
+        'shipped configs.\n')
+
+
+def _existing_model(root, channels):
+    """A run directory whose embedder export takes `channels`, as far as
+    the checks look (its preprocessing file), and a labeled and a test
+    folder; returns the bindings of the folders."""
+    embedder = root / 'model' / 'export' / 'embedder'
+    embedder.mkdir(parents=True)
+    (embedder / export.PREPROCESSING_FILENAME).write_text(
+        json.dumps(dict(channels=channels)))
+    for name in ('labeled/a', 'labeled/b', 'test/a', 'test/b'):
+        (root / name).mkdir(parents=True)
+    return [f"LABELED_DIR = '{root / 'labeled'}'",
+            f"TEST_DIR = '{root / 'test'}'"]
+
+
+@pytest.mark.parametrize('model,extra,message', [
+    ('mnie', [], r"^MODEL = '{root}/mnie' does not exist: bind it to the "
+     r'model to evaluate \(a run directory or its export/embedder\)\.$'),
+    ('labeled', [], r"^MODEL = '{root}/labeled' is neither an embedder "
+     r'export nor a run directory with one'),
+    ('model', ['CHANNELS = 3'], r'^The model of {root}/model/export/embedder '
+     r'takes 1-channel images, but CHANNELS = 3: bind CHANNELS = 1'),
+], ids=['missing', 'no export', 'other channels'])
+def test_an_existing_model_is_checked_before_anything_is_written(
+        run_main, tmp_path, model, extra, message):
+    """docs/own_images.md's evaluate_nn of an existing model: a typo in
+    MODEL says the path does not exist, in the macro the user bound; a
+    model of other channels is refused; nothing is written in model_dir.
+    Fails if the message names evaluate_nn.from_model, or says 'export it
+    first' for a path that does not exist, or if the channels are checked
+    only once the mode runs (after config_evaluate_nn.gin and flags.txt
+    are written)."""
+    folders = _existing_model(tmp_path, channels=1)
+    with pytest.raises(checks.ConfigError,
+                       match=message.format(root=tmp_path)):
+        run_main('--gin_file=existing_model_folders.gin',
+                 f'--model_dir={tmp_path / "run"}', '--mode=evaluate_nn',
+                 f"--gin_bindings=MODEL = '{tmp_path / model}'",
+                 *[f'--gin_bindings={b}' for b in folders + extra])
     assert not (tmp_path / 'run').exists()

@@ -91,22 +91,22 @@ def _summary(results):
     print(summary)
 
 
-def embedder_of(path):
+def embedder_of(path, name='evaluate_nn.from_model'):
     """The embedder export of the existing model `path`: `path` itself, or
     the `RunDir.embedder` of the run directory `path`.
 
     Raises:
-        checks.ConfigError: neither holds an export, naming the fix.
+        checks.ConfigError: neither holds an export, naming the binding
+            `name` (the user's, such as a macro) and the fix.
     """
     for candidate in (path, run_dir.RunDir(path).embedder):
         if tf.io.gfile.exists(
                 os.path.join(candidate, export.PREPROCESSING_FILENAME)):
             return candidate
     raise checks.ConfigError(
-        f'evaluate_nn.from_model = {path!r} is neither an embedder export '
-        f'nor a run directory with one ({run_dir.RunDir(path).embedder}): '
-        f'export it first (run.py --mode=export --model_dir={path} with '
-        'its config).')
+        f'{name} = {path!r} is neither an embedder export nor a run '
+        f'directory with one ({run_dir.RunDir(path).embedder}): export it '
+        f'first (run.py --mode=export --model_dir={path} with its config).')
 
 
 def _embedder(source, embedding, expected, *, saved_model_dir, model,

@@ -4,7 +4,6 @@ import inspect
 import numbers
 import os
 
-from absl import logging
 import gin
 
 from paws_tf import checkpoints
@@ -14,17 +13,12 @@ from paws_tf import model as model_lib
 from paws_tf import nets
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.evaluation import evaluate_nn
+from paws_tf.evaluation import export
 from paws_tf.nets import backbones
 from paws_tf import run_dir
 from paws_tf.nets import vit
 from paws_tf.runner import building
 from paws_tf.runner import train
-
-# Gin bindings that may change when a run resumes: what to do on changed
-# data, how often progress is logged, how long its cluster may take to form.
-RESUME_ONLY_BINDINGS = ('train.on_data_change', 'ProgressBar.',
-                        'make_strategy.start_timeout')
-
 
 def _folder_source():
     """`(selector prefix, labeled-root parameter)` of a folder training
@@ -170,7 +164,8 @@ def existing_model():
 
     Raises:
         checks.ConfigError: it is bound to None (a MODEL macro left for the
-            command line), or to a path without an embedder export.
+            command line), or to a path that does not exist or holds no
+            embedder export (naming the binding the user made).
     """
     try:
         gin.query_parameter('evaluate_nn.from_model')
@@ -182,7 +177,11 @@ def existing_model():
             f'{name} is not bound: bind it to the model to evaluate (a run '
             f"directory or its export), e.g. --gin_bindings=\"{name} = "
             "'runs/imported'\".")
-    return evaluate_nn.embedder_of(path)
+    if not os.path.exists(path):
+        raise checks.ConfigError(
+            f'{name} = {path!r} does not exist: bind it to the model to '
+            'evaluate (a run directory or its export/embedder).')
+    return evaluate_nn.embedder_of(path, name=name)
 
 
 def _check_backbone(multicrop):
@@ -234,9 +233,13 @@ def check_config(pretraining=True):
         checks.ConfigError: on the first problem found.
     """
     folder = _folder_source()
+    existing = existing_model()
+    if existing is not None:
+        check_folder_channels(export.read_preprocessing(existing)['channels'],
+                              f'The model of {existing}')
+        check_labeled_folder('PAWS-NN compares the test images with them')
     # An existing model brings its own normalisation.
-    multicrop = _check_normalization(
-        folder, required=existing_model() is None)
+    multicrop = _check_normalization(folder, required=existing is None)
     _check_arguments(pretraining)
     _check_folders_bound(folder)
     if pretraining:
@@ -258,25 +261,29 @@ def check_folder_channels(channels, model):
             f'bind {name} = {channels} (the images are decoded to that).')
 
 
-# The bindings that make the model's variables, compared in the message
-# on a pretrained model that does not fit.
+# The bindings that make the model's variables, and the backbone's: compared
+# in the message on a pretrained model that does not fit.
 _ARCHITECTURE = ('build_backbone.', 'build_model.', 'ProjectionHead.',
                  'PredictionHead.')
+_BACKBONE = ('build_backbone.',)
+# Of the variables that do not fit, how many a message names.
+_NAMES_SHOWN = 3
 
 
-def check_pretrained(run):
+def check_pretrained(run, *, overwrite=False):
     """Refuses a `train.pretrained_backbone` or `train.pretrained_model`
-    that does not fit the configured model, before any data is read; call
-    it once the strategy exists (`MultiWorkerMirroredStrategy` must
+    that is or lies inside the run directory `run`, or that does not fit
+    the configured model, before any data is read or anything deleted;
+    call it once the strategy exists (`MultiWorkerMirroredStrategy` must
     precede other TensorFlow ops). A run that resumes (its own checkpoint
-    wins) is not checked. The model of a source other than folders is
-    tried with 3 channels, then 1 (training checks the file again).
+    wins; with `overwrite` it may start again) is not checked for fit. The
+    model of a source other than folders is tried with 3 channels, then 1
+    (training checks the file again).
 
     Raises:
-        checks.ConfigError: both are bound, or the file does not exist or
-            does not fit (the message names the binding, the variables
-            that do not fit, and the architecture bindings of both models
-            that differ).
+        checks.ConfigError: both are bound, or the path lies in `run`, does
+            not exist or does not fit (the architecture bindings of both
+            models that differ, else the first variables that do not fit).
     """
     backbone, backbone_name = bindings.binding('train.pretrained_backbone')
     whole, whole_name = bindings.binding('train.pretrained_model')
@@ -284,11 +291,22 @@ def check_pretrained(run):
         raise checks.ConfigError(
             f'{backbone_name} and {whole_name} are both bound: bind one '
             '(the model includes its backbone).')
-    if not (backbone or whole) or checkpoints.has_progress(run):
+    path, name = (backbone, backbone_name) if backbone else (whole,
+                                                              whole_name)
+    if not path:
         return
+    _check_outside(run, path, name)
+    if checkpoints.has_progress(run) and not overwrite:
+        return
+    if not (os.path.exists(path) or os.path.exists(f'{path}.index')):
+        raise checks.ConfigError(
+            f'{name} = {path!r} does not exist: bind it to a run directory '
+            'or a checkpoint' + (', or a weights file' if backbone else '')
+            + '.')
     folder = _folder_source()
     tried = ((bindings.binding(f'{folder[0]}.channels', 3)[0],)
              if folder is not None else (3, 1))
+    refused = []  # What each channel count tried gave, the first first.
     for channels in tried:
         model = building.build_local_model(input_channels=channels)
         try:
@@ -298,76 +316,61 @@ def check_pretrained(run):
                 checkpoints.load(checkpoints.model_checkpoint(whole), model)
             return
         except FileNotFoundError as error:
-            raise checks.ConfigError(str(error)) from error
+            raise checks.ConfigError(f'{name} = {path!r}: {error}') from error
         except ValueError as error:
-            refused = error
-    if backbone:
-        raise checks.ConfigError(
-            f'{backbone_name} = {backbone!r} does not fit the configured '
-            f'backbone (build_backbone): {refused}')
+            refused.append(error)
+    part = 'backbone' if backbone else 'model'
+    why = _architecture_differences(path, tried, _BACKBONE if backbone
+                                    else _ARCHITECTURE)
+    if why is None:
+        unmatched = getattr(refused[0], 'unmatched', None)
+        why = (f'{len(unmatched)} variables of the configured {part} have no '
+               f'value of their shape there: {checks.listing(unmatched, _NAMES_SHOWN)}'
+               if unmatched else
+               str(refused[0].__cause__ or refused[0]).splitlines()[0])
+    why = why.rstrip('.')
     raise checks.ConfigError(
-        f'{whole_name} = {whole!r} does not fit the configured model: '
-        f'{refused}' + _architecture_differences(whole, tried))
+        f'{name} = {path!r} does not fit the configured {part}: {why}. '
+        f'Start from a {part} of this architecture, or bind its '
+        'architecture.')
 
 
-def _architecture_differences(path, channels):
-    """The architecture bindings and channels of the run directory `path`
-    and of this config where they differ, for a message ('' if unknown)."""
-    source = run_dir.RunDir(path)
-    try:
-        with open(source.config) as f:
-            theirs = set(f.read().splitlines())
-    except OSError:
-        return ''
+def _check_outside(run, path, name):
+    """Refuses a pretrained `path` that is or lies inside the run `run`:
+    --overwrite would delete it, and a run starts from another model."""
+    inside, own = (os.path.realpath(p) for p in (path, run))
+    if inside != own and not inside.startswith(own + os.sep):
+        return
+    raise checks.ConfigError(
+        f'{name} = {path!r} {"is" if inside == own else "lies inside"} '
+        f'--model_dir={run}, the run it would start: start from a model in '
+        'another directory, or train in another --model_dir.')
+
+
+def _architecture_differences(path, channels, prefixes):
+    """'<source> was built with ...; this config builds ...': the bindings
+    starting with `prefixes` and the channels where the run directory of
+    `path` (it, or the run whose checkpoint it is) and this config differ;
+    None when `path` is not in a run directory."""
+    candidates = (path, os.path.dirname(path),
+                  os.path.dirname(os.path.dirname(path)))
+    source = next((run_dir.RunDir(candidate) for candidate in candidates
+                   if os.path.isfile(run_dir.RunDir(candidate).config)),
+                  None)
+    if source is None:
+        return None
+    with open(source.config) as f:
+        theirs = set(f.read().splitlines())
     ours = set(gin.config_str().splitlines())
-    differ = lambda lines, other: sorted(  # noqa: E731
-        line for line in lines - other if line.startswith(_ARCHITECTURE))
-    parts = [f'{path} was built with {"; ".join(differ(theirs, ours))}',
-             f'this config builds {"; ".join(differ(ours, theirs))}']
+    differ = lambda lines, other: '; '.join(sorted(  # noqa: E731
+        line for line in lines - other if line.startswith(prefixes)))
+    parts = []
+    if differ(theirs, ours) or differ(ours, theirs):
+        parts.append(f'{source} was built with '
+                     f'{differ(theirs, ours) or "the defaults"}; this config '
+                     f'builds {differ(ours, theirs) or "the defaults"}')
     recorded = source.read_json(source.normalization)
     if recorded is not None and len(recorded['mean']) not in channels:
-        parts.append(f'{path} takes {len(recorded["mean"])}-channel images, '
-                     f'this config {" or ".join(map(str, channels))}')
-    return '. ' + '; '.join(parts) + '.'
-
-
-def check_model_dir(run, config, *, overwrite, chief):
-    """Refuses to train over a run of another config unless `overwrite`
-    says to (the chief then deletes that run); replaces the config of a
-    start that saved nothing.
-
-    Args:
-        run, config: the `RunDir`, the gin config text to train with.
-        overwrite, chief: run.py's --overwrite; whether this process writes.
-
-    Raises:
-        checks.ConfigError: naming the changed lines, without `overwrite`.
-    """
-    if not os.path.exists(run.config):
-        return
-    with open(run.config) as f:
-        old, new = (
-            [line for line in text.splitlines()
-             if not line.startswith(RESUME_ONLY_BINDINGS)]
-            for text in (f.read(), config))
-    if old == new:
-        return
-    if not checkpoints.has_progress(run.path):
-        logging.info('%s holds the config of a start that saved no backup '
-                     'or checkpoint: starting with this config.', run)
-        if chief:
-            run.delete([run.tensorboard])
-        return
-    if not overwrite:
-        changed = [f'  - {line}' for line in old if line not in new][:5] + [
-            f'  + {line}' for line in new if line not in old][:5]
-        raise checks.ConfigError(
-            f'{run} holds a run with a different gin config:\n' +
-            '\n'.join(changed) + '\nUse another --model_dir, undo the change '
-            'to resume that run (for a binding of a parameter that no longer '
-            f'exists: delete its line from {run.config}), or pass '
-            '--overwrite to delete it and start again.')
-    if chief:
-        logging.warning('--overwrite: deleting the previous run in %s.', run)
-        run.delete(run.training_outputs +
-                   (run.config, run.fingerprint, run.normalization))
+        parts.append(f'{source} takes {len(recorded["mean"])}-channel '
+                     f'images, this config {" or ".join(map(str, channels))}')
+    return '; '.join(parts) or None

@@ -109,17 +109,16 @@ def evaluate_existing(model_dir, strategy, embedder):
     data, with the preprocessing recorded in its export, into `model_dir`,
     where its PAWS-NN classifier of these classes is exported too
     (`RunDir.classifier`). The chief's work; the other workers wait.
-    Returns the PAWS-NN results on the chief.
+    Returns the PAWS-NN results on the chief (`config_checks.check_config`
+    checked the folders' channels against the model's).
 
     Raises:
-        checks.ConfigError: the config's folders decode to other channels
-            than the model takes.
+        checks.DataError: the labeled images have other channels than the
+            model takes.
     """
     results = None
     if cluster.is_chief(strategy):
         stored = export.read_preprocessing(embedder)
-        config_checks.check_folder_channels(
-            stored['channels'], f'The model of {embedder}')
         bundle = load_labeled_data(
             model_dir, 'PAWS-NN compares the test images with them')
         _check_test(bundle)

@@ -3,6 +3,8 @@
 import functools
 import hashlib
 
+import os
+
 from absl import logging
 import gin
 import numpy as np
@@ -23,6 +25,11 @@ from paws_tf.runner import building
 from paws_tf.runner import callbacks
 from paws_tf.runner import experiment
 from paws_tf import schedules
+
+# Gin bindings that may change when a run resumes: what to do on changed
+# data, how often progress is logged, how long its cluster may take to form.
+RESUME_ONLY_BINDINGS = ('train.on_data_change', 'ProgressBar.',
+                        'make_strategy.start_timeout')
 
 
 class Preempted(RuntimeError):
@@ -121,24 +128,34 @@ def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
         determinism.enable()
     chief = cluster.is_chief(strategy)
     run = run_dir.RunDir(model_dir)
-    bundle, start_step, resume_from = _start(
-        run, strategy, chief=chief, on_change=on_data_change,
-        overwrite=overwrite)
-    input_at = functools.partial(
-        pipeline.make_pretrain_dataset_fn, bundle.unlabeled, bundle.labeled,
-        num_replicas=strategy.num_replicas_in_sync, seed=seed,
-        normalization=bundle.normalization)
-    pretrain = input_at(start_step=start_step)
+    # Nothing of the run in model_dir is deleted or replaced until the new
+    # start has passed every check: its data, input and model.
+    try:
+        bundle, restart, fingerprint = _start(
+            run, chief=chief, on_change=on_data_change, overwrite=overwrite)
+        resume_from, start_step = (None, 0) if restart else (
+            checkpoints.newest_restorable(run.path, chief=chief))
+        input_at = functools.partial(
+            pipeline.make_pretrain_dataset_fn, bundle.unlabeled,
+            bundle.labeled, num_replicas=strategy.num_replicas_in_sync,
+            seed=seed, normalization=bundle.normalization)
+        pretrain = input_at(start_step=start_step)
+        model = building.build_compiled_model(
+            strategy, input_channels=bundle.labeled.channels,
+            steps_per_epoch=pretrain.steps_per_epoch, num_epochs=num_epochs,
+            optimizer_cls=optimizer_cls, schedule_cls=schedule_cls,
+            precision=precision, jit_compile=jit_compile,
+            steps_per_execution=steps_per_execution)
+    except BaseException:
+        if chief:
+            run.accept_staged(False)
+        raise
+    _accept(run, strategy, chief=chief, restart=restart,
+            fingerprint=fingerprint, overwrite=overwrite)
     if chief:
         run.write(run.input_summary, pretrain.summary + '\n')
     logging.info('%s; the sizes per replica and step: %s',
                  pretrain.summary_line, run.input_summary)
-    model = building.build_compiled_model(
-        strategy, input_channels=bundle.labeled.channels,
-        steps_per_epoch=pretrain.steps_per_epoch, num_epochs=num_epochs,
-        optimizer_cls=optimizer_cls, schedule_cls=schedule_cls,
-        precision=precision, jit_compile=jit_compile,
-        steps_per_execution=steps_per_execution)
     history = run.record_event if chief else (lambda event: event)
     pretrained = pretrained_backbone, pretrained_model
     if not _resume(model, resume_from, start_step, num_epochs,
@@ -278,34 +295,77 @@ def _fit(model, pretrain, input_at, fit_callbacks, saver, *, strategy,
         raise failure from error
 
 
-def _start(run, strategy, *, chief, on_change, overwrite):
-    """`(bundle, step, path)`: the run's data, checked against what it
-    started on (its records staged until the data is accepted), and the
-    backup or checkpoint of global `step` to restore (None: a new run)."""
-    accepted = False
-    try:
-        bundle = experiment.load_data(run.staging if chief else None)
-        recorded = run.read_json(run.fingerprint)
-        current = data_fingerprint.fingerprint(bundle)
-        restart = data_fingerprint.check(
-            recorded, current, model_dir=run.path, path=run.fingerprint,
-            resuming=checkpoints.has_progress(run.path), on_change=on_change,
-            overwrite=overwrite)
-        accepted = chief
-    finally:
-        if chief:
-            run.accept_staged(accepted)
-    if chief and recorded != current:
-        run.write_json(run.fingerprint, current)
-    if restart and chief:
-        run.delete(run.training_outputs)
+def _start(run, *, chief, on_change, overwrite):
+    """`(bundle, restart, fingerprint)`: the data (the chief's records
+    staged for `_accept`), whether it replaces the run in `run` (another
+    config or data with `overwrite`, or a start that saved nothing), and
+    the data's fingerprint.
+
+    Raises:
+        checks.ConfigError: the run in `run` has another config, without
+            `overwrite` (the changed lines are named).
+        data_fingerprint.Changed: its data changed, without `overwrite`.
+    """
+    replace = _check_config(run, overwrite=overwrite)
+    bundle = experiment.load_data(run.staging if chief else None)
+    current = data_fingerprint.fingerprint(bundle)
+    restart = data_fingerprint.check(
+        run.read_json(run.fingerprint), current, model_dir=run.path,
+        path=run.fingerprint,
+        resuming=not replace and checkpoints.has_progress(run.path),
+        on_change=on_change, overwrite=overwrite)
+    return bundle, replace or restart, current
+
+
+def _check_config(run, *, overwrite):
+    """Whether this gin config replaces the run in `run`: its config
+    differs, and it saved nothing or `overwrite` says to; else raises
+    `checks.ConfigError` naming the changed lines."""
+    if not os.path.exists(run.config):
+        return False
+    with open(run.config) as f:
+        old, new = (
+            [line for line in text.splitlines()
+             if not line.startswith(RESUME_ONLY_BINDINGS)]
+            for text in (f.read(), gin.config_str()))
+    if old == new:
+        return False
+    if not checkpoints.has_progress(run.path):
+        logging.info('%s holds the config of a start that saved no backup '
+                     'or checkpoint: starting with this config.', run)
+        return True
+    if not overwrite:
+        changed = [f'  - {line}' for line in old if line not in new][:5] + [
+            f'  + {line}' for line in new if line not in old][:5]
+        raise checks.ConfigError(
+            f'{run} holds a run with a different gin config:\n' +
+            '\n'.join(changed) + '\nUse another --model_dir, undo the change '
+            'to resume that run (for a binding of a parameter that no longer '
+            f'exists: delete its line from {run.config}), or pass '
+            '--overwrite to delete it and start again.')
+    return True
+
+
+def _accept(run, strategy, *, chief, restart, fingerprint, overwrite):
+    """Once the new start passed its checks: the chief deletes the run it
+    replaces (`restart`), then moves the staged records in; under
+    `overwrite` every worker waits for it, having read what it reads."""
     if overwrite:
-        # The other workers read the run's files only once the chief has
-        # deleted what it deletes.
         cluster.barrier(strategy)
-    path, step = (None, 0) if restart else checkpoints.newest_restorable(
-        run.path, chief=chief)
-    return bundle, step, path
+    if chief:
+        if restart:
+            if checkpoints.has_progress(run.path):
+                logging.warning('--overwrite: deleting the previous run in '
+                                '%s.', run)
+            run.delete(run.training_outputs + (
+                run.config, run.fingerprint, run.normalization))
+        if os.path.exists(run.staging.config):
+            logging.info('gin config: %s', run.config)
+        run.accept_staged()
+        if restart or run.read_json(run.fingerprint) != fingerprint:
+            run.write_json(run.fingerprint, fingerprint)
+    if overwrite:
+        cluster.barrier(strategy)
 
 
 def _callbacks(run, bundle, pretrain, saver, *, tau, chief, num_epochs,
