@@ -5,6 +5,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import checks
+from paws_tf import cluster
 from paws_tf import dist
 from paws_tf import losses
 from paws_tf import nets
@@ -129,6 +130,7 @@ class PAWSModel(tf_keras.Model):
         self.label_smoothing = label_smoothing
         self.diagnostics_every = diagnostics_every
         self._create_metrics()
+        cluster.report_results_once(self)
 
     @staticmethod
     def check_arguments(*, tau, sharpen_temperature, me_max_weight,
