@@ -12,13 +12,18 @@ on the terminal).
 """
 
 import os
+import pathlib
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 from tests.helpers import image_folders
 from tests.helpers import run_py
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # TensorFlow's start-up logs (each printed twice without cli._quiet_start).
 STARTUP_LOGS = ('absl::InitializeLog', 'oneDNN custom operations',
@@ -289,3 +294,23 @@ def test_each_mistake_is_one_message_with_its_exit_code(tmp_path):
     for name in ('misspelled_macro', 'misspelled_parameter',
                  'misspelled_backbone_argument', 'epochs_in_words'):
         assert not os.path.exists(tmp_path / 'runs' / name)
+
+
+@pytest.mark.slow
+def test_pytest_in_two_processes_ends_with_its_summary():
+    """`make test`'s pytest with two xdist processes, on a short module:
+    its output ends with pytest's summary, none of TensorFlow's start-up
+    logs anywhere. Fails if conftest loads TensorFlow without cli's quiet
+    start (tried: the controller's start-up logs, the failed cuInit of a
+    machine without a GPU among them, printed after "73 passed")."""
+    proc = subprocess.run(
+        [sys.executable, '-m', 'pytest', '-q', '-n', '2', '-p',
+         'no:cacheprovider', 'tests/test_checks.py'],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, PYTHONPATH=str(REPO)))
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert re.fullmatch(r'\d+ passed in [\d.]+s( \(.*\))?',
+                        _lines(output)[-1]), output[-3000:]
+    for text in STARTUP_LOGS:
+        assert text not in output, output[-3000:]
