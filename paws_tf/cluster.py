@@ -108,6 +108,20 @@ def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
     return strategy
 
 
+def report_results_once(model):
+    """Makes `model`'s `fit` and `evaluate` report its metrics' results
+    as they are, and returns `model`.
+
+    A metric's result is already reduced over every replica of the cluster
+    (`Metric.result` reads its sync-on-read variables); under
+    MultiWorkerMirroredStrategy, tf_keras' default reduction of a step's
+    results ("auto": a sum over the workers) would add the workers' copies
+    up, every logged value times the number of workers.
+    """
+    model.distribute_reduction_method = 'first'
+    return model
+
+
 def _cross_device_ops(devices):
     """`ReductionToOneDevice` when `devices` lists only CPUs, else None
     (TensorFlow's collective all-reduces, NCCL on GPUs): logical CPUs share

@@ -5,6 +5,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import checks
+from paws_tf import cluster
 from paws_tf import dist
 from paws_tf import losses
 from paws_tf import nets
@@ -17,9 +18,10 @@ NN_EMBEDDINGS = ('projection', 'prediction')
 OBJECTIVES = ('paws', 'ropaws')
 # `train_step`'s per-step values are its means' names with this prefix.
 STEP_PREFIX = 'step_'
-# LARS's trust ratios (`lars.LARS.trust_ratio_stats`), in the step's logs
-# with LARS only.
+# LARS's trust ratios (`LARS.trust_ratio_stats`), logged with LARS only.
 TRUST_RATIOS = ('trust_ratio_mean', 'trust_ratio_min', 'trust_ratio_max')
+# PAWS Fig. 4b's diagnostics, in the step's logs with `diagnostics_every`.
+DIAGNOSTICS = ('nt_xent', 'suncet')
 
 
 class LastValue(tf_keras.metrics.Metric):
@@ -28,14 +30,14 @@ class LastValue(tf_keras.metrics.Metric):
     For values that describe the current step (learning rate, trust ratios,
     occasional diagnostics): Keras would sum raw per-replica tensors returned
     by `train_step` (its "auto" reduction), and a `Mean` tracker would
-    average them over the epoch.
+    average them over the epoch. `initial`: its value before any update.
     """
 
-    def __init__(self, name, **kwargs):
+    def __init__(self, name, initial=0.0, **kwargs):
         super().__init__(name=name, **kwargs)
         self._value = self.add_weight(
-            name='value', initializer='zeros',
-            aggregation=tf.VariableAggregation.MEAN)
+            name='value', initializer=tf_keras.initializers.Constant(
+                initial), aggregation=tf.VariableAggregation.MEAN)
 
     def update_state(self, value):
         self._value.assign(tf.cast(value, self.dtype))
@@ -129,6 +131,7 @@ class PAWSModel(tf_keras.Model):
         self.label_smoothing = label_smoothing
         self.diagnostics_every = diagnostics_every
         self._create_metrics()
+        cluster.report_results_once(self)
 
     @staticmethod
     def check_arguments(*, tau, sharpen_temperature, me_max_weight,
@@ -175,9 +178,10 @@ class PAWSModel(tf_keras.Model):
         # points; the means above run over the epoch).
         self._steps = {name: LastValue(name=STEP_PREFIX + name)
                        for name in names}
-        self._last = {name: LastValue(name=name) for name in (
-            'learning_rate', *TRUST_RATIOS, 'weight_decay', 'nt_xent',
-            'suncet')}
+        # The diagnostics read NaN until this process computes them.
+        self._last = {name: LastValue(
+            name, float('nan') if name in DIAGNOSTICS else 0.0) for name in (
+                'learning_rate', *TRUST_RATIOS, 'weight_decay', *DIAGNOSTICS)}
 
     @property
     def metrics(self):
@@ -307,7 +311,8 @@ class PAWSModel(tf_keras.Model):
                 lambda: self._update_diagnostics(z_global, z_support, labels),
                 lambda: None)
         return {m.name: m.result() for m in self.metrics
-                if m.name not in not_reported}
+                if m.name not in not_reported and (
+                    self.diagnostics_every or m.name not in DIAGNOSTICS)}
 
     def _update_optimizer_values(self, optimizer):
         """Records what `optimizer` (unwrapped) has beside the learning

@@ -22,8 +22,9 @@ LOG_EVERY_SECONDS = 60
 
 class _Bar:
     """What `ProgbarLogger` drives (`Progbar.update`): on a terminal
-    (`live`) the line redrawn in place, cut to its width, an epoch's final
-    line wrapped instead; else whole lines, each readable alone."""
+    (`live`) the line redrawn in place, fitted to its width (`_fit`), an
+    epoch's final line wrapped instead; else whole lines, each readable
+    alone."""
 
     def __init__(self, target, verbose, stream, *, live, epoch,
                  every_seconds, clock):
@@ -65,7 +66,9 @@ class _Bar:
             self.stream.write('  '.join(
                 ([self._epoch] if self._epoch else []) + fields) + '\n')
         elif not finalize:
-            line = '  '.join(fields)[:width]
+            # The ETA (when known) is last; it stays.
+            eta = len(fields) > 1 and bool(self.target and current)
+            line = _fit(fields, width, keep_last=eta)
             self.stream.write('\r' + line.ljust(self._drawn))
             self._drawn = len(line)
         else:
@@ -79,6 +82,19 @@ class _Bar:
             self.stream.write(start + '\n'.join(lines) + '\n')
             self._drawn = 0
         self.stream.flush()
+
+
+def _fit(fields, width, keep_last):
+    """`fields` joined on one line of at most `width` characters: the
+    first (the step) and with `keep_last` the last always, then as many of
+    the others as fit, in order (a value is shown whole or not at all)."""
+    last = [fields[-1]] if keep_last else []
+    line = fields[0]
+    reserved = sum(2 + len(field) for field in last)
+    for field in fields[1:len(fields) - len(last)]:
+        if len(line) + 2 + len(field) + reserved <= width:
+            line += '  ' + field
+    return '  '.join([line] + last)[:width]
 
 
 @gin.configurable

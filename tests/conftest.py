@@ -7,6 +7,9 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import gin  # noqa: E402
 import paws_tf  # noqa: F401,E402  (selects tf_keras before TF is used)
+# TensorFlow loaded as run.py loads it: its start-up logs (C++ notes, the
+# failed cuInit of a machine without a GPU) held back, shown if it fails.
+from paws_tf import cli  # noqa: F401,E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 

@@ -89,8 +89,7 @@ def run_beside_one_process(runs, mode, *, flags=(), **config):
 
 def trained_copy(trained, model_dir, *remove):
     """A copy of the cluster's trained run without its `remove` outputs."""
-    root, _ = trained
-    shutil.copytree(root / 'cluster', model_dir)
+    shutil.copytree(trained[0] / 'cluster', model_dir)
     for name in remove:
         shutil.rmtree(model_dir / name)
     return model_dir
@@ -103,7 +102,8 @@ def train_beside_two_replicas(root, **config):
     `root/one_process`, run side by side; `config`: `cluster_command`'s.
 
     Returns:
-        `(root, [(returncode, output)] of the workers)`.
+        `(root, [(returncode, output)] of the workers, the one process's
+        output)`.
     """
     config.setdefault('base_bindings', SHRINK)
     one_process = run_py.start(
@@ -116,7 +116,7 @@ def train_beside_two_replicas(root, **config):
     cluster.check_ran(results)
     code, output = run_py.finish(one_process, timeout=900)
     assert code == 0, output[-4000:]
-    return root, results
+    return root, results, output
 
 
 @pytest.fixture(scope='module')
@@ -132,7 +132,7 @@ def test_chief_writes_what_one_process_writes_and_the_worker_nothing(
     """Fails if a worker's collective outside training runs eagerly
     (tried: `cluster.barrier` without `tf.function`, TensorFlow's warning
     of its overhead in both logs)."""
-    root, results = trained
+    root, results, _ = trained
     chief_log, worker_log = results[0][1], results[1][1]
     assert 'eagerly' not in chief_log + worker_log
     assert (cluster.written(root / 'cluster') ==
@@ -170,7 +170,7 @@ def test_two_workers_end_where_one_process_with_two_replicas_ends(trained):
     float32 kernels. The same command with one replica is another
     computation (each replica samples its own support), not compared
     here."""
-    root, _ = trained
+    root = trained[0]
     images = preprocessed_test_images()
     embeddings = [cluster.exported_embeddings(root / run, images)
                   for run in ('cluster', 'one_process')]
@@ -187,6 +187,72 @@ def test_two_workers_end_where_one_process_with_two_replicas_ends(trained):
     np.testing.assert_array_equal(curves[0][0], [8, 16])
     np.testing.assert_array_equal(curves[1][0], [8, 16])
     np.testing.assert_allclose(curves[0][1], curves[1][1], atol=1 / 128)
+
+
+# A log line's `name=value` pairs (`callbacks.ProgressLog`), and a log's
+# progress line at an epoch's last step (`progress.ProgressBar`: its
+# labelled values, then the seconds).
+EPOCH_LINE = re.compile(r'epoch (\d+)/\d+: (.*?) \|')
+LAST_STEP_LINE = re.compile(r'^epoch (\d+)/\d+  step (\d+)/\2  (.*)  \d+ s$',
+                            re.MULTILINE)
+
+
+def logged_values(output):
+    """{(where, epoch, name): value} of every value `output` prints in the
+    epochs' log lines and their progress bars' last lines."""
+    values = {}
+    for epoch, pairs in EPOCH_LINE.findall(output):
+        for pair in pairs.split():
+            name, value = pair.split('=')
+            values['log', int(epoch), name] = float(value)
+    for epoch, _, fields in LAST_STEP_LINE.findall(output):
+        for field in fields.split('  '):
+            label, value = field.split(' ')
+            values['progress', int(epoch), label] = float(value)
+    return values
+
+
+def train_scalars(model_dir):
+    """{tag: (steps, values)} of the run's training TensorBoard scalars
+    but the throughput (a time, not a result)."""
+    log_dir = model_dir / 'tensorboard' / 'train'
+    return {tag: run_demo.read_scalars(log_dir, tag)
+            for tag in sorted(tensor_tags(log_dir))
+            if not tag.startswith(('throughput/', 'views/'))}
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_the_cluster_logs_what_one_process_logs(trained):
+    """What a person reads of the cluster's training (the chief's epoch
+    log lines, its progress bar, its TensorBoard scalars) is what one
+    process with the same two replicas shows: the same values (to 2e-3,
+    the log's 4 digits; the runs compute the same steps,
+    `test_two_workers_end_where_one_process_with_two_replicas_ends`).
+
+    Fails if tf_keras adds up the workers' metric results, already
+    reduced over every replica (its reduction "auto" under
+    MultiWorkerMirroredStrategy, `training.reduce_per_replica`; tried:
+    every value twice one process's, the learning rate 0.975 for 0.4875).
+    """
+    root, results, one_process = trained
+    chief = logged_values(results[0][1])
+    expected = logged_values(one_process)
+    assert {name for _, _, name in expected} >= {
+        'loss', 'me_max', 'target_confidence', 'learning_rate', 'lr',
+        'conf', 'paws-nn'}
+    assert chief.keys() == expected.keys()
+    for key, value in expected.items():
+        np.testing.assert_allclose(chief[key], value, rtol=2e-3, atol=1e-4,
+                                   err_msg=str(key))
+    scalars = [train_scalars(root / run) for run in ('cluster', 'one_process')]
+    assert scalars[0].keys() == scalars[1].keys()
+    assert {'optimizer/learning_rate', 'loss/me_max', 'epoch/loss',
+            'paws/target_confidence'} <= scalars[1].keys()
+    for tag, (steps, values) in scalars[1].items():
+        np.testing.assert_array_equal(scalars[0][tag][0], steps, tag)
+        np.testing.assert_allclose(scalars[0][tag][1], values, rtol=1e-3,
+                                   atol=1e-5, err_msg=tag)
 
 
 @pytest.mark.slow
@@ -241,7 +307,7 @@ def test_evaluate_nn_on_the_cluster_repeats_the_training_run_figure(
     results = cluster.launch_cluster(
         cluster_command(model_dir, 'evaluate_nn'), timeout=900)
     cluster.check_ran(results)
-    root, _ = trained
+    root = trained[0]
     figures = [json.loads((run / 'eval' / 'paws_nn.json').read_text())
                for run in (root / 'cluster', model_dir)]
     for key in ('top1', 'num_support', 'num_queries', 'source', 'tau'):
@@ -311,7 +377,7 @@ def test_a_vit_trains_on_the_cluster_as_in_one_process_and_fine_tunes(
     the patch embedding's kernel 1e-2 apart). 158 s on 2 shared cores.
     """
     config = dict(gin_file=debug_gin.write_vit_config(tmp_path / 'vit.gin'))
-    root, results = train_beside_two_replicas(tmp_path, **config)
+    root, results, _ = train_beside_two_replicas(tmp_path, **config)
     assert 'epoch 2: PAWS-NN top-1' in results[0][1]
     assert (cluster.written(root / 'cluster') ==
             cluster.written(root / 'one_process'))

@@ -1,5 +1,13 @@
 """PAWS-NN's pictures against NumPy: the weights of the labeled images in a
-prediction, the confusion matrix, the projector's sprite and rows."""
+prediction, the confusion matrix, the projector's sprite and rows, its
+images over `max_points`, the neighbours' thumbnails.
+
+Bugs tried, each caught here: a labeled image's own weight kept; the
+lightest labeled images as neighbours; the confusion matrix without its
+colour scale; the first `max_points` images in the projector instead of
+evenly spaced ones; a neighbour's thumbnail read at another position than
+its image.
+"""
 
 import csv
 
@@ -126,8 +134,14 @@ def test_pictures_of_an_evaluation(tmp_path):
     first = wrong[0] if len(wrong) else 0
     np.testing.assert_allclose(examples[0]['neighbour_weights'],
                                np.sort(weights[first])[::-1][:3], rtol=1e-5)
-    # 1 + 3 panels per row, one row per example, and the matrix.
+    # 1 + 3 panels per row, one row per example, and the matrix with its
+    # colour scale, fractions from 0 to 1.
     assert len(figure.get_axes()) == 2 * 4 + 1
+    matrix_axes, = [axes for axes in figure.get_axes()
+                    if axes.get_title().startswith('confusion matrix')]
+    scale, = matrix_axes.child_axes
+    assert scale.get_ylabel() == "fraction of the true class's queries"
+    assert scale.get_ylim() == (0, 1)
     events = event_accumulator.EventAccumulator(str(tmp_path))
     events.Reload()
     image, = events.Tensors('paws_nn_pictures/confusion_and_neighbours')
@@ -135,3 +149,84 @@ def test_pictures_of_an_evaluation(tmp_path):
     # An image summary: width, height, then the PNG.
     width, height, encoded = image.tensor_proto.string_val
     assert tf.io.decode_png(encoded).shape[:2] == (int(height), int(width))
+
+
+def _flat_images(count, step=12):
+    """`count` uint8 images, image i of the one value `step * i + 10` (a
+    resized or cropped thumbnail keeps it)."""
+    values = step * np.arange(count) + 10
+    return np.broadcast_to(values[:, None, None, None].astype(np.uint8),
+                           (count, 10, 10, 1)).copy(), values
+
+
+def _tiles(sheet, side, count):
+    """The value of each of the first `count` tiles of a sprite."""
+    grid = sheet.shape[0] // side
+    return np.array([sheet[r * side:(r + 1) * side,
+                           c * side:(c + 1) * side, 0].mean()
+                     for r, c in (divmod(i, grid) for i in range(count))])
+
+
+def test_the_projector_shows_evenly_spaced_images_over_max_points(tmp_path):
+    """10 labeled and 7 test images, `max_points` 4: the projector holds
+    labeled images 0, 3, 6, 9 and test images 0, 2, 4, 6 (evenly spaced,
+    NumPy's linspace rounded), each row its own embedding, label and
+    thumbnail. Fails if the first `max_points` are taken (tried: positions
+    0..3), or the rows' embeddings or thumbnails are not those images'."""
+    images, values = _flat_images(17)
+    labels = np.arange(17) % 3
+    labeled = sources.from_arrays(images[:10], labels[:10], CLASSES)
+    test = sources.from_arrays(images[10:], labels[10:], CLASSES)
+    rng = np.random.default_rng(2)
+    embeddings = rng.normal(size=(17, 4)).astype(np.float32)
+    drawer = pictures.Pictures(
+        labeled, test, preprocessing=dict(image_size=8, crop_fraction=1.0),
+        max_points=4, num_examples=2, num_neighbours=2, thumbnail_side=4)
+    drawer(str(tmp_path), 1, supports=embeddings[:10],
+           support_labels=labels[:10], queries=embeddings[10:],
+           query_labels=labels[10:], predictions=labels[10:], tau=0.1)
+    shown = np.array([0, 3, 6, 9, 10 + 0, 10 + 2, 10 + 4, 10 + 6])
+    np.testing.assert_allclose(np.loadtxt(tmp_path / pictures.TENSORS),
+                               embeddings[shown], rtol=1e-5)
+    rows = _rows(tmp_path / pictures.METADATA)[1:]
+    assert [row[0] for row in rows] == [CLASSES[k] for k in labels[shown]]
+    assert [row[3] for row in rows] == ['labeled'] * 4 + ['test'] * 4
+    sheet = tf.io.decode_png(tf.io.read_file(
+        str(tmp_path / pictures.SPRITE))).numpy()
+    assert sheet.shape == (12, 12, 3)  # 8 thumbnails of 4 px: a 3 x 3 grid.
+    np.testing.assert_allclose(_tiles(sheet, 4, 8), values[shown], atol=1)
+
+
+def test_neighbours_are_the_heaviest_labeled_images_with_their_pictures():
+    """Each row of the neighbours picture: the labeled images of the
+    largest weights, heaviest first (NumPy's argsort), each thumbnail that
+    image's, with its label and weight. Fails if a thumbnail is read at
+    another position than its image (tried: the i-th of the images the
+    rows need, not the one at the row's index)."""
+    images, values = _flat_images(8)
+    labels = np.array([0, 1, 2, 0, 1, 2, 0, 1])
+    labeled = sources.from_arrays(images, labels, CLASSES)
+    drawer = pictures.Pictures(
+        labeled, labeled, preprocessing=dict(image_size=8, crop_fraction=1.0),
+        num_examples=3, num_neighbours=3, thumbnail_side=4)
+    rng = np.random.default_rng(3)
+    weights = _softmax(rng.normal(size=(4, 8)) * 3)
+    predictions, confidences = pictures.predict(weights, labels, 3)
+    query_labels = np.array([0, 1, 2, 0])
+    examples = drawer._examples(weights, query_labels, predictions,
+                                confidences, labels,
+                                np.zeros((4, 4, 4, 1)), labeled)
+    wrong = np.flatnonzero(predictions != query_labels)[:1]
+    right = np.flatnonzero(predictions == query_labels)
+    chosen = np.concatenate([wrong, right])[:3]
+    assert len(examples) == len(chosen)
+    for example, query in zip(examples, chosen):
+        heaviest = np.argsort(-weights[query])[:3]
+        np.testing.assert_array_equal(example['neighbour_labels'],
+                                      labels[heaviest])
+        np.testing.assert_allclose(example['neighbour_weights'],
+                                   weights[query, heaviest])
+        np.testing.assert_allclose(
+            [image.mean() * 255 for image in example['neighbours']],
+            values[heaviest], atol=1)
+        assert example['label'] == query_labels[query]

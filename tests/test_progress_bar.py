@@ -1,5 +1,6 @@
-"""Progress shows what a user watches: on a terminal one 80-column line
-redrawn, in a log whole lines at most every interval and at epoch ends."""
+"""Progress shows what a user watches: on a terminal one line redrawn,
+fitted to its width, in a log whole lines at most every interval and at
+epoch ends."""
 
 import io
 import re
@@ -14,6 +15,7 @@ from paws_tf.runner import callbacks
 from paws_tf import progress
 from paws_tf.runner import train
 from tests.helpers import debug_gin
+from tests.helpers import tiny_model
 
 SHOWN = ('loss', 'ce', 'me-max', 'conf', 'lr')
 HIDDEN = ('trust', 'nt_xent', 'suncet', 'cross_entropy')
@@ -165,3 +167,57 @@ def test_the_epoch_log_line_keeps_every_value(tmp_path, caplog):
     line = caplog.messages[-1]
     assert line.startswith('epoch 1/3: ' + ' '.join(
         f'{key}={value:.4g}' for key, value in logs.items()) + ' | '), line
+
+
+@pytest.mark.parametrize('every', [0, 4])
+def test_diagnostics_not_computed_in_this_process_are_not_shown(tmp_path,
+                                                                 caplog,
+                                                                 every):
+    """A run resumed at step 5 with `diagnostics_every` 4 has not computed
+    NT-Xent and SuNCEt yet (next at step index 8): its step reports NaN and
+    its epoch log line leaves them out; with `diagnostics_every` 0 the step
+    does not report them. Fails if they start at 0 (tried: the line of a
+    resumed run read `nt_xent=0 suncet=0`)."""
+    model = tiny_model.make(diagnostics_every=every)
+    tiny_model.compile_and_build(model)
+    model.optimizer.iterations.assign(5)
+    logs = model.train_step(tiny_model.random_step(
+        np.random.default_rng(0), 2, 2, 2, 1, 0))
+    logs = {key: float(value) for key, value in logs.items()}
+    if every:
+        assert np.isnan(logs['nt_xent']) and np.isnan(logs['suncet'])
+    else:
+        assert 'nt_xent' not in logs and 'suncet' not in logs
+    log = callbacks.ProgressLog(str(tmp_path), views_per_step=10,
+                                every_steps=0, num_epochs=1, is_chief=True)
+    log.set_model(model)
+    log.on_train_begin()
+    log.on_epoch_begin(0)
+    log.on_train_batch_end(0)
+    absl_logger = logging.get_absl_logger()
+    absl_logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level('INFO', logger='absl'):
+            log.on_epoch_end(0, logs)
+    finally:
+        absl_logger.removeHandler(caplog.handler)
+    line = caplog.messages[-1]
+    assert line.startswith('epoch 1/1: loss='), line
+    assert 'nt_xent' not in line and 'suncet' not in line, line
+
+
+def test_a_narrow_terminal_gets_whole_values_and_the_eta(monkeypatch):
+    """In 48 columns the redrawn line keeps the step, the ETA and the
+    values that fit before it, each whole, in order. Fails if the line is
+    cut at the width (tried: `conf 0.7`, and no ETA)."""
+    monkeypatch.setenv('COLUMNS', '48')
+    terminal = _Terminal()
+    bar = progress.ProgressBar(stream=terminal, clock=_Clock())
+    bar.set_params({'verbose': 1, 'epochs': 1, 'steps': 3})
+    bar.on_train_begin()
+    bar.on_epoch_begin(0)
+    bar.on_train_batch_end(0, LOGS)
+    line, = _lines(terminal.getvalue())
+    # 47 characters at most: the step (3), loss (2 + 9), ce (2 + 6),
+    # me-max (2 + 12) and the ETA (2 + 7) take 45; conf would make 56.
+    assert line == '1/3  loss 0.25  ce 1.5  me-max -1.25  ETA 0 s', line

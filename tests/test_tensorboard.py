@@ -58,8 +58,9 @@ def trained(tmp_path_factory):
 @pytest.mark.long
 def test_one_tensorboard_directory_with_a_run_per_stage(trained):
     """Fails if evaluate_nn writes its scalars to model_dir/eval instead of
-    tensorboard/eval, fine-tuning its logs to model_dir/fine_tune, or a
-    tag comes without its group (`batch_loss`)."""
+    tensorboard/eval, fine-tuning its logs to model_dir/fine_tune, a tag
+    comes without its group (`batch_loss`), or the baseline trains in one
+    epoch (its `epoch_accuracy` one dot)."""
     board = pathlib.Path(trained) / 'tensorboard'
     assert sorted(p.name for p in board.iterdir()) == [
         'eval', 'fine_tune', 'supervised', 'train']
@@ -70,6 +71,10 @@ def test_one_tensorboard_directory_with_a_run_per_stage(trained):
         assert expected <= stage_tags, stage_tags
         assert not any(tag.startswith('batch_') for tag in stage_tags)
     assert not list((pathlib.Path(trained) / 'fine_tune').rglob('events.*'))
+    # The baseline's 20 steps in 10 epochs: a curve, not one dot.
+    steps, _ = run_demo.read_scalars(board / 'supervised' / 'train',
+                                     'epoch_accuracy')
+    assert list(steps) == list(range(10))
     assert tags(board / 'train') == TRAIN_TAGS
     # debug.gin has 4 classes: no top-5.
     assert tags(board / 'eval') == {

@@ -1,14 +1,29 @@
-"""What a person sees when run.py starts: a few lines before the progress,
-none of TensorFlow's start-up logs, and each mistake as one message naming
-the binding or folder and the fix, with the exit code of its kind."""
+"""What a person sees of run.py: a few lines before the progress, then
+only the project's own lines (`unaccounted`: none of TensorFlow's logs, at
+start or after), and each mistake as one message naming the binding or
+folder and the fix, with the exit code of its kind.
+
+Bugs tried, each caught here: the start-up logs with file descriptor 2 left
+in place; the gin config logged again; the input's whole summary logged;
+`evaluate.embedder_from_model` traced for each batch size (TensorFlow's
+retracing warning, through its logger and absl's, during the demo's
+fine-tuning); evaluate_nn's result line logged as well as printed (twice
+on the terminal).
+"""
 
 import os
+import pathlib
+import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 from tests.helpers import image_folders
 from tests.helpers import run_py
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # TensorFlow's start-up logs (each printed twice without cli._quiet_start).
 STARTUP_LOGS = ('absl::InitializeLog', 'oneDNN custom operations',
@@ -16,6 +31,41 @@ STARTUP_LOGS = ('absl::InitializeLog', 'oneDNN custom operations',
 # What absl prints with a usage error: the program's --help.
 HELP = ('USAGE:', 'flags:', 'Try --helpfull')
 PROGRESS = 'epoch 1/1  step '
+# An absl log record: its module's file and its message.
+RECORD = re.compile(r'[IWEF]\d{4} [\d:.]+ +\d+ ([\w.]+):\d+\] (.*)')
+# The project's records that a run of train, evaluate_nn, fine_tune or demo
+# logs, by module.
+OWN_RECORDS = {
+    'cli.py': [r'gin config: \S+'],
+    'train.py': [
+        r'PAWS input: .*; the sizes per replica and step: \S+',
+        r'Training steps \d+\.\.\d+: (1 epoch|\d+ epochs) of \d+ steps\.',
+        r'Final weights fingerprint \(SHA-256\): [0-9a-f]{64}'],
+    'callbacks.py': [r'epoch \d+/\d+: loss=\S+( \w+=\S+)* \| \d+ views/s, '
+                     r'[\d.]+ s'],
+    'evaluate.py': [
+        r'PAWS-NN: embedded \d+ [\w ]+ (in [\d.]+ s|\(\d+ images/s\))',
+        r'PAWS-NN: classified \d+ / \d+ queries \(\d+ queries/s\)',
+        r'(Fine-tuning )?epoch \d+(/\d+)?: PAWS-NN top-1 [\d.]+%'],
+    'checkpoints.py': [r'Restored the model from \S+\.'],
+    'modes.py': [r'Exported the embedder and the classifier under \S+\.'],
+    'evaluate_nn.py': [r'PAWS-NN: the labeled set matches \S+'],
+    'suncet_fine_tune.py': [
+        r'PAWS-NN before fine-tuning: \{.*\}',
+        r'PAWS-NN after fine-tuning: top-1 [\d.]+% \(best epoch \d+: '
+        r'[\d.]+%, selected on the test set\)'],
+    'supervised.py': [r'Supervised baseline: top-1 [\d.]+% on \d+ test '
+                      r'images, trained on \d+ labeled images in \d+ s\.'],
+}
+# The lines the project prints: progress (a log's whole lines), evaluate_nn's
+# result, the demo's table and its last line.
+PRINTED = [
+    r'epoch \d+/\d+  step \d+/\d+(  [\w-]+ -?[\d.e+-]+)*  (ETA )?\d+ s',
+    r'PAWS-NN \(saved_model \S+, \w+ embedding\): top-1 [\d.]+%(, top-5 '
+    r'[\d.]+%)?; support = the \d+ labeled images, \d+ queries',
+    r'method +top-1 +wall time +images/s *', r'[- ]+',
+    r'(PAWS-NN|PAWS-NN, fine-tuned|supervised only) +[\d.]+% +\d+ s.*',
+    r'total wall time \d+ s; results in \S+, figure in \S+']
 
 
 def _start(model_dir, bindings, flags=(), gin_file='gin_configs/debug.gin'):
@@ -25,6 +75,23 @@ def _start(model_dir, bindings, flags=(), gin_file='gin_configs/debug.gin'):
 
 def _lines(output):
     return [line for line in output.splitlines() if line.strip()]
+
+
+def unaccounted(output):
+    """The lines of `output` that are neither the project's own records
+    (`OWN_RECORDS`) nor its printed lines (`PRINTED`)."""
+    left = []
+    for line in _lines(output):
+        record = RECORD.fullmatch(line)
+        if record:
+            module, message = record.groups()
+            if any(re.fullmatch(pattern, message)
+                   for pattern in OWN_RECORDS.get(module, ())):
+                continue
+        elif any(re.fullmatch(pattern, line) for pattern in PRINTED):
+            continue
+        left.append(line)
+    return left
 
 
 @pytest.mark.slow
@@ -42,6 +109,7 @@ def test_a_run_prints_a_few_lines_before_its_progress(tmp_path):
     first = next(i for i, line in enumerate(lines)
                  if line.startswith(PROGRESS))
     assert first <= 5, '\n'.join(lines[:first + 1])
+    assert not unaccounted(output), output
     for text in STARTUP_LOGS:
         assert text not in output, output[:3000]
     assert f'gin config: {run / "config.gin"}' in output
@@ -54,6 +122,41 @@ def test_a_run_prints_a_few_lines_before_its_progress(tmp_path):
     assert (run / 'input.txt').read_text().startswith(
         'PAWS input on 1 replica(s), the same classes on every replica:\n'
         '  unlabeled: 512 images, global batch 32 = 1 x 32, 16 steps/epoch')
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_the_demo_then_evaluate_nn_and_fine_tune_print_only_own_lines(
+        tmp_path):
+    """--mode=demo on debug.gin (2 epochs of 8 steps: training with its
+    epoch-end PAWS-NN, export, PAWS-NN, fine-tuning, the baseline, the
+    report), then --mode=evaluate_nn and --mode=fine_tune on its run side
+    by side: every line of each, start to end, is the project's
+    (`unaccounted`), TensorFlow's C++ logs not filtered by level."""
+    run = tmp_path / 'run'
+    shrink = ['train.num_epochs = 2',
+              'train/synthetic_source.num_images = 256']
+    code, output = run_py.finish(_start(run, shrink, ['--mode=demo']),
+                                 timeout=900)
+    assert code == 0, output[-3000:]
+    outputs = {'demo': output}
+    procs = {mode: _start(run, shrink, [f'--mode={mode}'])
+             for mode in ('evaluate_nn', 'fine_tune')}
+    for mode, proc in procs.items():
+        code, outputs[mode] = run_py.finish(proc, timeout=900)
+        assert code == 0, outputs[mode][-3000:]
+    for mode, output in outputs.items():
+        assert not unaccounted(output), (mode, unaccounted(output))
+    # Each mode's own lines are there, once.
+    for mode, text, count in (
+            ('demo', 'epoch 2/2  step 8/8  loss ', 1),
+            ('demo', 'Final weights fingerprint', 1),
+            ('demo', 'PAWS-NN (saved_model ', 1),
+            ('demo', 'Supervised baseline: top-1', 1),
+            ('demo', 'total wall time', 1),
+            ('evaluate_nn', 'PAWS-NN (saved_model ', 1),
+            ('fine_tune', 'PAWS-NN after fine-tuning', 1)):
+        assert outputs[mode].count(text) == count, (mode, text)
 
 
 @pytest.mark.slow
@@ -191,3 +294,23 @@ def test_each_mistake_is_one_message_with_its_exit_code(tmp_path):
     for name in ('misspelled_macro', 'misspelled_parameter',
                  'misspelled_backbone_argument', 'epochs_in_words'):
         assert not os.path.exists(tmp_path / 'runs' / name)
+
+
+@pytest.mark.slow
+def test_pytest_in_two_processes_ends_with_its_summary():
+    """`make test`'s pytest with two xdist processes, on a short module:
+    its output ends with pytest's summary, none of TensorFlow's start-up
+    logs anywhere. Fails if conftest loads TensorFlow without cli's quiet
+    start (tried: the controller's start-up logs, the failed cuInit of a
+    machine without a GPU among them, printed after "73 passed")."""
+    proc = subprocess.run(
+        [sys.executable, '-m', 'pytest', '-q', '-n', '2', '-p',
+         'no:cacheprovider', 'tests/test_checks.py'],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, PYTHONPATH=str(REPO)))
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert re.fullmatch(r'\d+ passed in [\d.]+s( \(.*\))?',
+                        _lines(output)[-1]), output[-3000:]
+    for text in STARTUP_LOGS:
+        assert text not in output, output[-3000:]

@@ -151,7 +151,9 @@ def _check_record(recorded, where, spec, fixed, channels):
             f'with, {NORMALIZATION_MACRO} = '
             f'{recorded.get("spec")!r} (mean {values[0]}, std '
             f'{values[1]}), not {spec!r}: bind it back.')
-    logging.info('Normalisation read from %s: mean %s, std %s', where, *values)
+    if fixed is None:  # Else the config holds the same values.
+        logging.info('Normalisation read from %s: mean %s, std %s', where,
+                     *values)
     return values
 
 

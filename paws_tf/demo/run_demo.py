@@ -8,6 +8,7 @@ import time
 
 import matplotlib.image
 from matplotlib import figure as mpl_figure
+from matplotlib import ticker
 import numpy as np
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
@@ -149,40 +150,61 @@ def project_2d(embeddings):
 
 def _write_figure(run, results, embeddings, labels, class_names,
                   fine_tune_by_epoch):
-    """Training curves (`run`'s TensorBoard logs), PAWS-NN by epoch with
-    the fine-tuning's and the baseline's top-1 (`results`), and the PCA of
-    the `[N, D]` test `embeddings`, above PAWS-NN's pictures
-    (`run.nn_figure`), as `run.results_figure`."""
+    """Training curves (`run`'s TensorBoard logs), PAWS-NN by pre-training
+    epoch and by fine-tuning epoch (each on its own axis) against the
+    baseline's top-1 (`results`), and the PCA of the `[N, D]` test
+    `embeddings`, above PAWS-NN's pictures (`run.nn_figure`), as
+    `run.results_figure`."""
     # No pyplot, no display.
-    figure = mpl_figure.Figure(figsize=(16, 13.5), layout='constrained')
-    top, bottom = figure.subfigures(2, 1, height_ratios=[4.8, 8.7])
-    axes = top.subplots(1, 3)
-    for tag, label in (('epoch/loss', 'loss'),
-                       ('epoch/cross_entropy', 'cross-entropy')):
+    figure = mpl_figure.Figure(figsize=(18, 14), layout='constrained')
+    top, bottom = figure.subfigures(2, 1, height_ratios=[5.3, 8.7])
+    axes = top.subplots(1, 4, width_ratios=[1.2, 1, 1, 1.1])
+    for tag, label in (('epoch/loss', 'loss = cross-entropy + me-max'),
+                       ('epoch/cross_entropy', 'cross-entropy'),
+                       ('epoch/me_max', 'me-max = -entropy of the mean '
+                                        'prediction')):
         _, values = read_scalars(run.train_logs, tag)
         axes[0].plot(np.arange(1, len(values) + 1), values, marker='o',
                      label=label)
-    axes[0].set(xlabel='epoch', title='PAWS training loss')
-    axes[0].legend()
+    axes[0].axhline(0, color='grey', linewidth=0.5)
+    axes[0].set(xlabel='pre-training epoch', ylabel='epoch mean',
+                title='PAWS pre-training loss\n(me-max <= 0, so the loss '
+                      'can be negative)')
+    axes[0].legend(fontsize=8)
+    baseline = 100 * results['supervised_top1']
     _, top1 = read_scalars(run.eval_logs, 'paws_nn/top1')
     axes[1].plot(np.arange(1, len(top1) + 1), 100 * top1, marker='o',
-                 label='PAWS pre-training')
+                 label='PAWS-NN')
+    axes[1].set(xlabel='pre-training epoch',
+                title='PAWS-NN during pre-training')
     if fine_tune_by_epoch:
-        # Fine-tuning epoch e is drawn at pre-training's last epoch + e.
-        axes[1].plot([len(top1) + e['epoch'] for e in fine_tune_by_epoch],
+        axes[2].plot([e['epoch'] for e in fine_tune_by_epoch],
                      [100 * e['top1'] for e in fine_tune_by_epoch],
-                     marker='.', label='fine-tuning')
-    axes[1].axhline(100 * results['supervised_top1'], color='grey',
-                    linestyle='--', label='supervised only')
-    axes[1].set(xlabel='epoch', ylabel='top-1 (%)',
-                title='PAWS-NN on the test split')
-    axes[1].legend()
+                     marker='.', color='C2', label='PAWS-NN, fine-tuned')
+    axes[2].set(xlabel='fine-tuning epoch (0: before)',
+                title='PAWS-NN during fine-tuning')
+    for panel in axes[1:3]:
+        panel.axhline(baseline, color='grey', linestyle='--',
+                      label='supervised only')
+        panel.set(ylabel='test top-1 (%)')
+        panel.legend(fontsize=8)
+    # Both accuracy panels on one scale, to compare their heights.
+    low, high = zip(*(panel.get_ylim() for panel in axes[1:3]))
+    for panel in axes[1:3]:
+        panel.set_ylim(min(low), max(high))
+    for panel in axes[:3]:  # Whole epochs, half an epoch beyond the ends.
+        first, last = panel.dataLim.intervalx
+        panel.set_xlim(first - 0.5, last + 0.5)
+        panel.xaxis.set_major_locator(
+            ticker.MaxNLocator(integer=True, min_n_ticks=1))
     points = project_2d(embeddings)
     for class_id, name in enumerate(class_names):
         mask = labels == class_id
-        axes[2].scatter(points[mask, 0], points[mask, 1], s=2, label=name)
-    axes[2].set(title='test embeddings (PCA)', xticks=[], yticks=[])
-    axes[2].legend(markerscale=5, fontsize=7, loc='best')
+        axes[3].scatter(points[mask, 0], points[mask, 1], s=2, label=name)
+    axes[3].set(title='test embeddings (PCA)',
+                xlabel='1st principal component',
+                ylabel='2nd principal component')
+    axes[3].legend(markerscale=5, fontsize=7, loc='best')
     top.suptitle(
         f'PAWS-NN {100 * results["paws_nn_top1"]:.1f}%, fine-tuned '
         f'{100 * results["paws_finetune_top1"]:.1f}% vs supervised '

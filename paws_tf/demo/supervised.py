@@ -1,5 +1,6 @@
 """The demo's supervised-only baseline: the backbone on the labels alone."""
 
+import math
 import os
 import time
 
@@ -15,6 +16,9 @@ from paws_tf.nets import backbones
 
 # Stream tag of the baseline's own shuffling and views (see sampling).
 _SUPERVISED = 100
+# The baseline's steps are cut in this many epochs, or the most of 5, 2, 1
+# that divide them.
+_EPOCHS = 10
 
 
 def _training_dataset(labeled, multicrop, batch_size, seed):
@@ -66,8 +70,12 @@ def train_supervised(run, *, labeled, test, preprocessing,
         loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=['accuracy'])
     start = time.perf_counter()
+    # Up to `_EPOCHS` Keras epochs of equal length: TensorBoard's
+    # `epoch_loss` and `epoch_accuracy` get a point each (the epoch's
+    # mean), a curve rather than one dot.
+    epochs = math.gcd(steps, _EPOCHS)
     model.fit(_training_dataset(labeled, multicrop, batch_size, seed),
-              epochs=1, steps_per_epoch=steps,
+              epochs=epochs, steps_per_epoch=steps // epochs,
               callbacks=tuning.callbacks(run.supervised_logs))
     train_seconds = time.perf_counter() - start
     correct = total = 0

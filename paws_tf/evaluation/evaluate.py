@@ -30,11 +30,19 @@ def embedder_from_model(model):
     """`embed_fn`: float32 `[b, S, S, C]` preprocessed images -> `[b, D]`
     embeddings of `model` (a `PAWSModel`, or a network that returns the
     embeddings: a fine-tuning trunk) in inference mode."""
-    @tf.function(reduce_retracing=True)
-    def embed_fn(images):
+    @tf.function
+    def embed(images):
         outputs = model(images, training=False)
         return (outputs['embeddings'] if isinstance(outputs, dict)
                 else outputs)
+
+    def embed_fn(images):
+        images = tf.convert_to_tensor(images)
+        # Traced once per image size for any batch: the last batch of a
+        # dataset is smaller, and a trace for each size makes TensorFlow
+        # warn of retracing once a few embedders have run.
+        return embed.get_concrete_function(tf.TensorSpec(
+            [None, *images.shape[1:]], images.dtype))(images)
 
     return embed_fn
 

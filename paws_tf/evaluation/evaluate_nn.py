@@ -79,7 +79,8 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
 
 
 def _summary(results):
-    """Logs and prints the line that sums `evaluate_nn`'s `results` up."""
+    """Prints the line that sums `evaluate_nn`'s `results` up (the mode's
+    result, on stdout; not logged too, which would show it twice)."""
     top5 = (f', top-5 {100 * results["top5"]:.2f}%' if 'top5' in results
             else '')
     summary = (f'PAWS-NN ({results["source"]} {results["source_path"]}, '
@@ -87,7 +88,6 @@ def _summary(results):
                f'{100 * results["top1"]:.2f}%{top5}; support = the '
                f'{results["num_support"]} labeled images, '
                f'{results["num_queries"]} queries')
-    logging.info(summary)
     print(summary)
 
 

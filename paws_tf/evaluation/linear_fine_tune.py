@@ -56,7 +56,8 @@ def build_classifier(model, num_classes):
     logits = tf_keras.layers.Dense(
         num_classes, kernel_initializer='zeros', bias_initializer='zeros',
         dtype='float32', name='classifier')(hidden)
-    return tf_keras.Model(inputs, logits, name='fine_tune_classifier')
+    return cluster.report_results_once(
+        tf_keras.Model(inputs, logits, name='fine_tune_classifier'))
 
 
 def _optimizer(learning_rate, total_steps, *, momentum):

@@ -99,7 +99,10 @@ def draw_confusion_matrix(axes, matrix, class_names):
     """The confusion matrix on `axes`, each row normalised to its
     class's queries."""
     totals = np.maximum(matrix.sum(axis=1, keepdims=True), 1)
-    axes.imshow(matrix / totals, cmap='Blues', vmin=0, vmax=1)
+    image = axes.imshow(matrix / totals, cmap='Blues', vmin=0, vmax=1)
+    # Beside the matrix, of its height.
+    axes.figure.colorbar(image, cax=axes.inset_axes([1.04, 0, 0.05, 1]),
+                         label="fraction of the true class's queries")
     ticks = np.arange(len(class_names))
     if len(class_names) <= 20:  # Names stay readable.
         axes.set_xticks(ticks, class_names, rotation=90, fontsize=7)

@@ -12,6 +12,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import checks
+from paws_tf import cluster
 from paws_tf.data import augment
 from paws_tf.data import image_ops
 from paws_tf.data import pipeline
@@ -91,6 +92,7 @@ class _SuncetTrainer(tf_keras.Model):
         self.trunk, self.num_classes, self.tau = trunk, num_classes, tau
         self._loss = model_lib.LastValue('loss')
         self._learning_rate = model_lib.LastValue('learning_rate')
+        cluster.report_results_once(self)
 
     @property
     def metrics(self):

@@ -52,7 +52,6 @@ TRAIN_TAGS = {
 # `model.STEP_PREFIX + name`, the epoch's goes to TensorBoard's `epoch/`.
 EPOCH_MEANS = ('loss', 'cross_entropy', 'me_max', 'target_confidence',
                'in_domain')
-DIAGNOSTICS = ('nt_xent', 'suncet')
 
 
 class ProgressLog(tf_keras.callbacks.Callback):
@@ -102,7 +101,7 @@ class ProgressLog(tf_keras.callbacks.Callback):
             for key, tag in TRAIN_TAGS.items():
                 name = (model_lib.STEP_PREFIX + key if key in EPOCH_MEANS
                         else key)
-                if name in logs and (key not in DIAGNOSTICS or (
+                if name in logs and (key not in model_lib.DIAGNOSTICS or (
                         every and (step - 1) % every == 0)):
                     tf.summary.scalar(tag, float(logs[name]))
             tf.summary.scalar('throughput/views_per_second', views_per_second)
@@ -116,8 +115,11 @@ class ProgressLog(tf_keras.callbacks.Callback):
         views_per_second, _, seconds = self._rate(self._epoch_start,
                                                   self._last_batch_end)
         logs = logs or {}
-        shown = ' '.join(f'{k}={float(logs[k]):.4g}'
-                         for k in (*TRAIN_TAGS, 'paws_nn_top1') if k in logs)
+        # A diagnostic not computed yet in this process (NaN) is left out.
+        shown = ' '.join(
+            f'{k}={float(logs[k]):.4g}' for k in (*TRAIN_TAGS, 'paws_nn_top1')
+            if k in logs and not (k in model_lib.DIAGNOSTICS and
+                                  np.isnan(logs[k])))
         logging.info('epoch %d/%d: %s | %.0f views/s, %.1f s', epoch + 1,
                      self._num_epochs, shown, views_per_second, seconds)
         # Also for runs shorter than `every_steps` (the demo's figure).

@@ -213,8 +213,9 @@ def _resume(model, path, step, num_epochs, steps_per_epoch, history,
     else:
         origin = _load_pretrained(model, *pretrained)
         history(f'started a new run of {total_steps} steps{origin}')
-    logging.info('Training steps %d..%d: %d epochs of %d steps.', step,
-                 total_steps, num_epochs, steps_per_epoch)
+    logging.info('Training steps %d..%d: %d epoch%s of %d steps.', step,
+                 total_steps, num_epochs, '' if num_epochs == 1 else 's',
+                 steps_per_epoch)
     return True
 
 

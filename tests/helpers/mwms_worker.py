@@ -2,7 +2,9 @@
 
 Run by tests/test_multiworker.py: trains the tiny PAWS model for a few steps
 on worker-specific synthetic views, saves weights the multi-worker way, and
-dumps this worker's final weights to OUT/<task_index>.npz for comparison.
+dumps this worker's final weights to OUT/<task_index>.npz for comparison,
+with what `fit` logged of it and of a fine-tuning classifier in
+OUT/<task_index>.json.
 """
 
 import json
@@ -16,6 +18,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import cluster
+from paws_tf.evaluation import linear_fine_tune
 from paws_tf import lars
 from tests.helpers import tiny_model
 
@@ -40,6 +43,37 @@ def dataset_fn(ctx):
     return tf.data.Dataset.range(1_000_000).map(element)
 
 
+def labels_dataset_fn(ctx):
+    """Images labeled 0, a batch of 2 per replica."""
+    del ctx
+    return tf.data.Dataset.from_tensors(
+        (tf.ones([2, 8, 8, 3]), tf.zeros([2], tf.int32))).repeat()
+
+
+def classifier_logs(strategy, model):
+    """What `fit` logs at the last step of `linear_fine_tune.
+    build_classifier(model, CLASSES)` (its classifier zero-initialised:
+    every logit 0, class 0 predicted) trained at learning rate 0 on images
+    labeled 0."""
+    with strategy.scope():
+        classifier = linear_fine_tune.build_classifier(model, CLASSES)
+        classifier.compile(
+            optimizer=tf_keras.optimizers.SGD(0.0),
+            loss=tf_keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True),
+            metrics=[tf_keras.metrics.SparseCategoricalAccuracy(
+                name='top1')])
+    # Each step's logs (the progress bar's); the epoch's come from the
+    # metrics themselves.
+    logged = []
+    classifier.fit(
+        strategy.distribute_datasets_from_function(labels_dataset_fn),
+        epochs=1, steps_per_epoch=2, verbose=0,
+        callbacks=[tf_keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda _, logs: logged.append(logs))])
+    return {key: float(value) for key, value in logged[-1].items()}
+
+
 def main(model_dir, out_dir):
     strategy = cluster.make_strategy('multi_worker')
     task = json.loads(os.environ['TF_CONFIG'])['task']
@@ -48,13 +82,21 @@ def main(model_dir, out_dir):
         model = tiny_model.make(sync_bn=True, prediction_head=False,
                                 diagnostics_every=10)
         model.compile(optimizer=lars.LARS(learning_rate=0.5))
-    model.fit(tf_keras.utils.experimental.DatasetCreator(dataset_fn),
-              epochs=2, steps_per_epoch=2, verbose=2)
+    history = model.fit(
+        tf_keras.utils.experimental.DatasetCreator(dataset_fn), epochs=2,
+        steps_per_epoch=2, verbose=2)
     with cluster.save_dir(strategy, model_dir) as directory:
         os.makedirs(directory, exist_ok=True)
         model.save_weights(os.path.join(directory, 'weights.h5'))
     np.savez(os.path.join(out_dir, f'{task["index"]}.npz'),
              *model.get_weights())
+    scores = classifier_logs(strategy, model)
+    with open(os.path.join(out_dir, f'{task["index"]}.json'), 'w') as f:
+        json.dump(dict(
+            logged={key: [float(v) for v in values]
+                    for key, values in history.history.items()},
+            scores={key: float(value) for key, value in scores.items()}),
+            f)
     print('chief' if cluster.is_chief(strategy) else 'worker', 'done',
           int(model.optimizer.iterations.numpy()))
 
