@@ -174,8 +174,9 @@ def test_a_model_of_other_channels_or_none_is_refused_before_reading(
         imported):
     """Fails if the channels of the folders are not checked against the
     model's before the images are read, or an unbound MODEL falls through
-    to this run's (absent) checkpoint, or a MODEL without an export ends in
-    a traceback (tried: `embedder_of` raising FileNotFoundError)."""
+    to this run's (absent) checkpoint, or a MODEL that does not exist ends
+    in a traceback (tried: `embedder_of` raising FileNotFoundError) or is
+    reported as a model to export first."""
     code, output = _evaluate(imported, imported / 'imported', 'CHANNELS = 1',
                              name='gray')
     assert code != 0
@@ -183,7 +184,8 @@ def test_a_model_of_other_channels_or_none_is_refused_before_reading(
             '3-channel images, but CHANNELS = 1: bind CHANNELS = 3') in output
     assert 'Traceback' not in output
     code, output = _evaluate(imported, imported / 'nothing', name='none')
-    assert code == 78 and 'export it first' in output, output[-2000:]
+    assert code == 78 and (f"MODEL = '{imported}/nothing' does not exist"
+                           in output), output[-2000:]
     assert 'Traceback' not in output
 
 
