@@ -46,6 +46,48 @@ def _closest(message):
     return f' Did you mean {prefix}{close[0]}?' if close else ''
 
 
+def _named_parameters(fn_or_cls):
+    """The names `fn_or_cls` takes as parameters, following the
+    `**kwargs` that a class passes on to its bases' constructors
+    (`PAWSModel`'s to `tf_keras.Model`'s), or None where any name may be
+    taken (a function with `**kwargs`, as `cifar10_multicrop`). gin accepts any name for a
+    configurable with `**kwargs`, which then fails at run time."""
+    functions = ([vars(c)['__init__'] for c in fn_or_cls.__mro__[:-1]
+                  if '__init__' in vars(c)] if inspect.isclass(fn_or_cls)
+                 else [fn_or_cls])
+    names = set()
+    for function in functions:
+        parameters = inspect.signature(function).parameters.values()
+        names |= {p.name for p in parameters if p.kind in (
+            p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        if all(p.kind != p.VAR_KEYWORD for p in parameters):
+            return names
+    # The last constructor of a class checks its **kwargs itself (Keras'
+    # do); a function passes them on to what it does not name.
+    return names if inspect.isclass(fn_or_cls) else None
+
+
+@gin.config.register_finalize_hook
+def _refuse_unknown_parameters(config):
+    """Raises ConfigError naming a binding of a parameter that its
+    configurable does not have (`PAWSModel.sharpen_temprature`), with the
+    closest name it has: gin lets it through to a class with `**kwargs`,
+    and the run fails at that class's construction, after the data."""
+    for (scope, selector), values in config.items():
+        known = (None if selector == 'gin.macro' else
+                 _named_parameters(gin.config.get_configurable(selector)))
+        unknown = sorted(set(values) - (known or set(values)))
+        if unknown:
+            # As the user spells it: [scope/]Name.parameter.
+            name = (f'{scope}/' if scope else '') + selector.split('.')[-1]
+            close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+            hint = f' Did you mean {name}.{close[0]}?' if close else ''
+            raise checks.ConfigError(
+                f'{name}.{unknown[0]} is bound, but {name} has no parameter '
+                f'{unknown[0]!r}.{hint}')
+    return None
+
+
 @gin.config.register_finalize_hook
 def _refuse_unused_macros(config):
     """Raises ConfigError naming a macro that the config binds but no
@@ -110,7 +152,9 @@ def parse(gin_files, bindings):
     Raises:
         checks.ConfigError: a file that is neither a path nor a shipped
             config, a binding that is not valid gin (named, with the
-            closest known name: gin's message names neither), a macro the
+            closest known name: gin's message names neither), a parameter
+            its configurable does not have (gin lets any name through to
+            a class with `**kwargs`), a macro the
             config uses but nothing binds (gin's message prints the whole
             config after it), or one bound that nothing uses.
     """

@@ -4,10 +4,12 @@ before any data is read or any run state is written."""
 import json
 
 from absl import flags
+import gin
 import pytest
 
 from paws_tf import checks
 from paws_tf import cli
+from paws_tf import configurables
 from paws_tf.evaluation import export
 from tests.helpers import image_folders
 
@@ -124,16 +126,33 @@ def test_one_labeled_folder_needs_no_unlabeled_dir(run_main, tmp_path):
      r'Did you mean train\.num_epochs\?$'),
     ('buid_backbone.widths = (8,)', r"No configurable matching "
      r"'buid_backbone'\. Did you mean build_backbone\?$"),
+    # Classes with **kwargs (Keras' constructors): gin accepts any name.
+    ('PAWSModel.sharpen_temprature = 0.3', r'^PAWSModel.sharpen_temprature '
+     r"is bound, but PAWSModel has no parameter 'sharpen_temprature'\. Did "
+     r'you mean PAWSModel\.sharpen_temperature\?$'),
+    ('LARS.momentm = 0.9', r"^LARS.momentm is bound, but LARS has no "
+     r"parameter 'momentm'\. Did you mean LARS\.momentum\?$"),
 ])
 def test_a_name_nothing_reads_is_named_with_the_closest(run_main, tmp_path,
                                                          binding, message):
-    """Fails if configurables' finalize hook lets a macro nothing reads
-    pass, or if _closest suggests no name."""
+    """Fails if configurables' finalize hooks let a macro nothing reads
+    pass, or a parameter that a configurable with `**kwargs` does not have
+    (tried: no `_refuse_unknown_parameters`: the run read its data and
+    ended in Keras' TypeError 'Keyword argument not understood'), or if
+    _closest suggests no name."""
     with pytest.raises(checks.ConfigError, match=message):
         run_main('--gin_file=image_folders_small.gin',
                  f'--model_dir={tmp_path / "run"}',
                  f'--gin_bindings={binding}')
     assert not (tmp_path / 'run').exists()
+
+
+def test_a_base_class_parameter_is_taken(clean_gin):
+    """LARS passes **kwargs to Keras' optimizer, whose `clipnorm` a config
+    may bind. Fails if the unknown-parameter check reads only the class's
+    own constructor."""
+    configurables.parse(['debug.gin'], ['LARS.clipnorm = 1.0'])
+    assert gin.query_parameter('LARS.clipnorm') == 1.0
 
 
 def test_a_labeled_folder_of_one_class_is_refused(run_main, tmp_path):
