@@ -180,7 +180,8 @@ def pil_gaussian_blur(image, sigma, passes=3):
                 tf.nn.depthwise_conv2d(padded, f, [1, 1, 1, 1], 'VALID')
                 for f in filters)
             x = tf.floor(high_sum + tf.floor(low_sum + 2.0 ** 15) * 2.0 ** -16)
-    return tf.cast(x[0], tf.uint8)
+    # The gathers lose the static height and width.
+    return tf.ensure_shape(tf.cast(x[0], tf.uint8), image.shape)
 
 
 def gaussian_blur(image, seed, prob=0.5, sigma_range=(0.1, 2.0)):
