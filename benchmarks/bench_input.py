@@ -55,7 +55,8 @@ def cifar10_setting():
     labeled, unlabeled = splits.select_labeled(source, labels_per_class=400)
     return unlabeled, labeled, augment.CIFAR10_MULTICROP, {
         'global_batch_size': 256, 'classes_per_step': 10,
-        'images_per_class': 64, 'support_views': 2}
+        'images_per_class': 64, 'support_views': 2,
+        'normalization': (augment.CIFAR10_MEAN, augment.CIFAR10_STD)}
 
 
 def _write_photographs(root, num_classes, per_class):
@@ -91,7 +92,8 @@ def imagenet_setting(root):
     labeled = folders.image_folder(root)
     return labeled, labeled, augment.IMAGENET_MULTICROP, {
         'global_batch_size': 64, 'classes_per_step': 15,
-        'images_per_class': 7, 'support_views': 1}
+        'images_per_class': 7, 'support_views': 1,
+        'normalization': (augment.IMAGENET_MEAN, augment.IMAGENET_STD)}
 
 
 def _views_per_step(multicrop, sizes):

@@ -49,7 +49,7 @@ class GaussianBlur:
         return img.filter(PIL.ImageFilter.GaussianBlur(radius=radius.item()))
 
 
-def _view_transform(size, scale, color_strength):
+def view_transform(size, scale, color_strength):
     """suncet `_make_imgnt_transforms` / `_make_multicrop_imgnt_transforms`
     with normalize=True."""
     s = color_strength
@@ -121,8 +121,8 @@ def make_loaders(root, *, batch_size, classes_per_batch, images_per_class,
         An endless iterator of (unlabeled batch, support batch) pairs.
     """
     folder = torchvision.datasets.ImageFolder(root)
-    global_transform = _view_transform(224, global_scale, color_strength)
-    local_transform = _view_transform(96, local_scale, color_strength)
+    global_transform = view_transform(224, global_scale, color_strength)
+    local_transform = view_transform(96, local_scale, color_strength)
     # pin_memory (True in suncet) only matters with a GPU to copy to.
     common = dict(num_workers=num_workers,
                   persistent_workers=num_workers > 0)

@@ -484,6 +484,24 @@ def test_gaussian_blur_probability():
     assert abs(blurred.mean() - 0.5) < 0.1  # 4 binomial std devs
 
 
+
+def test_gaussian_blur_is_pils_up_to_its_largest_sigma():
+    """At `MAX_BLUR_SIGMA` (a box of 2 x 63 + 3 taps, where the bounds of
+    the blur's exact float32 sums are closest) the values are still PIL's,
+    and a sigma range past it is refused. Bug: a range past the bound the
+    exactness argument covers accepted."""
+    sigma = image_ops.MAX_BLUR_SIGMA
+    rng = np.random.default_rng(5)
+    for image in (np.full((9, 140, 3), 255, np.uint8),
+                  rng.integers(200, 256, (140, 9, 3)).astype(np.uint8)):
+        expected = np.asarray(_pil(image).filter(
+            ImageFilter.GaussianBlur(radius=sigma)))
+        np.testing.assert_array_equal(
+            image_ops.pil_gaussian_blur(image, sigma), expected)
+    with pytest.raises(ValueError, match='sigma_range'):
+        image_ops.gaussian_blur(_FLOAT, _seeds(1)[0],
+                                sigma_range=(0.1, sigma + 1))
+
 # --- flip, normalize, views ---
 
 def test_random_flip():

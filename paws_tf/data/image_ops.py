@@ -2,11 +2,10 @@
 
 import math
 
-import numpy as np
-import PIL.Image
-import PIL.ImageFilter
 import tensorflow as tf
 
+# The largest blur sigma `pil_gaussian_blur` computes exactly (box radius 63).
+MAX_BLUR_SIGMA = 64.0
 # Multiply, never divide, by constants: Grappler's constant folding turns
 # x / c into x * (1 / c), so eager and traced results would differ by 1 ulp.
 _UINT8_SCALE = 1 / 255
@@ -120,35 +119,73 @@ def random_apply(coin, prob, op, image):
     return tf.cond(coin < prob, lambda: op(image), lambda: image)
 
 
-def _pil_blur(image, sigma):
-    """NumPy side of `pil_gaussian_blur`: [H, W, C] uint8 through PIL."""
-    plane = image[..., 0] if image.shape[-1] == 1 else image
-    # float32 sigma widens to float64 exactly.
-    blurred = PIL.Image.fromarray(plane).filter(
-        PIL.ImageFilter.GaussianBlur(radius=float(sigma)))
-    return np.asarray(blurred).reshape(image.shape)
+def box_blur_radius(sigma, passes=3):
+    """PIL's extended-box radius whose `passes` boxes approximate a Gaussian
+    of standard deviation `sigma` (Gwosdek et al. 2011, Eqs. 7, 11, 14), in
+    PIL's float32 arithmetic (its square root and floor in float64)."""
+    sigma2 = tf.cast(sigma, tf.float32) ** 2 / passes
+    length = tf.cast(tf.sqrt(12.0 * tf.cast(sigma2, tf.float64) + 1.0),
+                     tf.float32)
+    whole = tf.cast(tf.floor((tf.cast(length, tf.float64) - 1.0) / 2.0),
+                    tf.float32)
+    fraction = (2 * whole + 1) * (whole * (whole + 1) - 3 * sigma2) / (
+        6 * (sigma2 - (whole + 1) * (whole + 1)))
+    return whole + fraction
 
 
-def pil_gaussian_blur(image, sigma):
-    """PIL `ImageFilter.GaussianBlur(radius=sigma)` of a uint8 image.
+def _box_taps(radius):
+    """(r, taps): PIL's integer box radius r = int(radius) and its 2r + 3
+    fixed-point weights, float32 integers summing to at most 2^24: fw,
+    (2r + 1) x ww, fw."""
+    r = tf.cast(radius, tf.int32)
+    inner = tf.floor(2.0 ** 24 / (radius * 2 + 1))  # ww, float32 as in PIL
+    outer = tf.floor((2.0 ** 24 - tf.cast(2 * r + 1, tf.float32) * inner) / 2)
+    return r, tf.concat([[outer], tf.fill([2 * r + 1], inner), [outer]], 0)
 
-    The official blur is PIL's own, so the view is blurred by PIL itself:
-    the same values by construction, and a fraction of the CPU time of its
-    fixed-point arithmetic in TensorFlow ops. PIL releases the GIL while it
-    blurs, so the parallel calls of a `tf.data` map blur on every core.
+
+def pil_gaussian_blur(image, sigma, passes=3):
+    """PIL `ImageFilter.GaussianBlur(radius=sigma)` of a uint8 image, the
+    same values, in TensorFlow ops (no Python runs in a `tf.data` map, so
+    its iterator can be destroyed at any time).
+
+    PIL blurs with `passes` extended boxes along the rows, then along the
+    columns, edge pixels repeated; each pass takes (ww * box sum + fw *
+    (the two pixels beyond) + 2^23) >> 24 in uint32. Here the weights are
+    split at 2^8 into high and low parts, two depthwise convolutions sum
+    each part exactly in float32 (every partial sum an integer multiple of
+    a power of two below 2^24), and the low sum's carry is added to the
+    high one before the shift: exact up to `MAX_BLUR_SIGMA` (box radius 63).
 
     Args:
-        image: [H, W, C] uint8 tensor, C 1 or 3; the result alike.
+        image: [H, W, C] uint8 tensor, static C; the result alike.
         sigma: scalar float32 standard deviation, in pixels.
+        passes: boxes per direction (PIL: 3).
     """
-    blurred = tf.numpy_function(_pil_blur, [image, sigma], tf.uint8,
-                                stateful=False)
-    blurred.set_shape(image.shape)
-    return blurred
+    image = tf.convert_to_tensor(image, tf.uint8)
+    channels = image.shape[-1]
+    r, taps = _box_taps(box_blur_radius(sigma, passes))
+    high = tf.floor(taps * 2.0 ** -8)
+    # Scaled by powers of two so that the shift is one floor at the end.
+    high, low = high * 2.0 ** -16, (taps - high * 2.0 ** 8) * 2.0 ** -8
+    x = tf.cast(image, tf.float32)[None]  # [1, H, W, C]
+    for axis in (2, 1):
+        size = tf.shape(x)[axis]
+        beyond = tf.clip_by_value(tf.range(-r - 1, size + r + 1), 0, size - 1)
+        shape = [1, -1, 1, 1] if axis == 2 else [-1, 1, 1, 1]
+        filters = [tf.tile(tf.reshape(t, shape), [1, 1, channels, 1])
+                   for t in (high, low)]
+        for _ in range(passes):
+            padded = tf.gather(x, beyond, axis=axis)
+            high_sum, low_sum = (
+                tf.nn.depthwise_conv2d(padded, f, [1, 1, 1, 1], 'VALID')
+                for f in filters)
+            x = tf.floor(high_sum + tf.floor(low_sum + 2.0 ** 15) * 2.0 ** -16)
+    # The gathers lose the static height and width.
+    return tf.ensure_shape(tf.cast(x[0], tf.uint8), image.shape)
 
 
 def gaussian_blur(image, seed, prob=0.5, sigma_range=(0.1, 2.0)):
-    """The official PAWS random Gaussian blur (PIL, on the uint8 image).
+    """The official PAWS random Gaussian blur (PIL's, on the uint8 image).
 
     Args:
         image: [H, W, C] float in [0, 1]; the result float32, multiples of
@@ -157,6 +194,9 @@ def gaussian_blur(image, seed, prob=0.5, sigma_range=(0.1, 2.0)):
         prob: probability of blurring.
         sigma_range: (min, max) of the uniform sigma, in pixels.
     """
+    if not 0 <= sigma_range[0] <= sigma_range[1] <= MAX_BLUR_SIGMA:
+        raise ValueError(f'sigma_range must be (min, max) with 0 <= min <= '
+                         f'max <= {MAX_BLUR_SIGMA}, got {sigma_range}.')
     image = tf.cast(image, tf.float32)
     u = tf.random.stateless_uniform([2], seed)
     sigma = sigma_range[0] + (sigma_range[1] - sigma_range[0]) * u[1]
