@@ -2,7 +2,6 @@
 
 import functools
 import hashlib
-
 import os
 
 from absl import logging
