@@ -302,10 +302,11 @@ def test_pytest_in_two_processes_ends_with_its_summary():
     its output ends with pytest's summary, none of TensorFlow's start-up
     logs anywhere. Fails if conftest loads TensorFlow without cli's quiet
     start (tried: the controller's start-up logs, the failed cuInit of a
-    machine without a GPU among them, printed after "73 passed")."""
+    machine without a GPU among them, printed after "73 passed" of
+    tests/test_checks.py)."""
     proc = subprocess.run(
         [sys.executable, '-m', 'pytest', '-q', '-n', '2', '-p',
-         'no:cacheprovider', 'tests/test_checks.py'],
+         'no:cacheprovider', 'tests/test_files.py'],
         cwd=REPO, capture_output=True, text=True, timeout=600,
         env=dict(os.environ, PYTHONPATH=str(REPO)))
     output = proc.stdout + proc.stderr
