@@ -140,20 +140,16 @@ def test_verbosity(verbose, capsys):
             ['epoch', '1/2', 'step', '2/2'], ['epoch', '2/2', 'step', '2/2']]
 
 
-def test_the_epoch_log_line_keeps_every_value(tmp_path, caplog):
-    model = tf_keras.Sequential([tf_keras.layers.Dense(1)])
-    model.compile(optimizer='sgd', loss='mse')
+def _epoch_line(model, logs, num_epochs, tmp_path, caplog):
+    """The line `callbacks.ProgressLog` logs at the end of a first epoch of
+    `num_epochs` whose values are `logs`."""
     log = callbacks.ProgressLog(str(tmp_path), views_per_step=10,
-                                every_steps=0, num_epochs=3, is_chief=True)
+                                every_steps=0, num_epochs=num_epochs,
+                                is_chief=True)
     log.set_model(model)
     log.on_train_begin()
     log.on_epoch_begin(0)
     log.on_train_batch_end(0)
-    logs = {'loss': 0.25, 'cross_entropy': 1.5, 'me_max': -1.25,
-            'target_confidence': 0.75, 'learning_rate': 5e-4,
-            'trust_ratio_mean': 0.5, 'trust_ratio_min': 0.125,
-            'trust_ratio_max': 2.0, 'nt_xent': 4.0, 'suncet': 1.0,
-            'paws_nn_top1': 0.875}
     # caplog's handler on absl's own logger, at INFO: what an earlier test
     # in this process did to absl's verbosity or propagation must not hide
     # the line.
@@ -164,7 +160,18 @@ def test_the_epoch_log_line_keeps_every_value(tmp_path, caplog):
             log.on_epoch_end(0, logs)
     finally:
         absl_logger.removeHandler(caplog.handler)
-    line = caplog.messages[-1]
+    return caplog.messages[-1]
+
+
+def test_the_epoch_log_line_keeps_every_value(tmp_path, caplog):
+    model = tf_keras.Sequential([tf_keras.layers.Dense(1)])
+    model.compile(optimizer='sgd', loss='mse')
+    logs = {'loss': 0.25, 'cross_entropy': 1.5, 'me_max': -1.25,
+            'target_confidence': 0.75, 'learning_rate': 5e-4,
+            'trust_ratio_mean': 0.5, 'trust_ratio_min': 0.125,
+            'trust_ratio_max': 2.0, 'nt_xent': 4.0, 'suncet': 1.0,
+            'paws_nn_top1': 0.875}
+    line = _epoch_line(model, logs, 3, tmp_path, caplog)
     assert line.startswith('epoch 1/3: ' + ' '.join(
         f'{key}={value:.4g}' for key, value in logs.items()) + ' | '), line
 
@@ -188,20 +195,7 @@ def test_diagnostics_not_computed_in_this_process_are_not_shown(tmp_path,
         assert np.isnan(logs['nt_xent']) and np.isnan(logs['suncet'])
     else:
         assert 'nt_xent' not in logs and 'suncet' not in logs
-    log = callbacks.ProgressLog(str(tmp_path), views_per_step=10,
-                                every_steps=0, num_epochs=1, is_chief=True)
-    log.set_model(model)
-    log.on_train_begin()
-    log.on_epoch_begin(0)
-    log.on_train_batch_end(0)
-    absl_logger = logging.get_absl_logger()
-    absl_logger.addHandler(caplog.handler)
-    try:
-        with caplog.at_level('INFO', logger='absl'):
-            log.on_epoch_end(0, logs)
-    finally:
-        absl_logger.removeHandler(caplog.handler)
-    line = caplog.messages[-1]
+    line = _epoch_line(model, logs, 1, tmp_path, caplog)
     assert line.startswith('epoch 1/1: loss='), line
     assert 'nt_xent' not in line and 'suncet' not in line, line
 
