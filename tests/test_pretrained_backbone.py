@@ -199,6 +199,18 @@ def test_a_run_starts_from_an_earlier_runs_whole_model(tmp_path, data,
             (tmp_path / 'run' / 'config.gin').read_text())
 
 
+def _refused_before_the_data(tmp_path, earlier, data, binding):
+    """The output of a run from `train.pretrained_model = earlier` with
+    `binding`, which must be refused as a config error, in one line, before
+    the run directory is made."""
+    code, output = run(tmp_path, earlier, data, part='model',
+                       bindings=[binding])
+    assert code == os.EX_CONFIG, output[-3000:]
+    assert 'Traceback' not in output
+    assert not (tmp_path / 'run').exists()
+    return output
+
+
 @pytest.mark.slow
 @pytest.mark.long
 def test_a_model_of_another_architecture_is_refused_naming_both(
@@ -208,10 +220,8 @@ def test_a_model_of_another_architecture_is_refused_naming_both(
     not name the differing bindings of both sides first, or lists the
     variables that do not fit."""
     data = data[:1] + [f"UNLABELED_DIR = '{tmp_path / 'missing'}'"] + data[2:]
-    code, output = run(tmp_path, earlier, data, part='model',
-                       bindings=['build_backbone.widths = (8, 32)'])
-    assert code == os.EX_CONFIG, output[-3000:]
-    assert 'Traceback' not in output
+    output = _refused_before_the_data(tmp_path, earlier, data,
+                                      'build_backbone.widths = (8, 32)')
     # The differing bindings first: no variable of the loader's, no
     # advice for the run's own checkpoints ("move it away").
     assert output.strip().splitlines()[-1].endswith(
@@ -219,7 +229,6 @@ def test_a_model_of_another_architecture_is_refused_naming_both(
         f'model: {earlier} was built with build_backbone.widths = (8, 16); '
         'this config builds build_backbone.widths = (8, 32). Start from a '
         'model of this architecture, or bind its architecture.')
-    assert not (tmp_path / 'run').exists()
     code, output = run(tmp_path, earlier, data, part='model', bindings=[
         f"train.pretrained_backbone = '{earlier}'"])
     assert code == os.EX_CONFIG
@@ -241,15 +250,11 @@ def test_a_model_of_other_channels_is_refused_naming_both(tmp_path, data,
     whatever the folders decode to: the run starts), or the message does
     not name the channel counts."""
     data = data[:1] + [f"UNLABELED_DIR = '{tmp_path / 'missing'}'"] + data[2:]
-    code, output = run(tmp_path, earlier, data, part='model',
-                       bindings=['CHANNELS = 1'])
-    assert code == os.EX_CONFIG, output[-3000:]
-    assert 'Traceback' not in output
+    output = _refused_before_the_data(tmp_path, earlier, data, 'CHANNELS = 1')
     assert (f"train.pretrained_model = '{earlier}' does not fit the "
             'configured model') in output
     assert (f'{earlier} takes 3-channel images, this config 1.'
             in output), output[-3000:]
-    assert not (tmp_path / 'run').exists()
 
 
 @pytest.mark.parametrize('part', ['backbone', 'model'])
