@@ -53,8 +53,7 @@ def _binds_data(name):
 
 _CPU = ["train.precision = 'float32'", 'train.verbose = 0',
         'train.view_images = False']
-# A one-epoch run's warm-up, for the configs that count it in epochs
-# (debug.gin counts it as a share of the run).
+# A one-epoch run's warm-up, for the configs that count it in epochs.
 _NO_WARMUP = ['WarmupCosineDecay.warmup_epochs = 0']
 _IMAGENET = _CPU + _NO_WARMUP + [
     'make_pretrain_dataset_fn.global_batch_size = 4',
@@ -102,9 +101,8 @@ SHRINK = {
     # 4 steps, and 2048 queries: enough near a class boundary that PAWS-NN
     # at 10 times the config's tau classifies some of them otherwise
     # (`TAU_SENSITIVE`).
-    'debug.gin': _CPU + [
-        'WarmupCosineDecay.warmup_fraction = 0', 'train.num_epochs = 1',
-        'train/synthetic_source.num_images = 128',
+    'debug.gin': _CPU + _NO_WARMUP + [
+        'train.num_epochs = 1', 'train/synthetic_source.num_images = 128',
         'test/synthetic_source.num_images = 2048'],
     'demo_fashion_mnist.gin': _FASHION,
     'demo_fashion_mnist_quick.gin': _FASHION + [
