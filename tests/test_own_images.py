@@ -90,13 +90,13 @@ def test_demo_on_image_folders(tmp_path):
     # for PAWS-NN, the export, fine-tuning and the baseline.
     assert proc.stderr.count('Skipping 1 of 61 files') == 2
     # Output to a pipe: progress in whole lines, one at each epoch end at
-    # least: fine-tuning's 2 epochs of 2 steps, the baseline's 20 steps
-    # (pre-training's is off: train.verbose = 0).
+    # least: fine-tuning's 2 epochs of 2 steps, the baseline's 20 steps in
+    # 10 Keras epochs (pre-training's is off: train.verbose = 0).
     assert '\r' not in proc.stdout
-    lines = re.findall(r'^epoch \d/\d  step \d+/\d+  loss ', proc.stdout,
+    lines = re.findall(r'^epoch \d+/\d+  step \d+/\d+  loss ', proc.stdout,
                        re.M)
     for end in ('epoch 1/2  step 2/2', 'epoch 2/2  step 2/2',
-                'epoch 1/1  step 20/20'):
+                'epoch 10/10  step 2/2'):
         assert f'{end}  loss ' in lines, proc.stdout[-3000:]
     results = json.loads((tmp_path / 'run' / 'results.json').read_text())
     assert results['num_labeled'] == 12 and results['num_test'] == 15

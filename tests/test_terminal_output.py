@@ -38,6 +38,7 @@ RECORD = re.compile(r'[IWEF]\d{4} [\d:.]+ +\d+ ([\w.]+):\d+\] (.*)')
 OWN_RECORDS = {
     'cli.py': [r'gin config: \S+'],
     'train.py': [
+        r'gin config: \S+',
         r'PAWS input: .*; the sizes per replica and step: \S+',
         r'Training steps \d+\.\.\d+: (1 epoch|\d+ epochs) of \d+ steps\.',
         r'Final weights fingerprint \(SHA-256\): [0-9a-f]{64}'],
