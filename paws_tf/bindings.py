@@ -5,6 +5,17 @@ import inspect
 import gin
 
 
+def _through_macros(value, name):
+    """`(value, name)` of a bound value: a `%NAME` reference (a macro or a
+    gin constant) is called for its value and named NAME, the last macro
+    the value came through (what a user rebinds)."""
+    while (isinstance(value, gin.config.ConfigurableReference)
+           and str(value).startswith('%')):
+        name = str(value)[1:]
+        value = value.scoped_configurable_fn()
+    return value, name
+
+
 def binding(selector, default=None):
     """`(value, name)` of the gin parameter `selector`
     (`'scope/configurable.parameter'`), `default` when unbound: `name` is
@@ -15,13 +26,37 @@ def binding(selector, default=None):
         value = gin.query_parameter(selector)
     except ValueError:
         return default, name
-    # `%NAME` is a reference to a macro or a gin constant; calling it gives
-    # its value.
-    while (isinstance(value, gin.config.ConfigurableReference)
-           and str(value).startswith('%')):
-        name = str(value)[1:]
-        value = value.scoped_configurable_fn()
-    return value, name
+    return _through_macros(value, name)
+
+
+def gin_name(configurable):
+    """The name gin knows `configurable` (a decorated function or class)
+    by: what a binding of it starts with."""
+    # gin has no public lookup of a configurable's name from the object.
+    return gin.config._inverse_lookup(  # pylint: disable=protected-access
+        configurable).name
+
+
+def arguments(configurable, scope=None):
+    """`{parameter: (value, name)}` of what gin calls `configurable` (the
+    decorated function or class itself, not its name) with in `scope`:
+    each parameter's bound value, else its default (None for a parameter
+    without one), and what gin binds to its `**kwargs`; `name` is the last
+    macro the value came through, else `[scope/]configurable.parameter`.
+    A check that reads `arguments(f)['x']` fails loudly (KeyError) once
+    `x` is renamed, where a selector string would read nothing."""
+    prefix = f'{scope}/' if scope else ''
+    with gin.config_scope(scope):
+        bound_values = gin.get_bindings(configurable,
+                                        resolve_references=False)
+    parameters = inspect.signature(configurable).parameters
+    values = {key: None if parameter.default is parameter.empty
+              else parameter.default for key, parameter in parameters.items()
+              if parameter.kind != parameter.VAR_KEYWORD}
+    values.update(bound_values)
+    return {key: _through_macros(value,
+                                 f'{prefix}{gin_name(configurable)}.{key}')
+            for key, value in values.items()}
 
 
 def bound(selector, default=None):

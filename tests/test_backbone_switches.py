@@ -234,7 +234,7 @@ def _gin_model(impl=None, **bindings):
     """`model.build_model` with sync_bn (the tiny WideResNet and heads),
     `build_model.sync_bn_impl = impl` unless None, and `bindings`."""
     lines = ["build_backbone.name = 'wide_resnet'",
-             'build_backbone.depth = 10', 'build_backbone.width = 1',
+             'wide_resnet.depth = 10', 'wide_resnet.width = 1',
              'ProjectionHead.hidden_dim = 8', 'ProjectionHead.output_dim = 4',
              'PredictionHead.hidden_dim = 2']
     if impl is not None:

@@ -259,9 +259,9 @@ def test_gin_binds_builder_arguments():
         gin.parse_config("""
             build_backbone.name = 'small_resnet'
             build_backbone.input_channels = 1
-            build_backbone.widths = (8, 12)
-            build_backbone.blocks_per_stage = (1, 2)
-            build_backbone.stage_strides = (1, 2)
+            small_resnet.widths = (8, 12)
+            small_resnet.blocks_per_stage = (1, 2)
+            small_resnet.stage_strides = (1, 2)
         """)
         model = backbones.build_backbone()
     finally:

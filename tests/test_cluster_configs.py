@@ -179,7 +179,7 @@ def test_cifar10_from_tfds_on_a_cluster(tmp_path, monkeypatch):
         'WarmupCosineDecay.warmup_epochs = 1',
         # float16 is emulated on a CPU: many times slower than float32.
         "train.precision = 'float32'",
-        'build_backbone.depth = 10', 'build_backbone.width = 1',
+        'wide_resnet.depth = 10', 'wide_resnet.width = 1',
         'ProjectionHead.hidden_dim = 16', 'ProjectionHead.output_dim = 16',
         'train.deterministic_ops = True',
     ), steps=10, image_size=32, export_atol=5e-3)
@@ -221,9 +221,9 @@ def test_imagenet_streamed_on_a_cluster(tmp_path):
         'imagenet_multicrop.num_local = 2',
         'eval_preprocessing.image_size = 32',
         "build_backbone.name = 'small_resnet'",
-        'build_backbone.widths = (8, 16)',
-        'build_backbone.blocks_per_stage = (1, 1)',
-        'build_backbone.stage_strides = (2, 2)',
+        'small_resnet.widths = (8, 16)',
+        'small_resnet.blocks_per_stage = (1, 1)',
+        'small_resnet.stage_strides = (2, 2)',
         'ProjectionHead.hidden_dim = 16', 'ProjectionHead.output_dim = 16',
         'PredictionHead.hidden_dim = 8',
     ), steps=6, image_size=32)

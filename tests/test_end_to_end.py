@@ -105,7 +105,7 @@ CIFAR10_BINDINGS = [
     'select_labeled.labels_per_class = 4',
     'make_pretrain_dataset_fn.global_batch_size = 32',
     'make_pretrain_dataset_fn.images_per_class = 2',
-    'build_backbone.depth = 10', 'build_backbone.width = 1',
+    'wide_resnet.depth = 10', 'wide_resnet.width = 1',
     'ProjectionHead.hidden_dim = 16', 'ProjectionHead.output_dim = 16',
     'train.num_epochs = 1', 'WarmupCosineDecay.warmup_epochs = 0',
     "train.precision = 'float32'",  # float16 kernels are slow on a CPU.

@@ -15,7 +15,7 @@ GIN_FILE = 'gin_configs/image_folders_small.gin'
 SMALL = ['SUPPORT_CLASSES = 3',
          'make_pretrain_dataset_fn.global_batch_size = 16',
          'make_pretrain_dataset_fn.images_per_class = 2',
-         'build_backbone.widths = (8, 8, 16)',
+         'small_resnet.widths = (8, 8, 16)',
          'ProjectionHead.hidden_dim = 16', 'ProjectionHead.output_dim = 16']
 
 

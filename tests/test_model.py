@@ -228,9 +228,9 @@ def test_build_model_from_gin():
     try:
         gin.parse_config([
             "build_backbone.name = 'small_resnet'",
-            'build_backbone.widths = (8, 16)',
-            'build_backbone.blocks_per_stage = (1, 1)',
-            'build_backbone.stage_strides = (2, 2)',
+            'small_resnet.widths = (8, 16)',
+            'small_resnet.blocks_per_stage = (1, 1)',
+            'small_resnet.stage_strides = (2, 2)',
             'ProjectionHead.hidden_dim = 8',
             'ProjectionHead.output_dim = 6',
             'PredictionHead.hidden_dim = 3',

@@ -51,11 +51,11 @@ def _refusals(run, source):
             f'--model_dir={run}, the run it would start'),
         'a model of another width': (
             [f"train.pretrained_model = '{source}'",
-             'build_backbone.widths = (8, 8)'], os.EX_CONFIG,
+             'small_resnet.widths = (8, 8)'], os.EX_CONFIG,
             f"train.pretrained_model = '{source}' does not fit the "
             f'configured model: {source} was built with '
-            'build_backbone.widths = (8, 16); this config builds '
-            'build_backbone.widths = (8, 8).'),
+            'small_resnet.widths = (8, 16); this config builds '
+            'small_resnet.widths = (8, 8).'),
         'labels the data lacks': (
             ['select_labeled.labels_per_class = 100'], os.EX_DATAERR,
             'has 16 images, fewer than labels_per_class=100'),

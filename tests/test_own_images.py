@@ -162,7 +162,7 @@ def run_py(gin_file, model_dir, bindings, mode='train_and_evaluate'):
 SECONDS = ['train.num_epochs = 1', 'SUPPORT_CLASSES = 3',
            'make_pretrain_dataset_fn.global_batch_size = 16',
            'make_pretrain_dataset_fn.images_per_class = 2',
-           'build_backbone.widths = (8, 8, 16)',
+           'small_resnet.widths = (8, 8, 16)',
            'ProjectionHead.hidden_dim = 16', 'ProjectionHead.output_dim = 16',
            'train.eval_every_epochs = 0', 'train.verbose = 0']
 

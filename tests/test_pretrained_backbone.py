@@ -221,13 +221,13 @@ def test_a_model_of_another_architecture_is_refused_naming_both(
     variables that do not fit."""
     data = data[:1] + [f"UNLABELED_DIR = '{tmp_path / 'missing'}'"] + data[2:]
     output = _refused_before_the_data(tmp_path, earlier, data,
-                                      'build_backbone.widths = (8, 32)')
+                                      'small_resnet.widths = (8, 32)')
     # The differing bindings first: no variable of the loader's, no
     # advice for the run's own checkpoints ("move it away").
     assert output.strip().splitlines()[-1].endswith(
         f"train.pretrained_model = '{earlier}' does not fit the configured "
-        f'model: {earlier} was built with build_backbone.widths = (8, 16); '
-        'this config builds build_backbone.widths = (8, 32). Start from a '
+        f'model: {earlier} was built with small_resnet.widths = (8, 16); '
+        'this config builds small_resnet.widths = (8, 32). Start from a '
         'model of this architecture, or bind its architecture.')
     code, output = run(tmp_path, earlier, data, part='model', bindings=[
         f"train.pretrained_backbone = '{earlier}'"])

@@ -71,17 +71,15 @@ _FASHION = _CPU + _NO_WARMUP + [
     'select_labeled.labels_per_class = 2',
     'make_pretrain_dataset_fn.global_batch_size = 16',
     'make_pretrain_dataset_fn.images_per_class = 1',
-    'MultiCropConfig.num_local = 2', 'build_backbone.widths = (8, 8, 8)',
+    'MultiCropConfig.num_local = 2', 'small_resnet.widths = (8, 8, 8)',
     'ProjectionHead.hidden_dim = 16', 'ProjectionHead.output_dim = 16',
     'train.num_epochs = 1', 'train_supervised.steps = 4',
     'train_supervised.batch_size = 16', 'fine_tune_suncet.num_epochs = 2',
     'fine_tune_suncet.steps_per_epoch = 2',
     'fine_tune_suncet.images_per_class = 1']
 _FASHION_VALIDATION = _FASHION + ['held_out.size = 40']
-# The demo's ViT at one block (the small ResNet's widths do not apply).
-_FASHION_VIT = [binding for binding in _FASHION
-                if not binding.startswith('build_backbone.widths')] + [
-    'build_backbone.depth = 1']
+# The demo's ViT at one block (the small ResNet's widths go unused).
+_FASHION_VIT = _FASHION + ['vit.depth = 1']
 _FOLDERS = [b for b in image_folders.SMALL
             if not b.startswith('train.num_epochs')] + _CPU + [
     'train.num_epochs = 1', 'fine_tune_suncet.steps_per_epoch = 2']
@@ -93,7 +91,7 @@ SHRINK = {
         'make_pretrain_dataset_fn.global_batch_size = 16',
         'make_pretrain_dataset_fn.images_per_class = 1',
         'cifar10_multicrop.num_local = 2',
-        'build_backbone.depth = 10', 'build_backbone.width = 1',
+        'wide_resnet.depth = 10', 'wide_resnet.width = 1',
         'ProjectionHead.hidden_dim = 16', 'ProjectionHead.output_dim = 16',
         'train.num_epochs = 1', 'fine_tune_suncet.num_epochs = 2',
         'fine_tune_suncet.steps_per_epoch = 2',
@@ -120,12 +118,12 @@ SHRINK = {
     # ResNet-50 x2 and x4 (94M and 375M parameters) take minutes a step on
     # two cores; test_gin_configs builds them at full width.
     'imagenet_rn50x2_10pct.gin': _IMAGENET + [
-        'build_backbone.width_multiplier = 1'],
+        'resnet50.width_multiplier = 1'],
     'imagenet_rn50x4_10pct.gin': _IMAGENET + [
-        'build_backbone.width_multiplier = 1'],
+        'resnet50.width_multiplier = 1'],
     # ViT-S/16 at one block, with position embeddings for 64-px images.
     'imagenet_vits16_10pct.gin': _IMAGENET + [
-        'build_backbone.image_size = 64', 'build_backbone.depth = 1'],
+        'vit.image_size = 64', 'vit.depth = 1'],
     'mismatch_fashion_mnist.gin': _FASHION,
     'mismatch_fashion_mnist_curated.gin': _FASHION,
     'mismatch_fashion_mnist_curated_ropaws.gin': _FASHION,

@@ -13,9 +13,9 @@ from paws_tf import run_dir
 from paws_tf.runner import experiment
 
 TINY = ["build_backbone.name = 'small_resnet'",
-        'build_backbone.widths = (8, 16)',
-        'build_backbone.blocks_per_stage = (1, 1)',
-        'build_backbone.stage_strides = (2, 2)']
+        'small_resnet.widths = (8, 16)',
+        'small_resnet.blocks_per_stage = (1, 1)',
+        'small_resnet.stage_strides = (2, 2)']
 
 
 @pytest.fixture

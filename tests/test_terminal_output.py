@@ -115,7 +115,7 @@ def test_a_run_prints_a_few_lines_before_its_progress(tmp_path):
         assert text not in output, output[:3000]
     assert f'gin config: {run / "config.gin"}' in output
     config = (run / 'config.gin').read_text()
-    assert 'build_backbone.widths = (8, 16)' in config
+    assert 'small_resnet.widths = (8, 16)' in config
     assert '# Parameters for' not in output
     assert (f'PAWS input: 512 unlabeled images, 16 steps/epoch of 32; 64 '
             f'labeled in 4 classes; 160 views per step; the sizes per '
@@ -248,9 +248,10 @@ def _mistakes(root):
             "Configurable 'train' doesn't have a parameter named "
             "'num_epoch'. Did you mean train.num_epochs?"),
         'misspelled backbone argument': (
-            ['build_backbone.widht = (8, 16)'], config,
-            "build_backbone.widht (did you mean build_backbone.widths?) is "
-            "not an argument of backbone 'small_resnet'. "),
+            ['small_resnet.widht = (8, 16)'], config,
+            "--gin_bindings='small_resnet.widht = (8, 16)' is not valid gin: "
+            "Configurable 'small_resnet' doesn't have a parameter named "
+            "'widht'. Did you mean small_resnet.widths?"),
         'one class': (
             [f"LABELED_DIR = '{one}'"], data,
             f"LABELED_DIR = '{one}' holds one class folder ('up'): PAWS "

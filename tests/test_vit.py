@@ -334,32 +334,26 @@ def test_mixed_precision_features_close_to_float32(policy, tolerance):
     assert _relative_error(features, expected) < tolerance
 
 
-def test_build_backbone_builds_the_vits_by_name():
+def test_build_backbone_builds_the_vits_by_name(clean_gin):
     """`build_backbone` names the ViTs beside the ResNets, with their own
-    arguments: a ResNet's is refused naming the ViT's, unless it is None
-    (unset, as demo_fashion_mnist_vit.gin unsets the demo's).
+    arguments: gin binds them as `vit.*`, and a ResNet's given in Python
+    is refused naming the ViT's.
 
-    Fails if `build_backbone` passes batch-norm arguments or None to the
-    ViT, or the patch size is not the ViT's downsampling."""
+    Fails if `build_backbone` passes batch-norm arguments to the ViT, or
+    the bound patch size is not the ViT's downsampling."""
     model = backbones.build_backbone(
         'vit_small', input_channels=1, sync_bn=True, patch_size=8,
         image_size=16, depth=1)
     assert model.output_dim == 384
     assert model(tf.zeros([2, 24, 24, 1])).shape == (2, 384)
-    assert backbones.downsampling('vit_small', patch_size=8) == 8
-    unset = backbones.build_backbone('vit_tiny', patch_size=8, image_size=16,
-                                     depth=None, widths=None)
-    assert sum(layer.name.startswith('blocks_')
-               for layer in unset.layers) == 12
+    gin.bind_parameter('vit.patch_size', 8)
+    assert backbones.FAMILIES['vit_small'].downsampling('vit_small') == 8
     with pytest.raises(checks.ConfigError, match=(
             r"^build_backbone.stage_strides \(an argument of "
             r"'small_resnet'\), build_backbone.widths \(an argument of "
             r"'small_resnet'\) are not "
             r"arguments of backbone 'vit_tiny'\. Its arguments: "
-            r"\['patch_size', 'image_size', 'depth'\]\. Remove the binding, "
-            r"or unset what an included config binds: "
-            r"build_backbone.stage_strides = None; build_backbone.widths = "
-            r"None\.$")):
+            r"\['patch_size', 'image_size', 'depth'\]\.$")):
         backbones.check_arguments('vit_tiny', ['widths', 'stage_strides'])
 
 
@@ -369,9 +363,9 @@ def test_the_paws_model_builds_around_a_vit(clean_gin):
 
     Fails if the model is built on images whose side is not a multiple of
     the patch size (8 px: `patch_embed` raises ValueError)."""
-    for name, value in (('name', 'vit_tiny'), ('patch_size', 16),
-                        ('image_size', 32), ('depth', 1)):
-        gin.bind_parameter(f'build_backbone.{name}', value)
+    gin.bind_parameter('build_backbone.name', 'vit_tiny')
+    for name, value in (('patch_size', 16), ('image_size', 32), ('depth', 1)):
+        gin.bind_parameter(f'vit.{name}', value)
     model = building.build_model(tf.distribute.get_strategy(),
                                  input_channels=3)
     assert model.built and model.prediction_head.built

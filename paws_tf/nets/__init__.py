@@ -1,6 +1,9 @@
 """Networks: the backbones, the heads, the CPU-tuned layers the CPU configs
 select and the official PyTorch names of their layers."""
 
+import inspect
+import typing
+
 # The implementations of synchronised batch norm: the CPU-tuned layer or
 # tf_keras' (the same values and variables).
 CUSTOM = 'custom'
@@ -14,3 +17,48 @@ def check_impl(impl, name='impl'):
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f'{name} must be one of {IMPLEMENTATIONS}, got '
                          f'{impl!r}.')
+
+
+# What a family advises for images smaller than its downsampling, unless
+# it declares its own.
+SMALL_IMAGES = ("a backbone for small images (build_backbone.name = "
+                "'small_resnet', as the recipe "
+                "gin_configs/image_folders_small.gin)")
+
+
+class Family(typing.NamedTuple):
+    """A backbone family, as its module declares it to
+    `backbones.FAMILIES`.
+
+    Attributes:
+        names: the backbone names it builds (`build_backbone.name`).
+        configurable: its gin-configurable builder, whose parameters with
+            a default (but `input_channels`) are the family's arguments,
+            bound under its own gin name (`small_resnet.widths`): bindings
+            of a family that is not named are not used.
+        build: `build(name, *, input_channels, batch_norm, **arguments)`
+            -> the model; `batch_norm` holds `build_backbone`'s batch-norm
+            switches (`_Layers`' arguments), `arguments` those given in
+            Python over the gin bindings.
+        downsampling: `downsampling(name)`: how many times backbone `name`
+            shrinks an image side under the config's bindings.
+        patch_size: `patch_size()`: `(side, binding)` of the patches the
+            family cuts images into, every image side a multiple of it;
+            None for a family that takes any side.
+        small_images: what lets the family's config take images smaller
+            than its downsampling, for the message that refuses them.
+    """
+
+    names: tuple
+    configurable: typing.Callable
+    build: typing.Callable
+    downsampling: typing.Callable
+    patch_size: typing.Optional[typing.Callable] = None
+    small_images: str = SMALL_IMAGES
+
+    def arguments(self):
+        """The family's architecture arguments, in order."""
+        return [key for key, parameter in inspect.signature(
+            self.configurable).parameters.items()
+            if parameter.default is not parameter.empty
+            and key != 'input_channels']

@@ -1,321 +1,124 @@
-"""ResNet feature extractors: images [B, H, W, C] -> features [B, F]."""
+"""The backbones, by name: images [B, H, W, C] -> features [B, F]. Each
+family is a module that declares itself (`nets.Family`) and has a line in
+`FAMILIES`."""
 
 import difflib
 import inspect
-import math
 
 import gin
-import tf_keras
 
+from paws_tf import bindings
 from paws_tf import checks
 from paws_tf import nets
-from paws_tf.nets import onednn
-from paws_tf.nets import recompute
-from paws_tf.nets import sync_batch_norm
+from paws_tf.nets import resnets
 from paws_tf.nets import vit
 
-RESNET50_STAGE_BLOCKS = (3, 4, 6, 3)
-RESNET50_WIDTH_MULTIPLIERS = (1, 2, 4)
-BOTTLENECK_EXPANSION = 4
-WIDE_RESNET_STEM_WIDTH = 16
-# Keras decay of the official WideResNet's last BN (PyTorch momentum 0.99).
-WIDE_RESNET_FINAL_BN_MOMENTUM = 0.01
 # What `model.build_model` sets for the backbone and the heads alike (how
 # batch norm is synchronised): gin may not bind them on these builders.
 SET_BY_BUILD_MODEL = ['sync_bn', 'sync_bn_impl']
+# The backbone families, by the names they build: one line a family.
+FAMILIES = {name: each for each in (
+    resnets.RESNET50,
+    resnets.WIDE_RESNET,
+    resnets.SMALL_RESNET,
+    vit.FAMILY,
+) for name in each.names}
 
 
-def torch_default_init(fan_in):
-    """Initializers of PyTorch's default `nn.Conv2d` / `nn.Linear`.
-
-    `reset_parameters` draws the weights with `kaiming_uniform_(a=sqrt(5))`,
-    i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the bias from the same range.
-    Fresh instances: an unseeded initializer instance repeats its values.
-
-    Args:
-        fan_in: inputs of one output unit (kernel area x input channels).
-
-    Returns:
-        dict of `kernel_initializer` and `bias_initializer`.
-    """
-    bound = 1 / math.sqrt(fan_in)
-    return dict(
-        kernel_initializer=tf_keras.initializers.VarianceScaling(
-            scale=1 / 3, mode='fan_in', distribution='uniform'),
-        bias_initializer=tf_keras.initializers.RandomUniform(-bound, bound))
-
-
-class _Layers:
-    """Makes a backbone's convolutions and batch norms with the
-    `build_backbone` switches between paws_tf's layers and tf_keras'; the
-    architecture builders receive it as `make`."""
-
-    def __init__(self, *, recompute_bn_relu, **batch_norm_args):
-        self.recompute_bn_relu = recompute_bn_relu
-        self.batch_norm_args = batch_norm_args
-
-    def norm(self, name, zero_init=False, **overrides):
-        """A batch norm; `overrides` (`momentum`) replace the backbone's."""
-        return sync_batch_norm.batch_norm(
-            name, zero_init=zero_init, **{**self.batch_norm_args, **overrides})
-
-    def conv_layers(self, x, filters, kernel_size, stride, name,
-                    torch_default=False):
-        """(padding or None, Conv2D) for input `x`, with PyTorch's symmetric
-        `kernel_size // 2` padding; without bias, initialised as the
-        torchvision and official PAWS ResNets (kaiming_normal_, fan_out), or
-        with `torch_default` as the official WideResNet leaves its
-        convolutions (a bias, `torch_default_init`)."""
-        onednn.check_conv_safe(x, kernel_size, stride, name)
-        if torch_default:
-            init = torch_default_init(kernel_size * kernel_size * x.shape[-1])
-        else:
-            # A fresh instance per layer: an unseeded one repeats its values.
-            init = dict(
-                kernel_initializer=tf_keras.initializers.VarianceScaling(
-                    scale=2.0, mode='fan_out',
-                    distribution='untruncated_normal'))
-        kwargs = dict(use_bias=torch_default, name=name, **init)
-        if stride > 1 and kernel_size > 1:
-            # Keras 'same' pads strided convs asymmetrically on even sizes;
-            # explicit padding keeps torchvision's output grid and sizes.
-            return (tf_keras.layers.ZeroPadding2D(kernel_size // 2,
-                                                  name=f'{name}_pad'),
-                    tf_keras.layers.Conv2D(filters, kernel_size,
-                                           strides=stride, padding='valid',
-                                           **kwargs))
-        padding = 'same' if stride == 1 else 'valid'  # 1x1: no padding.
-        return None, tf_keras.layers.Conv2D(
-            filters, kernel_size, strides=stride, padding=padding, **kwargs)
-
-    def conv(self, x, *args, **kwargs):
-        """`conv_layers(x, ...)` applied to `x`."""
-        padding, conv = self.conv_layers(x, *args, **kwargs)
-        return conv(x if padding is None else padding(x))
-
-    def norm_relu_then(self, x, bn_name, layers, name):
-        """`layer(padding(relu(batch norm bn_name(x))))` as one
-        `NormReLUThen`, `layers` being (padding or None, layer)."""
-        padding, layer = layers
-        return recompute.NormReLUThen(
-            self.norm(bn_name), layer, recompute=self.recompute_bn_relu,
-            padding=padding, name=name)(x)
-
-    def norm_relu_conv(self, x, block, bn, conv, *args, **kwargs):
-        """Applies `NormReLUThen` named `{block}_{bn}_{conv}` to `x`; its
-        batch norm and convolution are named `{block}_{bn}` and
-        `{block}_{conv}`. `*args, **kwargs`: the `conv_layers` arguments
-        after `x`, but `name`."""
-        conv_layers = self.conv_layers(x, *args, name=f'{block}_{conv}',
-                                       **kwargs)
-        return self.norm_relu_then(x, f'{block}_{bn}', conv_layers,
-                                   name=f'{block}_{bn}_{conv}')
-
-
-def _features_model(inputs, x, name):
-    """Pools [B, h, w, F] to [B, F] and wraps the graph into a Model."""
-    features = tf_keras.layers.GlobalAveragePooling2D(name='avg_pool')(x)
-    model = tf_keras.Model(inputs, features, name=name)  # [B, F]
-    model.output_dim = int(features.shape[-1])
-    model.side_multiple = 1  # Any image side goes through.
-    return model
-
-
-def _bottleneck_block(x, planes, stride, name, make, zero_init_residual):
-    """ResNet v1.5 bottleneck: stride on the 3x3 conv, expansion 4."""
-    out_channels = planes * BOTTLENECK_EXPANSION
-    shortcut = x
-    if stride != 1 or x.shape[-1] != out_channels:
-        shortcut = make.conv(x, out_channels, 1, stride, name + '_proj_conv')
-        shortcut = make.norm(name + '_proj_bn')(shortcut)
-    y = make.conv(x, planes, 1, 1, name + '_conv1')
-    # BN1 -> ReLU -> conv2 (strided): [B, h/s, w/s, P].
-    y = make.norm_relu_conv(y, name, 'bn1', 'conv2', planes, 3, stride)
-    y = make.norm_relu_conv(y, name, 'bn2', 'conv3', out_channels, 1, 1)
-    y = make.norm(name + '_bn3', zero_init=zero_init_residual)(y)
-    y = tf_keras.layers.Add(name=name + '_add')([y, shortcut])
-    return tf_keras.layers.ReLU(name=name + '_out')(y)  # [B, h/s, w/s, 4P]
-
-
-def _resnet50(inputs, make, width_multiplier=1, zero_init_residual=False):
-    """ResNet-50 (torchvision / SimCLR layout), F = 2048 * width_multiplier.
-
-    `zero_init_residual` defaults to False because the official PAWS code
-    (and torchvision) leave it off; SimCLR's TF code turns it on.
-    """
-    if width_multiplier not in RESNET50_WIDTH_MULTIPLIERS:
-        raise ValueError(
-            f'resnet50 width_multiplier must be one of '
-            f'{RESNET50_WIDTH_MULTIPLIERS}, got {width_multiplier!r}')
-    width = 64 * width_multiplier
-    x = make.conv(inputs, width, 7, 2, 'stem_conv')  # [B, H/2, W/2, 64w]
-    # torchvision's stem: batch norm, ReLU, MaxPool2d(3, 2, 1). Zeros give
-    # the values and gradients of its -inf padding on ReLU outputs: a window
-    # holds a real value >= 0, and a real 0 that ties with the padding
-    # passes no gradient back through its ReLU.
-    pool = (tf_keras.layers.ZeroPadding2D(1, name='stem_pool_pad'),
-            tf_keras.layers.MaxPool2D(3, 2, padding='valid',
-                                      name='stem_pool'))
-    x = make.norm_relu_then(x, 'stem_bn', pool,
-                            'stem_bn_pool')  # [B, H/4, W/4, 64w]
-    for stage, num_blocks in enumerate(RESNET50_STAGE_BLOCKS, start=1):
-        planes = width * 2 ** (stage - 1)
-        for block in range(1, num_blocks + 1):
-            stride = 2 if stage > 1 and block == 1 else 1
-            x = _bottleneck_block(x, planes, stride,
-                                  f'stage{stage}_block{block}', make,
-                                  zero_init_residual)
-    return _features_model(inputs, x, f'resnet50_{width_multiplier}x')
-
-
-def _wide_block(x, filters, stride, name, make):
-    """Pre-activation wide block of the official PAWS WideResNet."""
-    shortcut = x
-    if stride != 1 or x.shape[-1] != filters:
-        # The official code projects the raw block input, not the
-        # pre-activated one (suncet src/wide_resnet.py).
-        shortcut = make.conv(x, filters, 1, stride, name + '_proj_conv',
-                             torch_default=True)
-    y = make.norm_relu_conv(x, name, 'bn1', 'conv1', filters, 3, 1,
-                            torch_default=True)
-    y = make.norm_relu_conv(y, name, 'bn2', 'conv2', filters, 3, stride,
-                            torch_default=True)
-    return tf_keras.layers.Add(name=name + '_add')([y, shortcut])
-
-
-def _wide_resnet(inputs, make, depth=28, width=2,
-                 final_bn_momentum=WIDE_RESNET_FINAL_BN_MOMENTUM):
-    """WideResNet-depth-width without dropout, F = 64 * width.
-
-    The official network (suncet src/wide_resnet.py) gives its last batch
-    norm `momentum=0.99` in PyTorch's convention, where momentum is the
-    weight of the new batch: its moving statistics are almost the last
-    batch's. `final_bn_momentum` is Keras' decay, 1 - 0.99.
-    """
-    if depth < 10 or (depth - 4) % 6:
-        raise ValueError(f'wide_resnet depth must be 6n + 4 with n >= 1, '
-                         f'got {depth!r}')
-    if width < 1:
-        raise ValueError(f'wide_resnet width must be >= 1, got {width!r}')
-    x = make.conv(inputs, WIDE_RESNET_STEM_WIDTH, 3, 1, 'stem_conv',
-                  torch_default=True)
-    for group, stride in enumerate((1, 2, 2), start=1):
-        filters = WIDE_RESNET_STEM_WIDTH * 2 ** (group - 1) * width
-        for block in range(1, (depth - 4) // 6 + 1):
-            x = _wide_block(x, filters, stride if block == 1 else 1,
-                            f'group{group}_block{block}', make)
-    x = make.norm('final_bn', momentum=final_bn_momentum)(x)
-    x = tf_keras.layers.ReLU(name='final_relu')(x)  # [B, H/4, W/4, 64k]
-    return _features_model(inputs, x, f'wide_resnet{depth}_{width}')
-
-
-def _basic_block(x, filters, stride, name, make):
-    """Post-activation basic block: two 3x3 convs."""
-    shortcut = x
-    if stride != 1 or x.shape[-1] != filters:
-        shortcut = make.conv(x, filters, 1, stride, name + '_proj_conv')
-        shortcut = make.norm(name + '_proj_bn')(shortcut)
-    y = make.conv(x, filters, 3, stride, name + '_conv1')
-    y = make.norm_relu_conv(y, name, 'bn1', 'conv2', filters, 3, 1)
-    y = make.norm(name + '_bn2')(y)
-    y = tf_keras.layers.Add(name=name + '_add')([y, shortcut])
-    return tf_keras.layers.ReLU(name=name + '_out')(y)
-
-
-def _small_resnet(inputs, make, widths=(32, 64, 128),
-                  blocks_per_stage=(1, 1, 1), stem_stride=1,
-                  stage_strides=(2, 2, 2)):
-    """Small ResNet for CPU runs; the first stage may already downsample."""
-    widths, blocks_per_stage = tuple(widths), tuple(blocks_per_stage)
-    stage_strides = tuple(stage_strides)
-    if not (len(widths) == len(blocks_per_stage) == len(stage_strides) > 0):
-        raise ValueError(
-            f'small_resnet widths, blocks_per_stage and stage_strides must be '
-            f'non-empty and of equal length, got {widths!r}, '
-            f'{blocks_per_stage!r}, {stage_strides!r}')
-    if stem_stride < 1 or min(widths + blocks_per_stage + stage_strides) < 1:
-        raise ValueError(
-            f'small_resnet sizes and strides must be >= 1, got widths='
-            f'{widths!r}, blocks_per_stage={blocks_per_stage!r}, '
-            f'stem_stride={stem_stride!r}, stage_strides={stage_strides!r}')
-    x = make.conv(inputs, widths[0], 3, stem_stride, 'stem_conv')
-    x = tf_keras.layers.ReLU(name='stem_relu')(make.norm('stem_bn')(x))
-    stages = zip(widths, blocks_per_stage, stage_strides)
-    for stage, (filters, num_blocks, stride) in enumerate(stages, start=1):
-        for block in range(1, num_blocks + 1):
-            x = _basic_block(x, filters, stride if block == 1 else 1,
-                             f'stage{stage}_block{block}', make)
-    return _features_model(inputs, x, 'small_resnet')  # F = widths[-1]
-
-
-_BUILDERS = {
-    'resnet50': _resnet50,
-    'wide_resnet': _wide_resnet,
-    'small_resnet': _small_resnet,
-}
-NAMES = (*_BUILDERS, *vit.ARCHITECTURES)
-
-
-def downsampling(name, *, stem_stride=1, stage_strides=(2, 2, 2),
-                 patch_size=16):
-    """How many times backbone `name` shrinks an image side: the product of
-    its strides (`stem_stride` and `stage_strides` are small_resnet's), or
-    a ViT's `patch_size`.
+def family(name, binding='build_backbone.name'):
+    """The `nets.Family` that builds backbone `name`, bound to `binding`.
 
     Raises:
-        ValueError: unknown `name`.
+        checks.ConfigError: `name` is not a backbone.
     """
-    if name in vit.ARCHITECTURES:
-        return patch_size
-    if name not in _BUILDERS:
-        raise ValueError(f'unknown backbone {name!r}; valid choices: '
-                         f'{sorted(NAMES)}')
-    # ResNet-50: stem conv and max pool, stages 2-4 (five strides of 2);
-    # WideResNet: its second and third groups.
-    fixed = {'resnet50': 32, 'wide_resnet': 4}
-    return fixed.get(name, stem_stride * math.prod(stage_strides))
+    if name not in FAMILIES:
+        raise checks.ConfigError(
+            f'{binding} = {name!r} is not a backbone; valid choices: '
+            f'{sorted(FAMILIES)}.')
+    return FAMILIES[name]
 
 
-def _arguments(name):
-    """The architecture arguments of backbone `name`, in order."""
-    arguments = (list(inspect.signature(vit.build_vit).parameters)[1:]
-                 if name in vit.ARCHITECTURES else
-                 list(inspect.signature(_BUILDERS[name]).parameters)[2:])
-    return [argument for argument in arguments
-            if argument != 'input_channels']
+@gin.config.register_finalize_hook
+def _refuse_family_arguments(config):
+    """Raises ConfigError naming a binding of `build_backbone` that is not
+    one of its parameters (gin lets any name through to its `**kwargs`):
+    a family's arguments are bound under the family's gin name, and the
+    message names it (`small_resnet.widths`), else the closest name."""
+    explicit = [key for key in inspect.signature(build_backbone).parameters
+                if key != 'kwargs']
+    for (scope, selector), values in config.items():
+        if (selector == 'gin.macro' or
+                gin.config.get_configurable(selector) is not build_backbone):
+            continue
+        for argument in sorted(set(values) - set(explicit)):
+            name = (f'{scope}/' if scope else '') + 'build_backbone'
+            owners = [f'{bindings.gin_name(each.configurable)}.{argument}'
+                      for each in dict.fromkeys(FAMILIES.values())
+                      if argument in each.arguments()]
+            close = difflib.get_close_matches(argument, explicit, n=1)
+            hint = (f'a backbone family takes it under its own name: bind '
+                    f'{" or ".join(owners)}.' if owners else
+                    f'did you mean {name}.{close[0]}?' if close else
+                    f'its parameters: {explicit}.')
+            raise checks.ConfigError(
+                f'{name}.{argument} is bound, but build_backbone has no '
+                f'parameter {argument!r}: {hint}')
+    return None
 
 
 def check_arguments(name, arguments):
-    """Raises ConfigError naming every binding that is not one (with the
-    backbone it belongs to, or the closest argument) unless `name` is a
-    backbone and `arguments` (names) its architecture arguments; gin
-    accepts any argument of `build_backbone`. Callers leave out arguments
-    bound to None (`build_backbone` ignores them)."""
-    if name not in NAMES:
-        raise checks.ConfigError(
-            f'build_backbone.name = {name!r} is not a backbone; valid '
-            f'choices: {sorted(NAMES)}.')
-    valid = _arguments(name)
+    """Raises ConfigError naming every one of `arguments` (names given to
+    `build_backbone` in Python) that is not an architecture argument of
+    backbone `name`, with the family it belongs to, or the closest
+    argument."""
+    valid = family(name).arguments()
     unknown = sorted(set(arguments) - set(valid))
     if not unknown:
         return
     named = []
     for argument in unknown:
-        owner = next((other for other in NAMES
-                      if argument in _arguments(other)), None)
+        owner = next((other for other in FAMILIES
+                      if argument in FAMILIES[other].arguments()), None)
         close = difflib.get_close_matches(argument, valid, n=1)
         named.append(f'build_backbone.{argument}' + (
             f' (an argument of {owner!r})' if owner else
             f' (did you mean build_backbone.{close[0]}?)' if close else ''))
-    # A config that includes the demo's (a small ResNet) and names a ViT
-    # keeps the ResNet's bindings: gin has no way to remove one.
-    unset = '; '.join(f'build_backbone.{argument} = None'
-                      for argument in unknown)
     raise checks.ConfigError(
         f'{", ".join(named)} '
         + ('is not an argument' if len(unknown) == 1 else 'are not arguments')
-        + f' of backbone {name!r}. Its arguments: {valid}. Remove the '
-        f'binding, or unset what an included config binds: {unset}.')
+        + f' of backbone {name!r}. Its arguments: {valid}.')
+
+
+def check_image_sizes(sizes):
+    """Refuses image sides the configured backbone cannot take: smaller
+    than its downsampling (its last stages would see a single pixel), or,
+    for a family that cuts patches, not a multiple of the patch side.
+
+    Args:
+        sizes: `(name, side)` of each image size the config feeds the
+            backbone, `name` the binding or macro that gives it.
+
+    Raises:
+        checks.ConfigError: naming the size's binding, the backbone's and
+            the fix; or `build_backbone.name` is not a backbone.
+    """
+    backbone, backbone_name = bindings.arguments(build_backbone)['name']
+    if not isinstance(backbone, str):
+        return
+    chosen = family(backbone, backbone_name)
+    minimum = chosen.downsampling(backbone)
+    for size_name, size in sizes:
+        if checks.integer(size_name, size) < minimum:
+            raise checks.ConfigError(
+                f'{size_name} = {size} is smaller than {minimum} px, the '
+                f'downsampling of {backbone_name} = {backbone!r}: its last '
+                'stages would see a single pixel padded with zeros. Bind '
+                f'{size_name} = {minimum} or more, or {chosen.small_images}.')
+        if chosen.patch_size is not None and size % minimum:
+            raise checks.ConfigError(
+                f'{size_name} = {size} is not a multiple of '
+                f'{chosen.patch_size()[1]} = {minimum}: {backbone_name} = '
+                f'{backbone!r} cuts images into patches of that side.')
 
 
 @gin.configurable(denylist=SET_BY_BUILD_MODEL)
@@ -330,25 +133,15 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
     `sync_bn` and `sync_bn_impl` (gin binds them there).
 
     Args:
-        name: one of
-            'resnet50': torchvision ResNet-50 v1.5, F = 2048 * w. kwargs:
-                `width_multiplier` w in {1, 2, 4} (default 1; PAWS Table 2),
-                `zero_init_residual` (default False, as in the official
-                PAWS code: zero gamma in the last BN of each block).
-            'wide_resnet': pre-activation WideResNet of the official PAWS
-                code, no dropout, F = 64 * width, convolutions with biases
-                and PyTorch's default initialisation. kwargs: `depth` (6n +
-                4, default 28), `width` (default 2; App. C, 1.47M params),
-                `final_bn_momentum` (0.01, the official last batch norm).
-            'small_resnet': basic-block ResNet for CPU runs, F =
-                widths[-1]. kwargs: `widths` (default (32, 64, 128)),
-                `blocks_per_stage` ((1, 1, 1)), `stem_stride` (1),
-                `stage_strides` ((2, 2, 2)); all tuples of equal length.
+        name: a backbone of `FAMILIES`:
+            'resnet50': torchvision ResNet-50 v1.5 (`resnets.resnet50`).
+            'wide_resnet': the official PAWS WideResNet
+                (`resnets.wide_resnet`).
+            'small_resnet': basic-block ResNet for CPU runs
+                (`resnets.small_resnet`).
             'vit_tiny', 'vit_small', 'vit_base': `vit.build_vit`'s Vision
                 Transformers, F = 192, 384, 768 (no batch norm: the
-                batch-norm arguments do not apply). kwargs: `patch_size`
-                (16), `image_size` (224, the side the position embeddings
-                are learned for), `depth` (12).
+                batch-norm arguments do not apply).
         input_channels: C of the [B, H, W, C] input images.
         sync_bn: synchronise batch-norm statistics across replicas (global
             BN, PAWS Sec. 5); use False with a single replica (fusable BN).
@@ -361,9 +154,9 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
             max pool alone, recompute the ReLU output in the backward pass
             instead of holding it (`recompute.NormReLUThen`); False
             (default) composes the tf_keras layers, which hold it.
-        **kwargs: architecture arguments of the chosen backbone; one that is
-            None is not passed (a config that includes another backbone's
-            config unsets that backbone's arguments so).
+        **kwargs: architecture arguments of the chosen backbone, over
+            what gin binds to its family (`small_resnet.widths`,
+            `vit.patch_size`); gin binds none here.
 
     Returns:
         A `tf_keras.Model` mapping [B, H, W, C] float images to [B, F]
@@ -375,16 +168,9 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
     Raises:
         ValueError: unknown `name` or architecture argument, or a bad value.
     """
-    kwargs = {key: value for key, value in kwargs.items()
-              if value is not None}
     check_arguments(name, kwargs)
-    if name in vit.ARCHITECTURES:
-        return vit.build_vit(name, input_channels=input_channels, **kwargs)
-    checks.integer('input_channels', input_channels)
-    checks.number('bn_momentum', bn_momentum, low=0.0, high=1.0)
-    nets.check_impl(sync_bn_impl, 'sync_bn_impl')
-    make = _Layers(recompute_bn_relu=recompute_bn_relu, sync_bn=sync_bn,
-                   impl=sync_bn_impl, momentum=bn_momentum,
-                   epsilon=bn_epsilon)
-    inputs = tf_keras.Input(shape=(None, None, input_channels), name='images')
-    return _BUILDERS[name](inputs, make, **kwargs)
+    return family(name).build(
+        name, input_channels=input_channels, batch_norm=dict(
+            recompute_bn_relu=recompute_bn_relu, sync_bn=sync_bn,
+            impl=sync_bn_impl, momentum=bn_momentum, epsilon=bn_epsilon),
+        **kwargs)

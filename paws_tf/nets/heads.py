@@ -6,6 +6,7 @@ import tf_keras
 from paws_tf import checks
 from paws_tf import nets
 from paws_tf.nets import backbones
+from paws_tf.nets import resnets
 from paws_tf.nets import sync_batch_norm
 
 # Activations of the heads' hidden layers: ReLU (the official ResNet heads)
@@ -17,10 +18,10 @@ ACTIVATIONS = ('relu', 'gelu')
 class Linear(tf_keras.layers.Dense):
     """Dense layer initialised as PyTorch's `nn.Linear`, as every layer of
     the official PAWS heads is: weights and bias U(+-1/sqrt(fan_in))
-    (`backbones.torch_default_init`), fan_in being known when built."""
+    (`resnets.torch_default_init`), fan_in being known when built."""
 
     def build(self, input_shape):
-        init = backbones.torch_default_init(int(input_shape[-1]))
+        init = resnets.torch_default_init(int(input_shape[-1]))
         self.kernel_initializer = init['kernel_initializer']
         self.bias_initializer = init['bias_initializer']
         super().build(input_shape)

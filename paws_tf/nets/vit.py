@@ -3,10 +3,13 @@ token's features [B, D]."""
 
 import math
 
+import gin
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import bindings
 from paws_tf import checks
+from paws_tf import nets
 
 # (width D, depth, heads) of timm's, DeiT's and DINO's ViT-Ti, -S and -B.
 ARCHITECTURES = {
@@ -301,6 +304,7 @@ class Block(tf_keras.layers.Layer):
         return {**super().get_config(), 'num_heads': self.num_heads}
 
 
+@gin.configurable('vit', denylist=['name', 'input_channels'])
 def build_vit(name, *, patch_size=16, image_size=224, input_channels=3,
               depth=None):
     """Builds a ViT in the layout of timm's `VisionTransformer`, DeiT and
@@ -315,6 +319,8 @@ def build_vit(name, *, patch_size=16, image_size=224, input_channels=3,
     (its truncation at +-2 never acts), zero biases, position embeddings
     N(0, 0.02), class token N(0, 1e-6), LayerNorm ones and zeros, the
     patch convolution PyTorch's default.
+
+    gin binds its arguments as `vit.patch_size`, ..., for every ViT name.
 
     Args:
         name: 'vit_tiny' (D 192, 3 heads), 'vit_small' (D 384, 6 heads) or
@@ -355,3 +361,20 @@ def build_vit(name, *, patch_size=16, image_size=224, input_channels=3,
     model.output_dim = dim
     model.side_multiple = patch_size
     return model
+
+
+def _build(name, *, input_channels, batch_norm, **arguments):
+    """`build_vit` as `backbones.build_backbone` calls a family: a ViT has
+    no batch norm (`batch_norm` does not apply)."""
+    del batch_norm
+    return build_vit(name, input_channels=input_channels, **arguments)
+
+
+def _patch_size():
+    """`(value, binding)` of the patch side the config binds."""
+    return bindings.arguments(build_vit)['patch_size']
+
+
+FAMILY = nets.Family(
+    names=tuple(ARCHITECTURES), configurable=build_vit, build=_build,
+    downsampling=lambda name: _patch_size()[0], patch_size=_patch_size)

@@ -16,7 +16,6 @@ from paws_tf.evaluation import evaluate_nn
 from paws_tf.evaluation import export
 from paws_tf.nets import backbones
 from paws_tf import run_dir
-from paws_tf.nets import vit
 from paws_tf.runner import building
 from paws_tf.runner import train
 
@@ -115,19 +114,6 @@ def _check_arguments(pretraining):
                                  num_epochs=num_epochs)
 
 
-def _check_size(size, size_name, minimum, backbone, backbone_name):
-    if checks.integer(size_name, size) < minimum:
-        other = ("fewer build_backbone.stage_strides" if backbone ==
-                 'small_resnet' else "a backbone for small images "
-                 "(build_backbone.name = 'small_resnet', as the recipe "
-                 "gin_configs/image_folders_small.gin)")
-        raise checks.ConfigError(
-            f'{size_name} = {size} is smaller than {minimum} px, the '
-            f'downsampling of {backbone_name} = {backbone!r}: its last '
-            'stages would see a single pixel padded with zeros. Bind '
-            f'{size_name} = {minimum} or more, or {other}.')
-
-
 def _check_normalization(folder, required=True):
     """The folders' channels, and the normalisation bound only to
     `load_data.normalization` (bound, if `required`); returns the
@@ -185,20 +171,7 @@ def existing_model():
 
 
 def _check_backbone(multicrop):
-    """The backbone's arguments, and image sizes at least its
-    downsampling."""
-    backbone, backbone_name = bindings.binding('build_backbone.name')
-    if not isinstance(backbone, str):
-        return
-    explicit = inspect.signature(backbones.build_backbone).parameters
-    backbones.check_arguments(backbone, [
-        key for key, value in gin.get_bindings(
-            'build_backbone', resolve_references=False).items()
-        if key not in explicit and value is not None])
-    strides = {key: bindings.bound(f'build_backbone.{key}')
-               for key in ('stem_stride', 'stage_strides', 'patch_size')}
-    minimum = backbones.downsampling(
-        backbone, **{k: v for k, v in strides.items() if v is not None})
+    """Image sizes the backbone takes (`backbones.check_image_sizes`)."""
     sizes = [bindings.binding('eval_preprocessing.image_size')[::-1]]
     if multicrop is not None:
         config, selector = multicrop
@@ -211,13 +184,7 @@ def _check_backbone(multicrop):
             'make_pretrain_dataset_fn.support_view_size')
         if support_size[0] is not None:
             sizes.append(support_size[::-1])
-    for size_name, size in sizes:
-        _check_size(size, size_name, minimum, backbone, backbone_name)
-        if backbone in vit.ARCHITECTURES and size % minimum:
-            raise checks.ConfigError(
-                f'{size_name} = {size} is not a multiple of '
-                f'build_backbone.patch_size = {minimum}: {backbone_name} = '
-                f'{backbone!r} cuts images into patches of that side.')
+    backbones.check_image_sizes(sizes)
 
 
 def check_config(pretraining=True):
@@ -263,9 +230,11 @@ def check_folder_channels(channels, model):
 
 # The bindings that make the model's variables, and the backbone's: compared
 # in the message on a pretrained model that does not fit.
-_ARCHITECTURE = ('build_backbone.', 'build_model.', 'ProjectionHead.',
+_BACKBONE = ('build_backbone.', *sorted({
+    f'{bindings.gin_name(family.configurable)}.'
+    for family in backbones.FAMILIES.values()}))
+_ARCHITECTURE = (*_BACKBONE, 'build_model.', 'ProjectionHead.',
                  'PredictionHead.')
-_BACKBONE = ('build_backbone.',)
 # Of the variables that do not fit, how many a message names.
 _NAMES_SHOWN = 3
 

@@ -13,8 +13,8 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 # of one block cutting its 16-px global and 8-px local views into 4-px
 # patches, GELU heads, AdamW with a cosine weight decay, learning rates
 # for Adam.
-VIT = ("build_backbone.name = 'vit_tiny'", 'build_backbone.patch_size = 4',
-       'build_backbone.image_size = 16', 'build_backbone.depth = 1',
+VIT = ("build_backbone.name = 'vit_tiny'", 'vit.patch_size = 4',
+       'vit.image_size = 16', 'vit.depth = 1',
        "ProjectionHead.activation = 'gelu'",
        'train.optimizer_cls = @AdamW', 'AdamW.weight_decay = 0.04',
        'AdamW.final_weight_decay = 0.4', 'WarmupCosineDecay.start_lr = 1e-4',
@@ -22,12 +22,9 @@ VIT = ("build_backbone.name = 'vit_tiny'", 'build_backbone.patch_size = 4',
 
 
 def write_vit_config(path):
-    """debug.gin with its small ResNet's bindings replaced by `VIT`,
-    written to `path` (a ResNet's architecture arguments are refused with
-    a ViT); returns `path`."""
-    lines = [line for line in
-             (REPO / 'gin_configs' / 'debug.gin').read_text().splitlines()
-             if not line.startswith('build_backbone.')]
+    """debug.gin with `VIT` after it (its small_resnet.* bindings go
+    unused), written to `path`; returns `path`."""
+    lines = (REPO / 'gin_configs' / 'debug.gin').read_text().splitlines()
     pathlib.Path(path).write_text('\n'.join(lines + list(VIT)) + '\n')
     return path
 
