@@ -59,60 +59,63 @@ def arguments(configurable, scope=None):
             for key, value in values.items()}
 
 
+def is_bound(configurable, parameter):
+    """Whether the config binds `parameter` of `configurable` (unscoped)."""
+    return parameter in gin.get_bindings(configurable,
+                                         resolve_references=False)
+
+
 def bound(selector, default=None):
     """The value of `binding(selector, default)`."""
     return binding(selector, default)[0]
 
 
-def reference(selector):
-    """The gin reference bound to `selector` (`@name`, `@name()`), or None."""
-    value = bound(selector)
+def reference(configurable, parameter, scope=None):
+    """The gin reference (`@scope/name`, `@name()`) bound to `parameter` of
+    `configurable`, or None."""
+    value = arguments(configurable, scope)[parameter][0]
     return (value if isinstance(value, gin.config.ConfigurableReference)
             else None)
 
 
-def referenced_binding(selector, parameter):
-    """`binding` of `parameter` of the configurable that `selector`
-    references (`load_data.test = @test/image_folder` and `'root'`), or
-    `(None, None)` when `selector` binds no reference."""
-    bound_reference = reference(selector)
+def target(bound_reference):
+    """`(configurable, scope)` that `bound_reference` calls: the object
+    `arguments` reads, and the scope it is called in."""
+    return (bound_reference.configurable.wrapper,
+            '/'.join(bound_reference.scopes) or None)
+
+
+def configured(configurable, parameter):
+    """`(class or function, scope)` that `parameter` of `configurable`
+    binds uncalled (`train.optimizer_cls = @LARS`); its default and no
+    scope when unbound."""
+    bound_reference = reference(configurable, parameter)
     if bound_reference is None:
-        return None, None
-    return binding(f'{bound_reference.scoped_selector}.{parameter}')
+        return arguments(configurable)[parameter][0], None
+    return target(bound_reference)
 
 
-def configured(selector, default):
-    """`(class or function, selector)` of the configurable that `selector`
-    binds uncalled (`train.optimizer_cls = @LARS`), the selector scoped as
-    bound; `default` and its name when `selector` is unbound."""
-    bound_reference = reference(selector)
-    if bound_reference is None:
-        return default, default.__name__
-    return (bound_reference.configurable.wrapped,
-            bound_reference.scoped_selector)
-
-
-def check_bound(check, configurable, selector, **given):
+def check_bound(check, configurable, scope=None, **given):
     """Runs `check`, the argument check of `configurable`, on the values
-    the config binds to `selector`, each named by the binding or macro it
-    came through, before any data is read. An unbound argument takes its
-    default; a required one skips the check (gin names it at the call).
+    the config binds to it in `scope`, each named by the binding or macro
+    it came through, before any data is read. An unbound argument takes
+    its default; a required one skips the check (gin names it at the
+    call).
 
     Args:
         check: takes keyword arguments named as `configurable`'s and
             `names`, what a message calls each.
         configurable: the class or function gin configures.
-        selector: its gin selector, scoped as called (`'fine_tune/LARS'`).
-        **given: `(value, name)` of arguments not bound under `selector`
+        scope: the scope it is called in (`'fine_tune'`), or None.
+        **given: `(value, name)` of arguments not bound to `configurable`
             (a schedule's `num_epochs` is `train`'s).
     """
-    defaults = inspect.signature(configurable).parameters
+    bound_arguments = arguments(configurable, scope)
     values, names = {}, {}
     for key in inspect.signature(check).parameters:
         if key == 'names':
             continue
-        values[key], names[key] = given.get(key) or binding(
-            f'{selector}.{key}', defaults[key].default)
+        values[key], names[key] = given.get(key) or bound_arguments[key]
         if values[key] is gin.REQUIRED:
             return
     check(names=names, **values)

@@ -1,6 +1,8 @@
-"""Checks of a gin config before data is read, also against model_dir's run."""
+"""Checks of a gin config before data is read, also against model_dir's run:
+those that span configurables, which read each one's values through its
+own function (`bindings.arguments`)."""
 
-import inspect
+import collections
 import numbers
 import os
 
@@ -11,22 +13,43 @@ from paws_tf import bindings
 from paws_tf import checks
 from paws_tf import model as model_lib
 from paws_tf import nets
+from paws_tf.data import folders
 from paws_tf.data import normalization as normalization_lib
+from paws_tf.data import pipeline
 from paws_tf.evaluation import evaluate_nn
 from paws_tf.evaluation import export
 from paws_tf.nets import backbones
 from paws_tf import run_dir
 from paws_tf.runner import building
+from paws_tf.runner import experiment
 from paws_tf.runner import train
 
+# A folder source bound to `load_data.train`: its scoped selector and
+# labeled-root parameter, the configurable gin calls and its scope.
+_Folder = collections.namedtuple(
+    '_Folder', ['selector', 'root', 'configurable', 'scope'])
+
+
 def _folder_source():
-    """`(selector prefix, labeled-root parameter)` of a folder training
-    source bound to `load_data.train`, or None for other sources."""
-    train = bindings.reference('load_data.train')
-    roots = dict(image_folders='labeled_root', image_folder='root')
-    if train is None or train.configurable.name not in roots:
+    """The `_Folder` of a folder training source bound to
+    `load_data.train`, or None for other sources."""
+    source = bindings.reference(experiment.load_data, 'train')
+    if source is None:
         return None
-    return train.scoped_selector, roots[train.configurable.name]
+    configurable, scope = bindings.target(source)
+    if configurable not in experiment.FOLDER_ROOTS:
+        return None
+    return _Folder(source.scoped_selector,
+                   experiment.FOLDER_ROOTS[configurable], configurable, scope)
+
+
+def _folder_arguments(folder):
+    """`bindings.arguments` of the folder source `folder`, and whether it
+    holds labeled class subfolders."""
+    arguments = bindings.arguments(folder.configurable, folder.scope)
+    labeled = (folder.configurable is not folders.image_folder
+               or arguments['labeled'][0])
+    return arguments, labeled
 
 
 def _check_folders_bound(folder):
@@ -34,17 +57,16 @@ def _check_folders_bound(folder):
     LABELED_DIR, UNLABELED_DIR and TEST_DIR as None for the command line)."""
     roots = []
     if folder is not None:
-        prefix, parameter = folder
-        labeled = bindings.bound(f'{prefix}.labeled', True)
-        roots.append((f'{prefix}.{parameter}', 'labeled class subfolders'
+        arguments, labeled = _folder_arguments(folder)
+        roots.append((arguments[folder.root], 'labeled class subfolders'
                       if labeled else 'images'))
-        if parameter == 'labeled_root':
-            roots.append((f'{prefix}.unlabeled_root', 'unlabeled images'))
-    test = bindings.reference('load_data.test')
-    if test is not None and test.configurable.name == 'image_folder':
-        roots.append((f'{test.scoped_selector}.root', 'test class subfolders'))
-    for selector, what in roots:
-        root, name = bindings.binding(selector)
+        if folder.configurable is experiment.image_folders:
+            roots.append((arguments['unlabeled_root'], 'unlabeled images'))
+    test = bindings.reference(experiment.load_data, 'test')
+    if test is not None and bindings.target(test)[0] is folders.image_folder:
+        roots.append((bindings.arguments(*bindings.target(test))['root'],
+                      'test class subfolders'))
+    for (root, name), what in roots:
         if root is None:
             raise checks.ConfigError(
                 f'{name} is not bound: bind it to your folder of {what}, '
@@ -56,10 +78,11 @@ def check_labeled_folder(what):
     images are not a bound folder; raises ConfigError naming the binding
     and what needs the images (`what`) when the folder is missing."""
     folder = _folder_source()
-    if folder is None or not bindings.bound(f'{folder[0]}.labeled', True):
+    if folder is None:
         return None
-    root, root_name = bindings.binding(f'{folder[0]}.{folder[1]}')
-    if not isinstance(root, str):
+    arguments, labeled = _folder_arguments(folder)
+    root, root_name = arguments[folder.root]
+    if not labeled or not isinstance(root, str):
         return None
     if not os.path.isdir(root):
         raise checks.ConfigError(
@@ -69,7 +92,8 @@ def check_labeled_folder(what):
 
 
 def _check_support():
-    """The labeled folder holds the classes the support draws."""
+    """The labeled folder (the folder source's) holds the classes the
+    support (`make_pretrain_dataset_fn`'s) draws."""
     labeled = check_labeled_folder(
         'the supports of pre-training are drawn from them')
     if labeled is None:
@@ -83,8 +107,8 @@ def _check_support():
             ': PAWS needs labeled images of at least two classes (each view '
             'is classified among the support\'s classes). Add a folder of '
             'images for each other class.')
-    wanted, wanted_name = bindings.binding(
-        'make_pretrain_dataset_fn.classes_per_step')
+    wanted, wanted_name = bindings.arguments(
+        pipeline.make_pretrain_dataset_fn)['classes_per_step']
     if (isinstance(wanted, numbers.Integral) and classes
             and wanted > len(classes)):
         raise checks.ConfigError(
@@ -97,46 +121,49 @@ def _check_arguments(pretraining):
     """The argument checks of the configurables a run calls, on the values
     bound to them."""
     bindings.check_bound(model_lib.PAWSModel.check_arguments,
-                         model_lib.PAWSModel, 'PAWSModel')
-    nets.check_impl(*bindings.binding('build_model.sync_bn_impl', nets.KERAS))
+                         model_lib.PAWSModel)
+    nets.check_impl(
+        *bindings.arguments(model_lib.build_model)['sync_bn_impl'])
     if not pretraining:
         return
-    bindings.check_bound(train.check_arguments, train.train, 'train')
+    bindings.check_bound(train.check_arguments, train.train)
     # The classes `train` calls: `LARS`, `WarmupCosineDecay`, or others
     # with a check of their own.
-    defaults = inspect.signature(train.train).parameters
-    num_epochs = bindings.binding('train.num_epochs', gin.REQUIRED)
+    num_epochs = bindings.arguments(train.train)['num_epochs']
     for parameter in ('optimizer_cls', 'schedule_cls'):
-        cls, selector = bindings.configured(f'train.{parameter}',
-                                            defaults[parameter].default)
+        cls, scope = bindings.configured(train.train, parameter)
         if hasattr(cls, 'check_arguments'):
-            bindings.check_bound(cls.check_arguments, cls, selector,
+            bindings.check_bound(cls.check_arguments, cls, scope,
                                  num_epochs=num_epochs)
 
 
 def _check_normalization(folder, required=True):
     """The folders' channels, and the normalisation bound only to
     `load_data.normalization` (bound, if `required`); returns the
-    multi-crop `(config, selector)` bound called, or None."""
+    multi-crop `(config, its bindings)` bound called, or None."""
     channels = None
     if folder is not None:
-        channels, channels_name = bindings.binding(f'{folder[0]}.channels', 3)
+        channels, channels_name = _folder_arguments(folder)[0]['channels']
         if channels not in (1, 3) or isinstance(channels, bool):
             raise checks.ConfigError(
                 f'{channels_name} = {channels!r}: images are decoded to 1 '
                 '(grayscale) or 3 (RGB) channels.')
-    multicrop = bindings.reference('make_pretrain_dataset_fn.multicrop')
+    multicrop = bindings.reference(pipeline.make_pretrain_dataset_fn,
+                                   'multicrop')
     if multicrop is not None and multicrop.evaluate:
         multicrop = (multicrop.scoped_configurable_fn(),
+                     bindings.arguments(*bindings.target(multicrop)),
                      multicrop.scoped_selector)
-        normalization_lib.refuse_own(multicrop[1], multicrop[0].mean,
+        normalization_lib.refuse_own(multicrop[2], multicrop[0].mean,
                                      multicrop[0].std)
     else:
         multicrop = None
+    preprocessing = bindings.arguments(experiment.eval_preprocessing)
     normalization_lib.refuse_own('eval_preprocessing',
-                                 bindings.bound('eval_preprocessing.mean'),
-                                 bindings.bound('eval_preprocessing.std'))
-    normalization = bindings.bound('load_data.normalization')
+                                 preprocessing['mean'][0],
+                                 preprocessing['std'][0])
+    normalization = bindings.arguments(
+        experiment.load_data)['normalization'][0]
     if required or normalization is not None:
         normalization_lib.normalization(
             normalization_lib.required(normalization), channels)
@@ -153,11 +180,9 @@ def existing_model():
             command line), or to a path that does not exist or holds no
             embedder export (naming the binding the user made).
     """
-    try:
-        gin.query_parameter('evaluate_nn.from_model')
-    except ValueError:
+    if not bindings.is_bound(evaluate_nn.evaluate_nn, 'from_model'):
         return None
-    path, name = bindings.binding('evaluate_nn.from_model')
+    path, name = bindings.arguments(evaluate_nn.evaluate_nn)['from_model']
     if path is None:
         raise checks.ConfigError(
             f'{name} is not bound: bind it to the model to evaluate (a run '
@@ -171,17 +196,21 @@ def existing_model():
 
 
 def _check_backbone(multicrop):
-    """Image sizes the backbone takes (`backbones.check_image_sizes`)."""
-    sizes = [bindings.binding('eval_preprocessing.image_size')[::-1]]
+    """Image sizes (evaluation's, the views' and the support's) the
+    backbone takes (`backbones.check_image_sizes`)."""
+    sizes = [bindings.arguments(
+        experiment.eval_preprocessing)['image_size'][::-1]]
     if multicrop is not None:
-        config, selector = multicrop
-        sizes.append((bindings.binding(f'{selector}.global_size')[1],
-                      config.global_size))
-        if config.num_local:
-            sizes.append((bindings.binding(f'{selector}.local_size')[1],
-                          config.local_size))
-        support_size = bindings.binding(
-            'make_pretrain_dataset_fn.support_view_size')
+        config, bound, selector = multicrop
+        # A factory of `MultiCropConfig`s (`cifar10_multicrop`) takes the
+        # fields it overrides as **kwargs: an unbound one has no binding.
+        fields = ['global_size'] + (['local_size'] if config.num_local
+                                    else [])
+        for field in fields:
+            sizes.append((bound.get(field, (None, f'{selector}.{field}'))[1],
+                          getattr(config, field)))
+        support_size = bindings.arguments(
+            pipeline.make_pretrain_dataset_fn)['support_view_size']
         if support_size[0] is not None:
             sizes.append(support_size[::-1])
     backbones.check_image_sizes(sizes)
@@ -221,7 +250,7 @@ def check_folder_channels(channels, model):
     folder = _folder_source()
     if folder is None:
         return
-    bound, name = bindings.binding(f'{folder[0]}.channels', 3)
+    bound, name = _folder_arguments(folder)[0]['channels']
     if bound != channels:
         raise checks.ConfigError(
             f'{model} takes {channels}-channel images, but {name} = {bound}: '

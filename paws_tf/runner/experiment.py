@@ -18,14 +18,18 @@ DataBundle = collections.namedtuple(
     'DataBundle', ['labeled', 'unlabeled', 'test', 'normalization'])
 
 
-def _folder(selector):
+def _folder(part):
     """' (NAME = 'folder')': the binding that gives the folder of the
-    source `selector` references, for a message; '' for other sources."""
-    for parameter in ('root', 'labeled_root'):
-        root, name = bindings.referenced_binding(selector, parameter)
-        if isinstance(root, str):
-            return f' ({name} = {root!r})'
-    return ''
+    source bound to `load_data`'s `part` ('train', 'test'), for a message;
+    '' for other sources."""
+    source = bindings.reference(load_data, part)
+    configurable, scope = (None, None) if source is None else (
+        bindings.target(source))
+    if configurable not in FOLDER_ROOTS:
+        return ''
+    root, name = bindings.arguments(configurable,
+                                    scope)[FOLDER_ROOTS[configurable]]
+    return f' ({name} = {root!r})' if isinstance(root, str) else ''
 
 
 def _classes(source):
@@ -120,9 +124,9 @@ def _check_test(test_source, labeled):
         return
     if tuple(test_source.class_names) != tuple(labeled.class_names):
         raise checks.DataError(
-            f'The test set{_folder("load_data.test")} has classes '
+            f'The test set{_folder("test")} has classes '
             f'{_classes(test_source)} but the labeled set'
-            f'{_folder("load_data.train")} has {_classes(labeled)}: both need '
+            f'{_folder("train")} has {_classes(labeled)}: both need '
             'the same class folder names (classes are numbered in sorted '
             'order). Rename the test class folders, or bind the test folder '
             'to one that holds the labeled classes.')
@@ -175,6 +179,11 @@ def image_folders(labeled_root, unlabeled_root, *, channels=3,
     return labeled, unlabeled
 
 
+# The folder sources `load_data` takes, by the parameter that names the
+# folder of their labeled class subfolders.
+FOLDER_ROOTS = {image_folders: 'labeled_root', folders.image_folder: 'root'}
+
+
 @gin.configurable(denylist=['bundle', 'normalization'])
 def eval_preprocessing(bundle=None, *, normalization=None,
                        image_size=gin.REQUIRED, crop_fraction=1.0, mean=None,
@@ -220,7 +229,7 @@ def recorded_preprocessing(run=None):
         images' channel count.
     """
     spec = normalization_lib.required(
-        bindings.bound('load_data.normalization'))
+        bindings.arguments(load_data)['normalization'][0])
     run = None if run is None else run_dir.RunDir(run)
     normalization, _ = normalization_lib.resolve_normalization(
         spec,
