@@ -135,13 +135,17 @@ def classify(query_embeddings, support_embeddings, support_labels, *,
 
 
 def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
-            tau=0.1, query_chunk=DEFAULT_QUERY_CHUNK, keep=False):
+            tau=0.1, query_chunk=DEFAULT_QUERY_CHUNK, keep=False,
+            supports=None):
     """PAWS-NN accuracy: every query classified with all supports.
 
     Args:
         embed_fn, support_dataset, query_dataset: as for `embed_dataset`:
             the datasets of every labeled image and of the test images.
         num_classes, tau, query_chunk: as for `classify`.
+        supports: `embed_dataset`'s `(embeddings, labels)` of
+            `support_dataset` by `embed_fn` when the caller embedded it
+            already (None: embedded here).
         keep: add the embeddings, labels and top-1 predictions to the
             results, as `embedded`: `pictures.Pictures`' keyword arguments.
 
@@ -153,8 +157,10 @@ def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
     Raises:
         ValueError: labels outside `[0, num_classes)`, an empty dataset.
     """
-    supports, support_labels = embed_dataset(embed_fn, support_dataset,
-                                             description='support images')
+    if supports is None:
+        supports = embed_dataset(embed_fn, support_dataset,
+                                 description='support images')
+    supports, support_labels = supports
     queries, query_labels = embed_dataset(embed_fn, query_dataset,
                                           description='queries')
     for what, labels in ('Support', support_labels), ('Query', query_labels):
@@ -237,12 +243,15 @@ class PawsNN:
             pictures, pictures_lib.Pictures(labeled, test,
                                             preprocessing=preprocessing))
 
-    def __call__(self, embed_fn, step=0):
-        """`paws_nn` of `embed_fn`; RuntimeError if a count differs."""
+    def __call__(self, embed_fn, step=0, supports=None):
+        """`paws_nn` of `embed_fn` (`supports`: as for `paws_nn`, the
+        labeled images embedded with this preprocessing); RuntimeError if
+        a count differs."""
         results = paws_nn(
             embed_fn, self._support, self._queries,
             num_classes=self.num_classes, tau=self._tau,
-            query_chunk=self._query_chunk, keep=self._pictures is not None)
+            query_chunk=self._query_chunk, keep=self._pictures is not None,
+            supports=supports)
         embedded = results['num_support'], results['num_queries']
         if embedded != self._sizes:
             raise RuntimeError(f'Embedded {embedded} (support, query) '
