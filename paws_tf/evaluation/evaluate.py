@@ -17,6 +17,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf.data import pipeline
+from paws_tf.evaluation import export
 from paws_tf.evaluation import pictures as pictures_lib
 from paws_tf import losses
 
@@ -48,24 +49,9 @@ def embedder_from_model(model):
 
 
 def embedder_from_saved_model(export_dir):
-    """`embed_fn` of an `export.export_embedder` SavedModel (its
-    `embed_preprocessed` signature: the caller preprocesses).
-
-    Raises:
-        ValueError: the SavedModel has no `embed_preprocessed` signature.
-    """
-    loaded = tf.saved_model.load(export_dir)
-    if 'embed_preprocessed' not in loaded.signatures:
-        raise ValueError(
-            f'{export_dir} has signatures {sorted(loaded.signatures)}, not '
-            f'embed_preprocessed: it was not written by export_embedder.')
-
-    def embed_fn(images):
-        # Looked up through `loaded`, which owns the variables it reads.
-        signature = loaded.signatures['embed_preprocessed']
-        return signature(images=images)['embeddings']
-
-    return embed_fn
+    """`embed_fn` of an `export.export_embedder` SavedModel (the caller
+    preprocesses); raises as `export.LoadedEmbedder`."""
+    return embedder_from_model(export.LoadedEmbedder(export_dir))
 
 
 def embed_dataset(embed_fn, dataset, *, description='images'):
