@@ -17,6 +17,9 @@ from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import evaluate_nn
 from paws_tf.evaluation import export
 from paws_tf import run_dir
+from paws_tf.runner import experiment
+from paws_tf.runner import modes
+from tests.helpers import debug_gin
 from tests.helpers import tiny_model
 
 SIZE = 16
@@ -24,14 +27,21 @@ EVAL = dict(image_size=SIZE, crop_fraction=0.875, mean=augment.CIFAR10_MEAN,
             std=augment.CIFAR10_STD)
 
 
-def numpy_top_ids(queries, supports, labels, num_classes, tau):
-    """Brute-force SNN in float64; ties broken towards the lower class id."""
+def numpy_snn(queries, supports, labels, num_classes, tau):
+    """Brute-force SNN class probabilities in float64, `[N, K]`."""
     q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
     s = supports / np.linalg.norm(supports, axis=1, keepdims=True)
     logits = q @ s.T / tau
     weights = np.exp(logits - logits.max(axis=1, keepdims=True))
-    probabilities = weights @ np.eye(num_classes)[labels]
-    return np.argsort(-probabilities, axis=1, kind='stable')
+    weights /= weights.sum(axis=1, keepdims=True)
+    return weights @ np.eye(num_classes)[labels]
+
+
+def numpy_top_ids(queries, supports, labels, num_classes, tau):
+    """`numpy_snn`'s classes, most probable first; ties broken towards the
+    lower class id."""
+    return np.argsort(-numpy_snn(queries, supports, labels, num_classes, tau),
+                      axis=1, kind='stable')
 
 
 def random_problem(seed, num_queries=37, num_supports=23, dim=5,
@@ -137,10 +147,15 @@ def reference_results(model, labeled, test):
                             dataset(labeled), dataset(test), num_classes=8)
 
 
+def exported(run):
+    """The `evaluate_nn.Embedder` of the run's embedder export."""
+    return evaluate_nn.of_export(run_dir.RunDir(run['model_dir']).embedder)
+
+
 def test_evaluate_nn_with_the_saved_model(run, capsys):
     results = evaluate_nn.evaluate_nn(
-        run['model_dir'], labeled=run['labeled'], test=run['test'],
-        batch_size=16, **EVAL)
+        run['model_dir'], exported(run), labeled=run['labeled'],
+        test=run['test'], batch_size=16, **EVAL)
     path = os.path.join(run['model_dir'], 'eval', 'paws_nn.json')
     assert results['results_file'] == path
     with open(path) as f:
@@ -161,24 +176,25 @@ def test_evaluate_nn_with_the_saved_model(run, capsys):
 
 def test_evaluate_nn_refuses_a_support_other_than_the_split(run):
     with pytest.raises(ValueError, match='has 400 images but the split file'):
-        evaluate_nn.evaluate_nn(run['model_dir'], labeled=run['train'],
-                                test=run['test'], **EVAL)
+        evaluate_nn.evaluate_nn(run['model_dir'], exported(run),
+                                labeled=run['train'], test=run['test'],
+                                **EVAL)
 
 
 def test_evaluate_nn_refuses_an_export_with_other_preprocessing(run):
     with pytest.raises(ValueError, match='image_size: export 16, '
                                          'evaluation 12'):
-        evaluate_nn.evaluate_nn(run['model_dir'], labeled=run['labeled'],
-                                test=run['test'],
+        evaluate_nn.evaluate_nn(run['model_dir'], exported(run),
+                                labeled=run['labeled'], test=run['test'],
                                 **dict(EVAL, image_size=12))
 
 
 def test_evaluate_nn_refuses_an_export_of_another_embedding(run):
     with pytest.raises(ValueError, match='embedding: export projection, '
                                          'evaluation prediction'):
-        evaluate_nn.evaluate_nn(run['model_dir'], labeled=run['labeled'],
-                                test=run['test'], embedding='prediction',
-                                **EVAL)
+        evaluate_nn.evaluate_nn(run['model_dir'], exported(run),
+                                labeled=run['labeled'], test=run['test'],
+                                embedding='prediction', **EVAL)
 
 
 def test_evaluate_nn_from_a_training_checkpoint(run, tmp_path):
@@ -194,8 +210,8 @@ def test_evaluate_nn_from_a_training_checkpoint(run, tmp_path):
     checkpoints.load(prefix, fresh)  # As modes.load_trained_model does.
     model_dir = str(tmp_path / 'eval_run')
     results = evaluate_nn.evaluate_nn(
-        model_dir, labeled=run['labeled'], test=run['test'],
-        source='checkpoint', model=fresh, checkpoint_path=prefix, **EVAL)
+        model_dir, evaluate_nn.Embedder(fresh, 'checkpoint', prefix),
+        labeled=run['labeled'], test=run['test'], **EVAL)
     assert results['source_path'] == prefix
     assert results['split_file'] is None
     with open(os.path.join(model_dir, 'eval', 'paws_nn.json')) as f:
@@ -203,3 +219,58 @@ def test_evaluate_nn_from_a_training_checkpoint(run, tmp_path):
     assert stored['source'] == 'checkpoint' and stored['num_support'] == 40
     expected = reference_results(run['model'], run['labeled'], run['test'])
     assert stored['top1'] == pytest.approx(expected['top1'])
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_train_and_evaluate_embeds_the_labeled_set_once(tmp_path,
+                                                         monkeypatch):
+    """`train_and_evaluate` of debug.gin (one epoch, no epoch-end PAWS-NN):
+    the trained model in hand is exported and evaluated, its 64 labeled
+    images embedded once for PAWS-NN and the classifier export; the
+    classifier's probabilities are the soft nearest-neighbour rule in
+    NumPy over the exported embedder's outputs, and its top-1 on the test
+    set is PAWS-NN's. Seen failing on the code that reloaded the trained
+    model from its checkpoint and embedded the labeled images twice."""
+    embedded, loads = [], []
+    embed_dataset, load_trained_model = (evaluate.embed_dataset,
+                                         modes.load_trained_model)
+
+    def counted_embed(*args, **kwargs):
+        embeddings, labels = embed_dataset(*args, **kwargs)
+        embedded.append(len(labels))
+        return embeddings, labels
+
+    def counted_load(*args, **kwargs):
+        loads.append(args)
+        return load_trained_model(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate, 'embed_dataset', counted_embed)
+    monkeypatch.setattr(modes, 'load_trained_model', counted_load)
+    model_dir = str(tmp_path / 'run')
+    with debug_gin.parsed(['train.num_epochs = 1',
+                           'train.eval_every_epochs = 0',
+                           'train.view_images = False', 'train.verbose = 0']):
+        results = modes.run(model_dir, tf.distribute.get_strategy(),
+                            'train_and_evaluate')
+        bundle = experiment.load_data(model_dir)
+    assert (embedded, loads) == ([64, 128], [])
+    run = run_dir.RunDir(model_dir)
+    assert (results['source'], results['source_path']) == ('saved_model',
+                                                           run.embedder)
+
+    def raw(source):
+        return np.stack([source.read(i).numpy()
+                         for i in range(source.num_examples)])
+
+    embedder = tf.saved_model.load(run.embedder)
+    supports, queries = (embedder(raw(source))['embeddings'].numpy()
+                         for source in (bundle.labeled, bundle.test))
+    num_classes = len(bundle.labeled.class_names)
+    expected = numpy_snn(queries, supports, bundle.labeled.labels,
+                         num_classes, results['tau'])
+    outputs = tf.saved_model.load(run.classifier)(raw(bundle.test))
+    np.testing.assert_allclose(outputs['probabilities'], expected,
+                               rtol=1e-4, atol=1e-6)
+    hits = outputs['class_ids'].numpy() == bundle.test.labels
+    assert results['top1'] == pytest.approx(hits.mean(), abs=1e-9)

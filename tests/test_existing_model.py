@@ -7,11 +7,10 @@ depend on every embedding: folders any embedding separates give top-1 1.0
 whichever output of the export is compared.
 
 Bugs tried, each caught by the test named:
-- PAWS-NN comparing the export's `features` instead of its `embeddings`
-  (`evaluate.embedder_from_saved_model`; top-1 and the per-class figures
-  stay the same, the confusion matrix does not), and the classifier's
-  supports and queries embedded with `features` (`export.LoadedEmbedder`):
-  the figures test.
+- PAWS-NN and the classifier's supports comparing the export's `features`
+  instead of its `embeddings` (`export.LoadedEmbedder`, which
+  `evaluate_nn.of_export` embeds with; top-1 and the per-class figures
+  stay the same, the confusion matrix does not): the figures test.
 - an export path as MODEL not taken (`evaluate_nn.embedder_of` trying the
   run directory's export only): the figures test.
 - a MODEL without an export ending in a traceback (`embedder_of` raising
@@ -134,7 +133,7 @@ def test_paws_nn_of_an_import_on_folders_and_its_classifier(imported):
 
     Fails if PAWS-NN or the classifier compare another output of the
     export than `embeddings` (tried: `features`, in
-    `evaluate.embedder_from_saved_model` and in `export.LoadedEmbedder`),
+    `export.LoadedEmbedder`),
     if the folders are preprocessed with other values than the export's
     (e.g. the config's normalisation), if the classifier's supports are
     not every labeled image, or if an export path as MODEL is refused."""

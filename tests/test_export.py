@@ -280,3 +280,12 @@ def test_inconsistent_arguments_are_rejected(exported, tmp_path):
             model, str(tmp_path), support_embeddings=supports,
             support_labels=[0, 1], class_names=CLASS_NAMES, tau=0.1,
             **PREPROCESSING)
+
+
+def test_a_classifier_export_is_refused_as_an_embedder(exported):
+    """Fails if `export.LoadedEmbedder` (what PAWS-NN of an existing model
+    embeds with) takes a classifier export, whose outputs hold no
+    embeddings (seen failing without its signature check)."""
+    with pytest.raises(ValueError, match='not embed_preprocessed: it was '
+                                         'not written by export_embedder'):
+        export.LoadedEmbedder(str(exported['root'] / 'classifier'))

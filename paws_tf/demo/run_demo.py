@@ -22,8 +22,6 @@ from paws_tf.evaluation import fine_tune
 from paws_tf import run_dir
 from paws_tf.runner import experiment
 from paws_tf.runner import modes
-from paws_tf.runner import official_import
-from paws_tf.runner import train
 
 
 def demo(model_dir, strategy, options):
@@ -38,15 +36,15 @@ def demo(model_dir, strategy, options):
     Returns:
         The results dict, also in `model_dir/results.json`.
     """
-    official_import.check_mode(model_dir, 'demo', trains=True)
     start = time.perf_counter()
-    train.train(model_dir, strategy, overwrite=options.overwrite,
-                owner_check=options.owner_check)
+    trained = modes.trained_model(model_dir, strategy, options)
     paws_seconds = time.perf_counter() - start
     # Read once, for PAWS-NN, the export, fine-tuning and the baseline.
     bundle = modes.load_labeled_data(
         model_dir, "the demo's PAWS-NN, fine-tuning and baseline use them")
-    paws = modes.export_and_evaluate(model_dir, strategy, bundle=bundle)
+    paws = modes.export_and_evaluate(model_dir, strategy, trained,
+                                     bundle=bundle)
+    # Fine-tuning's float32 copy in the strategy's scope.
     model, _ = modes.load_trained_model(model_dir, strategy)
     preprocessing = experiment.eval_preprocessing(bundle)
     tune_start = time.perf_counter()

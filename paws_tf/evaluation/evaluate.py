@@ -17,6 +17,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf.data import pipeline
+from paws_tf.evaluation import export
 from paws_tf.evaluation import pictures as pictures_lib
 from paws_tf import losses
 
@@ -48,24 +49,9 @@ def embedder_from_model(model):
 
 
 def embedder_from_saved_model(export_dir):
-    """`embed_fn` of an `export.export_embedder` SavedModel (its
-    `embed_preprocessed` signature: the caller preprocesses).
-
-    Raises:
-        ValueError: the SavedModel has no `embed_preprocessed` signature.
-    """
-    loaded = tf.saved_model.load(export_dir)
-    if 'embed_preprocessed' not in loaded.signatures:
-        raise ValueError(
-            f'{export_dir} has signatures {sorted(loaded.signatures)}, not '
-            f'embed_preprocessed: it was not written by export_embedder.')
-
-    def embed_fn(images):
-        # Looked up through `loaded`, which owns the variables it reads.
-        signature = loaded.signatures['embed_preprocessed']
-        return signature(images=images)['embeddings']
-
-    return embed_fn
+    """`embed_fn` of an `export.export_embedder` SavedModel (the caller
+    preprocesses); raises as `export.LoadedEmbedder`."""
+    return embedder_from_model(export.LoadedEmbedder(export_dir))
 
 
 def embed_dataset(embed_fn, dataset, *, description='images'):
@@ -135,13 +121,17 @@ def classify(query_embeddings, support_embeddings, support_labels, *,
 
 
 def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
-            tau=0.1, query_chunk=DEFAULT_QUERY_CHUNK, keep=False):
+            tau=0.1, query_chunk=DEFAULT_QUERY_CHUNK, keep=False,
+            supports=None):
     """PAWS-NN accuracy: every query classified with all supports.
 
     Args:
         embed_fn, support_dataset, query_dataset: as for `embed_dataset`:
             the datasets of every labeled image and of the test images.
         num_classes, tau, query_chunk: as for `classify`.
+        supports: `embed_dataset`'s `(embeddings, labels)` of
+            `support_dataset` by `embed_fn` when the caller embedded it
+            already (None: embedded here).
         keep: add the embeddings, labels and top-1 predictions to the
             results, as `embedded`: `pictures.Pictures`' keyword arguments.
 
@@ -153,8 +143,10 @@ def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
     Raises:
         ValueError: labels outside `[0, num_classes)`, an empty dataset.
     """
-    supports, support_labels = embed_dataset(embed_fn, support_dataset,
-                                             description='support images')
+    if supports is None:
+        supports = embed_dataset(embed_fn, support_dataset,
+                                 description='support images')
+    supports, support_labels = supports
     queries, query_labels = embed_dataset(embed_fn, query_dataset,
                                           description='queries')
     for what, labels in ('Support', support_labels), ('Query', query_labels):
@@ -237,12 +229,15 @@ class PawsNN:
             pictures, pictures_lib.Pictures(labeled, test,
                                             preprocessing=preprocessing))
 
-    def __call__(self, embed_fn, step=0):
-        """`paws_nn` of `embed_fn`; RuntimeError if a count differs."""
+    def __call__(self, embed_fn, step=0, supports=None):
+        """`paws_nn` of `embed_fn` (`supports`: as for `paws_nn`, the
+        labeled images embedded with this preprocessing); RuntimeError if
+        a count differs."""
         results = paws_nn(
             embed_fn, self._support, self._queries,
             num_classes=self.num_classes, tau=self._tau,
-            query_chunk=self._query_chunk, keep=self._pictures is not None)
+            query_chunk=self._query_chunk, keep=self._pictures is not None,
+            supports=supports)
         embedded = results['num_support'], results['num_queries']
         if embedded != self._sizes:
             raise RuntimeError(f'Embedded {embedded} (support, query) '

@@ -1,7 +1,9 @@
-"""PAWS-NN of a run: the checks of its labeled split and export, the
-evaluation, and its results under `model_dir/eval`."""
+"""PAWS-NN of a model in hand on a run's data: the checks of its labeled
+split and export, the evaluation, its results under `model_dir/eval` and
+its classifier export."""
 
 import os
+import typing
 
 from absl import logging
 import gin
@@ -9,38 +11,56 @@ import numpy as np
 import tensorflow as tf
 
 from paws_tf import checks
+from paws_tf.data import pipeline
 from paws_tf.data import splits
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import export
 from paws_tf import run_dir
 
 
-@gin.configurable(denylist=['labeled', 'test', 'model'])
-def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
-                std, source='saved_model', model=None, saved_model_dir=None,
-                checkpoint_path=None, tau=0.1, embedding=None, batch_size=256,
-                step=0, pictures=True, from_model=None):
-    """PAWS-NN of a run (`evaluate.PawsNN`), the support exactly the
+class Embedder(typing.NamedTuple):
+    """A model in hand for PAWS-NN: `model` (preprocessed images -> dict
+    with `embeddings`; a `PAWSModel` with plain variables or an
+    `export.LoadedEmbedder`), held on disk as `source` `'saved_model'` (the
+    embedder export `path`, whose `preprocessing.json` is `exported`) or
+    `'checkpoint'` (the checkpoint prefix `path`)."""
+    model: typing.Any
+    source: str
+    path: str
+    exported: typing.Optional[dict] = None
+
+
+def of_export(export_dir):
+    """The `Embedder` of the embedder export `export_dir`."""
+    return Embedder(export.LoadedEmbedder(export_dir), 'saved_model',
+                    export_dir, export.read_preprocessing(export_dir))
+
+
+@gin.configurable(denylist=['embedder', 'labeled', 'test', 'classifier'])
+def evaluate_nn(model_dir, embedder, *, labeled, test, image_size,
+                crop_fraction, mean, std, tau=0.1, embedding=None,
+                batch_size=256, step=0, pictures=True, classifier=False,
+                from_model=None):
+    """PAWS-NN of `embedder` (`evaluate.PawsNN`), the support exactly the
     labeled set checked against the run's split file (if any): TensorBoard's
     `paws_nn_test/*` in `tensorboard/eval`, `eval/paws_nn.json` and a
     printed summary; with `pictures`, `pictures.Pictures`' projector and
-    image there and `eval/paws_nn.png`. Single-process (the chief alone).
+    image there and `eval/paws_nn.png`; with `classifier`, the PAWS-NN
+    classifier of the same support embeddings (`export_classifier`).
+    Single-process (the chief alone).
 
     Args:
         model_dir: the run's directory.
+        embedder: the `Embedder` evaluated.
         labeled, test: the support and the queries, as for `PawsNN`.
         image_size, crop_fraction, mean, std: the preprocessing.
-        source: `'saved_model'` (the `export_embedder` output in
-            `saved_model_dir`, default `RunDir.embedder`) or `'checkpoint'`
-            (`model`, the `model.PAWSModel` restored from the checkpoint
-            prefix `checkpoint_path`, which is recorded).
         embedding: 'projection' or 'prediction' (`PAWSModel.nn_embedding`)
-            or None (the export's or `model`'s); another one is refused.
+            or None (the embedder's); another one is refused.
         tau, batch_size, step: as for `PawsNN` and its call.
         pictures: draw the pictures (`pictures.Pictures`, its defaults).
-        from_model: an existing model evaluated instead of the run's (an
-            embedder export or a run directory, `embedder_of`): what
-            `--mode=evaluate_nn` runs on the config's data.
+        from_model: an existing model to evaluate instead of the run's (an
+            embedder export or a run directory): `--mode=evaluate_nn`
+            resolves it where it starts (`embedder_of`) into `embedder`.
 
     Returns:
         The `evaluate.paws_nn` dict, plus `source`, `source_path`,
@@ -48,34 +68,53 @@ def evaluate_nn(model_dir, *, labeled, test, image_size, crop_fraction, mean,
         `figure_file` and with `pictures` `confusion_matrix`.
 
     Raises:
-        ValueError: unknown source, checkpoint source without `model` or
-            `checkpoint_path`, another preprocessing or embedding, other
-            class names, or a labeled set not the split file's.
-        FileNotFoundError: no export where expected.
+        ValueError: another preprocessing or embedding than the export's,
+            other class names, or a labeled set not the split file's.
         RuntimeError: as for `PawsNN`'s call.
     """
+    del from_model  # The mode's (Args).
     run = run_dir.RunDir(model_dir)
-    if from_model is not None:
-        source, saved_model_dir = 'saved_model', embedder_of(from_model)
     preprocessing = dict(image_size=image_size, crop_fraction=crop_fraction,
                          mean=mean, std=std)
     split_file = _checked_split(run, labeled)
-    path, embedding, embed_fn = _embedder(
-        source, embedding, dict(preprocessing, channels=labeled.channels),
-        saved_model_dir=saved_model_dir or run.embedder, model=model,
-        checkpoint_path=checkpoint_path)
+    embedding = _checked_embedding(
+        embedder, embedding, dict(preprocessing, channels=labeled.channels))
+    embed_fn = evaluate.embedder_from_model(embedder.model)
+    supports = embed_labeled(embed_fn, labeled, preprocessing, batch_size)
+    if classifier:
+        export_classifier(run, embedder.model, labeled, supports,
+                          preprocessing, channels=labeled.channels, tau=tau)
     os.makedirs(run.eval, exist_ok=True)
     results = evaluate.PawsNN(
         labeled, test, preprocessing=preprocessing, tau=tau,
         log_dir=run.eval_logs, tag='paws_nn_test', batch_size=batch_size,
-        pictures=pictures and run.nn_figure)(embed_fn, step)
-    results.update(source=source, source_path=path, embedding=embedding,
-                   tau=tau, split_file=split_file,
+        pictures=pictures and run.nn_figure)(embed_fn, step, supports)
+    results.update(source=embedder.source, source_path=embedder.path,
+                   embedding=embedding, tau=tau, split_file=split_file,
                    figure_file=pictures and run.nn_figure or None)
     run.write_json(run.nn_results, results)
     results['results_file'] = run.nn_results
     _summary(results)
     return results
+
+
+def embed_labeled(embed_fn, labeled, preprocessing, batch_size=256):
+    """`evaluate.embed_dataset` of the `labeled` images preprocessed for
+    evaluation: PAWS-NN's supports, and the classifier export's."""
+    return evaluate.embed_dataset(
+        embed_fn, pipeline.make_eval_dataset(labeled, batch_size=batch_size,
+                                             **preprocessing),
+        description='support images')
+
+
+def export_classifier(run, model, labeled, supports, preprocessing, *,
+                      channels, tau):
+    """The PAWS-NN classifier of `model` in `run.classifier`, its supports
+    the `embed_labeled` `supports` of `labeled`."""
+    export.export_classifier(
+        model, run.classifier, support_embeddings=supports[0],
+        support_labels=supports[1], class_names=labeled.class_names,
+        tau=tau, channels=channels, **preprocessing)
 
 
 def _summary(results):
@@ -109,39 +148,33 @@ def embedder_of(path, name='evaluate_nn.from_model'):
         f'first (run.py --mode=export --model_dir={path} with its config).')
 
 
-def _embedder(source, embedding, expected, *, saved_model_dir, model,
-              checkpoint_path):
-    """`(path, embedding, embed_fn)` of `evaluate_nn`'s `source`; raises
-    ValueError if its preprocessing or embedding (when not None) differs
-    from the `expected` one."""
-    checks.one_of('evaluate_nn.source', source, ('saved_model', 'checkpoint'))
-    if source == 'saved_model':
-        stored = export.read_preprocessing(saved_model_dir)
-        if embedding is not None:
-            expected['embedding'] = embedding
-        differences = [
-            f'{key}: export {stored.get(key)}, evaluation {value}'
-            for key, value in expected.items()
-            if (stored.get(key) != value if isinstance(value, str) else
-                not np.allclose(stored[key], value, rtol=1e-6, atol=0))]
-        if differences:
+def _checked_embedding(embedder, embedding, expected):
+    """The embedding `embedder` compares; raises ValueError if it differs
+    from `embedding` (when not None), or if the preprocessing of its
+    export differs from the `expected` one."""
+    model_embedding = embedder.model.nn_embedding
+    if embedder.exported is None:
+        if embedding not in (None, model_embedding):
             raise ValueError(
-                f'The SavedModel {saved_model_dir} was exported for another '
-                f'preprocessing or embedding than this evaluation: '
-                f'{"; ".join(differences)}. Export the run again '
-                '(run.py --mode=export).')
-        return (saved_model_dir, stored.get('embedding'),
-                evaluate.embedder_from_saved_model(saved_model_dir))
-    if model is None or checkpoint_path is None:
-        raise ValueError('source="checkpoint" needs `model`, restored from '
-                         'the run\'s checkpoint, and `checkpoint_path`.')
-    if embedding not in (None, model.nn_embedding):
+                f'evaluate_nn.embedding = {embedding!r} but the model '
+                f'compares {model_embedding!r} (PAWSModel.nn_embedding): '
+                'bind one of them to the other.')
+        return model_embedding
+    if embedding is not None:
+        expected['embedding'] = embedding
+    stored = embedder.exported
+    differences = [
+        f'{key}: export {stored.get(key)}, evaluation {value}'
+        for key, value in expected.items()
+        if (stored.get(key) != value if isinstance(value, str) else
+            not np.allclose(stored[key], value, rtol=1e-6, atol=0))]
+    if differences:
         raise ValueError(
-            f'evaluate_nn.embedding = {embedding!r} but the model '
-            f'compares {model.nn_embedding!r} (PAWSModel.nn_embedding): '
-            'bind one of them to the other.')
-    return (checkpoint_path, model.nn_embedding,
-            evaluate.embedder_from_model(model))
+            f'The SavedModel {embedder.path} was exported for another '
+            f'preprocessing or embedding than this evaluation: '
+            f'{"; ".join(differences)}. Export the run again '
+            '(run.py --mode=export).')
+    return stored.get('embedding')
 
 
 def _checked_split(run, labeled):

@@ -179,13 +179,23 @@ def read_preprocessing(export_dir):
 
 
 class LoadedEmbedder(tf.Module):
-    """An `export_embedder` SavedModel as the model of another export:
-    float32 preprocessed images -> `{'embeddings': [N, D]}`."""
+    """An `export_embedder` SavedModel as a model (of PAWS-NN, of another
+    export): float32 preprocessed images -> `{'embeddings': [N, D]}`.
+
+    Raises:
+        FileNotFoundError: `export_dir` is not a paws_tf export.
+        ValueError: it has no `embed_preprocessed` signature.
+    """
 
     def __init__(self, export_dir):
         super().__init__(name='loaded_embedder')
         self.nn_embedding = read_preprocessing(export_dir).get('embedding')
         self._loaded = tf.saved_model.load(export_dir)
+        if 'embed_preprocessed' not in self._loaded.signatures:
+            raise ValueError(
+                f'{export_dir} has signatures '
+                f'{sorted(self._loaded.signatures)}, not embed_preprocessed: '
+                'it was not written by export_embedder.')
 
     @property
     def variables(self):

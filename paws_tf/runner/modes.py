@@ -12,7 +12,6 @@ import tf_keras
 from paws_tf import checkpoints
 from paws_tf import checks
 from paws_tf import cluster
-from paws_tf.data import pipeline
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import evaluate_nn
 from paws_tf.evaluation import export
@@ -23,6 +22,16 @@ from paws_tf.runner import config_checks
 from paws_tf.runner import experiment
 from paws_tf.runner import official_import
 from paws_tf.runner import train
+
+def _float32_model(model_dir, strategy, *, local, imported):
+    """The run's model, new: plain variables (`local`) or in the strategy's
+    scope, float32 whatever the training precision (portable exports)."""
+    tf_keras.mixed_precision.set_global_policy('float32')
+    channels = (official_import.CHANNELS if imported else
+                experiment.recorded_preprocessing(model_dir)[1])
+    return (building.build_local_model(input_channels=channels) if local
+            else building.build_model(strategy, input_channels=channels))
+
 
 def load_trained_model(model_dir, strategy, *, local=False, imported=False):
     """The run's model restored from its newest checkpoint that restores,
@@ -41,12 +50,8 @@ def load_trained_model(model_dir, strategy, *, local=False, imported=False):
         FileNotFoundError: the run has no checkpoint yet.
         checkpoints.NoneRestorable: none of its checkpoints restores.
     """
-    # Float32 whatever the training precision: portable exports.
-    tf_keras.mixed_precision.set_global_policy('float32')
-    channels = (official_import.CHANNELS if imported else
-                experiment.recorded_preprocessing(model_dir)[1])
-    model = (building.build_local_model(input_channels=channels) if local
-             else building.build_model(strategy, input_channels=channels))
+    model = _float32_model(model_dir, strategy, local=local,
+                           imported=imported)
     with contextlib.nullcontext() if local else strategy.scope():
         return model, checkpoints.load_newest(model_dir, model)
 
@@ -66,13 +71,10 @@ def load_labeled_data(model_dir, what):
     return experiment.load_data(model_dir)
 
 
-def export_run(model_dir, model, bundle=None):
-    """Writes the embedder SavedModel, then the PAWS-NN classifier's
-    (embeddings of the labeled images of `bundle`, else read here; skipped
-    with a warning when the labeled folder is missing)."""
-    preprocessing, channels = experiment.recorded_preprocessing(model_dir)
-    export.export_embedder(model, run_dir.RunDir(model_dir).embedder,
-                           channels=channels, **preprocessing)
+def _export_classifier(model_dir, model, bundle=None):
+    """Writes the PAWS-NN classifier of `model` (embeddings of the labeled
+    images of `bundle`, else read here); False when the labeled folder is
+    missing (skipped with a warning)."""
     if bundle is None:
         try:
             bundle = load_labeled_data(
@@ -80,27 +82,14 @@ def export_run(model_dir, model, bundle=None):
         except MissingLabeledFolder as missing:
             logging.warning('Exported the embedder under %s/export, not the '
                             'classifier: %s', model_dir, missing)
-            return
-    _export_classifier(model_dir, model, bundle.labeled, preprocessing,
-                       channels=channels, tau=model.tau)
-    logging.info('Exported the embedder and the classifier under %s/export.',
-                 model_dir)
-
-
-def _export_classifier(model_dir, model, labeled, preprocessing, *,
-                       channels, tau):
-    """The PAWS-NN classifier of `model` with the `labeled` images as
-    supports, in `RunDir.classifier`."""
-    supports, labels = evaluate.embed_dataset(
-        evaluate.embedder_from_model(model),
-        pipeline.make_eval_dataset(labeled, batch_size=256,
-                                   **preprocessing),
-        description='labeled images')
-    export.export_classifier(
-        model, run_dir.RunDir(model_dir).classifier,
-        support_embeddings=supports, support_labels=labels,
-        class_names=labeled.class_names, tau=tau, channels=channels,
-        **preprocessing)
+            return False
+    preprocessing, channels = experiment.recorded_preprocessing(model_dir)
+    supports = evaluate_nn.embed_labeled(
+        evaluate.embedder_from_model(model), bundle.labeled, preprocessing)
+    evaluate_nn.export_classifier(
+        run_dir.RunDir(model_dir), model, bundle.labeled, supports,
+        preprocessing, channels=channels, tau=model.tau)
+    return True
 
 
 def evaluate_existing(model_dir, strategy, embedder):
@@ -127,14 +116,11 @@ def evaluate_existing(model_dir, strategy, embedder):
                 f'The model of {embedder} takes {stored["channels"]}-channel '
                 f'images, but the labeled images have '
                 f'{bundle.labeled.channels}.')
-        preprocessing = {key: stored[key] for key in (
-            'image_size', 'crop_fraction', 'mean', 'std')}
         results = evaluate_nn.evaluate_nn(
-            model_dir, labeled=bundle.labeled, test=bundle.test,
-            **preprocessing)
-        _export_classifier(model_dir, export.LoadedEmbedder(embedder),
-                           bundle.labeled, preprocessing,
-                           channels=stored['channels'], tau=results['tau'])
+            model_dir, evaluate_nn.of_export(embedder),
+            labeled=bundle.labeled, test=bundle.test, classifier=True,
+            **{key: stored[key] for key in (
+                'image_size', 'crop_fraction', 'mean', 'std')})
         logging.info('Exported the PAWS-NN classifier of %s for these %d '
                      'classes under %s.', embedder,
                      len(bundle.labeled.class_names),
@@ -149,40 +135,67 @@ def _check_test(bundle):
                          'nothing to evaluate PAWS-NN on.')
 
 
-def _paws_nn(model_dir, bundle, model, step):
-    """PAWS-NN of the exported embedder, else of the checkpoint of `step`
-    read into `model`."""
+def _paws_nn(model_dir, bundle, model, step, *, exported):
+    """PAWS-NN of `model`, read from the checkpoint of `step` or just
+    `exported` (with its classifier, of the same support embeddings), else
+    of the run's embedder export when it has one."""
     _check_test(bundle)
-    embedder_dir = run_dir.RunDir(model_dir).embedder
-    if os.path.isdir(embedder_dir):
-        kwargs = dict(source='saved_model', saved_model_dir=embedder_dir)
+    run = run_dir.RunDir(model_dir)
+    if exported:
+        embedder = evaluate_nn.Embedder(
+            model, 'saved_model', run.embedder,
+            export.read_preprocessing(run.embedder))
+    elif os.path.isdir(run.embedder):
+        embedder = evaluate_nn.of_export(run.embedder)
     else:
-        kwargs = dict(source='checkpoint', model=model,
-                      checkpoint_path=checkpoints.at_step(model_dir, step))
+        embedder = evaluate_nn.Embedder(model, 'checkpoint',
+                                        checkpoints.at_step(model_dir, step))
     return evaluate_nn.evaluate_nn(
-        model_dir, labeled=bundle.labeled, test=bundle.test, tau=model.tau,
-        embedding=model.nn_embedding, step=step, **kwargs,
-        **experiment.eval_preprocessing(bundle))
+        model_dir, embedder, labeled=bundle.labeled, test=bundle.test,
+        tau=model.tau, embedding=model.nn_embedding, step=step,
+        classifier=exported, **experiment.eval_preprocessing(bundle))
 
 
-def export_and_evaluate(model_dir, strategy, *, exports=True,
+def export_and_evaluate(model_dir, strategy, model=None, *, exports=True,
                         evaluates=True, imported=False, bundle=None):
     """What one process does alone with a trained run: export it
     (`exports`), then PAWS-NN (`evaluates`) of the run's data (`bundle`,
-    else read here), on the chief from the newest checkpoint (or the
+    else read here), on the chief, of `model` (the trained model in hand,
+    given on every process), else of the newest checkpoint (or the
     imported weights); the other workers wait for it. Returns the PAWS-NN
     results on the chief, else None."""
+    # Every process reads the weights in hand: under
+    # MultiWorkerMirroredStrategy, reading a batch-norm moving statistic is
+    # a collective of all workers.
+    weights = None if model is None else model.get_weights()
     results = None
     if cluster.is_chief(strategy):
         if evaluates and bundle is None:
             bundle = load_labeled_data(
                 model_dir, 'PAWS-NN compares the test images with them')
-        model, step = load_trained_model(model_dir, strategy, local=True,
-                                         imported=imported)
+        if model is None:
+            local, step = load_trained_model(model_dir, strategy, local=True,
+                                             imported=imported)
+        else:
+            local = _float32_model(model_dir, strategy, local=True,
+                                   imported=imported)
+            checkpoints.assign_weights(local, weights)
+            step = checkpoints.global_step(model)
         if exports:
-            export_run(model_dir, model, bundle)
+            preprocessing, channels = experiment.recorded_preprocessing(
+                model_dir)
+            export.export_embedder(local, run_dir.RunDir(model_dir).embedder,
+                                   channels=channels, **preprocessing)
+        classified = exports
         if evaluates:
-            results = _paws_nn(model_dir, bundle, model, step)
+            # The classifier of the same support embeddings as PAWS-NN's.
+            results = _paws_nn(model_dir, bundle, local, step,
+                               exported=exports)
+        elif exports:
+            classified = _export_classifier(model_dir, local, bundle)
+        if classified:
+            logging.info('Exported the embedder and the classifier under '
+                         '%s/export.', model_dir)
     cluster.barrier(strategy)
     return results
 
@@ -195,15 +208,21 @@ class Options(typing.NamedTuple):
     mode: str = 'train'  # --mode: named in the refusal of an import.
 
 
-def _train(model_dir, strategy, options):
+def trained_model(model_dir, strategy, options):
+    """The model `train.train` trains into `model_dir` (a finished run's
+    without training it), in `strategy`'s scope."""
     official_import.check_mode(model_dir, options.mode, trains=True)
-    train.train(model_dir, strategy, overwrite=options.overwrite,
-                owner_check=options.owner_check)
+    return train.train(model_dir, strategy, overwrite=options.overwrite,
+                       owner_check=options.owner_check)
+
+
+def _train(model_dir, strategy, options):
+    trained_model(model_dir, strategy, options)
 
 
 def _train_and_evaluate(model_dir, strategy, options):
-    _train(model_dir, strategy, options)
-    return export_and_evaluate(model_dir, strategy)
+    return export_and_evaluate(model_dir, strategy,
+                               trained_model(model_dir, strategy, options))
 
 
 def _export_or_evaluate(model_dir, strategy, options, *, evaluates):
