@@ -25,9 +25,10 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
       final_lr`;
     * `step > total_steps`: constant `final_lr`.
 
-    When the warm-up spans the whole run (`warmup_steps == total_steps`),
-    `lr(total_steps) = ref_lr`: step `total_steps` is never used for an
-    update, and `final_lr` follows it.
+    A warm-up that fills the run is refused: the learning rate would end at
+    `ref_lr`, never decayed. (Rounding to steps can still make
+    `warmup_steps == total_steps` on a run of very few steps; then
+    `lr(total_steps) = ref_lr`, a step never used for an update.)
 
     `steps_per_epoch` and `num_epochs` are injected by the training code (gin
     must not bind them); gin binds the learning rates and the warm-up, as
@@ -41,13 +42,14 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
         ref_lr: float >= 0, peak learning rate, reached at the end of warm-up.
         final_lr: float >= 0, learning rate at and after `total_steps`.
         warmup_epochs: float >= 0, warm-up length in epochs (may be
-            fractional); at most `num_epochs`. None with `warmup_fraction`.
-        warmup_fraction: float in [0, 1], warm-up length as a share of
+            fractional); 0 or less than `num_epochs`. None with
+            `warmup_fraction`.
+        warmup_fraction: float in [0, 1), warm-up length as a share of
             `num_epochs`; None (the default) uses `warmup_epochs`.
 
     Raises:
         checks.ConfigError: a step count that is not positive, a warm-up that
-            is negative, longer than training or given twice, or a negative
+            is negative, fills the run or is given twice, or a negative
             learning rate.
 
     Attributes:
@@ -91,18 +93,21 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
                     f'{warmup} = {warmup_epochs!r} and {fraction} = '
                     f'{warmup_fraction!r} both set the warm-up: bind '
                     f'{warmup} = None to use the fraction.')
-            if checks.number(fraction, warmup_fraction, low=0) > 1:
+            if checks.number(fraction, warmup_fraction, low=0) >= 1:
                 raise checks.ConfigError(
-                    f'{fraction} must be a number in [0, 1] (a share of '
-                    f'the run), got {warmup_fraction!r}.')
+                    f'{fraction} must be a number in [0, 1) (a share of '
+                    'the run, which must leave the decay some of it), got '
+                    f'{warmup_fraction!r}.')
             return warmup_fraction * num_epochs
-        if checks.number(warmup, warmup_epochs, low=0) > num_epochs:
+        if checks.number(warmup, warmup_epochs, low=0) >= num_epochs:
+            # Equal too: the run would end at ref_lr, undecayed (a run
+            # shortened to its config's warm-up epochs).
             raise checks.ConfigError(
-                f'The warm-up is longer than the run: {warmup} = '
-                f'{warmup_epochs!r} > {name("num_epochs")} = {num_epochs}. '
-                f'Bind {warmup} = {num_epochs / 10:g} (a tenth of the '
-                f'run), or {warmup} = None with {fraction} = 0.1 so that '
-                'it follows the epochs.')
+                f'The warm-up fills the run, so the learning rate never '
+                f'decays: {warmup} = {warmup_epochs!r} >= '
+                f'{name("num_epochs")} = {num_epochs}. Bind {warmup} = '
+                f'{num_epochs / 10:g} (a tenth of the run), or {warmup} = '
+                f'None with {fraction} = 0.1 so that it follows the epochs.')
         return warmup_epochs
 
     def __call__(self, step):

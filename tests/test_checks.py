@@ -133,8 +133,8 @@ def test_folder_recipes_need_no_other_binding(clean_gin, folders, name,
     ('image_folders_small.gin', ['WarmupCosineDecay.warmup_fraction = None',
                                  'WarmupCosineDecay.warmup_epochs = 10',
                                  'train.num_epochs = 1'],
-     r'The warm-up is longer than the run: WarmupCosineDecay.warmup_epochs '
-     r'= 10 > train.num_epochs = 1\. Bind '
+     r'The warm-up fills the run, so the learning rate never decays: '
+     r'WarmupCosineDecay.warmup_epochs = 10 >= train.num_epochs = 1\. Bind '
      r'WarmupCosineDecay.warmup_epochs = 0\.1'),
     ('image_folders_small.gin', ['WarmupCosineDecay.warmup_epochs = 1'],
      'both set the warm-up: bind WarmupCosineDecay.warmup_epochs = None'),
@@ -173,9 +173,16 @@ def test_folder_recipes_need_no_other_binding(clean_gin, folders, name,
      r"^train.on_data_change must be one of \('stop', 'continue'\), got "
      r"'go'\.$"),
     ('debug.gin', ['EPOCHS = 2', 'train.num_epochs = %EPOCHS',
+                   'WarmupCosineDecay.warmup_fraction = None',
                    'WarmupCosineDecay.warmup_epochs = 3'],
-     r'^The warm-up is longer than the run: '
-     r'WarmupCosineDecay.warmup_epochs = 3 > EPOCHS = 2\.'),
+     r'^The warm-up fills the run, so the learning rate never decays: '
+     r'WarmupCosineDecay.warmup_epochs = 3 >= EPOCHS = 2\.'),
+    # The demo shortened to one epoch keeps its one-epoch warm-up: it would
+    # end at the peak rate, 3.2 instead of 0.032.
+    ('demo_fashion_mnist.gin', ['train.num_epochs = 1'],
+     r'^The warm-up fills the run, so the learning rate never decays: '
+     r'WarmupCosineDecay.warmup_epochs = 1 >= train.num_epochs = 1\. Bind '
+     r'WarmupCosineDecay.warmup_epochs = 0.1 '),
 ])
 def test_config_errors_name_the_binding(clean_gin, folders, name, bindings,
                                         message):

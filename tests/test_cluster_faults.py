@@ -82,6 +82,31 @@ def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
 
 @pytest.mark.slow
 @pytest.mark.long
+def test_a_chief_that_dies_is_named_by_the_other_worker(tmp_path):
+    """When the chief (worker 0, which also runs TensorFlow's coordination
+    service) is killed, worker 1 stops within a bounded time with one
+    error line naming worker 0, its TF_CONFIG address and TensorFlow's
+    cause. Fails if the line gives 'Graph execution error:' as the cause
+    or names no worker."""
+    tf_configs = cluster_lib.loopback_tf_configs(2)
+    address = json.loads(tf_configs[1])['cluster']['worker'][0]
+    procs = cluster.start_cluster(cluster_command(tmp_path),
+                                  tf_configs=tf_configs)
+    cluster.kill_worker_after_backup(procs, str(tmp_path), 4, worker=0)
+    killed = time.time()
+    code, output = cluster.finish_all(procs[1:], timeout=300)[0]
+    assert time.time() - killed < 120
+    assert code == cluster_lib.ClusterFailed.EXIT_CODE, output[-3000:]
+    last = output.strip().splitlines()[-1]
+    assert last.startswith('Error: worker 1 stopped at step '), last
+    assert f': worker 0 ({address}) was lost; ' in last, last
+    assert 'Graph execution error:)' not in last
+    assert 'Traceback' not in output
+    assert 'the run resumes from' in output
+
+
+@pytest.mark.slow
+@pytest.mark.long
 def test_a_worker_that_never_starts_stops_the_other_then_all_start(
         tmp_path):
     """Worker 0 alone waits make_strategy.start_timeout, names worker 1

@@ -1,6 +1,12 @@
 """Commands of docs/ as written: docs/own_images.md's PAWS-NN of an existing
-model (shrunk: a small grayscale run as the model, tiny folders), and the
-bindings of docs/demo.md that shrink the demo configs."""
+model (shrunk: a small grayscale run as the model, tiny folders),
+docs/experiments.md's import of a published model and its PAWS-NN (a
+ResNet-50 of random weights, a tiny ImageNet), and the bindings of
+docs/demo.md that shrink the demo configs.
+
+Bugs tried: the channels checked only once the mode runs; the ImageNet
+validation split read from TFDS' default data_dir whatever the documented
+data bindings name; a one-epoch demo that keeps its one-epoch warm-up."""
 
 import json
 import os
@@ -16,7 +22,9 @@ from paws_tf import configurables
 from paws_tf import schedules
 from paws_tf.runner import config_checks
 from tests.helpers import image_folders
+from tests.helpers import official_torch
 from tests.helpers import run_py
+from tests.helpers import tfds_archives
 
 DOCS = run_py.REPO / 'docs'
 CONFIG = 'gin_configs/existing_model_folders.gin'
@@ -26,7 +34,8 @@ def _commands(path):
     """The `python run.py ...` commands of the code blocks of `path`, each
     as its argument list."""
     text = re.sub(r'\\\n\s*', ' ', path.read_text())
-    return [shlex.split(line)[2:] for line in text.splitlines()
+    return [shlex.split(line, comments=True)[2:]
+            for line in text.splitlines()
             if line.startswith('python run.py ')]
 
 
@@ -51,12 +60,14 @@ def _as_run_here(command, values, extra=()):
     return replaced + list(extra)
 
 
-def _start(arguments):
-    """run.py with `arguments`, as a user runs it from the checkout."""
+def _start(arguments, **environment):
+    """run.py with `arguments`, as a user runs it from the checkout, with
+    `environment` added to the environment."""
     return subprocess.Popen(
         [sys.executable, str(run_py.REPO / 'run.py')] + arguments,
         cwd=run_py.REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, env=dict(os.environ, PYTHONPATH=str(run_py.REPO)))
+        text=True, env=dict(os.environ, PYTHONPATH=str(run_py.REPO),
+                            **environment))
 
 
 def test_the_documented_model_is_the_import_of_experiments_md():
@@ -118,6 +129,65 @@ def test_the_documented_command_on_a_grayscale_model(grayscale_run):
     results = json.loads((root / 'nn' / 'eval' / 'paws_nn.json').read_text())
     assert results['num_queries'] == 2 * len(image_folders.CLASSES)
     assert (root / 'nn' / 'export' / 'classifier').is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_the_published_model_imported_and_evaluated_as_documented(tmp_path):
+    """docs/experiments.md's two commands of "The published models" as
+    written (the checkpoint and model_dir replaced by the test's): the
+    import of a published ResNet-50 (here of random weights), then its
+    PAWS-NN with the data bindings of the training command above, pointed
+    at a tiny ImageNet that TFDS' builders prepared outside TFDS' default
+    directory (HOME is the test's own); without the data directory, one
+    error line. Fails if the test split is read from TFDS' default
+    data_dir whatever those bindings name (a traceback of TFDS' "could not
+    find data"), or if a dataset that is not prepared gives a
+    traceback."""
+    torch = pytest.importorskip('torch')
+    del torch  # official_torch builds the network in it.
+    data_dir = tfds_archives.prepare_imagenet(
+        tmp_path / 'imagenet', per_class=3, subsets={'10pct': (0, 1)})
+    checkpoint = tmp_path / 'paws_imgnt_10percent_300ep.pth.tar'
+    official_torch.save_official(official_torch.randomize(
+        official_torch.add_pretraining_heads(
+            official_torch.ResNet50(), 2048, use_pred=True), seed=1),
+        checkpoint)
+    commands = _commands(DOCS / 'experiments.md')
+    [training] = [c for c in commands if '--mode=train_and_evaluate' in c
+                  and '--gin_file=gin_configs/imagenet_rn50_10pct.gin' in c]
+    [imported] = [c for c in commands if '--mode=import_official' in c]
+    [evaluated] = [c for c in commands if '--mode=evaluate_nn' in c and
+                   '--gin_file=gin_configs/imagenet_rn50_10pct.gin' in c]
+    data = [a for a in training if a.startswith('--gin_bindings=')]
+    assert len(data) == 2, training  # The cache and the data directory.
+    run = tmp_path / 'runs' / 'official_10pct_300ep'
+    values = {'--model_dir': run}
+    code, output = run_py.finish(_start(
+        [f'--official_checkpoint={checkpoint}' if a.startswith(
+            '--official_checkpoint=') else a
+         for a in _as_run_here(imported, values)], HOME=str(tmp_path)))
+    assert code == 0, output[-3000:]
+    directories = {'/data/paws_cache': str(tmp_path / 'cache'),
+                   '/data/tensorflow_datasets': data_dir}
+    for documented, here in directories.items():
+        data = [a.replace(documented, here) for a in data]
+    # Without the data directory: one error line naming where it looked.
+    code, output = run_py.finish(_start(
+        _as_run_here(evaluated, values) + [
+            a for a in data if 'DATA_DIR' not in a], HOME=str(tmp_path)))
+    assert code == os.EX_DATAERR, output[-3000:]
+    assert output.strip().splitlines()[-1] == (
+        "Error: TFDS imagenet2012_subset/10pct is not prepared in TFDS' "
+        'default data_dir (~/tensorflow_datasets): prepare it '
+        '(docs/experiments.md, "ImageNet"), or bind DATA_DIR, which the '
+        'ImageNet configs pass to every TFDS source, to the data_dir it was '
+        'prepared in.')
+    code, output = run_py.finish(_start(
+        _as_run_here(evaluated, values) + data, HOME=str(tmp_path)))
+    assert code == 0, output[-3000:]
+    results = json.loads((run / 'eval' / 'paws_nn.json').read_text())
+    assert results['num_queries'] == 2  # The two validation images.
 
 
 @pytest.mark.parametrize('config', ['demo_fashion_mnist.gin',

@@ -20,7 +20,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # What a build reads from the checkout (pyproject.toml names README.md).
 BUILD_INPUTS = ('pyproject.toml', 'README.md', 'paws_tf', 'gin_configs')
 # debug.gin, one epoch of 16 steps without a warm-up: seconds on a CPU.
-TINY = ('train.num_epochs = 1', 'WarmupCosineDecay.warmup_epochs = 0',
+TINY = ('train.num_epochs = 1', 'WarmupCosineDecay.warmup_fraction = 0',
         'train.view_images = False', 'train.verbose = 0')
 
 

@@ -123,8 +123,11 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, sig,
 
 
 # debug.gin's run with a ViT, GELU heads and AdamW with its cosine weight
-# decay (`debug_gin.VIT`): 3 epochs of 16 steps, determinism on.
-VIT_BINDINGS = ['train.num_epochs = 3', 'train.deterministic_ops = True']
+# decay (`debug_gin.VIT`): 3 epochs of 16 steps, determinism on, the first
+# epoch a warm-up.
+VIT_BINDINGS = ['train.num_epochs = 3', 'train.deterministic_ops = True',
+                'WarmupCosineDecay.warmup_fraction = None',
+                'WarmupCosineDecay.warmup_epochs = 1']
 VIT_STEPS = 48
 
 

@@ -31,7 +31,8 @@ CONFIGS = [
     (5, 10, 0.3, 6.4, 0.0, 2),     # warmup 10 steps, total 50
     (4, 6, 0.8, 3.2, 0.064, 1.5),  # fractional warm-up: 6 steps
     (3, 4, 0.1, 1.0, 0.01, 0),     # no warm-up
-    (3, 2, 0.1, 1.0, 0.01, 2),     # warm-up for the whole run
+    (3, 2, 0.1, 1.0, 0.01, 1.8),   # warm-up for all but one step
+    (3, 2, 0.1, 1.0, 0.01, 1.9),   # warm-up rounded to the whole run
 ]
 
 
@@ -97,9 +98,14 @@ def test_increases_during_warmup_and_decreases_after(config):
     (dict(steps_per_epoch=-3), 'steps_per_epoch must be a positive integer'),
     (dict(steps_per_epoch=2.5), 'steps_per_epoch must be a positive integer'),
     (dict(num_epochs=0), 'num_epochs must be a positive integer'),
-    (dict(warmup_epochs=11), r'The warm-up is longer than the run: '
-     r'WarmupCosineDecay.warmup_epochs = 11 > WarmupCosineDecay.num_epochs '
-     r'= 10\. Bind WarmupCosineDecay.warmup_epochs = 1 '),
+    (dict(warmup_epochs=11), r'The warm-up fills the run, so the learning '
+     r'rate never decays: WarmupCosineDecay.warmup_epochs = 11 >= '
+     r'WarmupCosineDecay.num_epochs = 10\. Bind '
+     r'WarmupCosineDecay.warmup_epochs = 1 '),
+    # A run shortened to its config's warm-up: it would end at ref_lr.
+    (dict(warmup_epochs=10), r'The warm-up fills the run, so the learning '
+     r'rate never decays: WarmupCosineDecay.warmup_epochs = 10 >= '
+     r'WarmupCosineDecay.num_epochs = 10\.'),
     (dict(warmup_epochs=-1), 'warmup_epochs must be a number >= 0, got -1'),
     (dict(start_lr=-0.1), 'start_lr must be a number >= 0'),
     (dict(ref_lr=-1.0), 'ref_lr must be a number >= 0'),
@@ -171,8 +177,10 @@ def test_warmup_fraction_follows_the_epochs():
 @pytest.mark.parametrize('kwargs,message', [
     (dict(warmup_epochs=1, warmup_fraction=0.5), 'both set the warm-up'),
     (dict(warmup_epochs=None, warmup_fraction=1.5),
-     r'warmup_fraction must be a number in \[0, 1\] \(a share of the '
-     r'run\), got 1.5'),
+     r'warmup_fraction must be a number in \[0, 1\) \(a share of the '
+     r'run, which must leave the decay some of it\), got 1.5'),
+    (dict(warmup_epochs=None, warmup_fraction=1.0),
+     r'warmup_fraction must be a number in \[0, 1\)'),
     (dict(warmup_epochs=None, warmup_fraction=-0.1),
      'warmup_fraction must be a number >= 0'),
 ])

@@ -53,8 +53,9 @@ def _binds_data(name):
 
 _CPU = ["train.precision = 'float32'", 'train.verbose = 0',
         'train.view_images = False']
-# A one-epoch run's warm-up, for the configs that count it in epochs.
-_NO_WARMUP = ['WarmupCosineDecay.warmup_epochs = 0']
+# No warm-up, whether a config counts it in epochs or as a share of the run.
+_NO_WARMUP = ['WarmupCosineDecay.warmup_epochs = 0',
+              'WarmupCosineDecay.warmup_fraction = None']
 _IMAGENET = _CPU + _NO_WARMUP + [
     'make_pretrain_dataset_fn.global_batch_size = 4',
     'make_pretrain_dataset_fn.classes_per_step = 2',

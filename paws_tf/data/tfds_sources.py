@@ -68,10 +68,21 @@ def _open_tfds(name, split, data_dir, shuffle_seed, input_context):
     read_config = tfds.ReadConfig(
         shuffle_seed=shuffle_seed, input_context=input_context,
         shuffle_reshuffle_each_iteration=True)
-    return tfds.load(name, split=split, data_dir=data_dir,
-                     shuffle_files=shuffle_seed is not None,
-                     read_config=read_config, download=False,
-                     decoders={'image': tfds.decode.SkipDecoding()})
+    try:
+        return tfds.load(name, split=split, data_dir=data_dir,
+                         shuffle_files=shuffle_seed is not None,
+                         read_config=read_config, download=False,
+                         decoders={'image': tfds.decode.SkipDecoding()})
+    except AssertionError:  # TFDS' "could not find data in ...".
+        if tfds.builder(name, data_dir=data_dir).is_prepared():
+            raise
+        where = (data_dir if data_dir is not None else
+                 "TFDS' default data_dir (~/tensorflow_datasets)")
+        raise checks.DataError(
+            f'TFDS {name} is not prepared in {where}: prepare it '
+            '(docs/experiments.md, "ImageNet"), or bind DATA_DIR, which the '
+            'ImageNet configs pass to every TFDS source, to the data_dir it '
+            'was prepared in.') from None
 
 
 @gin.configurable
