@@ -232,23 +232,22 @@ def _run_in_model_dir(run, strategy, mode, config, owner_check):
     # The importer creates model_dir only once the checkpoint fits.
     if not mode.imports:
         os.makedirs(run.path, exist_ok=True)
-        # A training run's config is the run's record (train compares a
-        # resumed run's with it): staged with the flags, it replaces the
-        # run's once the start has passed its checks. The other modes'
-        # is kept beside it under their own name.
-        records = run.staging if mode.trains else run
-        config_path = (records.config if mode.trains else
-                       run.mode_config(_MODE.value))
-        if cluster.is_chief(strategy):
-            records.write(records.flags, _flags_record())
-            records.write(config_path, config)
-        if not mode.trains:
-            logging.info('gin config: %s', config_path)
+    # A training run's config and flags are the run's records (train
+    # compares a resumed run's config with them): staged, they replace the
+    # run's once the start has passed its checks.
+    if mode.trains and cluster.is_chief(strategy):
+        run.staging.write(run.staging.flags, _flags_record())
+        run.staging.write(run.staging.config, config)
     if _VERBOSE.value:
         logging.info('gin config:\n%s', config)
     mode.run(run.path, strategy, modes.Options(
         overwrite=_OVERWRITE.value, owner_check=owner_check,
         official_checkpoint=_OFFICIAL_CHECKPOINT.value, mode=_MODE.value))
+    # The other modes read the run's records and write none: what one ran
+    # with is kept under its own name, once it has run.
+    if not (mode.trains or mode.imports) and cluster.is_chief(strategy):
+        run.write(run.mode_config(_MODE.value), config)
+        logging.info('gin config: %s', run.mode_config(_MODE.value))
 
 
 def _flags_record():

@@ -56,31 +56,36 @@ class MissingLabeledFolder(checks.DataError):
 
 
 def load_labeled_data(model_dir, what):
-    """The run's data (`experiment.load_data`), for `what` that reads its
-    labeled images; raises `MissingLabeledFolder` naming the binding and
-    `what` when the config's labeled folder does not exist."""
+    """The trained run's data (`experiment.load_data`), checked against
+    its records and writing none, for `what` that reads its labeled
+    images; raises `MissingLabeledFolder` naming the binding and `what`
+    when the config's labeled folder does not exist."""
     try:
         config_checks.check_labeled_folder(what)
     except ValueError as error:
         raise MissingLabeledFolder(str(error)) from None
-    return experiment.load_data(model_dir)
+    return experiment.load_data(model_dir, trained=True)
 
 
 def export_run(model_dir, model, bundle=None):
     """Writes the embedder SavedModel, then the PAWS-NN classifier's
-    (embeddings of the labeled images of `bundle`, else read here; skipped
-    with a warning when the labeled folder is missing)."""
+    (embeddings of the labeled images of `bundle`, else read here, checked
+    against the run's records before anything is written; skipped with a
+    warning when the labeled folder is missing)."""
     preprocessing, channels = experiment.recorded_preprocessing(model_dir)
-    export.export_embedder(model, run_dir.RunDir(model_dir).embedder,
-                           channels=channels, **preprocessing)
+    missing = None
     if bundle is None:
         try:
             bundle = load_labeled_data(
                 model_dir, 'the classifier bundles their embeddings')
-        except MissingLabeledFolder as missing:
-            logging.warning('Exported the embedder under %s/export, not the '
-                            'classifier: %s', model_dir, missing)
-            return
+        except MissingLabeledFolder as error:
+            missing = error
+    export.export_embedder(model, run_dir.RunDir(model_dir).embedder,
+                           channels=channels, **preprocessing)
+    if missing is not None:
+        logging.warning('Exported the embedder under %s/export, not the '
+                        'classifier: %s', model_dir, missing)
+        return
     _export_classifier(model_dir, model, bundle.labeled, preprocessing,
                        channels=channels, tau=model.tau)
     logging.info('Exported the embedder and the classifier under %s/export.',
