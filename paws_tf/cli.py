@@ -90,6 +90,7 @@ with _quiet_start(sys.argv):
     from paws_tf.runner import config_checks
     from paws_tf.runner import modes
     from paws_tf.runner import run_lock
+    from paws_tf.runner import start
     from paws_tf.runner import train
 
 
@@ -195,12 +196,14 @@ def main(argv):
     config = gin.config_str()
     strategy = cluster.make_strategy(_STRATEGY.value)
     cluster.check_same_config(strategy, f'--mode={_MODE.value}\n{config}')
-    if mode.trains:
-        # Once the strategy exists; still before any data is read.
-        config_checks.check_pretrained(run, overwrite=_OVERWRITE.value)
+    # Once the strategy exists; still before any data is read or the run
+    # directory is made.
+    pretrained = start.check_pretrained(
+        run, overwrite=_OVERWRITE.value,
+        channels=config_checks.folder_channels()) if mode.trains else None
     lock = run_lock.for_process(run, strategy, training=mode.trains)
     with lock:
-        _run_in_model_dir(run, strategy, mode, config,
+        _run_in_model_dir(run, strategy, mode, config, pretrained=pretrained,
                           owner_check=getattr(lock, 'check', None))
 
 
@@ -226,8 +229,10 @@ def _main_with_messages(argv):
 _GIN_CALL = re.compile(r"\n\s*In call to configurable '[^']*' \(<[^>]*>\)")
 
 
-def _run_in_model_dir(run, strategy, mode, config, owner_check):
-    """Everything `main` does under the run directory's lock;
+def _run_in_model_dir(run, strategy, mode, config, *, pretrained,
+                      owner_check):
+    """Everything `main` does under the run directory's lock; `pretrained`
+    is what a training run starts from (`start.check_pretrained`),
     `owner_check` raises when another run took the lock over."""
     # The importer creates model_dir only once the checkpoint fits.
     if not mode.imports:
@@ -242,7 +247,8 @@ def _run_in_model_dir(run, strategy, mode, config, owner_check):
         logging.info('gin config:\n%s', config)
     mode.run(run.path, strategy, modes.Options(
         overwrite=_OVERWRITE.value, owner_check=owner_check,
-        official_checkpoint=_OFFICIAL_CHECKPOINT.value, mode=_MODE.value))
+        pretrained=pretrained, official_checkpoint=_OFFICIAL_CHECKPOINT.value,
+        mode=_MODE.value))
     # The other modes read the run's records and write none: what one ran
     # with is kept under its own name, once it has run.
     if not (mode.trains or mode.imports) and cluster.is_chief(strategy):

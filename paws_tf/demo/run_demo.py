@@ -41,7 +41,8 @@ def demo(model_dir, strategy, options):
     official_import.check_mode(model_dir, 'demo', trains=True)
     start = time.perf_counter()
     train.train(model_dir, strategy, overwrite=options.overwrite,
-                owner_check=options.owner_check)
+                owner_check=options.owner_check,
+                pretrained=options.pretrained)
     paws_seconds = time.perf_counter() - start
     # Read once, for PAWS-NN, the export, fine-tuning and the baseline.
     bundle = modes.load_labeled_data(

@@ -36,8 +36,8 @@ def _classes(source):
 
 
 @gin.configurable(denylist=['run', 'trained'])
-def load_data(run, *, trained=False, train=gin.REQUIRED, test=None, unlabeled=None,
-              max_unlabeled=None, seed=0, normalization=None,
+def load_data(run, *, trained=False, train=gin.REQUIRED, test=None,
+              unlabeled=None, max_unlabeled=None, seed=0, normalization=None,
               normalization_images=5000, normalization_from='labeled'):
     """Loads the sources of an experiment.
 

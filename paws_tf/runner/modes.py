@@ -196,6 +196,9 @@ class Options(typing.NamedTuple):
     """What run.py's flags give a mode besides the run directory."""
     overwrite: bool = False  # --overwrite.
     owner_check: typing.Optional[typing.Callable[[], None]] = None
+    # What a training run starts from (`start.check_pretrained`); None:
+    # `train` reads it.
+    pretrained: typing.Optional[typing.Any] = None
     official_checkpoint: typing.Optional[str] = None  # --official_checkpoint
     mode: str = 'train'  # --mode: named in the refusal of an import.
 
@@ -203,7 +206,8 @@ class Options(typing.NamedTuple):
 def _train(model_dir, strategy, options):
     official_import.check_mode(model_dir, options.mode, trains=True)
     train.train(model_dir, strategy, overwrite=options.overwrite,
-                owner_check=options.owner_check)
+                owner_check=options.owner_check,
+                pretrained=options.pretrained)
 
 
 def _train_and_evaluate(model_dir, strategy, options):

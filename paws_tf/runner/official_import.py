@@ -198,7 +198,8 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
             '--model_dir, or pass --overwrite to replace them.')
     state, epoch = read_checkpoint(path)
     found, network, backbone, count = _network(path, state, strategy)
-    run.delete(taken)
+    if taken:
+        run.delete(run.overwritten)
     os.makedirs(model_dir, exist_ok=True)
     preprocessing, _ = experiment.recorded_preprocessing()
     if found == PRETRAINED:
