@@ -84,12 +84,12 @@ def test_evaluation_and_export_write_no_record(trained, tmp_path, mode):
      "['class_0', 'class_1']. Remove the binding, or train a new run in "
      'another --model_dir.'),
     ('load_data.normalization = ((0.4, 0.4, 0.4), (0.25, 0.25, 0.25))',
-     'Error: load_data.normalization = ((0.4, 0.4, 0.4), (0.25, 0.25, '
-     '0.25)) gives another normalisation than {run}/normalization.json '
-     '(written by training): the run was trained with NORMALIZATION = '
-     '[[0.5, 0.5, 0.5], [0.25, 0.25, 0.25]] (mean (0.5, 0.5, 0.5), std '
-     '(0.25, 0.25, 0.25)). Bind it back, or train a new run in another '
-     '--model_dir.'),
+     'Error: {run}/normalization.json (written by training) records the '
+     'normalisation this run was trained with, NORMALIZATION = [[0.5, 0.5, '
+     '0.5], [0.25, 0.25, 0.25]] (mean (0.5, 0.5, 0.5), std (0.25, 0.25, '
+     '0.25)), not ((0.4, 0.4, 0.4), (0.25, 0.25, 0.25)) '
+     '(load_data.normalization): bind it back, or train a new run in '
+     'another --model_dir.'),
 ], ids=['split', 'classes', 'normalisation'])
 def test_a_changed_record_is_refused_before_anything_is_written(
         trained, tmp_path, mode, binding, message):

@@ -148,11 +148,11 @@ def _check_record(recorded, where, spec, fixed, channels):
         # A run normalised one way must be exported and evaluated the
         # same way.
         raise checks.DataError(
-            f'load_data.normalization = {spec!r} gives another '
-            f'normalisation than {where} (written by training): the run was '
-            f'trained with {NORMALIZATION_MACRO} = {recorded.get("spec")!r} '
-            f'(mean {values[0]}, std {values[1]}). Bind it back, or train a '
-            'new run in another --model_dir.')
+            f'{where} (written by training) records the normalisation this '
+            f'run was trained with, {NORMALIZATION_MACRO} = '
+            f'{recorded.get("spec")!r} (mean {values[0]}, std {values[1]}), '
+            f'not {spec!r} (load_data.normalization): bind it back, or '
+            'train a new run in another --model_dir.')
     if fixed is None:  # Else the config holds the same values.
         logging.info('Normalisation read from %s: mean %s, std %s', where,
                      *values)
