@@ -94,12 +94,12 @@ with _quiet_start(sys.argv):
     from paws_tf.runner import train
 
 
-def _demo(model_dir, strategy, options):
+def _demo(run, strategy, options):
     # Loaded when it runs: the library never imports the demo, and the
     # program loads its mode, report and plotting for --mode=demo alone.
     # pylint: disable-next=import-outside-toplevel
     from paws_tf.demo import run_demo
-    return run_demo.demo(model_dir, strategy, options)
+    return run_demo.demo(run, strategy, options)
 
 
 # run.py's --mode: the library's modes, and the demo.
@@ -245,7 +245,7 @@ def _run_in_model_dir(run, strategy, mode, config, *, pretrained,
         run.staging.write(run.staging.config, config)
     if _VERBOSE.value:
         logging.info('gin config:\n%s', config)
-    mode.run(run.path, strategy, modes.Options(
+    mode.run(run, strategy, modes.Options(
         overwrite=_OVERWRITE.value, owner_check=owner_check,
         pretrained=pretrained, official_checkpoint=_OFFICIAL_CHECKPOINT.value,
         mode=_MODE.value))

@@ -19,46 +19,44 @@ from paws_tf.data import pipeline
 from paws_tf.demo import supervised
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import fine_tune
-from paws_tf import run_dir
 from paws_tf.runner import experiment
 from paws_tf.runner import modes
 from paws_tf.runner import official_import
 from paws_tf.runner import train
 
 
-def demo(model_dir, strategy, options):
+def demo(run, strategy, options):
     """PAWS pre-training, export and PAWS-NN, the configured fine-tuning
     (the demo configs bind the CIFAR-10 protocol), then the baseline.
 
     Args:
-        model_dir, strategy: the run directory, the running strategy.
-        options: `modes.Options`: `overwrite` and `owner_check`, passed to
-            `train.train`.
+        run, strategy: the run's `RunDir`, the running strategy.
+        options: `modes.Options`: `overwrite`, `owner_check` and
+            `pretrained`, passed to `train.train`.
 
     Returns:
-        The results dict, also in `model_dir/results.json`.
+        The results dict, also in `RunDir.results`.
     """
-    official_import.check_mode(model_dir, 'demo', trains=True)
+    official_import.check_mode(run, 'demo', trains=True)
     start = time.perf_counter()
-    train.train(model_dir, strategy, overwrite=options.overwrite,
+    train.train(run, strategy, overwrite=options.overwrite,
                 owner_check=options.owner_check,
                 pretrained=options.pretrained)
     paws_seconds = time.perf_counter() - start
     # Read once, for PAWS-NN, the export, fine-tuning and the baseline.
     bundle = modes.load_labeled_data(
-        model_dir, "the demo's PAWS-NN, fine-tuning and baseline use them")
-    paws = modes.export_and_evaluate(model_dir, strategy, bundle=bundle)
-    model, _ = modes.load_trained_model(model_dir, strategy)
+        run, "the demo's PAWS-NN, fine-tuning and baseline use them")
+    paws = modes.export_and_evaluate(run, strategy, bundle=bundle)
+    model, _ = modes.load_trained_model(run, strategy)
     preprocessing = experiment.eval_preprocessing(bundle)
     tune_start = time.perf_counter()
-    tuned = fine_tune.fine_tune(model_dir, model, labeled=bundle.labeled,
+    tuned = fine_tune.fine_tune(run, model, labeled=bundle.labeled,
                                 test=bundle.test, strategy=strategy,
                                 **preprocessing)
     tune_seconds = time.perf_counter() - tune_start
     if not cluster.is_chief(strategy):
         cluster.barrier(strategy)  # The chief's baseline and report.
         return None
-    run = run_dir.RunDir(model_dir)
     baseline = supervised.train_supervised(
         run, labeled=bundle.labeled, test=bundle.test,
         preprocessing=preprocessing)

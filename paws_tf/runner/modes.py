@@ -24,12 +24,13 @@ from paws_tf.runner import experiment
 from paws_tf.runner import official_import
 from paws_tf.runner import train
 
-def load_trained_model(model_dir, strategy, *, local=False, imported=False):
+def load_trained_model(run, strategy, *, local=False, imported=False):
     """The run's model restored from its newest checkpoint that restores,
     from the gin config and the run directory alone.
 
     Args:
-        model_dir, strategy: the run directory, the running strategy.
+        run, strategy: the run's `RunDir` (or its path), the running
+            strategy.
         local: plain variables outside the strategy, for what one process
             does alone (export, PAWS-NN); else in its scope (fine-tuning).
         imported: the run holds imported official weights (RGB).
@@ -44,18 +45,18 @@ def load_trained_model(model_dir, strategy, *, local=False, imported=False):
     # Float32 whatever the training precision: portable exports.
     tf_keras.mixed_precision.set_global_policy('float32')
     channels = (official_import.CHANNELS if imported else
-                experiment.recorded_preprocessing(model_dir)[1])
+                experiment.recorded_preprocessing(run)[1])
     model = (building.build_local_model(input_channels=channels) if local
              else building.build_model(strategy, input_channels=channels))
     with contextlib.nullcontext() if local else strategy.scope():
-        return model, checkpoints.load_newest(model_dir, model)
+        return model, checkpoints.load_newest(run, model)
 
 
 class MissingLabeledFolder(checks.DataError):
     """A mode that reads the labeled images finds no labeled folder."""
 
 
-def load_labeled_data(model_dir, what):
+def load_labeled_data(run, what):
     """The trained run's data (`experiment.load_data`), checked against
     its records and writing none, for `what` that reads its labeled
     images; raises `MissingLabeledFolder` naming the binding and `what`
@@ -64,35 +65,35 @@ def load_labeled_data(model_dir, what):
         config_checks.check_labeled_folder(what)
     except ValueError as error:
         raise MissingLabeledFolder(str(error)) from None
-    return experiment.load_data(model_dir, trained=True)
+    return experiment.load_data(run, trained=True)
 
 
-def export_run(model_dir, model, bundle=None):
+def export_run(run, model, bundle=None):
     """Writes the embedder SavedModel, then the PAWS-NN classifier's
     (embeddings of the labeled images of `bundle`, else read here, checked
     against the run's records before anything is written; skipped with a
     warning when the labeled folder is missing)."""
-    preprocessing, channels = experiment.recorded_preprocessing(model_dir)
+    preprocessing, channels = experiment.recorded_preprocessing(run)
     missing = None
     if bundle is None:
         try:
             bundle = load_labeled_data(
-                model_dir, 'the classifier bundles their embeddings')
+                run, 'the classifier bundles their embeddings')
         except MissingLabeledFolder as error:
             missing = error
-    export.export_embedder(model, run_dir.RunDir(model_dir).embedder,
+    export.export_embedder(model, run.embedder,
                            channels=channels, **preprocessing)
     if missing is not None:
         logging.warning('Exported the embedder under %s/export, not the '
-                        'classifier: %s', model_dir, missing)
+                        'classifier: %s', run, missing)
         return
-    _export_classifier(model_dir, model, bundle.labeled, preprocessing,
+    _export_classifier(run, model, bundle.labeled, preprocessing,
                        channels=channels, tau=model.tau)
     logging.info('Exported the embedder and the classifier under %s/export.',
-                 model_dir)
+                 run)
 
 
-def _export_classifier(model_dir, model, labeled, preprocessing, *,
+def _export_classifier(run, model, labeled, preprocessing, *,
                        channels, tau):
     """The PAWS-NN classifier of `model` with the `labeled` images as
     supports, in `RunDir.classifier`."""
@@ -102,16 +103,16 @@ def _export_classifier(model_dir, model, labeled, preprocessing, *,
                                    **preprocessing),
         description='labeled images')
     export.export_classifier(
-        model, run_dir.RunDir(model_dir).classifier,
+        model, run.classifier,
         support_embeddings=supports, support_labels=labels,
         class_names=labeled.class_names, tau=tau, channels=channels,
         **preprocessing)
 
 
-def evaluate_existing(model_dir, strategy, embedder):
+def evaluate_existing(run, strategy, embedder):
     """PAWS-NN of the existing model whose embedder export is `embedder`
     (`config_checks.existing_model`) on the config's labeled and test
-    data, with the preprocessing recorded in its export, into `model_dir`,
+    data, with the preprocessing recorded in its export, into `run`,
     where its PAWS-NN classifier of these classes is exported too
     (`RunDir.classifier`). The chief's work; the other workers wait.
     Returns the PAWS-NN results on the chief (`config_checks.check_config`
@@ -125,7 +126,7 @@ def evaluate_existing(model_dir, strategy, embedder):
     if cluster.is_chief(strategy):
         stored = export.read_preprocessing(embedder)
         bundle = load_labeled_data(
-            model_dir, 'PAWS-NN compares the test images with them')
+            run, 'PAWS-NN compares the test images with them')
         _check_test(bundle)
         if bundle.labeled.channels != stored['channels']:
             raise checks.DataError(
@@ -135,15 +136,15 @@ def evaluate_existing(model_dir, strategy, embedder):
         preprocessing = {key: stored[key] for key in (
             'image_size', 'crop_fraction', 'mean', 'std')}
         results = evaluate_nn.evaluate_nn(
-            model_dir, labeled=bundle.labeled, test=bundle.test,
+            run, labeled=bundle.labeled, test=bundle.test,
             **preprocessing)
-        _export_classifier(model_dir, export.LoadedEmbedder(embedder),
+        _export_classifier(run, export.LoadedEmbedder(embedder),
                            bundle.labeled, preprocessing,
                            channels=stored['channels'], tau=results['tau'])
         logging.info('Exported the PAWS-NN classifier of %s for these %d '
                      'classes under %s.', embedder,
                      len(bundle.labeled.class_names),
-                     run_dir.RunDir(model_dir).classifier)
+                     run.classifier)
     cluster.barrier(strategy)
     return results
 
@@ -154,23 +155,23 @@ def _check_test(bundle):
                          'nothing to evaluate PAWS-NN on.')
 
 
-def _paws_nn(model_dir, bundle, model, step):
+def _paws_nn(run, bundle, model, step):
     """PAWS-NN of the exported embedder, else of the checkpoint of `step`
     read into `model`."""
     _check_test(bundle)
-    embedder_dir = run_dir.RunDir(model_dir).embedder
+    embedder_dir = run.embedder
     if os.path.isdir(embedder_dir):
         kwargs = dict(source='saved_model', saved_model_dir=embedder_dir)
     else:
         kwargs = dict(source='checkpoint', model=model,
-                      checkpoint_path=checkpoints.at_step(model_dir, step))
+                      checkpoint_path=checkpoints.at_step(run, step))
     return evaluate_nn.evaluate_nn(
-        model_dir, labeled=bundle.labeled, test=bundle.test, tau=model.tau,
+        run, labeled=bundle.labeled, test=bundle.test, tau=model.tau,
         embedding=model.nn_embedding, step=step, **kwargs,
         **experiment.eval_preprocessing(bundle))
 
 
-def export_and_evaluate(model_dir, strategy, *, exports=True,
+def export_and_evaluate(run, strategy, *, exports=True,
                         evaluates=True, imported=False, bundle=None):
     """What one process does alone with a trained run: export it
     (`exports`), then PAWS-NN (`evaluates`) of the run's data (`bundle`,
@@ -181,13 +182,13 @@ def export_and_evaluate(model_dir, strategy, *, exports=True,
     if cluster.is_chief(strategy):
         if evaluates and bundle is None:
             bundle = load_labeled_data(
-                model_dir, 'PAWS-NN compares the test images with them')
-        model, step = load_trained_model(model_dir, strategy, local=True,
+                run, 'PAWS-NN compares the test images with them')
+        model, step = load_trained_model(run, strategy, local=True,
                                          imported=imported)
         if exports:
-            export_run(model_dir, model, bundle)
+            export_run(run, model, bundle)
         if evaluates:
-            results = _paws_nn(model_dir, bundle, model, step)
+            results = _paws_nn(run, bundle, model, step)
     cluster.barrier(strategy)
     return results
 
@@ -203,43 +204,43 @@ class Options(typing.NamedTuple):
     mode: str = 'train'  # --mode: named in the refusal of an import.
 
 
-def _train(model_dir, strategy, options):
-    official_import.check_mode(model_dir, options.mode, trains=True)
-    train.train(model_dir, strategy, overwrite=options.overwrite,
+def _train(run, strategy, options):
+    official_import.check_mode(run, options.mode, trains=True)
+    train.train(run, strategy, overwrite=options.overwrite,
                 owner_check=options.owner_check,
                 pretrained=options.pretrained)
 
 
-def _train_and_evaluate(model_dir, strategy, options):
-    _train(model_dir, strategy, options)
-    return export_and_evaluate(model_dir, strategy)
+def _train_and_evaluate(run, strategy, options):
+    _train(run, strategy, options)
+    return export_and_evaluate(run, strategy)
 
 
-def _export_or_evaluate(model_dir, strategy, options, *, evaluates):
+def _export_or_evaluate(run, strategy, options, *, evaluates):
     existing = config_checks.existing_model() if evaluates else None
     if existing is not None:
-        return evaluate_existing(model_dir, strategy, existing)
-    imported = official_import.check_mode(model_dir, options.mode)
-    return export_and_evaluate(model_dir, strategy, exports=not evaluates,
+        return evaluate_existing(run, strategy, existing)
+    imported = official_import.check_mode(run, options.mode)
+    return export_and_evaluate(run, strategy, exports=not evaluates,
                                evaluates=evaluates, imported=imported)
 
 
-def _fine_tune(model_dir, strategy, options):
-    imported = official_import.check_mode(model_dir, options.mode)
-    bundle = load_labeled_data(model_dir, 'fine-tuning trains on them')
-    model, _ = load_trained_model(model_dir, strategy, imported=imported)
-    return fine_tune.fine_tune(model_dir, model, labeled=bundle.labeled,
+def _fine_tune(run, strategy, options):
+    imported = official_import.check_mode(run, options.mode)
+    bundle = load_labeled_data(run, 'fine-tuning trains on them')
+    model, _ = load_trained_model(run, strategy, imported=imported)
+    return fine_tune.fine_tune(run, model, labeled=bundle.labeled,
                                test=bundle.test, strategy=strategy,
                                **experiment.eval_preprocessing(bundle))
 
 
-def _import_official(model_dir, strategy, options):
+def _import_official(run, strategy, options):
     # One process's work: the chief imports into plain variables, the
     # other workers wait for it.
     record = None
     if cluster.is_chief(strategy):
         record = official_import.import_official(
-            model_dir, options.official_checkpoint,
+            run, options.official_checkpoint,
             strategy=tf.distribute.get_strategy(),
             overwrite=options.overwrite)
     cluster.barrier(strategy)
@@ -247,9 +248,11 @@ def _import_official(model_dir, strategy, options):
 
 
 class Mode(typing.NamedTuple):
-    """A run.py mode: `run(model_dir, strategy, options)` returns its
-    results (PAWS-NN's, fine-tuning's, the import record) or None."""
-    run: typing.Callable[[str, tf.distribute.Strategy, Options], typing.Any]
+    """A run.py mode: `run(run, strategy, options)` (`run` a `RunDir`)
+    returns its results (PAWS-NN's, fine-tuning's, the import record) or
+    None."""
+    run: typing.Callable[[run_dir.RunDir, tf.distribute.Strategy, Options],
+                         typing.Any]
     # Trains: takes the run lock and records the config in model_dir.
     trains: bool = False
     # Reads Options.official_checkpoint, and creates model_dir only once
@@ -273,4 +276,5 @@ def run(model_dir, strategy, mode, **options):
     `strategy`, with the fields of `Options` as `**options`; returns what
     the mode returns."""
     checks.one_of('mode', mode, tuple(MODES))
-    return MODES[mode].run(model_dir, strategy, Options(mode=mode, **options))
+    return MODES[mode].run(run_dir.RunDir(model_dir), strategy,
+                           Options(mode=mode, **options))

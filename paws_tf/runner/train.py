@@ -58,7 +58,8 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
     same data) and returns a finished run's model without training it.
 
     Args:
-        model_dir, strategy: the run's directory, the strategy to train under.
+        model_dir, strategy: the run's directory (a path or its `RunDir`),
+            the strategy to train under.
         overwrite: when the data differs from what the run started on,
             delete the run and start again (run.py's --overwrite).
         owner_check: called before every save; raises when this run no
@@ -151,7 +152,7 @@ def _train(model_dir, strategy, *, overwrite, owner_check, pretrained,
     if finished:
         return model
     saver = callbacks.Saver(
-        checkpoints.RunState(model_dir, model, strategy,
+        checkpoints.RunState(run, model, strategy,
                              keep_checkpoints=keep_checkpoints,
                              before_save=owner_check),
         backup_every=backup_every_steps,
