@@ -187,13 +187,13 @@ class Started(typing.NamedTuple):
     finished: bool
 
 
-def start(run, strategy, build, *, num_epochs, history, overwrite=False,
-          on_data_change='stop', pretrained=None):
+def start(run, strategy, build, *, num_epochs, history, pretrained,
+          overwrite=False, on_data_change='stop'):
     """Decides how the run in `run` starts, in this order, each check once:
 
-    1. a pretrained model or backbone is read (`check_pretrained`; run.py
-       reads it before the run directory is made and passes it on as
-       `pretrained`);
+    1. a pretrained model or backbone was read and checked
+       (`check_pretrained`: run.py calls it before the run directory is
+       made, `train` when called from Python);
     2. a run of another gin config is refused, or replaced (`overwrite`,
        or it saved nothing);
     3. the data is loaded, its records staged: on other data than the run
@@ -215,20 +215,19 @@ def start(run, strategy, build, *, num_epochs, history, overwrite=False,
         num_epochs: the run's epochs (a run at their end is finished).
         history: records an event in the run history (a no-op but on the
             chief), returns it.
+        pretrained: what `check_pretrained` read.
         overwrite: run.py's --overwrite.
         on_data_change: `train.on_data_change`.
-        pretrained: what `check_pretrained` read; None: read here.
 
     Returns:
         `Started`.
 
     Raises:
-        checks.ConfigError: a pretrained model or a config refused.
+        checks.ConfigError: a config refused, or pretrained weights of
+            other channels than the data's.
         data_fingerprint.Changed: the data changed, without `overwrite`.
     """
     chief = cluster.is_chief(strategy)
-    if pretrained is None:
-        pretrained = check_pretrained(run, overwrite=overwrite)
     try:
         replace = _replaces_config(run, overwrite=overwrite)
         bundle = experiment.load_data(run.staging if chief else None)

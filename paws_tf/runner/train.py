@@ -121,13 +121,14 @@ def _train(model_dir, strategy, *, overwrite, owner_check, pretrained,
         checkpoint_every_steps=checkpoint_every_steps,
         log_every_steps=log_every_steps, eval_every_epochs=eval_every_epochs,
         seed=seed, precision=precision, on_data_change=on_data_change)
+    run = run_dir.RunDir(model_dir)
+    if pretrained is None:
+        # Before the seed, as run.py reads it: the same initial weights.
+        pretrained = start.check_pretrained(run, overwrite=overwrite)
     tf_keras.utils.set_random_seed(seed)
     if deterministic_ops:
         determinism.enable()
     chief = cluster.is_chief(strategy)
-    run = run_dir.RunDir(model_dir)
-    if pretrained is None:
-        pretrained = start.check_pretrained(run, overwrite=overwrite)
 
     def input_at(bundle, start_step):
         return pipeline.make_pretrain_dataset_fn(
