@@ -25,24 +25,31 @@ class Changed(checks.DataError):
 
 
 def _changed_bindings(run):
-    """The data lines of this gin config that the run's training config
-    (`RunDir.config`) lacks; none when the run has no such record."""
+    """`(added, removed)`: the data lines of this gin config that the run's
+    training config (`RunDir.config`) lacks, and those it holds that this
+    config lacks; none when the run has no such record."""
     try:
         with open(run.config) as f:
-            recorded = set(f.read().splitlines())
+            recorded = [line for line in f.read().splitlines()
+                        if _DATA_LINES.match(line)]
     except FileNotFoundError:
-        return []
-    return [line for line in gin.config_str().splitlines()
-            if _DATA_LINES.match(line) and line not in recorded]
+        return [], []
+    current = [line for line in gin.config_str().splitlines()
+               if _DATA_LINES.match(line)]
+    return ([line for line in current if line not in recorded],
+            [line for line in recorded if line not in current])
 
 
 def _refuse(run, what, record, detail):
     """Raises `Changed`: `<the changed bindings> <what> than <record>
     (written by training): <detail>`, and the fix."""
-    changed = _changed_bindings(run)
-    if changed:
-        cause = '; '.join(changed[:_LINES_SHOWN])
-        fix = 'remove the binding' + ('s' if len(changed) > 1 else '')
+    added, removed = _changed_bindings(run)
+    if added:
+        cause = '; '.join(added[:_LINES_SHOWN])
+        fix = 'remove the binding' + ('s' if len(added) > 1 else '')
+    elif removed:
+        cause = f'This config, without {"; ".join(removed[:_LINES_SHOWN])},'
+        fix = 'bind it back'
     else:
         cause, fix = 'This data', 'restore the data the run was trained on'
     raise Changed(f'{cause} {what} than {record} (written by training): '
