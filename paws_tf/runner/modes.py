@@ -194,7 +194,8 @@ def export_and_evaluate(run, strategy, *, exports=True,
 
 
 class Options(typing.NamedTuple):
-    """What run.py's flags give a mode besides the run directory."""
+    """What run.py gives a mode besides the run directory: its flags, and
+    what a training run starts from."""
     overwrite: bool = False  # --overwrite.
     owner_check: typing.Optional[typing.Callable[[], None]] = None
     # What a training run starts from (`start.check_pretrained`); None:
