@@ -15,6 +15,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from paws_tf import bindings
 from paws_tf import cluster
+from paws_tf import run_dir
 from paws_tf.data import pipeline
 from paws_tf.demo import supervised
 from paws_tf.evaluation import evaluate
@@ -25,18 +26,20 @@ from paws_tf.runner import official_import
 from paws_tf.runner import train
 
 
-def demo(run, strategy, options):
+def demo(model_dir, strategy, options):
     """PAWS pre-training, export and PAWS-NN, the configured fine-tuning
     (the demo configs bind the CIFAR-10 protocol), then the baseline.
 
     Args:
-        run, strategy: the run's `RunDir`, the running strategy.
+        model_dir, strategy: the run's `RunDir` (or its path), the running
+            strategy.
         options: `modes.Options`: `overwrite`, `owner_check` and
             `pretrained`, passed to `train.train`.
 
     Returns:
         The results dict, also in `RunDir.results`.
     """
+    run = run_dir.RunDir(model_dir)
     official_import.check_mode(run, 'demo', trains=True)
     start = time.perf_counter()
     train.train(run, strategy, overwrite=options.overwrite,
