@@ -33,7 +33,7 @@ __version__ = '0.1.0'
 _EXPORTS = {name: module for module, names in {
     '.model': ('PAWSModel', 'build_model'),
     '.nets.backbones': ('build_backbone',),
-    '.checkpoints': ('load_backbone_weights',),
+    '.runner.pretrained': ('load_backbone_weights',),
     '.nets.heads': ('ProjectionHead', 'PredictionHead'),
     '.losses': ('paws_loss', 'paws_targets', 'ropaws_loss', 'ropaws_targets',
                 'snn', 'sharpen', 'label_matrix', 'target_confidence',

@@ -20,8 +20,8 @@ CHECKPOINT_PREFIX = 'ckpt'
 # The two kinds of saves, as messages name them.
 BACKUP, CHECKPOINT = 'the backup', 'the checkpoint'
 # What `load` reads of a checkpoint.
-WHOLE, MODEL, BACKBONE = 'model and optimizer', 'model', 'backbone'
-_MAX_NAMES_SHOWN = 20
+WHOLE, MODEL = 'model and optimizer', 'model'
+MAX_NAMES_SHOWN = 20
 
 
 class SaveFailed(RuntimeError):
@@ -113,17 +113,6 @@ def backup_step(model_dir):
     return backups[0][1] if backups else 0
 
 
-def model_checkpoint(path):
-    """The checkpoint of the existing model `path`: the newest checkpoint
-    that restores of the run directory `path` (a paws_tf run or an
-    import), else `resolve_prefix(path)`."""
-    if tf.io.gfile.isdir(run_dir_lib.RunDir(path).checkpoints):
-        prefix, _ = newest_restorable(path, backups=False, chief=False)
-        if prefix:
-            return prefix
-    return resolve_prefix(path)
-
-
 def has_progress(model_dir):
     """Whether `model_dir` holds a backup or a checkpoint to resume from."""
     return bool(_saved(model_dir))
@@ -198,11 +187,11 @@ def load(path, model, part=MODEL):
 
     Args:
         path: a checkpoint prefix, or a directory whose latest checkpoint is
-            read; for `BACKBONE` also a Keras weights file.
+            read.
         model: the model built from the run's gin config, every variable
             created; for `WHOLE` compiled, its optimizer built.
         part: `WHOLE` (the model and its optimizer, at the step the name
-            gives: resuming), `MODEL`, or `BACKBONE` (`model.backbone`).
+            gives: resuming) or `MODEL`.
 
     Returns:
         The checkpoint prefix (or weights file) restored.
@@ -212,9 +201,6 @@ def load(path, model, part=MODEL):
         Mismatch: the checkpoint does not hold `part` of this model.
         ValueError: its optimizer step is not the one its name gives.
     """
-    if part == BACKBONE:
-        load_backbone_weights(model.backbone, path)
-        return os.fspath(path)
     prefix = resolve_prefix(path)
     objects = dict(model=model if part == WHOLE else _model_only(model))
     if part == WHOLE:
@@ -222,12 +208,12 @@ def load(path, model, part=MODEL):
     root = tf.train.Checkpoint(**objects)
     # Checked before reading: a read that fails part way leaves TF's
     # restore behind, which logs every stored value at garbage collection.
-    unmatched = _unmatched_variables(root, prefix)
+    unmatched = unmatched_variables(root, prefix)
     if unmatched:
         raise Mismatch(
             f'{prefix} does not hold this run\'s {part} ({len(unmatched)} '
             'variables missing or of other shapes: '
-            f'{checks.listing(unmatched, _MAX_NAMES_SHOWN)}): it was written '
+            f'{checks.listing(unmatched, MAX_NAMES_SHOWN)}): it was written '
             'with another config or by another program. Run with the config '
             'it was written with, or move it away to start again.',
             unmatched)
@@ -257,7 +243,7 @@ def load_newest(model_dir, model):
     return step
 
 
-def _unmatched_variables(root, prefix):
+def unmatched_variables(root, prefix):
     """The variables under `root` that a read of `prefix` would leave
     unset or give another shape (names, and shapes where they differ).
     The checkpoint's object graph is followed by its edges' names, as TF's
@@ -291,60 +277,6 @@ def _unmatched_variables(root, prefix):
             unmatched.append(f'{variable.name} of shape '
                              f'{variable.shape.as_list()}, stored {shape}')
     return unmatched
-
-
-def _restore_backbone(backbone, prefix):
-    """Restores all of `backbone` from the checkpoint `prefix` (its own or
-    a run's model's), or raises."""
-    roots = {key.split('/')[0] for key, _ in tf.train.list_variables(prefix)}
-    root = tf.train.Checkpoint(backbone=backbone)
-    if 'backbone' not in roots and 'model' in roots:
-        root = tf.train.Checkpoint(model=root)
-    missing = _unmatched_variables(root, prefix)
-    if missing:
-        raise Mismatch(
-            f'{len(missing)} of {len(backbone.variables)} variables have no '
-            'value of their shape under the "backbone" key of the '
-            'checkpoint (written by another architecture, or not with '
-            'tf.train.Checkpoint(backbone=...)?): '
-            f'{checks.listing(missing, _MAX_NAMES_SHOWN)}', missing)
-    # Extra stored values (heads, optimizer slots) are fine.
-    root.read(prefix).expect_partial().assert_existing_objects_matched()
-
-
-def load_backbone_weights(backbone, path):
-    """Loads pretrained weights into a built backbone, all or nothing.
-
-    Args:
-        backbone: a built model from `build_backbone`.
-        path: a weights file written by `backbone.save_weights` (`.h5`,
-            `.weights.h5`), a TF checkpoint prefix or directory written by
-            `tf.train.Checkpoint(backbone=backbone)`, or a paws_tf run's
-            checkpoint (its model's backbone).
-
-    Raises:
-        FileNotFoundError: `path` does not exist or holds no checkpoint.
-        Mismatch: the stored weights do not fit (the backbone is left
-            unchanged), naming the variables as far as the loader can.
-    """
-    path = os.fspath(path)
-    if path.endswith('.h5') and not tf.io.gfile.exists(path):
-        raise FileNotFoundError(f'weights file {path!r} does not exist')
-    snapshot = backbone.get_weights()
-    try:
-        if path.endswith('.h5'):
-            backbone.load_weights(path)
-        else:
-            _restore_backbone(backbone, resolve_prefix(path))
-    except (AssertionError, KeyError, ValueError,
-            tf.errors.OpError) as error:
-        assign_weights(backbone, snapshot)
-        raise Mismatch(
-            f'could not load {path!r} into backbone {backbone.name!r} '
-            f'({len(snapshot)} variables); none were restored, the backbone '
-            f'is unchanged. Architecture mismatch? Cause: '
-            f'{type(error).__name__}: {error}',
-            getattr(error, 'unmatched', None)) from error
 
 
 def write_model(model, model_dir, step=0):

@@ -90,15 +90,16 @@ with _quiet_start(sys.argv):
     from paws_tf.runner import config_checks
     from paws_tf.runner import modes
     from paws_tf.runner import run_lock
+    from paws_tf.runner import start
     from paws_tf.runner import train
 
 
-def _demo(model_dir, strategy, options):
+def _demo(run, strategy, options):
     # Loaded when it runs: the library never imports the demo, and the
     # program loads its mode, report and plotting for --mode=demo alone.
     # pylint: disable-next=import-outside-toplevel
     from paws_tf.demo import run_demo
-    return run_demo.demo(model_dir, strategy, options)
+    return run_demo.demo(run, strategy, options)
 
 
 # run.py's --mode: the library's modes, and the demo.
@@ -195,12 +196,14 @@ def main(argv):
     config = gin.config_str()
     strategy = cluster.make_strategy(_STRATEGY.value)
     cluster.check_same_config(strategy, f'--mode={_MODE.value}\n{config}')
-    if mode.trains:
-        # Once the strategy exists; still before any data is read.
-        config_checks.check_pretrained(run, overwrite=_OVERWRITE.value)
+    # Once the strategy exists; still before any data is read or the run
+    # directory is made.
+    pretrained = start.check_pretrained(
+        run, overwrite=_OVERWRITE.value,
+        channels=config_checks.folder_channels()) if mode.trains else None
     lock = run_lock.for_process(run, strategy, training=mode.trains)
     with lock:
-        _run_in_model_dir(run, strategy, mode, config,
+        _run_in_model_dir(run, strategy, mode, config, pretrained=pretrained,
                           owner_check=getattr(lock, 'check', None))
 
 
@@ -226,29 +229,31 @@ def _main_with_messages(argv):
 _GIN_CALL = re.compile(r"\n\s*In call to configurable '[^']*' \(<[^>]*>\)")
 
 
-def _run_in_model_dir(run, strategy, mode, config, owner_check):
-    """Everything `main` does under the run directory's lock;
+def _run_in_model_dir(run, strategy, mode, config, *, pretrained,
+                      owner_check):
+    """Everything `main` does under the run directory's lock; `pretrained`
+    is what a training run starts from (`start.check_pretrained`),
     `owner_check` raises when another run took the lock over."""
     # The importer creates model_dir only once the checkpoint fits.
     if not mode.imports:
         os.makedirs(run.path, exist_ok=True)
-        # A training run's config is the run's record (train compares a
-        # resumed run's with it): staged with the flags, it replaces the
-        # run's once the start has passed its checks. The other modes'
-        # is kept beside it under their own name.
-        records = run.staging if mode.trains else run
-        config_path = (records.config if mode.trains else
-                       run.mode_config(_MODE.value))
-        if cluster.is_chief(strategy):
-            records.write(records.flags, _flags_record())
-            records.write(config_path, config)
-        if not mode.trains:
-            logging.info('gin config: %s', config_path)
+    # A training run's config and flags are the run's records (train
+    # compares a resumed run's config with them): staged, they replace the
+    # run's once the start has passed its checks.
+    if mode.trains and cluster.is_chief(strategy):
+        run.staging.write(run.staging.flags, _flags_record())
+        run.staging.write(run.staging.config, config)
     if _VERBOSE.value:
         logging.info('gin config:\n%s', config)
-    mode.run(run.path, strategy, modes.Options(
+    mode.run(run, strategy, modes.Options(
         overwrite=_OVERWRITE.value, owner_check=owner_check,
-        official_checkpoint=_OFFICIAL_CHECKPOINT.value, mode=_MODE.value))
+        pretrained=pretrained, official_checkpoint=_OFFICIAL_CHECKPOINT.value,
+        mode=_MODE.value))
+    # The other modes read the run's records and write none: what one ran
+    # with is kept under its own name, once it has run.
+    if not (mode.trains or mode.imports) and cluster.is_chief(strategy):
+        run.write(run.mode_config(_MODE.value), config)
+        logging.info('gin config: %s', run.mode_config(_MODE.value))
 
 
 def _flags_record():

@@ -91,13 +91,15 @@ class RunDir:
     supervised_logs = _path('tensorboard', 'supervised')
 
     @property
-    def training_outputs(self):
-        """What a training run writes besides its config and data records:
-        what `--overwrite` deletes."""
+    def overwritten(self):
+        """What `--overwrite` deletes, for a training run and an import
+        alike: every output and record of the run in this directory."""
         return (self.checkpoints, self.backup, self.damaged,
                 self.tensorboard, self.export, self.eval, self.fine_tune,
                 self.supervised, self.history, self.operative_config,
-                self.input_summary, self.results, self.results_figure)
+                self.input_summary, self.results, self.results_figure,
+                self.config, self.flags, self.split, self.normalization,
+                self.fingerprint, self.imported)
 
     def delete(self, paths):
         """Deletes the files and directories `paths` (of this run)."""

@@ -30,8 +30,7 @@ from paws_tf import checkpoints  # noqa: E402
 from paws_tf import lars  # noqa: E402
 from paws_tf import schedules  # noqa: E402
 from paws_tf.runner import building  # noqa: E402
-from paws_tf.runner import config_checks  # noqa: E402
-from paws_tf.runner import train  # noqa: E402
+from paws_tf.runner import start  # noqa: E402
 from tests.helpers import image_folders  # noqa: E402
 from tests.helpers import run_py  # noqa: E402
 from tests.test_official_import import _config  # noqa: E402
@@ -201,13 +200,13 @@ def test_paws_starts_from_an_import(imported):
     source = str(imported / 'imported')
     with _config(WRN_CONFIG, SYNTHETIC_BINDINGS + (
             f"train.pretrained_model = '{source}'",)):
-        config_checks.check_pretrained(imported / 'new')
+        pretrained = start.check_pretrained(imported / 'new')
         model = building.build_compiled_model(
             tf.distribute.get_strategy(), input_channels=3,
             steps_per_epoch=1, num_epochs=600, optimizer_cls=lars.LARS,
             schedule_cls=schedules.WarmupCosineDecay, precision='float32',
             jit_compile=False, steps_per_execution=1)
-        origin = train._load_pretrained(model, None, source)
+        origin = pretrained.load_into(model, 3)
     prefix = tf.train.latest_checkpoint(f'{source}/checkpoints')
     assert origin == f' from the model of {prefix}'
     assert checkpoints.global_step(model) == 0

@@ -72,7 +72,7 @@ def test_a_refused_start_with_overwrite_deletes_nothing(tmp_path, trained):
     run's files are byte for byte what they were.
 
     Fails if --overwrite deletes the run before the pretrained model is
-    checked (config_checks.check_pretrained skipped a run with progress:
+    checked (start.check_pretrained skipped a run with progress:
     the model of another width was found only after the deletion), before
     the data is loaded and the input built (the two data refusals), or if
     a pretrained model inside model_dir is not refused (the run deleted

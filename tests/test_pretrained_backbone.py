@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from paws_tf.nets import backbones
 from paws_tf.runner import building
-from paws_tf.runner import config_checks
+from paws_tf.runner import start
 from tests.helpers import debug_gin
 from tests.helpers import image_folders
 from tests.helpers import run_py
@@ -107,7 +107,7 @@ def test_run_starts_from_the_files_backbone(tmp_path, kind, data):
 def test_a_file_of_another_architecture_is_refused_before_reading(
         tmp_path, data):
     """Fails if run.py reads the data before checking the file
-    (cli.py's config_checks.check_pretrained call removed: the
+    (cli.py's start.check_pretrained call removed: the
     missing unlabeled folder is found first)."""
     # Wider second stage; the unlabeled folder does not exist, so a run
     # that read its data first would stop on that instead.
@@ -143,12 +143,12 @@ def test_the_check_of_a_source_of_unknown_channels(tmp_path, channels):
         with debug_gin.parsed(
                 [f"train.pretrained_backbone = '{path}'"]):
             if fits:
-                config_checks.check_pretrained(tmp_path / 'run')
+                start.check_pretrained(tmp_path / 'run')
             else:
                 with pytest.raises(ValueError, match=(
                         "train.pretrained_backbone = '.*' does not fit the "
                         'configured backbone')):
-                    config_checks.check_pretrained(tmp_path / 'run')
+                    start.check_pretrained(tmp_path / 'run')
 
 
 @pytest.fixture(scope='module')
@@ -246,7 +246,7 @@ def test_a_model_of_other_channels_is_refused_naming_both(tmp_path, data,
     (`CHANNELS = 1`, as the config's comment gives it).
 
     Fails if the check does not try the folders' channels (tried:
-    `config_checks.check_pretrained` building the model for 3 channels
+    `start.check_pretrained` building the model for 3 channels
     whatever the folders decode to: the run starts), or the message does
     not name the channel counts."""
     data = data[:1] + [f"UNLABELED_DIR = '{tmp_path / 'missing'}'"] + data[2:]
@@ -267,4 +267,4 @@ def test_a_path_that_does_not_exist_says_so(tmp_path, part):
         with pytest.raises(ValueError, match=(
                 f"^train.pretrained_{part} = '{typo}' does not exist: bind "
                 'it to a run directory or a checkpoint')):
-            config_checks.check_pretrained(tmp_path / 'run')
+            start.check_pretrained(tmp_path / 'run')

@@ -11,6 +11,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import checkpoints
+from paws_tf.runner import pretrained
 from paws_tf.runner import callbacks
 from tests.helpers import tiny_model
 
@@ -223,7 +224,7 @@ def test_the_model_part_needs_no_optimizer(tmp_path):
 
 def test_the_backbone_part_leaves_the_heads_untouched(tmp_path):
     """A run's checkpoint (`write_model`, as an import writes it) gives a
-    model its backbone only. Fails if `load(..., BACKBONE)` restores the
+    model its backbone only. Fails if `load_backbone_weights` restores the
     whole model (the heads take the file's values)."""
     source = tiny_model.build(seed=0)
     checkpoints.write_model(source, tmp_path)
@@ -231,7 +232,8 @@ def test_the_backbone_part_leaves_the_heads_untouched(tmp_path):
     target = tiny_model.build(seed=1)
     heads = [target.projection_head, target.prediction_head]
     before = [values(head.variables) for head in heads]
-    checkpoints.load(tmp_path / 'checkpoints', target, checkpoints.BACKBONE)
+    pretrained.load_backbone_weights(target.backbone,
+                                     tmp_path / 'checkpoints')
     assert values(target.backbone.variables) == stored(
         prefix, 'model/backbone')
     for head, was, scope in zip(heads, before, ('model/projection_head',

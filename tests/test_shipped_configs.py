@@ -13,7 +13,7 @@ Bugs tried: support labels shifted by one class in `evaluate.classify`;
 tau x10 there; the ImageNet fine-tuning rate's `final_lr` left to gin;
 the subsets' images not excluded from the ImageNet validation draw; a ViT
 built on 8-px images; `build_classifier` taking relu1 only; the transfer's
-classes 4-8 instead of 5-9 (its counts unchanged); `train._resume` not
+classes 4-8 instead of 5-9 (its counts unchanged); `start.start` not
 loading `train.pretrained_model`; `PAWSModel.ropaws_prior_tau` renamed
 (docs/ropaws.md's command line then stops).
 """
@@ -460,7 +460,7 @@ def test_the_documented_transfer_runs(request, tmp_path):
     Fails if the transfer's support or test holds the source's classes
     (tried: `CLASSES = (4, 5, 6, 7, 8)` in transfer_fashion_mnist.gin: the
     counts stay 10 and 20), or if the continued run does
-    not start from the source model (tried: `train._resume` not loading
+    not start from the source model (tried: `start.start` not loading
     `train.pretrained_model`)."""
     folder = request.getfixturevalue('fashion_mnist_dir')
     data = [f"fashion_mnist.idx_dir = '{folder}'"]

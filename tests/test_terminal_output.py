@@ -37,11 +37,11 @@ RECORD = re.compile(r'[IWEF]\d{4} [\d:.]+ +\d+ ([\w.]+):\d+\] (.*)')
 # logs, by module.
 OWN_RECORDS = {
     'cli.py': [r'gin config: \S+'],
-    'train.py': [
+    'start.py': [
         r'gin config: \S+',
         r'PAWS input: .*; the sizes per replica and step: \S+',
-        r'Training steps \d+\.\.\d+: (1 epoch|\d+ epochs) of \d+ steps\.',
-        r'Final weights fingerprint \(SHA-256\): [0-9a-f]{64}'],
+        r'Training steps \d+\.\.\d+: (1 epoch|\d+ epochs) of \d+ steps\.'],
+    'train.py': [r'Final weights fingerprint \(SHA-256\): [0-9a-f]{64}'],
     'callbacks.py': [r'epoch \d+/\d+: loss=\S+( \w+=\S+)* \| \d+ views/s, '
                      r'[\d.]+ s'],
     'evaluate.py': [

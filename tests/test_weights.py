@@ -1,11 +1,11 @@
-"""Pretrained weights into a backbone (`checkpoints.load_backbone_weights`)."""
+"""Pretrained weights into a backbone (`pretrained.load_backbone_weights`)."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from paws_tf.nets import backbones
-from paws_tf import checkpoints
+from paws_tf.runner import pretrained
 from tests.helpers import tiny_model
 
 
@@ -34,7 +34,7 @@ def test_load_weights_round_trip(tmp_path, fmt):
     source = _trained_tiny_backbone()
     target = _trained_tiny_backbone()
     path = _save(source, tmp_path, fmt)
-    checkpoints.load_backbone_weights(target, path)
+    pretrained.load_backbone_weights(target, path)
     for want, got in zip(source.variables, target.variables):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
     images = tf.random.normal([2, 8, 8, 1])
@@ -53,7 +53,7 @@ def test_load_weights_mismatch_leaves_backbone_unchanged(tmp_path, fmt,
     target = _trained_tiny_backbone(**other)
     before = [v.numpy() for v in target.variables]
     with pytest.raises(ValueError, match='backbone is unchanged'):
-        checkpoints.load_backbone_weights(target, path)
+        pretrained.load_backbone_weights(target, path)
     for variable, value in zip(target.variables, before):
         np.testing.assert_array_equal(variable.numpy(), value)
 
@@ -63,18 +63,18 @@ def test_load_checkpoint_names_unrestored_variables(tmp_path):
     prefix = tf.train.Checkpoint(model=source).write(str(tmp_path / 'ckpt'))
     with pytest.raises(ValueError, match=r'35 of 35 variables.*stem_conv/'
                                          r'kernel:0.*and 15 more'):
-        checkpoints.load_backbone_weights(_trained_tiny_backbone(), prefix)
+        pretrained.load_backbone_weights(_trained_tiny_backbone(), prefix)
     prefix = tf.train.Checkpoint(backbone=source).write(
         str(tmp_path / 'other'))
     target = _trained_tiny_backbone(blocks_per_stage=(1, 2))
     with pytest.raises(ValueError, match=r'10 of 45 variables.*'
                                          r'stage2_block2_conv1/kernel:0'):
-        checkpoints.load_backbone_weights(target, prefix)
+        pretrained.load_backbone_weights(target, prefix)
 
 
 @pytest.mark.parametrize('name', ['missing.h5', 'missing.weights.h5',
                                   'missing_prefix', '.'])
 def test_load_weights_missing_path(tmp_path, name):
     with pytest.raises(FileNotFoundError, match='missing|no TF checkpoint'):
-        checkpoints.load_backbone_weights(_trained_tiny_backbone(),
+        pretrained.load_backbone_weights(_trained_tiny_backbone(),
                                       tmp_path / name)

@@ -134,10 +134,11 @@ def channel_statistics(source, max_images=None, seed=0):
 
 def _check_record(recorded, where, spec, fixed, channels):
     """`recorded`'s values (read from `where`), checked against `spec`
-    (`fixed`: its values, None for `FROM_DATA`) and `channels`."""
+    (`fixed`: its values, None for `FROM_DATA`) and `channels`; raises
+    `checks.DataError` naming the record and the binding."""
     values = tuple(recorded['mean']), tuple(recorded['std'])
     if channels is not None and recorded.get('channels') != channels:
-        raise ValueError(
+        raise checks.DataError(
             f'{where} holds the normalisation of {recorded.get("channels")}'
             f'-channel images but the images are now decoded to '
             f'{channels} channels: delete it to compute it again '
@@ -146,11 +147,12 @@ def _check_record(recorded, where, spec, fixed, channels):
             values if recorded.get('spec') != FROM_DATA else FROM_DATA):
         # A run normalised one way must be exported and evaluated the
         # same way.
-        raise ValueError(
-            f'{where} records the normalisation this run was trained '
-            f'with, {NORMALIZATION_MACRO} = '
-            f'{recorded.get("spec")!r} (mean {values[0]}, std '
-            f'{values[1]}), not {spec!r}: bind it back.')
+        raise checks.DataError(
+            f'{where} (written by training) records the normalisation this '
+            f'run was trained with, {NORMALIZATION_MACRO} = '
+            f'{recorded.get("spec")!r} (mean {values[0]}, std {values[1]}), '
+            f'not {spec!r} (load_data.normalization): bind it back, or '
+            'train a new run in another --model_dir.')
     if fixed is None:  # Else the config holds the same values.
         logging.info('Normalisation read from %s: mean %s, std %s', where,
                      *values)
@@ -179,8 +181,10 @@ def resolve_normalization(spec, *, source=None, recorded=None, where=None,
         `recorded` or there is no `source`.
 
     Raises:
-        ValueError: a bad `spec` or one the channels or the record do not
-            match; `FROM_DATA` with neither a record nor a `source`.
+        ValueError: a bad `spec`; `FROM_DATA` with neither a record nor a
+            `source`.
+        checks.DataError: `recorded` is of other channels or another
+            normalisation than `spec`.
     """
     channels = None if source is None else source.channels
     fixed = None if spec == FROM_DATA else normalization(spec, channels)

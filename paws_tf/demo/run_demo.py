@@ -15,13 +15,14 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from paws_tf import bindings
 from paws_tf import cluster
+from paws_tf import run_dir
 from paws_tf.data import pipeline
 from paws_tf.demo import supervised
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import fine_tune
-from paws_tf import run_dir
 from paws_tf.runner import experiment
 from paws_tf.runner import modes
+from paws_tf.runner import train
 
 
 def demo(model_dir, strategy, options):
@@ -29,33 +30,33 @@ def demo(model_dir, strategy, options):
     (the demo configs bind the CIFAR-10 protocol), then the baseline.
 
     Args:
-        model_dir, strategy: the run directory, the running strategy.
-        options: `modes.Options`: `overwrite` and `owner_check`, passed to
-            `train.train`.
+        model_dir, strategy: the run's `RunDir` (or its path), the running
+            strategy.
+        options: `modes.Options`: `overwrite`, `owner_check` and
+            `pretrained`, passed to `train.train`.
 
     Returns:
-        The results dict, also in `model_dir/results.json`.
+        The results dict, also in `RunDir.results`.
     """
+    run = run_dir.RunDir(model_dir)
     start = time.perf_counter()
-    trained = modes.trained_model(model_dir, strategy, options)
+    trained = modes.trained_model(run, strategy, options)
     paws_seconds = time.perf_counter() - start
     # Read once, for PAWS-NN, the export, fine-tuning and the baseline.
     bundle = modes.load_labeled_data(
-        model_dir, "the demo's PAWS-NN, fine-tuning and baseline use them")
-    paws = modes.export_and_evaluate(model_dir, strategy, trained,
-                                     bundle=bundle)
+        run, "the demo's PAWS-NN, fine-tuning and baseline use them")
+    paws = modes.export_and_evaluate(run, strategy, trained, bundle=bundle)
     # Fine-tuning's float32 copy in the strategy's scope.
-    model, _ = modes.load_trained_model(model_dir, strategy)
+    model, _ = modes.load_trained_model(run, strategy)
     preprocessing = experiment.eval_preprocessing(bundle)
     tune_start = time.perf_counter()
-    tuned = fine_tune.fine_tune(model_dir, model, labeled=bundle.labeled,
+    tuned = fine_tune.fine_tune(run, model, labeled=bundle.labeled,
                                 test=bundle.test, strategy=strategy,
                                 **preprocessing)
     tune_seconds = time.perf_counter() - tune_start
     if not cluster.is_chief(strategy):
         cluster.barrier(strategy)  # The chief's baseline and report.
         return None
-    run = run_dir.RunDir(model_dir)
     baseline = supervised.train_supervised(
         run, labeled=bundle.labeled, test=bundle.test,
         preprocessing=preprocessing)

@@ -1,14 +1,11 @@
-"""Checks of a gin config before data is read, also against model_dir's run:
-those that span configurables, which read each one's values through its
-own function (`bindings.arguments`)."""
+"""Checks of a gin config before data is read: those that span
+configurables, which read each one's values through its own function
+(`bindings.arguments`)."""
 
 import collections
 import numbers
 import os
 
-import gin
-
-from paws_tf import checkpoints
 from paws_tf import bindings
 from paws_tf import checks
 from paws_tf import model as model_lib
@@ -19,8 +16,6 @@ from paws_tf.data import pipeline
 from paws_tf.evaluation import evaluate_nn
 from paws_tf.evaluation import export
 from paws_tf.nets import backbones
-from paws_tf import run_dir
-from paws_tf.runner import building
 from paws_tf.runner import experiment
 from paws_tf.runner import train
 
@@ -243,6 +238,14 @@ def check_config(pretraining=True):
     _check_backbone(multicrop)
 
 
+def folder_channels():
+    """The channels a folder training source decodes to, or None for other
+    sources (known once read)."""
+    folder = _folder_source()
+    return (None if folder is None else
+            _folder_arguments(folder)[0]['channels'][0])
+
+
 def check_folder_channels(channels, model):
     """Refuses a folder source of the config that decodes to other than
     the `channels` that `model` (a description) takes, before its images
@@ -255,120 +258,3 @@ def check_folder_channels(channels, model):
         raise checks.ConfigError(
             f'{model} takes {channels}-channel images, but {name} = {bound}: '
             f'bind {name} = {channels} (the images are decoded to that).')
-
-
-# The bindings that make the model's variables, and the backbone's: compared
-# in the message on a pretrained model that does not fit.
-_BACKBONE = ('build_backbone.', *sorted({
-    f'{bindings.gin_name(family.configurable)}.'
-    for family in backbones.FAMILIES.values()}))
-_ARCHITECTURE = (*_BACKBONE, 'build_model.', 'ProjectionHead.',
-                 'PredictionHead.')
-# Of the variables that do not fit, how many a message names.
-_NAMES_SHOWN = 3
-
-
-def check_pretrained(run, *, overwrite=False):
-    """Refuses a `train.pretrained_backbone` or `train.pretrained_model`
-    that is or lies inside the run directory `run`, or that does not fit
-    the configured model, before any data is read or anything deleted;
-    call it once the strategy exists (`MultiWorkerMirroredStrategy` must
-    precede other TensorFlow ops). A run that resumes (its own checkpoint
-    wins; with `overwrite` it may start again) is not checked for fit. The
-    model of a source other than folders is tried with 3 channels, then 1
-    (training checks the file again).
-
-    Raises:
-        checks.ConfigError: both are bound, or the path lies in `run`, does
-            not exist or does not fit (the architecture bindings of both
-            models that differ, else the first variables that do not fit).
-    """
-    backbone, backbone_name = bindings.binding('train.pretrained_backbone')
-    whole, whole_name = bindings.binding('train.pretrained_model')
-    if backbone and whole:
-        raise checks.ConfigError(
-            f'{backbone_name} and {whole_name} are both bound: bind one '
-            '(the model includes its backbone).')
-    path, name = (backbone, backbone_name) if backbone else (whole,
-                                                              whole_name)
-    if not path:
-        return
-    _check_outside(run, path, name)
-    if checkpoints.has_progress(run) and not overwrite:
-        return
-    if not (os.path.exists(path) or os.path.exists(f'{path}.index')):
-        raise checks.ConfigError(
-            f'{name} = {path!r} does not exist: bind it to a run directory '
-            'or a checkpoint' + (', or a weights file' if backbone else '')
-            + '.')
-    folder = _folder_source()
-    tried = ((bindings.binding(f'{folder[0]}.channels', 3)[0],)
-             if folder is not None else (3, 1))
-    refused = []  # What each channel count tried gave, the first first.
-    for channels in tried:
-        model = building.build_local_model(input_channels=channels)
-        try:
-            if backbone:
-                checkpoints.load_backbone_weights(model.backbone, backbone)
-            else:
-                checkpoints.load(checkpoints.model_checkpoint(whole), model)
-            return
-        except FileNotFoundError as error:
-            raise checks.ConfigError(f'{name} = {path!r}: {error}') from error
-        except ValueError as error:
-            refused.append(error)
-    part = 'backbone' if backbone else 'model'
-    why = _architecture_differences(path, tried, _BACKBONE if backbone
-                                    else _ARCHITECTURE)
-    if why is None:
-        unmatched = getattr(refused[0], 'unmatched', None)
-        why = (f'{len(unmatched)} variables of the configured {part} have no '
-               f'value of their shape there: {checks.listing(unmatched, _NAMES_SHOWN)}'
-               if unmatched else
-               str(refused[0].__cause__ or refused[0]).splitlines()[0])
-    why = why.rstrip('.')
-    raise checks.ConfigError(
-        f'{name} = {path!r} does not fit the configured {part}: {why}. '
-        f'Start from a {part} of this architecture, or bind its '
-        'architecture.')
-
-
-def _check_outside(run, path, name):
-    """Refuses a pretrained `path` that is or lies inside the run `run`:
-    --overwrite would delete it, and a run starts from another model."""
-    inside, own = (os.path.realpath(p) for p in (path, run))
-    if inside != own and not inside.startswith(own + os.sep):
-        return
-    raise checks.ConfigError(
-        f'{name} = {path!r} {"is" if inside == own else "lies inside"} '
-        f'--model_dir={run}, the run it would start: start from a model in '
-        'another directory, or train in another --model_dir.')
-
-
-def _architecture_differences(path, channels, prefixes):
-    """'<source> was built with ...; this config builds ...': the bindings
-    starting with `prefixes` and the channels where the run directory of
-    `path` (it, or the run whose checkpoint it is) and this config differ;
-    None when `path` is not in a run directory."""
-    candidates = (path, os.path.dirname(path),
-                  os.path.dirname(os.path.dirname(path)))
-    source = next((run_dir.RunDir(candidate) for candidate in candidates
-                   if os.path.isfile(run_dir.RunDir(candidate).config)),
-                  None)
-    if source is None:
-        return None
-    with open(source.config) as f:
-        theirs = set(f.read().splitlines())
-    ours = set(gin.config_str().splitlines())
-    differ = lambda lines, other: '; '.join(sorted(  # noqa: E731
-        line for line in lines - other if line.startswith(prefixes)))
-    parts = []
-    if differ(theirs, ours) or differ(ours, theirs):
-        parts.append(f'{source} was built with '
-                     f'{differ(theirs, ours) or "the defaults"}; this config '
-                     f'builds {differ(ours, theirs) or "the defaults"}')
-    recorded = source.read_json(source.normalization)
-    if recorded is not None and len(recorded['mean']) not in channels:
-        parts.append(f'{source} takes {len(recorded["mean"])}-channel '
-                     f'images, this config {" or ".join(map(str, channels))}')
-    return '; '.join(parts) or None

@@ -13,6 +13,7 @@ from paws_tf.data import folders
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import sources
 from paws_tf.data import splits
+from paws_tf.runner import records
 
 DataBundle = collections.namedtuple(
     'DataBundle', ['labeled', 'unlabeled', 'test', 'normalization'])
@@ -38,15 +39,18 @@ def _classes(source):
     return str(names[:8])[:-1] + (', ...]' if len(names) > 8 else ']')
 
 
-@gin.configurable(denylist=['run'])
-def load_data(run, *, train=gin.REQUIRED, test=None, unlabeled=None,
-              max_unlabeled=None, seed=0, normalization=None,
+@gin.configurable(denylist=['run', 'trained'])
+def load_data(run, *, trained=False, train=gin.REQUIRED, test=None,
+              unlabeled=None, max_unlabeled=None, seed=0, normalization=None,
               normalization_images=5000, normalization_from='labeled'):
     """Loads the sources of an experiment.
 
     Args:
         run: the `RunDir` (or its path) recording the labeled split and the
             normalisation; None records nothing.
+        trained: `run` holds a trained run, whose records are read and
+            never written: other classes, another labeled split
+            (`records.check`) or normalisation than recorded are refused.
         train: zero-argument callable (gin: `@train/load_idx`) returning a
             labeled `ImageSource` that `splits.select_labeled` splits, or a
             `(labeled, unlabeled)` pair (`image_folders`).
@@ -70,14 +74,17 @@ def load_data(run, *, train=gin.REQUIRED, test=None, unlabeled=None,
 
     Raises:
         checks.DataError: the test classes or channels differ from the
-            labeled ones.
+            labeled ones, or (`trained`) the data or normalisation from the
+            run's records.
         ValueError: on a bad `normalization`.
     """
     normalization_lib.normalization(normalization)
     checks.one_of('load_data.normalization_from', normalization_from,
                   ('labeled', 'unlabeled'))
     run = None if run is None else run_dir.RunDir(run)
-    labeled, unlabeled_source = _split(train(), run)
+    labeled, unlabeled_source = _split(train(), None if trained else run)
+    if trained:
+        records.check(run, labeled)
     unlabeled = _at_most(
         unlabeled() if unlabeled is not None else unlabeled_source,
         max_unlabeled, seed)
@@ -87,7 +94,7 @@ def load_data(run, *, train=gin.REQUIRED, test=None, unlabeled=None,
         normalization, run,
         labeled if normalization_from == 'labeled' else unlabeled,
         max_images=normalization_images, seed=seed,
-        description=normalization_from)
+        description=normalization_from, writes=not trained)
     return DataBundle(labeled, unlabeled, test_source, normalization)
 
 
@@ -136,9 +143,10 @@ def _check_test(test_source, labeled):
             f'labeled ones {labeled.channels}: decode both to the same.')
 
 
-def resolve_normalization(spec, run, source, **kwargs):
+def resolve_normalization(spec, run, source, *, writes=True, **kwargs):
     """`normalization.resolve_normalization` of `spec` (None: None) on
-    `source`, read from and recorded in `run` (when not None)."""
+    `source`, read from and (`writes`) recorded in `run` (when not
+    None)."""
     if spec is None:
         return None
     if spec == normalization_lib.FROM_DATA and not isinstance(
@@ -150,7 +158,7 @@ def resolve_normalization(spec, run, source, **kwargs):
         spec, source=source,
         recorded=None if run is None else run.read_json(run.normalization),
         where=None if run is None else run.normalization, **kwargs)
-    if run is not None and record is not None:
+    if writes and run is not None and record is not None:
         run.write_json(run.normalization, record)
     return values
 

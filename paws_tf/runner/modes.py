@@ -23,22 +23,23 @@ from paws_tf.runner import experiment
 from paws_tf.runner import official_import
 from paws_tf.runner import train
 
-def _float32_model(model_dir, strategy, *, local, imported):
+def _float32_model(run, strategy, *, local, imported):
     """The run's model, new: plain variables (`local`) or in the strategy's
     scope, float32 whatever the training precision (portable exports)."""
     tf_keras.mixed_precision.set_global_policy('float32')
     channels = (official_import.CHANNELS if imported else
-                experiment.recorded_preprocessing(model_dir)[1])
+                experiment.recorded_preprocessing(run)[1])
     return (building.build_local_model(input_channels=channels) if local
             else building.build_model(strategy, input_channels=channels))
 
 
-def load_trained_model(model_dir, strategy, *, local=False, imported=False):
+def load_trained_model(run, strategy, *, local=False, imported=False):
     """The run's model restored from its newest checkpoint that restores,
     from the gin config and the run directory alone.
 
     Args:
-        model_dir, strategy: the run directory, the running strategy.
+        run, strategy: the run's `RunDir` (or its path), the running
+            strategy.
         local: plain variables outside the strategy, for what one process
             does alone (export, PAWS-NN); else in its scope (fine-tuning).
         imported: the run holds imported official weights (RGB).
@@ -50,52 +51,43 @@ def load_trained_model(model_dir, strategy, *, local=False, imported=False):
         FileNotFoundError: the run has no checkpoint yet.
         checkpoints.NoneRestorable: none of its checkpoints restores.
     """
-    model = _float32_model(model_dir, strategy, local=local,
+    model = _float32_model(run, strategy, local=local,
                            imported=imported)
     with contextlib.nullcontext() if local else strategy.scope():
-        return model, checkpoints.load_newest(model_dir, model)
+        return model, checkpoints.load_newest(run, model)
 
 
 class MissingLabeledFolder(checks.DataError):
     """A mode that reads the labeled images finds no labeled folder."""
 
 
-def load_labeled_data(model_dir, what):
-    """The run's data (`experiment.load_data`), for `what` that reads its
-    labeled images; raises `MissingLabeledFolder` naming the binding and
-    `what` when the config's labeled folder does not exist."""
+def load_labeled_data(run, what):
+    """The trained run's data (`experiment.load_data`), checked against
+    its records and writing none, for `what` that reads its labeled
+    images; raises `MissingLabeledFolder` naming the binding and `what`
+    when the config's labeled folder does not exist."""
     try:
         config_checks.check_labeled_folder(what)
     except ValueError as error:
         raise MissingLabeledFolder(str(error)) from None
-    return experiment.load_data(model_dir)
+    return experiment.load_data(run, trained=True)
 
 
-def _export_classifier(model_dir, model, bundle=None):
-    """Writes the PAWS-NN classifier of `model` (embeddings of the labeled
-    images of `bundle`, else read here); False when the labeled folder is
-    missing (skipped with a warning)."""
-    if bundle is None:
-        try:
-            bundle = load_labeled_data(
-                model_dir, 'the classifier bundles their embeddings')
-        except MissingLabeledFolder as missing:
-            logging.warning('Exported the embedder under %s/export, not the '
-                            'classifier: %s', model_dir, missing)
-            return False
-    preprocessing, channels = experiment.recorded_preprocessing(model_dir)
+def _export_classifier(run, model, bundle):
+    """Writes the PAWS-NN classifier of `model`, the embeddings of the
+    labeled images of `bundle` its supports."""
+    preprocessing, channels = experiment.recorded_preprocessing(run)
     supports = evaluate_nn.embed_labeled(
         evaluate.embedder_from_model(model), bundle.labeled, preprocessing)
     evaluate_nn.export_classifier(
-        run_dir.RunDir(model_dir), model, bundle.labeled, supports,
+        run, model, bundle.labeled, supports,
         preprocessing, channels=channels, tau=model.tau)
-    return True
 
 
-def evaluate_existing(model_dir, strategy, embedder):
+def evaluate_existing(run, strategy, embedder):
     """PAWS-NN of the existing model whose embedder export is `embedder`
     (`config_checks.existing_model`) on the config's labeled and test
-    data, with the preprocessing recorded in its export, into `model_dir`,
+    data, with the preprocessing recorded in its export, into `run`,
     where its PAWS-NN classifier of these classes is exported too
     (`RunDir.classifier`). The chief's work; the other workers wait.
     Returns the PAWS-NN results on the chief (`config_checks.check_config`
@@ -109,7 +101,7 @@ def evaluate_existing(model_dir, strategy, embedder):
     if cluster.is_chief(strategy):
         stored = export.read_preprocessing(embedder)
         bundle = load_labeled_data(
-            model_dir, 'PAWS-NN compares the test images with them')
+            run, 'PAWS-NN compares the test images with them')
         _check_test(bundle)
         if bundle.labeled.channels != stored['channels']:
             raise checks.DataError(
@@ -117,14 +109,14 @@ def evaluate_existing(model_dir, strategy, embedder):
                 f'images, but the labeled images have '
                 f'{bundle.labeled.channels}.')
         results = evaluate_nn.evaluate_nn(
-            model_dir, evaluate_nn.of_export(embedder),
+            run, evaluate_nn.of_export(embedder),
             labeled=bundle.labeled, test=bundle.test, classifier=True,
             **{key: stored[key] for key in (
                 'image_size', 'crop_fraction', 'mean', 'std')})
         logging.info('Exported the PAWS-NN classifier of %s for these %d '
                      'classes under %s.', embedder,
                      len(bundle.labeled.class_names),
-                     run_dir.RunDir(model_dir).classifier)
+                     run.classifier)
     cluster.barrier(strategy)
     return results
 
@@ -135,12 +127,11 @@ def _check_test(bundle):
                          'nothing to evaluate PAWS-NN on.')
 
 
-def _paws_nn(model_dir, bundle, model, step, *, exported):
+def _paws_nn(run, bundle, model, step, *, exported):
     """PAWS-NN of `model`, read from the checkpoint of `step` or just
     `exported` (with its classifier, of the same support embeddings), else
     of the run's embedder export when it has one."""
     _check_test(bundle)
-    run = run_dir.RunDir(model_dir)
     if exported:
         embedder = evaluate_nn.Embedder(
             model, 'saved_model', run.embedder,
@@ -149,14 +140,14 @@ def _paws_nn(model_dir, bundle, model, step, *, exported):
         embedder = evaluate_nn.of_export(run.embedder)
     else:
         embedder = evaluate_nn.Embedder(model, 'checkpoint',
-                                        checkpoints.at_step(model_dir, step))
+                                        checkpoints.at_step(run, step))
     return evaluate_nn.evaluate_nn(
-        model_dir, embedder, labeled=bundle.labeled, test=bundle.test,
+        run, embedder, labeled=bundle.labeled, test=bundle.test,
         tau=model.tau, embedding=model.nn_embedding, step=step,
         classifier=exported, **experiment.eval_preprocessing(bundle))
 
 
-def export_and_evaluate(model_dir, strategy, model=None, *, exports=True,
+def export_and_evaluate(run, strategy, model=None, *, exports=True,
                         evaluates=True, imported=False, bundle=None):
     """What one process does alone with a trained run: export it
     (`exports`), then PAWS-NN (`evaluates`) of the run's data (`bundle`,
@@ -170,86 +161,101 @@ def export_and_evaluate(model_dir, strategy, model=None, *, exports=True,
     weights = None if model is None else model.get_weights()
     results = None
     if cluster.is_chief(strategy):
+        missing = None
+        # Read, and checked against the run's records, before anything is
+        # written.
         if evaluates and bundle is None:
             bundle = load_labeled_data(
-                model_dir, 'PAWS-NN compares the test images with them')
+                run, 'PAWS-NN compares the test images with them')
+        elif exports and bundle is None:
+            try:
+                bundle = load_labeled_data(
+                    run, 'the classifier bundles their embeddings')
+            except MissingLabeledFolder as error:
+                missing = error
         if model is None:
-            local, step = load_trained_model(model_dir, strategy, local=True,
+            local, step = load_trained_model(run, strategy, local=True,
                                              imported=imported)
         else:
-            local = _float32_model(model_dir, strategy, local=True,
+            local = _float32_model(run, strategy, local=True,
                                    imported=imported)
             checkpoints.assign_weights(local, weights)
             step = checkpoints.global_step(model)
         if exports:
-            preprocessing, channels = experiment.recorded_preprocessing(
-                model_dir)
-            export.export_embedder(local, run_dir.RunDir(model_dir).embedder,
+            preprocessing, channels = experiment.recorded_preprocessing(run)
+            export.export_embedder(local, run.embedder,
                                    channels=channels, **preprocessing)
-        classified = exports
         if evaluates:
             # The classifier of the same support embeddings as PAWS-NN's.
-            results = _paws_nn(model_dir, bundle, local, step,
+            results = _paws_nn(run, bundle, local, step,
                                exported=exports)
+        elif exports and missing is None:
+            _export_classifier(run, local, bundle)
+        if missing is not None:
+            logging.warning('Exported the embedder under %s/export, not the '
+                            'classifier: %s', run, missing)
         elif exports:
-            classified = _export_classifier(model_dir, local, bundle)
-        if classified:
             logging.info('Exported the embedder and the classifier under '
-                         '%s/export.', model_dir)
+                         '%s/export.', run)
     cluster.barrier(strategy)
     return results
 
 
 class Options(typing.NamedTuple):
-    """What run.py's flags give a mode besides the run directory."""
+    """What run.py gives a mode besides the run directory: its flags, and
+    what a training run starts from."""
     overwrite: bool = False  # --overwrite.
     owner_check: typing.Optional[typing.Callable[[], None]] = None
+    # What a training run starts from (`start.check_pretrained`); None:
+    # `train` reads it.
+    pretrained: typing.Optional[typing.Any] = None
     official_checkpoint: typing.Optional[str] = None  # --official_checkpoint
     mode: str = 'train'  # --mode: named in the refusal of an import.
 
 
-def trained_model(model_dir, strategy, options):
-    """The model `train.train` trains into `model_dir` (a finished run's
+def trained_model(run, strategy, options):
+    """The model `train.train` trains into `run` (a finished run's
     without training it), in `strategy`'s scope."""
-    official_import.check_mode(model_dir, options.mode, trains=True)
-    return train.train(model_dir, strategy, overwrite=options.overwrite,
-                       owner_check=options.owner_check)
+    official_import.check_mode(run, options.mode, trains=True)
+    return train.train(run, strategy, overwrite=options.overwrite,
+                       owner_check=options.owner_check,
+                       pretrained=options.pretrained)
 
 
-def _train(model_dir, strategy, options):
-    trained_model(model_dir, strategy, options)
+def _train(run, strategy, options):
+    trained_model(run, strategy, options)
 
 
-def _train_and_evaluate(model_dir, strategy, options):
-    return export_and_evaluate(model_dir, strategy,
-                               trained_model(model_dir, strategy, options))
+def _train_and_evaluate(run, strategy, options):
+    return export_and_evaluate(run, strategy,
+                               trained_model(run, strategy, options))
 
 
-def _export_or_evaluate(model_dir, strategy, options, *, evaluates):
+def _export_or_evaluate(run, strategy, options, *, evaluates):
     existing = config_checks.existing_model() if evaluates else None
     if existing is not None:
-        return evaluate_existing(model_dir, strategy, existing)
-    imported = official_import.check_mode(model_dir, options.mode)
-    return export_and_evaluate(model_dir, strategy, exports=not evaluates,
+        return evaluate_existing(run, strategy, existing)
+    imported = official_import.check_mode(run, options.mode)
+    return export_and_evaluate(run, strategy, exports=not evaluates,
                                evaluates=evaluates, imported=imported)
 
 
-def _fine_tune(model_dir, strategy, options):
-    imported = official_import.check_mode(model_dir, options.mode)
-    bundle = load_labeled_data(model_dir, 'fine-tuning trains on them')
-    model, _ = load_trained_model(model_dir, strategy, imported=imported)
-    return fine_tune.fine_tune(model_dir, model, labeled=bundle.labeled,
+def _fine_tune(run, strategy, options):
+    imported = official_import.check_mode(run, options.mode)
+    bundle = load_labeled_data(run, 'fine-tuning trains on them')
+    model, _ = load_trained_model(run, strategy, imported=imported)
+    return fine_tune.fine_tune(run, model, labeled=bundle.labeled,
                                test=bundle.test, strategy=strategy,
                                **experiment.eval_preprocessing(bundle))
 
 
-def _import_official(model_dir, strategy, options):
+def _import_official(run, strategy, options):
     # One process's work: the chief imports into plain variables, the
     # other workers wait for it.
     record = None
     if cluster.is_chief(strategy):
         record = official_import.import_official(
-            model_dir, options.official_checkpoint,
+            run, options.official_checkpoint,
             strategy=tf.distribute.get_strategy(),
             overwrite=options.overwrite)
     cluster.barrier(strategy)
@@ -257,9 +263,11 @@ def _import_official(model_dir, strategy, options):
 
 
 class Mode(typing.NamedTuple):
-    """A run.py mode: `run(model_dir, strategy, options)` returns its
-    results (PAWS-NN's, fine-tuning's, the import record) or None."""
-    run: typing.Callable[[str, tf.distribute.Strategy, Options], typing.Any]
+    """A run.py mode: `run(run, strategy, options)` (`run` a `RunDir`)
+    returns its results (PAWS-NN's, fine-tuning's, the import record) or
+    None."""
+    run: typing.Callable[[run_dir.RunDir, tf.distribute.Strategy, Options],
+                         typing.Any]
     # Trains: takes the run lock and records the config in model_dir.
     trains: bool = False
     # Reads Options.official_checkpoint, and creates model_dir only once
@@ -283,4 +291,5 @@ def run(model_dir, strategy, mode, **options):
     `strategy`, with the fields of `Options` as `**options`; returns what
     the mode returns."""
     checks.one_of('mode', mode, tuple(MODES))
-    return MODES[mode].run(model_dir, strategy, Options(mode=mode, **options))
+    return MODES[mode].run(run_dir.RunDir(model_dir), strategy,
+                           Options(mode=mode, **options))

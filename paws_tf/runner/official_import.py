@@ -198,7 +198,8 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
             '--model_dir, or pass --overwrite to replace them.')
     state, epoch = read_checkpoint(path)
     found, network, backbone, count = _network(path, state, strategy)
-    run.delete(taken)
+    if taken:
+        run.delete(run.overwritten)
     os.makedirs(model_dir, exist_ok=True)
     preprocessing, _ = experiment.recorded_preprocessing()
     if found == PRETRAINED:
@@ -216,27 +217,27 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
     return record
 
 
-def check_mode(model_dir, mode, *, trains=False):
-    """Whether `model_dir` holds imported weights (`RunDir.imported`) that
-    the mode named `mode` (a mode that `trains`, or not) runs on.
+def check_mode(run, mode, *, trains=False):
+    """Whether the run directory `run` (a `RunDir`) holds imported weights
+    (`RunDir.imported`) that the mode named `mode` (a mode that `trains`,
+    or not) runs on.
 
     Raises:
         ImportFailed: pre-training on an import, or any mode but
             `import_official` on an imported fine-tuned classifier.
     """
-    run = run_dir.RunDir(model_dir)
     record = run.read_json(run.imported)
     if record is None:
         return False
     if trains:
         raise ImportFailed(
-            f'{model_dir} holds weights imported from {record["source"]}, '
+            f'{run} holds weights imported from {record["source"]}, '
             'not a paws_tf training run: pre-train in another --model_dir, '
-            f"with train.pretrained_model = '{model_dir}' to start from "
+            f"with train.pretrained_model = '{run}' to start from "
             'this model.')
     if record['kind'] == FINE_TUNED:
         raise ImportFailed(
-            f'{model_dir} holds the fine-tuned classifier imported from '
+            f'{run} holds the fine-tuned classifier imported from '
             f'{record["source"]} (its SavedModel is {run.fine_tuned}): '
             f'--mode={mode} needs a pre-trained checkpoint (backbone, fc '
             'projection and pred prediction heads), e.g. '

@@ -2,7 +2,6 @@
 
 import functools
 import hashlib
-import os
 
 from absl import logging
 import gin
@@ -23,13 +22,8 @@ from paws_tf import run_dir
 from paws_tf.runner import building
 from paws_tf.runner import callbacks
 from paws_tf.runner import experiment
+from paws_tf.runner import start
 from paws_tf import schedules
-
-# Gin bindings that may change when a run resumes: what to do on changed
-# data, how often progress is logged, how long its cluster may take to form.
-RESUME_ONLY_BINDINGS = ('train.on_data_change', 'ProgressBar.',
-                        'make_strategy.start_timeout')
-
 
 class Preempted(RuntimeError):
     """Training stopped on SIGTERM after backing up."""
@@ -46,9 +40,9 @@ def weights_fingerprint(model):
 
 
 @gin.configurable(denylist=['model_dir', 'strategy', 'overwrite',
-                            'owner_check'])
+                            'owner_check', 'pretrained'])
 def train(model_dir, strategy, *, overwrite=False, owner_check=None,
-          num_epochs=gin.REQUIRED,
+          pretrained=None, num_epochs=gin.REQUIRED,
           optimizer_cls=lars.LARS, schedule_cls=schedules.WarmupCosineDecay,
           precision='float32', jit_compile=False, steps_per_execution=1,
           seed=0, deterministic_ops=False, checkpoint_every_steps=1000,
@@ -64,11 +58,14 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
     same data) and returns a finished run's model without training it.
 
     Args:
-        model_dir, strategy: the run's directory, the strategy to train under.
+        model_dir, strategy: the run's directory (a path or its `RunDir`),
+            the strategy to train under.
         overwrite: when the data differs from what the run started on,
             delete the run and start again (run.py's --overwrite).
         owner_check: called before every save; raises when this run no
             longer owns `model_dir` (`run_lock.RunLock.check`).
+        pretrained: the `pretrained_backbone` or `pretrained_model` that
+            run.py read (`start.check_pretrained`); None: read here.
         num_epochs: epochs, one pass over the unlabeled set each.
         optimizer_cls: called with `learning_rate=schedule` (`@LARS`).
         schedule_cls: called with `steps_per_epoch` and `num_epochs`
@@ -107,14 +104,16 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
     return _train(**locals())
 
 
-def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
-           optimizer_cls, schedule_cls, precision, jit_compile,
+def _train(model_dir, strategy, *, overwrite, owner_check, pretrained,
+           num_epochs, optimizer_cls, schedule_cls, precision, jit_compile,
            steps_per_execution, seed, deterministic_ops,
            checkpoint_every_steps, keep_checkpoints, backup_every_steps,
            log_every_steps, view_images, evaluators, eval_every_epochs,
            eval_max_queries, pretrained_backbone, pretrained_model,
            on_data_change, verbose):
     """`train`: config -> data -> model -> checkpoints -> loop."""
+    # Read by `start.check_pretrained`, which names the user's binding.
+    del pretrained_backbone, pretrained_model
     num_epochs = check_arguments(
         num_epochs=num_epochs, keep_checkpoints=keep_checkpoints,
         backup_every_steps=backup_every_steps,
@@ -122,46 +121,39 @@ def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
         checkpoint_every_steps=checkpoint_every_steps,
         log_every_steps=log_every_steps, eval_every_epochs=eval_every_epochs,
         seed=seed, precision=precision, on_data_change=on_data_change)
+    run = run_dir.RunDir(model_dir)
+    if pretrained is None:
+        # Before the seed, as run.py reads it: the same initial weights.
+        pretrained = start.check_pretrained(run, overwrite=overwrite)
     tf_keras.utils.set_random_seed(seed)
     if deterministic_ops:
         determinism.enable()
     chief = cluster.is_chief(strategy)
-    run = run_dir.RunDir(model_dir)
-    # Nothing of the run in model_dir is deleted or replaced until the new
-    # start has passed every check: its data, input and model.
-    try:
-        bundle, restart, fingerprint = _start(
-            run, chief=chief, on_change=on_data_change, overwrite=overwrite)
-        resume_from, start_step = (None, 0) if restart else (
-            checkpoints.newest_restorable(run.path, chief=chief))
-        input_at = functools.partial(
-            pipeline.make_pretrain_dataset_fn, bundle.unlabeled,
-            bundle.labeled, num_replicas=strategy.num_replicas_in_sync,
-            seed=seed, normalization=bundle.normalization)
-        pretrain = input_at(start_step=start_step)
-        model = building.build_compiled_model(
+
+    def input_at(bundle, start_step):
+        return pipeline.make_pretrain_dataset_fn(
+            bundle.unlabeled, bundle.labeled,
+            num_replicas=strategy.num_replicas_in_sync, seed=seed,
+            normalization=bundle.normalization, start_step=start_step)
+
+    def build(bundle, start_step):
+        pretrain = input_at(bundle, start_step)
+        return pretrain, building.build_compiled_model(
             strategy, input_channels=bundle.labeled.channels,
             steps_per_epoch=pretrain.steps_per_epoch, num_epochs=num_epochs,
             optimizer_cls=optimizer_cls, schedule_cls=schedule_cls,
             precision=precision, jit_compile=jit_compile,
             steps_per_execution=steps_per_execution)
-    except BaseException:
-        if chief:
-            run.accept_staged(False)
-        raise
-    _accept(run, strategy, chief=chief, restart=restart,
-            fingerprint=fingerprint, overwrite=overwrite)
-    if chief:
-        run.write(run.input_summary, pretrain.summary + '\n')
-    logging.info('%s; the sizes per replica and step: %s',
-                 pretrain.summary_line, run.input_summary)
+
     history = run.record_event if chief else (lambda event: event)
-    pretrained = pretrained_backbone, pretrained_model
-    if not _resume(model, resume_from, start_step, num_epochs,
-                   pretrain.steps_per_epoch, history, pretrained):
+    bundle, pretrain, model, start_step, finished = start.start(
+        run, strategy, build, num_epochs=num_epochs, history=history,
+        overwrite=overwrite, on_data_change=on_data_change,
+        pretrained=pretrained)
+    if finished:
         return model
     saver = callbacks.Saver(
-        checkpoints.RunState(model_dir, model, strategy,
+        checkpoints.RunState(run, model, strategy,
                              keep_checkpoints=keep_checkpoints,
                              before_save=owner_check),
         backup_every=backup_every_steps,
@@ -172,50 +164,12 @@ def _train(model_dir, strategy, *, overwrite, owner_check, num_epochs,
         view_images=view_images and chief and start_step == 0,
         evaluators=evaluators, eval_every_epochs=eval_every_epochs,
         eval_max_queries=eval_max_queries)
-    _fit(model, pretrain, input_at, fit_callbacks, saver, strategy=strategy,
+    _fit(model, pretrain, functools.partial(input_at, bundle), fit_callbacks,
+         saver, strategy=strategy,
          start_step=start_step, num_epochs=num_epochs, history=history,
          verbose=verbose)
     _finish(model, saver, history, num_epochs * pretrain.steps_per_epoch)
     return model
-
-
-def _load_pretrained(model, backbone, whole):
-    """Loads `train.pretrained_backbone` or `pretrained_model` into a new
-    run's model; returns what the run history says of it."""
-    if backbone:
-        path = checkpoints.load(backbone, model, checkpoints.BACKBONE)
-        return f' from the backbone of {path}'
-    if whole:
-        path = checkpoints.load(checkpoints.model_checkpoint(whole), model)
-        return f' from the model of {path}'
-    return ''
-
-
-def _resume(model, path, step, num_epochs, steps_per_epoch, history,
-            pretrained):
-    """Restores the model and optimizer saved at `path` (None: a new run,
-    from the `pretrained` backbone or model if any) and records the start;
-    False for a finished run."""
-    total_steps = num_epochs * steps_per_epoch
-    if path:
-        checkpoints.load(path, model, checkpoints.WHOLE)
-        if step >= total_steps:
-            logging.info('%s holds a finished run (%d steps): not training '
-                         'it again.', checkpoints.describe(path).capitalize(),
-                         step)
-            return False
-        epoch, batch = divmod(step, steps_per_epoch)
-        logging.info('Run %s.', history(
-            f'resumed at step {step} of {total_steps} (epoch {epoch + 1} of '
-            f'{num_epochs}, step {batch} of it) from '
-            f'{checkpoints.describe(path)}'))
-    else:
-        origin = _load_pretrained(model, *pretrained)
-        history(f'started a new run of {total_steps} steps{origin}')
-    logging.info('Training steps %d..%d: %d epoch%s of %d steps.', step,
-                 total_steps, num_epochs, '' if num_epochs == 1 else 's',
-                 steps_per_epoch)
-    return True
 
 
 def _finish(model, saver, history, total_steps):
@@ -293,79 +247,6 @@ def _fit(model, pretrain, input_at, fit_callbacks, saver, *, strategy,
         if failure is None:
             raise
         raise failure from error
-
-
-def _start(run, *, chief, on_change, overwrite):
-    """`(bundle, restart, fingerprint)`: the data (the chief's records
-    staged for `_accept`), whether it replaces the run in `run` (another
-    config or data with `overwrite`, or a start that saved nothing), and
-    the data's fingerprint.
-
-    Raises:
-        checks.ConfigError: the run in `run` has another config, without
-            `overwrite` (the changed lines are named).
-        data_fingerprint.Changed: its data changed, without `overwrite`.
-    """
-    replace = _check_config(run, overwrite=overwrite)
-    bundle = experiment.load_data(run.staging if chief else None)
-    current = data_fingerprint.fingerprint(bundle)
-    restart = data_fingerprint.check(
-        run.read_json(run.fingerprint), current, model_dir=run.path,
-        path=run.fingerprint,
-        resuming=not replace and checkpoints.has_progress(run.path),
-        on_change=on_change, overwrite=overwrite)
-    return bundle, replace or restart, current
-
-
-def _check_config(run, *, overwrite):
-    """Whether this gin config replaces the run in `run`: its config
-    differs, and it saved nothing or `overwrite` says to; else raises
-    `checks.ConfigError` naming the changed lines."""
-    if not os.path.exists(run.config):
-        return False
-    with open(run.config) as f:
-        old, new = (
-            [line for line in text.splitlines()
-             if not line.startswith(RESUME_ONLY_BINDINGS)]
-            for text in (f.read(), gin.config_str()))
-    if old == new:
-        return False
-    if not checkpoints.has_progress(run.path):
-        logging.info('%s holds the config of a start that saved no backup '
-                     'or checkpoint: starting with this config.', run)
-        return True
-    if not overwrite:
-        changed = [f'  - {line}' for line in old if line not in new][:5] + [
-            f'  + {line}' for line in new if line not in old][:5]
-        raise checks.ConfigError(
-            f'{run} holds a run with a different gin config:\n' +
-            '\n'.join(changed) + '\nUse another --model_dir, undo the change '
-            'to resume that run (for a binding of a parameter that no longer '
-            f'exists: delete its line from {run.config}), or pass '
-            '--overwrite to delete it and start again.')
-    return True
-
-
-def _accept(run, strategy, *, chief, restart, fingerprint, overwrite):
-    """Once the new start passed its checks: the chief deletes the run it
-    replaces (`restart`), then moves the staged records in; under
-    `overwrite` every worker waits for it, having read what it reads."""
-    if overwrite:
-        cluster.barrier(strategy)
-    if chief:
-        if restart:
-            if checkpoints.has_progress(run.path):
-                logging.warning('--overwrite: deleting the previous run in '
-                                '%s.', run)
-            run.delete(run.training_outputs + (
-                run.config, run.fingerprint, run.normalization))
-        if os.path.exists(run.staging.config):
-            logging.info('gin config: %s', run.config)
-        run.accept_staged()
-        if restart or run.read_json(run.fingerprint) != fingerprint:
-            run.write_json(run.fingerprint, fingerprint)
-    if overwrite:
-        cluster.barrier(strategy)
 
 
 def _callbacks(run, bundle, pretrain, saver, *, tau, chief, num_epochs,

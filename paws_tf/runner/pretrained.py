@@ -1,0 +1,78 @@
+"""Pretrained weights a new model starts from: a backbone's, from a weights
+file or a checkpoint, and the checkpoint of an existing model."""
+
+import os
+
+import tensorflow as tf
+
+from paws_tf import checkpoints
+from paws_tf import checks
+from paws_tf import run_dir
+
+
+def model_checkpoint(path):
+    """The checkpoint of the existing model `path`: the newest checkpoint
+    that restores of the run directory `path` (a paws_tf run or an
+    import), else `checkpoints.resolve_prefix(path)`."""
+    if tf.io.gfile.isdir(run_dir.RunDir(path).checkpoints):
+        prefix, _ = checkpoints.newest_restorable(path, backups=False,
+                                                  chief=False)
+        if prefix:
+            return prefix
+    return checkpoints.resolve_prefix(path)
+
+
+def _restore_backbone(backbone, prefix):
+    """Restores all of `backbone` from the checkpoint `prefix` (its own or
+    a run's model's), or raises."""
+    roots = {key.split('/')[0] for key, _ in tf.train.list_variables(prefix)}
+    root = tf.train.Checkpoint(backbone=backbone)
+    if 'backbone' not in roots and 'model' in roots:
+        root = tf.train.Checkpoint(model=root)
+    missing = checkpoints.unmatched_variables(root, prefix)
+    if missing:
+        raise checkpoints.Mismatch(
+            f'{len(missing)} of {len(backbone.variables)} variables have no '
+            'value of their shape under the "backbone" key of the '
+            'checkpoint (written by another architecture, or not with '
+            'tf.train.Checkpoint(backbone=...)?): '
+            f'{checks.listing(missing, checkpoints.MAX_NAMES_SHOWN)}',
+            missing)
+    # Extra stored values (heads, optimizer slots) are fine.
+    root.read(prefix).expect_partial().assert_existing_objects_matched()
+
+
+def load_backbone_weights(backbone, path):
+    """Loads pretrained weights into a built backbone, all or nothing.
+
+    Args:
+        backbone: a built model from `build_backbone`.
+        path: a weights file written by `backbone.save_weights` (`.h5`,
+            `.weights.h5`), a TF checkpoint prefix or directory written by
+            `tf.train.Checkpoint(backbone=backbone)`, or a paws_tf run's
+            checkpoint (its model's backbone).
+
+    Raises:
+        FileNotFoundError: `path` does not exist or holds no checkpoint.
+        checkpoints.Mismatch: the stored weights do not fit (the backbone
+            is left unchanged), naming the variables as far as the loader
+            can.
+    """
+    path = os.fspath(path)
+    if path.endswith('.h5') and not tf.io.gfile.exists(path):
+        raise FileNotFoundError(f'weights file {path!r} does not exist')
+    snapshot = backbone.get_weights()
+    try:
+        if path.endswith('.h5'):
+            backbone.load_weights(path)
+        else:
+            _restore_backbone(backbone, checkpoints.resolve_prefix(path))
+    except (AssertionError, KeyError, ValueError,
+            tf.errors.OpError) as error:
+        checkpoints.assign_weights(backbone, snapshot)
+        raise checkpoints.Mismatch(
+            f'could not load {path!r} into backbone {backbone.name!r} '
+            f'({len(snapshot)} variables); none were restored, the backbone '
+            f'is unchanged. Architecture mismatch? Cause: '
+            f'{type(error).__name__}: {error}',
+            getattr(error, 'unmatched', None)) from error

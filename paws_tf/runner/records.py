@@ -1,0 +1,88 @@
+"""A trained run's data records, read and checked by the modes that do not
+train: a labeled split or class set other than training's is refused."""
+
+import re
+
+import gin
+
+from paws_tf import checks
+from paws_tf.data import data_fingerprint
+from paws_tf.data import splits
+
+# The config lines that choose the labeled images and their classes: the
+# data's configurables, their scopes and macros.
+_DATA_LINES = re.compile(
+    r'([A-Z][A-Z0-9_]* = |(load_data|select_labeled|image_folders?|'
+    r'synthetic_source|class_subset|held_out|tfds_source)\.|'
+    r'(train|test|unlabeled)/)')
+# Of the changed config lines, how many a message names.
+_LINES_SHOWN = 3
+
+
+class Changed(checks.DataError):
+    """A mode that reads a trained run loads other data than the run's
+    records say it was trained on."""
+
+
+def _changed_bindings(run):
+    """`(added, removed)`: the data lines of this gin config that the run's
+    training config (`RunDir.config`) lacks, and those it holds that this
+    config lacks; none when the run has no such record."""
+    try:
+        with open(run.config) as f:
+            recorded = [line for line in f.read().splitlines()
+                        if _DATA_LINES.match(line)]
+    except FileNotFoundError:
+        return [], []
+    current = [line for line in gin.config_str().splitlines()
+               if _DATA_LINES.match(line)]
+    return ([line for line in current if line not in recorded],
+            [line for line in recorded if line not in current])
+
+
+def _refuse(run, what, record, detail):
+    """Raises `Changed`: `<the changed bindings> <what> than <record>
+    (written by training): <detail>`, and the fix."""
+    added, removed = _changed_bindings(run)
+    if added:
+        cause = '; '.join(added[:_LINES_SHOWN])
+        fix = 'remove the binding' + ('s' if len(added) > 1 else '')
+    elif removed:
+        cause = f'This config, without {"; ".join(removed[:_LINES_SHOWN])},'
+        fix = 'bind it back'
+    else:
+        cause, fix = 'This data', 'restore the data the run was trained on'
+    raise Changed(f'{cause} {what} than {record} (written by training): '
+                  f'{detail}. {fix[0].upper()}{fix[1:]}, or train a new run '
+                  'in another --model_dir.')
+
+
+def check(run, labeled):
+    """Refuses labeled images of other classes than the run's data
+    fingerprint records, or other than its labeled split file lists; a
+    record the run does not hold is not checked.
+
+    Args:
+        run: the trained run's `RunDir`.
+        labeled: the labeled `ImageSource` this config selects.
+
+    Raises:
+        Changed: naming the record, the config lines that differ from the
+            run's training config (else the data) and the fix.
+    """
+    fingerprint = run.read_json(run.fingerprint)
+    recorded = (fingerprint or {}).get('labeled') or {}
+    classes = data_fingerprint.describe(labeled)['class_names']
+    if recorded.get('class_names') not in (None, classes):
+        _refuse(run, 'gives other classes', run.fingerprint,
+                f'{len(labeled.class_names)} classes '
+                f'{list(labeled.class_names)[:8]}')
+    try:
+        names = splits.read_split_file(run.split)
+    except FileNotFoundError:
+        return
+    if sorted(names) != sorted(labeled.names):
+        missing = len(set(names) - set(labeled.names))
+        _refuse(run, 'selects another labeled set', run.split,
+                f'it lists {len(names)} images, {missing} of them not among '
+                f'the {labeled.num_examples} selected')

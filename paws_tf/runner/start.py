@@ -1,0 +1,326 @@
+"""How a training run starts, decided in one place and in order: refused,
+overwritten, resumed, continued from a pretrained model or backbone, or
+new."""
+
+import os
+import typing
+
+from absl import logging
+import gin
+
+from paws_tf import bindings
+from paws_tf import checkpoints
+from paws_tf import checks
+from paws_tf import cluster
+from paws_tf import run_dir
+from paws_tf.data import data_fingerprint
+from paws_tf.nets import backbones
+from paws_tf.runner import building
+from paws_tf.runner import experiment
+from paws_tf.runner import pretrained as pretrained_lib
+
+# Gin bindings that may change when a run resumes: what to do on changed
+# data, how often progress is logged, how long its cluster may take to form.
+RESUME_ONLY_BINDINGS = ('train.on_data_change', 'ProgressBar.',
+                        'make_strategy.start_timeout')
+# The bindings that make the model's variables, and the backbone's: compared
+# in the message on a pretrained model that does not fit.
+_BACKBONE = ('build_backbone.', *sorted({
+    f'{bindings.gin_name(family.configurable)}.'
+    for family in backbones.FAMILIES.values()}))
+_ARCHITECTURE = (*_BACKBONE, 'build_model.', 'ProjectionHead.',
+                 'PredictionHead.')
+# Of the variables that do not fit, how many a message names.
+_NAMES_SHOWN = 3
+# What a pretrained file gives a new run.
+_BACKBONE_PART, _MODEL_PART = 'backbone', 'model'
+
+
+class Pretrained(typing.NamedTuple):
+    """What a new run starts from, read once (`check_pretrained`): the
+    `weights` of the backbone or of the whole model (`part`; None: from
+    scratch) stored at `path`, read for `channels`-channel images."""
+    part: typing.Optional[str] = None
+    path: typing.Optional[str] = None
+    name: str = ''  # The binding that gives it, for messages.
+    channels: int = 0
+    weights: typing.Optional[list] = None
+
+    def load_into(self, model, channels):
+        """Gives a new run's `model` (of `channels`-channel images) these
+        weights; returns what the run history says of them.
+
+        Raises:
+            checks.ConfigError: they were read for other channels.
+        """
+        if self.part is None:
+            return ''
+        if channels != self.channels:
+            raise checks.ConfigError(
+                f'{self.name} = {self.path!r} fits {self.channels}-channel '
+                f'images, but the images have {channels}: start from a '
+                f'{self.part} of {channels}-channel images.')
+        target = model.backbone if self.part == _BACKBONE_PART else model
+        checkpoints.assign_weights(target, self.weights)
+        return f' from the {self.part} of {self.path}'
+
+
+def check_pretrained(run, *, overwrite=False, channels=None):
+    """Reads the `train.pretrained_backbone` or `train.pretrained_model` a
+    new run in `run` starts from, refusing one that is or lies inside
+    `run`, or that does not fit the configured model, before any data is
+    read or anything deleted; call it once the strategy exists
+    (`MultiWorkerMirroredStrategy` must precede other TensorFlow ops). A
+    run that resumes (its own checkpoint wins; with `overwrite` it may
+    start again) reads none.
+
+    Args:
+        run, overwrite: the run's `RunDir`, run.py's --overwrite.
+        channels: the images' channels, when the config gives them
+            (`config_checks.folder_channels`); None: 3, then 1 are tried.
+
+    Returns:
+        The `Pretrained` weights (no part when none is bound, or resuming).
+
+    Raises:
+        checks.ConfigError: both are bound, or the path lies in `run`, does
+            not exist or does not fit (the architecture bindings of both
+            models that differ, else the first variables that do not fit).
+    """
+    backbone, backbone_name = bindings.binding('train.pretrained_backbone')
+    whole, whole_name = bindings.binding('train.pretrained_model')
+    if backbone and whole:
+        raise checks.ConfigError(
+            f'{backbone_name} and {whole_name} are both bound: bind one '
+            '(the model includes its backbone).')
+    path, name = (backbone, backbone_name) if backbone else (whole,
+                                                              whole_name)
+    if not path:
+        return Pretrained()
+    _check_outside(run, path, name)
+    if checkpoints.has_progress(run) and not overwrite:
+        return Pretrained()
+    if not (os.path.exists(path) or os.path.exists(f'{path}.index')):
+        raise checks.ConfigError(
+            f'{name} = {path!r} does not exist: bind it to a run directory '
+            'or a checkpoint' + (', or a weights file' if backbone else '')
+            + '.')
+    tried = (channels,) if channels else (3, 1)
+    part = _BACKBONE_PART if backbone else _MODEL_PART
+    refused = []  # What each channel count tried gave, the first first.
+    for channels in tried:
+        model = building.build_local_model(input_channels=channels)
+        try:
+            if backbone:
+                pretrained_lib.load_backbone_weights(model.backbone, backbone)
+                read, weights = backbone, model.backbone.get_weights()
+            else:
+                read = checkpoints.load(
+                    pretrained_lib.model_checkpoint(whole), model)
+                weights = model.get_weights()
+            return Pretrained(part, read, name, channels, weights)
+        except FileNotFoundError as error:
+            raise checks.ConfigError(f'{name} = {path!r}: {error}') from error
+        except ValueError as error:
+            refused.append(error)
+    why = _architecture_differences(path, tried, _BACKBONE if backbone
+                                    else _ARCHITECTURE)
+    if why is None:
+        unmatched = getattr(refused[0], 'unmatched', None)
+        why = (f'{len(unmatched)} variables of the configured {part} have no '
+               'value of their shape there: '
+               f'{checks.listing(unmatched, _NAMES_SHOWN)}'
+               if unmatched else
+               str(refused[0].__cause__ or refused[0]).splitlines()[0])
+    why = why.rstrip('.')
+    raise checks.ConfigError(
+        f'{name} = {path!r} does not fit the configured {part}: {why}. '
+        f'Start from a {part} of this architecture, or bind its '
+        'architecture.')
+
+
+def _check_outside(run, path, name):
+    """Refuses a pretrained `path` that is or lies inside the run `run`:
+    --overwrite would delete it, and a run starts from another model."""
+    inside, own = (os.path.realpath(p) for p in (path, run))
+    if inside != own and not inside.startswith(own + os.sep):
+        return
+    raise checks.ConfigError(
+        f'{name} = {path!r} {"is" if inside == own else "lies inside"} '
+        f'--model_dir={run}, the run it would start: start from a model in '
+        'another directory, or train in another --model_dir.')
+
+
+def _architecture_differences(path, channels, prefixes):
+    """'<source> was built with ...; this config builds ...': the bindings
+    starting with `prefixes` and the channels where the run directory of
+    `path` (it, or the run whose checkpoint it is) and this config differ;
+    None when `path` is not in a run directory."""
+    candidates = (path, os.path.dirname(path),
+                  os.path.dirname(os.path.dirname(path)))
+    source = next((run_dir.RunDir(candidate) for candidate in candidates
+                   if os.path.isfile(run_dir.RunDir(candidate).config)),
+                  None)
+    if source is None:
+        return None
+    with open(source.config) as f:
+        theirs = set(f.read().splitlines())
+    ours = set(gin.config_str().splitlines())
+    differ = lambda lines, other: '; '.join(sorted(  # noqa: E731
+        line for line in lines - other if line.startswith(prefixes)))
+    parts = []
+    if differ(theirs, ours) or differ(ours, theirs):
+        parts.append(f'{source} was built with '
+                     f'{differ(theirs, ours) or "the defaults"}; this config '
+                     f'builds {differ(ours, theirs) or "the defaults"}')
+    recorded = source.read_json(source.normalization)
+    if recorded is not None and len(recorded['mean']) not in channels:
+        parts.append(f'{source} takes {len(recorded["mean"])}-channel '
+                     f'images, this config {" or ".join(map(str, channels))}')
+    return '; '.join(parts) or None
+
+
+class Started(typing.NamedTuple):
+    """A run's start: its data, input and model, the global step it starts
+    at, and whether it holds a finished run (not trained again)."""
+    bundle: experiment.DataBundle
+    pretrain: typing.Any  # pipeline.PretrainInput
+    model: typing.Any  # model.PAWSModel, compiled
+    step: int
+    finished: bool
+
+
+def start(run, strategy, build, *, num_epochs, history, pretrained,
+          overwrite=False, on_data_change='stop'):
+    """Decides how the run in `run` starts, in this order, each check once:
+
+    1. a pretrained model or backbone was read and checked
+       (`check_pretrained`: run.py calls it before the run directory is
+       made, `train` when called from Python);
+    2. a run of another gin config is refused, or replaced (`overwrite`,
+       or it saved nothing);
+    3. the data is loaded, its records staged: on other data than the run
+       started on it is refused, or replaced (`overwrite`), or resumed
+       (`on_data_change`);
+    4. the run resumes from its newest restorable backup or checkpoint
+       unless replaced, and `build(bundle, step)` makes its input and
+       model (any failure so far leaves the run's files as they were);
+    5. accepted: the replaced run is deleted (`RunDir.overwritten`), the
+       staged records moved in, the input's summary written;
+    6. the model and optimizer are restored, or the model starts from the
+       pretrained weights, or from scratch.
+
+    Args:
+        run, strategy: the run's `RunDir`, the strategy it trains under.
+        build: `build(bundle, start_step)` returns `(pretrain, model)`:
+            the input (`pipeline.make_pretrain_dataset_fn`'s) and the
+            compiled model.
+        num_epochs: the run's epochs (a run at their end is finished).
+        history: records an event in the run history (a no-op but on the
+            chief), returns it.
+        pretrained: what `check_pretrained` read.
+        overwrite: run.py's --overwrite.
+        on_data_change: `train.on_data_change`.
+
+    Returns:
+        `Started`.
+
+    Raises:
+        checks.ConfigError: a config refused, or pretrained weights of
+            other channels than the data's.
+        data_fingerprint.Changed: the data changed, without `overwrite`.
+    """
+    chief = cluster.is_chief(strategy)
+    try:
+        replace = _replaces_config(run, overwrite=overwrite)
+        bundle = experiment.load_data(run.staging if chief else None)
+        fingerprint = data_fingerprint.fingerprint(bundle)
+        restart = replace or data_fingerprint.check(
+            run.read_json(run.fingerprint), fingerprint, model_dir=run.path,
+            path=run.fingerprint,
+            resuming=not replace and checkpoints.has_progress(run.path),
+            on_change=on_data_change, overwrite=overwrite)
+        resume_from, step = (None, 0) if restart else (
+            checkpoints.newest_restorable(run.path, chief=chief))
+        pretrain, model = build(bundle, step)
+    except BaseException:
+        if chief:
+            run.accept_staged(False)
+        raise
+    _accept(run, strategy, chief=chief, restart=restart,
+            fingerprint=fingerprint, overwrite=overwrite)
+    if chief:
+        run.write(run.input_summary, pretrain.summary + '\n')
+    logging.info('%s; the sizes per replica and step: %s',
+                 pretrain.summary_line, run.input_summary)
+    steps_per_epoch = pretrain.steps_per_epoch
+    total_steps = num_epochs * steps_per_epoch
+    if resume_from:
+        checkpoints.load(resume_from, model, checkpoints.WHOLE)
+        if step >= total_steps:
+            logging.info('%s holds a finished run (%d steps): not training '
+                         'it again.',
+                         checkpoints.describe(resume_from).capitalize(), step)
+            return Started(bundle, pretrain, model, step, finished=True)
+        epoch, batch = divmod(step, steps_per_epoch)
+        logging.info('Run %s.', history(
+            f'resumed at step {step} of {total_steps} (epoch {epoch + 1} of '
+            f'{num_epochs}, step {batch} of it) from '
+            f'{checkpoints.describe(resume_from)}'))
+    else:
+        origin = pretrained.load_into(model, bundle.labeled.channels)
+        history(f'started a new run of {total_steps} steps{origin}')
+    logging.info('Training steps %d..%d: %d epoch%s of %d steps.', step,
+                 total_steps, num_epochs, '' if num_epochs == 1 else 's',
+                 steps_per_epoch)
+    return Started(bundle, pretrain, model, step, finished=False)
+
+
+def _replaces_config(run, *, overwrite):
+    """Whether this gin config replaces the run in `run`: its config
+    differs, and it saved nothing or `overwrite` says to; else raises
+    `checks.ConfigError` naming the changed lines."""
+    if not os.path.exists(run.config):
+        return False
+    with open(run.config) as f:
+        old, new = (
+            [line for line in text.splitlines()
+             if not line.startswith(RESUME_ONLY_BINDINGS)]
+            for text in (f.read(), gin.config_str()))
+    if old == new:
+        return False
+    if not checkpoints.has_progress(run.path):
+        logging.info('%s holds the config of a start that saved no backup '
+                     'or checkpoint: starting with this config.', run)
+        return True
+    if not overwrite:
+        changed = [f'  - {line}' for line in old if line not in new][:5] + [
+            f'  + {line}' for line in new if line not in old][:5]
+        raise checks.ConfigError(
+            f'{run} holds a run with a different gin config:\n' +
+            '\n'.join(changed) + '\nUse another --model_dir, undo the change '
+            'to resume that run (for a binding of a parameter that no longer '
+            f'exists: delete its line from {run.config}), or pass '
+            '--overwrite to delete it and start again.')
+    return True
+
+
+def _accept(run, strategy, *, chief, restart, fingerprint, overwrite):
+    """Once the new start passed its checks: the chief deletes the run it
+    replaces (`restart`), then moves the staged records in; under
+    `overwrite` every worker waits for it, having read what it reads."""
+    if overwrite:
+        cluster.barrier(strategy)
+    if chief:
+        if restart:
+            if checkpoints.has_progress(run.path):
+                logging.warning('--overwrite: deleting the previous run in '
+                                '%s.', run)
+            run.delete(run.overwritten)
+        if os.path.exists(run.staging.config):
+            logging.info('gin config: %s', run.config)
+        run.accept_staged()
+        if restart or run.read_json(run.fingerprint) != fingerprint:
+            run.write_json(run.fingerprint, fingerprint)
+    if overwrite:
+        cluster.barrier(strategy)

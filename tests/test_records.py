@@ -1,0 +1,116 @@
+"""Training writes a run's records; evaluation and export read them: they
+write none, and refuse a changed labeled split, class set or normalisation
+in one line naming the record and the binding, before writing anything."""
+
+import os
+import shutil
+
+import pytest
+
+from paws_tf.data import splits
+from paws_tf.runner import experiment
+from tests.helpers import run_py
+
+# debug.gin at 2 steps per epoch (64 unlabeled images), one epoch, 4 of
+# the 16 images of each class labeled.
+SHORT = ('train.num_epochs = 1', 'train/synthetic_source.num_images = 64',
+         'select_labeled.labels_per_class = 4',
+         'train.eval_every_epochs = 0', 'train.view_images = False',
+         'train.verbose = 0')
+# The records training writes, which no other mode may write.
+RECORDS = ('config.gin', 'flags.txt', 'labeled_split.txt',
+           'normalization.json', 'data_fingerprint.json', 'input.txt',
+           'run_history.txt', 'operative_config.gin')
+
+
+def _files(root):
+    """Every file under `root`, by relative path, with its bytes."""
+    found = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, 'rb') as f:
+                found[os.path.relpath(path, root)] = f.read()
+    return found
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+    """A finished run of `SHORT`."""
+    model_dir = tmp_path_factory.mktemp('trained') / 'run'
+    code, output = run_py.finish(run_py.start(model_dir, base_bindings=SHORT))
+    assert code == 0, output[-3000:]
+    return model_dir
+
+
+def _copy(trained, tmp_path):
+    run = tmp_path / 'run'
+    shutil.copytree(trained, run)
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('mode', ['evaluate_nn', 'export'])
+def test_evaluation_and_export_write_no_record(trained, tmp_path, mode):
+    """The mode runs and every record is byte for byte what training
+    wrote; the mode's own config is kept as config_<mode>.gin. Fails if
+    the mode rewrites flags.txt or labeled_split.txt (it did: flags.txt
+    with --mode=<mode>)."""
+    run = _copy(trained, tmp_path)
+    before = _files(run)
+    code, output = run_py.finish(
+        run_py.start(run, mode=mode, base_bindings=SHORT))
+    assert code == 0, output[-3000:]
+    after = _files(run)
+    for record in RECORDS:
+        assert after[record] == before[record], record
+    assert f'config_{mode}.gin' in after
+    assert set(after) - set(before) - {f'config_{mode}.gin'} <= {
+        name for name in after
+        if name.startswith(('eval', 'export', 'tensorboard'))}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('mode', ['evaluate_nn', 'export'])
+@pytest.mark.parametrize('binding, message', [
+    ('select_labeled.seed = 5',
+     'Error: select_labeled.seed = 5 selects another labeled set than '
+     '{run}/labeled_split.txt (written by training): it lists 16 images, '
+     '{differ} of them not among the 16 selected. Remove the binding, or '
+     'train a new run in another --model_dir.'),
+    ('synthetic_source.num_classes = 2',
+     "Error: synthetic_source.num_classes = 2 gives other classes than "
+     "{run}/data_fingerprint.json (written by training): 2 classes "
+     "['class_0', 'class_1']. Remove the binding, or train a new run in "
+     'another --model_dir.'),
+    ('load_data.normalization = ((0.4, 0.4, 0.4), (0.25, 0.25, 0.25))',
+     'Error: {run}/normalization.json (written by training) records the '
+     'normalisation this run was trained with, NORMALIZATION = [[0.5, 0.5, '
+     '0.5], [0.25, 0.25, 0.25]] (mean (0.5, 0.5, 0.5), std (0.25, 0.25, '
+     '0.25)), not ((0.4, 0.4, 0.4), (0.25, 0.25, 0.25)) '
+     '(load_data.normalization): bind it back, or train a new run in '
+     'another --model_dir.'),
+], ids=['split', 'classes', 'normalisation'])
+def test_a_changed_record_is_refused_before_anything_is_written(
+        trained, tmp_path, mode, binding, message):
+    """Refused in one line naming the binding and the record, exit code
+    65, the run's files unchanged. Fails if the mode writes the new split
+    and evaluates or exports on it (it did, logging that the labeled set
+    matched the split file it had just written), or if a changed
+    normalisation is a traceback."""
+    run = _copy(trained, tmp_path)
+    before = _files(run)
+    listed = [line for line in (run / 'labeled_split.txt').read_text()
+              .splitlines() if not line.startswith('#')]
+    # The images training drew that seed 5 does not draw.
+    drawn = splits.select_labeled(
+        experiment.synthetic_source(num_images=64), labels_per_class=4,
+        seed=5).labeled.names
+    differ = len(set(listed) - set(drawn))
+    assert len(listed) == 16 and differ > 0
+    code, output = run_py.finish(
+        run_py.start(run, [binding], mode=mode, base_bindings=SHORT))
+    assert code == os.EX_DATAERR, output[-3000:]
+    assert output.strip().splitlines()[-1] == message.format(
+        run=run, differ=differ)
+    assert _files(run) == before
