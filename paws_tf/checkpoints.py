@@ -279,15 +279,6 @@ def unmatched_variables(root, prefix):
     return unmatched
 
 
-def write_model(model, model_dir, step=0):
-    """Writes `model` alone (an import) as the checkpoint of `step` of
-    `model_dir`."""
-    tf.train.CheckpointManager(
-        tf.train.Checkpoint(model=model),
-        run_dir_lib.RunDir(model_dir).checkpoints, max_to_keep=1,
-        checkpoint_name=CHECKPOINT_PREFIX).save(checkpoint_number=step)
-
-
 def non_finite_error(what, step, checkpoint_dir):
     """The error that stops training when `what` became NaN or infinite."""
     path, saved_step = latest(checkpoint_dir)
@@ -372,6 +363,17 @@ class RunState:
         return (f'{kept} and the backup in {self.backup_dir} (step '
                 f'{backup_step(self._run) or "none yet"})')
 
+    def resume_point(self):
+        """Where a rerun resumes, for messages: the newer of the newest
+        checkpoint and the backup."""
+        path, step = latest(self.checkpoint_dir)
+        backup = backup_step(self._run)
+        if backup and (path is None or backup > step):
+            return f'the backup in {self.backup_dir} (step {backup})'
+        if path is None:
+            return 'step 0: nothing is saved yet'
+        return f'the checkpoint {path} (step {step})'
+
     def _save_failed(self, kind, step, error):
         """The `cluster.ClusterFailed` or `SaveFailed` of a failed save."""
         what = (f'{CHECKPOINT} {CHECKPOINT_PREFIX}-{step}'
@@ -381,7 +383,7 @@ class RunState:
         kept = self.kept()
         return cluster.cluster_failure(
             self._strategy, error, what=what, step=step,
-            resume=f'the newest of {kept}') or SaveFailed(
+            resume=self.resume_point()) or SaveFailed(
                 f'Could not write {what} in {directory}: '
                 f'{getattr(error, "message", error)}. Training stopped; what '
                 f'was saved before is unchanged: {kept}. Free space or '

@@ -3,6 +3,7 @@ a bounded time, with an error naming the worker, the step and what to do."""
 
 import json
 import os
+import re
 import time
 
 import pytest
@@ -85,9 +86,10 @@ def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
 def test_a_chief_that_dies_is_named_by_the_other_worker(tmp_path):
     """When the chief (worker 0, which also runs TensorFlow's coordination
     service) is killed, worker 1 stops within a bounded time with one
-    error line naming worker 0, its TF_CONFIG address and TensorFlow's
-    cause. Fails if the line gives 'Graph execution error:' as the cause
-    or names no worker."""
+    error line naming worker 0, its TF_CONFIG address, TensorFlow's cause
+    and where a relaunch resumes. Fails if the line gives 'Graph execution
+    error:' as the cause, names no worker, or says it resumes from "the
+    newest of no checkpoint and the backup"."""
     tf_configs = cluster_lib.loopback_tf_configs(2)
     address = json.loads(tf_configs[1])['cluster']['worker'][0]
     procs = cluster.start_cluster(cluster_command(tmp_path),
@@ -102,7 +104,9 @@ def test_a_chief_that_dies_is_named_by_the_other_worker(tmp_path):
     assert f': worker 0 ({address}) was lost; ' in last, last
     assert 'Graph execution error:)' not in last
     assert 'Traceback' not in output
-    assert 'the run resumes from' in output
+    # Without checkpoints (debug.gin saves none), from the backup.
+    assert re.search(r'the run resumes from the backup in \S+/backup '
+                     r'\(step \d+\)\.$', last), last
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ import os
 
 from absl import logging
 import numpy as np
+import tensorflow as tf
 import tf_keras
 
 from paws_tf import checkpoints
@@ -203,7 +204,11 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
     os.makedirs(model_dir, exist_ok=True)
     preprocessing, _ = experiment.recorded_preprocessing()
     if found == PRETRAINED:
-        checkpoints.write_model(network, run)
+        # The model alone, as the run's checkpoint of step 0.
+        tf.train.CheckpointManager(
+            tf.train.Checkpoint(model=network), run.checkpoints,
+            max_to_keep=1, checkpoint_name=checkpoints.CHECKPOINT_PREFIX,
+        ).save(checkpoint_number=0)
         export.export_embedder(network, run.embedder, channels=CHANNELS,
                                strategy=strategy, **preprocessing)
     else:
