@@ -210,8 +210,7 @@ def test_imagenet_streamed_on_a_cluster(tmp_path):
         images=lambda k, i: rng.integers(0, 256, (40, 48, 3), np.uint8))
     run_beside_two_replicas(tmp_path, 'gin_configs/imagenet_rn50_1pct.gin', (
         f"imagenet_sources.cache_dir = '{tmp_path / 'cache'}'",
-        f"imagenet_sources.data_dir = '{data_dir}'",
-        f"tfds_stream.data_dir = '{data_dir}'",
+        f"DATA_DIR = '{data_dir}'",
         'make_pretrain_dataset_fn.global_batch_size = 8',
         'make_pretrain_dataset_fn.classes_per_step = 2',
         'WarmupCosineDecay.warmup_epochs = 1',

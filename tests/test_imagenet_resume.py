@@ -63,9 +63,8 @@ def imagenet(tmp_path_factory):
     data_dir = tfds_archives.prepare_imagenet(
         root, per_class=PER_CLASS, subsets={'10pct': range(LABELED)},
         images=image)
-    return [f"imagenet_sources.data_dir = '{data_dir}'",
-            f"imagenet_sources.cache_dir = '{root / 'cache'}'",
-            f"test/tfds_stream.data_dir = '{data_dir}'"]
+    return [f"DATA_DIR = '{data_dir}'",
+            f"imagenet_sources.cache_dir = '{root / 'cache'}'"]
 
 
 def data_dir(imagenet):

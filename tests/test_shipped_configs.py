@@ -161,10 +161,8 @@ def imagenet_data(tmp_path_factory):
 
 
 def _imagenet_bindings(data_dir, cache_dir):
-    return [f"imagenet_sources.data_dir = '{data_dir}'",
+    return [f"DATA_DIR = '{data_dir}'",
             f"imagenet_sources.cache_dir = '{cache_dir}'",
-            f"test/tfds_stream.data_dir = '{data_dir}'",
-            f"imagenet_validation.data_dir = '{data_dir}'",
             f"imagenet_validation.cache_dir = '{cache_dir}'"]
 
 
