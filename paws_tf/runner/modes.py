@@ -61,16 +61,17 @@ class MissingLabeledFolder(checks.DataError):
     """A mode that reads the labeled images finds no labeled folder."""
 
 
-def load_labeled_data(run, what):
-    """The trained run's data (`experiment.load_data`), checked against
-    its records and writing none, for `what` that reads its labeled
-    images; raises `MissingLabeledFolder` naming the binding and `what`
-    when the config's labeled folder does not exist."""
+def load_labeled_data(run, what, *, trained=True):
+    """The run's data (`experiment.load_data`), for `what` that reads its
+    labeled images: a `trained` run's, checked against its records and
+    writing none, else recorded in `run`. Raises `MissingLabeledFolder`
+    naming the binding and `what` when the config's labeled folder does
+    not exist."""
     try:
         config_checks.check_labeled_folder(what)
     except ValueError as error:
         raise MissingLabeledFolder(str(error)) from None
-    return experiment.load_data(run, trained=True)
+    return experiment.load_data(run, trained=trained)
 
 
 def _export_classifier(run, model, bundle):
@@ -100,8 +101,11 @@ def evaluate_existing(run, strategy, embedder):
     results = None
     if cluster.is_chief(strategy):
         stored = export.read_preprocessing(embedder)
+        # A directory of its own records the labeled images its classifier
+        # holds; a trained run's records are only read.
         bundle = load_labeled_data(
-            run, 'PAWS-NN compares the test images with them')
+            run, 'PAWS-NN compares the test images with them',
+            trained=checkpoints.has_progress(run))
         _check_test(bundle)
         if bundle.labeled.channels != stored['channels']:
             raise checks.DataError(
