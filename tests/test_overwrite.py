@@ -15,24 +15,10 @@ SHORT = ('train.num_epochs = 1', 'train/synthetic_source.num_images = 64',
          'train.verbose = 0')
 
 
-def _files(root):
-    """Every file under `root`, by relative path, with its bytes."""
-    found = {}
-    for folder, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(folder, name)
-            with open(path, 'rb') as f:
-                found[os.path.relpath(path, root)] = f.read()
-    return found
-
-
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
     """A finished run of `SHORT`."""
-    model_dir = tmp_path_factory.mktemp('trained') / 'run'
-    code, output = run_py.finish(run_py.start(model_dir, base_bindings=SHORT))
-    assert code == 0, output[-3000:]
-    return model_dir
+    return run_py.trained(tmp_path_factory, SHORT)
 
 
 def _refusals(run, source):
@@ -87,7 +73,7 @@ def test_a_refused_start_with_overwrite_deletes_nothing(tmp_path, trained):
         for name in batch:
             run = tmp_path / name.replace(' ', '_')
             shutil.copytree(trained, run)
-            before[name] = _files(run)
+            before[name] = run_py.files(run)
             bindings, _, _ = _refusals(run, source)[name]
             procs[name] = run_py.start(run, bindings, ['--overwrite'],
                                        base_bindings=SHORT)
@@ -99,7 +85,7 @@ def test_a_refused_start_with_overwrite_deletes_nothing(tmp_path, trained):
             assert got == code, (name, output[-3000:])
             assert message in lines[-1], (name, output[-3000:])
             assert 'Traceback' not in output and 'deleting' not in output
-            assert _files(run) == before[name], name
+            assert run_py.files(run) == before[name], name
 
 
 def test_flags_txt_records_run_py_flags_alone(trained):

@@ -23,24 +23,10 @@ RECORDS = ('config.gin', 'flags.txt', 'labeled_split.txt',
            'run_history.txt', 'operative_config.gin')
 
 
-def _files(root):
-    """Every file under `root`, by relative path, with its bytes."""
-    found = {}
-    for folder, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(folder, name)
-            with open(path, 'rb') as f:
-                found[os.path.relpath(path, root)] = f.read()
-    return found
-
-
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
     """A finished run of `SHORT`."""
-    model_dir = tmp_path_factory.mktemp('trained') / 'run'
-    code, output = run_py.finish(run_py.start(model_dir, base_bindings=SHORT))
-    assert code == 0, output[-3000:]
-    return model_dir
+    return run_py.trained(tmp_path_factory, SHORT)
 
 
 def _copy(trained, tmp_path):
@@ -57,11 +43,11 @@ def test_evaluation_and_export_write_no_record(trained, tmp_path, mode):
     the mode rewrites flags.txt or labeled_split.txt (it did: flags.txt
     with --mode=<mode>)."""
     run = _copy(trained, tmp_path)
-    before = _files(run)
+    before = run_py.files(run)
     code, output = run_py.finish(
         run_py.start(run, mode=mode, base_bindings=SHORT))
     assert code == 0, output[-3000:]
-    after = _files(run)
+    after = run_py.files(run)
     for record in RECORDS:
         assert after[record] == before[record], record
     assert f'config_{mode}.gin' in after
@@ -99,7 +85,7 @@ def test_a_changed_record_is_refused_before_anything_is_written(
     matched the split file it had just written), or if a changed
     normalisation is a traceback."""
     run = _copy(trained, tmp_path)
-    before = _files(run)
+    before = run_py.files(run)
     listed = [line for line in (run / 'labeled_split.txt').read_text()
               .splitlines() if not line.startswith('#')]
     # The images training drew that seed 5 does not draw.
@@ -113,4 +99,4 @@ def test_a_changed_record_is_refused_before_anything_is_written(
     assert code == os.EX_DATAERR, output[-3000:]
     assert output.strip().splitlines()[-1] == message.format(
         run=run, differ=differ)
-    assert _files(run) == before
+    assert run_py.files(run) == before

@@ -82,3 +82,23 @@ def wait_for_backup(model_dir, proc, min_step, timeout=600):
             return step
         time.sleep(0.2)
     raise TimeoutError('no backup appeared')
+
+
+def files(root):
+    """Every file under `root`, by relative path, with its bytes."""
+    found = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, 'rb') as f:
+                found[os.path.relpath(path, root)] = f.read()
+    return found
+
+
+def trained(tmp_path_factory, bindings):
+    """A finished training run of debug.gin with `bindings`, in a new
+    temporary directory."""
+    model_dir = tmp_path_factory.mktemp('trained') / 'run'
+    code, output = finish(start(model_dir, base_bindings=bindings))
+    assert code == 0, output[-3000:]
+    return model_dir
