@@ -161,6 +161,28 @@ def _check_flags(mode):
             'is created if missing), e.g. --model_dir=runs/mine.')
 
 
+# tf_keras' warning when a callback's batch hook takes longer than the step
+# (`CallbackList._call_batch_end_hook`). Its premise does not hold here: the
+# first hook that reads a logged value waits for the step (on a GPU the whole
+# step, as dispatch is asynchronous), and the Saver's backups and the
+# operative config are written in batch hooks on purpose.
+_SLOW_CALLBACK = 'is slow compared to the batch time'
+
+
+def quiet_tensorflow_logs():
+    """Drops TensorFlow's INFO records (by absl's python_handler, which
+    applies filters, not absl's handler, and by the 'tensorflow' logger) and
+    tf_keras' slow-callback warning, which would be a run's only
+    TensorFlow line."""
+    logging.get_absl_handler().python_handler.addFilter(
+        lambda record: record.levelno >= pylogging.WARNING or
+        f'{os.sep}tensorflow{os.sep}' not in record.pathname)
+    tf_logger = pylogging.getLogger('tensorflow')
+    tf_logger.setLevel(pylogging.WARNING)
+    tf_logger.addFilter(
+        lambda record: _SLOW_CALLBACK not in record.getMessage())
+
+
 def main(argv):
     """Parses the gin config, checks it and runs --mode in --model_dir.
 
@@ -175,12 +197,7 @@ def main(argv):
         return
     mode = MODES[_MODE.value]
     _check_flags(mode)
-    # TensorFlow's own INFO records dropped: by absl's python_handler (which
-    # applies filters, not absl's handler), and by the 'tensorflow' logger.
-    logging.get_absl_handler().python_handler.addFilter(
-        lambda record: record.levelno >= pylogging.WARNING or
-        f'{os.sep}tensorflow{os.sep}' not in record.pathname)
-    pylogging.getLogger('tensorflow').setLevel(pylogging.WARNING)
+    quiet_tensorflow_logs()
     # A typo, then a config that cannot work (normalisation, warm-up,
     # support, image sizes) fails here, before any data or device is used.
     try:

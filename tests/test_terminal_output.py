@@ -8,18 +8,26 @@ in place; the gin config logged again; the input's whole summary logged;
 `evaluate.embedder_from_model` traced for each batch size (TensorFlow's
 retracing warning, through its logger and absl's, during the demo's
 fine-tuning); evaluate_nn's result line logged as well as printed (twice
-on the terminal).
+on the terminal); tf_keras' "Callback method `on_train_batch_end` is slow"
+warning (through its logger and absl's, when a step's hooks wait for it or
+back it up).
 """
 
+import logging as pylogging
 import os
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
+import time
 
+from absl import logging
+import numpy as np
 import pytest
+import tf_keras
 
+from paws_tf import cli
 from tests.helpers import image_folders
 from tests.helpers import run_py
 
@@ -317,3 +325,45 @@ def test_pytest_in_two_processes_ends_with_its_summary():
                         _lines(output)[-1]), output[-3000:]
     for text in STARTUP_LOGS:
         assert text not in output, output[-3000:]
+
+
+class _SlowHook(tf_keras.callbacks.Callback):
+    """A batch hook slower than a tiny model's step, as a backup is."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def tensorflow_logs():
+    """The records that reach the 'tensorflow' logger's handlers, with the
+    filters `cli.quiet_tensorflow_logs` adds removed afterwards."""
+    tf_logger = pylogging.getLogger('tensorflow')
+    absl_handler = logging.get_absl_handler().python_handler
+    saved = (tf_logger.level, list(tf_logger.filters),
+             list(absl_handler.filters))
+    records = []
+    collector = pylogging.Handler()
+    collector.emit = records.append
+    tf_logger.addHandler(collector)
+    yield records
+    tf_logger.removeHandler(collector)
+    tf_logger.setLevel(saved[0])
+    tf_logger.filters[:] = saved[1]
+    absl_handler.filters[:] = saved[2]
+
+
+@pytest.mark.parametrize('quiet', [False, True])
+def test_a_slow_batch_hook_is_not_reported(tensorflow_logs, quiet):
+    """Fails if cli.quiet_tensorflow_logs lets tf_keras' slow-callback
+    warning through (a run's only TensorFlow line, when a backup falls in
+    its first steps); without it, the warning is there."""
+    if quiet:
+        cli.quiet_tensorflow_logs()
+    model = tf_keras.Sequential([tf_keras.layers.Dense(1)])
+    model.compile(loss='mse', optimizer='sgd')
+    model.fit(np.zeros((8, 2)), np.zeros((8, 1)), batch_size=1, epochs=1,
+              verbose=0, callbacks=[_SlowHook()])
+    slow = [record for record in tensorflow_logs
+            if 'is slow compared to the batch time' in record.getMessage()]
+    assert len(slow) == (0 if quiet else 1)
