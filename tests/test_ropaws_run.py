@@ -6,6 +6,7 @@ in-class ones, and the model it built evaluates the official RoPAWS
 objective at the config's settings.
 
 Bugs tried: PAWSModel's objective ignored (PAWS trained, no in_domain);
+the epoch's in_domain fed the mean of p_in squared;
 ropaws_targets' in-domain prior dropped (pi = 1); the config's
 `PAWSModel.ropaws_prior_pow` 0 (every view weighted 1).
 """
@@ -141,15 +142,23 @@ def test_the_trained_model_descends_the_official_objective(trained):
 @pytest.mark.slow
 @pytest.mark.long
 def test_ropaws_run_logs_in_domain(trained):
-    """Fails if the run trains PAWS's objective instead (PAWSModel's
-    objective ignored: no in_domain)."""
+    """Each epoch's logged in_domain is the mean of its steps' (each step's
+    mean p_in, logged at every step here).
+
+    Fails if the run trains PAWS's objective instead (PAWSModel's objective
+    ignored: no in_domain), or if the epoch's figure is not the mean of its
+    steps (tried: the epoch mean fed the mean of p_in squared)."""
     model_dir, _, output = trained
+    log_dir = str(model_dir / 'tensorboard' / 'train')
     # 36 unlabeled images and the 12 labeled ones, which join them, in
     # batches of 16: 3 steps an epoch; the epoch means at its last step.
-    logged = logged_scalars(str(model_dir / 'tensorboard' / 'train'),
-                            'epoch/in_domain')
-    assert [step for step, _ in logged] == [3, 6, 9, 12], logged
-    assert all(0 < value <= 1 for _, value in logged), logged
+    epochs = logged_scalars(log_dir, 'epoch/in_domain')
+    steps = logged_scalars(log_dir, 'paws/in_domain')
+    assert [step for step, _ in epochs] == [3, 6, 9, 12], epochs
+    assert [step for step, _ in steps] == list(range(1, 13)), steps
+    step_values = np.array([value for _, value in steps]).reshape(4, 3)
+    np.testing.assert_allclose([value for _, value in epochs],
+                               step_values.mean(axis=1), rtol=1e-5)
     assert 'in_domain=' in output
 
 
