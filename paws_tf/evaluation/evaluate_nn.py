@@ -68,8 +68,10 @@ def evaluate_nn(model_dir, embedder, *, labeled, test, image_size,
         `figure_file` and with `pictures` `confusion_matrix`.
 
     Raises:
+        checks.DataError: a labeled set other than the split file's
+            (`splits.mismatch`).
         ValueError: another preprocessing or embedding than the export's,
-            other class names, or a labeled set not the split file's.
+            or other class names.
         RuntimeError: as for `PawsNN`'s call.
     """
     del from_model  # The mode's (Args).
@@ -179,16 +181,16 @@ def _checked_embedding(embedder, embedding, expected):
 
 def _checked_split(run, labeled):
     """The run's split file, whose images `labeled` must hold exactly, or
-    None when there is none; raises ValueError if it differs."""
+    None when there is none; raises `checks.DataError` if it differs."""
     if not tf.io.gfile.exists(run.split):
         logging.warning('PAWS-NN: no split file to check the labeled set '
                         'against (%s does not exist).', run.split)
         return None
-    names = splits.read_split_file(run.split)
-    if sorted(names) != sorted(labeled.names):
-        raise ValueError(
-            f'The labeled set has {labeled.num_examples} images but the '
-            f'split file {run.split} lists {len(names)} others: PAWS-NN '
-            f'must use exactly the run\'s labeled images as support.')
+    detail = splits.mismatch(run.split, labeled)
+    if detail is not None:
+        raise checks.DataError(
+            f'The labeled set is not the one {run.split} records: '
+            f'{detail}. PAWS-NN\'s support is exactly the run\'s labeled '
+            'images: give it those.')
     logging.info('PAWS-NN: the labeled set matches %s', run.split)
     return run.split
