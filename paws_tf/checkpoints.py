@@ -355,24 +355,18 @@ class RunState:
         if cluster.is_chief(self._strategy):
             shutil.rmtree(self.backup_dir, ignore_errors=True)
 
-    def kept(self):
-        """What is saved, for messages: a rerun resumes from the newest."""
-        path, step = latest(self.checkpoint_dir)
-        kept = (f'the checkpoint {path} (step {step})' if path
-                else 'no checkpoint')
-        return (f'{kept} and the backup in {self.backup_dir} (step '
-                f'{backup_step(self._run) or "none yet"})')
-
-    def resume_point(self):
-        """Where a rerun resumes, for messages: the newer of the newest
-        checkpoint and the backup."""
+    def saved(self):
+        """What is saved, for messages: `(kept, resume)`, the newest
+        checkpoint and the backup, and where a rerun resumes (the newer of
+        the two)."""
         path, step = latest(self.checkpoint_dir)
         backup = backup_step(self._run)
+        checkpoint = path and f'the checkpoint {path} (step {step})'
+        kept = (f'{checkpoint or "no checkpoint"} and the backup in '
+                f'{self.backup_dir} (step {backup or "none yet"})')
         if backup and (path is None or backup > step):
-            return f'the backup in {self.backup_dir} (step {backup})'
-        if path is None:
-            return 'step 0: nothing is saved yet'
-        return f'the checkpoint {path} (step {step})'
+            return kept, f'the backup in {self.backup_dir} (step {backup})'
+        return kept, checkpoint or 'step 0: nothing is saved yet'
 
     def _save_failed(self, kind, step, error):
         """The `cluster.ClusterFailed` or `SaveFailed` of a failed save."""
@@ -380,10 +374,10 @@ class RunState:
                 if kind == CHECKPOINT else BACKUP)
         directory = (self._managers[kind].directory if kind == CHECKPOINT
                      else self.backup_dir)
-        kept = self.kept()
+        kept, resume = self.saved()
         return cluster.cluster_failure(
             self._strategy, error, what=what, step=step,
-            resume=self.resume_point()) or SaveFailed(
+            resume=resume) or SaveFailed(
                 f'Could not write {what} in {directory}: '
                 f'{getattr(error, "message", error)}. Training stopped; what '
                 f'was saved before is unchanged: {kept}. Free space or '
