@@ -230,8 +230,12 @@ def test_train_and_evaluate_embeds_the_labeled_set_once(tmp_path,
     images embedded once for PAWS-NN and the classifier export; the
     classifier's probabilities are the soft nearest-neighbour rule in
     NumPy over the exported embedder's outputs, and its top-1 on the test
-    set is PAWS-NN's. Seen failing on the code that reloaded the trained
-    model from its checkpoint and embedded the labeled images twice."""
+    set is PAWS-NN's. Then `--mode=evaluate_nn` of the run reads its
+    export alone, which records the step and temperature, and gives the
+    same results. Seen failing on the code that reloaded the trained
+    model from its checkpoint and embedded the labeled images twice, and
+    on the evaluate_nn mode that restored the checkpoint before loading
+    the export."""
     embedded, loads = [], []
     embed_dataset, load_trained_model = (evaluate.embed_dataset,
                                          modes.load_trained_model)
@@ -254,7 +258,14 @@ def test_train_and_evaluate_embeds_the_labeled_set_once(tmp_path,
         results = modes.run(model_dir, tf.distribute.get_strategy(),
                             'train_and_evaluate')
         bundle = experiment.load_data(model_dir)
-    assert (embedded, loads) == ([64, 128], [])
+        assert (embedded, loads) == ([64, 128], [])
+        again = modes.run(model_dir, tf.distribute.get_strategy(),
+                          'evaluate_nn')
+    assert (embedded, loads) == ([64, 128, 64, 128], [])
+    step = checkpoints.latest(run_dir.RunDir(model_dir).checkpoints)[1]
+    assert (again['step'], again['source']) == (step, 'saved_model')
+    for key in ('top1', 'tau', 'embedding', 'per_class_accuracy'):
+        assert again[key] == results[key], key
     run = run_dir.RunDir(model_dir)
     assert (results['source'], results['source_path']) == ('saved_model',
                                                            run.embedder)

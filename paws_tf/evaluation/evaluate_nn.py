@@ -64,8 +64,8 @@ def evaluate_nn(model_dir, embedder, *, labeled, test, image_size,
 
     Returns:
         The `evaluate.paws_nn` dict, plus `source`, `source_path`,
-        `embedding`, `tau`, `split_file` (None if unchecked), `results_file`,
-        `figure_file` and with `pictures` `confusion_matrix`.
+        `embedding`, `tau`, `step`, `split_file` (None if unchecked),
+        `results_file`, `figure_file` and with `pictures` `confusion_matrix`.
 
     Raises:
         checks.DataError: a labeled set other than the split file's
@@ -92,7 +92,8 @@ def evaluate_nn(model_dir, embedder, *, labeled, test, image_size,
         log_dir=run.eval_logs, tag='paws_nn_test', batch_size=batch_size,
         pictures=pictures and run.nn_figure)(embed_fn, step, supports)
     results.update(source=embedder.source, source_path=embedder.path,
-                   embedding=embedding, tau=tau, split_file=split_file,
+                   embedding=embedding, tau=tau, step=step,
+                   split_file=split_file,
                    figure_file=pictures and run.nn_figure or None)
     run.write_json(run.nn_results, results)
     results['results_file'] = run.nn_results
