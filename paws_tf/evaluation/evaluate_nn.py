@@ -37,7 +37,7 @@ def of_export(export_dir):
 
 
 @gin.configurable(denylist=['embedder', 'labeled', 'test', 'classifier'])
-def evaluate_nn(model_dir, embedder, *, labeled, test, image_size,
+def evaluate_nn(model_dir, embedder=None, *, labeled, test, image_size,
                 crop_fraction, mean, std, tau=0.1, embedding=None,
                 batch_size=256, step=0, pictures=True, classifier=False,
                 from_model=None):
@@ -51,16 +51,17 @@ def evaluate_nn(model_dir, embedder, *, labeled, test, image_size,
 
     Args:
         model_dir: the run's directory.
-        embedder: the `Embedder` evaluated.
+        embedder: the `Embedder` evaluated; None: `from_model`'s.
         labeled, test: the support and the queries, as for `PawsNN`.
         image_size, crop_fraction, mean, std: the preprocessing.
         embedding: 'projection' or 'prediction' (`PAWSModel.nn_embedding`)
             or None (the embedder's); another one is refused.
         tau, batch_size, step: as for `PawsNN` and its call.
         pictures: draw the pictures (`pictures.Pictures`, its defaults).
-        from_model: an existing model to evaluate instead of the run's (an
-            embedder export or a run directory): `--mode=evaluate_nn`
-            resolves it where it starts (`embedder_of`) into `embedder`.
+        from_model: an existing model (an embedder export, or a run
+            directory holding one: `embedder_of`), evaluated when no
+            `embedder` is given; `--mode=evaluate_nn` passes the export
+            `config_checks.check_config` found for this binding.
 
     Returns:
         The `evaluate.paws_nn` dict, plus `source`, `source_path`,
@@ -70,11 +71,16 @@ def evaluate_nn(model_dir, embedder, *, labeled, test, image_size,
     Raises:
         checks.DataError: a labeled set other than the split file's
             (`splits.mismatch`).
-        ValueError: another preprocessing or embedding than the export's,
-            or other class names.
+        ValueError: neither `embedder` nor `from_model`, another
+            preprocessing or embedding than the export's, or other class
+            names.
         RuntimeError: as for `PawsNN`'s call.
     """
-    del from_model  # The mode's (Args).
+    if embedder is None:
+        if from_model is None:
+            raise ValueError('evaluate_nn needs an embedder, or an existing '
+                             'model bound to evaluate_nn.from_model.')
+        embedder = of_export(embedder_of(from_model))
     run = run_dir.RunDir(model_dir)
     preprocessing = dict(image_size=image_size, crop_fraction=crop_fraction,
                          mean=mean, std=std)

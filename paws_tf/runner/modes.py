@@ -115,8 +115,8 @@ def evaluate_existing(run, strategy, embedder):
                 f'images, but the labeled images have '
                 f'{bundle.labeled.channels}.')
         results = evaluate_nn.evaluate_nn(
-            run, evaluate_nn.of_export(embedder),
-            labeled=bundle.labeled, test=bundle.test, classifier=True,
+            run, labeled=bundle.labeled, test=bundle.test, classifier=True,
+            from_model=embedder,
             **{key: stored[key] for key in (
                 'image_size', 'crop_fraction', 'mean', 'std')})
         logging.info('Exported the PAWS-NN classifier of %s for these %d '
@@ -245,6 +245,9 @@ class Options(typing.NamedTuple):
     # What a training run starts from (`start.check_pretrained`); None:
     # `train` reads it.
     pretrained: typing.Optional[typing.Any] = None
+    # The embedder export of the model evaluate_nn.from_model names
+    # (`config_checks.check_config`), which --mode=evaluate_nn evaluates.
+    existing_model: typing.Optional[str] = None
     official_checkpoint: typing.Optional[str] = None  # --official_checkpoint
     mode: str = 'train'  # --mode: named in the refusal of an import.
 
@@ -268,9 +271,8 @@ def _train_and_evaluate(run, strategy, options):
 
 
 def _export_or_evaluate(run, strategy, options, *, evaluates):
-    existing = config_checks.existing_model() if evaluates else None
-    if existing is not None:
-        return evaluate_existing(run, strategy, existing)
+    if evaluates and options.existing_model is not None:
+        return evaluate_existing(run, strategy, options.existing_model)
     imported = official_import.check_mode(run, options.mode)
     return export_and_evaluate(run, strategy, exports=not evaluates,
                                evaluates=evaluates, imported=imported)
