@@ -61,10 +61,10 @@ def latest(directory):
     return (path, step_of(path)) if path else (None, 0)
 
 
-def at_step(model_dir, step):
-    """The prefix of the checkpoint of global `step` of `model_dir`."""
-    return os.path.join(run_dir_lib.RunDir(model_dir).checkpoints,
-                        f'{CHECKPOINT_PREFIX}-{step}')
+def at_step(run, step):
+    """The prefix of the checkpoint of global `step` of the `RunDir`
+    `run`."""
+    return os.path.join(run.checkpoints, f'{CHECKPOINT_PREFIX}-{step}')
 
 
 def resolve_prefix(path):
@@ -115,13 +115,12 @@ def backup_step(model_dir):
 
 def has_progress(model_dir):
     """Whether `model_dir` holds a backup or a checkpoint to resume from."""
-    return bool(_saved(model_dir))
+    return bool(_saved(run_dir_lib.RunDir(model_dir)))
 
 
-def _saved(model_dir):
-    """`(path, step, kind)` of every backup and checkpoint of the run,
-    newest first; at one step the backup (written first) first."""
-    run = run_dir_lib.RunDir(model_dir)
+def _saved(run):
+    """`(path, step, kind)` of every backup and checkpoint of the `RunDir`
+    `run`, newest first; at one step the backup (written first) first."""
     found = [(path, step, kind) for kind, directory in (
         (BACKUP, run.chief_backup), (CHECKPOINT, run.checkpoints))
         for path, step in all_checkpoints(directory)]

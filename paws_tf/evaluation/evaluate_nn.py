@@ -147,14 +147,15 @@ def embedder_of(path, name='evaluate_nn.from_model'):
         checks.ConfigError: neither holds an export, naming the binding
             `name` (the user's, such as a macro) and the fix.
     """
-    for candidate in (path, run_dir.RunDir(path).embedder):
+    embedder = run_dir.RunDir(path).embedder
+    for candidate in (path, embedder):
         if tf.io.gfile.exists(
                 os.path.join(candidate, export.PREPROCESSING_FILENAME)):
             return candidate
     raise checks.ConfigError(
         f'{name} = {path!r} is neither an embedder export nor a run '
-        f'directory with one ({run_dir.RunDir(path).embedder}): export it '
-        f'first (run.py --mode=export --model_dir={path} with its config).')
+        f'directory with one ({embedder}): export it first (run.py '
+        f'--mode=export --model_dir={path} with its config).')
 
 
 def _checked_embedding(embedder, embedding, expected):
