@@ -25,6 +25,7 @@ from paws_tf.runner import experiment
 from paws_tf.runner import official_import
 from paws_tf.runner import train
 
+
 def _float32_model(run, strategy, *, local, imported):
     """The run's model, new: plain variables (`local`) or in the strategy's
     scope, float32 whatever the training precision (portable exports)."""
