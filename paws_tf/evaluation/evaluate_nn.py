@@ -59,9 +59,7 @@ def evaluate_nn(model_dir, embedder=None, *, labeled, test, image_size,
         tau, batch_size, step: as for `PawsNN` and its call.
         pictures: draw the pictures (`pictures.Pictures`, its defaults).
         from_model: an existing model (an embedder export, or a run
-            directory holding one: `embedder_of`), evaluated when no
-            `embedder` is given; `--mode=evaluate_nn` passes the export
-            `config_checks.check_config` found for this binding.
+            directory holding one), evaluated when `embedder` is None.
 
     Returns:
         The `evaluate.paws_nn` dict, plus `source`, `source_path`,
@@ -71,16 +69,11 @@ def evaluate_nn(model_dir, embedder=None, *, labeled, test, image_size,
     Raises:
         checks.DataError: a labeled set other than the split file's
             (`splits.mismatch`).
-        ValueError: neither `embedder` nor `from_model`, another
-            preprocessing or embedding than the export's, or other class
-            names.
+        ValueError: neither `embedder` nor `from_model`, other class names,
+            or another preprocessing or embedding than the export's.
         RuntimeError: as for `PawsNN`'s call.
     """
-    if embedder is None:
-        if from_model is None:
-            raise ValueError('evaluate_nn needs an embedder, or an existing '
-                             'model bound to evaluate_nn.from_model.')
-        embedder = of_export(embedder_of(from_model))
+    embedder = _given(embedder, from_model)
     run = run_dir.RunDir(model_dir)
     preprocessing = dict(image_size=image_size, crop_fraction=crop_fraction,
                          mean=mean, std=std)
@@ -105,6 +98,17 @@ def evaluate_nn(model_dir, embedder=None, *, labeled, test, image_size,
     results['results_file'] = run.nn_results
     _summary(results)
     return results
+
+
+def _given(embedder, from_model):
+    """`embedder`, else the `Embedder` of the existing model `from_model`
+    (`embedder_of`)."""
+    if embedder is not None:
+        return embedder
+    if from_model is None:
+        raise ValueError('evaluate_nn needs an embedder, or an existing '
+                         'model bound to evaluate_nn.from_model.')
+    return of_export(embedder_of(from_model))
 
 
 def embed_labeled(embed_fn, labeled, preprocessing, batch_size=256):

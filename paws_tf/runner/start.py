@@ -237,8 +237,7 @@ def start(run, strategy, build, *, num_epochs, history, pretrained,
         history: records an event in the run history (a no-op but on the
             chief), returns it.
         pretrained: what `check_pretrained` read.
-        overwrite: run.py's --overwrite.
-        on_data_change: `train.on_data_change`.
+        overwrite, on_data_change: --overwrite, `train.on_data_change`.
 
     Returns:
         `Started`.
