@@ -235,7 +235,10 @@ def test_train_and_evaluate_embeds_the_labeled_set_once(tmp_path,
     same results. Seen failing on the code that reloaded the trained
     model from its checkpoint and embedded the labeled images twice, and
     on the evaluate_nn mode that restored the checkpoint before loading
-    the export."""
+    the export. An export older than the newest checkpoint, or that records
+    no step, is not read: the checkpoint is (seen failing when the mode read
+    any export, the second evaluated at the export's step, the third raised
+    KeyError)."""
     embedded, loads = [], []
     embed_dataset, load_trained_model = (evaluate.embed_dataset,
                                          modes.load_trained_model)
@@ -269,6 +272,20 @@ def test_train_and_evaluate_embeds_the_labeled_set_once(tmp_path,
     run = run_dir.RunDir(model_dir)
     assert (results['source'], results['source_path']) == ('saved_model',
                                                            run.embedder)
+    # An export of other weights than the newest checkpoint's (the run
+    # trained on since), or of no recorded step: the checkpoint is read.
+    recorded = os.path.join(run.embedder, export.PREPROCESSING_FILENAME)
+    preprocessing = export.read_preprocessing(run.embedder)
+    for stale in ({**preprocessing, 'step': step - 1},
+                  {k: v for k, v in preprocessing.items() if k != 'step'}):
+        with open(recorded, 'w') as f:
+            json.dump(stale, f)
+        with debug_gin.parsed(['train.num_epochs = 1']):
+            newest = modes.run(model_dir, tf.distribute.get_strategy(),
+                               'evaluate_nn')
+        assert (newest['step'], newest['source']) == (step, 'checkpoint')
+        assert newest['top1'] == results['top1']
+    assert len(loads) == 2
 
     def raw(source):
         return np.stack([source.read(i).numpy()

@@ -169,6 +169,16 @@ def _bundle(run, *, exports, evaluates):
         return None, error
 
 
+def _export_is_current(run):
+    """Whether the run's embedder export holds the weights of its newest
+    checkpoint (the step the export records): not after the run trained
+    on since, nor for an export that records no step."""
+    if not os.path.isdir(run.embedder):
+        return False
+    _, newest = checkpoints.latest(run.checkpoints)
+    return export.read_preprocessing(run.embedder).get('step') == newest
+
+
 def export_and_evaluate(run, strategy, model=None, *, exports=True,
                         evaluates=True, imported=False, bundle=None):
     """What one process does alone with a trained run: export it
@@ -190,9 +200,9 @@ def export_and_evaluate(run, strategy, model=None, *, exports=True,
         if bundle is None:
             bundle, missing = _bundle(run, exports=exports,
                                       evaluates=evaluates)
-        if model is None and not exports and os.path.isdir(run.embedder):
-            # The model is read once, from the export, which records its
-            # step; the temperature and embedding are the config's.
+        if model is None and not exports and _export_is_current(run):
+            # The model is read once, from the export; the temperature and
+            # embedding are the config's.
             embedder = evaluate_nn.of_export(run.embedder)
             config = bindings.arguments(model_lib.PAWSModel)
             results = _paws_nn(
