@@ -61,10 +61,10 @@ def latest(directory):
     return (path, step_of(path)) if path else (None, 0)
 
 
-def at_step(model_dir, step):
-    """The prefix of the checkpoint of global `step` of `model_dir`."""
-    return os.path.join(run_dir_lib.RunDir(model_dir).checkpoints,
-                        f'{CHECKPOINT_PREFIX}-{step}')
+def at_step(run, step):
+    """The prefix of the checkpoint of global `step` of the `RunDir`
+    `run`."""
+    return os.path.join(run.checkpoints, f'{CHECKPOINT_PREFIX}-{step}')
 
 
 def resolve_prefix(path):
@@ -115,13 +115,12 @@ def backup_step(model_dir):
 
 def has_progress(model_dir):
     """Whether `model_dir` holds a backup or a checkpoint to resume from."""
-    return bool(_saved(model_dir))
+    return bool(_saved(run_dir_lib.RunDir(model_dir)))
 
 
-def _saved(model_dir):
-    """`(path, step, kind)` of every backup and checkpoint of the run,
-    newest first; at one step the backup (written first) first."""
-    run = run_dir_lib.RunDir(model_dir)
+def _saved(run):
+    """`(path, step, kind)` of every backup and checkpoint of the `RunDir`
+    `run`, newest first; at one step the backup (written first) first."""
     found = [(path, step, kind) for kind, directory in (
         (BACKUP, run.chief_backup), (CHECKPOINT, run.checkpoints))
         for path, step in all_checkpoints(directory)]
@@ -355,24 +354,18 @@ class RunState:
         if cluster.is_chief(self._strategy):
             shutil.rmtree(self.backup_dir, ignore_errors=True)
 
-    def kept(self):
-        """What is saved, for messages: a rerun resumes from the newest."""
-        path, step = latest(self.checkpoint_dir)
-        kept = (f'the checkpoint {path} (step {step})' if path
-                else 'no checkpoint')
-        return (f'{kept} and the backup in {self.backup_dir} (step '
-                f'{backup_step(self._run) or "none yet"})')
-
-    def resume_point(self):
-        """Where a rerun resumes, for messages: the newer of the newest
-        checkpoint and the backup."""
+    def saved(self):
+        """What is saved, for messages: `(kept, resume)`, the newest
+        checkpoint and the backup, and where a rerun resumes (the newer of
+        the two)."""
         path, step = latest(self.checkpoint_dir)
         backup = backup_step(self._run)
+        checkpoint = path and f'the checkpoint {path} (step {step})'
+        kept = (f'{checkpoint or "no checkpoint"} and the backup in '
+                f'{self.backup_dir} (step {backup or "none yet"})')
         if backup and (path is None or backup > step):
-            return f'the backup in {self.backup_dir} (step {backup})'
-        if path is None:
-            return 'step 0: nothing is saved yet'
-        return f'the checkpoint {path} (step {step})'
+            return kept, f'the backup in {self.backup_dir} (step {backup})'
+        return kept, checkpoint or 'step 0: nothing is saved yet'
 
     def _save_failed(self, kind, step, error):
         """The `cluster.ClusterFailed` or `SaveFailed` of a failed save."""
@@ -380,10 +373,10 @@ class RunState:
                 if kind == CHECKPOINT else BACKUP)
         directory = (self._managers[kind].directory if kind == CHECKPOINT
                      else self.backup_dir)
-        kept = self.kept()
+        kept, resume = self.saved()
         return cluster.cluster_failure(
             self._strategy, error, what=what, step=step,
-            resume=self.resume_point()) or SaveFailed(
+            resume=resume) or SaveFailed(
                 f'Could not write {what} in {directory}: '
                 f'{getattr(error, "message", error)}. Training stopped; what '
                 f'was saved before is unchanged: {kept}. Free space or '

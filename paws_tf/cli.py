@@ -202,7 +202,8 @@ def main(argv):
     # support, image sizes) fails here, before any data or device is used.
     try:
         configurables.parse(_GIN_FILES.value, _GIN_BINDINGS.value)
-        config_checks.check_config(pretraining=mode.trains)
+        existing_model = config_checks.check_config(
+            pretraining=mode.trains)
     except checks.UserError:
         raise
     except ValueError as error:
@@ -220,8 +221,12 @@ def main(argv):
         channels=config_checks.folder_channels()) if mode.trains else None
     lock = run_lock.for_process(run, strategy, training=mode.trains)
     with lock:
-        _run_in_model_dir(run, strategy, mode, config, pretrained=pretrained,
-                          owner_check=getattr(lock, 'check', None))
+        _run_in_model_dir(run, strategy, mode, config, modes.Options(
+            overwrite=_OVERWRITE.value,
+            owner_check=getattr(lock, 'check', None), pretrained=pretrained,
+            existing_model=existing_model,
+            official_checkpoint=_OFFICIAL_CHECKPOINT.value,
+            mode=_MODE.value))
 
 
 def _main_with_messages(argv):
@@ -246,11 +251,9 @@ def _main_with_messages(argv):
 _GIN_CALL = re.compile(r"\n\s*In call to configurable '[^']*' \(<[^>]*>\)")
 
 
-def _run_in_model_dir(run, strategy, mode, config, *, pretrained,
-                      owner_check):
-    """Everything `main` does under the run directory's lock; `pretrained`
-    is what a training run starts from (`start.check_pretrained`),
-    `owner_check` raises when another run took the lock over."""
+def _run_in_model_dir(run, strategy, mode, config, options):
+    """Everything `main` does under the run directory's lock: `mode` with
+    its `modes.Options`."""
     # The importer creates model_dir only once the checkpoint fits.
     if not mode.imports:
         os.makedirs(run.path, exist_ok=True)
@@ -262,10 +265,7 @@ def _run_in_model_dir(run, strategy, mode, config, *, pretrained,
         run.staging.write(run.staging.config, config)
     if _VERBOSE.value:
         logging.info('gin config:\n%s', config)
-    mode.run(run, strategy, modes.Options(
-        overwrite=_OVERWRITE.value, owner_check=owner_check,
-        pretrained=pretrained, official_checkpoint=_OFFICIAL_CHECKPOINT.value,
-        mode=_MODE.value))
+    mode.run(run, strategy, options)
     # The other modes read the run's records and write none: what one ran
     # with is kept under its own name, once it has run.
     if not (mode.trains or mode.imports) and cluster.is_chief(strategy):

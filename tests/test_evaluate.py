@@ -175,7 +175,7 @@ def test_evaluate_nn_with_the_saved_model(run, capsys):
 
 
 def test_evaluate_nn_refuses_a_support_other_than_the_split(run):
-    with pytest.raises(ValueError, match='has 400 images but the split file'):
+    with pytest.raises(ValueError, match='it lists 40 images, 0 of them not among the 400 selected'):
         evaluate_nn.evaluate_nn(run['model_dir'], exported(run),
                                 labeled=run['train'], test=run['test'],
                                 **EVAL)
@@ -230,8 +230,15 @@ def test_train_and_evaluate_embeds_the_labeled_set_once(tmp_path,
     images embedded once for PAWS-NN and the classifier export; the
     classifier's probabilities are the soft nearest-neighbour rule in
     NumPy over the exported embedder's outputs, and its top-1 on the test
-    set is PAWS-NN's. Seen failing on the code that reloaded the trained
-    model from its checkpoint and embedded the labeled images twice."""
+    set is PAWS-NN's. Then `--mode=evaluate_nn` of the run reads its
+    export alone, which records the step and temperature, and gives the
+    same results. Seen failing on the code that reloaded the trained
+    model from its checkpoint and embedded the labeled images twice, and
+    on the evaluate_nn mode that restored the checkpoint before loading
+    the export. An export older than the newest checkpoint, or that records
+    no step, is not read: the checkpoint is (seen failing when the mode read
+    any export, the second evaluated at the export's step, the third raised
+    KeyError)."""
     embedded, loads = [], []
     embed_dataset, load_trained_model = (evaluate.embed_dataset,
                                          modes.load_trained_model)
@@ -254,10 +261,31 @@ def test_train_and_evaluate_embeds_the_labeled_set_once(tmp_path,
         results = modes.run(model_dir, tf.distribute.get_strategy(),
                             'train_and_evaluate')
         bundle = experiment.load_data(model_dir)
-    assert (embedded, loads) == ([64, 128], [])
+        assert (embedded, loads) == ([64, 128], [])
+        again = modes.run(model_dir, tf.distribute.get_strategy(),
+                          'evaluate_nn')
+    assert (embedded, loads) == ([64, 128, 64, 128], [])
+    step = checkpoints.latest(run_dir.RunDir(model_dir).checkpoints)[1]
+    assert (again['step'], again['source']) == (step, 'saved_model')
+    for key in ('top1', 'tau', 'embedding', 'per_class_accuracy'):
+        assert again[key] == results[key], key
     run = run_dir.RunDir(model_dir)
     assert (results['source'], results['source_path']) == ('saved_model',
                                                            run.embedder)
+    # An export of other weights than the newest checkpoint's (the run
+    # trained on since), or of no recorded step: the checkpoint is read.
+    recorded = os.path.join(run.embedder, export.PREPROCESSING_FILENAME)
+    preprocessing = export.read_preprocessing(run.embedder)
+    for stale in ({**preprocessing, 'step': step - 1},
+                  {k: v for k, v in preprocessing.items() if k != 'step'}):
+        with open(recorded, 'w') as f:
+            json.dump(stale, f)
+        with debug_gin.parsed(['train.num_epochs = 1']):
+            newest = modes.run(model_dir, tf.distribute.get_strategy(),
+                               'evaluate_nn')
+        assert (newest['step'], newest['source']) == (step, 'checkpoint')
+        assert newest['top1'] == results['top1']
+    assert len(loads) == 2
 
     def raw(source):
         return np.stack([source.read(i).numpy()

@@ -12,6 +12,8 @@ from paws_tf import cli
 from paws_tf import configurables
 from paws_tf.evaluation import export
 from paws_tf.nets import backbones
+from paws_tf.runner import config_checks
+from paws_tf.runner import modes
 from tests.helpers import image_folders
 
 
@@ -243,3 +245,30 @@ def test_an_existing_model_is_checked_before_anything_is_written(
                  f"--gin_bindings=MODEL = '{tmp_path / model}'",
                  *[f'--gin_bindings={b}' for b in folders + extra])
     assert not (tmp_path / 'run').exists()
+
+
+def test_an_existing_model_is_resolved_once(run_main, tmp_path,
+                                            monkeypatch):
+    """`MODEL = <a run directory>`: the config check finds its embedder
+    export, and the mode evaluates that export, the binding read once.
+    Fails if the mode resolves `evaluate_nn.from_model` again where it
+    starts (it did: `config_checks.existing_model` ran in `check_config`
+    and in `modes._export_or_evaluate`)."""
+    folders = _existing_model(tmp_path, channels=1)
+    resolved, evaluated = [], []
+    existing_model = config_checks.existing_model
+
+    def counted():
+        resolved.append(existing_model())
+        return resolved[-1]
+
+    monkeypatch.setattr(config_checks, 'existing_model', counted)
+    monkeypatch.setattr(modes, 'evaluate_existing',
+                        lambda run, strategy, embedder: evaluated.append(
+                            embedder))
+    run_main('--gin_file=existing_model_folders.gin',
+             f'--model_dir={tmp_path / "run"}', '--mode=evaluate_nn',
+             f"--gin_bindings=MODEL = '{tmp_path / 'model'}'",
+             *[f'--gin_bindings={b}' for b in folders + ['CHANNELS = 1']])
+    export_dir = str(tmp_path / 'model' / 'export' / 'embedder')
+    assert (resolved, evaluated) == ([export_dir], [export_dir])

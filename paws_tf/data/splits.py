@@ -26,6 +26,18 @@ def read_split_file(path):
         return [line for line in lines if line and not line.startswith('#')]
 
 
+def mismatch(split_file, labeled):
+    """How the labeled `ImageSource` `labeled` differs from the images the
+    split file `split_file` lists (a message's detail), or None when it
+    holds exactly them; FileNotFoundError when there is no such file."""
+    names = read_split_file(split_file)
+    if sorted(names) == sorted(labeled.names):
+        return None
+    missing = len(set(names) - set(labeled.names))
+    return (f'it lists {len(names)} images, {missing} of them not among '
+            f'the {labeled.num_examples} selected')
+
+
 def _positions_of(source, names, split_file):
     position = {name: i for i, name in enumerate(source.names)}
     unknown = [name for name in names if name not in position]

@@ -37,7 +37,7 @@ def of_export(export_dir):
 
 
 @gin.configurable(denylist=['embedder', 'labeled', 'test', 'classifier'])
-def evaluate_nn(model_dir, embedder, *, labeled, test, image_size,
+def evaluate_nn(model_dir, embedder=None, *, labeled, test, image_size,
                 crop_fraction, mean, std, tau=0.1, embedding=None,
                 batch_size=256, step=0, pictures=True, classifier=False,
                 from_model=None):
@@ -51,28 +51,29 @@ def evaluate_nn(model_dir, embedder, *, labeled, test, image_size,
 
     Args:
         model_dir: the run's directory.
-        embedder: the `Embedder` evaluated.
+        embedder: the `Embedder` evaluated; None: `from_model`'s.
         labeled, test: the support and the queries, as for `PawsNN`.
         image_size, crop_fraction, mean, std: the preprocessing.
         embedding: 'projection' or 'prediction' (`PAWSModel.nn_embedding`)
             or None (the embedder's); another one is refused.
         tau, batch_size, step: as for `PawsNN` and its call.
         pictures: draw the pictures (`pictures.Pictures`, its defaults).
-        from_model: an existing model to evaluate instead of the run's (an
-            embedder export or a run directory): `--mode=evaluate_nn`
-            resolves it where it starts (`embedder_of`) into `embedder`.
+        from_model: an existing model (an embedder export, or a run
+            directory holding one), evaluated when `embedder` is None.
 
     Returns:
         The `evaluate.paws_nn` dict, plus `source`, `source_path`,
-        `embedding`, `tau`, `split_file` (None if unchecked), `results_file`,
-        `figure_file` and with `pictures` `confusion_matrix`.
+        `embedding`, `tau`, `step`, `split_file` (None if unchecked),
+        `results_file`, `figure_file` and with `pictures` `confusion_matrix`.
 
     Raises:
-        ValueError: another preprocessing or embedding than the export's,
-            other class names, or a labeled set not the split file's.
+        checks.DataError: a labeled set other than the split file's
+            (`splits.mismatch`).
+        ValueError: neither `embedder` nor `from_model`, other class names,
+            or another preprocessing or embedding than the export's.
         RuntimeError: as for `PawsNN`'s call.
     """
-    del from_model  # The mode's (Args).
+    embedder = _given(embedder, from_model)
     run = run_dir.RunDir(model_dir)
     preprocessing = dict(image_size=image_size, crop_fraction=crop_fraction,
                          mean=mean, std=std)
@@ -90,12 +91,24 @@ def evaluate_nn(model_dir, embedder, *, labeled, test, image_size,
         log_dir=run.eval_logs, tag='paws_nn_test', batch_size=batch_size,
         pictures=pictures and run.nn_figure)(embed_fn, step, supports)
     results.update(source=embedder.source, source_path=embedder.path,
-                   embedding=embedding, tau=tau, split_file=split_file,
+                   embedding=embedding, tau=tau, step=step,
+                   split_file=split_file,
                    figure_file=pictures and run.nn_figure or None)
     run.write_json(run.nn_results, results)
     results['results_file'] = run.nn_results
     _summary(results)
     return results
+
+
+def _given(embedder, from_model):
+    """`embedder`, else the `Embedder` of the existing model `from_model`
+    (`embedder_of`)."""
+    if embedder is not None:
+        return embedder
+    if from_model is None:
+        raise ValueError('evaluate_nn needs an embedder, or an existing '
+                         'model bound to evaluate_nn.from_model.')
+    return of_export(embedder_of(from_model))
 
 
 def embed_labeled(embed_fn, labeled, preprocessing, batch_size=256):
@@ -138,14 +151,15 @@ def embedder_of(path, name='evaluate_nn.from_model'):
         checks.ConfigError: neither holds an export, naming the binding
             `name` (the user's, such as a macro) and the fix.
     """
-    for candidate in (path, run_dir.RunDir(path).embedder):
+    embedder = run_dir.RunDir(path).embedder
+    for candidate in (path, embedder):
         if tf.io.gfile.exists(
                 os.path.join(candidate, export.PREPROCESSING_FILENAME)):
             return candidate
     raise checks.ConfigError(
         f'{name} = {path!r} is neither an embedder export nor a run '
-        f'directory with one ({run_dir.RunDir(path).embedder}): export it '
-        f'first (run.py --mode=export --model_dir={path} with its config).')
+        f'directory with one ({embedder}): export it first (run.py '
+        f'--mode=export --model_dir={path} with its config).')
 
 
 def _checked_embedding(embedder, embedding, expected):
@@ -179,16 +193,16 @@ def _checked_embedding(embedder, embedding, expected):
 
 def _checked_split(run, labeled):
     """The run's split file, whose images `labeled` must hold exactly, or
-    None when there is none; raises ValueError if it differs."""
+    None when there is none; raises `checks.DataError` if it differs."""
     if not tf.io.gfile.exists(run.split):
         logging.warning('PAWS-NN: no split file to check the labeled set '
                         'against (%s does not exist).', run.split)
         return None
-    names = splits.read_split_file(run.split)
-    if sorted(names) != sorted(labeled.names):
-        raise ValueError(
-            f'The labeled set has {labeled.num_examples} images but the '
-            f'split file {run.split} lists {len(names)} others: PAWS-NN '
-            f'must use exactly the run\'s labeled images as support.')
+    detail = splits.mismatch(run.split, labeled)
+    if detail is not None:
+        raise checks.DataError(
+            f'The labeled set is not the one {run.split} records: '
+            f'{detail}. PAWS-NN\'s support is exactly the run\'s labeled '
+            'images: give it those.')
     logging.info('PAWS-NN: the labeled set matches %s', run.split)
     return run.split

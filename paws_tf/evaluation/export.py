@@ -208,7 +208,7 @@ class LoadedEmbedder(tf.Module):
 
 
 def export_embedder(model, export_dir, *, image_size, crop_fraction, mean,
-                    std, channels, strategy=None):
+                    std, channels, step=0, strategy=None):
     """Writes the encoder as a SavedModel that takes raw images.
 
     `serving_default` (also `loaded(images)`): `images` uint8
@@ -219,7 +219,9 @@ def export_embedder(model, export_dir, *, image_size, crop_fraction, mean,
     `embed_preprocessed` (also `loaded.call_preprocessed`) takes float32
     `[N, S, S, C]` images preprocessed as `pipeline.make_eval_dataset`
     does. The preprocessing is stored as variables (`loaded.image_size`,
-    ...) and in `preprocessing.json`. Loading needs only TensorFlow.
+    ...) and in `preprocessing.json`, with the weights' `step` (PAWS-NN of
+    the export reads it there, not from a checkpoint). Loading needs only
+    TensorFlow.
 
     Under MultiWorkerMirroredStrategy, export a plain-variable copy of the
     model on the chief (`modes.export_and_evaluate` does): a SavedModel
@@ -232,6 +234,7 @@ def export_embedder(model, export_dir, *, image_size, crop_fraction, mean,
         image_size, crop_fraction, mean, std, channels: S, the centre
             crop's fraction of the resized image, the C channel means and
             standard deviations, C.
+        step: the global step of the model's weights.
         strategy: the running strategy (default: the current one).
 
     Raises:
@@ -240,7 +243,8 @@ def export_embedder(model, export_dir, *, image_size, crop_fraction, mean,
     module = _Servable(model, None, image_size=image_size,
                        crop_fraction=crop_fraction, mean=mean, std=std,
                        channels=channels)
-    module.save(export_dir, 'embed_preprocessed', strategy, {})
+    module.save(export_dir, 'embed_preprocessed', strategy,
+                dict(step=int(step)))
 
 
 def export_classifier(model, export_dir, *, support_embeddings,

@@ -220,6 +220,10 @@ def check_config(pretraining=True):
         pretraining: the run pre-trains: check `train`'s arguments and the
             labeled folder (other modes check it when they read it).
 
+    Returns:
+        The embedder export of the existing model the config binds
+        (`existing_model`), or None: `--mode=evaluate_nn` evaluates it.
+
     Raises:
         checks.ConfigError: on the first problem found.
     """
@@ -236,6 +240,7 @@ def check_config(pretraining=True):
     if pretraining:
         _check_support()
     _check_backbone(multicrop)
+    return existing
 
 
 def folder_channels():

@@ -9,6 +9,7 @@ from absl import logging
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import bindings
 from paws_tf import checkpoints
 from paws_tf import checks
 from paws_tf import cluster
@@ -16,12 +17,14 @@ from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import evaluate_nn
 from paws_tf.evaluation import export
 from paws_tf.evaluation import fine_tune
+from paws_tf import model as model_lib
 from paws_tf import run_dir
 from paws_tf.runner import building
 from paws_tf.runner import config_checks
 from paws_tf.runner import experiment
 from paws_tf.runner import official_import
 from paws_tf.runner import train
+
 
 def _float32_model(run, strategy, *, local, imported):
     """The run's model, new: plain variables (`local`) or in the strategy's
@@ -113,8 +116,8 @@ def evaluate_existing(run, strategy, embedder):
                 f'images, but the labeled images have '
                 f'{bundle.labeled.channels}.')
         results = evaluate_nn.evaluate_nn(
-            run, evaluate_nn.of_export(embedder),
-            labeled=bundle.labeled, test=bundle.test, classifier=True,
+            run, labeled=bundle.labeled, test=bundle.test, classifier=True,
+            from_model=embedder,
             **{key: stored[key] for key in (
                 'image_size', 'crop_fraction', 'mean', 'std')})
         logging.info('Exported the PAWS-NN classifier of %s for these %d '
@@ -131,24 +134,49 @@ def _check_test(bundle):
                          'nothing to evaluate PAWS-NN on.')
 
 
-def _paws_nn(run, bundle, model, step, *, exported):
-    """PAWS-NN of `model`, read from the checkpoint of `step` or just
-    `exported` (with its classifier, of the same support embeddings), else
-    of the run's embedder export when it has one."""
+def _paws_nn(run, bundle, embedder, *, tau, embedding, step, classifier):
+    """PAWS-NN of the `evaluate_nn.Embedder` `embedder` on the run's data
+    `bundle`, with its classifier (`classifier`)."""
     _check_test(bundle)
-    if exported:
-        embedder = evaluate_nn.Embedder(
-            model, 'saved_model', run.embedder,
-            export.read_preprocessing(run.embedder))
-    elif os.path.isdir(run.embedder):
-        embedder = evaluate_nn.of_export(run.embedder)
-    else:
-        embedder = evaluate_nn.Embedder(model, 'checkpoint',
-                                        checkpoints.at_step(run, step))
     return evaluate_nn.evaluate_nn(
-        run, embedder, labeled=bundle.labeled, test=bundle.test,
-        tau=model.tau, embedding=model.nn_embedding, step=step,
-        classifier=exported, **experiment.eval_preprocessing(bundle))
+        run, embedder, labeled=bundle.labeled, test=bundle.test, tau=tau,
+        embedding=embedding, step=step, classifier=classifier,
+        **experiment.eval_preprocessing(bundle))
+
+
+def _local_model(run, strategy, model, weights, *, imported):
+    """`(local, step)`: a plain-variable float32 copy of `model` (its
+    `weights`), else the run's newest checkpoint, restored."""
+    if model is None:
+        return load_trained_model(run, strategy, local=True,
+                                  imported=imported)
+    local = _float32_model(run, strategy, local=True, imported=imported)
+    checkpoints.assign_weights(local, weights)
+    return local, checkpoints.global_step(model)
+
+
+def _bundle(run, *, exports, evaluates):
+    """The run's data, checked against its records, for PAWS-NN, else for
+    the classifier export; `(bundle, missing)`, `missing` the
+    `MissingLabeledFolder` of an export without labeled images."""
+    if evaluates:
+        return load_labeled_data(
+            run, 'PAWS-NN compares the test images with them'), None
+    try:
+        return load_labeled_data(
+            run, 'the classifier bundles their embeddings'), None
+    except MissingLabeledFolder as error:
+        return None, error
+
+
+def _export_is_current(run):
+    """Whether the run's embedder export holds the weights of its newest
+    checkpoint (the step the export records): not after the run trained
+    on since, nor for an export that records no step."""
+    if not os.path.isdir(run.embedder):
+        return False
+    _, newest = checkpoints.latest(run.checkpoints)
+    return export.read_preprocessing(run.embedder).get('step') == newest
 
 
 def export_and_evaluate(run, strategy, model=None, *, exports=True,
@@ -156,9 +184,10 @@ def export_and_evaluate(run, strategy, model=None, *, exports=True,
     """What one process does alone with a trained run: export it
     (`exports`), then PAWS-NN (`evaluates`) of the run's data (`bundle`,
     else read here), on the chief, of `model` (the trained model in hand,
-    given on every process), else of the newest checkpoint (or the
-    imported weights); the other workers wait for it. Returns the PAWS-NN
-    results on the chief, else None."""
+    given on every process), else of the run's embedder export when
+    PAWS-NN alone is asked and it has one, else of the newest checkpoint
+    (or the imported weights); the other workers wait for it. Returns the
+    PAWS-NN results on the chief, else None."""
     # Every process reads the weights in hand: under
     # MultiWorkerMirroredStrategy, reading a batch-norm moving statistic is
     # a collective of all workers.
@@ -168,33 +197,22 @@ def export_and_evaluate(run, strategy, model=None, *, exports=True,
         missing = None
         # Read, and checked against the run's records, before anything is
         # written.
-        if evaluates and bundle is None:
-            bundle = load_labeled_data(
-                run, 'PAWS-NN compares the test images with them')
-        elif exports and bundle is None:
-            try:
-                bundle = load_labeled_data(
-                    run, 'the classifier bundles their embeddings')
-            except MissingLabeledFolder as error:
-                missing = error
-        if model is None:
-            local, step = load_trained_model(run, strategy, local=True,
-                                             imported=imported)
+        if bundle is None:
+            bundle, missing = _bundle(run, exports=exports,
+                                      evaluates=evaluates)
+        if model is None and not exports and _export_is_current(run):
+            # The model is read once, from the export; the temperature and
+            # embedding are the config's.
+            embedder = evaluate_nn.of_export(run.embedder)
+            config = bindings.arguments(model_lib.PAWSModel)
+            results = _paws_nn(
+                run, bundle, embedder, tau=config['tau'][0],
+                embedding=config['nn_embedding'][0],
+                step=embedder.exported['step'], classifier=False)
         else:
-            local = _float32_model(run, strategy, local=True,
-                                   imported=imported)
-            checkpoints.assign_weights(local, weights)
-            step = checkpoints.global_step(model)
-        if exports:
-            preprocessing, channels = experiment.recorded_preprocessing(run)
-            export.export_embedder(local, run.embedder,
-                                   channels=channels, **preprocessing)
-        if evaluates:
-            # The classifier of the same support embeddings as PAWS-NN's.
-            results = _paws_nn(run, bundle, local, step,
-                               exported=exports)
-        elif exports and missing is None:
-            _export_classifier(run, local, bundle)
+            results = _export_and_evaluate(
+                run, strategy, model, weights, bundle, exports=exports,
+                evaluates=evaluates, imported=imported)
         if missing is not None:
             logging.warning('Exported the embedder under %s/export, not the '
                             'classifier: %s', run, missing)
@@ -205,6 +223,31 @@ def export_and_evaluate(run, strategy, model=None, *, exports=True,
     return results
 
 
+def _export_and_evaluate(run, strategy, model, weights, bundle, *, exports,
+                         evaluates, imported):
+    """`export_and_evaluate` of `model` (else the newest checkpoint): the
+    embedder export, then PAWS-NN with the classifier of the same support
+    embeddings, or the classifier alone (`bundle` not None)."""
+    local, step = _local_model(run, strategy, model, weights,
+                               imported=imported)
+    if exports:
+        preprocessing, channels = experiment.recorded_preprocessing(run)
+        export.export_embedder(local, run.embedder, channels=channels,
+                               step=step, **preprocessing)
+    if evaluates:
+        embedder = (evaluate_nn.Embedder(
+            local, 'saved_model', run.embedder,
+            export.read_preprocessing(run.embedder)) if exports else
+            evaluate_nn.Embedder(local, 'checkpoint',
+                                 checkpoints.at_step(run, step)))
+        return _paws_nn(run, bundle, embedder, tau=local.tau,
+                        embedding=local.nn_embedding, step=step,
+                        classifier=exports)
+    if exports and bundle is not None:
+        _export_classifier(run, local, bundle)
+    return None
+
+
 class Options(typing.NamedTuple):
     """What run.py gives a mode besides the run directory: its flags, and
     what a training run starts from."""
@@ -213,6 +256,9 @@ class Options(typing.NamedTuple):
     # What a training run starts from (`start.check_pretrained`); None:
     # `train` reads it.
     pretrained: typing.Optional[typing.Any] = None
+    # The embedder export of the model evaluate_nn.from_model names
+    # (`config_checks.check_config`), which --mode=evaluate_nn evaluates.
+    existing_model: typing.Optional[str] = None
     official_checkpoint: typing.Optional[str] = None  # --official_checkpoint
     mode: str = 'train'  # --mode: named in the refusal of an import.
 
@@ -236,9 +282,8 @@ def _train_and_evaluate(run, strategy, options):
 
 
 def _export_or_evaluate(run, strategy, options, *, evaluates):
-    existing = config_checks.existing_model() if evaluates else None
-    if existing is not None:
-        return evaluate_existing(run, strategy, existing)
+    if evaluates and options.existing_model is not None:
+        return evaluate_existing(run, strategy, options.existing_model)
     imported = official_import.check_mode(run, options.mode)
     return export_and_evaluate(run, strategy, exports=not evaluates,
                                evaluates=evaluates, imported=imported)

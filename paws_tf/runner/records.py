@@ -78,11 +78,8 @@ def check(run, labeled):
                 f'{len(labeled.class_names)} classes '
                 f'{list(labeled.class_names)[:8]}')
     try:
-        names = splits.read_split_file(run.split)
+        detail = splits.mismatch(run.split, labeled)
     except FileNotFoundError:
         return
-    if sorted(names) != sorted(labeled.names):
-        missing = len(set(names) - set(labeled.names))
-        _refuse(run, 'selects another labeled set', run.split,
-                f'it lists {len(names)} images, {missing} of them not among '
-                f'the {labeled.num_examples} selected')
+    if detail is not None:
+        _refuse(run, 'selects another labeled set', run.split, detail)

@@ -87,14 +87,7 @@ def check_pretrained(run, *, overwrite=False, channels=None):
             not exist or does not fit (the architecture bindings of both
             models that differ, else the first variables that do not fit).
     """
-    backbone, backbone_name = bindings.binding('train.pretrained_backbone')
-    whole, whole_name = bindings.binding('train.pretrained_model')
-    if backbone and whole:
-        raise checks.ConfigError(
-            f'{backbone_name} and {whole_name} are both bound: bind one '
-            '(the model includes its backbone).')
-    path, name = (backbone, backbone_name) if backbone else (whole,
-                                                              whole_name)
+    path, name, part = _bound_pretrained()
     if not path:
         return Pretrained()
     _check_outside(run, path, name)
@@ -103,28 +96,53 @@ def check_pretrained(run, *, overwrite=False, channels=None):
     if not (os.path.exists(path) or os.path.exists(f'{path}.index')):
         raise checks.ConfigError(
             f'{name} = {path!r} does not exist: bind it to a run directory '
-            'or a checkpoint' + (', or a weights file' if backbone else '')
-            + '.')
-    tried = (channels,) if channels else (3, 1)
-    part = _BACKBONE_PART if backbone else _MODEL_PART
+            'or a checkpoint' + (', or a weights file' if part ==
+                                 _BACKBONE_PART else '') + '.')
+    return _read_pretrained(path, name, part,
+                            (channels,) if channels else (3, 1))
+
+
+def _bound_pretrained():
+    """`(path, name, part)`: the `train.pretrained_backbone` or
+    `train.pretrained_model` bound (path None when neither is), the binding
+    that gives it and the part of a model it holds.
+
+    Raises:
+        checks.ConfigError: both are bound.
+    """
+    backbone, backbone_name = bindings.binding('train.pretrained_backbone')
+    whole, whole_name = bindings.binding('train.pretrained_model')
+    if backbone and whole:
+        raise checks.ConfigError(
+            f'{backbone_name} and {whole_name} are both bound: bind one '
+            '(the model includes its backbone).')
+    if backbone:
+        return backbone, backbone_name, _BACKBONE_PART
+    return whole, whole_name, _MODEL_PART
+
+
+def _read_pretrained(path, name, part, tried):
+    """The `Pretrained` `part` stored at `path` (bound to `name`), read
+    into the configured model of the first channel count of `tried` it
+    fits; else raises `checks.ConfigError` naming why it does not fit."""
     refused = []  # What each channel count tried gave, the first first.
     for channels in tried:
         model = building.build_local_model(input_channels=channels)
         try:
-            if backbone:
-                pretrained_lib.load_backbone_weights(model.backbone, backbone)
-                read, weights = backbone, model.backbone.get_weights()
+            if part == _BACKBONE_PART:
+                pretrained_lib.load_backbone_weights(model.backbone, path)
+                read, weights = path, model.backbone.get_weights()
             else:
                 read = checkpoints.load(
-                    pretrained_lib.model_checkpoint(whole), model)
+                    pretrained_lib.model_checkpoint(path), model)
                 weights = model.get_weights()
             return Pretrained(part, read, name, channels, weights)
         except FileNotFoundError as error:
             raise checks.ConfigError(f'{name} = {path!r}: {error}') from error
         except ValueError as error:
             refused.append(error)
-    why = _architecture_differences(path, tried, _BACKBONE if backbone
-                                    else _ARCHITECTURE)
+    why = _architecture_differences(path, tried, _BACKBONE if part ==
+                                    _BACKBONE_PART else _ARCHITECTURE)
     if why is None:
         unmatched = getattr(refused[0], 'unmatched', None)
         why = (f'{len(unmatched)} variables of the configured {part} have no '
@@ -219,8 +237,7 @@ def start(run, strategy, build, *, num_epochs, history, pretrained,
         history: records an event in the run history (a no-op but on the
             chief), returns it.
         pretrained: what `check_pretrained` read.
-        overwrite: run.py's --overwrite.
-        on_data_change: `train.on_data_change`.
+        overwrite, on_data_change: --overwrite, `train.on_data_change`.
 
     Returns:
         `Started`.
@@ -232,16 +249,9 @@ def start(run, strategy, build, *, num_epochs, history, pretrained,
     """
     chief = cluster.is_chief(strategy)
     try:
-        replace = _replaces_config(run, overwrite=overwrite)
-        bundle = experiment.load_data(run.staging if chief else None)
-        fingerprint = data_fingerprint.fingerprint(bundle)
-        restart = replace or data_fingerprint.check(
-            run.read_json(run.fingerprint), fingerprint, model_dir=run.path,
-            path=run.fingerprint,
-            resuming=not replace and checkpoints.has_progress(run.path),
-            on_change=on_data_change, overwrite=overwrite)
-        resume_from, step = (None, 0) if restart else (
-            checkpoints.newest_restorable(run.path, chief=chief))
+        bundle, fingerprint, restart, resume_from, step = _decide(
+            run, chief=chief, overwrite=overwrite,
+            on_data_change=on_data_change)
         pretrain, model = build(bundle, step)
     except BaseException:
         if chief:
@@ -253,7 +263,36 @@ def start(run, strategy, build, *, num_epochs, history, pretrained,
         run.write(run.input_summary, pretrain.summary + '\n')
     logging.info('%s; the sizes per replica and step: %s',
                  pretrain.summary_line, run.input_summary)
-    steps_per_epoch = pretrain.steps_per_epoch
+    finished = _restore_or_begin(
+        model, resume_from, step, pretrain.steps_per_epoch,
+        num_epochs=num_epochs, history=history, pretrained=pretrained,
+        channels=bundle.labeled.channels)
+    return Started(bundle, pretrain, model, step, finished=finished)
+
+
+def _decide(run, *, chief, overwrite, on_data_change):
+    """Steps 2 to 4 of `start` up to the model: `(bundle, fingerprint,
+    restart, resume_from, step)`, the data, its fingerprint, whether the
+    run starts again, and the backup or checkpoint it resumes from (None)
+    at `step`."""
+    replace = _replaces_config(run, overwrite=overwrite)
+    bundle = experiment.load_data(run.staging if chief else None)
+    fingerprint = data_fingerprint.fingerprint(bundle)
+    restart = replace or data_fingerprint.check(
+        run.read_json(run.fingerprint), fingerprint, model_dir=run.path,
+        path=run.fingerprint,
+        resuming=not replace and checkpoints.has_progress(run),
+        on_change=on_data_change, overwrite=overwrite)
+    resume_from, step = (None, 0) if restart else (
+        checkpoints.newest_restorable(run, chief=chief))
+    return bundle, fingerprint, restart, resume_from, step
+
+
+def _restore_or_begin(model, resume_from, step, steps_per_epoch, *,
+                      num_epochs, history, pretrained, channels):
+    """Step 6 of `start`: `model` restored from `resume_from` (at `step`),
+    else given the `pretrained` weights (if any) for `channels`-channel
+    images; whether the run is finished."""
     total_steps = num_epochs * steps_per_epoch
     if resume_from:
         checkpoints.load(resume_from, model, checkpoints.WHOLE)
@@ -261,19 +300,19 @@ def start(run, strategy, build, *, num_epochs, history, pretrained,
             logging.info('%s holds a finished run (%d steps): not training '
                          'it again.',
                          checkpoints.describe(resume_from).capitalize(), step)
-            return Started(bundle, pretrain, model, step, finished=True)
+            return True
         epoch, batch = divmod(step, steps_per_epoch)
         logging.info('Run %s.', history(
             f'resumed at step {step} of {total_steps} (epoch {epoch + 1} of '
             f'{num_epochs}, step {batch} of it) from '
             f'{checkpoints.describe(resume_from)}'))
     else:
-        origin = pretrained.load_into(model, bundle.labeled.channels)
+        origin = pretrained.load_into(model, channels)
         history(f'started a new run of {total_steps} steps{origin}')
     logging.info('Training steps %d..%d: %d epoch%s of %d steps.', step,
                  total_steps, num_epochs, '' if num_epochs == 1 else 's',
                  steps_per_epoch)
-    return Started(bundle, pretrain, model, step, finished=False)
+    return False
 
 
 def _replaces_config(run, *, overwrite):
@@ -289,7 +328,7 @@ def _replaces_config(run, *, overwrite):
             for text in (f.read(), gin.config_str()))
     if old == new:
         return False
-    if not checkpoints.has_progress(run.path):
+    if not checkpoints.has_progress(run):
         logging.info('%s holds the config of a start that saved no backup '
                      'or checkpoint: starting with this config.', run)
         return True
@@ -313,7 +352,7 @@ def _accept(run, strategy, *, chief, restart, fingerprint, overwrite):
         cluster.barrier(strategy)
     if chief:
         if restart:
-            if checkpoints.has_progress(run.path):
+            if checkpoints.has_progress(run):
                 logging.warning('--overwrite: deleting the previous run in '
                                 '%s.', run)
             run.delete(run.overwritten)

@@ -243,7 +243,7 @@ def _fit(model, pretrain, input_at, fit_callbacks, saver, *, strategy,
         history(f'stopped at step {step} by {why}')
         failure = cluster.cluster_failure(
             strategy, error, what='training', step=step,
-            resume=saver.state.resume_point())
+            resume=saver.state.saved()[1])
         if failure is None:
             raise
         raise failure from error
