@@ -149,8 +149,8 @@ def test_other_sources_architectures_and_damaged_files_are_refused(
     token), a ViT-S/8 of one block as DINO's and as MSN's (which publishes
     no S/8), a truncated file, and a pickled model (code, not tensors).
 
-    Fails if DINOv2's keys are not looked for (its file then reaches the
-    name matching, whose message lists keys without naming DINOv2)."""
+    Fails if DINOv2's keys are not looked for (its file is then refused as
+    another architecture, without naming DINOv2)."""
     torch.save(_tiny_dino_state(mask_token=torch.zeros(1, 384), **{
         'blocks.0.ls1.gamma': torch.ones(384)}), tmp_path / 'dinov2.pth')
     torch.save(_tiny_dino_state(), tmp_path / 'small8.pth')
