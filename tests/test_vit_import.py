@@ -28,6 +28,8 @@ from tests.helpers import dino_msn_vit  # noqa: E402
 from tests.helpers import image_folders  # noqa: E402
 from tests.helpers import run_py  # noqa: E402
 from tests.helpers import timm_vit  # noqa: E402
+from tests import test_existing_model  # noqa: E402
+from tests import test_official_import  # noqa: E402
 from tests.test_official_import import _config  # noqa: E402
 from tests.test_official_import import _strategy  # noqa: E402
 
@@ -38,14 +40,8 @@ OFFICIAL_IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 # `deit_small`): width, depth, heads, patch.
 VIT_S16 = (384, 12, 6, 16)
 RTOL = 1e-4
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# One PyTorch thread: the 2 cores are shared with TensorFlow's.
+_one_torch_thread = test_official_import._one_torch_thread
 
 
 def _official(source, seed, layout=VIT_S16):
@@ -178,35 +174,6 @@ def test_other_sources_architectures_and_damaged_files_are_refused(
     assert official_import.ImportFailed.EXIT_CODE == 65
 
 
-def _folder_views(root):
-    """(official views, class ids, class names) of the images under
-    `root/<class>/`, in the order image_folder lists them."""
-    paths = sorted(root.rglob('*.png'))
-    classes = sorted({path.parent.name for path in paths})
-    images = [np.asarray(tf.io.decode_png(tf.io.read_file(str(path)),
-                                          channels=3)) for path in paths]
-    return ([_official_view(image) for image in images],
-            np.array([classes.index(path.parent.name) for path in paths]),
-            classes)
-
-
-def _numpy_paws_nn(official, root, tau):
-    """PAWS-NN's soft nearest neighbour in NumPy over the official model's
-    features of the folders: (probabilities [N, K], query class ids)."""
-    def embed(folder):
-        views, labels, classes = _folder_views(folder)
-        features = _official_features(official, views)
-        return features / np.linalg.norm(features, axis=1,
-                                         keepdims=True), labels, classes
-
-    supports, support_labels, classes = embed(root / 'labeled')
-    queries, query_labels, _ = embed(root / 'test')
-    logits = queries @ supports.T / tau
-    weights = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return (weights / weights.sum(axis=1, keepdims=True)
-            @ np.eye(len(classes))[support_labels]), query_labels
-
-
 @pytest.fixture(scope='module')
 def dino_run(tmp_path_factory):
     """The official DINO ViT-S/16 (random weights) as DINO publishes it,
@@ -246,13 +213,13 @@ def test_paws_nn_of_the_dino_import_is_the_rule_on_official_features(
         mode='evaluate_nn', base_bindings=()))
     assert code == 0, output[-3000:]
     results = json.loads((tmp_path / 'nn/eval/paws_nn.json').read_text())
-    probabilities, labels = _numpy_paws_nn(official, tmp_path / 'images',
-                                           results['tau'])
+    probabilities, _, labels, _ = test_existing_model.numpy_paws_nn(
+        lambda images: _official_features(
+            official, [_official_view(image) for image in images]),
+        tmp_path / 'images', results['tau'])
     classifier = tf.saved_model.load(str(tmp_path / 'nn/export/classifier'))
-    paths = sorted((tmp_path / 'images/test').rglob('*.png'))
-    raw = np.stack([np.asarray(tf.io.decode_png(tf.io.read_file(str(p)),
-                                                channels=3)) for p in paths])
-    out = classifier(tf.constant(raw))
+    raw, _, _ = test_existing_model._folder_images(tmp_path / 'images/test')
+    out = classifier(tf.constant(np.stack(raw)))
     np.testing.assert_allclose(out['probabilities'], probabilities,
                                atol=1e-4)
     np.testing.assert_array_equal(out['class_ids'],

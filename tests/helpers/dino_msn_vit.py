@@ -25,16 +25,11 @@ from functools import partial
 import torch
 from torch import nn
 
+from tests.helpers import timm_vit
 
-class Mlp(nn.Module):
-    def __init__(self, in_features, hidden_features):
-        super().__init__()
-        self.fc1 = nn.Linear(in_features, hidden_features)
-        self.act = nn.GELU()
-        self.fc2 = nn.Linear(hidden_features, in_features)
 
-    def forward(self, x):
-        return self.fc2(self.act(self.fc1(x)))
+# DINO's and MSN's `Mlp` is timm's (fc1, GELU, fc2).
+Mlp = timm_vit.Mlp
 
 
 class Attention(nn.Module):
