@@ -198,11 +198,12 @@ def test_paws_nn_of_the_dino_import_is_the_rule_on_official_features(
     """`existing_model_folders.gin` on the import: per-image probabilities
     and classes of its PAWS-NN classifier, and PAWS-NN's top-1, equal the
     soft nearest neighbour in NumPy over the official model's features.
-    The import's own directory is refused by --mode=evaluate_nn, naming
-    the way to use it.
+    The import's own directory is refused by --mode=evaluate_nn and by
+    training, naming the way to use it.
 
     Fails if the export records another crop than 224 of 256 (tried:
-    crop_fraction 1.0), or compares another output than the features."""
+    crop_fraction 1.0), or compares another output than the features, or
+    training over the import names train.pretrained_model (tried)."""
     tmp_path, official, _ = dino_run
     imported = tmp_path / 'dino_vits16'
     code, output = run_py.finish(run_py.start(
@@ -234,6 +235,11 @@ def test_paws_nn_of_the_dino_import_is_the_rule_on_official_features(
             f"{tmp_path}/dino_deitsmall16_pretrain.pth, not a PAWS model"
             ) in output
     assert f"train.pretrained_backbone = '{imported}'" in output
+    with _config(CONFIG):  # Training over it names the backbone binding.
+        with pytest.raises(official_import.ImportFailed, match=(
+                f"with train.pretrained_backbone = '{imported}' to start "
+                'from this backbone')):
+            modes.run(str(imported), _strategy(), 'train')
 
 
 @pytest.mark.slow

@@ -278,11 +278,12 @@ def check_mode(run, mode, *, trains=False):
     if record is None:
         return False
     if trains:
+        part = ('backbone' if record['kind'] == BACKBONE else 'model')
         raise ImportFailed(
             f'{run} holds weights imported from {record["source"]}, '
             'not a paws_tf training run: pre-train in another --model_dir, '
-            f"with train.pretrained_model = '{run}' to start from "
-            'this model.')
+            f"with train.pretrained_{part} = '{run}' to start from "
+            f'this {part}.')
     if record['kind'] == BACKBONE:
         raise ImportFailed(
             f'{run} holds the {record["architecture"]} backbone imported '
