@@ -19,6 +19,7 @@ the plain bicubic; border taps not clamped; vit_large with 12 heads.
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 import torch
 import torch.nn.functional as F
 
@@ -151,3 +152,17 @@ def test_resampling_at_the_learned_grid_is_the_identity(source):
     grid = tf.random.stateless_normal([14, 14, 3], [0, 2])
     assert np.array_equal(
         vit_positions.resample_positions(grid, (14, 14), source), grid)
+
+
+@pytest.mark.parametrize('source', ['dino', 'msn'])
+def test_a_clone_keeps_the_sources_interpolation(source):
+    """A clone from the layers' configs (as fine-tuning copies the
+    backbone) resamples as the source does. Fails if the tokens layer
+    leaves its interpolation out of its config (the clone resamples as
+    timm)."""
+    model = vit.build_vit('vit_tiny', patch_size=8, image_size=64, depth=1,
+                          position_interpolation=source)
+    clone = tf_keras.models.clone_model(model)
+    clone.set_weights(model.get_weights())
+    images = tf.random.stateless_normal([1, 24, 24, 3], [0, 3])
+    np.testing.assert_array_equal(clone(images), model(images))
