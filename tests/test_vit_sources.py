@@ -13,7 +13,8 @@ depth changes no code path).
 Bugs tried (each test's docstring names the ones it catches): timm's
 antialiased resampling instead of the sources'; DINO's 0.1 offset left
 out; MSN given DINO's offset; PyTorch's antialiased cubic (a = -0.5) in
-the plain bicubic; border taps not clamped; vit_large with 12 heads.
+the plain bicubic; border taps not clamped; vit_large with 12 heads; the
+interpolation left out of the tokens layer's config.
 """
 
 import numpy as np
