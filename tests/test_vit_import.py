@@ -146,7 +146,8 @@ def test_other_sources_architectures_and_damaged_files_are_refused(
     no S/8), a truncated file, and a pickled model (code, not tensors).
 
     Fails if DINOv2's keys are not looked for (its file is then refused as
-    another architecture, without naming DINOv2)."""
+    another architecture, without naming DINOv2), or if an unreadable file's
+    message expects PAWS's checkpoints alone."""
     torch.save(_tiny_dino_state(mask_token=torch.zeros(1, 384), **{
         'blocks.0.ls1.gamma': torch.ones(384)}), tmp_path / 'dinov2.pth')
     torch.save(_tiny_dino_state(), tmp_path / 'small8.pth')
@@ -166,7 +167,9 @@ def test_other_sources_architectures_and_damaged_files_are_refused(
                        'ViT-B/8'),
             ('msn_small8', r'not one of the ViTs MSN publishes: ViT-S/16, '
                            'ViT-B/16, ViT-L/16, ViT-B/4, ViT-L/7'),
-            ('cut', r'cut\.pth cannot be read by torch\.load'),
+            ('cut', r'cut\.pth cannot be read by torch\.load .*Expected an '
+                    'official PAWS checkpoint.*, a DINO backbone state dict '
+                    r'.* or an MSN checkpoint \(a dict whose target_encoder'),
             ('pickled', r'pickled\.pth cannot be read by torch\.load .*'
                         'holding objects other than tensors.*'
                         'UnpicklingError')):

@@ -25,10 +25,11 @@ CHANNELS = 3
 _INSTALL_HINT = ('Reading official .pth.tar checkpoints needs PyTorch: '
                  'pip install .[torch] (or pip install paws_tf[torch]; the '
                  'CPU wheel suffices).')
-_EXPECTED = ('an official PAWS checkpoint: a dict whose "encoder" entry is '
-             'the state dict of ResNet-50 or WideResNet-28-2 (keys '
-             '"module.conv1.weight", ...) with the "fc" projection head '
-             '(pre-trained) or the "fc" classifier (fine-tuned)')
+# What --mode=import_official reads here; `vit_import` adds DINO's and MSN's.
+EXPECTED = ('an official PAWS checkpoint: a dict whose "encoder" entry is '
+            'the state dict of ResNet-50 or WideResNet-28-2 (keys '
+            '"module.conv1.weight", ...) with the "fc" projection head '
+            '(pre-trained) or the "fc" classifier (fine-tuned)')
 
 
 class ImportFailed(ValueError):
@@ -36,7 +37,7 @@ class ImportFailed(ValueError):
     EXIT_CODE = os.EX_DATAERR  # run.py's exit code.
 
 
-def load_file(path, expected=_EXPECTED):
+def load_file(path, expected=EXPECTED):
     """The object stored in the PyTorch file `path`, read without running
     code from it (`weights_only`: tensors and plain containers).
 
@@ -101,7 +102,7 @@ def read_checkpoint(path, checkpoint=None):
     if not isinstance(encoder, dict) or not encoder:
         keys = (sorted(checkpoint)[:8] if isinstance(checkpoint, dict)
                 else type(checkpoint).__name__)
-        raise ImportFailed(f'{path} holds {keys}, not {_EXPECTED}.')
+        raise ImportFailed(f'{path} holds {keys}, not {EXPECTED}.')
     return numpy_state(path, encoder, 'encoder'), checkpoint.get('epoch')
 
 
@@ -175,7 +176,7 @@ def _network(path, state, strategy):
         raise ImportFailed(
             f'{path} has neither a projection head (fc.fc3.*, pre-trained) '
             f'nor a classifier (fc.fc2.* or fc.*, fine-tuned); expected '
-            f'{_EXPECTED}.')
+            f'{EXPECTED}.')
     held = architecture(state)
     if held != backbone.name:
         raise ImportFailed(

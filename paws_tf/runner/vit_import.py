@@ -204,7 +204,9 @@ def import_file(model_dir, path, *, strategy, overwrite=False):
     imported as a DINO or MSN ViT (`import_vit`) or an official PAWS
     ResNet (`official_import.import_official`)."""
     official_import.occupied(run_dir.RunDir(model_dir), overwrite)
-    checkpoint = official_import.load_file(path)
+    checkpoint = official_import.load_file(path, expected=(
+        f'{official_import.EXPECTED}, {_EXPECTED[vit_positions.DINO]} or '
+        f'{_EXPECTED[vit_positions.MSN]}'))
     if source_of(checkpoint) is not None:
         return import_vit(model_dir, path, checkpoint, overwrite=overwrite)
     return official_import.import_official(
