@@ -61,9 +61,12 @@ def _save_msn(model, path, epoch=800):
     projection head (`init_model`: fc1, gelu1, fc2, gelu2, fc3), the
     prototypes, the epoch and the run's settings."""
     head = torch.nn.Sequential()
-    head.add_module('fc1', torch.nn.Linear(model.embed_dim, 32))
-    head.add_module('gelu1', torch.nn.GELU())
-    head.add_module('fc3', torch.nn.Linear(32, 16))
+    for name, layer in (('fc1', torch.nn.Linear(model.embed_dim, 32)),
+                        ('gelu1', torch.nn.GELU()),
+                        ('fc2', torch.nn.Linear(32, 32)),
+                        ('gelu2', torch.nn.GELU()),
+                        ('fc3', torch.nn.Linear(32, 16))):
+        head.add_module(name, layer)
     model.fc = head
     state = {f'module.{key}': value for key, value in
              model.state_dict().items()}
@@ -110,7 +113,7 @@ def test_msn_import_is_the_target_encoders_backbone(tmp_path):
                            'import_official', official_checkpoint=str(path))
     assert (record['kind'], record['origin'], record['architecture']) == (
         'backbone', 'msn', 'ViT-S/16')
-    assert (record['epoch'], record['left_out']) == (800, 4)
+    assert (record['epoch'], record['left_out']) == (800, 6)
     assert record['tensors'] == len(official.state_dict())
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 256, (300, 260, 3), dtype=np.uint8)
