@@ -90,15 +90,14 @@ def _write_noise(root, per_class, seed):
                 root / name / f'{i}.png')
 
 
-def _numpy_paws_nn(embedder, root, output, tau):
-    """The soft nearest-neighbour rule in NumPy on the `output` of the
-    `embedder` SavedModel (raw images in) for the folders under `root`:
-    `(probabilities [N, K], predictions [N], query labels [N], classes)`."""
+def numpy_paws_nn(embed_images, root, tau):
+    """The soft nearest-neighbour rule in NumPy on the embeddings that
+    `embed_images` (uint8 [N, H, W, 3] images -> [N, D]) gives the
+    folders under `root`: `(probabilities [N, K], predictions [N], query
+    labels [N], classes)`."""
     def embed(folder):
         images, labels, classes = _folder_images(folder)
-        embeddings = np.concatenate([
-            embedder(tf.constant(image[None]))[output].numpy()
-            for image in images])
+        embeddings = embed_images(images)
         return embeddings / np.linalg.norm(embeddings, axis=1,
                                            keepdims=True), labels, classes
 
@@ -110,6 +109,14 @@ def _numpy_paws_nn(embedder, root, output, tau):
                      @ np.eye(len(classes))[support_labels])
     return (probabilities, probabilities.argmax(axis=1), query_labels,
             classes)
+
+
+def _saved_model_outputs(embedder, output):
+    """`embed_images` of the `output` of the `embedder` SavedModel (raw
+    images in), image by image."""
+    return lambda images: np.concatenate([
+        embedder(tf.constant(image[None]))[output].numpy()
+        for image in images])
 
 
 def _confusion(labels, predictions):
@@ -143,10 +150,10 @@ def test_paws_nn_of_an_import_on_folders_and_its_classifier(imported):
         (imported / 'mine/eval/paws_nn.json').read_text())
     embedder = tf.saved_model.load(str(embedder_dir))
     images = imported / 'images'
-    probabilities, predicted, labels, classes = _numpy_paws_nn(
-        embedder, images, 'embeddings', results['tau'])
-    _, other, _, _ = _numpy_paws_nn(embedder, images, 'features',
-                                    results['tau'])
+    probabilities, predicted, labels, classes = numpy_paws_nn(
+        _saved_model_outputs(embedder, 'embeddings'), images, results['tau'])
+    _, other, _, _ = numpy_paws_nn(_saved_model_outputs(embedder, 'features'),
+                                   images, results['tau'])
     assert (_confusion(labels, other) != _confusion(labels, predicted)).any()
     assert results['source_path'] == str(embedder_dir)
     assert (results['num_support'], results['num_queries']) == (12, 15)

@@ -161,6 +161,9 @@ def test_every_config_parses_and_builds_its_model(clean_gin, path):
     if path.name == 'existing_model_folders.gin':  # The model's, no own.
         assert bindings.bound('evaluate_nn.from_model') == 'runs/imported'
         return
+    if path.name == 'import_vit.gin':  # The file's ViT, no own.
+        assert bindings.bound('load_data.normalization') == 'imagenet'
+        return
     model, params = trainable_parameters()
     assert params == PARAMETERS[path.name]()
     assert model.tau == 0.1 and model.sharpen_temperature == 0.25

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from paws_tf import checks
 from paws_tf.nets import backbones
 from paws_tf.nets import vit
+from paws_tf.nets import vit_positions
 from paws_tf.runner import building
 from tests.helpers import timm_vit
 
@@ -94,7 +95,7 @@ def test_resampling_is_pytorch_antialiased_bicubic(old, new):
     expected = F.interpolate(
         torch.from_numpy(grid).permute(2, 0, 1)[None], size=new,
         mode='bicubic', antialias=True)[0].permute(1, 2, 0).numpy()
-    actual = vit.resample_positions(tf.constant(grid), new).numpy()
+    actual = vit_positions.resample_positions(tf.constant(grid), new).numpy()
     np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-5)
 
 
@@ -103,7 +104,7 @@ def test_resampling_at_the_built_size_is_the_identity():
     them. Fails if the output samples sit at i * old / new (no half-pixel
     centres)."""
     grid = tf.random.stateless_normal([4, 4, 3], [0, 1])
-    assert np.array_equal(vit.resample_positions(grid, (4, 4)), grid)
+    assert np.array_equal(vit_positions.resample_positions(grid, (4, 4)), grid)
 
 
 @pytest.mark.parametrize('size', [(32, 32), (16, 16), (48, 48), (24, 40)])
@@ -353,7 +354,8 @@ def test_build_backbone_builds_the_vits_by_name(clean_gin):
             r"'small_resnet'\), build_backbone.widths \(an argument of "
             r"'small_resnet'\) are not "
             r"arguments of backbone 'vit_tiny'\. Its arguments: "
-            r"\['patch_size', 'image_size', 'depth'\]\.$")):
+            r"\['patch_size', 'image_size', 'depth', "
+            r"'position_interpolation'\]\.$")):
         backbones.check_arguments('vit_tiny', ['widths', 'stage_strides'])
 
 

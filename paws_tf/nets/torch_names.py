@@ -7,6 +7,7 @@ import numpy as np
 import tf_keras
 
 from paws_tf import checks
+from paws_tf.nets import vit
 
 # PyTorch's BatchNorm counts its updates in this buffer; no Keras variable
 # holds it and inference does not read it.
@@ -47,9 +48,11 @@ def _backbone_name(layer_name):
 
 
 def _weighted_layers(module):
-    """The convolutions, dense layers and batch norms inside `module`."""
+    """The convolutions, dense layers, batch and layer norms and ViT
+    tokens inside `module`."""
     kinds = (tf_keras.layers.Conv2D, tf_keras.layers.Dense,
-             tf_keras.layers.BatchNormalization)
+             tf_keras.layers.BatchNormalization,
+             tf_keras.layers.LayerNormalization, vit.ClassTokenAndPositions)
     layers = [module] if isinstance(module, kinds) else []
     return layers + [layer for layer in module.submodules
                      if isinstance(layer, kinds)]
@@ -96,10 +99,43 @@ def layer_names(backbone, *, projection_head=None, prediction_head=None,
     return pairs
 
 
+def vit_layer_names(backbone):
+    """Pairs each layer of a `vit.build_vit` backbone holding weights with
+    its name in DINO's and MSN's `VisionTransformer` (facebookresearch/dino
+    vision_transformer.py, facebookresearch/msn src/deit.py), which are
+    timm's: `patch_embed.proj`, `cls_token` and `pos_embed` (the tokens
+    layer, prefix ''), `blocks.<i>.{norm1,attn.qkv,attn.proj,norm2,
+    mlp.fc1,mlp.fc2}`, `norm`."""
+    pairs = []
+    for layer in backbone.layers:
+        if isinstance(layer, vit.PatchEmbedding):
+            pairs.append((layer.proj, 'patch_embed.proj'))
+        elif isinstance(layer, vit.ClassTokenAndPositions):
+            pairs.append((layer, ''))
+        elif isinstance(layer, vit.Block):
+            block = f'blocks.{layer.name.rsplit("_", 1)[1]}'
+            pairs += [(layer.norm1, f'{block}.norm1'),
+                      (layer.attn.qkv, f'{block}.attn.qkv'),
+                      (layer.attn.proj, f'{block}.attn.proj'),
+                      (layer.norm2, f'{block}.norm2'),
+                      (layer.fc1, f'{block}.mlp.fc1'),
+                      (layer.fc2, f'{block}.mlp.fc2')]
+        elif isinstance(layer, tf_keras.layers.LayerNormalization):
+            pairs.append((layer, layer.name))
+    return pairs
+
+
 def _torch_values(layer, prefix):
     """`{torch key: (keras variable, to_keras)}` of one layer, where
     `to_keras` turns the PyTorch array into the variable's layout."""
     same = np.asarray
+    if isinstance(layer, vit.ClassTokenAndPositions):
+        # Both [1, N, D] in either framework.
+        return {'cls_token': (layer.cls_token, same),
+                'pos_embed': (layer.pos_embed, same)}
+    if isinstance(layer, tf_keras.layers.LayerNormalization):
+        return {f'{prefix}.weight': (layer.gamma, same),
+                f'{prefix}.bias': (layer.beta, same)}
     if isinstance(layer, tf_keras.layers.BatchNormalization):
         pairs = [('weight', layer.gamma), ('bias', layer.beta),
                  ('running_mean', layer.moving_mean),

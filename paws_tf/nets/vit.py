@@ -10,12 +10,15 @@ import tf_keras
 from paws_tf import bindings
 from paws_tf import checks
 from paws_tf import nets
+from paws_tf.nets import vit_positions
 
-# (width D, depth, heads) of timm's, DeiT's and DINO's ViT-Ti, -S and -B.
+# (width D, depth, heads) of timm's, DeiT's, DINO's and MSN's ViT-Ti, -S,
+# -B and -L.
 ARCHITECTURES = {
     'vit_tiny': (192, 12, 3),
     'vit_small': (384, 12, 6),
     'vit_base': (768, 12, 12),
+    'vit_large': (1024, 24, 16),
 }
 MLP_RATIO = 4
 LAYER_NORM_EPSILON = 1e-6
@@ -24,8 +27,6 @@ LAYER_NORM_EPSILON = 1e-6
 # cuts at 2 standard deviations, which shrinks the spread to 0.88 of it).
 WEIGHT_STD = 0.02
 CLASS_TOKEN_STD = 1e-6
-# The Keys cubic of PIL's and PyTorch's antialiased bicubic resize.
-CUBIC_A = -0.5
 
 
 def _weight_init():
@@ -49,59 +50,6 @@ def _build_in_scope(layer, input_shape):
     as its own call would name them, before the outer layer calls it."""
     with tf.name_scope(layer.name):
         layer.build(input_shape)
-
-
-def _cubic(x):
-    """Keys' cubic convolution kernel with a = `CUBIC_A`, zero for |x| >= 2."""
-    x = tf.abs(x)
-    a = CUBIC_A
-    near = ((a + 2) * x - (a + 3)) * x * x + 1  # |x| < 1
-    far = ((x - 5) * x + 8) * x * a - 4 * a  # 1 <= |x| < 2
-    return tf.where(x < 1, near, tf.where(x < 2, far, tf.zeros_like(x)))
-
-
-def resample_matrix(new_size, old_size):
-    """Weights [new_size, old_size] float32 of PyTorch's
-    `F.interpolate(mode='bicubic', antialias=True)` along one axis.
-
-    Output sample i sits at (i + 0.5) * old / new in input pixels; when
-    shrinking, the cubic is stretched by old / new (antialiasing, as PIL
-    does); each row is renormalised over the input samples it covers.
-    `tf.image.resize(..., 'bicubic', antialias=True)` gives the same
-    values, but its op has no XLA kernel (ScaleAndTranslate), so a compiled
-    train step with local views could not run it. At equal sizes the
-    matrix is the identity exactly (the cubic is 1 at 0, 0 at +-1 and +-2).
-
-    Args:
-        new_size, old_size: int or int32 scalar tensor, >= 1.
-
-    Returns:
-        [new_size, old_size] float32, rows summing to 1.
-    """
-    new = tf.cast(new_size, tf.float32)
-    old = tf.cast(old_size, tf.float32)
-    scale = old / new
-    stretch = tf.maximum(scale, 1.0)
-    centers = (tf.range(new) + 0.5) * scale  # [new]
-    offsets = tf.range(old) + 0.5 - centers[:, None]  # [new, old]
-    weights = _cubic(offsets / stretch)
-    return weights / tf.reduce_sum(weights, axis=1, keepdims=True)
-
-
-def resample_positions(grid, new_size):
-    """timm's `resample_abs_pos_embed` of the patches' position embeddings:
-    bicubic with antialiasing, as PyTorch's `F.interpolate` computes it.
-
-    Args:
-        grid: [h, w, D] float32 embeddings of an h x w patch grid.
-        new_size: (height, width), ints or int32 scalar tensors.
-
-    Returns:
-        [height, width, D] float32.
-    """
-    rows = resample_matrix(new_size[0], tf.shape(grid)[0])
-    columns = resample_matrix(new_size[1], tf.shape(grid)[1])
-    return tf.einsum('ih,hwd,jw->ijd', rows, grid, columns)
 
 
 def scaled_dot_product_attention(queries, keys, values,
@@ -189,15 +137,19 @@ class ClassTokenAndPositions(tf_keras.layers.Layer):
 
     The embeddings `pos_embed` [1, 1 + g*g, D] belong to the g x g grid of
     the size the network is built for; another grid gets the patches'
-    embeddings resampled (`resample_positions`, timm with
-    `dynamic_img_size=True`), the class token's kept. Variables are read in
+    embeddings resampled as the source of the weights does
+    (`vit_positions.resample_positions` with `interpolation`: 'timm' as
+    timm with `dynamic_img_size=True`, 'dino' or 'msn'), the class
+    token's kept. Variables are read in
     float32 and resampled in float32 (as timm does) under any mixed
     precision policy, then cast to the compute dtype.
     """
 
-    def __init__(self, grid_size, **kwargs):
+    def __init__(self, grid_size, interpolation=vit_positions.TIMM,
+                 **kwargs):
         super().__init__(**kwargs)
         self.grid_size = grid_size
+        self.interpolation = interpolation
         self.cls_token = None
         self.pos_embed = None
 
@@ -218,7 +170,8 @@ class ClassTokenAndPositions(tf_keras.layers.Layer):
         dim = self.pos_embed.shape[-1]
         grid = tf.reshape(self.pos_embed[0, 1:],
                           [self.grid_size, self.grid_size, dim])
-        grid = resample_positions(grid, (height, width))
+        grid = vit_positions.resample_positions(grid, (height, width),
+                                                self.interpolation)
         positions = tf.concat(
             [self.pos_embed[0, :1], tf.reshape(grid, [-1, dim])], axis=0)
         dtype = patches.dtype  # The compute dtype.
@@ -229,7 +182,8 @@ class ClassTokenAndPositions(tf_keras.layers.Layer):
         return tokens + tf.cast(positions, dtype)
 
     def get_config(self):
-        return {**super().get_config(), 'grid_size': self.grid_size}
+        return {**super().get_config(), 'grid_size': self.grid_size,
+                'interpolation': self.interpolation}
 
 
 @tf_keras.saving.register_keras_serializable(package='paws_tf')
@@ -306,7 +260,7 @@ class Block(tf_keras.layers.Layer):
 
 @gin.configurable('vit', denylist=['name', 'input_channels'])
 def build_vit(name, *, patch_size=16, image_size=224, input_channels=3,
-              depth=None):
+              depth=None, position_interpolation=vit_positions.TIMM):
     """Builds a ViT in the layout of timm's `VisionTransformer`, DeiT and
     DINO: patch embedding, class token, learned position embeddings (the
     class token's too), pre-norm blocks, final LayerNorm (epsilon 1e-6),
@@ -314,7 +268,8 @@ def build_vit(name, *, patch_size=16, image_size=224, input_channels=3,
 
     Images of any size whose sides are multiples of `patch_size` go
     through: PAWS's local views (96 px beside 224-px global views) get the
-    position embeddings resampled as timm does (`ClassTokenAndPositions`).
+    position embeddings resampled as timm does (`ClassTokenAndPositions`),
+    or as DINO or MSN do for the weights imported from them.
     Weights are initialised as timm's default: linear kernels N(0, 0.02)
     (its truncation at +-2 never acts), zero biases, position embeddings
     N(0, 0.02), class token N(0, 1e-6), LayerNorm ones and zeros, the
@@ -323,13 +278,17 @@ def build_vit(name, *, patch_size=16, image_size=224, input_channels=3,
     gin binds its arguments as `vit.patch_size`, ..., for every ViT name.
 
     Args:
-        name: 'vit_tiny' (D 192, 3 heads), 'vit_small' (D 384, 6 heads) or
-            'vit_base' (D 768, 12 heads); 12 blocks each.
+        name: 'vit_tiny' (D 192, 3 heads), 'vit_small' (D 384, 6 heads),
+            'vit_base' (D 768, 12 heads), 12 blocks each, or 'vit_large'
+            (D 1024, 16 heads, 24 blocks).
         patch_size: side p of the square patches.
         image_size: side of the square images the position embeddings are
             learned for, a multiple of `patch_size`.
         input_channels: C of the [B, H, W, C] input images.
-        depth: number of blocks, or None for the architecture's 12.
+        depth: number of blocks, or None for the architecture's.
+        position_interpolation: how another grid's position embeddings
+            are resampled, one of `vit_positions.INTERPOLATIONS`: 'timm',
+            or 'dino' and 'msn' as their `interpolate_pos_encoding`.
 
     Returns:
         A `tf_keras.Model` mapping [B, H, W, C] float images (H and W
@@ -346,12 +305,15 @@ def build_vit(name, *, patch_size=16, image_size=224, input_channels=3,
     patch_size = checks.integer('patch_size', patch_size)
     image_size = checks.integer('image_size', image_size)
     checks.integer('input_channels', input_channels)
+    checks.one_of('vit.position_interpolation', position_interpolation,
+                  vit_positions.INTERPOLATIONS)
     if image_size % patch_size:
         raise ValueError(f'image_size {image_size} is not a multiple of '
                          f'patch_size {patch_size}.')
     inputs = tf_keras.Input(shape=(None, None, input_channels), name='images')
     x = PatchEmbedding(dim, patch_size, name='patch_embed')(inputs)
-    x = ClassTokenAndPositions(image_size // patch_size, name='tokens')(x)
+    x = ClassTokenAndPositions(image_size // patch_size,
+                               position_interpolation, name='tokens')(x)
     for index in range(depth):
         x = Block(num_heads, name=f'blocks_{index}')(x)  # [B, 1 + h*w, D]
     # LayerNorm is per token: normalising the class token alone gives

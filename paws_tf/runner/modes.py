@@ -24,6 +24,7 @@ from paws_tf.runner import config_checks
 from paws_tf.runner import experiment
 from paws_tf.runner import official_import
 from paws_tf.runner import train
+from paws_tf.runner import vit_import
 
 
 def _float32_model(run, strategy, *, local, imported):
@@ -303,7 +304,7 @@ def _import_official(run, strategy, options):
     # other workers wait for it.
     record = None
     if cluster.is_chief(strategy):
-        record = official_import.import_official(
+        record = vit_import.import_file(
             run, options.official_checkpoint,
             strategy=tf.distribute.get_strategy(),
             overwrite=options.overwrite)

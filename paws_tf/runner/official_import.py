@@ -18,15 +18,18 @@ from paws_tf.runner import building
 from paws_tf.runner import experiment
 
 PRETRAINED, FINE_TUNED = 'pretrained', 'fine_tuned'
+# A backbone alone: the DINO and MSN ViTs (`vit_import`).
+BACKBONE = 'backbone'
 # The official networks take RGB images.
 CHANNELS = 3
 _INSTALL_HINT = ('Reading official .pth.tar checkpoints needs PyTorch: '
                  'pip install .[torch] (or pip install paws_tf[torch]; the '
                  'CPU wheel suffices).')
-_EXPECTED = ('an official PAWS checkpoint: a dict whose "encoder" entry is '
-             'the state dict of ResNet-50 or WideResNet-28-2 (keys '
-             '"module.conv1.weight", ...) with the "fc" projection head '
-             '(pre-trained) or the "fc" classifier (fine-tuned)')
+# What --mode=import_official reads here; `vit_import` adds DINO's and MSN's.
+EXPECTED = ('an official PAWS checkpoint: a dict whose "encoder" entry is '
+            'the state dict of ResNet-50 or WideResNet-28-2 (keys '
+            '"module.conv1.weight", ...) with the "fc" projection head '
+            '(pre-trained) or the "fc" classifier (fine-tuned)')
 
 
 class ImportFailed(ValueError):
@@ -34,9 +37,55 @@ class ImportFailed(ValueError):
     EXIT_CODE = os.EX_DATAERR  # run.py's exit code.
 
 
-def read_checkpoint(path):
+def load_file(path, expected=EXPECTED):
+    """The object stored in the PyTorch file `path`, read without running
+    code from it (`weights_only`: tensors and plain containers).
+
+    Raises:
+        ImportFailed: PyTorch is not installed, or the file is missing,
+            truncated, not a PyTorch file or holds other objects (a
+            pickled class or function), naming what was `expected`.
+    """
+    try:
+        import torch  # pylint: disable=import-outside-toplevel
+    except ImportError as error:
+        raise ImportFailed(_INSTALL_HINT) from error
+    if not os.path.isfile(path):
+        raise ImportFailed(f'--official_checkpoint={path}: no such file.')
+    try:
+        return torch.load(path, map_location='cpu', weights_only=True)
+    # torch.load fails in many ways on a damaged file (RuntimeError from
+    # the zip reader, EOFError, UnpicklingError): each means it is unusable.
+    except Exception as error:  # pylint: disable=broad-except
+        raise ImportFailed(
+            f'{path} cannot be read by torch.load (truncated, corrupted, '
+            'not a PyTorch file, or holding objects other than tensors): '
+            f'{type(error).__name__}: '
+            f'{str(error).strip().splitlines()[0] if str(error) else ""}. '
+            f'Expected {expected}.') from error
+
+
+def numpy_state(path, state, entry):
+    """`{name: NumPy array}` of the state dict `state` (the file's `entry`)
+    without the DDP `module.` prefix; ImportFailed on a value that is not
+    a tensor."""
+    import torch  # pylint: disable=import-outside-toplevel
+    arrays = {}
+    for name, tensor in state.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise ImportFailed(f'{path}: {entry} entry {name!r} is a '
+                               f'{type(tensor).__name__}, not a tensor.')
+        arrays[name.removeprefix('module.')] = tensor.detach().cpu().numpy()
+    return arrays
+
+
+def read_checkpoint(path, checkpoint=None):
     """The encoder state dict and epoch of an official `.pth.tar` file
     (what suncet `paws_train.py` and `fine_tune.py` save).
+
+    Args:
+        path: the file.
+        checkpoint: its contents when already read (`load_file`).
 
     Returns:
         `(state, epoch)`: `{name: NumPy array}` without the DDP `module.`
@@ -46,36 +95,15 @@ def read_checkpoint(path):
         ImportFailed: PyTorch is not installed, or the file is missing,
             truncated or not such a checkpoint.
     """
-    try:
-        import torch  # pylint: disable=import-outside-toplevel
-    except ImportError as error:
-        raise ImportFailed(_INSTALL_HINT) from error
-    if not os.path.isfile(path):
-        raise ImportFailed(f'--official_checkpoint={path}: no such file.')
-    try:
-        # weights_only: tensors and plain containers, no code from the file.
-        checkpoint = torch.load(path, map_location='cpu', weights_only=True)
-    # torch.load fails in many ways on a damaged file (RuntimeError from
-    # the zip reader, EOFError, UnpicklingError): each means it is unusable.
-    except Exception as error:  # pylint: disable=broad-except
-        raise ImportFailed(
-            f'{path} cannot be read by torch.load (truncated, corrupted, or '
-            f'not a PyTorch file): {type(error).__name__}: '
-            f'{str(error).strip().splitlines()[0] if str(error) else ""}. '
-            f'Expected {_EXPECTED}.') from error
+    if checkpoint is None:
+        checkpoint = load_file(path)
     encoder = checkpoint.get('encoder') if isinstance(checkpoint,
                                                       dict) else None
     if not isinstance(encoder, dict) or not encoder:
         keys = (sorted(checkpoint)[:8] if isinstance(checkpoint, dict)
                 else type(checkpoint).__name__)
-        raise ImportFailed(f'{path} holds {keys}, not {_EXPECTED}.')
-    state = {}
-    for name, tensor in encoder.items():
-        if not isinstance(tensor, torch.Tensor):
-            raise ImportFailed(f'{path}: encoder entry {name!r} is a '
-                               f'{type(tensor).__name__}, not a tensor.')
-        state[name.removeprefix('module.')] = tensor.detach().cpu().numpy()
-    return state, checkpoint.get('epoch')
+        raise ImportFailed(f'{path} holds {keys}, not {EXPECTED}.')
+    return numpy_state(path, encoder, 'encoder'), checkpoint.get('epoch')
 
 
 def architecture(state):
@@ -148,7 +176,7 @@ def _network(path, state, strategy):
         raise ImportFailed(
             f'{path} has neither a projection head (fc.fc3.*, pre-trained) '
             f'nor a classifier (fc.fc2.* or fc.*, fine-tuned); expected '
-            f'{_EXPECTED}.')
+            f'{EXPECTED}.')
     held = architecture(state)
     if held != backbone.name:
         raise ImportFailed(
@@ -167,7 +195,30 @@ def _network(path, state, strategy):
     return found, network, backbone, count
 
 
-def import_official(model_dir, path, *, strategy, overwrite=False):
+def occupied(run, overwrite):
+    """What an import into the `RunDir` `run` would replace; ImportFailed
+    when it holds something and not `overwrite`."""
+    taken = [path for path in (
+        run.imported, run.checkpoints, run.backup, run.export)
+             if os.path.exists(path)]
+    if taken and not overwrite:
+        names = ', '.join(os.path.basename(path) for path in taken)
+        raise ImportFailed(
+            f'{run} already holds {names}: import into a new '
+            '--model_dir, or pass --overwrite to replace them.')
+    return taken
+
+
+def make_room(run, taken):
+    """Deletes the earlier run in `run` when `occupied` found one, and
+    makes the directory."""
+    if taken:
+        run.delete(run.overwritten)
+    os.makedirs(run, exist_ok=True)
+
+
+def import_official(model_dir, path, *, strategy, overwrite=False,
+                    checkpoint=None):
     """Writes an official checkpoint into `model_dir` as a paws_tf run.
 
     Pre-trained: a checkpoint of the gin-configured `PAWSModel`, which the
@@ -180,6 +231,7 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
         model_dir, path: the run directory to create, the official file.
         strategy: the `tf.distribute.Strategy` to build in.
         overwrite: replace an earlier import or run in `model_dir`.
+        checkpoint: the file's contents when already read (`load_file`).
 
     Returns:
         The import record (dict).
@@ -189,19 +241,10 @@ def import_official(model_dir, path, *, strategy, overwrite=False):
             `model_dir` holds a run.
     """
     run = run_dir.RunDir(model_dir)
-    taken = [path for path in (
-        run.imported, run.checkpoints, run.backup, run.export)
-             if os.path.exists(path)]
-    if taken and not overwrite:
-        names = ', '.join(os.path.basename(path) for path in taken)
-        raise ImportFailed(
-            f'{model_dir} already holds {names}: import into a new '
-            '--model_dir, or pass --overwrite to replace them.')
-    state, epoch = read_checkpoint(path)
+    taken = occupied(run, overwrite)
+    state, epoch = read_checkpoint(path, checkpoint)
     found, network, backbone, count = _network(path, state, strategy)
-    if taken:
-        run.delete(run.overwritten)
-    os.makedirs(model_dir, exist_ok=True)
+    make_room(run, taken)
     preprocessing, _ = experiment.recorded_preprocessing()
     if found == PRETRAINED:
         # The model alone, as the run's checkpoint of step 0.
@@ -229,17 +272,27 @@ def check_mode(run, mode, *, trains=False):
 
     Raises:
         ImportFailed: pre-training on an import, or any mode but
-            `import_official` on an imported fine-tuned classifier.
+            `import_official` on an imported fine-tuned classifier or
+            backbone.
     """
     record = run.read_json(run.imported)
     if record is None:
         return False
     if trains:
+        part = ('backbone' if record['kind'] == BACKBONE else 'model')
         raise ImportFailed(
             f'{run} holds weights imported from {record["source"]}, '
             'not a paws_tf training run: pre-train in another --model_dir, '
-            f"with train.pretrained_model = '{run}' to start from "
-            'this model.')
+            f"with train.pretrained_{part} = '{run}' to start from "
+            f'this {part}.')
+    if record['kind'] == BACKBONE:
+        raise ImportFailed(
+            f'{run} holds the {record["architecture"]} backbone imported '
+            f'from {record["source"]}, not a PAWS model: --mode={mode} '
+            'needs one. Its PAWS-NN is gin_configs/existing_model_folders.gin '
+            f"with MODEL = '{run}'; a PAWS run starts from it with "
+            f"train.pretrained_backbone = '{run}' and "
+            f'{"; ".join(record["bindings"])}.')
     if record['kind'] == FINE_TUNED:
         raise ImportFailed(
             f'{run} holds the fine-tuned classifier imported from '

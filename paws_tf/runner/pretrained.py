@@ -50,7 +50,8 @@ def load_backbone_weights(backbone, path):
         path: a weights file written by `backbone.save_weights` (`.h5`,
             `.weights.h5`), a TF checkpoint prefix or directory written by
             `tf.train.Checkpoint(backbone=backbone)`, or a paws_tf run's
-            checkpoint (its model's backbone).
+            checkpoint or directory (its model's backbone; an imported
+            backbone's, `vit_import`).
 
     Raises:
         FileNotFoundError: `path` does not exist or holds no checkpoint.
@@ -66,7 +67,7 @@ def load_backbone_weights(backbone, path):
         if path.endswith('.h5'):
             backbone.load_weights(path)
         else:
-            _restore_backbone(backbone, checkpoints.resolve_prefix(path))
+            _restore_backbone(backbone, model_checkpoint(path))
     except (AssertionError, KeyError, ValueError,
             tf.errors.OpError) as error:
         checkpoints.assign_weights(backbone, snapshot)
