@@ -336,12 +336,14 @@ class _SlowHook(tf_keras.callbacks.Callback):
 
 @pytest.fixture
 def tensorflow_logs():
-    """The records that reach the 'tensorflow' logger's handlers, with the
-    filters `cli.quiet_tensorflow_logs` adds removed afterwards."""
+    """The records that reach the 'tensorflow' logger's handlers: with no
+    filter on that logger (an earlier `cli.main` in this process added
+    `cli.quiet_tensorflow_logs`'), and its filters restored afterwards."""
     tf_logger = pylogging.getLogger('tensorflow')
     absl_handler = logging.get_absl_handler().python_handler
     saved = (tf_logger.level, list(tf_logger.filters),
              list(absl_handler.filters))
+    tf_logger.filters[:] = []
     records = []
     collector = pylogging.Handler()
     collector.emit = records.append
