@@ -26,8 +26,8 @@ def make(sync_bn=False, prediction_head=True, *, channels=3, hidden=8,
     Args:
         sync_bn: synchronised batch norm in the backbone and heads.
         sync_bn_impl: its implementation (`nets.IMPLEMENTATIONS`); the
-            custom one traces a two-replica step on logical CPUs several
-            times faster (`sync_batch_norm._sum_over_replicas`).
+            custom one traces a two-replica step on logical CPUs in about
+            half the time (`sync_batch_norm._sum_over_replicas`).
         backbone: 'small_resnet' (`TINY`) or 'vit_tiny' (`TINY_VIT`).
         prediction_head: with a prediction head.
         channels: input channels.
