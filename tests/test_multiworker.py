@@ -59,6 +59,7 @@ def run_py_args(model_dir):
             '--gin_bindings=train.backup_every_steps = 4',
             '--gin_bindings=train.checkpoint_every_steps = 8',
             '--gin_bindings=train.eval_every_epochs = 0',
+            '--gin_bindings=train.view_images = False',
             '--gin_bindings=train.verbose = 0']
 
 

@@ -26,6 +26,7 @@ from paws_tf.data import augment
 from paws_tf.data import pipeline
 from paws_tf.data import sources
 from paws_tf import lars
+from paws_tf import nets
 from tests.helpers import tiny_model
 
 BATCH, CLASSES, IMAGES, MULTICROP = 4, 3, 2, 2
@@ -227,17 +228,24 @@ def test_two_replicas_without_prediction_head_gather_supports_once(
         two_replicas):
     """Without a prediction head h = z: the targets reuse the gathered
     z_S. The 2-replica update still equals the one-device update of the
-    global batch (tolerance: tests/test_model.py)."""
+    global batch (tolerance: tests/test_model.py). Fails if the targets
+    read this replica's supports alone (tried: its z_S tiled in place of
+    the gathered ones in `PAWSModel._forward`)."""
     batch, classes, images, views = 2, 2, 2, 2  # As tests/test_model.py.
     rng = np.random.default_rng(5)
     per_replica = [tiny_model.random_step(rng, batch, classes, images, views,
                                           MULTICROP, replica=r, num_replicas=2)
                    for r in range(2)]
     optimizer = lambda: tf_keras.optimizers.SGD(learning_rate=1.0)  # noqa
+    # Batch norm is not what this checks: the CPU-tuned global one, whose
+    # two-replica step traces in half the time of tf_keras' (tested
+    # against it in tests/test_backbone_switches.py).
+    make = lambda: tiny_model.make(  # noqa: E731
+        sync_bn=True, prediction_head=False, sync_bn_impl=nets.CUSTOM)
     with two_replicas.scope():
-        distributed = tiny_model.make(sync_bn=True, prediction_head=False)
+        distributed = make()
         tiny_model.compile_and_build(distributed, optimizer=optimizer())
-    single = tiny_model.make(sync_bn=True, prediction_head=False)
+    single = make()
     tiny_model.compile_and_build(single, optimizer=optimizer())
     single.set_weights(distributed.get_weights())
     before = single.get_weights()
@@ -286,8 +294,9 @@ def test_prefetch_to_device_feeds_each_replica_on_its_device(two_replicas):
                        element[key])]
         assert [(d.device_type, d.device_index) for d in devices] == [
             ('CPU', 0), ('CPU', 1)], key
+    # The CPU-tuned global batch norm, as in the gather test above.
     with two_replicas.scope():
-        model = tiny_model.make(sync_bn=True)
+        model = tiny_model.make(sync_bn=True, sync_bn_impl=nets.CUSTOM)
         tiny_model.compile_and_build(model)
     history = model.fit(
         tf_keras.utils.experimental.DatasetCreator(pretrain.dataset_fn,

@@ -1,7 +1,8 @@
 """A process that takes a few steps of the ImageNet multi-crop pre-training
 input on a JPEG folder and exits: `python pipeline_exit.py FOLDER STEPS BATCH
-CLASSES PER_CLASS` (global batch size, support classes per step and images
-per class).
+CLASSES PER_CLASS NUM_LOCAL` (global batch size, support classes per step,
+images per class and local views: `augment.IMAGENET_MULTICROP` with
+NUM_LOCAL of its 6).
 
 Its iterator lives until the interpreter exits, which destroys it while the
 parallel map still has calls in flight; the process must exit all the same.
@@ -15,13 +16,13 @@ from paws_tf.data import folders
 from paws_tf.data import pipeline
 
 
-def take_steps(folder, steps, batch, classes, per_class):
+def take_steps(folder, steps, batch, classes, per_class, num_local):
     """The iterator of the pre-training input after `steps` steps."""
     labeled = folders.image_folder(folder)
     pretrain = pipeline.make_pretrain_dataset_fn(
         labeled, labeled, num_replicas=1, global_batch_size=batch,
         classes_per_step=classes, images_per_class=per_class,
-        multicrop=augment.IMAGENET_MULTICROP,
+        multicrop=augment.imagenet_multicrop(num_local=num_local),
         normalization=(augment.IMAGENET_MEAN, augment.IMAGENET_STD))
     iterator = iter(pretrain.dataset_fn(None))
     for _ in range(steps):
