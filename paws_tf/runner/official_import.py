@@ -217,6 +217,15 @@ def make_room(run, taken):
     os.makedirs(run, exist_ok=True)
 
 
+def write_first_checkpoint(run, **objects):
+    """Writes `objects` (as `tf.train.Checkpoint` takes them) as the
+    checkpoint of step 0 of the `RunDir` `run`: what an import holds."""
+    tf.train.CheckpointManager(
+        tf.train.Checkpoint(**objects), run.checkpoints, max_to_keep=1,
+        checkpoint_name=checkpoints.CHECKPOINT_PREFIX,
+    ).save(checkpoint_number=0)
+
+
 def import_official(model_dir, path, *, strategy, overwrite=False,
                     checkpoint=None):
     """Writes an official checkpoint into `model_dir` as a paws_tf run.
@@ -247,11 +256,8 @@ def import_official(model_dir, path, *, strategy, overwrite=False,
     make_room(run, taken)
     preprocessing, _ = experiment.recorded_preprocessing()
     if found == PRETRAINED:
-        # The model alone, as the run's checkpoint of step 0.
-        tf.train.CheckpointManager(
-            tf.train.Checkpoint(model=network), run.checkpoints,
-            max_to_keep=1, checkpoint_name=checkpoints.CHECKPOINT_PREFIX,
-        ).save(checkpoint_number=0)
+        # The model alone.
+        write_first_checkpoint(run, model=network)
         export.export_embedder(network, run.embedder, channels=CHANNELS,
                                strategy=strategy, **preprocessing)
     else:

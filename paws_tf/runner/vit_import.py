@@ -8,7 +8,6 @@ from absl import logging
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import checkpoints
 from paws_tf.data import augment
 from paws_tf.evaluation import export
 from paws_tf.nets import torch_names
@@ -177,16 +176,13 @@ def import_vit(model_dir, path, checkpoint, *, overwrite=False):
     except torch_names.Mismatch as error:
         raise official_import.ImportFailed(str(error)) from error
     official_import.make_room(run, taken)
-    tf.train.CheckpointManager(
-        tf.train.Checkpoint(backbone=backbone), run.checkpoints,
-        max_to_keep=1, checkpoint_name=checkpoints.CHECKPOINT_PREFIX,
-    ).save(checkpoint_number=0)
+    official_import.write_first_checkpoint(run, backbone=backbone)
     export.export_embedder(
         BackboneEmbedder(backbone), run.embedder, image_size=image_size,
         crop_fraction=CROP_FRACTION, mean=augment.IMAGENET_MEAN,
         std=augment.IMAGENET_STD, channels=official_import.CHANNELS)
-    record = dict(source=os.path.abspath(path), kind=official_import.BACKBONE, origin=source,
-                  network=name, architecture=_architecture_name(name, patch),
+    record = dict(source=os.path.abspath(path),
+                  kind=official_import.BACKBONE, origin=source, network=name, architecture=_architecture_name(name, patch),
                   patch_size=patch, image_size=image_size,
                   position_interpolation=source, epoch=epoch, tensors=count,
                   left_out=left_out)
