@@ -124,10 +124,15 @@ def resample_positions(grid, new_size, interpolation=TIMM):
         [height, width, D] float32.
     """
     old_size = tf.unstack(tf.shape(grid)[:2])
-    rows, columns = _source_matrices(new_size, old_size, interpolation)
-    resampled = tf.einsum('ih,hwd,jw->ijd', rows, grid, columns)
+
+    def resampled():
+        rows, columns = _source_matrices(new_size, old_size, interpolation)
+        return tf.einsum('ih,hwd,jw->ijd', rows, grid, columns)
+
     if interpolation == TIMM:
-        return resampled
+        return resampled()
+    # Only another grid is resampled: at the learned one the matrices and
+    # the product are not computed.
     same = tf.logical_and(tf.equal(new_size[0], old_size[0]),
                           tf.equal(new_size[1], old_size[1]))
-    return tf.cond(same, lambda: grid, lambda: resampled)
+    return tf.cond(same, lambda: grid, resampled)
