@@ -20,6 +20,11 @@ NORMALIZATIONS = {'imagenet': (IMAGENET_MEAN, IMAGENET_STD),
 _LUMA_TO_RGB = tuple((w,) * 3 for w in (0.2989, 0.587, 0.114))
 # The kinds of `color_distortion`.
 DISTORTIONS = ('simclr', 'cifar10')
+# The views are TensorFlow ops and Python control flow on Python values:
+# tf.data's maps trace them as written, without AutoGraph's rewrite of
+# every function they call, which took about a third of building the
+# CIFAR-10 pre-training input (10.6 -> 7.6 s; the same elements).
+_AS_WRITTEN = tf.autograph.experimental.do_not_convert
 
 
 def adjust_brightness(image, factor):
@@ -198,6 +203,7 @@ def check_distortion(kind):
             "PAWS CIFAR-10 views, 'simclr' for ImageNet's).")
 
 
+@_AS_WRITTEN
 def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
               blur_prob=0.0, distortion='simclr'):
     """One view, [size, size, C] float32: crop, flip, colour distortion,
@@ -222,6 +228,7 @@ def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
     return image_ops.normalize(view, mean, std)
 
 
+@_AS_WRITTEN
 def center_view(image, size, *, crop_fraction, mean, std):
     """Evaluation view, [size, size, C] float32: torchvision
     Resize(round(size / crop_fraction)) of the shorter side (bilinear,
@@ -311,6 +318,7 @@ def cifar10_multicrop(**overrides):
     return dataclasses.replace(CIFAR10_MULTICROP, **overrides)
 
 
+@_AS_WRITTEN
 def multicrop_views(image, seed, config):
     """Multi-crop views of one image, each with its own sub-seed.
 
