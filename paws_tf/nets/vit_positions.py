@@ -92,8 +92,12 @@ def _source_matrices(new_size, old_size, interpolation):
     if interpolation == TIMM:
         return tuple(resample_matrix(new, old)
                      for new, old in zip(new_size, old_size))
-    new = tf.cast(tf.stack(new_size), tf.float32)
-    old = tf.cast(tf.stack(old_size), tf.float32)
+    # The sources compute their scale factors in Python floats (float64)
+    # and PyTorch takes 1 / scale_factor in float64 before its float32
+    # kernel: a float32 quotient differs in its last bit, 2e-5 in the
+    # resampled values of a 37-wide grid.
+    new = tf.cast(tf.stack(new_size), tf.float64)
+    old = tf.cast(tf.stack(old_size), tf.float64)
     if interpolation == DINO:
         # scale_factor = (w0 + 0.1) / sqrt(N) on each axis.
         scales = old / (new + DINO_OFFSET)
@@ -101,6 +105,7 @@ def _source_matrices(new_size, old_size, interpolation):
         # MSN: scale_factor = sqrt(npatch / N), one factor for both axes,
         # of a square grid; a grid of other sides is scaled per axis.
         scales = old / new
+    scales = tf.cast(scales, tf.float32)
     return tuple(scaled_matrix(new_size[axis], old_size[axis], scales[axis])
                  for axis in (0, 1))
 
