@@ -110,9 +110,9 @@ def test_each_published_layout_is_imported_as_it_is(source, key):
     with torch.device('meta'):
         official = dino_msn_vit.build(source, dim, depth, heads, patch)
     state = official.state_dict()
-    name, read_patch, image_size = vit_import.architecture('file', state,
-                                                           source)
-    assert (name, read_patch, image_size) == (key.split('/')[0], patch, 224)
+    found = vit_import.architecture('file', state, source)
+    name = found.name
+    assert found == (key.split('/')[0], patch, 224, 0, False, source)
     assert vit.ARCHITECTURES[name] == (dim, depth, heads)
     ours = vit.build_vit(name, patch_size=patch, depth=1)
     first = {key: np.zeros(value.shape, np.float32)

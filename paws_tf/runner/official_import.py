@@ -18,7 +18,7 @@ from paws_tf.runner import building
 from paws_tf.runner import experiment
 
 PRETRAINED, FINE_TUNED = 'pretrained', 'fine_tuned'
-# A backbone alone: the DINO and MSN ViTs (`vit_import`).
+# A backbone alone: the DINO, MSN and DINOv2 ViTs (`vit_import`).
 BACKBONE = 'backbone'
 # The official networks take RGB images.
 CHANNELS = 3
