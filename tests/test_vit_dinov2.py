@@ -12,11 +12,13 @@ for ViT-B/14 and ViT-L/14, whose full depth at 518 px is slow on a CPU
 (the blocks are alike, so the depth changes no code path).
 
 Bugs tried (each test's docstring names the ones it catches): LayerScale
-left out of a branch; the register tokens given position embeddings
-(added before the positions); the registers inserted after the patches;
-the `_reg` models resampled as DINO's (offset 0.1, no antialiasing) and
-the others as timm's; PyTorch's plain cubic (a = -0.75) in the
-antialiased resampling.
+left out of a branch; the register tokens given the class token's
+position; the `_reg` models resampled as DINO's (offset 0.1, no
+antialiasing) and the others as timm's; PyTorch's plain cubic
+(a = -0.75) in the antialiased resampling, or its cubic not stretched
+when shrinking. (Where the registers go among the tokens does not change
+the class token's features: attention is equivariant to the order of
+the tokens once their positions are added.)
 """
 
 import numpy as np
@@ -83,8 +85,8 @@ def _relative_error(ours, theirs):
 def test_features_equal_dinov2s_model(name, registers):
     """`x_norm_clstoken` at 518, 224 and 98 px within 1e-4 of DINOv2's
     model. Fails with LayerScale left out of a branch, with the registers
-    given positions or put after the patches, and with the `_reg` and the
-    other models' resampling swapped."""
+    given the class token's position, and with a = -0.75 in the
+    antialiased resampling of the `_reg` models."""
     torch.set_num_threads(1)
     official, ours = _pair(name, registers, seed=len(name) + registers)
     for size in SIZES:
@@ -106,8 +108,8 @@ def test_each_published_layout_is_imported_as_it_is(name, registers):
     architecture from the shapes and keys (patch 14, 518 px, registers,
     LayerScale, the interpolation of the hub's settings), our ViT of that
     name has DINOv2's width, depth and heads, and every tensor of its
-    first block and the rest fits ours by name and shape. Fails with a
-    wrong depth in `vit.ARCHITECTURES`, or the interpolations swapped."""
+    first block and the rest fits ours by name and shape. Fails with the
+    two interpolations swapped in `vit_import.architecture`."""
     dim, depth, heads = PUBLISHED[name]
     with torch.device('meta'):
         official = dinov2_vit.build(dim, depth, heads, registers)
@@ -147,8 +149,9 @@ def test_resampling_is_dinov2s_interpolate(registers, new):
     with the hub's settings: for the `_reg` models `F.interpolate(size=...,
     mode='bicubic', antialias=True)` (paws_tf's 'timm'), for the others
     `scale_factor` with the 0.1 offset, no antialiasing ('dino'); down to
-    224 and 98 px, to a grid of other sides and up. Fails with the
-    antialiased matrix using a = -0.75, and with the two swapped."""
+    224 and 98 px, to a grid of other sides and up. Fails with DINO's
+    scale computed in float32 (2e-5 off on this grid, as PyTorch takes
+    1 / scale_factor in float64)."""
     grid = np.random.default_rng(5).standard_normal((37, 37, 4)).astype(
         np.float32)
     expected = _dinov2_resampled(grid, new, registers)
