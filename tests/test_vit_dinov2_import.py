@@ -18,8 +18,10 @@ import tensorflow as tf
 
 torch = pytest.importorskip('torch')
 
+from paws_tf import checkpoints  # noqa: E402
 from paws_tf.nets import vit  # noqa: E402
 from paws_tf.runner import modes  # noqa: E402
+from paws_tf.runner import pretrained  # noqa: E402
 from tests.helpers import dinov2_vit  # noqa: E402
 from tests.helpers import timm_vit  # noqa: E402
 from tests import test_vit_import  # noqa: E402
@@ -134,3 +136,28 @@ def test_dinov2_with_registers_through_the_documented_commands(
     test_vit_import._assert_close(
         backbone(views).numpy(),
         test_vit_import._official_features(official, list(views)))
+
+
+def test_a_backbone_built_without_the_imports_parts_is_refused(tmp_path):
+    """A backbone checkpoint (as an import writes it) of a ViT with
+    LayerScale and registers, read by `train.pretrained_backbone` into a
+    ViT configured without them (the record's bindings left out), is
+    refused naming the values left over, the backbone unchanged. Fails if
+    `pretrained` accepts stored values the backbone has no place for
+    (tried: the load succeeds and the run continues without them)."""
+    stored = vit.build_vit('vit_tiny', patch_size=7, image_size=28,
+                           depth=1, layer_scale=True, registers=2)
+    tf.train.Checkpoint(backbone=stored).write(str(tmp_path / 'ckpt-0'))
+    built = vit.build_vit('vit_tiny', patch_size=7, image_size=28, depth=1)
+    before = built.get_weights()
+    with pytest.raises(checkpoints.Mismatch, match=(
+            r'3 stored backbone value\(s\) have no variable in the '
+            r'configured backbone \(gamma x2, register_tokens\)')):
+        pretrained.load_backbone_weights(built, str(tmp_path / 'ckpt-0'))
+    for now, then in zip(built.get_weights(), before):
+        np.testing.assert_array_equal(now, then)
+    same = vit.build_vit('vit_tiny', patch_size=7, image_size=28, depth=1,
+                         layer_scale=True, registers=2)
+    pretrained.load_backbone_weights(same, str(tmp_path / 'ckpt-0'))
+    for now, then in zip(same.get_weights(), stored.get_weights()):
+        np.testing.assert_array_equal(now, then)
