@@ -33,9 +33,9 @@ from paws_tf.nets import vit_positions
 from paws_tf.runner import vit_import
 from tests.helpers import dinov2_vit
 from tests.helpers import timm_vit
+from tests import test_vit_sources
 
 RELATIVE_TOLERANCE = 1e-4
-IMAGE_STD = 0.05
 # (embed_dim, depth, num_heads) of facebookresearch/dinov2 at b8931f7,
 # dinov2/models/vision_transformer.py lines 341-380 (`vit_small`,
 # `vit_base`, `vit_large`), with hub/backbones.py's patch 14 and 518 px.
@@ -75,11 +75,6 @@ def _pair(name, registers, seed):
     return official, ours
 
 
-def _relative_error(ours, theirs):
-    return (np.abs(np.asarray(ours, np.float64) - theirs).max() /
-            np.abs(theirs).max())
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize('name, registers', CASES)
 def test_features_equal_dinov2s_model(name, registers):
@@ -90,13 +85,8 @@ def test_features_equal_dinov2s_model(name, registers):
     torch.set_num_threads(1)
     official, ours = _pair(name, registers, seed=len(name) + registers)
     for size in SIZES:
-        batch = 1 if size == 518 else 2
-        images = (IMAGE_STD * np.random.default_rng(size).standard_normal(
-            (batch, size, size, 3))).astype(np.float32)
-        with torch.no_grad():
-            theirs = official(torch.from_numpy(images).permute(0, 3, 1, 2)
-                              ).numpy()
-        error = _relative_error(ours(images), theirs)
+        error = test_vit_sources.features_error(
+            official, ours, size, batch=1 if size == 518 else 2)
         print(f'dinov2 {name}/14 registers {registers} depth '
               f'{_depth(name)} at {size} px: relative error {error:.2e}')
         assert error < RELATIVE_TOLERANCE, (name, registers, size, error)

@@ -13,8 +13,8 @@ from paws_tf import nets
 from paws_tf.nets import layer_scale as layer_scale_module
 from paws_tf.nets import vit_positions
 
-# (width D, depth, heads) of timm's, DeiT's, DINO's and MSN's ViT-Ti, -S,
-# -B and -L.
+# (width D, depth, heads) of timm's, DeiT's, DINO's, MSN's and DINOv2's
+# ViT-Ti, -S, -B and -L.
 ARCHITECTURES = {
     'vit_tiny': (192, 12, 3),
     'vit_small': (384, 12, 6),

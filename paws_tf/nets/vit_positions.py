@@ -5,7 +5,8 @@ as each source does: timm's antialiased bicubic, DINO's and MSN's
 import tensorflow as tf
 
 # timm's `resample_abs_pos_embed` (the default), DINO's and MSN's
-# `interpolate_pos_encoding`.
+# `interpolate_pos_encoding`. DINOv2's is DINO's for its ViTs without
+# registers and timm's for those with registers (its hub's settings).
 TIMM, DINO, MSN = 'timm', 'dino', 'msn'
 INTERPOLATIONS = (TIMM, DINO, MSN)
 # The Keys cubic of PIL's and PyTorch's antialiased bicubic resize.
