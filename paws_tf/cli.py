@@ -123,8 +123,8 @@ _OVERWRITE = flags.DEFINE_bool(
     'backup and logs are deleted).')
 _OFFICIAL_CHECKPOINT = flags.DEFINE_string(
     'official_checkpoint', None, 'With --mode=import_official: an official '
-    'PAWS .pth.tar checkpoint (pre-trained or fine-tuned), or a DINO or MSN '
-    'ViT file, to import into --model_dir.')
+    'PAWS .pth.tar checkpoint (pre-trained or fine-tuned), or a DINO, MSN or '
+    'DINOv2 ViT file, to import into --model_dir.')
 _VERBOSE = flags.DEFINE_bool(
     'verbose', _VERBOSE_IN_ENV, 'Show TensorFlow\'s start-up and C++ '
     'logs, the gin config and the traceback of a config or data error (for '

@@ -355,7 +355,7 @@ def test_build_backbone_builds_the_vits_by_name(clean_gin):
             r"'small_resnet'\) are not "
             r"arguments of backbone 'vit_tiny'\. Its arguments: "
             r"\['patch_size', 'image_size', 'depth', "
-            r"'position_interpolation'\]\.$")):
+            r"'position_interpolation', 'layer_scale', 'registers'\]\.$")):
         backbones.check_arguments('vit_tiny', ['widths', 'stage_strides'])
 
 

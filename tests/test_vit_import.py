@@ -144,15 +144,12 @@ def _refused(tmp_path, name, match):
 def test_other_sources_architectures_and_damaged_files_are_refused(
         tmp_path):
     """Each refused before anything is written, one message naming what
-    the file holds and what was expected: a DINOv2 ViT (LayerScale, mask
-    token), a ViT-S/8 of one block as DINO's and as MSN's (which publishes
-    no S/8), a truncated file, and a pickled model (code, not tensors).
+    the file holds and what was expected: a ViT-S/8 of one block as DINO's
+    and as MSN's (which publishes no S/8), a truncated file, and a pickled
+    model (code, not tensors).
 
-    Fails if DINOv2's keys are not looked for (its file is then refused as
-    another architecture, without naming DINOv2), or if an unreadable file's
-    message expects PAWS's checkpoints alone."""
-    torch.save(_tiny_dino_state(mask_token=torch.zeros(1, 384), **{
-        'blocks.0.ls1.gamma': torch.ones(384)}), tmp_path / 'dinov2.pth')
+    Fails if an unreadable file's message expects PAWS's checkpoints
+    alone, or leaves out a source."""
     torch.save(_tiny_dino_state(), tmp_path / 'small8.pth')
     torch.save({'target_encoder': {f'module.{key}': value for key, value
                                    in _tiny_dino_state().items()}},
@@ -161,9 +158,6 @@ def test_other_sources_architectures_and_damaged_files_are_refused(
     (tmp_path / 'cut.pth').write_bytes(data[:len(data) // 3])
     torch.save(torch.nn.Linear(2, 2), tmp_path / 'pickled.pth')
     for name, match in (
-            ('dinov2', r'dinov2\.pth holds a DINOv2 ViT \(mask_token, '
-                       r'blocks\.0\.ls1\.gamma\), which is not imported '
-                       'here; expected a DINO backbone state dict'),
             ('small8', r'small8\.pth holds a ViT-S/8 \(width 384, depth 1, '
                        r'patch 8, 784 position embeddings\), not one of the '
                        'ViTs DINO publishes: ViT-S/16, ViT-S/8, ViT-B/16, '
@@ -172,7 +166,8 @@ def test_other_sources_architectures_and_damaged_files_are_refused(
                            'ViT-B/16, ViT-L/16, ViT-B/4, ViT-L/7'),
             ('cut', r'cut\.pth cannot be read by torch\.load .*Expected an '
                     'official PAWS checkpoint.*, a DINO backbone state dict '
-                    r'.* or an MSN checkpoint \(a dict whose target_encoder'),
+                    r'.*, an MSN checkpoint \(a dict whose target_encoder.* '
+                    'or a DINOv2 backbone state dict'),
             ('pickled', r'pickled\.pth cannot be read by torch\.load .*'
                         'holding objects other than tensors.*'
                         'UnpicklingError')):
@@ -180,38 +175,25 @@ def test_other_sources_architectures_and_damaged_files_are_refused(
     assert official_import.ImportFailed.EXIT_CODE == 65
 
 
-@pytest.fixture(scope='module')
-def dino_run(tmp_path_factory):
-    """The official DINO ViT-S/16 (random weights) as DINO publishes it,
-    imported with run.py, and folders of three classes."""
-    tmp_path = tmp_path_factory.mktemp('dino')
-    official = _official('dino', seed=2)
-    path = _save_dino(official, tmp_path / 'dino_deitsmall16_pretrain.pth')
+def import_with_run_py(tmp_path, path, name):
+    """The documented import of the file `path` into `tmp_path / name`
+    through run.py, and folders of three classes under `tmp_path /
+    'images'`; returns the folders' bindings."""
     code, output = run_py.finish(run_py.start(
-        tmp_path / 'dino_vits16', gin_file=f'gin_configs/{CONFIG}',
+        tmp_path / name, gin_file=f'gin_configs/{CONFIG}',
         mode='import_official', base_bindings=(),
         flags=[f'--official_checkpoint={path}']))
     assert code == 0, output[-3000:]
-    folders = image_folders.write_experiment(tmp_path / 'images',
-                                             unlabeled=2, test=2)
-    return tmp_path, official, folders
+    return image_folders.write_experiment(tmp_path / 'images', unlabeled=2,
+                                          test=2)
 
 
-@pytest.mark.slow
-@pytest.mark.long
-def test_paws_nn_of_the_dino_import_is_the_rule_on_official_features(
-        dino_run):
-    """`existing_model_folders.gin` on the import: per-image probabilities
-    and classes of its PAWS-NN classifier, and PAWS-NN's top-1, equal the
-    soft nearest neighbour in NumPy over the official model's features.
-    The import's own directory is refused by --mode=evaluate_nn and by
-    training, naming the way to use it.
-
-    Fails if the export records another crop than 224 of 256 (tried:
-    crop_fraction 1.0), or compares another output than the features, or
-    training over the import names train.pretrained_model (tried)."""
-    tmp_path, official, _ = dino_run
-    imported = tmp_path / 'dino_vits16'
+def assert_paws_nn_is_the_rule(tmp_path, imported, official):
+    """`existing_model_folders.gin` on the import `imported` (run.py into
+    `tmp_path / 'nn'`): per-image probabilities and classes of its PAWS-NN
+    classifier, and PAWS-NN's top-1, equal the soft nearest neighbour in
+    NumPy over the features of `official` (the source's PyTorch model) on
+    the sources' evaluation views."""
     code, output = run_py.finish(run_py.start(
         tmp_path / 'nn', (f"MODEL = '{imported}'",
                           f"LABELED_DIR = '{tmp_path / 'images/labeled'}'",
@@ -233,6 +215,68 @@ def test_paws_nn_of_the_dino_import_is_the_rule_on_official_features(
                                   probabilities.argmax(axis=1))
     assert results['top1'] == pytest.approx(
         np.mean(probabilities.argmax(axis=1) == labels))
+
+
+def continue_paws(tmp_path, imported, folders, sizes=()):
+    """PAWS started with run.py from the import `imported`'s backbone
+    (`train.pretrained_backbone`, the bindings of its record, `sizes`
+    overriding the shrunk views) into `tmp_path / 'continued'`, one epoch
+    at a learning rate of 0, so its trained weights are the ones it
+    started from. Returns the record's bindings."""
+    record = json.loads((imported / 'imported.json').read_text())
+    shrunk = [binding for binding in image_folders.SMALL
+              if 'small_resnet' not in binding]
+    code, output = run_py.finish(run_py.start(
+        tmp_path / 'continued', folders + shrunk + list(sizes) +
+        record['bindings'] + [
+            f"train.pretrained_backbone = '{imported}'",
+            "NORMALIZATION = 'imagenet'", 'train.num_epochs = 1',
+            'train.eval_every_epochs = 0', 'train.view_images = False',
+            'WarmupCosineDecay.start_lr = 0.0',
+            'WarmupCosineDecay.ref_lr = 0.0',
+            'WarmupCosineDecay.final_lr = 0.0'],
+        gin_file='gin_configs/image_folders_small.gin', base_bindings=()),
+        timeout=900)
+    assert code == 0, output[-3000:]
+    return record['bindings']
+
+
+def restored_backbone(tmp_path, backbone):
+    """`backbone` restored alone from the continued run's last
+    checkpoint."""
+    tf.train.Checkpoint(model=tf.train.Checkpoint(backbone=backbone)).read(
+        tf.train.latest_checkpoint(str(tmp_path / 'continued/checkpoints'))
+    ).expect_partial().assert_existing_objects_matched()
+    return backbone
+
+
+@pytest.fixture(scope='module')
+def dino_run(tmp_path_factory):
+    """The official DINO ViT-S/16 (random weights) as DINO publishes it,
+    imported with run.py, and folders of three classes."""
+    tmp_path = tmp_path_factory.mktemp('dino')
+    official = _official('dino', seed=2)
+    path = _save_dino(official, tmp_path / 'dino_deitsmall16_pretrain.pth')
+    folders = import_with_run_py(tmp_path, path, 'dino_vits16')
+    return tmp_path, official, folders
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_paws_nn_of_the_dino_import_is_the_rule_on_official_features(
+        dino_run):
+    """`existing_model_folders.gin` on the import: per-image probabilities
+    and classes of its PAWS-NN classifier, and PAWS-NN's top-1, equal the
+    soft nearest neighbour in NumPy over the official model's features.
+    The import's own directory is refused by --mode=evaluate_nn and by
+    training, naming the way to use it.
+
+    Fails if the export records another crop than 224 of 256 (tried:
+    crop_fraction 1.0), or compares another output than the features, or
+    training over the import names train.pretrained_model (tried)."""
+    tmp_path, official, _ = dino_run
+    imported = tmp_path / 'dino_vits16'
+    assert_paws_nn_is_the_rule(tmp_path, imported, official)
     code, output = run_py.finish(run_py.start(
         imported, gin_file=f'gin_configs/{CONFIG}', mode='evaluate_nn',
         base_bindings=()))
@@ -261,28 +305,11 @@ def test_paws_continues_from_the_dino_backbone(dino_run):
     directory to its checkpoint (tried: `checkpoints.resolve_prefix`; the
     run is refused, exit 78)."""
     tmp_path, official, folders = dino_run
-    imported = tmp_path / 'dino_vits16'
-    record = json.loads((imported / 'imported.json').read_text())
-    shrunk = [binding for binding in image_folders.SMALL
-              if 'small_resnet' not in binding]
-    code, output = run_py.finish(run_py.start(
-        tmp_path / 'continued', folders + shrunk + record['bindings'] + [
-            f"train.pretrained_backbone = '{imported}'",
-            "NORMALIZATION = 'imagenet'", 'train.num_epochs = 1',
-            'train.eval_every_epochs = 0', 'train.view_images = False',
-            'WarmupCosineDecay.start_lr = 0.0',
-            'WarmupCosineDecay.ref_lr = 0.0',
-            'WarmupCosineDecay.final_lr = 0.0'],
-        gin_file='gin_configs/image_folders_small.gin', base_bindings=()),
-        timeout=900)
-    assert code == 0, output[-3000:]
+    continue_paws(tmp_path, tmp_path / 'dino_vits16', folders)
     # The trained run's backbone, restored alone, computes the official
     # model's features (at 32 px: DINO's interpolation).
-    backbone = vit.build_vit('vit_small', patch_size=16,
-                             position_interpolation='dino')
-    tf.train.Checkpoint(model=tf.train.Checkpoint(backbone=backbone)).read(
-        tf.train.latest_checkpoint(str(tmp_path / 'continued/checkpoints'))
-    ).expect_partial().assert_existing_objects_matched()
+    backbone = restored_backbone(tmp_path, vit.build_vit(
+        'vit_small', patch_size=16, position_interpolation='dino'))
     views = (0.05 * np.random.default_rng(1).standard_normal(
         (2, 32, 32, 3))).astype(np.float32)
     _assert_close(backbone(views).numpy(),

@@ -75,6 +75,18 @@ def _relative_error(ours, theirs):
             np.abs(theirs).max())
 
 
+def features_error(official, ours, size, batch):
+    """The largest difference of the features of `ours` (Keras) and
+    `official` (PyTorch) relative to the largest official feature, on
+    `batch` random images of `size` px."""
+    images = (IMAGE_STD * np.random.default_rng(size).standard_normal(
+        (batch, size, size, 3))).astype(np.float32)
+    with torch.no_grad():
+        theirs = official(torch.from_numpy(images).permute(0, 3, 1, 2)
+                          ).numpy()
+    return _relative_error(ours(images), theirs)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('source, key', CASES)
 def test_features_equal_the_sources_model(source, key):
@@ -86,13 +98,8 @@ def test_features_equal_the_sources_model(source, key):
     official, ours = _pair(source, key, seed=len(key))
     _, depth, _, patch = PUBLISHED[source][key]
     for size in (224, 98 if patch == 7 else 96):
-        batch = 1 if patch <= 4 else 2
-        images = (IMAGE_STD * np.random.default_rng(size).standard_normal(
-            (batch, size, size, 3))).astype(np.float32)
-        with torch.no_grad():
-            theirs = official(torch.from_numpy(images).permute(0, 3, 1, 2)
-                              ).numpy()
-        error = _relative_error(ours(images), theirs)
+        error = features_error(official, ours, size,
+                               batch=1 if patch <= 4 else 2)
         print(f'{source} {key} depth {_depth(key, depth)} at {size} px: '
               f'relative error {error:.2e}')
         assert error < RELATIVE_TOLERANCE, (source, key, size, error)
@@ -110,9 +117,9 @@ def test_each_published_layout_is_imported_as_it_is(source, key):
     with torch.device('meta'):
         official = dino_msn_vit.build(source, dim, depth, heads, patch)
     state = official.state_dict()
-    name, read_patch, image_size = vit_import.architecture('file', state,
-                                                           source)
-    assert (name, read_patch, image_size) == (key.split('/')[0], patch, 224)
+    found = vit_import.architecture('file', state, source)
+    name = found.name
+    assert found == (key.split('/')[0], patch, 224, 0, False, source)
     assert vit.ARCHITECTURES[name] == (dim, depth, heads)
     ours = vit.build_vit(name, patch_size=patch, depth=1)
     first = {key: np.zeros(value.shape, np.float32)

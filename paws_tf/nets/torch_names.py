@@ -7,6 +7,7 @@ import numpy as np
 import tf_keras
 
 from paws_tf import checks
+from paws_tf.nets import layer_scale
 from paws_tf.nets import vit
 
 # PyTorch's BatchNorm counts its updates in this buffer; no Keras variable
@@ -105,7 +106,9 @@ def vit_layer_names(backbone):
     vision_transformer.py, facebookresearch/msn src/deit.py), which are
     timm's: `patch_embed.proj`, `cls_token` and `pos_embed` (the tokens
     layer, prefix ''), `blocks.<i>.{norm1,attn.qkv,attn.proj,norm2,
-    mlp.fc1,mlp.fc2}`, `norm`."""
+    mlp.fc1,mlp.fc2}`, `norm`; and DINOv2's (facebookresearch/dinov2
+    dinov2/models/vision_transformer.py), which adds `register_tokens`
+    and each block's LayerScale `ls1`, `ls2`."""
     pairs = []
     for layer in backbone.layers:
         if isinstance(layer, vit.PatchEmbedding):
@@ -120,6 +123,9 @@ def vit_layer_names(backbone):
                       (layer.norm2, f'{block}.norm2'),
                       (layer.fc1, f'{block}.mlp.fc1'),
                       (layer.fc2, f'{block}.mlp.fc2')]
+            if layer.layer_scale:
+                pairs += [(layer.ls1, f'{block}.ls1'),
+                          (layer.ls2, f'{block}.ls2')]
         elif isinstance(layer, tf_keras.layers.LayerNormalization):
             pairs.append((layer, layer.name))
     return pairs
@@ -130,9 +136,14 @@ def _torch_values(layer, prefix):
     `to_keras` turns the PyTorch array into the variable's layout."""
     same = np.asarray
     if isinstance(layer, vit.ClassTokenAndPositions):
-        # Both [1, N, D] in either framework.
-        return {'cls_token': (layer.cls_token, same),
-                'pos_embed': (layer.pos_embed, same)}
+        # All [1, N, D] in either framework.
+        values = {'cls_token': (layer.cls_token, same),
+                  'pos_embed': (layer.pos_embed, same)}
+        if layer.registers:
+            values['register_tokens'] = (layer.register_tokens, same)
+        return values
+    if isinstance(layer, layer_scale.LayerScale):
+        return {f'{prefix}.gamma': (layer.gamma, same)}
     if isinstance(layer, tf_keras.layers.LayerNormalization):
         return {f'{prefix}.weight': (layer.gamma, same),
                 f'{prefix}.bias': (layer.beta, same)}

@@ -10,10 +10,11 @@ import tf_keras
 from paws_tf import bindings
 from paws_tf import checks
 from paws_tf import nets
+from paws_tf.nets import layer_scale as layer_scale_module
 from paws_tf.nets import vit_positions
 
-# (width D, depth, heads) of timm's, DeiT's, DINO's and MSN's ViT-Ti, -S,
-# -B and -L.
+# (width D, depth, heads) of timm's, DeiT's, DINO's, MSN's and DINOv2's
+# ViT-Ti, -S, -B and -L.
 ARCHITECTURES = {
     'vit_tiny': (192, 12, 3),
     'vit_small': (384, 12, 6),
@@ -143,15 +144,22 @@ class ClassTokenAndPositions(tf_keras.layers.Layer):
     token's kept. Variables are read in
     float32 and resampled in float32 (as timm does) under any mixed
     precision policy, then cast to the compute dtype.
+
+    `registers` > 0 register tokens `register_tokens` [1, R, D] go between
+    the class token and the patches after the positions are added, without
+    a position of their own (dinov2 vision_transformer.py
+    `prepare_tokens_with_masks`).
     """
 
     def __init__(self, grid_size, interpolation=vit_positions.TIMM,
-                 **kwargs):
+                 registers=0, **kwargs):
         super().__init__(**kwargs)
         self.grid_size = grid_size
         self.interpolation = interpolation
+        self.registers = registers
         self.cls_token = None
         self.pos_embed = None
+        self.register_tokens = None
 
     def build(self, input_shape):
         dim = int(input_shape[-1])
@@ -162,6 +170,12 @@ class ClassTokenAndPositions(tf_keras.layers.Layer):
         self.pos_embed = self.add_weight(
             'pos_embed', shape=[1, 1 + self.grid_size ** 2, dim],
             initializer=_weight_init(), autocast=False)
+        if self.registers:
+            # dinov2 `init_weights`: normal_(register_tokens, std=1e-6).
+            self.register_tokens = self.add_weight(
+                'register_tokens', shape=[1, self.registers, dim],
+                autocast=False, initializer=tf_keras.initializers.RandomNormal(
+                    stddev=CLASS_TOKEN_STD))
         super().build(input_shape)
 
     def call(self, patches):
@@ -179,11 +193,18 @@ class ClassTokenAndPositions(tf_keras.layers.Layer):
         cls_tokens = tf.broadcast_to(tf.cast(self.cls_token, dtype),
                                      [batch, 1, dim])
         tokens = tf.concat([cls_tokens, tokens], axis=1)  # [B, 1 + h*w, D]
-        return tokens + tf.cast(positions, dtype)
+        tokens += tf.cast(positions, dtype)
+        if not self.registers:
+            return tokens
+        registers = tf.broadcast_to(tf.cast(self.register_tokens, dtype),
+                                    [batch, self.registers, dim])
+        return tf.concat([tokens[:, :1], registers, tokens[:, 1:]],
+                         axis=1)  # [B, 1 + R + h*w, D]
 
     def get_config(self):
         return {**super().get_config(), 'grid_size': self.grid_size,
-                'interpolation': self.interpolation}
+                'interpolation': self.interpolation,
+                'registers': self.registers}
 
 
 @tf_keras.saving.register_keras_serializable(package='paws_tf')
@@ -226,14 +247,21 @@ class SelfAttention(tf_keras.layers.Layer):
 @tf_keras.saving.register_keras_serializable(package='paws_tf')
 class Block(tf_keras.layers.Layer):
     """Pre-norm transformer block (timm `Block`): x + attn(norm1(x)), then
-    x + mlp(norm2(x)); the MLP is fc1 (D -> 4D), exact (erf) GELU, fc2."""
+    x + mlp(norm2(x)); the MLP is fc1 (D -> 4D), exact (erf) GELU, fc2.
+    With `layer_scale`, each branch is scaled by its LayerScale, `ls1` and
+    `ls2` (dinov2 layers/block.py `Block`)."""
 
-    def __init__(self, num_heads, **kwargs):
+    def __init__(self, num_heads, layer_scale=False, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = num_heads
+        self.layer_scale = layer_scale
         self.norm1 = _layer_norm('norm1')
         self.attn = SelfAttention(num_heads, name='attn')
         self.norm2 = _layer_norm('norm2')
+        self.ls1 = self.ls2 = None
+        if layer_scale:
+            self.ls1 = layer_scale_module.LayerScale(name='ls1')
+            self.ls2 = layer_scale_module.LayerScale(name='ls2')
         self.fc1 = None
         self.fc2 = None
 
@@ -242,8 +270,10 @@ class Block(tf_keras.layers.Layer):
         # tf_keras' 'gelu' is the exact one, as PyTorch's nn.GELU().
         self.fc1 = _dense(MLP_RATIO * dim, 'fc1', activation='gelu')
         self.fc2 = _dense(dim, 'fc2')
-        for layer in (self.norm1, self.attn, self.norm2):
-            _build_in_scope(layer, input_shape)
+        for layer in (self.norm1, self.attn, self.norm2, self.ls1,
+                      self.ls2):
+            if layer is not None:
+                _build_in_scope(layer, input_shape)
         hidden_shape = tf.TensorShape(input_shape)[:-1] + [MLP_RATIO * dim]
         with tf.name_scope('mlp'):  # timm's names: mlp.fc1, mlp.fc2.
             _build_in_scope(self.fc1, input_shape)
@@ -251,25 +281,34 @@ class Block(tf_keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, x):
-        x = x + self.attn(self.norm1(x))
-        return x + self.fc2(self.fc1(self.norm2(x)))
+        attended = self.attn(self.norm1(x))
+        if self.layer_scale:
+            attended = self.ls1(attended)
+        x = x + attended
+        transformed = self.fc2(self.fc1(self.norm2(x)))
+        if self.layer_scale:
+            transformed = self.ls2(transformed)
+        return x + transformed
 
     def get_config(self):
-        return {**super().get_config(), 'num_heads': self.num_heads}
+        return {**super().get_config(), 'num_heads': self.num_heads,
+                'layer_scale': self.layer_scale}
 
 
 @gin.configurable('vit', denylist=['name', 'input_channels'])
 def build_vit(name, *, patch_size=16, image_size=224, input_channels=3,
-              depth=None, position_interpolation=vit_positions.TIMM):
-    """Builds a ViT in the layout of timm's `VisionTransformer`, DeiT and
-    DINO: patch embedding, class token, learned position embeddings (the
-    class token's too), pre-norm blocks, final LayerNorm (epsilon 1e-6),
-    the class token's output as the features.
+              depth=None, position_interpolation=vit_positions.TIMM,
+              layer_scale=False, registers=0):
+    """Builds a ViT in the layout of timm's `VisionTransformer`, DeiT,
+    DINO and DINOv2: patch embedding, class token, learned position
+    embeddings (the class token's too), register tokens (DINOv2's), pre-norm
+    blocks (with DINOv2's LayerScale), final LayerNorm (epsilon 1e-6), the
+    class token's output as the features.
 
     Images of any size whose sides are multiples of `patch_size` go
     through: PAWS's local views (96 px beside 224-px global views) get the
     position embeddings resampled as timm does (`ClassTokenAndPositions`),
-    or as DINO or MSN do for the weights imported from them.
+    or as DINO, MSN or DINOv2 do for the weights imported from them.
     Weights are initialised as timm's default: linear kernels N(0, 0.02)
     (its truncation at +-2 never acts), zero biases, position embeddings
     N(0, 0.02), class token N(0, 1e-6), LayerNorm ones and zeros, the
@@ -289,6 +328,9 @@ def build_vit(name, *, patch_size=16, image_size=224, input_channels=3,
         position_interpolation: how another grid's position embeddings
             are resampled, one of `vit_positions.INTERPOLATIONS`: 'timm',
             or 'dino' and 'msn' as their `interpolate_pos_encoding`.
+        layer_scale: each block's branches scaled by a LayerScale, as
+            DINOv2's blocks.
+        registers: number of register tokens, as DINOv2's `_reg` ViTs.
 
     Returns:
         A `tf_keras.Model` mapping [B, H, W, C] float images (H and W
@@ -305,6 +347,7 @@ def build_vit(name, *, patch_size=16, image_size=224, input_channels=3,
     patch_size = checks.integer('patch_size', patch_size)
     image_size = checks.integer('image_size', image_size)
     checks.integer('input_channels', input_channels)
+    checks.integer('vit.registers', registers, minimum=0)
     checks.one_of('vit.position_interpolation', position_interpolation,
                   vit_positions.INTERPOLATIONS)
     if image_size % patch_size:
@@ -313,9 +356,11 @@ def build_vit(name, *, patch_size=16, image_size=224, input_channels=3,
     inputs = tf_keras.Input(shape=(None, None, input_channels), name='images')
     x = PatchEmbedding(dim, patch_size, name='patch_embed')(inputs)
     x = ClassTokenAndPositions(image_size // patch_size,
-                               position_interpolation, name='tokens')(x)
+                               position_interpolation, registers,
+                               name='tokens')(x)
     for index in range(depth):
-        x = Block(num_heads, name=f'blocks_{index}')(x)  # [B, 1 + h*w, D]
+        x = Block(num_heads, bool(layer_scale),
+                  name=f'blocks_{index}')(x)  # [B, 1 + R + h*w, D]
     # LayerNorm is per token: normalising the class token alone gives
     # timm's features, norm(x)[:, 0].
     features = _layer_norm('norm')(x[:, 0])  # [B, D]

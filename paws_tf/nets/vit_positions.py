@@ -5,7 +5,8 @@ as each source does: timm's antialiased bicubic, DINO's and MSN's
 import tensorflow as tf
 
 # timm's `resample_abs_pos_embed` (the default), DINO's and MSN's
-# `interpolate_pos_encoding`.
+# `interpolate_pos_encoding`. DINOv2's is DINO's for its ViTs without
+# registers and timm's for those with registers (its hub's settings).
 TIMM, DINO, MSN = 'timm', 'dino', 'msn'
 INTERPOLATIONS = (TIMM, DINO, MSN)
 # The Keys cubic of PIL's and PyTorch's antialiased bicubic resize.
@@ -92,8 +93,12 @@ def _source_matrices(new_size, old_size, interpolation):
     if interpolation == TIMM:
         return tuple(resample_matrix(new, old)
                      for new, old in zip(new_size, old_size))
-    new = tf.cast(tf.stack(new_size), tf.float32)
-    old = tf.cast(tf.stack(old_size), tf.float32)
+    # The sources compute their scale factors in Python floats (float64)
+    # and PyTorch takes 1 / scale_factor in float64 before its float32
+    # kernel: a float32 quotient differs in its last bit, 2e-5 in the
+    # resampled values of a 37-wide grid.
+    new = tf.cast(tf.stack(new_size), tf.float64)
+    old = tf.cast(tf.stack(old_size), tf.float64)
     if interpolation == DINO:
         # scale_factor = (w0 + 0.1) / sqrt(N) on each axis.
         scales = old / (new + DINO_OFFSET)
@@ -101,6 +106,7 @@ def _source_matrices(new_size, old_size, interpolation):
         # MSN: scale_factor = sqrt(npatch / N), one factor for both axes,
         # of a square grid; a grid of other sides is scaled per axis.
         scales = old / new
+    scales = tf.cast(scales, tf.float32)
     return tuple(scaled_matrix(new_size[axis], old_size[axis], scales[axis])
                  for axis in (0, 1))
 

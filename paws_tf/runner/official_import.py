@@ -18,14 +18,15 @@ from paws_tf.runner import building
 from paws_tf.runner import experiment
 
 PRETRAINED, FINE_TUNED = 'pretrained', 'fine_tuned'
-# A backbone alone: the DINO and MSN ViTs (`vit_import`).
+# A backbone alone: the DINO, MSN and DINOv2 ViTs (`vit_import`).
 BACKBONE = 'backbone'
 # The official networks take RGB images.
 CHANNELS = 3
 _INSTALL_HINT = ('Reading official .pth.tar checkpoints needs PyTorch: '
                  'pip install .[torch] (or pip install paws_tf[torch]; the '
                  'CPU wheel suffices).')
-# What --mode=import_official reads here; `vit_import` adds DINO's and MSN's.
+# What --mode=import_official reads here; `vit_import` adds DINO's, MSN's
+# and DINOv2's.
 EXPECTED = ('an official PAWS checkpoint: a dict whose "encoder" entry is '
             'the state dict of ResNet-50 or WideResNet-28-2 (keys '
             '"module.conv1.weight", ...) with the "fc" projection head '

@@ -1,6 +1,7 @@
 """Pretrained weights a new model starts from: a backbone's, from a weights
 file or a checkpoint, and the checkpoint of an existing model."""
 
+import collections
 import os
 
 import tensorflow as tf
@@ -38,8 +39,34 @@ def _restore_backbone(backbone, prefix):
             'tf.train.Checkpoint(backbone=...)?): '
             f'{checks.listing(missing, checkpoints.MAX_NAMES_SHOWN)}',
             missing)
-    # Extra stored values (heads, optimizer slots) are fine.
+    if 'backbone' in roots:
+        _refuse_unused_values(backbone, prefix)
+    # Extra stored values of a run's model (heads, optimizer slots) are
+    # fine.
     root.read(prefix).expect_partial().assert_existing_objects_matched()
+
+
+def _refuse_unused_values(backbone, prefix):
+    """Raises Mismatch when the backbone checkpoint `prefix` holds values
+    `backbone` has no variable for (an import of a ViT with LayerScale or
+    register tokens read into one built without them), by the variables'
+    own names."""
+    stored = collections.Counter(
+        key.split('/.ATTRIBUTES')[0].rsplit('/', 1)[-1]
+        for key, _ in tf.train.list_variables(prefix)
+        if key.startswith('backbone/') and '/.ATTRIBUTES' in key)
+    built = collections.Counter(variable.name.rsplit('/', 1)[-1].split(':')[0]
+                                for variable in backbone.variables)
+    unused = stored - built
+    if unused:
+        names = [f'{name} x{count}' if count > 1 else name
+                 for name, count in sorted(unused.items())]
+        raise checkpoints.Mismatch(
+            f'{sum(unused.values())} stored backbone value(s) have no '
+            f'variable in the configured backbone ({", ".join(names)}): '
+            'it is built with another architecture than the one stored '
+            "(an import's imported.json lists the bindings that build it).",
+            names)
 
 
 def load_backbone_weights(backbone, path):

@@ -1,8 +1,10 @@
-"""Importing the published DINO and MSN Vision Transformers (PyTorch files)
-as paws_tf runs: the backbone's checkpoint and its embedder export."""
+"""Importing the published DINO, MSN and DINOv2 Vision Transformers
+(PyTorch files) as paws_tf runs: the backbone's checkpoint and its
+embedder export."""
 
 import math
 import os
+import typing
 
 from absl import logging
 import tensorflow as tf
@@ -16,25 +18,39 @@ from paws_tf.nets import vit_positions
 from paws_tf import run_dir
 from paws_tf.runner import official_import
 
+DINOV2 = 'dinov2'
 # The architectures each source publishes, (`vit.ARCHITECTURES` name,
 # patch side): facebookresearch/dino README.md's pretrained models
 # (ViT-S/16, S/8, B/16, B/8), facebookresearch/msn README.md's (ViT-S/16,
-# B/16, L/16, B/4, L/7).
+# B/16, L/16, B/4, L/7), facebookresearch/dinov2 hub/backbones.py's
+# (ViT-S/14, B/14, L/14; its ViT-g/14 is refused, `_refuse_giant`).
 PUBLISHED = {
     vit_positions.DINO: (('vit_small', 16), ('vit_small', 8),
                          ('vit_base', 16), ('vit_base', 8)),
     vit_positions.MSN: (('vit_small', 16), ('vit_base', 16),
                         ('vit_large', 16), ('vit_base', 4),
                         ('vit_large', 7)),
+    DINOV2: (('vit_small', 14), ('vit_base', 14), ('vit_large', 14)),
 }
-# Both evaluate at 224 px: Resize(256) then CenterCrop(224) (dino
-# eval_knn.py and eval_linear.py; msn linear_eval.py), ImageNet's mean and
-# std.
+# dinov2 hub/backbones.py: the `_reg` ViTs have 4 register tokens and
+# resample their positions with `interpolate_antialias=True,
+# interpolate_offset=0.0` (F.interpolate(size=..., antialias=True),
+# timm's resampling); the others with `interpolate_antialias=False,
+# interpolate_offset=0.1` (DINO's).
+DINOV2_REGISTERS = 4
+# All evaluate at 224 px: Resize(256) then CenterCrop(224) (dino
+# eval_knn.py and eval_linear.py; msn linear_eval.py; dinov2
+# data/transforms.py `make_classification_eval_transform`), ImageNet's
+# mean and std.
+EVAL_IMAGE_SIZE = 224
 CROP_FRACTION = 224 / 256
 # MSN's projection head, `fc` of the target encoder: not the backbone.
 MSN_HEAD = 'fc.'
 _LETTERS = {'vit_tiny': 'Ti', 'vit_small': 'S', 'vit_base': 'B',
             'vit_large': 'L'}
+# dinov2 models/vision_transformer.py `vit_giant2`: width 1536, and the
+# SwiGLU feed-forward (`mlp.w12`, `mlp.w3`) hub/backbones.py gives it.
+_GIANT_WIDTH, _SWIGLU_KEY = 1536, 'blocks.0.mlp.w12.weight'
 _EXPECTED = {
     vit_positions.DINO: ('a DINO backbone state dict (keys cls_token, '
                          'pos_embed, patch_embed.proj.weight, blocks.0...; '
@@ -42,15 +58,39 @@ _EXPECTED = {
     vit_positions.MSN: ('an MSN checkpoint (a dict whose target_encoder '
                         'holds module.cls_token, module.pos_embed, ...; '
                         'e.g. vits16_800ep.pth.tar)'),
+    DINOV2: ('a DINOv2 backbone state dict (keys cls_token, pos_embed, '
+             'mask_token, blocks.0.ls1.gamma...; e.g. '
+             'dinov2_vits14_pretrain.pth, dinov2_vits14_reg4_pretrain.pth)'),
 }
 # Keys only DINOv2's ViTs have (facebookresearch/dinov2
 # dinov2/models/vision_transformer.py): its mask token, register tokens
 # and LayerScale.
 _DINOV2_KEYS = ('mask_token', 'register_tokens', 'blocks.0.ls1.gamma')
+# DINOv2's mask token replaces masked patches in its iBOT training
+# (`prepare_tokens_with_masks` with `masks`); its features do not read it.
+DINOV2_MASK_TOKEN = 'mask_token'
+_NAMES = {vit_positions.DINO: 'DINO', vit_positions.MSN: 'MSN',
+          DINOV2: 'DINOv2'}
+
+
+class Architecture(typing.NamedTuple):
+    """A published ViT as read from its file: `vit.ARCHITECTURES` name,
+    patch side, the side its position embeddings were learned for, its
+    register tokens, whether its blocks hold LayerScale, and how it
+    resamples its positions (`vit_positions.INTERPOLATIONS`)."""
+    name: str
+    patch_size: int
+    image_size: int
+    registers: int
+    layer_scale: bool
+    interpolation: str
+
+    def title(self):
+        return _architecture_name(self.name, self.patch_size, self.registers)
 
 
 def source_of(checkpoint):
-    """'dino' or 'msn' when the object read from a file
+    """'dino', 'msn' or 'dinov2' when the object read from a file
     (`official_import.load_file`) is one of their ViTs, None when it is
     none of theirs (an official PAWS file, or anything else)."""
     if not isinstance(checkpoint, dict):
@@ -58,60 +98,87 @@ def source_of(checkpoint):
     if isinstance(checkpoint.get('target_encoder'), dict):
         return vit_positions.MSN
     if 'cls_token' in checkpoint and 'patch_embed.proj.weight' in checkpoint:
+        if any(key in checkpoint for key in _DINOV2_KEYS):
+            return DINOV2
         return vit_positions.DINO
     return None
 
 
-def _architecture_name(name, patch):
-    return f'ViT-{_LETTERS.get(name, "?")}/{patch}'
+def _architecture_name(name, patch, registers=0):
+    title = f'ViT-{_LETTERS.get(name, "?")}/{patch}'
+    return f'{title} with {registers} registers' if registers else title
+
+
+def _refuse_giant(path, state, width):
+    """ImportFailed for DINOv2's ViT-g/14, whose blocks' SwiGLU
+    feed-forward paws_tf's ViT does not build."""
+    if width == _GIANT_WIDTH or _SWIGLU_KEY in state:
+        raise official_import.ImportFailed(
+            f'{path} holds a DINOv2 ViT-g/14 (width {width}, SwiGLU '
+            'feed-forward mlp.w12, mlp.w3), which is not imported: '
+            "paws_tf's ViT blocks have the MLP fc1, GELU, fc2. DINOv2's "
+            'ViT-S/14, ViT-B/14 and ViT-L/14 (with or without registers) '
+            'are.')
 
 
 def architecture(path, state, source):
-    """`(name, patch_size, image_size)` of the ViT whose state dict is
-    `state` (`vit.ARCHITECTURES` name, patch side, the side its position
-    embeddings were learned for), read from its shapes.
+    """The `Architecture` of the ViT whose state dict is `state`, read
+    from its shapes and keys.
 
     Raises:
-        ImportFailed: it is a DINOv2 ViT, or not one of the architectures
-            `source` publishes (`PUBLISHED`), naming what it holds.
+        ImportFailed: not one of the architectures `source` publishes
+            (`PUBLISHED`; DINOv2's with 0 or 4 registers), naming what it
+            holds.
     """
-    dinov2 = [key for key in _DINOV2_KEYS if key in state]
-    if dinov2:
-        raise official_import.ImportFailed(
-            f'{path} holds a DINOv2 ViT ({", ".join(dinov2)}), which is not '
-            f'imported here; expected {_EXPECTED[source]}.')
     width = state['cls_token'].shape[-1]
+    if source == DINOV2:
+        _refuse_giant(path, state, width)
     patch = state['patch_embed.proj.weight'].shape[-1]
     depth = len({key.split('.')[1] for key in state
                  if key.startswith('blocks.')})
     tokens = state['pos_embed'].shape[1] - 1
+    registers = (state['register_tokens'].shape[1]
+                 if 'register_tokens' in state else 0)
     grid = math.isqrt(tokens)
     name = next((name for name, (dim, _, _) in vit.ARCHITECTURES.items()
                  if dim == width), None)
     published = PUBLISHED[source]
-    if ((name, patch) not in published or
+    allowed = (0, DINOV2_REGISTERS) if source == DINOV2 else (0,)
+    if ((name, patch) not in published or registers not in allowed or
             depth != vit.ARCHITECTURES[name][1] or grid * grid != tokens):
-        found = (f'{_architecture_name(name, patch)} (width {width}, depth '
-                 f'{depth}, patch {patch}, {tokens} position embeddings)')
+        found = (f'{_architecture_name(name, patch, registers)} (width '
+                 f'{width}, depth {depth}, patch {patch}, {tokens} position '
+                 'embeddings)')
         expected = ', '.join(_architecture_name(*each) for each in published)
+        if source == DINOV2:
+            expected += f', without or with {DINOV2_REGISTERS} registers'
         raise official_import.ImportFailed(
-            f'{path} holds a {found}, not one of the ViTs {source.upper()} '
-            f'publishes: {expected} (depth 12, 24 for ViT-L, on a square '
-            'grid).')
-    return name, patch, grid * patch
+            f'{path} holds a {found}, not one of the ViTs '
+            f'{_NAMES[source]} publishes: {expected} (depth 12, 24 for '
+            'ViT-L, on a square grid).')
+    interpolation = source
+    if source == DINOV2:
+        interpolation = (vit_positions.TIMM if registers else
+                         vit_positions.DINO)
+    return Architecture(name, patch, grid * patch, registers,
+                        'blocks.0.ls1.gamma' in state, interpolation)
 
 
 def read_state(path, checkpoint, source):
     """`(state, left_out, epoch)`: the backbone's `{name: NumPy array}`,
     the number of tensors of the file not in the backbone (MSN's `fc`
-    projection head) and the stored epoch (None when absent)."""
+    projection head, DINOv2's mask token) and the stored epoch (None when
+    absent)."""
     if source == vit_positions.MSN:
         arrays = official_import.numpy_state(
             path, checkpoint['target_encoder'], 'target_encoder')
         state = {key: value for key, value in arrays.items()
                  if not key.startswith(MSN_HEAD)}
         return state, len(arrays) - len(state), checkpoint.get('epoch')
-    return official_import.numpy_state(path, checkpoint, 'state dict'), 0, None
+    state = official_import.numpy_state(path, checkpoint, 'state dict')
+    if source == DINOV2:
+        state.pop(DINOV2_MASK_TOKEN, None)
+    return state, len(checkpoint) - len(state), None
 
 
 class BackboneEmbedder(tf_keras.Model):
@@ -134,19 +201,25 @@ class BackboneEmbedder(tf_keras.Model):
 def training_bindings(record):
     """The gin bindings that build the imported backbone, for a run that
     starts from it (`train.pretrained_backbone`)."""
-    return [f"build_backbone.name = '{record['network']}'",
-            f"vit.patch_size = {record['patch_size']}",
-            f"vit.image_size = {record['image_size']}",
-            "vit.position_interpolation = "
-            f"'{record['position_interpolation']}'"]
+    bindings = [f"build_backbone.name = '{record['network']}'",
+                f"vit.patch_size = {record['patch_size']}",
+                f"vit.image_size = {record['image_size']}",
+                "vit.position_interpolation = "
+                f"'{record['position_interpolation']}'"]
+    if record.get('layer_scale'):
+        bindings.append('vit.layer_scale = True')
+    if record.get('registers'):
+        bindings.append(f"vit.registers = {record['registers']}")
+    return bindings
 
 
 def import_vit(model_dir, path, checkpoint, *, overwrite=False):
-    """Writes the DINO or MSN ViT read from `path` into `model_dir`: the
-    backbone's checkpoint (`tf.train.Checkpoint(backbone=...)`, step 0, in
-    `RunDir.checkpoints`), its embedder export (224-px centre crop of
-    0.875, ImageNet's normalisation, `features` compared) and the import
-    record, once every tensor is read and matched.
+    """Writes the DINO, MSN or DINOv2 ViT read from `path` into
+    `model_dir`: the backbone's checkpoint (`tf.train.Checkpoint(
+    backbone=...)`, step 0, in `RunDir.checkpoints`), its embedder export
+    (224-px centre crop of 0.875, ImageNet's normalisation, `features`
+    compared) and the import record, once every tensor is read and
+    matched.
 
     Args:
         model_dir, path: the run directory to create, the file.
@@ -165,11 +238,13 @@ def import_vit(model_dir, path, checkpoint, *, overwrite=False):
     taken = official_import.occupied(run, overwrite)
     source = source_of(checkpoint)
     state, left_out, epoch = read_state(path, checkpoint, source)
-    name, patch, image_size = architecture(path, state, source)
+    found = architecture(path, state, source)
     tf_keras.mixed_precision.set_global_policy('float32')
-    backbone = vit.build_vit(name, patch_size=patch, image_size=image_size,
-                             input_channels=official_import.CHANNELS,
-                             position_interpolation=source)
+    backbone = vit.build_vit(
+        found.name, patch_size=found.patch_size, image_size=found.image_size,
+        input_channels=official_import.CHANNELS,
+        position_interpolation=found.interpolation,
+        layer_scale=found.layer_scale, registers=found.registers)
     try:
         count = torch_names.load_state_dict(
             torch_names.vit_layer_names(backbone), state, description=path)
@@ -178,18 +253,22 @@ def import_vit(model_dir, path, checkpoint, *, overwrite=False):
     official_import.make_room(run, taken)
     official_import.write_first_checkpoint(run, backbone=backbone)
     export.export_embedder(
-        BackboneEmbedder(backbone), run.embedder, image_size=image_size,
-        crop_fraction=CROP_FRACTION, mean=augment.IMAGENET_MEAN,
-        std=augment.IMAGENET_STD, channels=official_import.CHANNELS)
+        BackboneEmbedder(backbone), run.embedder,
+        image_size=EVAL_IMAGE_SIZE, crop_fraction=CROP_FRACTION,
+        mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD,
+        channels=official_import.CHANNELS)
     record = dict(source=os.path.abspath(path),
-                  kind=official_import.BACKBONE, origin=source, network=name, architecture=_architecture_name(name, patch),
-                  patch_size=patch, image_size=image_size,
-                  position_interpolation=source, epoch=epoch, tensors=count,
-                  left_out=left_out)
+                  kind=official_import.BACKBONE, origin=source,
+                  network=found.name, architecture=found.title(),
+                  patch_size=found.patch_size, image_size=found.image_size,
+                  eval_image_size=EVAL_IMAGE_SIZE,
+                  position_interpolation=found.interpolation,
+                  layer_scale=found.layer_scale, registers=found.registers,
+                  epoch=epoch, tensors=count, left_out=left_out)
     record['bindings'] = training_bindings(record)
     run.write_json(run.imported, record, default=int)
     logging.info('Imported the %s %s of %s (%d tensors) into %s; a run '
-                 'starting from it binds %s.', source.upper(),
+                 'starting from it binds %s.', _NAMES[source],
                  record['architecture'], path, count, model_dir,
                  '; '.join(record['bindings']))
     return record
@@ -197,12 +276,12 @@ def import_vit(model_dir, path, checkpoint, *, overwrite=False):
 
 def import_file(model_dir, path, *, strategy, overwrite=False):
     """`--mode=import_official`: the file at `path` read once, then
-    imported as a DINO or MSN ViT (`import_vit`) or an official PAWS
-    ResNet (`official_import.import_official`)."""
+    imported as a DINO, MSN or DINOv2 ViT (`import_vit`) or an official
+    PAWS ResNet (`official_import.import_official`)."""
     official_import.occupied(run_dir.RunDir(model_dir), overwrite)
     checkpoint = official_import.load_file(path, expected=(
-        f'{official_import.EXPECTED}, {_EXPECTED[vit_positions.DINO]} or '
-        f'{_EXPECTED[vit_positions.MSN]}'))
+        f'{official_import.EXPECTED}, {_EXPECTED[vit_positions.DINO]}, '
+        f'{_EXPECTED[vit_positions.MSN]} or {_EXPECTED[DINOV2]}'))
     if source_of(checkpoint) is not None:
         return import_vit(model_dir, path, checkpoint, overwrite=overwrite)
     return official_import.import_official(

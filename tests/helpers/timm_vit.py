@@ -176,7 +176,8 @@ def randomize(model, seed, linear_gain=2.0, norm_std=0.1, std=0.02):
     """Draws every parameter anew so that none is 0 or 1 (biases, norms,
     the class token): linear weights N(0, linear_gain^2 / fan_in), so that
     the GELU inputs spread over +-2 * linear_gain, where its tanh
-    approximation departs from it; LayerNorm weights 1 + N(0, norm_std);
+    approximation departs from it; LayerNorm weights and LayerScale
+    gammas 1 + N(0, norm_std);
     the patch convolution's weight U(+-1/sqrt(fan_in)) (its PyTorch
     initialisation); everything else N(0, std)."""
     generator = torch.Generator().manual_seed(seed)
@@ -192,7 +193,7 @@ def randomize(model, seed, linear_gain=2.0, norm_std=0.1, std=0.02):
                 parameter.copy_((2 * uniform - 1) / math.sqrt(fan_in))
             elif name in linear_weights:
                 parameter.copy_(linear_gain / math.sqrt(fan_in) * noise)
-            elif re.search(r'norm\d?\.weight$', name):
+            elif re.search(r'norm\d?\.weight$|\.gamma$', name):
                 parameter.copy_(1 + norm_std * noise)
             else:
                 parameter.copy_(std * noise)
