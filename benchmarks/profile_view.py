@@ -3,8 +3,9 @@ test).
 
 Runs one multi-crop image (`augment.IMAGENET_MULTICROP`: 2 x 224^2 and
 6 x 96^2 views) through cumulative stages of the view in a one-thread
-`tf.data` map, on bench_input.py's JPEG photographs, and prints the
-milliseconds per view of each stage and what each op adds: reading the
+`tf.data` map, on bench_input.py's JPEG photographs, and prints the wall
+and CPU milliseconds per view of each stage (the process's CPU time moves
+less with other work on the core) and the CPU time each op adds: reading the
 file, decoding it, the random resized crops (decode + crop is the lower
 bound of any input path that decodes and crops), the flip, the colour
 distortion, the blur, the normalisation (the whole view, as
@@ -83,16 +84,25 @@ def _one_thread(dataset):
     return dataset.with_options(options)
 
 
+def _seconds_per_call(fn, seconds):
+    """(wall, CPU) seconds per call of `fn(count)` for `seconds`. The
+    process's CPU time counts the work of its threads only, so it moves
+    less than wall time with other work on the core."""
+    count, start, cpu = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - start < seconds:
+        fn(count)
+        count += 1
+    return ((time.perf_counter() - start) / count,
+            (time.process_time() - cpu) / count)
+
+
 def _seconds_per_element(dataset, seconds):
-    """Seconds per element of `dataset` (endless), after a warm-up."""
+    """(wall, CPU) seconds per element of `dataset` (endless), after a
+    warm-up."""
     iterator = iter(dataset)
     for _ in range(5):
         next(iterator)
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        next(iterator)
-        count += 1
-    return (time.perf_counter() - start) / count
+    return _seconds_per_call(lambda _: next(iterator), seconds)
 
 
 def profile_paws_tf(paths, args):
@@ -102,21 +112,27 @@ def profile_paws_tf(paths, args):
     for stage in STAGES:
         dataset = _one_thread(items.map(
             lambda i, path: _stage_fn(stage)(path, tf.stack([i, i]))))
-        result[stage] = round(
-            1e3 * _seconds_per_element(dataset, args.seconds) / views, 3)
+        result[stage] = _ms(_seconds_per_element(dataset, args.seconds),
+                            views)
     return result
 
 
+def _ms(seconds, views):
+    """(wall, CPU) milliseconds per view."""
+    return tuple(round(1e3 * s / views, 3) for s in seconds)
+
+
 def profile_support_sampling(labels, args):
-    """Milliseconds per support row of `SupportSampler`'s stream (15
-    classes x 7 images per step, as bench_input.py's ImageNet setting)."""
+    """(wall, CPU) milliseconds per support row of `SupportSampler`'s
+    stream (15 classes x 7 images per step, as bench_input.py's ImageNet
+    setting)."""
     sampler = sampling.SupportSampler(
         labels, classes_per_step=15, images_per_class=7, num_replicas=1,
         unique_classes_per_replica=False, seed=0)
     rows = tf.data.Dataset.counter().flat_map(
         lambda i: sampler.items(i, 0, 1))
-    return round(1e3 * _seconds_per_element(
-        _one_thread(rows.batch(105)), args.seconds) / 105, 4)
+    return _ms(_seconds_per_element(_one_thread(rows.batch(105)),
+                                    args.seconds), 105)
 
 
 def profile_official(paths, args):
@@ -146,20 +162,17 @@ def profile_official(paths, args):
                 return image
             return [transforms.Compose(ops[:cut[stage]])(image)
                     for ops in full]
-        count, start = 0, time.perf_counter()
-        while time.perf_counter() - start < args.seconds:
-            one_image(count)
-            count += 1
-        result[stage] = round(
-            1e3 * (time.perf_counter() - start) / count / len(sizes), 3)
+        result[stage] = _ms(_seconds_per_call(one_image, args.seconds),
+                            len(sizes))
     official_input.torch.set_num_threads(torch_threads)
     return result
 
 
 def _added(cumulative):
+    """Per stage, the CPU time it adds to the one before."""
     stages = list(cumulative)
-    return {stage: round(cumulative[stage] - (
-        cumulative[stages[i - 1]] if i else 0), 3)
+    return {stage: round(cumulative[stage][1] - (
+        cumulative[stages[i - 1]][1] if i else 0), 3)
         for i, stage in enumerate(stages)}
 
 
@@ -178,11 +191,15 @@ def main():
         support_ms = profile_support_sampling(labeled.labels, args)
     for name, cumulative in runs.items():
         print(json.dumps({
-            'pipeline': name, 'ms_per_view_cumulative': cumulative,
-            'ms_per_view_added': _added(cumulative),
+            'pipeline': name,
+            'ms_per_view_cumulative': {k: v[0] for k, v in cumulative.items()},
+            'cpu_ms_per_view_cumulative': {
+                k: v[1] for k, v in cumulative.items()},
+            'cpu_ms_per_view_added': _added(cumulative),
             'cores': len(os.sched_getaffinity(0)),
             'load_avg_1min': os.getloadavg()[0]}), flush=True)
-    print(json.dumps({'support_sampling_ms_per_row': support_ms,
+    print(json.dumps({'support_sampling_ms_per_row': support_ms[0],
+                      'support_sampling_cpu_ms_per_row': support_ms[1],
                       'load_avg_1min': os.getloadavg()[0]}), flush=True)
 
 

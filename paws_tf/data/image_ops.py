@@ -143,6 +143,24 @@ def _box_taps(radius):
     return r, tf.concat([[outer], tf.fill([2 * r + 1], inner), [outer]], 0)
 
 
+def _box_passes(x, r, high, low, passes):
+    """`passes` of PIL's extended box along axis 0 of [n, m] float32 pixel
+    values (edge rows repeated); `high`, `low`: the taps' scaled parts."""
+    n, m = tf.shape(x)[0], tf.shape(x)[1]
+    beyond = tf.clip_by_value(tf.range(-r - 1, n + r + 1), 0, n - 1)
+    # The m columns are the depthwise convolution's channels, which its
+    # CPU kernels vectorise over (3 colour channels would fill few lanes).
+    filters = [tf.tile(t[:, None, None, None], [1, 1, m, 1])
+               for t in (high, low)]  # [2r + 3, 1, m, 1]
+    for _ in range(passes):
+        padded = tf.gather(x, beyond)[None, :, None]  # [1, n + 2r + 2, 1, m]
+        high_sum, low_sum = (
+            tf.nn.depthwise_conv2d(padded, f, [1, 1, 1, 1], 'VALID')[0, :, 0]
+            for f in filters)  # [n, m]
+        x = tf.floor(high_sum + tf.floor(low_sum + 2.0 ** 15) * 2.0 ** -16)
+    return x
+
+
 def pil_gaussian_blur(image, sigma, passes=3):
     """PIL `ImageFilter.GaussianBlur(radius=sigma)` of a uint8 image, the
     same values, in TensorFlow ops (no Python runs in a `tf.data` map, so
@@ -155,33 +173,26 @@ def pil_gaussian_blur(image, sigma, passes=3):
     each part exactly in float32 (every partial sum an integer multiple of
     a power of two below 2^24), and the low sum's carry is added to the
     high one before the shift: exact up to `MAX_BLUR_SIGMA` (box radius 63).
+    The image is blurred as [W, H * C], then as [H, W * C], along axis 0.
 
     Args:
-        image: [H, W, C] uint8 tensor, static C; the result alike.
+        image: [H, W, C] uint8 tensor; the result alike.
         sigma: scalar float32 standard deviation, in pixels.
         passes: boxes per direction (PIL: 3).
     """
     image = tf.convert_to_tensor(image, tf.uint8)
-    channels = image.shape[-1]
     r, taps = _box_taps(box_blur_radius(sigma, passes))
     high = tf.floor(taps * 2.0 ** -8)
     # Scaled by powers of two so that the shift is one floor at the end.
     high, low = high * 2.0 ** -16, (taps - high * 2.0 ** 8) * 2.0 ** -8
-    x = tf.cast(image, tf.float32)[None]  # [1, H, W, C]
-    for axis in (2, 1):
-        size = tf.shape(x)[axis]
-        beyond = tf.clip_by_value(tf.range(-r - 1, size + r + 1), 0, size - 1)
-        shape = [1, -1, 1, 1] if axis == 2 else [-1, 1, 1, 1]
-        filters = [tf.tile(tf.reshape(t, shape), [1, 1, channels, 1])
-                   for t in (high, low)]
-        for _ in range(passes):
-            padded = tf.gather(x, beyond, axis=axis)
-            high_sum, low_sum = (
-                tf.nn.depthwise_conv2d(padded, f, [1, 1, 1, 1], 'VALID')
-                for f in filters)
-            x = tf.floor(high_sum + tf.floor(low_sum + 2.0 ** 15) * 2.0 ** -16)
-    # The gathers lose the static height and width.
-    return tf.ensure_shape(tf.cast(x[0], tf.uint8), image.shape)
+    height, width, channels = tf.unstack(tf.shape(image))
+    columns = tf.cast(tf.transpose(image, [1, 0, 2]), tf.float32)
+    x = _box_passes(tf.reshape(columns, [width, -1]), r, high, low, passes)
+    rows = tf.transpose(tf.reshape(x, [width, height, channels]), [1, 0, 2])
+    x = _box_passes(tf.reshape(rows, [height, -1]), r, high, low, passes)
+    return tf.ensure_shape(
+        tf.cast(tf.reshape(x, [height, width, channels]), tf.uint8),
+        image.shape)
 
 
 def gaussian_blur(image, seed, prob=0.5, sigma_range=(0.1, 2.0)):
