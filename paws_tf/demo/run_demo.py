@@ -33,7 +33,7 @@ def demo(model_dir, strategy, options):
         model_dir, strategy: the run's `RunDir` (or its path), the running
             strategy.
         options: `modes.Options`: `overwrite`, `owner_check` and
-            `pretrained`, passed to `train.train`.
+            `claim`, passed to `train.train`.
 
     Returns:
         The results dict, also in `RunDir.results`.

@@ -19,17 +19,42 @@ DataBundle = collections.namedtuple(
     'DataBundle', ['labeled', 'unlabeled', 'test', 'normalization'])
 
 
+# A folder source bound to a part of `load_data`: its scoped selector and
+# labeled-root parameter, the configurable gin calls and its scope.
+Folder = collections.namedtuple(
+    'Folder', ['selector', 'root', 'configurable', 'scope'])
+
+
+def folder_source(part='train'):
+    """The `Folder` of the folder source bound to `load_data`'s `part`
+    ('train', 'test'), or None for other sources."""
+    source = bindings.reference(load_data, part)
+    if source is None:
+        return None
+    configurable, scope = bindings.target(source)
+    if configurable not in FOLDER_ROOTS:
+        return None
+    return Folder(source.scoped_selector, FOLDER_ROOTS[configurable],
+                  configurable, scope)
+
+
+def folder_channels():
+    """The channels a folder training source decodes to, or None for other
+    sources (known once read)."""
+    folder = folder_source()
+    return None if folder is None else bindings.arguments(
+        folder.configurable, folder.scope)['channels'][0]
+
+
 def _folder(part):
     """' (NAME = 'folder')': the binding that gives the folder of the
     source bound to `load_data`'s `part` ('train', 'test'), for a message;
     '' for other sources."""
-    source = bindings.reference(load_data, part)
-    configurable, scope = (None, None) if source is None else (
-        bindings.target(source))
-    if configurable not in FOLDER_ROOTS:
+    folder = folder_source(part)
+    if folder is None:
         return ''
-    root, name = bindings.arguments(configurable,
-                                    scope)[FOLDER_ROOTS[configurable]]
+    root, name = bindings.arguments(folder.configurable,
+                                    folder.scope)[folder.root]
     return f' ({name} = {root!r})' if isinstance(root, str) else ''
 
 

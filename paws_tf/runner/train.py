@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import bindings
 from paws_tf import checkpoints
 from paws_tf import checks
 from paws_tf import cluster
@@ -40,9 +41,9 @@ def weights_fingerprint(model):
 
 
 @gin.configurable(denylist=['model_dir', 'strategy', 'overwrite',
-                            'owner_check', 'pretrained'])
+                            'owner_check', 'claim'])
 def train(model_dir, strategy, *, overwrite=False, owner_check=None,
-          pretrained=None, num_epochs=gin.REQUIRED,
+          claim=None, num_epochs=gin.REQUIRED,
           optimizer_cls=lars.LARS, schedule_cls=schedules.WarmupCosineDecay,
           precision='float32', jit_compile=False, steps_per_execution=1,
           seed=0, deterministic_ops=False, checkpoint_every_steps=1000,
@@ -64,8 +65,9 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
             delete the run and start again (run.py's --overwrite).
         owner_check: called before every save; raises when this run no
             longer owns `model_dir` (`run_lock.RunLock.check`).
-        pretrained: the `pretrained_backbone` or `pretrained_model` that
-            run.py read (`start.check_pretrained`); None: read here.
+        claim: called once the start has checked the pretrained weights,
+            before anything is written (`start.start`): run.py's takes
+            the run lock and stages its config and flags.
         num_epochs: epochs, one pass over the unlabeled set each.
         optimizer_cls: called with `learning_rate=schedule` (`@LARS`).
         schedule_cls: called with `steps_per_epoch` and `num_epochs`
@@ -104,7 +106,7 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
     return _train(**locals())
 
 
-def _train(model_dir, strategy, *, overwrite, owner_check, pretrained,
+def _train(model_dir, strategy, *, overwrite, owner_check, claim,
            num_epochs, optimizer_cls, schedule_cls, precision, jit_compile,
            steps_per_execution, seed, deterministic_ops,
            checkpoint_every_steps, keep_checkpoints, backup_every_steps,
@@ -112,8 +114,6 @@ def _train(model_dir, strategy, *, overwrite, owner_check, pretrained,
            eval_max_queries, pretrained_backbone, pretrained_model,
            on_data_change, verbose):
     """`train`: config -> data -> model -> checkpoints -> loop."""
-    # Read by `start.check_pretrained`, which names the user's binding.
-    del pretrained_backbone, pretrained_model
     num_epochs = check_arguments(
         num_epochs=num_epochs, keep_checkpoints=keep_checkpoints,
         backup_every_steps=backup_every_steps,
@@ -122,10 +122,6 @@ def _train(model_dir, strategy, *, overwrite, owner_check, pretrained,
         log_every_steps=log_every_steps, eval_every_epochs=eval_every_epochs,
         seed=seed, precision=precision, on_data_change=on_data_change)
     run = run_dir.RunDir(model_dir)
-    if pretrained is None:
-        # Before the seed, as run.py reads it: the same initial weights.
-        pretrained = start.check_pretrained(run, overwrite=overwrite)
-    tf_keras.utils.set_random_seed(seed)
     if deterministic_ops:
         determinism.enable()
     chief = cluster.is_chief(strategy)
@@ -146,10 +142,15 @@ def _train(model_dir, strategy, *, overwrite, owner_check, pretrained,
             steps_per_execution=steps_per_execution)
 
     history = run.record_event if chief else (lambda event: event)
+    # The bindings name the user's, for messages.
+    names = bindings.arguments(train)
     bundle, pretrain, model, start_step, finished = start.start(
         run, strategy, build, num_epochs=num_epochs, history=history,
-        overwrite=overwrite, on_data_change=on_data_change,
-        pretrained=pretrained)
+        seed=seed, claim=claim, overwrite=overwrite,
+        on_data_change=on_data_change,
+        pretrained_backbone=(pretrained_backbone,
+                             names['pretrained_backbone'][1]),
+        pretrained_model=(pretrained_model, names['pretrained_model'][1]))
     if finished:
         return model
     saver = callbacks.Saver(
