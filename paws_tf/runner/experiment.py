@@ -255,7 +255,7 @@ def recorded_preprocessing(run=None):
     normalisation is the run's record or, for a preset or pair, the config's.
 
     Args:
-        run: the run's `RunDir` (or its path); None for an import.
+        run: the run's `RunDir`; None for an import.
 
     Returns:
         `(preprocessing, channels)`: the `eval_preprocessing` dict and the
@@ -263,7 +263,6 @@ def recorded_preprocessing(run=None):
     """
     spec = normalization_lib.required(
         bindings.arguments(load_data)['normalization'][0])
-    run = None if run is None else run_dir.RunDir(run)
     normalization, _ = normalization_lib.resolve_normalization(
         spec,
         recorded=None if run is None else run.read_json(run.normalization),

@@ -165,11 +165,10 @@ def _architecture_differences(path, channels, prefixes):
     starting with `prefixes` and the channels where the run directory of
     `path` (it, or the run whose checkpoint it is) and this config differ;
     None when `path` is not in a run directory."""
-    candidates = (path, os.path.dirname(path),
-                  os.path.dirname(os.path.dirname(path)))
-    source = next((run_dir.RunDir(candidate) for candidate in candidates
-                   if os.path.isfile(run_dir.RunDir(candidate).config)),
-                  None)
+    candidates = map(run_dir.RunDir, (
+        path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))))
+    source = next((candidate for candidate in candidates
+                   if os.path.isfile(candidate.config)), None)
     if source is None:
         return None
     with open(source.config) as f:
