@@ -202,38 +202,24 @@ def start(run, strategy, build, *, num_epochs, history, seed,
           pretrained_backbone=(None, ''), pretrained_model=(None, ''),
           claim=None, overwrite=False, on_data_change='stop'):
     """Decides how the run in `run` starts: refused, overwritten, resumed,
-    continued from a pretrained model or backbone, or new. Each check is
-    done once, in the order of the numbered steps below; a refusal up to
-    step 5 leaves the run's files as they were.
+    continued from a pretrained model or backbone, or new; each check once,
+    in the order of the numbered steps; returns `Started`. A refusal
+    (`checks.ConfigError`, `data_fingerprint.Changed`) up to step 5 leaves
+    the run's files as they were.
 
     Args:
         run, strategy: the run's `RunDir`, the strategy it trains under.
-        build: `build(bundle, start_step)` returns `(pretrain, model)`:
-            the input (`pipeline.make_pretrain_dataset_fn`'s) and the
-            compiled model.
-        num_epochs: the run's epochs (a run at their end is finished).
-        history: records an event in the run history (a no-op but on the
-            chief), returns it.
-        seed: `train.seed`, set once the pretrained weights are read.
-        pretrained_backbone, pretrained_model: `(path, binding)` of
-            `train.pretrained_backbone` and `train.pretrained_model`.
-        claim: called once nothing refused the pretrained weights, before
-            anything is written (run.py's takes the run lock, makes the
-            run directory and stages its config and flags), or None.
+        build: `build(bundle, start_step)` returns `(pretrain, model)`: the
+            input (`pipeline.PretrainInput`) and the compiled model.
+        num_epochs, seed, history: `train`'s; `history(event)` records one.
+        pretrained_backbone, pretrained_model: `(path, binding)`, `train`'s.
+        claim: called once the pretrained weights pass, before anything is
+            written (run.py's takes the run lock and stages its records).
         overwrite, on_data_change: --overwrite, `train.on_data_change`.
-
-    Returns:
-        `Started`.
-
-    Raises:
-        checks.ConfigError: a config refused, or pretrained weights of
-            other channels than the data's.
-        data_fingerprint.Changed: the data changed, without `overwrite`.
     """
     chief = cluster.is_chief(strategy)
-    # 1. Pretrained weights that lie in the run or do not fit are refused
-    # before anything is written or any data read; a run that resumes
-    # reads none.
+    # 1. Pretrained weights that lie in the run or do not fit: refused
+    # before anything is written or read (a resumed run reads none).
     pretrained = check_pretrained(
         run, pretrained_backbone, pretrained_model, overwrite=overwrite,
         channels=experiment.folder_channels())
@@ -241,12 +227,11 @@ def start(run, strategy, build, *, num_epochs, history, seed,
         claim()
     tf_keras.utils.set_random_seed(seed)
     try:
-        # 2. A run of another gin config is refused, or replaced
+        # 2. A run of another gin config: refused, or replaced
         # (`overwrite`, or it saved nothing).
         replace = _replaces_config(run, overwrite=overwrite)
-        # 3. The data, its records staged: other data than the run started
-        # on is refused, or replaced (`overwrite`), or resumed
-        # (`on_data_change`).
+        # 3. The data, its records staged; other data than the run started
+        # on: refused, replaced (`overwrite`) or resumed (`on_data_change`).
         bundle = experiment.load_data(run.staging if chief else None)
         fingerprint = data_fingerprint.fingerprint(bundle)
         restart = replace or data_fingerprint.check(
@@ -255,7 +240,7 @@ def start(run, strategy, build, *, num_epochs, history, seed,
             resuming=not replace and checkpoints.has_progress(run),
             on_change=on_data_change, overwrite=overwrite)
         # 4. Unless replaced, the run resumes from its newest restorable
-        # backup or checkpoint; its input and model are built at that step.
+        # backup or checkpoint; its input and model start at that step.
         resume_from, step = (None, 0) if restart else (
             checkpoints.newest_restorable(run, chief=chief))
         pretrain, model = build(bundle, step)
@@ -263,16 +248,11 @@ def start(run, strategy, build, *, num_epochs, history, seed,
         if chief:
             run.accept_staged(False)
         raise
-    # 5. Accepted: the replaced run is deleted (`RunDir.overwritten`), the
-    # staged records are moved in, the input's summary is written.
-    _accept(run, strategy, chief=chief, restart=restart,
+    # 5. Accepted: the replaced run deleted, the staged records moved in.
+    _accept(run, strategy, pretrain, chief=chief, restart=restart,
             fingerprint=fingerprint, overwrite=overwrite)
-    if chief:
-        run.write(run.input_summary, pretrain.summary + '\n')
-    logging.info('%s; the sizes per replica and step: %s',
-                 pretrain.summary_line, run.input_summary)
-    # 6. The model and optimizer are restored, or the model starts from
-    # the pretrained weights, or from scratch.
+    # 6. The model and optimizer restored, or the model starts from the
+    # pretrained weights, or from scratch.
     finished = _restore_or_begin(
         model, resume_from, step, pretrain.steps_per_epoch,
         num_epochs=num_epochs, history=history, pretrained=pretrained,
@@ -336,10 +316,12 @@ def _replaces_config(run, *, overwrite):
     return True
 
 
-def _accept(run, strategy, *, chief, restart, fingerprint, overwrite):
-    """Once the new start passed its checks: the chief deletes the run it
-    replaces (`restart`), then moves the staged records in; under
-    `overwrite` every worker waits for it, having read what it reads."""
+def _accept(run, strategy, pretrain, *, chief, restart, fingerprint,
+            overwrite):
+    """Step 5 of `start`: the chief deletes the run it replaces
+    (`restart`, `RunDir.overwritten`), then moves the staged records in
+    and writes the summary of the input `pretrain`; under `overwrite`
+    every worker waits for it, having read what it reads."""
     if overwrite:
         cluster.barrier(strategy)
     if chief:
@@ -353,5 +335,8 @@ def _accept(run, strategy, *, chief, restart, fingerprint, overwrite):
         run.accept_staged()
         if restart or run.read_json(run.fingerprint) != fingerprint:
             run.write_json(run.fingerprint, fingerprint)
+        run.write(run.input_summary, pretrain.summary + '\n')
+    logging.info('%s; the sizes per replica and step: %s',
+                 pretrain.summary_line, run.input_summary)
     if overwrite:
         cluster.barrier(strategy)

@@ -125,22 +125,11 @@ def _train(model_dir, strategy, *, overwrite, owner_check, claim,
     if deterministic_ops:
         determinism.enable()
     chief = cluster.is_chief(strategy)
-
-    def input_at(bundle, start_step):
-        return pipeline.make_pretrain_dataset_fn(
-            bundle.unlabeled, bundle.labeled,
-            num_replicas=strategy.num_replicas_in_sync, seed=seed,
-            normalization=bundle.normalization, start_step=start_step)
-
-    def build(bundle, start_step):
-        pretrain = input_at(bundle, start_step)
-        return pretrain, building.build_compiled_model(
-            strategy, input_channels=bundle.labeled.channels,
-            steps_per_epoch=pretrain.steps_per_epoch, num_epochs=num_epochs,
-            optimizer_cls=optimizer_cls, schedule_cls=schedule_cls,
-            precision=precision, jit_compile=jit_compile,
-            steps_per_execution=steps_per_execution)
-
+    build = functools.partial(
+        _build, strategy=strategy, seed=seed, num_epochs=num_epochs,
+        optimizer_cls=optimizer_cls, schedule_cls=schedule_cls,
+        precision=precision, jit_compile=jit_compile,
+        steps_per_execution=steps_per_execution)
     history = run.record_event if chief else (lambda event: event)
     # The bindings name the user's, for messages.
     names = bindings.arguments(train)
@@ -165,12 +154,32 @@ def _train(model_dir, strategy, *, overwrite, owner_check, claim,
         view_images=view_images and chief and start_step == 0,
         evaluators=evaluators, eval_every_epochs=eval_every_epochs,
         eval_max_queries=eval_max_queries)
-    _fit(model, pretrain, functools.partial(input_at, bundle), fit_callbacks,
-         saver, strategy=strategy,
-         start_step=start_step, num_epochs=num_epochs, history=history,
-         verbose=verbose)
+    _fit(model, pretrain,
+         functools.partial(_input_at, bundle, strategy=strategy, seed=seed),
+         fit_callbacks, saver, strategy=strategy, start_step=start_step,
+         num_epochs=num_epochs, history=history, verbose=verbose)
     _finish(model, saver, history, num_epochs * pretrain.steps_per_epoch)
     return model
+
+
+def _input_at(bundle, start_step, *, strategy, seed):
+    """The PAWS input of the data `bundle` from global `start_step`."""
+    return pipeline.make_pretrain_dataset_fn(
+        bundle.unlabeled, bundle.labeled,
+        num_replicas=strategy.num_replicas_in_sync, seed=seed,
+        normalization=bundle.normalization, start_step=start_step)
+
+
+def _build(bundle, start_step, *, strategy, seed, num_epochs,
+           **compile_args):
+    """`start.start`'s `build`: `(pretrain, model)`, the input of `bundle`
+    at `start_step` and the model `building.build_compiled_model` compiles
+    with `compile_args`."""
+    pretrain = _input_at(bundle, start_step, strategy=strategy, seed=seed)
+    return pretrain, building.build_compiled_model(
+        strategy, input_channels=bundle.labeled.channels,
+        steps_per_epoch=pretrain.steps_per_epoch, num_epochs=num_epochs,
+        **compile_args)
 
 
 def _finish(model, saver, history, total_steps):
