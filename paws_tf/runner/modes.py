@@ -55,6 +55,7 @@ def load_trained_model(run, strategy, *, local=False, imported=False):
         FileNotFoundError: the run has no checkpoint yet.
         checkpoints.NoneRestorable: none of its checkpoints restores.
     """
+    run = run_dir.RunDir(run)
     model = _float32_model(run, strategy, local=local,
                            imported=imported)
     with contextlib.nullcontext() if local else strategy.scope():
