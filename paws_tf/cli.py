@@ -15,6 +15,7 @@ PyTorch checkpoint, --official_checkpoint, as a run of --model_dir).
 """
 
 import contextlib
+import functools
 import logging as pylogging
 import os
 import re
@@ -90,7 +91,6 @@ with _quiet_start(sys.argv):
     from paws_tf.runner import config_checks
     from paws_tf.runner import modes
     from paws_tf.runner import run_lock
-    from paws_tf.runner import start
     from paws_tf.runner import train
 
 
@@ -212,21 +212,30 @@ def main(argv):
         raise checks.ConfigError(str(error)) from error
     run = run_dir.RunDir(_MODEL_DIR.value)
     config = gin.config_str()
+    if _VERBOSE.value:
+        logging.info('gin config:\n%s', config)
     strategy = cluster.make_strategy(_STRATEGY.value)
     cluster.check_same_config(strategy, f'--mode={_MODE.value}\n{config}')
-    # Once the strategy exists; still before any data is read or the run
-    # directory is made.
-    pretrained = start.check_pretrained(
-        run, overwrite=_OVERWRITE.value,
-        channels=config_checks.folder_channels()) if mode.trains else None
     lock = run_lock.for_process(run, strategy, training=mode.trains)
-    with lock:
-        _run_in_model_dir(run, strategy, mode, config, modes.Options(
+    with contextlib.ExitStack() as held:
+        claim = functools.partial(_claim, run, strategy, mode, config,
+                                  lock=lock, held=held)
+        # A training run's start claims the run directory once nothing
+        # refused its pretrained weights (`start.start`).
+        if not mode.trains:
+            claim()
+        mode.run(run, strategy, modes.Options(
             overwrite=_OVERWRITE.value,
-            owner_check=getattr(lock, 'check', None), pretrained=pretrained,
+            owner_check=getattr(lock, 'check', None),
+            claim=claim if mode.trains else None,
             existing_model=existing_model,
             official_checkpoint=_OFFICIAL_CHECKPOINT.value,
             mode=_MODE.value))
+        # The other modes read the run's records and write none: what one
+        # ran with is kept under its own name, once it has run.
+        if not (mode.trains or mode.imports) and cluster.is_chief(strategy):
+            run.write(run.mode_config(_MODE.value), config)
+            logging.info('gin config: %s', run.mode_config(_MODE.value))
 
 
 def _main_with_messages(argv):
@@ -251,9 +260,10 @@ def _main_with_messages(argv):
 _GIN_CALL = re.compile(r"\n\s*In call to configurable '[^']*' \(<[^>]*>\)")
 
 
-def _run_in_model_dir(run, strategy, mode, config, options):
-    """Everything `main` does under the run directory's lock: `mode` with
-    its `modes.Options`."""
+def _claim(run, strategy, mode, config, *, lock, held):
+    """Takes the run directory's `lock`, `held` until `main` ends, and
+    makes the directory; a training run stages its config and flags."""
+    held.enter_context(lock)
     # The importer creates model_dir only once the checkpoint fits.
     if not mode.imports:
         os.makedirs(run.path, exist_ok=True)
@@ -263,14 +273,6 @@ def _run_in_model_dir(run, strategy, mode, config, options):
     if mode.trains and cluster.is_chief(strategy):
         run.staging.write(run.staging.flags, _flags_record())
         run.staging.write(run.staging.config, config)
-    if _VERBOSE.value:
-        logging.info('gin config:\n%s', config)
-    mode.run(run, strategy, options)
-    # The other modes read the run's records and write none: what one ran
-    # with is kept under its own name, once it has run.
-    if not (mode.trains or mode.imports) and cluster.is_chief(strategy):
-        run.write(run.mode_config(_MODE.value), config)
-        logging.info('gin config: %s', run.mode_config(_MODE.value))
 
 
 def _flags_record():

@@ -152,12 +152,8 @@ class PAWSModel(tf_keras.Model):
                       high=1.0)
         checks.integer(name('diagnostics_every'), diagnostics_every,
                        minimum=0)
-        for key, value, allowed in (
-                ('nn_embedding', nn_embedding, NN_EMBEDDINGS),
-                ('objective', objective, OBJECTIVES)):
-            if value not in allowed:
-                raise checks.ConfigError(
-                    f'{name(key)} must be one of {allowed}, got {value!r}.')
+        checks.one_of(name('nn_embedding'), nn_embedding, NN_EMBEDDINGS)
+        checks.one_of(name('objective'), objective, OBJECTIVES)
         if objective == 'ropaws':
             checks.number(name('ropaws_prior_tau'), ropaws_prior_tau,
                           positive=True)

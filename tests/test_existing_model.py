@@ -207,7 +207,8 @@ def test_paws_starts_from_an_import(imported):
     source = str(imported / 'imported')
     with _config(WRN_CONFIG, SYNTHETIC_BINDINGS + (
             f"train.pretrained_model = '{source}'",)):
-        pretrained = start.check_pretrained(imported / 'new')
+        pretrained = start.check_pretrained(
+            imported / 'new', model=(source, 'train.pretrained_model'))
         model = building.build_compiled_model(
             tf.distribute.get_strategy(), input_channels=3,
             steps_per_epoch=1, num_epochs=600, optimizer_cls=lars.LARS,

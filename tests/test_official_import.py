@@ -24,6 +24,7 @@ torch = pytest.importorskip('torch')
 
 from paws_tf import cluster  # noqa: E402
 from paws_tf import configurables  # noqa: E402,F401  (registers them)
+from paws_tf import run_dir  # noqa: E402
 from paws_tf.data import augment  # noqa: E402
 from paws_tf.demo import run_demo  # noqa: E402
 from paws_tf.runner import experiment  # noqa: E402
@@ -344,8 +345,8 @@ def test_fine_tuned_linear_layout_and_refusals(tmp_path):
             _import(tmp_path / 'run', tmp_path / 'ft.pth.tar')
         for train_over_it in (
                 lambda: modes.run(str(tmp_path / 'run'), _strategy(), 'train'),
-                lambda: run_demo.demo(str(tmp_path / 'run'), _strategy(),
-                                      modes.Options())):
+                lambda: run_demo.demo(run_dir.RunDir(tmp_path / 'run'),
+                                      _strategy(), modes.Options())):
             with pytest.raises(official_import.ImportFailed,
                                match='not a paws_tf training run'):
                 train_over_it()

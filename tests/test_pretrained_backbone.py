@@ -4,10 +4,10 @@ weights, or from an earlier run's whole model, and a file of another
 architecture or channel count is refused before any image is read.
 
 Bugs tried: the backbone file not loaded (`load_backbone_weights`
-skipped); cli.py's `check_pretrained` call removed; `check_pretrained`
-building the model for 3 channels whatever the folders decode to (the
-grayscale run started from the RGB model's checkpoint and stopped on its
-missing folder instead).
+skipped); `start.start` checking the file after reading the data;
+`check_pretrained` building the model for 3 channels whatever the
+folders decode to (the grayscale run started from the RGB model's
+checkpoint and stopped on its missing folder instead).
 """
 
 import os
@@ -107,8 +107,8 @@ def test_run_starts_from_the_files_backbone(tmp_path, kind, data):
 def test_a_file_of_another_architecture_is_refused_before_reading(
         tmp_path, data):
     """Fails if run.py reads the data before checking the file
-    (cli.py's start.check_pretrained call removed: the
-    missing unlabeled folder is found first)."""
+    (`start.start` checking it after loading the data: the missing
+    unlabeled folder is found first)."""
     # Wider second stage; the unlabeled folder does not exist, so a run
     # that read its data first would stop on that instead.
     backbone = small_backbone(widths=(8, 32))
@@ -140,15 +140,15 @@ def test_the_check_of_a_source_of_unknown_channels(tmp_path, channels):
     wider = small_backbone(widths=(8, 32))
     for backbone, fits in ((fitting, True), (wider, False)):
         path = write_weights(tmp_path, 'h5', backbone)
-        with debug_gin.parsed(
-                [f"train.pretrained_backbone = '{path}'"]):
+        bound = (str(path), 'train.pretrained_backbone')
+        with debug_gin.parsed():
             if fits:
-                start.check_pretrained(tmp_path / 'run')
+                start.check_pretrained(tmp_path / 'run', bound)
             else:
                 with pytest.raises(ValueError, match=(
                         "train.pretrained_backbone = '.*' does not fit the "
                         'configured backbone')):
-                    start.check_pretrained(tmp_path / 'run')
+                    start.check_pretrained(tmp_path / 'run', bound)
 
 
 @pytest.fixture(scope='module')
@@ -263,8 +263,9 @@ def test_a_path_that_does_not_exist_says_so(tmp_path, part):
     there ('No TF checkpoint at ...: expected a checkpoint prefix') rather
     than as a path that does not exist."""
     typo = tmp_path / 'runs' / 'mnie'
-    with debug_gin.parsed([f"train.pretrained_{part} = '{typo}'"]):
+    with debug_gin.parsed():
         with pytest.raises(ValueError, match=(
                 f"^train.pretrained_{part} = '{typo}' does not exist: bind "
                 'it to a run directory or a checkpoint')):
-            start.check_pretrained(tmp_path / 'run')
+            start.check_pretrained(tmp_path / 'run', **{
+                part: (str(typo), f'train.pretrained_{part}')})

@@ -47,6 +47,29 @@ def _undecodable(paths, channels):
     return sorted(set(range(len(paths))) - decoded)
 
 
+def _bad_files(root, files, other, *, channels, check_images, on_bad_image):
+    """The positions in `files` (under `root`) that do not decode to
+    `channels`-channel images (none unless `check_images`), logged with
+    the `other` files skipped, or raised under `on_bad_image='fail'`."""
+    bad = _undecodable([str(p) for p in files], channels) if check_images \
+        else []
+    shown = ', '.join(files[i].relative_to(root).as_posix()
+                      for i in bad[:_MAX_LISTED])
+    if bad and on_bad_image == 'fail':
+        raise checks.DataError(
+            f'{len(bad)} of {len(files)} files under {root} cannot '
+            f'be decoded as images: {shown}. Remove or repair them, '
+            "or set on_bad_image='skip'.")
+    skipped = ([f'{len(bad)} cannot be decoded as images ({shown})']
+               if bad else []) + ([_other_types(other)] if other else [])
+    if skipped:
+        logging.warning('Skipping %d of %d files under %s: %s.',
+                        len(bad) + sum(other.values()),
+                        len(files) + sum(other.values()), root,
+                        '; '.join(skipped))
+    return bad
+
+
 @gin.configurable
 def image_folder(root, *, labeled=True, channels=3, check_images=True,
                  on_bad_image='skip'):
@@ -70,10 +93,8 @@ def image_folder(root, *, labeled=True, channels=3, check_images=True,
             empty, or a file is broken and `on_bad_image` is `'fail'`.
         checks.ConfigError: an unknown `on_bad_image`.
     """
-    if on_bad_image not in BAD_IMAGE_POLICIES:
-        raise checks.ConfigError(
-            'image_folder.on_bad_image must be one of '
-            f'{BAD_IMAGE_POLICIES}, got {on_bad_image!r}.')
+    checks.one_of('image_folder.on_bad_image', on_bad_image,
+                  BAD_IMAGE_POLICIES)
     root = pathlib.Path(root)
     if not root.is_dir():
         raise checks.DataError(f'Image folder {root} does not exist.')
@@ -91,22 +112,8 @@ def image_folder(root, *, labeled=True, channels=3, check_images=True,
             f'No {"/".join(IMAGE_EXTENSIONS)} images under {root}' +
             (' in class subfolders' if labeled else '') +
             (f'; {_other_types(other)}.' if other else '.'))
-    bad = _undecodable([str(p) for p in files], channels) if check_images \
-        else []
-    shown = ', '.join(files[i].relative_to(root).as_posix()
-                      for i in bad[:_MAX_LISTED])
-    if bad and on_bad_image == 'fail':
-        raise checks.DataError(
-            f'{len(bad)} of {len(files)} files under {root} cannot '
-            f'be decoded as images: {shown}. Remove or repair them, '
-            "or set on_bad_image='skip'.")
-    skipped = ([f'{len(bad)} cannot be decoded as images ({shown})']
-               if bad else []) + ([_other_types(other)] if other else [])
-    if skipped:
-        logging.warning('Skipping %d of %d files under %s: %s.',
-                        len(bad) + sum(other.values()),
-                        len(files) + sum(other.values()), root,
-                        '; '.join(skipped))
+    bad = _bad_files(root, files, other, channels=channels,
+                     check_images=check_images, on_bad_image=on_bad_image)
     keep = sorted(set(range(len(files))) - set(bad))
     files, labels = [files[i] for i in keep], [labels[i] for i in keep]
     present = set(labels)

@@ -8,6 +8,7 @@ of every step from the seed and the replica indices (`AutoShardPolicy.OFF`).
 """
 
 import dataclasses
+import functools
 import typing
 
 import gin
@@ -24,7 +25,23 @@ from paws_tf.data import sources
 @dataclasses.dataclass(frozen=True)
 class PretrainInput:
     """What `make_pretrain_dataset_fn` returns: the validated global and
-    per-replica sizes of one training step, and the `dataset_fn`."""
+    per-replica sizes of one training step, and the `dataset_fn`.
+
+    Each pipeline of `dataset_fn` yields, for every step, one element per
+    local replica in local-replica order (tf.distribute hands them out
+    round-robin):
+      'global_views': float32 [2*B, Hg, Wg, C], view 1 of the B images
+          then view 2 of the same images (B = global_batch_size / R).
+      'local_views': float32 [m*B, Hl, Wl, C], local view 1 of the B
+          images, ..., local view m; absent when m = 0.
+      'support_views': float32 [V*K*n, Hs, Ws, C], V blocks of K*n rows;
+          inside a block rows k*n:(k+1)*n are the n images of class slot k,
+          the same image at the same row of every block.
+      'support_labels': int32 [V*K*n], the true class ids of those rows.
+      'support_one_hot': float32 [V*K*n, classes_per_step], each row's
+          column (its class among the step's support classes).
+      'support_view_index': int32 [V*K*n], each row's view (0..V-1).
+    """
 
     num_replicas: int
     global_batch_size: int
@@ -252,21 +269,8 @@ def make_pretrain_dataset_fn(
     values); per-replica sizes are derived: each replica samples K =
     classes_per_step / R classes if `unique_classes_per_replica` (ImageNet:
     960 = 15 x 64 GPUs), else all replicas sample the same K =
-    classes_per_step classes, each with its own images.
-
-    Each pipeline yields, for every step, one element per local replica in
-    local-replica order (tf.distribute hands them out round-robin):
-      'global_views': float32 [2*B, Hg, Wg, C], view 1 of the B images
-          then view 2 of the same images (B = global_batch_size / R).
-      'local_views': float32 [m*B, Hl, Wl, C], local view 1 of the B
-          images, ..., local view m; absent when m = 0.
-      'support_views': float32 [V*K*n, Hs, Ws, C], V blocks of K*n rows;
-          inside a block rows k*n:(k+1)*n are the n images of class slot k,
-          the same image at the same row of every block.
-      'support_labels': int32 [V*K*n], the true class ids of those rows.
-      'support_one_hot': float32 [V*K*n, classes_per_step], each row's
-          column (its class among the step's support classes).
-      'support_view_index': int32 [V*K*n], each row's view (0..V-1).
+    classes_per_step classes, each with its own images. The elements of
+    its pipelines are `PretrainInput`'s.
 
     Args:
         unlabeled: `sources.ImageSource` (exact resume) or
@@ -313,28 +317,32 @@ def make_pretrain_dataset_fn(
         steps_per_epoch=unlabeled.num_examples // global_batch_size,
         multicrop=multicrop, sampler=sampler, support_views=support_views,
         support_view_size=support_view_size or multicrop.global_size)
+    return dataclasses.replace(layout, dataset_fn=functools.partial(
+        _dataset, unlabeled=unlabeled, labeled=labeled, layout=layout,
+        seed=seed, start_step=start_step, deterministic=deterministic))
+
+
+def _dataset(input_context=None, *, unlabeled, labeled, layout, seed,
+             start_step, deterministic):
+    """`PretrainInput.dataset_fn` (`make_pretrain_dataset_fn`'s arguments)."""
+    first_replica, local_replicas = pipeline_replicas(input_context,
+                                                      layout.num_replicas)
+    if isinstance(unlabeled, sources.StreamSource):
+        views = _streamed_unlabeled(unlabeled, layout, seed, start_step,
+                                    input_context)
+    else:
+        views = _indexed_unlabeled(unlabeled, layout, seed, start_step,
+                                   first_replica, local_replicas)
+    support = _support(labeled, layout, seed, start_step, first_replica,
+                       local_replicas)
     options = tf.data.Options()
     options.deterministic = deterministic
     options.experimental_distribute.auto_shard_policy = (
         tf.data.experimental.AutoShardPolicy.OFF)
-
-    def dataset_fn(input_context=None):
-        first_replica, local_replicas = pipeline_replicas(input_context,
-                                                          num_replicas)
-        if isinstance(unlabeled, sources.StreamSource):
-            views = _streamed_unlabeled(unlabeled, layout, seed, start_step,
-                                        input_context)
-        else:
-            views = _indexed_unlabeled(unlabeled, layout, seed, start_step,
-                                       first_replica, local_replicas)
-        support = _support(labeled, layout, seed, start_step, first_replica,
-                           local_replicas)
-        return (tf.data.Dataset.zip((views, support))
-                .map(lambda views, support: _step_element(
-                    views, support, layout, labeled.channels))
-                .prefetch(tf.data.AUTOTUNE).with_options(options))
-
-    return dataclasses.replace(layout, dataset_fn=dataset_fn)
+    return (tf.data.Dataset.zip((views, support))
+            .map(lambda views, support: _step_element(
+                views, support, layout, labeled.channels))
+            .prefetch(tf.data.AUTOTUNE).with_options(options))
 
 
 @gin.configurable(denylist=['source'])

@@ -40,6 +40,60 @@ def permutation(n, key):
     return tf.cast(tf.argsort(noise, stable=True), tf.int64)
 
 
+def _checked_classes(labels, *, classes_per_step, images_per_class,
+                     num_replicas, unique, class_names, binding):
+    """`(class_ids, counts, classes_per_replica)` of the labeled set
+    `labels`, checked against the sizes (`SupportSampler`'s arguments;
+    `unique`: `unique_classes_per_replica`) as `SupportSampler` documents."""
+    if labels.size == 0:
+        raise checks.DataError(
+            'The labeled set is empty: PAWS needs labeled support images. '
+            'Check labels_per_class / the split file of the labeled set.')
+    if classes_per_step < 1 or images_per_class < 1:
+        raise ValueError(f'{binding}.classes_per_step and '
+                         f'{binding}.images_per_class must be >= 1, got '
+                         f'{classes_per_step} and {images_per_class}.')
+    class_ids, counts = np.unique(labels, return_counts=True)
+    name = dict(enumerate(class_names))  # A class's name, else its id.
+    if len(class_ids) < 2:
+        raise checks.DataError(
+            'The labeled set holds one class '
+            f'({name.get(class_ids[0], int(class_ids[0]))!r}): PAWS '
+            'needs labeled images of at least two classes (each view is '
+            "classified among the support's classes).")
+    if unique and classes_per_step % num_replicas:
+        raise ValueError(
+            f'{binding}.classes_per_step={classes_per_step} (global) '
+            f'is not divisible by the {num_replicas} replicas: with '
+            'unique_classes_per_replica=True each replica samples '
+            'classes_per_step / num_replicas classes. Use a multiple '
+            f'of {num_replicas} or unique_classes_per_replica=False.')
+    per_replica = classes_per_step // (num_replicas if unique else 1)
+    needed = images_per_class * (1 if unique else num_replicas)
+    if classes_per_step > len(class_ids):
+        raise checks.DataError(
+            f'{binding}.classes_per_step={classes_per_step} (global'
+            + (f' = {per_replica} per replica x {num_replicas} replicas'
+               if unique else '')
+            + f') exceeds the {len(class_ids)} classes of the labeled '
+            f'set: use {binding}.classes_per_step <= {len(class_ids)}.')
+    small = [(c, k) for c, k in zip(class_ids, counts) if k < needed]
+    if small:
+        names = ', '.join(f'{name.get(c, int(c))!r} (id {c}) has {k}'
+                          for c, k in small[:_MAX_LISTED])
+        raise checks.DataError(
+            f'{len(small)} class(es) have fewer labeled images than a '
+            f'step draws without replacement ({needed} = '
+            f'images_per_class {images_per_class}'
+            + ('' if unique else
+               f' x {num_replicas} replicas sharing the classes')
+            + f'): {names}. Lower {binding}.images_per_class, label '
+            'more images' + ('' if unique else
+                             ', or use unique_classes_per_replica=True')
+            + '.')
+    return class_ids, counts, per_replica
+
+
 class SupportSampler:
     """Class-balanced support indices per (step, replica), PAWS Appendix A.
 
@@ -80,53 +134,11 @@ class SupportSampler:
             ValueError: sizes that do not divide.
         """
         labels = np.asarray(labels, np.int64)
-        if labels.size == 0:
-            raise checks.DataError(
-                'The labeled set is empty: PAWS needs labeled support images. '
-                'Check labels_per_class / the split file of the labeled set.')
-        if classes_per_step < 1 or images_per_class < 1:
-            raise ValueError(f'{binding}.classes_per_step and '
-                             f'{binding}.images_per_class must be >= 1, got '
-                             f'{classes_per_step} and {images_per_class}.')
-        class_ids, counts = np.unique(labels, return_counts=True)
-        name = dict(enumerate(class_names))  # A class's name, else its id.
-        if len(class_ids) < 2:
-            raise checks.DataError(
-                'The labeled set holds one class '
-                f'({name.get(class_ids[0], int(class_ids[0]))!r}): PAWS '
-                'needs labeled images of at least two classes (each view is '
-                "classified among the support's classes).")
-        unique = unique_classes_per_replica
-        if unique and classes_per_step % num_replicas:
-            raise ValueError(
-                f'{binding}.classes_per_step={classes_per_step} (global) '
-                f'is not divisible by the {num_replicas} replicas: with '
-                'unique_classes_per_replica=True each replica samples '
-                'classes_per_step / num_replicas classes. Use a multiple '
-                f'of {num_replicas} or unique_classes_per_replica=False.')
-        per_replica = classes_per_step // (num_replicas if unique else 1)
-        needed = images_per_class * (1 if unique else num_replicas)
-        if classes_per_step > len(class_ids):
-            raise checks.DataError(
-                f'{binding}.classes_per_step={classes_per_step} (global'
-                + (f' = {per_replica} per replica x {num_replicas} replicas'
-                   if unique else '')
-                + f') exceeds the {len(class_ids)} classes of the labeled '
-                f'set: use {binding}.classes_per_step <= {len(class_ids)}.')
-        small = [(c, k) for c, k in zip(class_ids, counts) if k < needed]
-        if small:
-            names = ', '.join(f'{name.get(c, int(c))!r} (id {c}) has {k}'
-                              for c, k in small[:_MAX_LISTED])
-            raise checks.DataError(
-                f'{len(small)} class(es) have fewer labeled images than a '
-                f'step draws without replacement ({needed} = '
-                f'images_per_class {images_per_class}'
-                + ('' if unique else
-                   f' x {num_replicas} replicas sharing the classes')
-                + f'): {names}. Lower {binding}.images_per_class, label '
-                'more images' + ('' if unique else
-                                 ', or use unique_classes_per_replica=True')
-                + '.')
+        class_ids, counts, per_replica = _checked_classes(
+            labels, classes_per_step=classes_per_step,
+            images_per_class=images_per_class, num_replicas=num_replicas,
+            unique=unique_classes_per_replica, class_names=class_names,
+            binding=binding)
         self.classes_per_step = classes_per_step
         self.classes_per_replica = per_replica
         self.images_per_class = images_per_class

@@ -250,9 +250,7 @@ def imagenet_sources(*, labeled_subset='10pct', cache_dir=gin.REQUIRED,
     Raises:
         ValueError: for an unknown `labeled_subset`.
     """
-    if labeled_subset not in IMAGENET_SUBSETS:
-        raise ValueError(f'labeled_subset must be one of {IMAGENET_SUBSETS}, '
-                         f'got {labeled_subset!r}.')
+    checks.one_of('labeled_subset', labeled_subset, IMAGENET_SUBSETS)
     name = f'imagenet2012_subset/{labeled_subset}'
     labeled = _cached(
         os.path.join(cache_dir, f'imagenet2012_subset_{labeled_subset}'),

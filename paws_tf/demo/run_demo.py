@@ -15,7 +15,6 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from paws_tf import bindings
 from paws_tf import cluster
-from paws_tf import run_dir
 from paws_tf.data import pipeline
 from paws_tf.demo import supervised
 from paws_tf.evaluation import evaluate
@@ -25,20 +24,18 @@ from paws_tf.runner import modes
 from paws_tf.runner import train
 
 
-def demo(model_dir, strategy, options):
+def demo(run, strategy, options):
     """PAWS pre-training, export and PAWS-NN, the configured fine-tuning
     (the demo configs bind the CIFAR-10 protocol), then the baseline.
 
     Args:
-        model_dir, strategy: the run's `RunDir` (or its path), the running
-            strategy.
+        run, strategy: the run's `RunDir`, the running strategy.
         options: `modes.Options`: `overwrite`, `owner_check` and
-            `pretrained`, passed to `train.train`.
+            `claim`, passed to `train.train`.
 
     Returns:
         The results dict, also in `RunDir.results`.
     """
-    run = run_dir.RunDir(model_dir)
     start = time.perf_counter()
     trained = modes.trained_model(run, strategy, options)
     paws_seconds = time.perf_counter() - start

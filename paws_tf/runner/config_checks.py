@@ -2,7 +2,6 @@
 configurables, which read each one's values through its own function
 (`bindings.arguments`)."""
 
-import collections
 import numbers
 import os
 
@@ -18,25 +17,6 @@ from paws_tf.evaluation import export
 from paws_tf.nets import backbones
 from paws_tf.runner import experiment
 from paws_tf.runner import train
-
-# A folder source bound to `load_data.train`: its scoped selector and
-# labeled-root parameter, the configurable gin calls and its scope.
-_Folder = collections.namedtuple(
-    '_Folder', ['selector', 'root', 'configurable', 'scope'])
-
-
-def _folder_source():
-    """The `_Folder` of a folder training source bound to
-    `load_data.train`, or None for other sources."""
-    source = bindings.reference(experiment.load_data, 'train')
-    if source is None:
-        return None
-    configurable, scope = bindings.target(source)
-    if configurable not in experiment.FOLDER_ROOTS:
-        return None
-    return _Folder(source.scoped_selector,
-                   experiment.FOLDER_ROOTS[configurable], configurable, scope)
-
 
 def _folder_arguments(folder):
     """`bindings.arguments` of the folder source `folder`, and whether it
@@ -57,10 +37,10 @@ def _check_folders_bound(folder):
                       if labeled else 'images'))
         if folder.configurable is experiment.image_folders:
             roots.append((arguments['unlabeled_root'], 'unlabeled images'))
-    test = bindings.reference(experiment.load_data, 'test')
-    if test is not None and bindings.target(test)[0] is folders.image_folder:
-        roots.append((bindings.arguments(*bindings.target(test))['root'],
-                      'test class subfolders'))
+    test = experiment.folder_source('test')
+    if test is not None and test.configurable is folders.image_folder:
+        roots.append((bindings.arguments(test.configurable, test.scope)[
+            'root'], 'test class subfolders'))
     for (root, name), what in roots:
         if root is None:
             raise checks.ConfigError(
@@ -72,7 +52,7 @@ def check_labeled_folder(what):
     """`(root, binding)` of the labeled folder, or None when the labeled
     images are not a bound folder; raises ConfigError naming the binding
     and what needs the images (`what`) when the folder is missing."""
-    folder = _folder_source()
+    folder = experiment.folder_source()
     if folder is None:
         return None
     arguments, labeled = _folder_arguments(folder)
@@ -227,7 +207,7 @@ def check_config(pretraining=True):
     Raises:
         checks.ConfigError: on the first problem found.
     """
-    folder = _folder_source()
+    folder = experiment.folder_source()
     existing = existing_model()
     if existing is not None:
         check_folder_channels(export.read_preprocessing(existing)['channels'],
@@ -243,19 +223,11 @@ def check_config(pretraining=True):
     return existing
 
 
-def folder_channels():
-    """The channels a folder training source decodes to, or None for other
-    sources (known once read)."""
-    folder = _folder_source()
-    return (None if folder is None else
-            _folder_arguments(folder)[0]['channels'][0])
-
-
 def check_folder_channels(channels, model):
     """Refuses a folder source of the config that decodes to other than
     the `channels` that `model` (a description) takes, before its images
     are read."""
-    folder = _folder_source()
+    folder = experiment.folder_source()
     if folder is None:
         return
     bound, name = _folder_arguments(folder)[0]['channels']

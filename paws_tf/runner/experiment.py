@@ -19,17 +19,42 @@ DataBundle = collections.namedtuple(
     'DataBundle', ['labeled', 'unlabeled', 'test', 'normalization'])
 
 
+# A folder source bound to a part of `load_data`: its scoped selector and
+# labeled-root parameter, the configurable gin calls and its scope.
+Folder = collections.namedtuple(
+    'Folder', ['selector', 'root', 'configurable', 'scope'])
+
+
+def folder_source(part='train'):
+    """The `Folder` of the folder source bound to `load_data`'s `part`
+    ('train', 'test'), or None for other sources."""
+    source = bindings.reference(load_data, part)
+    if source is None:
+        return None
+    configurable, scope = bindings.target(source)
+    if configurable not in FOLDER_ROOTS:
+        return None
+    return Folder(source.scoped_selector, FOLDER_ROOTS[configurable],
+                  configurable, scope)
+
+
+def folder_channels():
+    """The channels a folder training source decodes to, or None for other
+    sources (known once read)."""
+    folder = folder_source()
+    return None if folder is None else bindings.arguments(
+        folder.configurable, folder.scope)['channels'][0]
+
+
 def _folder(part):
     """' (NAME = 'folder')': the binding that gives the folder of the
     source bound to `load_data`'s `part` ('train', 'test'), for a message;
     '' for other sources."""
-    source = bindings.reference(load_data, part)
-    configurable, scope = (None, None) if source is None else (
-        bindings.target(source))
-    if configurable not in FOLDER_ROOTS:
+    folder = folder_source(part)
+    if folder is None:
         return ''
-    root, name = bindings.arguments(configurable,
-                                    scope)[FOLDER_ROOTS[configurable]]
+    root, name = bindings.arguments(folder.configurable,
+                                    folder.scope)[folder.root]
     return f' ({name} = {root!r})' if isinstance(root, str) else ''
 
 
@@ -230,7 +255,7 @@ def recorded_preprocessing(run=None):
     normalisation is the run's record or, for a preset or pair, the config's.
 
     Args:
-        run: the run's `RunDir` (or its path); None for an import.
+        run: the run's `RunDir`; None for an import.
 
     Returns:
         `(preprocessing, channels)`: the `eval_preprocessing` dict and the
@@ -238,7 +263,6 @@ def recorded_preprocessing(run=None):
     """
     spec = normalization_lib.required(
         bindings.arguments(load_data)['normalization'][0])
-    run = None if run is None else run_dir.RunDir(run)
     normalization, _ = normalization_lib.resolve_normalization(
         spec,
         recorded=None if run is None else run.read_json(run.normalization),

@@ -55,6 +55,7 @@ def load_trained_model(run, strategy, *, local=False, imported=False):
         FileNotFoundError: the run has no checkpoint yet.
         checkpoints.NoneRestorable: none of its checkpoints restores.
     """
+    run = run_dir.RunDir(run)
     model = _float32_model(run, strategy, local=local,
                            imported=imported)
     with contextlib.nullcontext() if local else strategy.scope():
@@ -251,12 +252,11 @@ def _export_and_evaluate(run, strategy, model, weights, bundle, *, exports,
 
 class Options(typing.NamedTuple):
     """What run.py gives a mode besides the run directory: its flags, and
-    what a training run starts from."""
+    its hold on the run directory."""
     overwrite: bool = False  # --overwrite.
     owner_check: typing.Optional[typing.Callable[[], None]] = None
-    # What a training run starts from (`start.check_pretrained`); None:
-    # `train` reads it.
-    pretrained: typing.Optional[typing.Any] = None
+    # What a training run's start calls before it writes (`train.claim`).
+    claim: typing.Optional[typing.Callable[[], None]] = None
     # The embedder export of the model evaluate_nn.from_model names
     # (`config_checks.check_config`), which --mode=evaluate_nn evaluates.
     existing_model: typing.Optional[str] = None
@@ -270,7 +270,7 @@ def trained_model(run, strategy, options):
     official_import.check_mode(run, options.mode, trains=True)
     return train.train(run, strategy, overwrite=options.overwrite,
                        owner_check=options.owner_check,
-                       pretrained=options.pretrained)
+                       claim=options.claim)
 
 
 def _train(run, strategy, options):

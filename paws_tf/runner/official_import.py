@@ -13,7 +13,6 @@ from paws_tf.nets import backbones
 from paws_tf.nets import heads
 from paws_tf.nets import sync_batch_norm
 from paws_tf.nets import torch_names
-from paws_tf import run_dir
 from paws_tf.runner import building
 from paws_tf.runner import experiment
 
@@ -227,9 +226,9 @@ def write_first_checkpoint(run, **objects):
     ).save(checkpoint_number=0)
 
 
-def import_official(model_dir, path, *, strategy, overwrite=False,
+def import_official(run, path, *, strategy, overwrite=False,
                     checkpoint=None):
-    """Writes an official checkpoint into `model_dir` as a paws_tf run.
+    """Writes an official checkpoint into `run` as a paws_tf run.
 
     Pre-trained: a checkpoint of the gin-configured `PAWSModel`, which the
     other modes read as a run trained here, and its embedder SavedModel.
@@ -238,9 +237,9 @@ def import_official(model_dir, path, *, strategy, overwrite=False,
     read and matched.
 
     Args:
-        model_dir, path: the run directory to create, the official file.
+        run, path: the `RunDir` to create, the official file.
         strategy: the `tf.distribute.Strategy` to build in.
-        overwrite: replace an earlier import or run in `model_dir`.
+        overwrite: replace an earlier import or run in `run`.
         checkpoint: the file's contents when already read (`load_file`).
 
     Returns:
@@ -248,9 +247,8 @@ def import_official(model_dir, path, *, strategy, overwrite=False,
 
     Raises:
         ImportFailed: the file cannot be imported into this config, or
-            `model_dir` holds a run.
+            `run` holds a run.
     """
-    run = run_dir.RunDir(model_dir)
     taken = occupied(run, overwrite)
     state, epoch = read_checkpoint(path, checkpoint)
     found, network, backbone, count = _network(path, state, strategy)
@@ -268,7 +266,7 @@ def import_official(model_dir, path, *, strategy, overwrite=False,
                   network=backbone.name, tensors=count)
     run.write_json(run.imported, record, default=int)
     logging.info('Imported %s (%s, %s, epoch %s, %d tensors) into %s.', path,
-                 found, backbone.name, epoch, count, model_dir)
+                 found, backbone.name, epoch, count, run)
     return record
 
 

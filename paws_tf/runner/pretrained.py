@@ -15,8 +15,9 @@ def model_checkpoint(path):
     """The checkpoint of the existing model `path`: the newest checkpoint
     that restores of the run directory `path` (a paws_tf run or an
     import), else `checkpoints.resolve_prefix(path)`."""
-    if tf.io.gfile.isdir(run_dir.RunDir(path).checkpoints):
-        prefix, _ = checkpoints.newest_restorable(path, backups=False,
+    run = run_dir.RunDir(path)
+    if tf.io.gfile.isdir(run.checkpoints):
+        prefix, _ = checkpoints.newest_restorable(run, backups=False,
                                                   chief=False)
         if prefix:
             return prefix

@@ -7,6 +7,7 @@ import typing
 
 from absl import logging
 import gin
+import tf_keras
 
 from paws_tf import bindings
 from paws_tf import checkpoints
@@ -65,19 +66,23 @@ class Pretrained(typing.NamedTuple):
         return f' from the {self.part} of {self.path}'
 
 
-def check_pretrained(run, *, overwrite=False, channels=None):
-    """Reads the `train.pretrained_backbone` or `train.pretrained_model` a
-    new run in `run` starts from, refusing one that is or lies inside
-    `run`, or that does not fit the configured model, before any data is
-    read or anything deleted; call it once the strategy exists
+def check_pretrained(run, backbone=(None, ''), model=(None, ''), *,
+                     overwrite=False, channels=None):
+    """Reads the pretrained backbone or model a new run in `run` starts
+    from, refusing one that is or lies inside `run`, or that does not fit
+    the configured model, before any data is read or anything written
+    (`start`'s step 1); call it once the strategy exists
     (`MultiWorkerMirroredStrategy` must precede other TensorFlow ops). A
     run that resumes (its own checkpoint wins; with `overwrite` it may
     start again) reads none.
 
     Args:
-        run, overwrite: the run's `RunDir`, run.py's --overwrite.
+        run: the run's `RunDir`.
+        backbone, model: `(path, binding)` of `train.pretrained_backbone`
+            and `train.pretrained_model` (path None: not bound).
+        overwrite: run.py's --overwrite.
         channels: the images' channels, when the config gives them
-            (`config_checks.folder_channels`); None: 3, then 1 are tried.
+            (`experiment.folder_channels`); None: 3, then 1 are tried.
 
     Returns:
         The `Pretrained` weights (no part when none is bound, or resuming).
@@ -87,7 +92,12 @@ def check_pretrained(run, *, overwrite=False, channels=None):
             not exist or does not fit (the architecture bindings of both
             models that differ, else the first variables that do not fit).
     """
-    path, name, part = _bound_pretrained()
+    (path, name), part = (backbone, _BACKBONE_PART) if backbone[0] else (
+        model, _MODEL_PART)
+    if backbone[0] and model[0]:
+        raise checks.ConfigError(
+            f'{backbone[1]} and {model[1]} are both bound: bind one '
+            '(the model includes its backbone).')
     if not path:
         return Pretrained()
     _check_outside(run, path, name)
@@ -100,25 +110,6 @@ def check_pretrained(run, *, overwrite=False, channels=None):
                                  _BACKBONE_PART else '') + '.')
     return _read_pretrained(path, name, part,
                             (channels,) if channels else (3, 1))
-
-
-def _bound_pretrained():
-    """`(path, name, part)`: the `train.pretrained_backbone` or
-    `train.pretrained_model` bound (path None when neither is), the binding
-    that gives it and the part of a model it holds.
-
-    Raises:
-        checks.ConfigError: both are bound.
-    """
-    backbone, backbone_name = bindings.binding('train.pretrained_backbone')
-    whole, whole_name = bindings.binding('train.pretrained_model')
-    if backbone and whole:
-        raise checks.ConfigError(
-            f'{backbone_name} and {whole_name} are both bound: bind one '
-            '(the model includes its backbone).')
-    if backbone:
-        return backbone, backbone_name, _BACKBONE_PART
-    return whole, whole_name, _MODEL_PART
 
 
 def _read_pretrained(path, name, part, tried):
@@ -174,11 +165,10 @@ def _architecture_differences(path, channels, prefixes):
     starting with `prefixes` and the channels where the run directory of
     `path` (it, or the run whose checkpoint it is) and this config differ;
     None when `path` is not in a run directory."""
-    candidates = (path, os.path.dirname(path),
-                  os.path.dirname(os.path.dirname(path)))
-    source = next((run_dir.RunDir(candidate) for candidate in candidates
-                   if os.path.isfile(run_dir.RunDir(candidate).config)),
-                  None)
+    candidates = map(run_dir.RunDir, (
+        path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))))
+    source = next((candidate for candidate in candidates
+                   if os.path.isfile(candidate.config)), None)
     if source is None:
         return None
     with open(source.config) as f:
@@ -208,84 +198,66 @@ class Started(typing.NamedTuple):
     finished: bool
 
 
-def start(run, strategy, build, *, num_epochs, history, pretrained,
-          overwrite=False, on_data_change='stop'):
-    """Decides how the run in `run` starts, in this order, each check once:
-
-    1. a pretrained model or backbone was read and checked
-       (`check_pretrained`: run.py calls it before the run directory is
-       made, `train` when called from Python);
-    2. a run of another gin config is refused, or replaced (`overwrite`,
-       or it saved nothing);
-    3. the data is loaded, its records staged: on other data than the run
-       started on it is refused, or replaced (`overwrite`), or resumed
-       (`on_data_change`);
-    4. the run resumes from its newest restorable backup or checkpoint
-       unless replaced, and `build(bundle, step)` makes its input and
-       model (any failure so far leaves the run's files as they were);
-    5. accepted: the replaced run is deleted (`RunDir.overwritten`), the
-       staged records moved in, the input's summary written;
-    6. the model and optimizer are restored, or the model starts from the
-       pretrained weights, or from scratch.
+def start(run, strategy, build, *, num_epochs, history, seed,
+          pretrained_backbone=(None, ''), pretrained_model=(None, ''),
+          claim=None, overwrite=False, on_data_change='stop'):
+    """Decides how the run in `run` starts: refused, overwritten, resumed,
+    continued from a pretrained model or backbone, or new; each check once,
+    in the order of the numbered steps; returns `Started`. A refusal
+    (`checks.ConfigError`, `data_fingerprint.Changed`) up to step 5 leaves
+    the run's files as they were.
 
     Args:
         run, strategy: the run's `RunDir`, the strategy it trains under.
-        build: `build(bundle, start_step)` returns `(pretrain, model)`:
-            the input (`pipeline.make_pretrain_dataset_fn`'s) and the
-            compiled model.
-        num_epochs: the run's epochs (a run at their end is finished).
-        history: records an event in the run history (a no-op but on the
-            chief), returns it.
-        pretrained: what `check_pretrained` read.
+        build: `build(bundle, start_step)` returns `(pretrain, model)`: the
+            input (`pipeline.PretrainInput`) and the compiled model.
+        num_epochs, seed, history: `train`'s; `history(event)` records one.
+        pretrained_backbone, pretrained_model: `(path, binding)`, `train`'s.
+        claim: called once the pretrained weights pass, before anything is
+            written (run.py's takes the run lock and stages its records).
         overwrite, on_data_change: --overwrite, `train.on_data_change`.
-
-    Returns:
-        `Started`.
-
-    Raises:
-        checks.ConfigError: a config refused, or pretrained weights of
-            other channels than the data's.
-        data_fingerprint.Changed: the data changed, without `overwrite`.
     """
     chief = cluster.is_chief(strategy)
+    # 1. Pretrained weights that lie in the run or do not fit: refused
+    # before anything is written or read (a resumed run reads none).
+    pretrained = check_pretrained(
+        run, pretrained_backbone, pretrained_model, overwrite=overwrite,
+        channels=experiment.folder_channels())
+    if claim is not None:
+        claim()
+    tf_keras.utils.set_random_seed(seed)
     try:
-        bundle, fingerprint, restart, resume_from, step = _decide(
-            run, chief=chief, overwrite=overwrite,
-            on_data_change=on_data_change)
+        # 2. A run of another gin config: refused, or replaced
+        # (`overwrite`, or it saved nothing).
+        replace = _replaces_config(run, overwrite=overwrite)
+        # 3. The data, its records staged; other data than the run started
+        # on: refused, replaced (`overwrite`) or resumed (`on_data_change`).
+        bundle = experiment.load_data(run.staging if chief else None)
+        fingerprint = data_fingerprint.fingerprint(bundle)
+        restart = replace or data_fingerprint.check(
+            run.read_json(run.fingerprint), fingerprint, model_dir=run.path,
+            path=run.fingerprint,
+            resuming=not replace and checkpoints.has_progress(run),
+            on_change=on_data_change, overwrite=overwrite)
+        # 4. Unless replaced, the run resumes from its newest restorable
+        # backup or checkpoint; its input and model start at that step.
+        resume_from, step = (None, 0) if restart else (
+            checkpoints.newest_restorable(run, chief=chief))
         pretrain, model = build(bundle, step)
     except BaseException:
         if chief:
             run.accept_staged(False)
         raise
-    _accept(run, strategy, chief=chief, restart=restart,
+    # 5. Accepted: the replaced run deleted, the staged records moved in.
+    _accept(run, strategy, pretrain, chief=chief, restart=restart,
             fingerprint=fingerprint, overwrite=overwrite)
-    if chief:
-        run.write(run.input_summary, pretrain.summary + '\n')
-    logging.info('%s; the sizes per replica and step: %s',
-                 pretrain.summary_line, run.input_summary)
+    # 6. The model and optimizer restored, or the model starts from the
+    # pretrained weights, or from scratch.
     finished = _restore_or_begin(
         model, resume_from, step, pretrain.steps_per_epoch,
         num_epochs=num_epochs, history=history, pretrained=pretrained,
         channels=bundle.labeled.channels)
     return Started(bundle, pretrain, model, step, finished=finished)
-
-
-def _decide(run, *, chief, overwrite, on_data_change):
-    """Steps 2 to 4 of `start` up to the model: `(bundle, fingerprint,
-    restart, resume_from, step)`, the data, its fingerprint, whether the
-    run starts again, and the backup or checkpoint it resumes from (None)
-    at `step`."""
-    replace = _replaces_config(run, overwrite=overwrite)
-    bundle = experiment.load_data(run.staging if chief else None)
-    fingerprint = data_fingerprint.fingerprint(bundle)
-    restart = replace or data_fingerprint.check(
-        run.read_json(run.fingerprint), fingerprint, model_dir=run.path,
-        path=run.fingerprint,
-        resuming=not replace and checkpoints.has_progress(run),
-        on_change=on_data_change, overwrite=overwrite)
-    resume_from, step = (None, 0) if restart else (
-        checkpoints.newest_restorable(run, chief=chief))
-    return bundle, fingerprint, restart, resume_from, step
 
 
 def _restore_or_begin(model, resume_from, step, steps_per_epoch, *,
@@ -344,10 +316,12 @@ def _replaces_config(run, *, overwrite):
     return True
 
 
-def _accept(run, strategy, *, chief, restart, fingerprint, overwrite):
-    """Once the new start passed its checks: the chief deletes the run it
-    replaces (`restart`), then moves the staged records in; under
-    `overwrite` every worker waits for it, having read what it reads."""
+def _accept(run, strategy, pretrain, *, chief, restart, fingerprint,
+            overwrite):
+    """Step 5 of `start`: the chief deletes the run it replaces
+    (`restart`, `RunDir.overwritten`), then moves the staged records in
+    and writes the summary of the input `pretrain`; under `overwrite`
+    every worker waits for it, having read what it reads."""
     if overwrite:
         cluster.barrier(strategy)
     if chief:
@@ -361,5 +335,8 @@ def _accept(run, strategy, *, chief, restart, fingerprint, overwrite):
         run.accept_staged()
         if restart or run.read_json(run.fingerprint) != fingerprint:
             run.write_json(run.fingerprint, fingerprint)
+        run.write(run.input_summary, pretrain.summary + '\n')
+    logging.info('%s; the sizes per replica and step: %s',
+                 pretrain.summary_line, run.input_summary)
     if overwrite:
         cluster.barrier(strategy)

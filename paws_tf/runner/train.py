@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import bindings
 from paws_tf import checkpoints
 from paws_tf import checks
 from paws_tf import cluster
@@ -40,9 +41,9 @@ def weights_fingerprint(model):
 
 
 @gin.configurable(denylist=['model_dir', 'strategy', 'overwrite',
-                            'owner_check', 'pretrained'])
+                            'owner_check', 'claim'])
 def train(model_dir, strategy, *, overwrite=False, owner_check=None,
-          pretrained=None, num_epochs=gin.REQUIRED,
+          claim=None, num_epochs=gin.REQUIRED,
           optimizer_cls=lars.LARS, schedule_cls=schedules.WarmupCosineDecay,
           precision='float32', jit_compile=False, steps_per_execution=1,
           seed=0, deterministic_ops=False, checkpoint_every_steps=1000,
@@ -64,8 +65,9 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
             delete the run and start again (run.py's --overwrite).
         owner_check: called before every save; raises when this run no
             longer owns `model_dir` (`run_lock.RunLock.check`).
-        pretrained: the `pretrained_backbone` or `pretrained_model` that
-            run.py read (`start.check_pretrained`); None: read here.
+        claim: called once the start has checked the pretrained weights,
+            before anything is written (`start.start`): run.py's takes
+            the run lock and stages its config and flags.
         num_epochs: epochs, one pass over the unlabeled set each.
         optimizer_cls: called with `learning_rate=schedule` (`@LARS`).
         schedule_cls: called with `steps_per_epoch` and `num_epochs`
@@ -104,7 +106,7 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
     return _train(**locals())
 
 
-def _train(model_dir, strategy, *, overwrite, owner_check, pretrained,
+def _train(model_dir, strategy, *, overwrite, owner_check, claim,
            num_epochs, optimizer_cls, schedule_cls, precision, jit_compile,
            steps_per_execution, seed, deterministic_ops,
            checkpoint_every_steps, keep_checkpoints, backup_every_steps,
@@ -112,8 +114,6 @@ def _train(model_dir, strategy, *, overwrite, owner_check, pretrained,
            eval_max_queries, pretrained_backbone, pretrained_model,
            on_data_change, verbose):
     """`train`: config -> data -> model -> checkpoints -> loop."""
-    # Read by `start.check_pretrained`, which names the user's binding.
-    del pretrained_backbone, pretrained_model
     num_epochs = check_arguments(
         num_epochs=num_epochs, keep_checkpoints=keep_checkpoints,
         backup_every_steps=backup_every_steps,
@@ -122,34 +122,24 @@ def _train(model_dir, strategy, *, overwrite, owner_check, pretrained,
         log_every_steps=log_every_steps, eval_every_epochs=eval_every_epochs,
         seed=seed, precision=precision, on_data_change=on_data_change)
     run = run_dir.RunDir(model_dir)
-    if pretrained is None:
-        # Before the seed, as run.py reads it: the same initial weights.
-        pretrained = start.check_pretrained(run, overwrite=overwrite)
-    tf_keras.utils.set_random_seed(seed)
     if deterministic_ops:
         determinism.enable()
     chief = cluster.is_chief(strategy)
-
-    def input_at(bundle, start_step):
-        return pipeline.make_pretrain_dataset_fn(
-            bundle.unlabeled, bundle.labeled,
-            num_replicas=strategy.num_replicas_in_sync, seed=seed,
-            normalization=bundle.normalization, start_step=start_step)
-
-    def build(bundle, start_step):
-        pretrain = input_at(bundle, start_step)
-        return pretrain, building.build_compiled_model(
-            strategy, input_channels=bundle.labeled.channels,
-            steps_per_epoch=pretrain.steps_per_epoch, num_epochs=num_epochs,
-            optimizer_cls=optimizer_cls, schedule_cls=schedule_cls,
-            precision=precision, jit_compile=jit_compile,
-            steps_per_execution=steps_per_execution)
-
+    build = functools.partial(
+        _build, strategy=strategy, seed=seed, num_epochs=num_epochs,
+        optimizer_cls=optimizer_cls, schedule_cls=schedule_cls,
+        precision=precision, jit_compile=jit_compile,
+        steps_per_execution=steps_per_execution)
     history = run.record_event if chief else (lambda event: event)
+    # The bindings name the user's, for messages.
+    names = bindings.arguments(train)
     bundle, pretrain, model, start_step, finished = start.start(
         run, strategy, build, num_epochs=num_epochs, history=history,
-        overwrite=overwrite, on_data_change=on_data_change,
-        pretrained=pretrained)
+        seed=seed, claim=claim, overwrite=overwrite,
+        on_data_change=on_data_change,
+        pretrained_backbone=(pretrained_backbone,
+                             names['pretrained_backbone'][1]),
+        pretrained_model=(pretrained_model, names['pretrained_model'][1]))
     if finished:
         return model
     saver = callbacks.Saver(
@@ -164,12 +154,32 @@ def _train(model_dir, strategy, *, overwrite, owner_check, pretrained,
         view_images=view_images and chief and start_step == 0,
         evaluators=evaluators, eval_every_epochs=eval_every_epochs,
         eval_max_queries=eval_max_queries)
-    _fit(model, pretrain, functools.partial(input_at, bundle), fit_callbacks,
-         saver, strategy=strategy,
-         start_step=start_step, num_epochs=num_epochs, history=history,
-         verbose=verbose)
+    _fit(model, pretrain,
+         functools.partial(_input_at, bundle, strategy=strategy, seed=seed),
+         fit_callbacks, saver, strategy=strategy, start_step=start_step,
+         num_epochs=num_epochs, history=history, verbose=verbose)
     _finish(model, saver, history, num_epochs * pretrain.steps_per_epoch)
     return model
+
+
+def _input_at(bundle, start_step, *, strategy, seed):
+    """The PAWS input of the data `bundle` from global `start_step`."""
+    return pipeline.make_pretrain_dataset_fn(
+        bundle.unlabeled, bundle.labeled,
+        num_replicas=strategy.num_replicas_in_sync, seed=seed,
+        normalization=bundle.normalization, start_step=start_step)
+
+
+def _build(bundle, start_step, *, strategy, seed, num_epochs,
+           **compile_args):
+    """`start.start`'s `build`: `(pretrain, model)`, the input of `bundle`
+    at `start_step` and the model `building.build_compiled_model` compiles
+    with `compile_args`."""
+    pretrain = _input_at(bundle, start_step, strategy=strategy, seed=seed)
+    return pretrain, building.build_compiled_model(
+        strategy, input_channels=bundle.labeled.channels,
+        steps_per_epoch=pretrain.steps_per_epoch, num_epochs=num_epochs,
+        **compile_args)
 
 
 def _finish(model, saver, history, total_steps):

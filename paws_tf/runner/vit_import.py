@@ -15,7 +15,6 @@ from paws_tf.evaluation import export
 from paws_tf.nets import torch_names
 from paws_tf.nets import vit
 from paws_tf.nets import vit_positions
-from paws_tf import run_dir
 from paws_tf.runner import official_import
 
 DINOV2 = 'dinov2'
@@ -213,28 +212,26 @@ def training_bindings(record):
     return bindings
 
 
-def import_vit(model_dir, path, checkpoint, *, overwrite=False):
-    """Writes the DINO, MSN or DINOv2 ViT read from `path` into
-    `model_dir`: the backbone's checkpoint (`tf.train.Checkpoint(
-    backbone=...)`, step 0, in `RunDir.checkpoints`), its embedder export
-    (224-px centre crop of 0.875, ImageNet's normalisation, `features`
-    compared) and the import record, once every tensor is read and
-    matched.
+def import_vit(run, path, checkpoint, *, overwrite=False):
+    """Writes the DINO, MSN or DINOv2 ViT read from `path` into `run`: the
+    backbone's checkpoint (`tf.train.Checkpoint(backbone=...)`, step 0, in
+    `RunDir.checkpoints`), its embedder export (224-px centre crop of
+    0.875, ImageNet's normalisation, `features` compared) and the import
+    record, once every tensor is read and matched.
 
     Args:
-        model_dir, path: the run directory to create, the file.
+        run, path: the `RunDir` to create, the file.
         checkpoint: the file's contents (`official_import.load_file`), for
             which `source_of` is not None.
-        overwrite: replace an earlier import or run in `model_dir`.
+        overwrite: replace an earlier import or run in `run`.
 
     Returns:
         The import record (dict).
 
     Raises:
         ImportFailed: another architecture, tensors that do not fit, or
-            `model_dir` holds a run; nothing is written.
+            `run` holds a run; nothing is written.
     """
-    run = run_dir.RunDir(model_dir)
     taken = official_import.occupied(run, overwrite)
     source = source_of(checkpoint)
     state, left_out, epoch = read_state(path, checkpoint, source)
@@ -269,21 +266,21 @@ def import_vit(model_dir, path, checkpoint, *, overwrite=False):
     run.write_json(run.imported, record, default=int)
     logging.info('Imported the %s %s of %s (%d tensors) into %s; a run '
                  'starting from it binds %s.', _NAMES[source],
-                 record['architecture'], path, count, model_dir,
+                 record['architecture'], path, count, run,
                  '; '.join(record['bindings']))
     return record
 
 
-def import_file(model_dir, path, *, strategy, overwrite=False):
+def import_file(run, path, *, strategy, overwrite=False):
     """`--mode=import_official`: the file at `path` read once, then
     imported as a DINO, MSN or DINOv2 ViT (`import_vit`) or an official
     PAWS ResNet (`official_import.import_official`)."""
-    official_import.occupied(run_dir.RunDir(model_dir), overwrite)
+    official_import.occupied(run, overwrite)
     checkpoint = official_import.load_file(path, expected=(
         f'{official_import.EXPECTED}, {_EXPECTED[vit_positions.DINO]}, '
         f'{_EXPECTED[vit_positions.MSN]} or {_EXPECTED[DINOV2]}'))
     if source_of(checkpoint) is not None:
-        return import_vit(model_dir, path, checkpoint, overwrite=overwrite)
+        return import_vit(run, path, checkpoint, overwrite=overwrite)
     return official_import.import_official(
-        model_dir, path, strategy=strategy, overwrite=overwrite,
+        run, path, strategy=strategy, overwrite=overwrite,
         checkpoint=checkpoint)
