@@ -85,7 +85,7 @@ class _Layers:
             # reaches oneDNN's strided 1x1 CPU kernels, whose weight
             # gradient on few input channels is wrong (under 8, AVX2) or
             # writes past its buffer and kills the process (under 16,
-            # AVX-512, from 64-px inputs): uxlfoundation/oneDNN#6035.
+            # AVX-512, from 56-px inputs): uxlfoundation/oneDNN#6035.
             return (tf_keras.layers.MaxPool2D(1, stride,
                                               name=f'{name}_subsample'),
                     tf_keras.layers.Conv2D(filters, 1, **kwargs))
