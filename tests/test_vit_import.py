@@ -15,15 +15,19 @@ import json
 import os
 
 import numpy as np
+import PIL.Image
 import pytest
 import tensorflow as tf
 
 torch = pytest.importorskip('torch')
 
 from paws_tf.data import augment  # noqa: E402
+from paws_tf.evaluation import tuning  # noqa: E402
 from paws_tf.nets import vit  # noqa: E402
 from paws_tf.runner import modes  # noqa: E402
 from paws_tf.runner import official_import  # noqa: E402
+from paws_tf.runner import vit_import  # noqa: E402
+from tests.helpers import debug_gin  # noqa: E402
 from tests.helpers import dino_msn_vit  # noqa: E402
 from tests.helpers import image_folders  # noqa: E402
 from tests.helpers import run_py  # noqa: E402
@@ -314,3 +318,59 @@ def test_paws_continues_from_the_dino_backbone(dino_run):
         (2, 32, 32, 3))).astype(np.float32)
     _assert_close(backbone(views).numpy(),
                   _official_features(official, list(views)))
+
+
+def _noise_test_folder(root, labeled, per_class=4):
+    """`root/test`: `per_class` images of uniform noise under each of
+    `image_folders.CLASSES`, which a random model classifies by the
+    details of its embeddings (the folders' gradients it gets all
+    right); `root/labeled` links to `labeled`."""
+    rng = np.random.default_rng(5)
+    for name in image_folders.CLASSES:
+        (root / 'test' / name).mkdir(parents=True)
+        for i in range(per_class):
+            PIL.Image.fromarray(rng.integers(0, 256, (40, 40, 3), np.uint8)
+                                ).save(root / 'test' / name / f'{i}.png')
+    (root / 'labeled').symlink_to(labeled)
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_fine_tuning_the_dino_import_starts_from_its_backbone(dino_run):
+    """--mode=fine_tune on the import's directory with the protocol of
+    image_folders.gin (SuNCEt's, shrunk: 32-px views, 2 epochs, a learning
+    rate of 0, so the trunk it writes is the one it started from): the
+    trunk computes the official model's features, and the reported top-1
+    on a test folder of noise is the soft nearest neighbour in NumPy over
+    the official features of the config's evaluation views.
+
+    Fails if the imported backbone is refused by --mode=fine_tune (tried:
+    ImportFailed 'needs one'), or the trunk wants the projection head an
+    import does not have (tried: AttributeError), or fine-tuning evaluates
+    on other views than the config's (tried: crop_fraction 0.5)."""
+    tmp_path, official, folders = dino_run
+    imported = tmp_path / 'dino_vits16'
+    noise = _noise_test_folder(tmp_path / 'noise', tmp_path / 'images/labeled')
+    shrunk = [binding for binding in image_folders.SMALL
+              if 'small_resnet' not in binding]
+    with debug_gin.parsed(folders + shrunk + [
+            f"TEST_DIR = '{noise / 'test'}'", "NORMALIZATION = 'imagenet'",
+            'fine_tune_suncet.tau = 0.1',
+            'fine_tune_suncet.learning_rate = 0.0',
+            'fine_tune_suncet.final_learning_rate = 0.0'],
+            gin_file='gin_configs/image_folders_small.gin'):
+        results = modes.run(str(imported), _strategy(), 'fine_tune')
+    trunk = tuning.build_trunk(vit_import.BackboneEmbedder(vit.build_vit(
+        'vit_small', patch_size=16, position_interpolation='dino')))
+    trunk.load_weights(str(imported / 'fine_tune' / tuning.TRUNK_WEIGHTS))
+    views = (0.05 * np.random.default_rng(1).standard_normal(
+        (2, 32, 32, 3))).astype(np.float32)
+    _assert_close(trunk(views).numpy(),
+                  _official_features(official, list(views)))
+    _, predictions, labels, _ = test_existing_model.numpy_paws_nn(
+        lambda images: _official_features(official, [augment.center_view(
+            image, 32, crop_fraction=1.0, mean=OFFICIAL_IMAGENET[0],
+            std=OFFICIAL_IMAGENET[1]).numpy() for image in images]),
+        noise, 0.1)
+    assert results['top1'] == pytest.approx(np.mean(predictions == labels))
