@@ -3,7 +3,7 @@ their code saves them, written here by the official model code
 (tests/helpers/dino_msn_vit.py) at the published ViT-S/16 layout with
 random weights; the import's embedder against the official features, the
 documented commands (import, PAWS-NN of your folders, PAWS continued from
-the backbone) through run.py, and the refusals.
+the backbone, fine-tuning) through run.py, and the refusals.
 
 The evaluation preprocessing the official side gets here is written from
 the sources: Resize(256) and CenterCrop(224) (facebookresearch/dino
@@ -99,35 +99,6 @@ def _official_features(model, views):
 def _assert_close(ours, theirs):
     scale = np.abs(theirs).max()
     np.testing.assert_allclose(ours, theirs, rtol=RTOL, atol=RTOL * scale)
-
-
-@pytest.mark.slow
-def test_msn_import_is_the_target_encoders_backbone(tmp_path):
-    """MSN's file: the target encoder's backbone imported without its `fc`
-    projection head; the embedder export's features equal the official
-    model's (MSN evaluates with `fc = None`) on the recorded preprocessing.
-
-    Fails if the `fc.` tensors are not left out (the import refuses them
-    as having no place), or if the export records another crop than the
-    sources' 224 of 256."""
-    official = _official('msn', seed=4)
-    path = _save_msn(official, tmp_path / 'vits16_800ep.pth.tar')
-    with _config(CONFIG):
-        record = modes.run(str(tmp_path / 'run'), _strategy(),
-                           'import_official', official_checkpoint=str(path))
-    assert (record['kind'], record['origin'], record['architecture']) == (
-        'backbone', 'msn', 'ViT-S/16')
-    assert (record['epoch'], record['left_out']) == (800, 6)
-    assert record['tensors'] == len(official.state_dict())
-    rng = np.random.default_rng(0)
-    images = [rng.integers(0, 256, (300, 260, 3), dtype=np.uint8)
-              for _ in range(2)]
-    loaded = tf.saved_model.load(str(tmp_path / 'run/export/embedder'))
-    got = loaded(tf.constant(np.stack(images)))  # Raw images in.
-    want = _official_features(official, [_official_view(image)
-                                         for image in images])
-    _assert_close(got['features'].numpy(), want)
-    np.testing.assert_array_equal(got['embeddings'], got['features'])
 
 
 def _tiny_dino_state(**extra):
@@ -252,6 +223,40 @@ def restored_backbone(tmp_path, backbone):
         tf.train.latest_checkpoint(str(tmp_path / 'continued/checkpoints'))
     ).expect_partial().assert_existing_objects_matched()
     return backbone
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_msn_through_the_documented_commands(tmp_path):
+    """MSN's file (`vits16_800ep.pth.tar`, written as its code saves it)
+    imported with run.py: the target encoder's backbone without its `fc`
+    projection head; the embedder export's features equal the official
+    model's (MSN evaluates with `fc = None`) on the recorded preprocessing;
+    PAWS-NN of the import on folders (`existing_model_folders.gin`) is the
+    soft nearest neighbour in NumPy over the official features.
+
+    Fails if the `fc.` tensors are not left out (the import refuses them
+    as having no place), or if the export records another crop than the
+    sources' 224 of 256."""
+    official = _official('msn', seed=4)
+    path = _save_msn(official, tmp_path / 'vits16_800ep.pth.tar')
+    import_with_run_py(tmp_path, path, 'msn_vits16')
+    imported = tmp_path / 'msn_vits16'
+    record = json.loads((imported / 'imported.json').read_text())
+    assert (record['kind'], record['origin'], record['architecture']) == (
+        'backbone', 'msn', 'ViT-S/16')
+    assert (record['epoch'], record['left_out']) == (800, 6)
+    assert record['tensors'] == len(official.state_dict())
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (300, 260, 3), dtype=np.uint8)
+              for _ in range(2)]
+    loaded = tf.saved_model.load(str(imported / 'export/embedder'))
+    got = loaded(tf.constant(np.stack(images)))  # Raw images in.
+    want = _official_features(official, [_official_view(image)
+                                         for image in images])
+    _assert_close(got['features'].numpy(), want)
+    np.testing.assert_array_equal(got['embeddings'], got['features'])
+    assert_paws_nn_is_the_rule(tmp_path, imported, official)
 
 
 @pytest.fixture(scope='module')
