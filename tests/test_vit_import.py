@@ -278,7 +278,7 @@ def test_paws_nn_of_the_dino_import_is_the_rule_on_official_features(
     and classes of its PAWS-NN classifier, and PAWS-NN's top-1, equal the
     soft nearest neighbour in NumPy over the official model's features.
     The import's own directory is refused by --mode=evaluate_nn and by
-    training, naming the way to use it.
+    training, naming the ways to use it (PAWS-NN, fine-tuning, PAWS).
 
     Fails if the export records another crop than 224 of 256 (tried:
     crop_fraction 1.0), or compares another output than the features, or
@@ -294,6 +294,7 @@ def test_paws_nn_of_the_dino_import_is_the_rule_on_official_features(
             f"{tmp_path}/dino_deitsmall16_pretrain.pth, not a PAWS model"
             ) in output
     assert f"train.pretrained_backbone = '{imported}'" in output
+    assert '--mode=fine_tune fine-tunes it' in output
     with _config(CONFIG):  # Training over it names the backbone binding.
         with pytest.raises(official_import.ImportFailed, match=(
                 f"with train.pretrained_backbone = '{imported}' to start "

@@ -297,7 +297,8 @@ def check_mode(run, mode, *, trains=False, backbone=False):
             f'{run} holds the {record["architecture"]} backbone imported '
             f'from {record["source"]}, not a PAWS model: --mode={mode} '
             'needs one. Its PAWS-NN is gin_configs/existing_model_folders.gin '
-            f"with MODEL = '{run}'; a PAWS run starts from it with "
+            f"with MODEL = '{run}', --mode=fine_tune fine-tunes it, and "
+            'a PAWS run starts from it with '
             f"train.pretrained_backbone = '{run}' and "
             f'{"; ".join(record["bindings"])}.')
     if record['kind'] == FINE_TUNED:
