@@ -17,7 +17,9 @@ from paws_tf.evaluation import linear_fine_tune
 from paws_tf.evaluation import suncet_fine_tune
 from paws_tf.evaluation import tuning
 from paws_tf import lars
+from paws_tf.nets import vit
 from paws_tf import run_dir
+from paws_tf.runner import vit_import
 from tests.helpers import tiny_model
 
 SIZE = 8
@@ -146,6 +148,32 @@ def test_nesterov_step_matches_numpy_formula():
     # Step 0 moves only the zero-initialised layer; step 1 moves the rest.
     assert not np.allclose(classifier.trainable_variables[0].numpy(),
                            model.backbone.trainable_variables[0].numpy())
+
+
+def test_classifier_of_an_imported_backbone_is_a_linear_layer_on_it():
+    """An imported ViT backbone (`vit_import.BackboneEmbedder`, no heads):
+    the ImageNet protocol's classifier is a copy of the backbone and a
+    zero-initialised linear layer, whose logits are the features times
+    its kernel plus its bias, by hand. Fails if the classifier wants the
+    projection head the import does not have (tried: AttributeError)."""
+    backbone = vit.build_vit('vit_tiny', patch_size=4, image_size=SIZE,
+                             depth=1)
+    classifier = linear_fine_tune.build_classifier(
+        vit_import.BackboneEmbedder(backbone), 3)
+    images = tf.random.stateless_normal([5, SIZE, SIZE, 3], [1, 2])
+    np.testing.assert_array_equal(classifier(images), np.zeros([5, 3]))
+    rng = np.random.default_rng(0)
+    head = [rng.normal(size=(192, 3)), rng.normal(size=3)]
+    classifier.get_layer('classifier').set_weights(head)
+    features = backbone(images).numpy()  # [5, 192]
+    np.testing.assert_allclose(classifier(images),
+                               features @ head[0] + head[1],
+                               rtol=1e-4, atol=1e-5)
+    assert [v.name for v in classifier.trainable_weights] == [
+        v.name for v in backbone.trainable_weights] + [
+        'classifier/kernel:0', 'classifier/bias:0']
+    backbone_vars = {id(v) for v in backbone.weights}
+    assert not any(id(v) in backbone_vars for v in classifier.weights)
 
 
 def test_split_holdout_is_stratified_disjoint_seeded():

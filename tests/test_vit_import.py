@@ -3,7 +3,7 @@ their code saves them, written here by the official model code
 (tests/helpers/dino_msn_vit.py) at the published ViT-S/16 layout with
 random weights; the import's embedder against the official features, the
 documented commands (import, PAWS-NN of your folders, PAWS continued from
-the backbone) through run.py, and the refusals.
+the backbone, fine-tuning) through run.py, and the refusals.
 
 The evaluation preprocessing the official side gets here is written from
 the sources: Resize(256) and CenterCrop(224) (facebookresearch/dino
@@ -15,15 +15,19 @@ import json
 import os
 
 import numpy as np
+import PIL.Image
 import pytest
 import tensorflow as tf
 
 torch = pytest.importorskip('torch')
 
 from paws_tf.data import augment  # noqa: E402
+from paws_tf.evaluation import tuning  # noqa: E402
 from paws_tf.nets import vit  # noqa: E402
 from paws_tf.runner import modes  # noqa: E402
 from paws_tf.runner import official_import  # noqa: E402
+from paws_tf.runner import vit_import  # noqa: E402
+from tests.helpers import debug_gin  # noqa: E402
 from tests.helpers import dino_msn_vit  # noqa: E402
 from tests.helpers import image_folders  # noqa: E402
 from tests.helpers import run_py  # noqa: E402
@@ -95,35 +99,6 @@ def _official_features(model, views):
 def _assert_close(ours, theirs):
     scale = np.abs(theirs).max()
     np.testing.assert_allclose(ours, theirs, rtol=RTOL, atol=RTOL * scale)
-
-
-@pytest.mark.slow
-def test_msn_import_is_the_target_encoders_backbone(tmp_path):
-    """MSN's file: the target encoder's backbone imported without its `fc`
-    projection head; the embedder export's features equal the official
-    model's (MSN evaluates with `fc = None`) on the recorded preprocessing.
-
-    Fails if the `fc.` tensors are not left out (the import refuses them
-    as having no place), or if the export records another crop than the
-    sources' 224 of 256."""
-    official = _official('msn', seed=4)
-    path = _save_msn(official, tmp_path / 'vits16_800ep.pth.tar')
-    with _config(CONFIG):
-        record = modes.run(str(tmp_path / 'run'), _strategy(),
-                           'import_official', official_checkpoint=str(path))
-    assert (record['kind'], record['origin'], record['architecture']) == (
-        'backbone', 'msn', 'ViT-S/16')
-    assert (record['epoch'], record['left_out']) == (800, 6)
-    assert record['tensors'] == len(official.state_dict())
-    rng = np.random.default_rng(0)
-    images = [rng.integers(0, 256, (300, 260, 3), dtype=np.uint8)
-              for _ in range(2)]
-    loaded = tf.saved_model.load(str(tmp_path / 'run/export/embedder'))
-    got = loaded(tf.constant(np.stack(images)))  # Raw images in.
-    want = _official_features(official, [_official_view(image)
-                                         for image in images])
-    _assert_close(got['features'].numpy(), want)
-    np.testing.assert_array_equal(got['embeddings'], got['features'])
 
 
 def _tiny_dino_state(**extra):
@@ -250,6 +225,40 @@ def restored_backbone(tmp_path, backbone):
     return backbone
 
 
+@pytest.mark.slow
+@pytest.mark.long
+def test_msn_through_the_documented_commands(tmp_path):
+    """MSN's file (`vits16_800ep.pth.tar`, written as its code saves it)
+    imported with run.py: the target encoder's backbone without its `fc`
+    projection head; the embedder export's features equal the official
+    model's (MSN evaluates with `fc = None`) on the recorded preprocessing;
+    PAWS-NN of the import on folders (`existing_model_folders.gin`) is the
+    soft nearest neighbour in NumPy over the official features.
+
+    Fails if the `fc.` tensors are not left out (the import refuses them
+    as having no place), or if the export records another crop than the
+    sources' 224 of 256."""
+    official = _official('msn', seed=4)
+    path = _save_msn(official, tmp_path / 'vits16_800ep.pth.tar')
+    import_with_run_py(tmp_path, path, 'msn_vits16')
+    imported = tmp_path / 'msn_vits16'
+    record = json.loads((imported / 'imported.json').read_text())
+    assert (record['kind'], record['origin'], record['architecture']) == (
+        'backbone', 'msn', 'ViT-S/16')
+    assert (record['epoch'], record['left_out']) == (800, 6)
+    assert record['tensors'] == len(official.state_dict())
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (300, 260, 3), dtype=np.uint8)
+              for _ in range(2)]
+    loaded = tf.saved_model.load(str(imported / 'export/embedder'))
+    got = loaded(tf.constant(np.stack(images)))  # Raw images in.
+    want = _official_features(official, [_official_view(image)
+                                         for image in images])
+    _assert_close(got['features'].numpy(), want)
+    np.testing.assert_array_equal(got['embeddings'], got['features'])
+    assert_paws_nn_is_the_rule(tmp_path, imported, official)
+
+
 @pytest.fixture(scope='module')
 def dino_run(tmp_path_factory):
     """The official DINO ViT-S/16 (random weights) as DINO publishes it,
@@ -269,7 +278,7 @@ def test_paws_nn_of_the_dino_import_is_the_rule_on_official_features(
     and classes of its PAWS-NN classifier, and PAWS-NN's top-1, equal the
     soft nearest neighbour in NumPy over the official model's features.
     The import's own directory is refused by --mode=evaluate_nn and by
-    training, naming the way to use it.
+    training, naming the ways to use it (PAWS-NN, fine-tuning, PAWS).
 
     Fails if the export records another crop than 224 of 256 (tried:
     crop_fraction 1.0), or compares another output than the features, or
@@ -285,6 +294,7 @@ def test_paws_nn_of_the_dino_import_is_the_rule_on_official_features(
             f"{tmp_path}/dino_deitsmall16_pretrain.pth, not a PAWS model"
             ) in output
     assert f"train.pretrained_backbone = '{imported}'" in output
+    assert '--mode=fine_tune fine-tunes it' in output
     with _config(CONFIG):  # Training over it names the backbone binding.
         with pytest.raises(official_import.ImportFailed, match=(
                 f"with train.pretrained_backbone = '{imported}' to start "
@@ -314,3 +324,59 @@ def test_paws_continues_from_the_dino_backbone(dino_run):
         (2, 32, 32, 3))).astype(np.float32)
     _assert_close(backbone(views).numpy(),
                   _official_features(official, list(views)))
+
+
+def _noise_test_folder(root, labeled, per_class=4):
+    """`root/test`: `per_class` images of uniform noise under each of
+    `image_folders.CLASSES`, which a random model classifies by the
+    details of its embeddings (the folders' gradients it gets all
+    right); `root/labeled` links to `labeled`."""
+    rng = np.random.default_rng(5)
+    for name in image_folders.CLASSES:
+        (root / 'test' / name).mkdir(parents=True)
+        for i in range(per_class):
+            PIL.Image.fromarray(rng.integers(0, 256, (40, 40, 3), np.uint8)
+                                ).save(root / 'test' / name / f'{i}.png')
+    (root / 'labeled').symlink_to(labeled)
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_fine_tuning_the_dino_import_starts_from_its_backbone(dino_run):
+    """--mode=fine_tune on the import's directory with the protocol of
+    image_folders.gin (SuNCEt's, shrunk: 32-px views, 2 epochs, a learning
+    rate of 0, so the trunk it writes is the one it started from): the
+    trunk computes the official model's features, and the reported top-1
+    on a test folder of noise is the soft nearest neighbour in NumPy over
+    the official features of the config's evaluation views.
+
+    Fails if the imported backbone is refused by --mode=fine_tune (tried:
+    ImportFailed 'needs one'), or the trunk wants the projection head an
+    import does not have (tried: AttributeError), or fine-tuning evaluates
+    on other views than the config's (tried: crop_fraction 0.5)."""
+    tmp_path, official, folders = dino_run
+    imported = tmp_path / 'dino_vits16'
+    noise = _noise_test_folder(tmp_path / 'noise', tmp_path / 'images/labeled')
+    shrunk = [binding for binding in image_folders.SMALL
+              if 'small_resnet' not in binding]
+    with debug_gin.parsed(folders + shrunk + [
+            f"TEST_DIR = '{noise / 'test'}'", "NORMALIZATION = 'imagenet'",
+            'fine_tune_suncet.tau = 0.1',
+            'fine_tune_suncet.learning_rate = 0.0',
+            'fine_tune_suncet.final_learning_rate = 0.0'],
+            gin_file='gin_configs/image_folders_small.gin'):
+        results = modes.run(str(imported), _strategy(), 'fine_tune')
+    trunk = tuning.build_trunk(vit_import.BackboneEmbedder(vit.build_vit(
+        'vit_small', patch_size=16, position_interpolation='dino')))
+    trunk.load_weights(str(imported / 'fine_tune' / tuning.TRUNK_WEIGHTS))
+    views = (0.05 * np.random.default_rng(1).standard_normal(
+        (2, 32, 32, 3))).astype(np.float32)
+    _assert_close(trunk(views).numpy(),
+                  _official_features(official, list(views)))
+    _, predictions, labels, _ = test_existing_model.numpy_paws_nn(
+        lambda images: _official_features(official, [augment.center_view(
+            image, 32, crop_fraction=1.0, mean=OFFICIAL_IMAGENET[0],
+            std=OFFICIAL_IMAGENET[1]).numpy() for image in images]),
+        noise, 0.1)
+    assert results['top1'] == pytest.approx(np.mean(predictions == labels))

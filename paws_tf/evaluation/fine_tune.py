@@ -21,7 +21,8 @@ def fine_tune(model_dir, model, *, labeled, test, protocol='imagenet',
 
     Args:
         model_dir: run directory.
-        model: restored pre-trained `model.PAWSModel` (not modified).
+        model: restored pre-trained `model.PAWSModel`, or an imported
+            backbone's `vit_import.BackboneEmbedder` (not modified).
         labeled, test: labeled `sources.ImageSource`, labeled test source.
         protocol: 'imagenet' (`fine_tune_linear`, App. A) or 'cifar10'
             (`fine_tune_suncet`, App. C), configured by their bindings.

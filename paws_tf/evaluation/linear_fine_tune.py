@@ -39,12 +39,18 @@ def build_classifier(model, num_classes):
     `[B, num_classes]` logits.
 
     PAWS App. A follows SimCLRv2: fine-tune from the first layer of the
-    projection head. Copies of the layers are made in the current strategy
-    scope (`model` is not modified); all but BN statistics are trainable.
+    projection head. An imported backbone (`model.nn_embedding`
+    'features', `vit_import.BackboneEmbedder`), which has no head, is
+    fine-tuned from its features: backbone -> linear layer. Copies of the
+    layers are made in the current strategy scope (`model` is not
+    modified); all but BN statistics are trainable.
 
     Raises:
         ValueError: the projection head has no hidden layer.
     """
+    if model.nn_embedding == 'features':
+        return _linear_classifier(
+            *tuning.copy_layers([model.backbone]), num_classes)  # [B, F]
     head = model.projection_head
     first = head.mlp_layers[:3]
     activation = f'{head.activation}1'
@@ -52,7 +58,12 @@ def build_classifier(model, num_classes):
         raise ValueError(f'The projection head has no fc1 -> bn1 -> '
                          f'{activation} layer to fine-tune from (num_layers '
                          '>= 2).')
-    inputs, hidden = tuning.copy_layers([model.backbone] + first)  # [B, H]
+    return _linear_classifier(
+        *tuning.copy_layers([model.backbone] + first), num_classes)  # [B, H]
+
+
+def _linear_classifier(inputs, hidden, num_classes):
+    """`inputs` -> `hidden` -> a linear layer initialised to zero."""
     logits = tf_keras.layers.Dense(
         num_classes, kernel_initializer='zeros', bias_initializer='zeros',
         dtype='float32', name='classifier')(hidden)

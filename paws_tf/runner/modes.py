@@ -291,9 +291,11 @@ def _export_or_evaluate(run, strategy, options, *, evaluates):
 
 
 def _fine_tune(run, strategy, options):
-    imported = official_import.check_mode(run, options.mode)
+    imported = official_import.check_mode(run, options.mode, backbone=True)
     bundle = load_labeled_data(run, 'fine-tuning trains on them')
-    model, _ = load_trained_model(run, strategy, imported=imported)
+    model = vit_import.imported_embedder(run, strategy)
+    if model is None:
+        model, _ = load_trained_model(run, strategy, imported=imported)
     return fine_tune.fine_tune(run, model, labeled=bundle.labeled,
                                test=bundle.test, strategy=strategy,
                                **experiment.eval_preprocessing(bundle))

@@ -270,15 +270,15 @@ def import_official(run, path, *, strategy, overwrite=False,
     return record
 
 
-def check_mode(run, mode, *, trains=False):
+def check_mode(run, mode, *, trains=False, backbone=False):
     """Whether the run directory `run` (a `RunDir`) holds imported weights
     (`RunDir.imported`) that the mode named `mode` (a mode that `trains`,
-    or not) runs on.
+    or not; one that runs on a `backbone` alone, or not) runs on.
 
     Raises:
         ImportFailed: pre-training on an import, or any mode but
-            `import_official` on an imported fine-tuned classifier or
-            backbone.
+            `import_official` on an imported fine-tuned classifier, or on
+            an imported backbone but for a mode that takes a `backbone`.
     """
     record = run.read_json(run.imported)
     if record is None:
@@ -290,12 +290,13 @@ def check_mode(run, mode, *, trains=False):
             'not a paws_tf training run: pre-train in another --model_dir, '
             f"with train.pretrained_{part} = '{run}' to start from "
             f'this {part}.')
-    if record['kind'] == BACKBONE:
+    if record['kind'] == BACKBONE and not backbone:
         raise ImportFailed(
             f'{run} holds the {record["architecture"]} backbone imported '
             f'from {record["source"]}, not a PAWS model: --mode={mode} '
             'needs one. Its PAWS-NN is gin_configs/existing_model_folders.gin '
-            f"with MODEL = '{run}'; a PAWS run starts from it with "
+            f"with MODEL = '{run}', --mode=fine_tune fine-tunes it, and "
+            'a PAWS run starts from it with '
             f"train.pretrained_backbone = '{run}' and "
             f'{"; ".join(record["bindings"])}.')
     if record['kind'] == FINE_TUNED:

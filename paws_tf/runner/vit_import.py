@@ -16,6 +16,7 @@ from paws_tf.nets import torch_names
 from paws_tf.nets import vit
 from paws_tf.nets import vit_positions
 from paws_tf.runner import official_import
+from paws_tf.runner import pretrained
 
 DINOV2 = 'dinov2'
 # The architectures each source publishes, (`vit.ARCHITECTURES` name,
@@ -212,6 +213,34 @@ def training_bindings(record):
     return bindings
 
 
+def _build_backbone(name, **architecture):
+    """The float32 ViT `name` of an import's `architecture` (`vit.build_vit`
+    arguments), RGB in."""
+    tf_keras.mixed_precision.set_global_policy('float32')
+    return vit.build_vit(name, input_channels=official_import.CHANNELS,
+                         **architecture)
+
+
+def imported_embedder(run, strategy):
+    """The ViT backbone imported into `run` (a `RunDir`) as a
+    `BackboneEmbedder`, built from its record in `strategy`'s scope and
+    restored from its checkpoint, for what trains on it (--mode=fine_tune:
+    the trunk is the backbone, which PAWS-NN of the import compares); None
+    when `run` holds no imported backbone."""
+    record = run.read_json(run.imported)
+    if record is None or record['kind'] != official_import.BACKBONE:
+        return None
+    with strategy.scope():
+        backbone = _build_backbone(
+            record['network'], patch_size=record['patch_size'],
+            image_size=record['image_size'],
+            position_interpolation=record['position_interpolation'],
+            layer_scale=record['layer_scale'],
+            registers=record['registers'])
+        pretrained.load_backbone_weights(backbone, run.path)
+    return BackboneEmbedder(backbone)
+
+
 def import_vit(run, path, checkpoint, *, overwrite=False):
     """Writes the DINO, MSN or DINOv2 ViT read from `path` into `run`: the
     backbone's checkpoint (`tf.train.Checkpoint(backbone=...)`, step 0, in
@@ -236,10 +265,8 @@ def import_vit(run, path, checkpoint, *, overwrite=False):
     source = source_of(checkpoint)
     state, left_out, epoch = read_state(path, checkpoint, source)
     found = architecture(path, state, source)
-    tf_keras.mixed_precision.set_global_policy('float32')
-    backbone = vit.build_vit(
+    backbone = _build_backbone(
         found.name, patch_size=found.patch_size, image_size=found.image_size,
-        input_channels=official_import.CHANNELS,
         position_interpolation=found.interpolation,
         layer_scale=found.layer_scale, registers=found.registers)
     try:
