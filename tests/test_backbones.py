@@ -389,18 +389,11 @@ def test_block_wiring(resnet50):
     assert (unit.norm.name, unit.layer.name) == ('stage2_block1_bn1',
                                                  'stage2_block1_conv2')
     assert unit.layer.strides == (2, 2)
-    # The projection: every other pixel (a 1x1 max pool of stride 2), then
-    # a 1x1 convolution.
-    subsample = resnet50.get_layer('stage2_block1_proj_conv_subsample')
-    assert (subsample.pool_size, subsample.strides) == ((1, 1), (2, 2))
-    projection = resnet50.get_layer('stage2_block1_proj_conv')
-    assert projection.input is subsample.output
-    assert projection.strides == (1, 1)
+    assert resnet50.get_layer('stage2_block1_proj_conv').strides == (2, 2)
     wrn = backbones.build_backbone('wide_resnet', depth=10, width=2)
     # The projection shortcut reads the raw block input, as in suncet.
     block_input = wrn.get_layer('group1_block1_add').output
-    assert wrn.get_layer(
-        'group2_block1_proj_conv_subsample').input is block_input
+    assert wrn.get_layer('group2_block1_proj_conv').input is block_input
     assert wrn.get_layer('group2_block1_bn1_conv1').input is block_input
     assert wrn.get_layer('group2_block1_bn2_conv2').layer.strides == (2, 2)
 

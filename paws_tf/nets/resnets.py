@@ -9,6 +9,7 @@ import tf_keras
 from paws_tf import bindings
 from paws_tf import checks
 from paws_tf import nets
+from paws_tf.nets import onednn
 from paws_tf.nets import recompute
 from paws_tf.nets import sync_batch_norm
 
@@ -56,12 +57,12 @@ class _Layers:
 
     def conv_layers(self, x, filters, kernel_size, stride, name,
                     torch_default=False):
-        """(the layer before the convolution or None, Conv2D) for input
-        `x`: PyTorch's symmetric `kernel_size // 2` padding, or for a
-        strided 1x1 convolution the subsampling it computes on; without
-        bias, initialised as the torchvision and official PAWS ResNets
-        (kaiming_normal_, fan_out), or with `torch_default` as the official
-        WideResNet leaves its convolutions (a bias, `torch_default_init`)."""
+        """(padding or None, Conv2D) for input `x`, with PyTorch's symmetric
+        `kernel_size // 2` padding; without bias, initialised as the
+        torchvision and official PAWS ResNets (kaiming_normal_, fan_out), or
+        with `torch_default` as the official WideResNet leaves its
+        convolutions (a bias, `torch_default_init`)."""
+        onednn.check_conv_safe(x, kernel_size, stride, name)
         if torch_default:
             init = torch_default_init(kernel_size * kernel_size * x.shape[-1])
         else:
@@ -79,23 +80,14 @@ class _Layers:
                     tf_keras.layers.Conv2D(filters, kernel_size,
                                            strides=stride, padding='valid',
                                            **kwargs))
-        if stride > 1:
-            # A strided 1x1 convolution is the 1x1 convolution of every
-            # stride-th pixel: subsampled first (a 1x1 max pool), it never
-            # reaches oneDNN's strided 1x1 CPU kernels, whose weight
-            # gradient on few input channels is wrong (under 8, AVX2) or
-            # writes past its buffer and kills the process (under 16,
-            # AVX-512, from 56-px inputs): uxlfoundation/oneDNN#6035.
-            return (tf_keras.layers.MaxPool2D(1, stride,
-                                              name=f'{name}_subsample'),
-                    tf_keras.layers.Conv2D(filters, 1, **kwargs))
-        return None, tf_keras.layers.Conv2D(filters, kernel_size,
-                                            padding='same', **kwargs)
+        padding = 'same' if stride == 1 else 'valid'  # 1x1: no padding.
+        return None, tf_keras.layers.Conv2D(
+            filters, kernel_size, strides=stride, padding=padding, **kwargs)
 
     def conv(self, x, *args, **kwargs):
         """`conv_layers(x, ...)` applied to `x`."""
-        before, conv = self.conv_layers(x, *args, **kwargs)
-        return conv(x if before is None else before(x))
+        padding, conv = self.conv_layers(x, *args, **kwargs)
+        return conv(x if padding is None else padding(x))
 
     def norm_relu_then(self, x, bn_name, layers, name):
         """`layer(padding(relu(batch norm bn_name(x))))` as one

@@ -9,7 +9,8 @@ from paws_tf import nets
 from paws_tf.nets import backbones
 from paws_tf.nets import heads
 
-# The smallest small_resnet the tests use.
+# The smallest small_resnet the tests use. Strided 1x1 convolutions need 8
+# input channels under oneDNN (onednn.check_conv_safe), hence 8, 16.
 TINY = dict(widths=(8, 16), blocks_per_stage=(1, 1), stage_strides=(2, 2))
 # The smallest ViT (F = 192): one block, 4-px patches of 8-px views.
 TINY_VIT = dict(patch_size=4, image_size=8, depth=1)
