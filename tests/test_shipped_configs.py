@@ -25,6 +25,7 @@ import hashlib
 import json
 import pathlib
 import re
+import shutil
 
 import gin
 import numpy as np
@@ -358,6 +359,33 @@ def cifar10_data_dir(tmp_path_factory):
     return data_dir
 
 
+def _fashion_bindings(request):
+    folder = request.getfixturevalue('fashion_mnist_dir')
+    return [f"fashion_mnist.idx_dir = '{folder}'"]
+
+
+@pytest.fixture(scope='module')
+def transfer_source(request, tmp_path_factory):
+    """transfer_fashion_mnist_source.gin's `--mode=train_and_evaluate` run,
+    shrunk (its `SHRINK` row, which is transfer_fashion_mnist.gin's): the
+    run that its shipped-config test checks and fine-tunes, and the source
+    model of the documented transfer. Each takes a copy
+    (`_copy_of_source`)."""
+    gin_file = 'transfer_fashion_mnist_source.gin'
+    assert SHRINK[gin_file] == SHRINK['transfer_fashion_mnist.gin']
+    model_dir = tmp_path_factory.mktemp('transfer_source') / 'run'
+    _run(gin_file, str(model_dir), SHRINK[gin_file] + _fashion_bindings(
+        request), 'train_and_evaluate')
+    return model_dir
+
+
+def _copy_of_source(request, model_dir):
+    """A copy of `transfer_source`'s run at `model_dir`, its own to change
+    (a fine-tuning, a continued run) whatever the order of the tests."""
+    shutil.copytree(request.getfixturevalue('transfer_source'), model_dir)
+    return str(model_dir)
+
+
 def _data_bindings(gin_file, request, tmp_path):
     """The bindings that point `gin_file` at test data of its own source
     kind."""
@@ -368,8 +396,7 @@ def _data_bindings(gin_file, request, tmp_path):
         return image_folders.write_experiment(tmp_path / 'images',
                                               unlabeled=4, test=2)
     if 'fashion_mnist' in gin_file:
-        folder = request.getfixturevalue('fashion_mnist_dir')
-        return [f"fashion_mnist.idx_dir = '{folder}'"]
+        return _fashion_bindings(request)
     if gin_file.startswith('cifar10'):
         data_dir = request.getfixturevalue('cifar10_data_dir')
         return [f"train/load_tfds.data_dir = '{data_dir}'",
@@ -444,11 +471,14 @@ def test_shipped_config_runs_every_mode(gin_file, request, tmp_path):
         ' (size and step bindings that run it in seconds on a CPU).')
     model_dir = str(tmp_path / 'run')
     bindings = SHRINK[gin_file] + _data_bindings(gin_file, request, tmp_path)
+    output = None
     if gin_file.startswith('demo_'):
         output = _run(gin_file, model_dir, bindings, 'demo')
+    elif gin_file == 'transfer_fashion_mnist_source.gin':
+        # Its train_and_evaluate run with these bindings, shared.
+        _copy_of_source(request, model_dir)
     else:
         _run(gin_file, model_dir, bindings, 'train_and_evaluate')
-        output = None
     _check_export_and_nn(gin_file, model_dir, bindings)
     if output is None:
         output = _run(gin_file, model_dir, bindings, 'fine_tune')
@@ -500,11 +530,10 @@ def test_the_documented_transfer_runs(request, tmp_path):
     not start from the source model (tried: `start.start` not loading
     `train.pretrained_model`)."""
     folder = request.getfixturevalue('fashion_mnist_dir')
-    data = [f"fashion_mnist.idx_dir = '{folder}'"]
-    shrink = SHRINK['transfer_fashion_mnist.gin'] + data
+    shrink = SHRINK['transfer_fashion_mnist.gin'] + _fashion_bindings(request)
+    # transfer_fashion_mnist_source.gin's train_and_evaluate run on `shrink`.
     source = tmp_path / 'source'
-    _run('transfer_fashion_mnist_source.gin', str(source), shrink,
-         'train_and_evaluate')
+    _copy_of_source(request, source)
     nn = tmp_path / 'nn'
     _run('transfer_fashion_mnist.gin', str(nn), shrink + [
         f"evaluate_nn.from_model = '{source}'"], 'evaluate_nn')
