@@ -147,9 +147,16 @@ def _assert_same(elements, others):
             np.testing.assert_array_equal(element[key], other[key])
 
 
+@pytest.fixture(scope='module')
+def default_stream():
+    """The first 16 elements of `_build()`'s pipeline (2 replicas: 8
+    steps), built once for the tests that read that stream."""
+    return _elements(_build(), 16)
+
+
 @pytest.mark.slow
-def test_same_seed_same_stream_other_seed_differs():
-    first, again = _elements(_build(), 4), _elements(_build(), 4)
+def test_same_seed_same_stream_other_seed_differs(default_stream):
+    first, again = default_stream[:4], _elements(_build(), 4)
     _assert_same(first, again)
     other = _elements(_build(seed=1), 4)
     for key in ('global_views', 'local_views', 'support_views'):
@@ -157,11 +164,10 @@ def test_same_seed_same_stream_other_seed_differs():
 
 
 @pytest.mark.slow
-def test_start_step_resumes_exactly_across_an_epoch_boundary():
+def test_start_step_resumes_exactly_across_an_epoch_boundary(default_stream):
     # 48 images / 8 = 6 steps per epoch; steps 4..7 cross into epoch 1.
-    whole = _elements(_build(), 16)
     resumed = _elements(_build(start_step=4), 8)
-    _assert_same(resumed, whole[8:])
+    _assert_same(resumed, default_stream[8:])
 
 
 def _global_batch(elements, step, replicas):
@@ -172,9 +178,9 @@ def _global_batch(elements, step, replicas):
 
 
 @pytest.mark.slow
-def test_global_unlabeled_batch_is_replica_count_invariant():
+def test_global_unlabeled_batch_is_replica_count_invariant(default_stream):
     one = _elements(_build(num_replicas=1, classes_per_step=2), 3, replicas=1)
-    two = _elements(_build(num_replicas=2), 6)
+    two = default_stream[:6]  # `_build(num_replicas=2)`'s.
     four = _elements(_build(num_replicas=4, images_per_class=2), 12,
                      replicas=4)
     for step in range(3):
