@@ -111,8 +111,8 @@ def test_a_run_prints_a_few_lines_before_its_progress(tmp_path):
     train logs the input's whole summary."""
     run = tmp_path / 'run'
     code, output = run_py.finish(_start(run, [
-        'train.num_epochs = 1', 'train.view_images = False',
-        'ProgressBar.log_every_seconds = 0']))
+        'train.num_epochs = 1', 'train/synthetic_source.num_images = 128',
+        'train.view_images = False', 'ProgressBar.log_every_seconds = 0']))
     assert code == 0, output[-3000:]
     lines = _lines(output)
     first = next(i for i, line in enumerate(lines)
@@ -125,12 +125,12 @@ def test_a_run_prints_a_few_lines_before_its_progress(tmp_path):
     config = (run / 'config.gin').read_text()
     assert 'small_resnet.widths = (8, 16)' in config
     assert '# Parameters for' not in output
-    assert (f'PAWS input: 512 unlabeled images, 16 steps/epoch of 32; 64 '
+    assert (f'PAWS input: 128 unlabeled images, 4 steps/epoch of 32; 64 '
             f'labeled in 4 classes; 160 views per step; the sizes per '
             f'replica and step: {run / "input.txt"}') in output
     assert (run / 'input.txt').read_text().startswith(
         'PAWS input on 1 replica(s), the same classes on every replica:\n'
-        '  unlabeled: 512 images, global batch 32 = 1 x 32, 16 steps/epoch')
+        '  unlabeled: 128 images, global batch 32 = 1 x 32, 4 steps/epoch')
 
 
 @pytest.mark.slow
