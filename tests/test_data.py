@@ -95,26 +95,38 @@ def test_element_spec_and_summary():
     assert spec['support_views'].shape == (6, 8, 8, 3)
 
 
-def test_pipeline_support_labels_follow_sampler_round_robin():
+@pytest.fixture(scope='module')
+def unique_stream():
+    """A pipeline of 4 classes per step, disjoint over its 2 replicas, 2
+    images each, and its first 6 elements (3 steps), read once for the
+    tests that read them."""
     pretrain = _build(unique_classes_per_replica=True, classes_per_step=4,
                       images_per_class=2)
+    return pretrain, _elements(pretrain, 6)
+
+
+def test_pipeline_support_labels_follow_sampler_round_robin(unique_stream):
     sampler = sampling.SupportSampler(
         np.arange(48) % 6, classes_per_step=4, images_per_class=2,
         num_replicas=2, unique_classes_per_replica=True, seed=0)
-    for i, element in enumerate(_elements(pretrain, 6)):
+    for i, element in enumerate(unique_stream[1]):
         _, class_ids, _ = sampler(i // 2, i % 2)
         np.testing.assert_array_equal(element['support_labels'],
                                       np.tile(class_ids.numpy(), 2))
 
 
 @pytest.mark.parametrize('unique', [False, True])
-def test_support_rows_carry_their_columns_and_views(unique):
+def test_support_rows_carry_their_columns_and_views(unique, request):
     # 4 classes per step over 2 replicas, 2 images, 2 views: replica r's
     # rows are [view 0 | view 1] blocks of class-major slots, slot k in
     # column r*2 + k (disjoint classes) or k (shared classes).
-    pretrain = _build(unique_classes_per_replica=unique, classes_per_step=4,
-                      images_per_class=2)
-    elements = _elements(pretrain, 4)  # Steps 0 and 1 of replicas 0, 1.
+    if unique:
+        elements = request.getfixturevalue('unique_stream')[1][:4]
+    else:
+        elements = _elements(_build(unique_classes_per_replica=False,
+                                    classes_per_step=4, images_per_class=2),
+                             4)
+    # Steps 0 and 1 of replicas 0, 1.
     k = 2 if unique else 4
     for i, element in enumerate(elements):
         first = (i % 2) * k if unique else 0
@@ -199,11 +211,10 @@ def test_each_pipeline_serves_its_own_replicas():
 
 
 @pytest.mark.slow
-def test_mirrored_strategy_hands_elements_round_robin(two_replicas):
+def test_mirrored_strategy_hands_elements_round_robin(two_replicas,
+                                                     unique_stream):
     strategy = two_replicas
-    pretrain = _build(unique_classes_per_replica=True, classes_per_step=4,
-                      images_per_class=2)
-    expected = _elements(pretrain, 6)
+    pretrain, expected = unique_stream
     iterator = iter(strategy.distribute_datasets_from_function(
         pretrain.dataset_fn))
 
