@@ -1,5 +1,5 @@
 """PAWS-NN of a model in hand on a run's data: the checks of its labeled
-split and export, the evaluation, its results under `model_dir/eval` and
+split and export, the evaluation, its results under the run's `eval` and
 its classifier export."""
 
 import os
@@ -36,8 +36,9 @@ def of_export(export_dir):
                     export_dir, export.read_preprocessing(export_dir))
 
 
-@gin.configurable(denylist=['embedder', 'labeled', 'test', 'classifier'])
-def evaluate_nn(model_dir, embedder=None, *, labeled, test, image_size,
+@gin.configurable(
+    denylist=['run', 'embedder', 'labeled', 'test', 'classifier'])
+def evaluate_nn(run, embedder=None, *, labeled, test, image_size,
                 crop_fraction, mean, std, tau=0.1, embedding=None,
                 batch_size=256, step=0, pictures=True, classifier=False,
                 from_model=None):
@@ -50,7 +51,7 @@ def evaluate_nn(model_dir, embedder=None, *, labeled, test, image_size,
     Single-process (the chief alone).
 
     Args:
-        model_dir: the run's directory.
+        run: the run's `RunDir`.
         embedder: the `Embedder` evaluated; None: `from_model`'s.
         labeled, test: the support and the queries, as for `PawsNN`.
         image_size, crop_fraction, mean, std: the preprocessing.
@@ -74,7 +75,6 @@ def evaluate_nn(model_dir, embedder=None, *, labeled, test, image_size,
         RuntimeError: as for `PawsNN`'s call.
     """
     embedder = _given(embedder, from_model)
-    run = run_dir.RunDir(model_dir)
     preprocessing = dict(image_size=image_size, crop_fraction=crop_fraction,
                          mean=mean, std=std)
     split_file = _checked_split(run, labeled)

@@ -42,8 +42,7 @@ def load_trained_model(run, strategy, *, local=False, imported=False):
     from the gin config and the run directory alone.
 
     Args:
-        run, strategy: the run's `RunDir` (or its path), the running
-            strategy.
+        run, strategy: the run's `RunDir`, the running strategy.
         local: plain variables outside the strategy, for what one process
             does alone (export, PAWS-NN); else in its scope (fine-tuning).
         imported: the run holds imported official weights (RGB).
@@ -55,7 +54,6 @@ def load_trained_model(run, strategy, *, local=False, imported=False):
         FileNotFoundError: the run has no checkpoint yet.
         checkpoints.NoneRestorable: none of its checkpoints restores.
     """
-    run = run_dir.RunDir(run)
     model = _float32_model(run, strategy, local=local,
                            imported=imported)
     with contextlib.nullcontext() if local else strategy.scope():
