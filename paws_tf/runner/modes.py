@@ -13,7 +13,6 @@ from paws_tf import bindings
 from paws_tf import checkpoints
 from paws_tf import checks
 from paws_tf import cluster
-from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import evaluate_nn
 from paws_tf.evaluation import export
 from paws_tf.evaluation import fine_tune
@@ -75,17 +74,6 @@ def load_labeled_data(run, what, *, trained=True):
     except ValueError as error:
         raise MissingLabeledFolder(str(error)) from None
     return experiment.load_data(run, trained=trained)
-
-
-def _export_classifier(run, model, bundle):
-    """Writes the PAWS-NN classifier of `model`, the embeddings of the
-    labeled images of `bundle` its supports."""
-    preprocessing, channels = experiment.recorded_preprocessing(run)
-    supports = evaluate_nn.embed_labeled(
-        evaluate.embedder_from_model(model), bundle.labeled, preprocessing)
-    evaluate_nn.export_classifier(
-        run, model, bundle.labeled, supports,
-        preprocessing, channels=channels, tau=model.tau)
 
 
 def evaluate_existing(run, strategy, embedder):
@@ -244,7 +232,9 @@ def _export_and_evaluate(run, strategy, model, weights, bundle, *, exports,
                         embedding=local.nn_embedding, step=step,
                         classifier=exports)
     if exports and bundle is not None:
-        _export_classifier(run, local, bundle)
+        evaluate_nn.export_classifier(run, local, bundle.labeled,
+                                      preprocessing, channels=channels,
+                                      tau=local.tau)
     return None
 
 
