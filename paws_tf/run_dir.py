@@ -55,6 +55,9 @@ class RunDir:
         doc='The `RunDir` where a training run writes its records until '
         'its start is accepted (`accept_staged`).')
     imported = _path('imported.json')
+    # What an import holds (the `kind` of its record): a pre-trained PAWS
+    # model, a fine-tuned classifier (`fine_tuned`), a backbone alone.
+    IMPORT_KINDS = ('pretrained', 'fine_tuned', 'backbone')
 
     # The model and optimizer.
     checkpoints = _path('checkpoints')

@@ -15,6 +15,7 @@ import pytest
 from paws_tf import bindings
 from paws_tf import configurables  # noqa: F401  (registers configurables)
 from paws_tf.data import sources
+from paws_tf import run_dir
 from paws_tf.runner import experiment
 from tests.helpers import idx
 from tests.test_sources import FASHION_MNIST_NAMES
@@ -42,7 +43,7 @@ def load(name, idx_dir, record_dir, *bindings):
     gin.parse_config_files_and_bindings(
         [str(REPO / 'gin_configs' / name)],
         [f"fashion_mnist.idx_dir = '{idx_dir}'", *bindings])
-    return experiment.load_data(record_dir)
+    return experiment.load_data(run_dir.RunDir(record_dir))
 
 
 def original_labels(source):

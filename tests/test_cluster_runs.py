@@ -400,7 +400,8 @@ def test_a_vit_trains_on_the_cluster_as_in_one_process_and_fine_tunes(
     for run in ('cluster', 'one_process'):
         with debug_gin.parsed(SHRINK, gin_file=config['gin_file']):
             model, step = modes.load_trained_model(
-                root / run, tf.distribute.get_strategy(), local=True)
+                run_dir.RunDir(root / run), tf.distribute.get_strategy(),
+                local=True)
         assert step == 16
         runs.append(compared_values(model))
     assert runs[0].keys() == runs[1].keys()
@@ -427,9 +428,10 @@ def _fine_tuned_top1(model_dir, gin_file):
     protocol) wrote under `model_dir`: its embeddings of the labeled and
     test images, the soft nearest-neighbour rule in NumPy."""
     with debug_gin.parsed(SHRINK, gin_file=gin_file):
+        run = run_dir.RunDir(model_dir)
         model, _ = modes.load_trained_model(
-            model_dir, tf.distribute.get_strategy(), local=True)
-        bundle = experiment.load_data(str(model_dir))
+            run, tf.distribute.get_strategy(), local=True)
+        bundle = experiment.load_data(run)
         preprocessing = experiment.eval_preprocessing(bundle)
     trunk = tuning.build_trunk(model)
     trunk.load_weights(str(model_dir / 'fine_tune' / tuning.TRUNK_WEIGHTS))

@@ -17,6 +17,7 @@ import tensorflow_datasets as tfds
 
 from paws_tf import checkpoints
 from paws_tf.data import pipeline
+from paws_tf import run_dir
 from paws_tf.runner import experiment
 from paws_tf.runner import modes
 from tests.helpers import debug_gin
@@ -63,9 +64,10 @@ def test_the_whole_workflow_through_run_py(tmp_path):
     embedder = tf.saved_model.load(str(tmp_path / 'export' / 'embedder'))
     classifier = tf.saved_model.load(str(tmp_path / 'export' / 'classifier'))
     with debug_gin.parsed(BINDINGS):
+        run = run_dir.RunDir(tmp_path)
         model, step = modes.load_trained_model(
-            str(tmp_path), tf.distribute.get_strategy())
-        bundle = experiment.load_data(str(tmp_path))
+            run, tf.distribute.get_strategy())
+        bundle = experiment.load_data(run)
         preprocessing = experiment.eval_preprocessing(bundle)
     assert step == 32
     images = np.stack([bundle.test.read(i).numpy() for i in range(10)])

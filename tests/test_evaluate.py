@@ -154,7 +154,7 @@ def exported(run):
 
 def test_evaluate_nn_with_the_saved_model(run, capsys):
     results = evaluate_nn.evaluate_nn(
-        run['model_dir'], exported(run), labeled=run['labeled'],
+        run_dir.RunDir(run['model_dir']), exported(run), labeled=run['labeled'],
         test=run['test'], batch_size=16, **EVAL)
     path = os.path.join(run['model_dir'], 'eval', 'paws_nn.json')
     assert results['results_file'] == path
@@ -176,7 +176,8 @@ def test_evaluate_nn_with_the_saved_model(run, capsys):
 
 def test_evaluate_nn_refuses_a_support_other_than_the_split(run):
     with pytest.raises(ValueError, match='it lists 40 images, 0 of them not among the 400 selected'):
-        evaluate_nn.evaluate_nn(run['model_dir'], exported(run),
+        evaluate_nn.evaluate_nn(run_dir.RunDir(run['model_dir']),
+                                exported(run),
                                 labeled=run['train'], test=run['test'],
                                 **EVAL)
 
@@ -184,7 +185,8 @@ def test_evaluate_nn_refuses_a_support_other_than_the_split(run):
 def test_evaluate_nn_refuses_an_export_with_other_preprocessing(run):
     with pytest.raises(ValueError, match='image_size: export 16, '
                                          'evaluation 12'):
-        evaluate_nn.evaluate_nn(run['model_dir'], exported(run),
+        evaluate_nn.evaluate_nn(run_dir.RunDir(run['model_dir']),
+                                exported(run),
                                 labeled=run['labeled'], test=run['test'],
                                 **dict(EVAL, image_size=12))
 
@@ -192,7 +194,8 @@ def test_evaluate_nn_refuses_an_export_with_other_preprocessing(run):
 def test_evaluate_nn_refuses_an_export_of_another_embedding(run):
     with pytest.raises(ValueError, match='embedding: export projection, '
                                          'evaluation prediction'):
-        evaluate_nn.evaluate_nn(run['model_dir'], exported(run),
+        evaluate_nn.evaluate_nn(run_dir.RunDir(run['model_dir']),
+                                exported(run),
                                 labeled=run['labeled'], test=run['test'],
                                 embedding='prediction', **EVAL)
 
@@ -208,13 +211,13 @@ def test_evaluate_nn_from_a_training_checkpoint(run, tmp_path):
     prefix = manager.save()
     fresh = tiny_model.build(size=SIZE, seed=1)
     checkpoints.load(prefix, fresh)  # As modes.load_trained_model does.
-    model_dir = str(tmp_path / 'eval_run')
+    eval_run = run_dir.RunDir(tmp_path / 'eval_run')
     results = evaluate_nn.evaluate_nn(
-        model_dir, evaluate_nn.Embedder(fresh, 'checkpoint', prefix),
+        eval_run, evaluate_nn.Embedder(fresh, 'checkpoint', prefix),
         labeled=run['labeled'], test=run['test'], **EVAL)
     assert results['source_path'] == prefix
     assert results['split_file'] is None
-    with open(os.path.join(model_dir, 'eval', 'paws_nn.json')) as f:
+    with open(eval_run.nn_results) as f:
         stored = json.load(f)
     assert stored['source'] == 'checkpoint' and stored['num_support'] == 40
     expected = reference_results(run['model'], run['labeled'], run['test'])
@@ -260,7 +263,7 @@ def test_train_and_evaluate_embeds_the_labeled_set_once(tmp_path,
                            'train.view_images = False', 'train.verbose = 0']):
         results = modes.run(model_dir, tf.distribute.get_strategy(),
                             'train_and_evaluate')
-        bundle = experiment.load_data(model_dir)
+        bundle = experiment.load_data(run_dir.RunDir(model_dir))
         assert (embedded, loads) == ([64, 128], [])
         again = modes.run(model_dir, tf.distribute.get_strategy(),
                           'evaluate_nn')

@@ -402,8 +402,9 @@ def test_suncet_protocol_through_the_entry_point(tmp_path):
             'fine_tune_suncet.images_per_class = 4',
             'fine_tune_suncet.eval_batch_size = 16'])
     try:
-        results = fine_tune.fine_tune(str(tmp_path), model, labeled=labeled,
-                                      test=test, protocol='cifar10', **PRE)
+        results = fine_tune.fine_tune(run_dir.RunDir(tmp_path), model,
+                                      labeled=labeled, test=test,
+                                      protocol='cifar10', **PRE)
     finally:
         gin.clear_config()
     steps = epochs * per_epoch
@@ -472,16 +473,14 @@ def test_clear_errors_before_training(tmp_path, two_replicas):
     empty = sources.from_arrays(np.zeros([0, SIZE, SIZE, 3], np.uint8),
                                 np.zeros([0], np.int64))
     labeled, test = clustered(2, 4, seed=0), clustered(2, 2, seed=1)
-    kwargs = dict(model=model, test=test, **PRE)
+    kwargs = dict(run=run_dir.RunDir(tmp_path), model=model, test=test, **PRE)
     with pytest.raises(ValueError, match='labeled set is empty'):
-        fine_tune.fine_tune(str(tmp_path), labeled=empty, **kwargs)
+        fine_tune.fine_tune(labeled=empty, **kwargs)
     with pytest.raises(ValueError, match='labeled set is empty'):
-        fine_tune.fine_tune(str(tmp_path), labeled=empty, protocol='cifar10',
-                            **kwargs)
+        fine_tune.fine_tune(labeled=empty, protocol='cifar10', **kwargs)
     with pytest.raises(ValueError,
                        match=r'fine_tune\.protocol must be one of'):
-        fine_tune.fine_tune(str(tmp_path), labeled=labeled, protocol='x',
-                            **kwargs)
+        fine_tune.fine_tune(labeled=labeled, protocol='x', **kwargs)
     with pytest.raises(ValueError, match='held-out images'):
         linear_fine_tune.fine_tune_linear(model, labeled, test, holdout=8,
                                           output_dir=str(tmp_path), **PRE)

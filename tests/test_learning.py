@@ -18,7 +18,7 @@ def untrained_top1(record_dir):
     """PAWS-NN top-1 of the network `train` starts from (seed 0), before
     any step, on the run's labeled and test images."""
     tf_keras.utils.set_random_seed(0)
-    bundle = experiment.load_data(str(record_dir))
+    bundle = experiment.load_data(run_dir.RunDir(record_dir))
     model = building.build_local_model(
         input_channels=bundle.labeled.channels)
     preprocessing = experiment.eval_preprocessing(bundle)

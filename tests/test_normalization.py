@@ -92,7 +92,7 @@ def test_or_from_a_sample_of_the_unlabeled_images(tmp_path):
     chosen = np.sort(np.random.default_rng(3).choice(6, 4, replace=False))
     sample = np.concatenate([pixels[i].reshape(-1, 3) for i in chosen]) / 255
     bundle = experiment.load_data(
-        str(tmp_path / 'run'), train=lambda: experiment.image_folders(
+        run_dir.RunDir(tmp_path / 'run'), train=lambda: experiment.image_folders(
             str(tmp_path / 'labeled'), str(tmp_path / 'unlabeled'),
             include_labeled_in_unlabeled=False),
         normalization='data', normalization_from='unlabeled',
@@ -107,7 +107,7 @@ def test_or_from_a_sample_of_the_unlabeled_images(tmp_path):
         'unlabeled', 4, 6)
     with pytest.raises(ValueError, match="normalization_from must be one of "
                        r"\('labeled', 'unlabeled'\), got 'test'"):
-        experiment.load_data(str(tmp_path / 'run'), train=None,
+        experiment.load_data(run_dir.RunDir(tmp_path / 'run'), train=None,
                              normalization='data', normalization_from='test')
 
 

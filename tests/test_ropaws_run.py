@@ -128,7 +128,8 @@ def test_the_trained_model_descends_the_official_objective(trained):
             BINDINGS + image_folders.path_bindings(model_dir.parent / 'data'),
             gin_file='gin_configs/image_folders_small.gin'):
         model, _ = modes.load_trained_model(
-            model_dir, tf.distribute.get_strategy(), local=True)
+            run_dir.RunDir(model_dir), tf.distribute.get_strategy(),
+            local=True)
     data = tiny_model.random_step(np.random.default_rng(0), 4, 3, 2, 2, 2,
                                   size=32)
     loss, *_ = model._forward(data, training=True)

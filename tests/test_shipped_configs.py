@@ -34,6 +34,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from paws_tf.data import pipeline
+from paws_tf import run_dir
 from paws_tf.runner import experiment
 from paws_tf.runner import modes
 from tests.helpers import debug_gin
@@ -215,9 +216,10 @@ def _check_export_and_nn(gin_file, model_dir, bindings):
     embedder = tf.saved_model.load(str(pathlib.Path(model_dir) / 'export' /
                                        'embedder'))
     with debug_gin.parsed(bindings, gin_file=f'gin_configs/{gin_file}'):
+        run = run_dir.RunDir(model_dir)
         model, _ = modes.load_trained_model(
-            model_dir, tf.distribute.get_strategy(), local=True)
-        bundle = experiment.load_data(model_dir)
+            run, tf.distribute.get_strategy(), local=True)
+        bundle = experiment.load_data(run)
         preprocessing = experiment.eval_preprocessing(bundle)
 
     def embed(source):

@@ -1,5 +1,5 @@
 """PAWS-NN of a model in hand on a run's data: the checks of its labeled
-split and export, the evaluation, its results under `model_dir/eval` and
+split and export, the evaluation, its results under the run's `eval` and
 its classifier export."""
 
 import os
@@ -36,8 +36,9 @@ def of_export(export_dir):
                     export_dir, export.read_preprocessing(export_dir))
 
 
-@gin.configurable(denylist=['embedder', 'labeled', 'test', 'classifier'])
-def evaluate_nn(model_dir, embedder=None, *, labeled, test, image_size,
+@gin.configurable(
+    denylist=['run', 'embedder', 'labeled', 'test', 'classifier'])
+def evaluate_nn(run, embedder=None, *, labeled, test, image_size,
                 crop_fraction, mean, std, tau=0.1, embedding=None,
                 batch_size=256, step=0, pictures=True, classifier=False,
                 from_model=None):
@@ -50,7 +51,7 @@ def evaluate_nn(model_dir, embedder=None, *, labeled, test, image_size,
     Single-process (the chief alone).
 
     Args:
-        model_dir: the run's directory.
+        run: the run's `RunDir`.
         embedder: the `Embedder` evaluated; None: `from_model`'s.
         labeled, test: the support and the queries, as for `PawsNN`.
         image_size, crop_fraction, mean, std: the preprocessing.
@@ -74,7 +75,6 @@ def evaluate_nn(model_dir, embedder=None, *, labeled, test, image_size,
         RuntimeError: as for `PawsNN`'s call.
     """
     embedder = _given(embedder, from_model)
-    run = run_dir.RunDir(model_dir)
     preprocessing = dict(image_size=image_size, crop_fraction=crop_fraction,
                          mean=mean, std=std)
     split_file = _checked_split(run, labeled)
@@ -83,8 +83,9 @@ def evaluate_nn(model_dir, embedder=None, *, labeled, test, image_size,
     embed_fn = evaluate.embedder_from_model(embedder.model)
     supports = embed_labeled(embed_fn, labeled, preprocessing, batch_size)
     if classifier:
-        export_classifier(run, embedder.model, labeled, supports,
-                          preprocessing, channels=labeled.channels, tau=tau)
+        export_classifier(run, embedder.model, labeled, preprocessing,
+                          channels=labeled.channels, tau=tau,
+                          supports=supports)
     os.makedirs(run.eval, exist_ok=True)
     results = evaluate.PawsNN(
         labeled, test, preprocessing=preprocessing, tau=tau,
@@ -120,10 +121,13 @@ def embed_labeled(embed_fn, labeled, preprocessing, batch_size=256):
         description='support images')
 
 
-def export_classifier(run, model, labeled, supports, preprocessing, *,
-                      channels, tau):
+def export_classifier(run, model, labeled, preprocessing, *, channels, tau,
+                      supports=None):
     """The PAWS-NN classifier of `model` in `run.classifier`, its supports
-    the `embed_labeled` `supports` of `labeled`."""
+    the `embed_labeled` `supports` of `labeled` (None: embedded here)."""
+    if supports is None:
+        supports = embed_labeled(evaluate.embedder_from_model(model),
+                                 labeled, preprocessing)
     export.export_classifier(
         model, run.classifier, support_embeddings=supports[0],
         support_labels=supports[1], class_names=labeled.class_names,
@@ -135,12 +139,11 @@ def _summary(results):
     result, on stdout; not logged too, which would show it twice)."""
     top5 = (f', top-5 {100 * results["top5"]:.2f}%' if 'top5' in results
             else '')
-    summary = (f'PAWS-NN ({results["source"]} {results["source_path"]}, '
-               f'{results["embedding"]} embedding): top-1 '
-               f'{100 * results["top1"]:.2f}%{top5}; support = the '
-               f'{results["num_support"]} labeled images, '
-               f'{results["num_queries"]} queries')
-    print(summary)
+    print(f'PAWS-NN ({results["source"]} {results["source_path"]}, '
+          f'{results["embedding"]} embedding): top-1 '
+          f'{100 * results["top1"]:.2f}%{top5}; support = the '
+          f'{results["num_support"]} labeled images, '
+          f'{results["num_queries"]} queries')
 
 
 def embedder_of(path, name='evaluate_nn.from_model'):

@@ -6,21 +6,20 @@ from paws_tf import checks
 from paws_tf.data import augment
 from paws_tf.evaluation import linear_fine_tune
 from paws_tf.evaluation import suncet_fine_tune
-from paws_tf import run_dir
 
 _PROTOCOLS = {'imagenet': linear_fine_tune.fine_tune_linear,
               'cifar10': suncet_fine_tune.fine_tune_suncet}
 
 
-@gin.configurable(denylist=['model', 'labeled', 'test', 'strategy'])
-def fine_tune(model_dir, model, *, labeled, test, protocol='imagenet',
+@gin.configurable(denylist=['run', 'model', 'labeled', 'test', 'strategy'])
+def fine_tune(run, model, *, labeled, test, protocol='imagenet',
               strategy=None, image_size=224, crop_fraction=0.875,
               mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD, seed=0):
-    """Fine-tunes a pre-trained PAWS model into `model_dir/fine_tune`,
-    TensorBoard logs in `model_dir/tensorboard/fine_tune`.
+    """Fine-tunes a pre-trained PAWS model into `run.fine_tune`,
+    TensorBoard logs in `run.fine_tune_logs`.
 
     Args:
-        model_dir: run directory.
+        run: the run's `RunDir`.
         model: restored pre-trained `model.PAWSModel`, or an imported
             backbone's `vit_import.BackboneEmbedder` (not modified).
         labeled, test: labeled `sources.ImageSource`, labeled test source.
@@ -38,7 +37,6 @@ def fine_tune(model_dir, model, *, labeled, test, protocol='imagenet',
         ValueError: unknown protocol, or the protocol's errors.
     """
     checks.one_of('fine_tune.protocol', protocol, tuple(_PROTOCOLS))
-    run = run_dir.RunDir(model_dir)
     _, results = _PROTOCOLS[protocol](
         model, labeled, test, output_dir=run.fine_tune,
         log_dir=run.fine_tune_logs, strategy=strategy, image_size=image_size,

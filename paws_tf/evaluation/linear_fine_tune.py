@@ -234,16 +234,22 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
     classifier, entries = select[selection](
         model, labeled, log_dir=log_dir, learning_rates=learning_rates,
         epochs=epochs, train=train, evaluation=evaluation)
+    results = _tested(classifier, test_dataset, selection, entries)
+    tuning.write_outputs(strategy, output_dir, classifier, CLASSIFIER_WEIGHTS,
+                         results)
+    return classifier, results
+
+
+def _tested(classifier, test_dataset, selection, entries):
+    """`fine_tune_linear`'s results: the chosen `classifier`'s test
+    scores and the `entries` of its `selection`."""
     scores = _scores(classifier, test_dataset)
     chosen = entries.get('best') or {
         key: entries[key] for key in ('learning_rate', 'epochs', 'best_epoch')}
     logging.info('Fine-tuned by %s, %s: test %s', selection, chosen, scores)
-    results = dict(protocol='imagenet', selection=selection,
-                   top1=scores['top1'], top5=scores.get('top5'), test=scores,
-                   **entries, weights=CLASSIFIER_WEIGHTS)
-    tuning.write_outputs(strategy, output_dir, classifier, CLASSIFIER_WEIGHTS,
-                         results)
-    return classifier, results
+    return dict(protocol='imagenet', selection=selection,
+                top1=scores['top1'], top5=scores.get('top5'), test=scores,
+                **entries, weights=CLASSIFIER_WEIGHTS)
 
 
 def _checked_classes(labeled, strategy, global_batch_size, learning_rates,

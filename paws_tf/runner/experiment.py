@@ -8,7 +8,6 @@ import numpy as np
 
 from paws_tf import bindings
 from paws_tf import checks
-from paws_tf import run_dir
 from paws_tf.data import folders
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import sources
@@ -71,7 +70,7 @@ def load_data(run, *, trained=False, train=gin.REQUIRED, test=None,
     """Loads the sources of an experiment.
 
     Args:
-        run: the `RunDir` (or its path) recording the labeled split and the
+        run: the `RunDir` recording the labeled split and the
             normalisation; None records nothing.
         trained: `run` holds a trained run, whose records are read and
             never written: other classes, another labeled split
@@ -106,7 +105,6 @@ def load_data(run, *, trained=False, train=gin.REQUIRED, test=None,
     normalization_lib.normalization(normalization)
     checks.one_of('load_data.normalization_from', normalization_from,
                   ('labeled', 'unlabeled'))
-    run = None if run is None else run_dir.RunDir(run)
     labeled, unlabeled_source = _split(train(), None if trained else run)
     if trained:
         records.check(run, labeled)

@@ -13,7 +13,6 @@ from paws_tf import bindings
 from paws_tf import checkpoints
 from paws_tf import checks
 from paws_tf import cluster
-from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import evaluate_nn
 from paws_tf.evaluation import export
 from paws_tf.evaluation import fine_tune
@@ -42,8 +41,7 @@ def load_trained_model(run, strategy, *, local=False, imported=False):
     from the gin config and the run directory alone.
 
     Args:
-        run, strategy: the run's `RunDir` (or its path), the running
-            strategy.
+        run, strategy: the run's `RunDir`, the running strategy.
         local: plain variables outside the strategy, for what one process
             does alone (export, PAWS-NN); else in its scope (fine-tuning).
         imported: the run holds imported official weights (RGB).
@@ -55,7 +53,6 @@ def load_trained_model(run, strategy, *, local=False, imported=False):
         FileNotFoundError: the run has no checkpoint yet.
         checkpoints.NoneRestorable: none of its checkpoints restores.
     """
-    run = run_dir.RunDir(run)
     model = _float32_model(run, strategy, local=local,
                            imported=imported)
     with contextlib.nullcontext() if local else strategy.scope():
@@ -77,17 +74,6 @@ def load_labeled_data(run, what, *, trained=True):
     except ValueError as error:
         raise MissingLabeledFolder(str(error)) from None
     return experiment.load_data(run, trained=trained)
-
-
-def _export_classifier(run, model, bundle):
-    """Writes the PAWS-NN classifier of `model`, the embeddings of the
-    labeled images of `bundle` its supports."""
-    preprocessing, channels = experiment.recorded_preprocessing(run)
-    supports = evaluate_nn.embed_labeled(
-        evaluate.embedder_from_model(model), bundle.labeled, preprocessing)
-    evaluate_nn.export_classifier(
-        run, model, bundle.labeled, supports,
-        preprocessing, channels=channels, tau=model.tau)
 
 
 def evaluate_existing(run, strategy, embedder):
@@ -246,7 +232,9 @@ def _export_and_evaluate(run, strategy, model, weights, bundle, *, exports,
                         embedding=local.nn_embedding, step=step,
                         classifier=exports)
     if exports and bundle is not None:
-        _export_classifier(run, local, bundle)
+        evaluate_nn.export_classifier(run, local, bundle.labeled,
+                                      preprocessing, channels=channels,
+                                      tau=local.tau)
     return None
 
 

@@ -13,12 +13,13 @@ from paws_tf.nets import backbones
 from paws_tf.nets import heads
 from paws_tf.nets import sync_batch_norm
 from paws_tf.nets import torch_names
+from paws_tf import run_dir
 from paws_tf.runner import building
 from paws_tf.runner import experiment
 
-PRETRAINED, FINE_TUNED = 'pretrained', 'fine_tuned'
-# A backbone alone: the DINO, MSN and DINOv2 ViTs (`vit_import`).
-BACKBONE = 'backbone'
+# The kinds of import (a backbone alone: the DINO, MSN and DINOv2 ViTs of
+# `vit_import`).
+PRETRAINED, FINE_TUNED, BACKBONE = run_dir.RunDir.IMPORT_KINDS
 # The official networks take RGB images.
 CHANNELS = 3
 _INSTALL_HINT = ('Reading official .pth.tar checkpoints needs PyTorch: '
