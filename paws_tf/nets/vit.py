@@ -46,13 +46,6 @@ def _layer_norm(name):
                                               name=name)
 
 
-def _build_in_scope(layer, input_shape):
-    """Builds sublayer `layer` with variables named `<outer>/<layer>/...`,
-    as its own call would name them, before the outer layer calls it."""
-    with tf.name_scope(layer.name):
-        layer.build(input_shape)
-
-
 def scaled_dot_product_attention(queries, keys, values,
                                  logits_dtype=tf.float32):
     """softmax(q k^T / sqrt(d)) v, the logits and softmax in `logits_dtype`.
@@ -108,7 +101,7 @@ class PatchEmbedding(tf_keras.layers.Layer):
                 scale=1 / 3, mode='fan_in', distribution='uniform'),
             bias_initializer=tf_keras.initializers.RandomUniform(-bound,
                                                                  bound))
-        _build_in_scope(self.proj, input_shape)
+        nets.build_in_scope(self.proj, input_shape)
         super().build(input_shape)
 
     def call(self, images):
@@ -225,8 +218,8 @@ class SelfAttention(tf_keras.layers.Layer):
                              f'{self.num_heads} heads.')
         self.qkv = _dense(3 * dim, 'qkv')
         self.proj = _dense(dim, 'proj')
-        _build_in_scope(self.qkv, input_shape)
-        _build_in_scope(self.proj, input_shape)
+        nets.build_in_scope(self.qkv, input_shape)
+        nets.build_in_scope(self.proj, input_shape)
         super().build(input_shape)
 
     def call(self, x):
@@ -273,11 +266,11 @@ class Block(tf_keras.layers.Layer):
         for layer in (self.norm1, self.attn, self.norm2, self.ls1,
                       self.ls2):
             if layer is not None:
-                _build_in_scope(layer, input_shape)
+                nets.build_in_scope(layer, input_shape)
         hidden_shape = tf.TensorShape(input_shape)[:-1] + [MLP_RATIO * dim]
         with tf.name_scope('mlp'):  # timm's names: mlp.fc1, mlp.fc2.
-            _build_in_scope(self.fc1, input_shape)
-            _build_in_scope(self.fc2, hidden_shape)
+            nets.build_in_scope(self.fc1, input_shape)
+            nets.build_in_scope(self.fc2, hidden_shape)
         super().build(input_shape)
 
     def call(self, x):
