@@ -57,7 +57,7 @@ def step_of(path):
 def latest(directory):
     """(path, step) of the newest checkpoint `directory`'s state file
     names, or (None, 0)."""
-    path = tf.train.latest_checkpoint(directory) if directory else None
+    path = tf.train.latest_checkpoint(directory)
     return (path, step_of(path)) if path else (None, 0)
 
 

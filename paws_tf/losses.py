@@ -120,13 +120,6 @@ def _multicrop_targets(targets, multicrop):
     return tf.stop_gradient(targets)
 
 
-def _me_max(log_probs, sharpen_temperature):
-    """-H(mean over views and replicas of sharpen(p))."""
-    mean_prob = dist.all_reduce_mean(tf.reduce_mean(
-        _sharpen_log(log_probs, sharpen_temperature), axis=0))  # [C]
-    return tf.reduce_sum(tf.math.xlogy(mean_prob, mean_prob))
-
-
 def paws_loss(anchor_views, anchor_supports, anchor_support_labels,
               target_views, target_supports, target_support_labels, *,
               multicrop, tau, sharpen_temperature, me_max=True):
@@ -166,12 +159,25 @@ def paws_loss(anchor_views, anchor_supports, anchor_support_labels,
     targets = paws_targets(
         target_views, target_supports, target_support_labels,
         multicrop=multicrop, tau=tau, sharpen_temperature=sharpen_temperature)
-    # 3. Cross-entropy H(targets, p), averaged over all anchor views.
-    cross_entropy = tf.reduce_mean(tf.reduce_sum(-targets * log_probs, axis=1))
-    # 4. me-max: -H(mean over views and replicas of sharpen(p)).
-    me_max_term = (_me_max(log_probs, sharpen_temperature) if me_max
-                   else tf.constant(0.0))
-    return PawsTerms(cross_entropy, me_max_term, targets, log_probs)
+    # 3-4. Cross-entropy H(targets, p) and me-max.
+    return _terms(log_probs, targets, sharpen_temperature, me_max)
+
+
+def _terms(log_probs, targets, sharpen_temperature, me_max, in_domain=None,
+           view_weights=None):
+    """The `PawsTerms` of both objectives: the cross-entropy H(targets, p),
+    each anchor view's times `view_weights` if given, averaged over all
+    views; me-max, -H(mean over views and replicas of sharpen(p)), or 0."""
+    cross_entropy = tf.reduce_sum(-targets * log_probs, axis=1)
+    if view_weights is not None:
+        cross_entropy = view_weights * cross_entropy
+    me_max_term = tf.constant(0.0)
+    if me_max:
+        mean_prob = dist.all_reduce_mean(tf.reduce_mean(
+            _sharpen_log(log_probs, sharpen_temperature), axis=0))  # [C]
+        me_max_term = tf.reduce_sum(tf.math.xlogy(mean_prob, mean_prob))
+    return PawsTerms(tf.reduce_mean(cross_entropy), me_max_term, targets,
+                     log_probs, in_domain)
 
 
 def ropaws_targets(target_views, target_supports, target_support_labels, *,
@@ -208,18 +214,35 @@ def ropaws_targets(target_views, target_supports, target_support_labels, *,
         gradient.
     """
     views = tf.stack(tf.split(tf.stop_gradient(_normalize(target_views)), 2))
-    supports = tf.stop_gradient(_normalize(target_supports))  # [N, D]
     labels = tf.cast(target_support_labels, tf.float32)  # [N, C]
     batch = tf.shape(views)[1]
     # 1. Every replica's rows of each view: the propagation runs over the
     #    global batch, replica-major.
-    queries = dist.all_gather(views, axis=1)  # [2, M, D]
+    propagated = _propagate_labels(
+        dist.all_gather(views, axis=1),  # [2, M, D]
+        tf.stop_gradient(_normalize(target_supports)), labels, tau=tau,
+        prior_tau=prior_tau,
+        ratio=label_ratio * tf.cast(batch, tf.float32) / images_per_class)
+    start = dist.replica_id() * batch
+    own = propagated[:, start:start + batch]  # [2, B, C]
+    # 5. The out-of-domain mass 1 - p_in is spread uniformly over classes.
+    in_domain = tf.reduce_sum(own, axis=2, keepdims=True)  # [2, B, 1]
+    probs = own + (1.0 - in_domain) / tf.cast(tf.shape(labels)[1], tf.float32)
+    targets = sharpen(tf.reshape(probs, [2 * batch, -1]),  # [2B, C]
+                      sharpen_temperature)
+    return (_multicrop_targets(targets, multicrop),
+            tf.stop_gradient(tf.reduce_mean(in_domain[..., 0], axis=0)))
+
+
+def _propagate_labels(queries, supports, labels, *, tau, prior_tau, ratio):
+    """Steps 2-4 of `ropaws_targets`: `P = (I - C_U)^-1 C_L Y` `[2, M, C]`
+    of the `[2, M, D]` normalised `queries` of both views, the `[N, D]`
+    normalised `supports` and their `[N, C]` `labels`."""
     rows = tf.shape(queries)[1]
     # 2. Similarities; the prior uses the raw cosine of the nearest support.
     support_sims = tf.einsum('vmd,nd->vmn', queries, supports)  # [2, M, N]
     prior = tf.exp((tf.reduce_max(support_sims, axis=2, keepdims=True) - 1.0)
                    / prior_tau)  # [2, M, 1]
-    ratio = label_ratio * tf.cast(batch, tf.float32) / images_per_class
     unlabeled_sims = tf.matmul(queries, queries, transpose_b=True)  # [2,M,M]
     unlabeled_logits = tf.where(tf.eye(rows, dtype=tf.bool), -np.inf,
                                 unlabeled_sims / tau)
@@ -231,18 +254,9 @@ def ropaws_targets(target_views, target_supports, target_support_labels, *,
     # 4. Label propagation in closed form; I - C_U is strictly diagonally
     #    dominant (rows of C_U sum to less than 1), so the float32 solve is
     #    well conditioned.
-    propagated = tf.linalg.solve(
+    return tf.linalg.solve(
         tf.eye(rows) - to_unlabeled,
         tf.einsum('vmn,nc->vmc', to_labeled, labels))  # [2, M, C]
-    start = dist.replica_id() * batch
-    own = propagated[:, start:start + batch]  # [2, B, C]
-    # 5. The out-of-domain mass 1 - p_in is spread uniformly over classes.
-    in_domain = tf.reduce_sum(own, axis=2, keepdims=True)  # [2, B, 1]
-    probs = own + (1.0 - in_domain) / tf.cast(tf.shape(labels)[1], tf.float32)
-    targets = sharpen(tf.reshape(probs, [2 * batch, -1]),  # [2B, C]
-                      sharpen_temperature)
-    return (_multicrop_targets(targets, multicrop),
-            tf.stop_gradient(tf.reduce_mean(in_domain[..., 0], axis=0)))
 
 
 def ropaws_loss(anchor_views, anchor_supports, anchor_support_labels,
@@ -275,14 +289,9 @@ def ropaws_loss(anchor_views, anchor_supports, anchor_support_labels,
         multicrop=multicrop, tau=tau, sharpen_temperature=sharpen_temperature,
         images_per_class=images_per_class, prior_tau=prior_tau,
         label_ratio=label_ratio)
-    # 3. Cross-entropy weighted by p_in^prior_pow, averaged over all views.
-    weights = tf.tile(tf.pow(in_domain, prior_pow), [2 + multicrop])
-    cross_entropy = tf.reduce_mean(
-        weights * tf.reduce_sum(-targets * log_probs, axis=1))
-    # 4. me-max, as PAWS.
-    me_max_term = (_me_max(log_probs, sharpen_temperature) if me_max
-                   else tf.constant(0.0))
-    return PawsTerms(cross_entropy, me_max_term, targets, log_probs, in_domain)
+    # 3-4. Cross-entropy weighted by p_in^prior_pow, and me-max, as PAWS.
+    return _terms(log_probs, targets, sharpen_temperature, me_max, in_domain,
+                  tf.tile(tf.pow(in_domain, prior_pow), [2 + multicrop]))
 
 
 def label_matrix(columns, num_classes, smoothing=0.0):

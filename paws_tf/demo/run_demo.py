@@ -156,44 +156,8 @@ def _write_figure(run, results, embeddings, labels, class_names,
     figure = mpl_figure.Figure(figsize=(18, 14), layout='constrained')
     top, bottom = figure.subfigures(2, 1, height_ratios=[5.3, 8.7])
     axes = top.subplots(1, 4, width_ratios=[1.2, 1, 1, 1.1])
-    for tag, label in (('epoch/loss', 'loss = cross-entropy + me-max'),
-                       ('epoch/cross_entropy', 'cross-entropy'),
-                       ('epoch/me_max', 'me-max = -entropy of the mean '
-                                        'prediction')):
-        _, values = read_scalars(run.train_logs, tag)
-        axes[0].plot(np.arange(1, len(values) + 1), values, marker='o',
-                     label=label)
-    axes[0].axhline(0, color='grey', linewidth=0.5)
-    axes[0].set(xlabel='pre-training epoch', ylabel='epoch mean',
-                title='PAWS pre-training loss\n(me-max <= 0, so the loss '
-                      'can be negative)')
-    axes[0].legend(fontsize=8)
-    baseline = 100 * results['supervised_top1']
-    _, top1 = read_scalars(run.eval_logs, 'paws_nn/top1')
-    axes[1].plot(np.arange(1, len(top1) + 1), 100 * top1, marker='o',
-                 label='PAWS-NN')
-    axes[1].set(xlabel='pre-training epoch',
-                title='PAWS-NN during pre-training')
-    if fine_tune_by_epoch:
-        axes[2].plot([e['epoch'] for e in fine_tune_by_epoch],
-                     [100 * e['top1'] for e in fine_tune_by_epoch],
-                     marker='.', color='C2', label='PAWS-NN, fine-tuned')
-    axes[2].set(xlabel='fine-tuning epoch (0: before)',
-                title='PAWS-NN during fine-tuning')
-    for panel in axes[1:3]:
-        panel.axhline(baseline, color='grey', linestyle='--',
-                      label='supervised only')
-        panel.set(ylabel='test top-1 (%)')
-        panel.legend(fontsize=8)
-    # Both accuracy panels on one scale, to compare their heights.
-    low, high = zip(*(panel.get_ylim() for panel in axes[1:3]))
-    for panel in axes[1:3]:
-        panel.set_ylim(min(low), max(high))
-    for panel in axes[:3]:  # Whole epochs, half an epoch beyond the ends.
-        first, last = panel.dataLim.intervalx
-        panel.set_xlim(first - 0.5, last + 0.5)
-        panel.xaxis.set_major_locator(
-            ticker.MaxNLocator(integer=True, min_n_ticks=1))
+    _plot_curves(axes[:3], run, 100 * results['supervised_top1'],
+                 fine_tune_by_epoch)
     points = project_2d(embeddings)
     for class_id, name in enumerate(class_names):
         mask = labels == class_id
@@ -211,6 +175,49 @@ def _write_figure(run, results, embeddings, labels, class_names,
     pictures.imshow(matplotlib.image.imread(run.nn_figure))
     pictures.set_axis_off()
     figure.savefig(run.results_figure, dpi=110)
+
+
+def _plot_curves(axes, run, baseline, fine_tune_by_epoch):
+    """The figure's three panels of curves: the pre-training loss terms,
+    PAWS-NN by pre-training epoch and by fine-tuning epoch, against the
+    `baseline` top-1 (%)."""
+    for tag, label in (('epoch/loss', 'loss = cross-entropy + me-max'),
+                       ('epoch/cross_entropy', 'cross-entropy'),
+                       ('epoch/me_max', 'me-max = -entropy of the mean '
+                                        'prediction')):
+        _, values = read_scalars(run.train_logs, tag)
+        axes[0].plot(np.arange(1, len(values) + 1), values, marker='o',
+                     label=label)
+    axes[0].axhline(0, color='grey', linewidth=0.5)
+    axes[0].set(xlabel='pre-training epoch', ylabel='epoch mean',
+                title='PAWS pre-training loss\n(me-max <= 0, so the loss '
+                      'can be negative)')
+    axes[0].legend(fontsize=8)
+    _, top1 = read_scalars(run.eval_logs, 'paws_nn/top1')
+    axes[1].plot(np.arange(1, len(top1) + 1), 100 * top1, marker='o',
+                 label='PAWS-NN')
+    axes[1].set(xlabel='pre-training epoch',
+                title='PAWS-NN during pre-training')
+    if fine_tune_by_epoch:
+        axes[2].plot([e['epoch'] for e in fine_tune_by_epoch],
+                     [100 * e['top1'] for e in fine_tune_by_epoch],
+                     marker='.', color='C2', label='PAWS-NN, fine-tuned')
+    axes[2].set(xlabel='fine-tuning epoch (0: before)',
+                title='PAWS-NN during fine-tuning')
+    for panel in axes[1:]:
+        panel.axhline(baseline, color='grey', linestyle='--',
+                      label='supervised only')
+        panel.set(ylabel='test top-1 (%)')
+        panel.legend(fontsize=8)
+    # Both accuracy panels on one scale, to compare their heights.
+    low, high = zip(*(panel.get_ylim() for panel in axes[1:]))
+    for panel in axes[1:]:
+        panel.set_ylim(min(low), max(high))
+    for panel in axes:  # Whole epochs, half an epoch beyond the ends.
+        first, last = panel.dataLim.intervalx
+        panel.set_xlim(first - 0.5, last + 0.5)
+        panel.xaxis.set_major_locator(
+            ticker.MaxNLocator(integer=True, min_n_ticks=1))
 
 
 def table(rows):

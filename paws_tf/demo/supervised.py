@@ -78,13 +78,8 @@ def train_supervised(run, *, labeled, test, preprocessing,
               epochs=epochs, steps_per_epoch=steps // epochs,
               callbacks=tuning.callbacks(run.supervised_logs))
     train_seconds = time.perf_counter() - start
-    correct = total = 0
-    for images, labels in pipeline.make_eval_dataset(test, batch_size=256,
-                                                     **preprocessing):
-        predicted = np.argmax(model(images, training=False), axis=1)
-        correct += int(np.sum(predicted == labels.numpy()))
-        total += len(labels)
-    results = dict(top1=correct / total, num_test=total,
+    top1, total = _top1(model, test, preprocessing)
+    results = dict(top1=top1, num_test=total,
                    num_labeled=labeled.num_examples, steps=steps,
                    wall_seconds=time.perf_counter() - start,
                    images_per_second=steps * batch_size / train_seconds)
@@ -95,3 +90,15 @@ def train_supervised(run, *, labeled, test, preprocessing,
                  100 * results['top1'], total, labeled.num_examples,
                  train_seconds)
     return results
+
+
+def _top1(model, test, preprocessing):
+    """`(top-1, number of images)` of `model` on `test`, preprocessed as
+    PAWS-NN's queries (`preprocessing`)."""
+    correct = total = 0
+    for images, labels in pipeline.make_eval_dataset(test, batch_size=256,
+                                                     **preprocessing):
+        predicted = np.argmax(model(images, training=False), axis=1)
+        correct += int(np.sum(predicted == labels.numpy()))
+        total += len(labels)
+    return correct / total, total

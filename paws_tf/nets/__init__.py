@@ -4,6 +4,8 @@ select and the official PyTorch names of their layers."""
 import inspect
 import typing
 
+import tensorflow as tf
+
 # The implementations of synchronised batch norm: the CPU-tuned layer or
 # tf_keras' (the same values and variables).
 CUSTOM = 'custom'
@@ -17,6 +19,13 @@ def check_impl(impl, name='impl'):
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f'{name} must be one of {IMPLEMENTATIONS}, got '
                          f'{impl!r}.')
+
+
+def build_in_scope(layer, input_shape):
+    """Builds sublayer `layer` with variables named `<outer>/<layer>/...`,
+    as its own call would name them, before the outer layer calls it."""
+    with tf.name_scope(layer.name):
+        layer.build(input_shape)
 
 
 # What a family advises for images smaller than its downsampling, unless

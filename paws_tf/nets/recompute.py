@@ -4,6 +4,7 @@ in the backward pass instead of held."""
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import nets
 from paws_tf.nets import sync_batch_norm
 
 
@@ -61,12 +62,8 @@ class NormReLUThen(tf_keras.layers.Layer):
         self.padding = padding
 
     def build(self, input_shape):
-        # Variables named `<this layer>/<sublayer>/gamma`, as a sublayer's
-        # own call would name them.
-        with tf.name_scope(self.norm.name):
-            self.norm.build(input_shape)
-        with tf.name_scope(self.layer.name):
-            self.layer.build(self._padded_shape(input_shape))
+        nets.build_in_scope(self.norm, input_shape)
+        nets.build_in_scope(self.layer, self._padded_shape(input_shape))
         super().build(input_shape)
 
     def _padded_shape(self, input_shape):

@@ -46,13 +46,6 @@ def _layer_norm(name):
                                               name=name)
 
 
-def _build_in_scope(layer, input_shape):
-    """Builds sublayer `layer` with variables named `<outer>/<layer>/...`,
-    as its own call would name them, before the outer layer calls it."""
-    with tf.name_scope(layer.name):
-        layer.build(input_shape)
-
-
 def scaled_dot_product_attention(queries, keys, values,
                                  logits_dtype=tf.float32):
     """softmax(q k^T / sqrt(d)) v, the logits and softmax in `logits_dtype`.
@@ -108,7 +101,7 @@ class PatchEmbedding(tf_keras.layers.Layer):
                 scale=1 / 3, mode='fan_in', distribution='uniform'),
             bias_initializer=tf_keras.initializers.RandomUniform(-bound,
                                                                  bound))
-        _build_in_scope(self.proj, input_shape)
+        nets.build_in_scope(self.proj, input_shape)
         super().build(input_shape)
 
     def call(self, images):
@@ -225,8 +218,8 @@ class SelfAttention(tf_keras.layers.Layer):
                              f'{self.num_heads} heads.')
         self.qkv = _dense(3 * dim, 'qkv')
         self.proj = _dense(dim, 'proj')
-        _build_in_scope(self.qkv, input_shape)
-        _build_in_scope(self.proj, input_shape)
+        nets.build_in_scope(self.qkv, input_shape)
+        nets.build_in_scope(self.proj, input_shape)
         super().build(input_shape)
 
     def call(self, x):
@@ -273,11 +266,11 @@ class Block(tf_keras.layers.Layer):
         for layer in (self.norm1, self.attn, self.norm2, self.ls1,
                       self.ls2):
             if layer is not None:
-                _build_in_scope(layer, input_shape)
+                nets.build_in_scope(layer, input_shape)
         hidden_shape = tf.TensorShape(input_shape)[:-1] + [MLP_RATIO * dim]
         with tf.name_scope('mlp'):  # timm's names: mlp.fc1, mlp.fc2.
-            _build_in_scope(self.fc1, input_shape)
-            _build_in_scope(self.fc2, hidden_shape)
+            nets.build_in_scope(self.fc1, input_shape)
+            nets.build_in_scope(self.fc2, hidden_shape)
         super().build(input_shape)
 
     def call(self, x):
@@ -309,17 +302,14 @@ def build_vit(name, *, patch_size=16, image_size=224, input_channels=3,
     through: PAWS's local views (96 px beside 224-px global views) get the
     position embeddings resampled as timm does (`ClassTokenAndPositions`),
     or as DINO, MSN or DINOv2 do for the weights imported from them.
-    Weights are initialised as timm's default: linear kernels N(0, 0.02)
-    (its truncation at +-2 never acts), zero biases, position embeddings
-    N(0, 0.02), class token N(0, 1e-6), LayerNorm ones and zeros, the
-    patch convolution PyTorch's default.
+    Weights are initialised as timm's default (`WEIGHT_STD`,
+    `CLASS_TOKEN_STD`, each layer's docstring).
 
     gin binds its arguments as `vit.patch_size`, ..., for every ViT name.
 
     Args:
-        name: 'vit_tiny' (D 192, 3 heads), 'vit_small' (D 384, 6 heads),
-            'vit_base' (D 768, 12 heads), 12 blocks each, or 'vit_large'
-            (D 1024, 16 heads, 24 blocks).
+        name: a ViT of `ARCHITECTURES` ('vit_tiny', 'vit_small',
+            'vit_base', 'vit_large').
         patch_size: side p of the square patches.
         image_size: side of the square images the position embeddings are
             learned for, a multiple of `patch_size`.
@@ -341,18 +331,9 @@ def build_vit(name, *, patch_size=16, image_size=224, input_channels=3,
     Raises:
         ValueError: unknown `name`, or a bad size.
     """
-    checks.one_of('ViT name', name, sorted(ARCHITECTURES))
-    dim, default_depth, num_heads = ARCHITECTURES[name]
-    depth = checks.integer('depth', default_depth if depth is None else depth)
-    patch_size = checks.integer('patch_size', patch_size)
-    image_size = checks.integer('image_size', image_size)
-    checks.integer('input_channels', input_channels)
-    checks.integer('vit.registers', registers, minimum=0)
-    checks.one_of('vit.position_interpolation', position_interpolation,
-                  vit_positions.INTERPOLATIONS)
-    if image_size % patch_size:
-        raise ValueError(f'image_size {image_size} is not a multiple of '
-                         f'patch_size {patch_size}.')
+    dim, depth, num_heads, patch_size, image_size = _checked_architecture(
+        name, depth, patch_size, image_size, input_channels, registers,
+        position_interpolation)
     inputs = tf_keras.Input(shape=(None, None, input_channels), name='images')
     x = PatchEmbedding(dim, patch_size, name='patch_embed')(inputs)
     x = ClassTokenAndPositions(image_size // patch_size,
@@ -368,6 +349,25 @@ def build_vit(name, *, patch_size=16, image_size=224, input_channels=3,
     model.output_dim = dim
     model.side_multiple = patch_size
     return model
+
+
+def _checked_architecture(name, depth, patch_size, image_size,
+                          input_channels, registers, position_interpolation):
+    """`(width, depth, heads, patch_size, image_size)` of `build_vit`'s
+    arguments, checked; `depth` None is the architecture's."""
+    checks.one_of('ViT name', name, sorted(ARCHITECTURES))
+    dim, default_depth, num_heads = ARCHITECTURES[name]
+    depth = checks.integer('depth', default_depth if depth is None else depth)
+    patch_size = checks.integer('patch_size', patch_size)
+    image_size = checks.integer('image_size', image_size)
+    checks.integer('input_channels', input_channels)
+    checks.integer('vit.registers', registers, minimum=0)
+    checks.one_of('vit.position_interpolation', position_interpolation,
+                  vit_positions.INTERPOLATIONS)
+    if image_size % patch_size:
+        raise ValueError(f'image_size {image_size} is not a multiple of '
+                         f'patch_size {patch_size}.')
+    return dim, depth, num_heads, patch_size, image_size
 
 
 def _build(name, *, input_channels, batch_norm, **arguments):
