@@ -120,7 +120,8 @@ def _refuse_another_vit(path, name):
     """Refuses a config that builds another ViT than the one imported into
     `path` (when it is an import), naming the bindings that differ."""
     source = run_dir.RunDir(path)
-    record = source.read_json(source.imported)
+    record = (source.read_json(source.imported) if os.path.isdir(path)
+              else None)
     if record is None or record['kind'] != official_import.BACKBONE:
         return
     recorded, configured = vit_import.unconfigured(record)
