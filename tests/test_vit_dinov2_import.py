@@ -12,6 +12,8 @@ CenterCrop(224), ImageNet's mean and std) is DINO's, which
 tests/test_vit_import.py gives the official side.
 """
 
+import json
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -19,9 +21,14 @@ import tensorflow as tf
 torch = pytest.importorskip('torch')
 
 from paws_tf import checkpoints  # noqa: E402
+from paws_tf import checks  # noqa: E402
+from paws_tf import run_dir  # noqa: E402
 from paws_tf.nets import vit  # noqa: E402
 from paws_tf.runner import modes  # noqa: E402
 from paws_tf.runner import pretrained  # noqa: E402
+from paws_tf.runner import start  # noqa: E402
+from paws_tf.runner import vit_import  # noqa: E402
+from tests.helpers import debug_gin  # noqa: E402
 from tests.helpers import dinov2_vit  # noqa: E402
 from tests.helpers import timm_vit  # noqa: E402
 from tests import test_vit_import  # noqa: E402
@@ -140,24 +147,87 @@ def test_dinov2_with_registers_through_the_documented_commands(
 
 def test_a_backbone_built_without_the_imports_parts_is_refused(tmp_path):
     """A backbone checkpoint (as an import writes it) of a ViT with
-    LayerScale and registers, read by `train.pretrained_backbone` into a
-    ViT configured without them (the record's bindings left out), is
-    refused naming the values left over, the backbone unchanged. Fails if
-    `pretrained` accepts stored values the backbone has no place for
-    (tried: the load succeeds and the run continues without them)."""
+    LayerScale and registers, or a run's model checkpoint of that
+    backbone, read by `train.pretrained_backbone` into a ViT configured
+    without them (the record's bindings left out), is refused naming the
+    values left over, the backbone unchanged. Fails if `pretrained`
+    accepts stored values the backbone has no place for (tried: the load
+    succeeds and the run continues without them; for a run's model it
+    did, before the check covered the `model/backbone/` values)."""
     stored = vit.build_vit('vit_tiny', patch_size=7, image_size=28,
                            depth=1, layer_scale=True, registers=2)
     tf.train.Checkpoint(backbone=stored).write(str(tmp_path / 'ckpt-0'))
+    tf.train.Checkpoint(model=tf.train.Checkpoint(backbone=stored)).write(
+        str(tmp_path / 'model-0'))
     built = vit.build_vit('vit_tiny', patch_size=7, image_size=28, depth=1)
     before = built.get_weights()
-    with pytest.raises(checkpoints.Mismatch, match=(
-            r'3 stored backbone value\(s\) have no variable in the '
-            r'configured backbone \(gamma x2, register_tokens\)')):
-        pretrained.load_backbone_weights(built, str(tmp_path / 'ckpt-0'))
+    for prefix in ('ckpt-0', 'model-0'):
+        with pytest.raises(checkpoints.Mismatch, match=(
+                r'3 stored backbone value\(s\) have no variable in the '
+                r'configured backbone \(gamma x2, register_tokens\)')):
+            pretrained.load_backbone_weights(built, str(tmp_path / prefix))
     for now, then in zip(built.get_weights(), before):
         np.testing.assert_array_equal(now, then)
+    # run.py's message says the same (the start read the values the other
+    # way round: "3 variables of the configured backbone have no value").
+    with debug_gin.parsed([
+            "build_backbone.name = 'vit_tiny'", 'vit.patch_size = 7',
+            'vit.image_size = 28', 'vit.depth = 1'],
+            gin_file='gin_configs/image_folders_small.gin'):
+        with pytest.raises(checks.ConfigError, match=(
+                r'does not fit the configured backbone: 3 stored backbone '
+                r'value\(s\) have no variable')):
+            start.check_pretrained(
+                run_dir.RunDir(str(tmp_path / 'run')), backbone=(
+                    str(tmp_path / 'ckpt-0'), 'train.pretrained_backbone'))
     same = vit.build_vit('vit_tiny', patch_size=7, image_size=28, depth=1,
                          layer_scale=True, registers=2)
     pretrained.load_backbone_weights(same, str(tmp_path / 'ckpt-0'))
     for now, then in zip(same.get_weights(), stored.get_weights()):
         np.testing.assert_array_equal(now, then)
+
+
+# The bindings an import of DINOv2's ViT-S/14 with registers records
+# (docs/own_images.md: the model's architecture as the hub builds it,
+# dinov2 hub/backbones.py `_make_dinov2_model`: patch 14, img_size 518,
+# interpolate_offset 0.0 and antialias for the `_reg` models, LayerScale).
+_REG4_BINDINGS = ["build_backbone.name = 'vit_small'", 'vit.patch_size = 14',
+                  'vit.image_size = 518',
+                  "vit.position_interpolation = 'timm'",
+                  'vit.layer_scale = True', 'vit.registers = 4']
+
+
+@pytest.mark.parametrize('left_out, bound', [
+    ("vit.position_interpolation = 'timm'",
+     "vit.position_interpolation = 'dino'"),
+    ('vit.layer_scale = True', None),
+    ('vit.registers = 4', 'vit.registers = 2'),
+])
+def test_a_config_without_the_imports_bindings_is_refused(
+        tmp_path, left_out, bound):
+    """`train.pretrained_backbone` naming a ViT import, in a config that
+    binds one of the bindings its record lists otherwise (or not at all),
+    is refused before any checkpoint is read, naming the record's binding
+    and the config's; with all of them the check passes. Fails if the
+    start reads an import into another ViT than the one imported (tried:
+    without the check, 'dino' for a 'timm' interpolation, which changes no
+    variable, is read silently; the run then computes other features)."""
+    imported = tmp_path / 'dinov2_vits14_reg'
+    imported.mkdir()
+    (imported / 'imported.json').write_text(json.dumps(dict(
+        kind='backbone', architecture='ViT-S/14', bindings=_REG4_BINDINGS)))
+    configured = [each for each in _REG4_BINDINGS if each != left_out]
+    with debug_gin.parsed(configured + ([bound] if bound else []),
+                          gin_file='gin_configs/image_folders_small.gin'):
+        with pytest.raises(checks.ConfigError) as refused:
+            start.check_pretrained(
+                run_dir.RunDir(str(tmp_path / 'run')),
+                backbone=(str(imported), 'train.pretrained_backbone'))
+    message = str(refused.value)
+    assert f'{left_out} build; this config binds {bound or "none of them"}' \
+        in message, message
+    assert not (tmp_path / 'run').exists()
+    with debug_gin.parsed(_REG4_BINDINGS,
+                          gin_file='gin_configs/image_folders_small.gin'):
+        assert vit_import.unconfigured(json.loads(
+            (imported / 'imported.json').read_text())) == ([], [])

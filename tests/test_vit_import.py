@@ -21,6 +21,8 @@ import tensorflow as tf
 
 torch = pytest.importorskip('torch')
 
+from paws_tf import checks  # noqa: E402
+from paws_tf import run_dir  # noqa: E402
 from paws_tf.data import augment  # noqa: E402
 from paws_tf.evaluation import tuning  # noqa: E402
 from paws_tf.nets import vit  # noqa: E402
@@ -326,6 +328,25 @@ def test_paws_continues_from_the_dino_backbone(dino_run):
                   _official_features(official, list(views)))
 
 
+def test_an_import_recorded_without_layer_scale_or_registers_loads(
+        tmp_path):
+    """A DINO or MSN import whose record predates LayerScale and register
+    tokens (no `layer_scale`, `registers` keys) is read by what fine-tunes
+    it as the ViT it is, the stored weights restored. Fails if the reader
+    requires the keys (tried: KeyError 'layer_scale')."""
+    run = run_dir.RunDir(str(tmp_path / 'dino_vits16'))
+    stored = vit.build_vit('vit_tiny', patch_size=16, image_size=32,
+                           position_interpolation='dino')
+    official_import.write_first_checkpoint(run, backbone=stored)
+    run.write_json(run.imported, dict(
+        kind=official_import.BACKBONE, network='vit_tiny', patch_size=16,
+        image_size=32, position_interpolation='dino'))
+    embedder = vit_import.imported_embedder(run, tf.distribute.get_strategy())
+    for loaded, written in zip(embedder.backbone.get_weights(),
+                               stored.get_weights()):
+        np.testing.assert_array_equal(loaded, written)
+
+
 def _noise_test_folder(root, labeled, per_class=4):
     """`root/test`: `per_class` images of uniform noise under each of
     `image_folders.CLASSES`, which a random model classifies by the
@@ -354,12 +375,24 @@ def test_fine_tuning_the_dino_import_starts_from_its_backbone(dino_run):
     Fails if the imported backbone is refused by --mode=fine_tune (tried:
     ImportFailed 'needs one'), or the trunk wants the projection head an
     import does not have (tried: AttributeError), or fine-tuning evaluates
-    on other views than the config's (tried: crop_fraction 0.5)."""
+    on other views than the config's (tried: crop_fraction 0.5), or
+    fine-tunes on images normalised otherwise than the import's record, or
+    of one channel, where it must refuse naming the record and the binding
+    (tried: without the check, the config's 'data' statistics were used
+    silently, and grayscale images failed in a Keras traceback)."""
     tmp_path, official, folders = dino_run
     imported = tmp_path / 'dino_vits16'
     noise = _noise_test_folder(tmp_path / 'noise', tmp_path / 'images/labeled')
     shrunk = [binding for binding in image_folders.SMALL
               if 'small_resnet' not in binding]
+    for other, refusal in (
+            ("NORMALIZATION = 'data'", r"bind NORMALIZATION = 'imagenet'"),
+            ('CHANNELS = 1', r'decodes 1: bind CHANNELS = 3')):
+        with debug_gin.parsed(folders + shrunk + [other],
+                              gin_file='gin_configs/image_folders_small.gin'):
+            with pytest.raises(checks.ConfigError, match=refusal):
+                modes.run(str(imported), _strategy(), 'fine_tune')
+        assert not (imported / 'fine_tune').exists()
     with debug_gin.parsed(folders + shrunk + [
             f"TEST_DIR = '{noise / 'test'}'", "NORMALIZATION = 'imagenet'",
             'fine_tune_suncet.tau = 0.1',

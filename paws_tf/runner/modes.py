@@ -243,7 +243,8 @@ class Options(typing.NamedTuple):
     its hold on the run directory."""
     overwrite: bool = False  # --overwrite.
     owner_check: typing.Optional[typing.Callable[[], None]] = None
-    # What a training run's start calls before it writes (`train.claim`).
+    # What a training run's start calls before it writes (`start.start`'s
+    # `claim`).
     claim: typing.Optional[typing.Callable[[], None]] = None
     # The embedder export of the model evaluate_nn.from_model names
     # (`config_checks.check_config`), which --mode=evaluate_nn evaluates.
@@ -281,12 +282,16 @@ def _export_or_evaluate(run, strategy, options, *, evaluates):
 def _fine_tune(run, strategy, options):
     imported = official_import.check_mode(run, options.mode, backbone=True)
     bundle = load_labeled_data(run, 'fine-tuning trains on them')
+    if imported:
+        official_import.check_preprocessing(run, bundle.labeled.channels,
+                                            *bundle.normalization)
+    preprocessing = experiment.eval_preprocessing(bundle)
     model = vit_import.imported_embedder(run, strategy)
     if model is None:
         model, _ = load_trained_model(run, strategy, imported=imported)
     return fine_tune.fine_tune(run, model, labeled=bundle.labeled,
                                test=bundle.test, strategy=strategy,
-                               **experiment.eval_preprocessing(bundle))
+                               **preprocessing)
 
 
 def _import_official(run, strategy, options):

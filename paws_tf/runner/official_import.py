@@ -7,7 +7,11 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import bindings
 from paws_tf import checkpoints
+from paws_tf import checks
+from paws_tf.data import augment
+from paws_tf.data import normalization
 from paws_tf.evaluation import export
 from paws_tf.nets import backbones
 from paws_tf.nets import heads
@@ -269,6 +273,37 @@ def import_official(run, path, *, strategy, overwrite=False,
     logging.info('Imported %s (%s, %s, epoch %s, %d tensors) into %s.', path,
                  found, backbone.name, epoch, count, run)
     return record
+
+
+def check_preprocessing(run, channels, mean, std):
+    """Refuses fine-tuning the import in `run` on images of other
+    `channels`, or normalised with another `mean` and `std`, than its
+    export records (what its weights were trained on).
+
+    Raises:
+        checks.ConfigError: naming the record and the binding.
+    """
+    recorded = export.read_preprocessing(run.embedder)
+    where = os.path.join(run.embedder, export.PREPROCESSING_FILENAME)
+    folder = experiment.folder_source()
+    if channels != recorded['channels']:
+        name = 'channels' if folder is None else bindings.arguments(
+            folder.configurable, folder.scope)['channels'][1]
+        raise checks.ConfigError(
+            f'{where} records {recorded["channels"]}-channel images, which '
+            f'the model imported into {run} takes; the config decodes '
+            f'{channels}: bind {name} = {recorded["channels"]}.')
+    values = recorded['mean'], recorded['std']
+    if not np.allclose((mean, std), values, rtol=1e-6):
+        preset = next((f"'{name}'" for name, preset in
+                       augment.NORMALIZATIONS.items()
+                       if np.allclose(preset, values, rtol=1e-6)), values)
+        raise checks.ConfigError(
+            f'{where} records the normalisation the model imported into '
+            f'{run} was trained with (mean {values[0]}, std {values[1]}), '
+            f'not mean {list(mean)}, std {list(std)} '
+            f'(load_data.normalization): bind '
+            f'{normalization.NORMALIZATION_MACRO} = {preset}.')
 
 
 def check_mode(run, mode, *, trains=False, backbone=False):

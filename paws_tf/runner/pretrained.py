@@ -40,22 +40,23 @@ def _restore_backbone(backbone, prefix):
             'tf.train.Checkpoint(backbone=...)?): '
             f'{checks.listing(missing, checkpoints.MAX_NAMES_SHOWN)}',
             missing)
-    if 'backbone' in roots:
-        _refuse_unused_values(backbone, prefix)
+    _refuse_unused_values(backbone, prefix, 'backbone/' if 'backbone' in roots
+                          else 'model/backbone/')
     # Extra stored values of a run's model (heads, optimizer slots) are
     # fine.
     root.read(prefix).expect_partial().assert_existing_objects_matched()
 
 
-def _refuse_unused_values(backbone, prefix):
-    """Raises Mismatch when the backbone checkpoint `prefix` holds values
-    `backbone` has no variable for (an import of a ViT with LayerScale or
-    register tokens read into one built without them), by the variables'
-    own names."""
+def _refuse_unused_values(backbone, prefix, stored_under):
+    """Raises Mismatch when the checkpoint `prefix` holds backbone values
+    (keys starting with `stored_under`) that `backbone` has no variable
+    for (a ViT with LayerScale or register tokens read into one built
+    without them), by the variables' own names. Its `unmatched` is empty:
+    every variable of `backbone` has a value."""
     stored = collections.Counter(
         key.split('/.ATTRIBUTES')[0].rsplit('/', 1)[-1]
         for key, _ in tf.train.list_variables(prefix)
-        if key.startswith('backbone/') and '/.ATTRIBUTES' in key)
+        if key.startswith(stored_under) and '/.ATTRIBUTES' in key)
     built = collections.Counter(variable.name.rsplit('/', 1)[-1].split(':')[0]
                                 for variable in backbone.variables)
     unused = stored - built
@@ -67,7 +68,7 @@ def _refuse_unused_values(backbone, prefix):
             f'variable in the configured backbone ({", ".join(names)}): '
             'it is built with another architecture than the one stored '
             "(an import's imported.json lists the bindings that build it).",
-            names)
+            [])
 
 
 def load_backbone_weights(backbone, path):

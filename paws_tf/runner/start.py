@@ -18,7 +18,9 @@ from paws_tf.data import data_fingerprint
 from paws_tf.nets import backbones
 from paws_tf.runner import building
 from paws_tf.runner import experiment
+from paws_tf.runner import official_import
 from paws_tf.runner import pretrained as pretrained_lib
+from paws_tf.runner import vit_import
 
 # Gin bindings that may change when a run resumes: what to do on changed
 # data, how often progress is logged, how long its cluster may take to form.
@@ -108,8 +110,27 @@ def check_pretrained(run, backbone=(None, ''), model=(None, ''), *,
             f'{name} = {path!r} does not exist: bind it to a run directory '
             'or a checkpoint' + (', or a weights file' if part ==
                                  _BACKBONE_PART else '') + '.')
+    if part == _BACKBONE_PART:
+        _refuse_another_vit(path, name)
     return _read_pretrained(path, name, part,
                             (channels,) if channels else (3, 1))
+
+
+def _refuse_another_vit(path, name):
+    """Refuses a config that builds another ViT than the one imported into
+    `path` (when it is an import), naming the bindings that differ."""
+    source = run_dir.RunDir(path)
+    record = (source.read_json(source.imported) if os.path.isdir(path)
+              else None)
+    if record is None or record['kind'] != official_import.BACKBONE:
+        return
+    recorded, configured = vit_import.unconfigured(record)
+    if recorded or configured:
+        raise checks.ConfigError(
+            f'{name} = {path!r} holds the {record["architecture"]} that '
+            f'{"; ".join(recorded) or "the defaults"} build; this config '
+            f'binds {"; ".join(configured) or "none of them"}: add the '
+            f'import\'s bindings (its {source.imported} lists them).')
 
 
 def _read_pretrained(path, name, part, tried):

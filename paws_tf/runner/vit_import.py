@@ -10,8 +10,10 @@ from absl import logging
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import bindings
 from paws_tf.data import augment
 from paws_tf.evaluation import export
+from paws_tf.nets import backbones
 from paws_tf.nets import torch_names
 from paws_tf.nets import vit
 from paws_tf.nets import vit_positions
@@ -213,6 +215,22 @@ def training_bindings(record):
     return bindings
 
 
+def unconfigured(record):
+    """The bindings of the import `record` that this config binds
+    otherwise: `(recorded, configured)` sorted binding lists, both empty
+    when a run from it builds the imported backbone (a wrong
+    `vit.position_interpolation` adds no variable, so no checkpoint read
+    notices it)."""
+    configured = bindings.arguments(vit.build_vit)
+    ours = training_bindings(dict(
+        {key: configured[key][0] for key in (
+            'patch_size', 'image_size', 'position_interpolation',
+            'layer_scale', 'registers')},
+        network=bindings.arguments(backbones.build_backbone)['name'][0]))
+    theirs = set(record['bindings'])
+    return sorted(theirs - set(ours)), sorted(set(ours) - theirs)
+
+
 def _build_backbone(name, **architecture):
     """The float32 ViT `name` of an import's `architecture` (`vit.build_vit`
     arguments), RGB in."""
@@ -235,8 +253,8 @@ def imported_embedder(run, strategy):
             record['network'], patch_size=record['patch_size'],
             image_size=record['image_size'],
             position_interpolation=record['position_interpolation'],
-            layer_scale=record['layer_scale'],
-            registers=record['registers'])
+            layer_scale=record.get('layer_scale', False),
+            registers=record.get('registers', 0))
         pretrained.load_backbone_weights(backbone, run.path)
     return BackboneEmbedder(backbone)
 
