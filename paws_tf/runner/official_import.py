@@ -285,8 +285,8 @@ def check_preprocessing(run, channels, mean, std):
     """
     recorded = export.read_preprocessing(run.embedder)
     where = os.path.join(run.embedder, export.PREPROCESSING_FILENAME)
-    folder = experiment.folder_source()
     if channels != recorded['channels']:
+        folder = experiment.folder_source()
         name = 'channels' if folder is None else bindings.arguments(
             folder.configurable, folder.scope)['channels'][1]
         raise checks.ConfigError(

@@ -200,6 +200,11 @@ class BackboneEmbedder(tf_keras.Model):
         return {'features': features, 'embeddings': features}
 
 
+# The `vit.build_vit` arguments an import record holds.
+_VIT_ARGUMENTS = ('patch_size', 'image_size', 'position_interpolation',
+                  'layer_scale', 'registers')
+
+
 def training_bindings(record):
     """The gin bindings that build the imported backbone, for a run that
     starts from it (`train.pretrained_backbone`)."""
@@ -223,9 +228,7 @@ def unconfigured(record):
     notices it)."""
     configured = bindings.arguments(vit.build_vit)
     ours = training_bindings(dict(
-        {key: configured[key][0] for key in (
-            'patch_size', 'image_size', 'position_interpolation',
-            'layer_scale', 'registers')},
+        {key: configured[key][0] for key in _VIT_ARGUMENTS},
         network=bindings.arguments(backbones.build_backbone)['name'][0]))
     theirs = set(record['bindings'])
     return sorted(theirs - set(ours)), sorted(set(ours) - theirs)
@@ -249,12 +252,10 @@ def imported_embedder(run, strategy):
     if record is None or record['kind'] != official_import.BACKBONE:
         return None
     with strategy.scope():
-        backbone = _build_backbone(
-            record['network'], patch_size=record['patch_size'],
-            image_size=record['image_size'],
-            position_interpolation=record['position_interpolation'],
-            layer_scale=record.get('layer_scale', False),
-            registers=record.get('registers', 0))
+        # A record written before LayerScale and registers were imported
+        # holds neither: `build_vit`'s defaults build it.
+        backbone = _build_backbone(record['network'], **{
+            key: record[key] for key in _VIT_ARGUMENTS if key in record})
         pretrained.load_backbone_weights(backbone, run.path)
     return BackboneEmbedder(backbone)
 
