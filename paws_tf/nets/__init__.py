@@ -2,9 +2,11 @@
 select and the official PyTorch names of their layers."""
 
 import inspect
+import math
 import typing
 
 import tensorflow as tf
+import tf_keras
 
 # The implementations of synchronised batch norm: the CPU-tuned layer or
 # tf_keras' (the same values and variables).
@@ -26,6 +28,26 @@ def build_in_scope(layer, input_shape):
     as its own call would name them, before the outer layer calls it."""
     with tf.name_scope(layer.name):
         layer.build(input_shape)
+
+
+def torch_default_init(fan_in):
+    """Initializers of PyTorch's default `nn.Conv2d` / `nn.Linear`.
+
+    `reset_parameters` draws the weights with `kaiming_uniform_(a=sqrt(5))`,
+    i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the bias from the same range.
+    Fresh instances: an unseeded initializer instance repeats its values.
+
+    Args:
+        fan_in: inputs of one output unit (kernel area x input channels).
+
+    Returns:
+        dict of `kernel_initializer` and `bias_initializer`.
+    """
+    bound = 1 / math.sqrt(fan_in)
+    return dict(
+        kernel_initializer=tf_keras.initializers.VarianceScaling(
+            scale=1 / 3, mode='fan_in', distribution='uniform'),
+        bias_initializer=tf_keras.initializers.RandomUniform(-bound, bound))
 
 
 # What a family advises for images smaller than its downsampling, unless

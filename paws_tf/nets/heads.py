@@ -6,7 +6,6 @@ import tf_keras
 from paws_tf import checks
 from paws_tf import nets
 from paws_tf.nets import backbones
-from paws_tf.nets import resnets
 from paws_tf.nets import sync_batch_norm
 
 # Activations of the heads' hidden layers: ReLU (the official ResNet heads)
@@ -18,10 +17,10 @@ ACTIVATIONS = ('relu', 'gelu')
 class Linear(tf_keras.layers.Dense):
     """Dense layer initialised as PyTorch's `nn.Linear`, as every layer of
     the official PAWS heads is: weights and bias U(+-1/sqrt(fan_in))
-    (`resnets.torch_default_init`), fan_in being known when built."""
+    (`nets.torch_default_init`), fan_in being known when built."""
 
     def build(self, input_shape):
-        init = resnets.torch_default_init(int(input_shape[-1]))
+        init = nets.torch_default_init(int(input_shape[-1]))
         self.kernel_initializer = init['kernel_initializer']
         self.bias_initializer = init['bias_initializer']
         super().build(input_shape)

@@ -21,26 +21,6 @@ WIDE_RESNET_STEM_WIDTH = 16
 WIDE_RESNET_FINAL_BN_MOMENTUM = 0.01
 
 
-def torch_default_init(fan_in):
-    """Initializers of PyTorch's default `nn.Conv2d` / `nn.Linear`.
-
-    `reset_parameters` draws the weights with `kaiming_uniform_(a=sqrt(5))`,
-    i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the bias from the same range.
-    Fresh instances: an unseeded initializer instance repeats its values.
-
-    Args:
-        fan_in: inputs of one output unit (kernel area x input channels).
-
-    Returns:
-        dict of `kernel_initializer` and `bias_initializer`.
-    """
-    bound = 1 / math.sqrt(fan_in)
-    return dict(
-        kernel_initializer=tf_keras.initializers.VarianceScaling(
-            scale=1 / 3, mode='fan_in', distribution='uniform'),
-        bias_initializer=tf_keras.initializers.RandomUniform(-bound, bound))
-
-
 class _Layers:
     """Makes a ResNet's convolutions and batch norms with the
     `build_backbone` switches between paws_tf's layers and tf_keras'; the
@@ -61,10 +41,11 @@ class _Layers:
         `kernel_size // 2` padding; without bias, initialised as the
         torchvision and official PAWS ResNets (kaiming_normal_, fan_out), or
         with `torch_default` as the official WideResNet leaves its
-        convolutions (a bias, `torch_default_init`)."""
+        convolutions (a bias, `nets.torch_default_init`)."""
         onednn.check_conv_safe(x, kernel_size, stride, name)
         if torch_default:
-            init = torch_default_init(kernel_size * kernel_size * x.shape[-1])
+            init = nets.torch_default_init(
+                kernel_size * kernel_size * x.shape[-1])
         else:
             # A fresh instance per layer: an unseeded one repeats its values.
             init = dict(

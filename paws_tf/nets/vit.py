@@ -1,8 +1,6 @@
 """Vision Transformer feature extractors: images [B, H, W, C] -> the class
 token's features [B, D]."""
 
-import math
-
 import gin
 import tensorflow as tf
 import tf_keras
@@ -78,7 +76,7 @@ class PatchEmbedding(tf_keras.layers.Layer):
 
     The convolution keeps PyTorch's default `nn.Conv2d` initialisation,
     which timm's and DINO's ViT initialisation leaves untouched: kernel and
-    bias U(+-1/sqrt(fan_in)).
+    bias U(+-1/sqrt(fan_in)) (`nets.torch_default_init`).
 
     Raises:
         InvalidArgumentError (ValueError for static sizes): H or W is not
@@ -92,15 +90,10 @@ class PatchEmbedding(tf_keras.layers.Layer):
         self.proj = None
 
     def build(self, input_shape):
-        fan_in = self.patch_size * self.patch_size * int(input_shape[-1])
-        bound = 1 / math.sqrt(fan_in)
         self.proj = tf_keras.layers.Conv2D(
             self.dim, self.patch_size, strides=self.patch_size,
-            padding='valid', name='proj',
-            kernel_initializer=tf_keras.initializers.VarianceScaling(
-                scale=1 / 3, mode='fan_in', distribution='uniform'),
-            bias_initializer=tf_keras.initializers.RandomUniform(-bound,
-                                                                 bound))
+            padding='valid', name='proj', **nets.torch_default_init(
+                self.patch_size * self.patch_size * int(input_shape[-1])))
         nets.build_in_scope(self.proj, input_shape)
         super().build(input_shape)
 
