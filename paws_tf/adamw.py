@@ -56,11 +56,10 @@ class AdamW(tf_keras.optimizers.Optimizer):
     the same epochs and steps. Both are evaluated at the number of updates
     already applied.
 
-    Sparse gradients (`tf.IndexedSlices`) are converted to dense tensors: the
-    whole variable is decayed, so a sparse update would not be cheaper.
-
-    The base class's decoupled decay is disabled: `self.weight_decay` stays
-    None; the schedule is `self.weight_decay_schedule`.
+    As in `lars.LARS`, sparse gradients become dense (the whole variable
+    is decayed) and the base class's decoupled decay is disabled
+    (`self.weight_decay` stays None; the schedule is
+    `self.weight_decay_schedule`).
 
     Args:
         learning_rate: float, or a
@@ -79,10 +78,7 @@ class AdamW(tf_keras.optimizers.Optimizer):
             regex string searched in the variable name, or a callable
             `tf.Variable -> bool`. Excluded variables get the Adam step
             only.
-        name: str, name scope of the optimizer's variables.
-        **kwargs: passed to `tf_keras.optimizers.Optimizer` (`clipnorm`,
-            `global_clipnorm`, `jit_compile`, ...), except `weight_decay`,
-            which is ours.
+        name, **kwargs: as `lars.LARS`'s.
 
     Raises:
         checks.ConfigError: if a hyperparameter is out of range, or
