@@ -133,10 +133,8 @@ def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
     `sync_bn` and `sync_bn_impl` (gin binds them there).
 
     Args:
-        name: a backbone of `FAMILIES`: 'resnet50' (torchvision's v1.5),
-            'wide_resnet' (the official PAWS one) or 'small_resnet' (for
-            CPU runs) of `resnets`, or a ViT of `vit.ARCHITECTURES` (no
-            batch norm: the batch-norm arguments do not apply).
+        name: a backbone of `FAMILIES` (a family without batch norm, as
+            the ViTs, ignores the batch-norm arguments).
         input_channels: C of the [B, H, W, C] input images.
         sync_bn: synchronise batch-norm statistics across replicas (global
             BN, PAWS Sec. 5); use False with a single replica (fusable BN).
