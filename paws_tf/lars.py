@@ -194,17 +194,11 @@ class LARS(tf_keras.optimizers.Optimizer):
             use_locking=False, use_nesterov=False)
 
     def trust_ratio_stats(self):
-        """Mean, min and max trust ratio of the adapted variables.
-
-        Reads the ratios written by the latest `update_step` of each adapted
-        variable; in a `tf.function`, call it after `apply_gradients`, so
-        that the optimizer is built when it is traced.
-
-        Returns:
-            Dict with keys `mean`, `min`, `max` of scalar float32 tensors;
-            all 1.0 before the optimizer is built or when every variable is
-            excluded.
-        """
+        """A dict of the `mean`, `min` and `max` (float32 scalars) of the
+        trust ratios the latest `update_step` wrote, all 1.0 before the
+        optimizer is built or when every variable is excluded. In a
+        `tf.function`, call it after `apply_gradients`, so that the
+        optimizer is built when it is traced."""
         ratios = tf.ones([1])
         if getattr(self, '_built', False) and self.trust_ratios:
             ratios = tf.stack([tf.cast(slot, tf.float32)

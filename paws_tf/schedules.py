@@ -152,8 +152,7 @@ class CosineSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
     (DINO's table ends at step `total_steps - 1`).
 
     Args:
-        steps_per_epoch: int > 0, optimizer updates per epoch.
-        num_epochs: int > 0, length of training in epochs.
+        steps_per_epoch, num_epochs: as `WarmupCosineDecay`'s.
         base_value: float, the value at step 0.
         final_value: float, the value the cosine ends at.
 
