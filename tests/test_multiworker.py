@@ -15,6 +15,7 @@ WORKER = REPO / 'tests' / 'helpers' / 'mwms_worker.py'
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_two_workers_fit_to_identical_weights_and_only_chief_saves(tmp_path):
     """Both workers end with the same weights; only the chief's save is
     left. What `fit` logs is the cluster's value once: LARS's constant

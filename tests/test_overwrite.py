@@ -1,6 +1,5 @@
 """--overwrite deletes a run only once the new run has passed every check:
-a refused start with --overwrite leaves every file of the run as it was;
-and what run.py records of a run's flags."""
+a refused start with --overwrite leaves every file of the run as it was."""
 
 import os
 import shutil
@@ -86,14 +85,3 @@ def test_a_refused_start_with_overwrite_deletes_nothing(tmp_path, trained):
             assert message in lines[-1], (name, output[-3000:])
             assert 'Traceback' not in output and 'deleting' not in output
             assert run_py.files(run) == before[name], name
-
-
-def test_flags_txt_records_run_py_flags_alone(trained):
-    """flags.txt holds run.py's flags, as given or defaulted. Fails if it
-    holds absl's and TensorFlow's own flags too (`flags_into_string`: about
-    40 lines such as --logtostderr and --xla_gpu_...)."""
-    assert (trained / 'flags.txt').read_text().splitlines() == [
-        '--gin_file=gin_configs/debug.gin',
-        *[f'--gin_bindings={binding}' for binding in SHORT],
-        f'--model_dir={trained}', '--mode=train', '--strategy=auto',
-        '--nooverwrite', '--noverbose', '--nolist_configs']

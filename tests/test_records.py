@@ -1,6 +1,7 @@
-"""Training writes a run's records; evaluation and export read them: they
-write none, and refuse a changed labeled split, class set or normalisation
-in one line naming the record and the binding, before writing anything."""
+"""Training writes a run's records (flags.txt: run.py's flags alone);
+evaluation and export read them: they write none, and refuse a changed
+labeled split, class set or normalisation in one line naming the record
+and the binding, before writing anything."""
 
 import os
 import shutil
@@ -33,6 +34,17 @@ def _copy(trained, tmp_path):
     run = tmp_path / 'run'
     shutil.copytree(trained, run)
     return run
+
+
+def test_flags_txt_records_run_py_flags_alone(trained):
+    """flags.txt holds run.py's flags, as given or defaulted. Fails if it
+    holds absl's and TensorFlow's own flags too (`flags_into_string`: about
+    40 lines such as --logtostderr and --xla_gpu_...)."""
+    assert (trained / 'flags.txt').read_text().splitlines() == [
+        '--gin_file=gin_configs/debug.gin',
+        *[f'--gin_bindings={binding}' for binding in SHORT],
+        f'--model_dir={trained}', '--mode=train', '--strategy=auto',
+        '--nooverwrite', '--noverbose', '--nolist_configs']
 
 
 @pytest.mark.slow
