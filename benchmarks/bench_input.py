@@ -21,11 +21,19 @@ and prints the ratio of views produced to views the train step consumes per
 second (each measured alone on the whole machine; in training both share the
 cores).
 
+With `--digest STEPS` it prints, instead of a rate, the SHA-256 of every
+array of the first STEPS elements (deterministic mode): two runs print the
+same digest when a setting such as `TF_NUM_INTRAOP_THREADS=1` changes no
+element.
+
     python benchmarks/bench_input.py --settings imagenet --against_official
     python benchmarks/bench_input.py --seconds 30 --against_step cifar_small
+    TF_NUM_INTRAOP_THREADS=1 python benchmarks/bench_input.py \
+        --settings imagenet --digest 2
 """
 
 import argparse
+import hashlib
 import json
 import os
 import pathlib
@@ -38,6 +46,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import paws_tf  # noqa: E402,F401  (selects tf_keras before TF is used)
 import numpy as np  # noqa: E402
 import PIL.Image  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 from benchmarks import bench_step  # noqa: E402
 from paws_tf.data import augment  # noqa: E402
@@ -134,6 +143,22 @@ def measure(name, unlabeled, labeled, multicrop, sizes, args):
         'cores': _cores(), 'load_avg_1min': os.getloadavg()[0]}
 
 
+def digest(name, unlabeled, labeled, multicrop, sizes, args):
+    """The SHA-256 of every array of the first `args.digest` elements."""
+    pretrain = pipeline.make_pretrain_dataset_fn(
+        unlabeled, labeled, num_replicas=1, multicrop=multicrop,
+        deterministic=True, **sizes)
+    sha = hashlib.sha256()
+    iterator = iter(pretrain.dataset_fn(None))
+    for _ in range(args.digest):
+        for array in tf.nest.flatten(next(iterator)):
+            sha.update(array.numpy().tobytes())
+    return {'setting': name, 'steps': args.digest,
+            'sha256': sha.hexdigest(),
+            'intra_op_threads': os.environ.get('TF_NUM_INTRAOP_THREADS',
+                                               'default')}
+
+
 def measure_official(root, multicrop, sizes, args):
     """The official input path on the files under `root`."""
     from benchmarks import official_input
@@ -183,6 +208,9 @@ def main():
                              'official input path')
     parser.add_argument('--rounds', type=int, default=3,
                         help='alternations of --against_official')
+    parser.add_argument('--digest', type=int, default=0,
+                        help='print the SHA-256 of the first DIGEST steps\' '
+                             'arrays instead of a rate')
     parser.add_argument('--against_step', default='',
                         help='bench_step.py config to compare with, e.g. '
                              'cifar_small (empty: no comparison)')
@@ -196,6 +224,9 @@ def main():
                 setting = imagenet_setting(pathlib.Path(tmp))
             else:
                 raise SystemExit(f'unknown setting {name!r}')
+            if args.digest:
+                print(json.dumps(digest(name, *setting, args)), flush=True)
+                continue
             if name == 'imagenet' and args.against_official:
                 race_official(tmp, setting, args)
                 continue

@@ -5,10 +5,11 @@ import tensorflow as tf
 import tf_keras
 
 # facebookresearch/dinov2 hub/backbones.py `_make_dinov2_model` builds its
-# ViTs with `init_values=1.0`. Its weight is named `gamma`, so that LARS and
-# AdamW leave it out of weight decay with the norms' (lars.py
-# BIAS_AND_NORM_NAMES), as DINOv2 does (dinov2 utils/param_groups.py
-# `get_params_groups_with_decay`: wd_multiplier 0 for "gamma" in the name).
+# ViTs with `init_values=1.0`. Its weight is named `gamma`, so that LARS
+# leaves it out of weight decay with the norms' (lars.py
+# BIAS_AND_NORM_NAMES; AdamW leaves it out by its rank, 1), as DINOv2 does
+# (dinov2 utils/param_groups.py `get_params_groups_with_decay`:
+# wd_multiplier 0 for "gamma" in the name).
 INIT_VALUE = 1.0
 
 
