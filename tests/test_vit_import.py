@@ -25,6 +25,7 @@ from paws_tf import checks  # noqa: E402
 from paws_tf import run_dir  # noqa: E402
 from paws_tf.data import augment  # noqa: E402
 from paws_tf.evaluation import tuning  # noqa: E402
+from paws_tf.nets import backbones  # noqa: E402
 from paws_tf.nets import vit  # noqa: E402
 from paws_tf.runner import modes  # noqa: E402
 from paws_tf.runner import official_import  # noqa: E402
@@ -90,6 +91,14 @@ def _official_view(image):
     return augment.center_view(
         image, OFFICIAL_CROP, crop_fraction=OFFICIAL_CROP / OFFICIAL_RESIZE,
         mean=OFFICIAL_IMAGENET[0], std=OFFICIAL_IMAGENET[1]).numpy()
+
+
+def _small_view(image, size=32):
+    """The evaluation view of image_folders_small.gin with ImageNet's
+    normalisation: the image resized whole to `size` px, NHWC float32."""
+    return augment.center_view(
+        image, size, crop_fraction=1.0, mean=OFFICIAL_IMAGENET[0],
+        std=OFFICIAL_IMAGENET[1]).numpy()
 
 
 def _official_features(model, views):
@@ -235,14 +244,21 @@ def test_msn_through_the_documented_commands(tmp_path):
     projection head; the embedder export's features equal the official
     model's (MSN evaluates with `fc = None`) on the recorded preprocessing;
     PAWS-NN of the import on folders (`existing_model_folders.gin`) is the
-    soft nearest neighbour in NumPy over the official features.
+    soft nearest neighbour in NumPy over the official features; PAWS
+    continued from its backbone with the record's bindings (shrunk: 32
+    and 16 px views, one epoch at a learning rate of 0) keeps a backbone
+    (built by the run's recorded config, restored from its checkpoint)
+    that computes the official model's features at 32 px.
 
     Fails if the `fc.` tensors are not left out (the import refuses them
     as having no place), or if the export records another crop than the
-    sources' 224 of 256."""
+    sources' 224 of 256, or if the record's bindings name DINO's
+    interpolation for MSN's (tried: the continued run builds the ViT
+    with `'dino'`, whose 0.1 offset resamples the positions otherwise;
+    its weights are the import's, and its features are not MSN's)."""
     official = _official('msn', seed=4)
     path = _save_msn(official, tmp_path / 'vits16_800ep.pth.tar')
-    import_with_run_py(tmp_path, path, 'msn_vits16')
+    folders = import_with_run_py(tmp_path, path, 'msn_vits16')
     imported = tmp_path / 'msn_vits16'
     record = json.loads((imported / 'imported.json').read_text())
     assert (record['kind'], record['origin'], record['architecture']) == (
@@ -259,6 +275,16 @@ def test_msn_through_the_documented_commands(tmp_path):
     _assert_close(got['features'].numpy(), want)
     np.testing.assert_array_equal(got['embeddings'], got['features'])
     assert_paws_nn_is_the_rule(tmp_path, imported, official)
+    # PAWS continued with the record's bindings, as docs/own_images.md
+    # types it. The backbone its recorded config builds (the run's
+    # interpolation from 224 px to these 32), restored alone from its
+    # checkpoint, computes the official model's features.
+    continue_paws(tmp_path, imported, folders)
+    with debug_gin.parsed(gin_file=str(tmp_path / 'continued/config.gin')):
+        backbone = restored_backbone(tmp_path, backbones.build_backbone())
+    views = [_small_view(image) for image in images]
+    _assert_close(backbone(np.stack(views)).numpy(),
+                  _official_features(official, views))
 
 
 @pytest.fixture(scope='module')
@@ -408,8 +434,6 @@ def test_fine_tuning_the_dino_import_starts_from_its_backbone(dino_run):
     _assert_close(trunk(views).numpy(),
                   _official_features(official, list(views)))
     _, predictions, labels, _ = test_existing_model.numpy_paws_nn(
-        lambda images: _official_features(official, [augment.center_view(
-            image, 32, crop_fraction=1.0, mean=OFFICIAL_IMAGENET[0],
-            std=OFFICIAL_IMAGENET[1]).numpy() for image in images]),
-        noise, 0.1)
+        lambda images: _official_features(
+            official, [_small_view(image) for image in images]), noise, 0.1)
     assert results['top1'] == pytest.approx(np.mean(predictions == labels))
