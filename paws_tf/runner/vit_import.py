@@ -2,6 +2,7 @@
 (PyTorch files) as paws_tf runs: the backbone's checkpoint and its
 embedder export."""
 
+import inspect
 import math
 import os
 import typing
@@ -200,24 +201,24 @@ class BackboneEmbedder(tf_keras.Model):
         return {'features': features, 'embeddings': features}
 
 
-# The `vit.build_vit` arguments an import record holds.
+# The `vit.build_vit` arguments an import record holds; the last two are
+# bound only when not `build_vit`'s default (a record written before they
+# were imported holds neither).
 _VIT_ARGUMENTS = ('patch_size', 'image_size', 'position_interpolation',
                   'layer_scale', 'registers')
+_BOUND_WHEN_SET = ('layer_scale', 'registers')
 
 
 def training_bindings(record):
     """The gin bindings that build the imported backbone, for a run that
-    starts from it (`train.pretrained_backbone`)."""
-    bindings = [f"build_backbone.name = '{record['network']}'",
-                f"vit.patch_size = {record['patch_size']}",
-                f"vit.image_size = {record['image_size']}",
-                "vit.position_interpolation = "
-                f"'{record['position_interpolation']}'"]
-    if record.get('layer_scale'):
-        bindings.append('vit.layer_scale = True')
-    if record.get('registers'):
-        bindings.append(f"vit.registers = {record['registers']}")
-    return bindings
+    starts from it (`train.pretrained_backbone`), named after the
+    configurables' parameters."""
+    defaults = inspect.signature(vit.build_vit).parameters
+    return [f'{bindings.gin_name(backbones.build_backbone)}.name = '
+            f"{record['network']!r}"] + [
+        f'{bindings.gin_name(vit.build_vit)}.{key} = {record[key]!r}'
+        for key in _VIT_ARGUMENTS if key not in _BOUND_WHEN_SET
+        or record.get(key, defaults[key].default) != defaults[key].default]
 
 
 def unconfigured(record):
