@@ -7,7 +7,6 @@ import typing
 
 from absl import logging
 import tensorflow as tf
-import tf_keras
 
 from paws_tf import bindings
 from paws_tf import checkpoints
@@ -28,12 +27,14 @@ from paws_tf.runner import vit_import
 
 def _float32_model(run, strategy, *, local, imported):
     """The run's model, new: plain variables (`local`) or in the strategy's
-    scope, float32 whatever the training precision (portable exports)."""
-    tf_keras.mixed_precision.set_global_policy('float32')
+    scope, float32 (`building.in_float32`)."""
     channels = (official_import.CHANNELS if imported else
                 experiment.recorded_preprocessing(run)[1])
-    return (building.build_local_model(input_channels=channels) if local
-            else building.build_model(strategy, input_channels=channels))
+    if local:
+        return building.in_float32(building.build_local_model,
+                                   input_channels=channels)
+    return building.in_float32(building.build_model, strategy,
+                               input_channels=channels)
 
 
 def load_trained_model(run, strategy, *, local=False, imported=False):

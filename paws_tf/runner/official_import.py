@@ -155,11 +155,11 @@ def _fine_tuned_classifier(state):
 def _network(path, state, strategy):
     """`(kind, network, backbone, tensors)`: the kind of `state`, the
     configured network holding its values, its backbone, their count."""
-    tf_keras.mixed_precision.set_global_policy('float32')
     hint = ''
     if 'fc.fc3.weight' in state:
         found = PRETRAINED
-        network = building.build_model(strategy, input_channels=CHANNELS)
+        network = building.in_float32(building.build_model, strategy,
+                                      input_channels=CHANNELS)
         backbone, named = network.backbone, dict(
             projection_head=network.projection_head,
             prediction_head=network.prediction_head)
@@ -175,7 +175,8 @@ def _network(path, state, strategy):
     elif 'fc.fc2.weight' in state or 'fc.weight' in state:
         found = FINE_TUNED
         with strategy.scope():
-            network, layers = _fine_tuned_classifier(state)
+            network, layers = building.in_float32(_fine_tuned_classifier,
+                                                  state)
         backbone, named = network.layers[1], dict(classifier_layers=layers)
     else:
         raise ImportFailed(

@@ -18,6 +18,7 @@ from paws_tf.nets import backbones
 from paws_tf.nets import torch_names
 from paws_tf.nets import vit
 from paws_tf.nets import vit_positions
+from paws_tf.runner import building
 from paws_tf.runner import official_import
 from paws_tf.runner import pretrained
 
@@ -238,9 +239,9 @@ def unconfigured(record):
 def _build_backbone(name, **architecture):
     """The float32 ViT `name` of an import's `architecture` (`vit.build_vit`
     arguments), RGB in."""
-    tf_keras.mixed_precision.set_global_policy('float32')
-    return vit.build_vit(name, input_channels=official_import.CHANNELS,
-                         **architecture)
+    return building.in_float32(vit.build_vit, name,
+                               input_channels=official_import.CHANNELS,
+                               **architecture)
 
 
 def imported_embedder(run, strategy):
