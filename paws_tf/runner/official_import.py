@@ -7,7 +7,6 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import bindings
 from paws_tf import checkpoints
 from paws_tf import checks
 from paws_tf.data import augment
@@ -288,8 +287,8 @@ def check_preprocessing(run, channels, mean, std):
     where = os.path.join(run.embedder, export.PREPROCESSING_FILENAME)
     if channels != recorded['channels']:
         folder = experiment.folder_source()
-        name = 'channels' if folder is None else bindings.arguments(
-            folder.configurable, folder.scope)['channels'][1]
+        name = ('channels' if folder is None else
+                folder.arguments()['channels'][1])
         raise checks.ConfigError(
             f'{where} records {recorded["channels"]}-channel images, which '
             f'the model imported into {run} takes; the config decodes '
