@@ -255,10 +255,8 @@ def _checked_classes(labeled, strategy, global_batch_size, learning_rates,
                      epochs, selection, validation):
     """The class count; ValueError for a bad `fine_tune_linear` argument."""
     num_classes = tuning.num_classes(labeled)
-    if global_batch_size % strategy.num_replicas_in_sync:
-        raise ValueError(
-            f'global_batch_size={global_batch_size} is not divisible by the '
-            f'{strategy.num_replicas_in_sync} replicas.')
+    checks.per_replica('fine_tune_linear.global_batch_size',
+                       global_batch_size, strategy.num_replicas_in_sync)
     if not learning_rates or not epochs:
         raise ValueError('Give at least one learning rate and epoch count.')
     checks.one_of('fine_tune_linear.selection', selection, SELECTIONS)
