@@ -258,7 +258,7 @@ def imported_embedder(run, strategy):
         # holds neither: `build_vit`'s defaults build it.
         backbone = _build_backbone(record['network'], **{
             key: record[key] for key in _VIT_ARGUMENTS if key in record})
-        pretrained.load_backbone_weights(backbone, run.path)
+        pretrained.load_backbone_weights(backbone, run)
     return BackboneEmbedder(backbone)
 
 
@@ -306,7 +306,6 @@ def import_vit(run, path, checkpoint, *, overwrite=False):
                   kind=official_import.BACKBONE, origin=source,
                   network=found.name, architecture=found.title(),
                   patch_size=found.patch_size, image_size=found.image_size,
-                  eval_image_size=EVAL_IMAGE_SIZE,
                   position_interpolation=found.interpolation,
                   layer_scale=found.layer_scale, registers=found.registers,
                   epoch=epoch, tensors=count, left_out=left_out)
