@@ -144,7 +144,7 @@ def _local_model(run, strategy, model, weights, *, imported):
     return local, checkpoints.global_step(model)
 
 
-def _bundle(run, *, exports, evaluates):
+def _bundle(run, *, evaluates):
     """The run's data, checked against its records, for PAWS-NN, else for
     the classifier export; `(bundle, missing)`, `missing` the
     `MissingLabeledFolder` of an export without labeled images."""
@@ -187,8 +187,7 @@ def export_and_evaluate(run, strategy, model=None, *, exports=True,
         # Read, and checked against the run's records, before anything is
         # written.
         if bundle is None:
-            bundle, missing = _bundle(run, exports=exports,
-                                      evaluates=evaluates)
+            bundle, missing = _bundle(run, evaluates=evaluates)
         if model is None and not exports and _export_is_current(run):
             # The model is read once, from the export; the temperature and
             # embedding are the config's.
@@ -203,11 +202,11 @@ def export_and_evaluate(run, strategy, model=None, *, exports=True,
                 run, strategy, model, weights, bundle, exports=exports,
                 evaluates=evaluates, imported=imported)
         if missing is not None:
-            logging.warning('Exported the embedder under %s/export, not the '
-                            'classifier: %s', run, missing)
+            logging.warning('Exported the embedder under %s, not the '
+                            'classifier: %s', run.export, missing)
         elif exports:
             logging.info('Exported the embedder and the classifier under '
-                         '%s/export.', run)
+                         '%s.', run.export)
     cluster.barrier(strategy)
     return results
 
