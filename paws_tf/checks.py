@@ -67,6 +67,16 @@ def one_of(name, value, choices):
     return value
 
 
+def per_replica(name, value, num_replicas):
+    """Returns `value // num_replicas`, what each replica takes of a global
+    count, or raises naming `name` when the replicas do not divide it."""
+    if value % num_replicas:
+        raise ConfigError(
+            f'{name}={value} is not divisible by the {num_replicas} '
+            f'replicas: use a multiple of {num_replicas}.')
+    return value // num_replicas
+
+
 def listing(names, limit):
     """The first `limit` of `names` joined for a message, then how many
     more there are."""

@@ -68,9 +68,8 @@ def test_dinov2_import_computes_the_official_features(tmp_path):
         record = modes.run(str(tmp_path / 'run'), _strategy(),
                            'import_official', official_checkpoint=str(path))
     assert (record['origin'], record['architecture'], record['image_size'],
-            record['eval_image_size'], record['position_interpolation'],
-            record['left_out']) == (
-        'dinov2', 'ViT-S/14', 518, 224, 'dino', 1)
+            record['position_interpolation'], record['left_out']) == (
+        'dinov2', 'ViT-S/14', 518, 'dino', 1)
     assert record['tensors'] == len(official.state_dict()) - 1
     assert record['bindings'][-1] == 'vit.layer_scale = True'
     rng = np.random.default_rng(0)

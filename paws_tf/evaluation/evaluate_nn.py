@@ -95,10 +95,7 @@ def evaluate_nn(run, embedder=None, *, labeled, test, image_size,
                    embedding=embedding, tau=tau, step=step,
                    split_file=split_file,
                    figure_file=pictures and run.nn_figure or None)
-    run.write_json(run.nn_results, results)
-    results['results_file'] = run.nn_results
-    _summary(results)
-    return results
+    return _recorded(run, results)
 
 
 def _given(embedder, from_model):
@@ -134,9 +131,12 @@ def export_classifier(run, model, labeled, preprocessing, *, channels, tau,
         tau=tau, channels=channels, **preprocessing)
 
 
-def _summary(results):
-    """Prints the line that sums `evaluate_nn`'s `results` up (the mode's
+def _recorded(run, results):
+    """`evaluate_nn`'s `results`, written to `run`'s `nn_results` (its
+    `results_file`), and the line that sums them up printed (the mode's
     result, on stdout; not logged too, which would show it twice)."""
+    run.write_json(run.nn_results, results)
+    results['results_file'] = run.nn_results
     top5 = (f', top-5 {100 * results["top5"]:.2f}%' if 'top5' in results
             else '')
     print(f'PAWS-NN ({results["source"]} {results["source_path"]}, '
@@ -144,6 +144,7 @@ def _summary(results):
           f'{100 * results["top1"]:.2f}%{top5}; support = the '
           f'{results["num_support"]} labeled images, '
           f'{results["num_queries"]} queries')
+    return results
 
 
 def embedder_of(path, name='evaluate_nn.from_model'):

@@ -39,16 +39,15 @@ def build_classifier(model, num_classes):
     `[B, num_classes]` logits.
 
     PAWS App. A follows SimCLRv2: fine-tune from the first layer of the
-    projection head. An imported backbone (`model.nn_embedding`
-    'features', `vit_import.BackboneEmbedder`), which has no head, is
-    fine-tuned from its features: backbone -> linear layer. Copies of the
-    layers are made in the current strategy scope (`model` is not
-    modified); all but BN statistics are trainable.
+    projection head. An imported backbone (`tuning.headless`), which has
+    no head, is fine-tuned from its features: backbone -> linear layer.
+    Copies of the layers are made in the current strategy scope (`model`
+    is not modified); all but BN statistics are trainable.
 
     Raises:
         ValueError: the projection head has no hidden layer.
     """
-    if model.nn_embedding == 'features':
+    if tuning.headless(model):
         return _linear_classifier(
             *tuning.copy_layers([model.backbone]), num_classes)  # [B, F]
     head = model.projection_head
@@ -256,10 +255,8 @@ def _checked_classes(labeled, strategy, global_batch_size, learning_rates,
                      epochs, selection, validation):
     """The class count; ValueError for a bad `fine_tune_linear` argument."""
     num_classes = tuning.num_classes(labeled)
-    if global_batch_size % strategy.num_replicas_in_sync:
-        raise ValueError(
-            f'global_batch_size={global_batch_size} is not divisible by the '
-            f'{strategy.num_replicas_in_sync} replicas.')
+    checks.per_replica('fine_tune_linear.global_batch_size',
+                       global_batch_size, strategy.num_replicas_in_sync)
     if not learning_rates or not epochs:
         raise ValueError('Give at least one learning rate and epoch count.')
     checks.one_of('fine_tune_linear.selection', selection, SELECTIONS)

@@ -41,14 +41,11 @@ def _suncet_dataset_fn(labeled, *, num_steps, classes_per_step,
     V views, view-major: the evaluation's centre crop, flipped at random
     (suncet `CenterCrop(32)` + `RandomHorizontalFlip`).
     """
-    if images_per_class % num_replicas:
-        raise ValueError(
-            f'fine_tune_suncet.images_per_class={images_per_class} is not '
-            f'divisible by the {num_replicas} replicas: use a multiple of '
-            f'{num_replicas}.')
     sampler = sampling.SupportSampler(
         labeled.labels, classes_per_step=classes_per_step,
-        images_per_class=images_per_class // num_replicas,
+        images_per_class=checks.per_replica(
+            'fine_tune_suncet.images_per_class', images_per_class,
+            num_replicas),
         num_replicas=num_replicas, unique_classes_per_replica=False,
         seed=seed, class_names=labeled.class_names,
         binding='fine_tune_suncet')

@@ -43,19 +43,25 @@ def copy_layers(originals):
     return inputs, x
 
 
+def headless(model):
+    """Whether `model` is a backbone alone, without heads: an imported
+    backbone (`vit_import.BackboneEmbedder`), whose PAWS-NN compares its
+    'features' (`nn_embedding`)."""
+    return model.nn_embedding == 'features'
+
+
 def build_trunk(model):
     """Functional copy of the encoder whose output PAWS-NN compares (App.
     C), images -> `[B, D]`: the backbone and projection head, and the
     prediction head when `model.nn_embedding` is 'prediction' (suncet
-    `snn_fine_tune.py` with `use_pred_head`); the backbone alone when it
-    is 'features' (an imported backbone, `vit_import.BackboneEmbedder`).
-    Every layer is trainable.
+    `snn_fine_tune.py` with `use_pred_head`); the backbone alone when
+    `headless`. Every layer is trainable.
 
     Args:
         model: pre-trained, built `model.PAWSModel` or `BackboneEmbedder`;
             not modified.
     """
-    if model.nn_embedding == 'features':
+    if headless(model):
         return tf_keras.Model(*copy_layers([model.backbone]),
                               name='fine_tune_trunk')
     layers = [model.backbone, model.projection_head]

@@ -25,6 +25,14 @@ def build_model(strategy, *, input_channels):
     return model
 
 
+def in_float32(build, *args, **kwargs):
+    """`build(*args, **kwargs)` under the float32 policy whatever the
+    training precision: what is imported, exported or evaluated holds
+    float32 weights (portable exports)."""
+    tf_keras.mixed_precision.set_global_policy('float32')
+    return build(*args, **kwargs)
+
+
 def build_local_model(*, input_channels):
     """The PAWS model with plain variables, for what one process runs
     alone under MultiWorkerMirroredStrategy (evaluation, export): the

@@ -18,29 +18,20 @@ from paws_tf.nets import backbones
 from paws_tf.runner import experiment
 from paws_tf.runner import train
 
-def _folder_arguments(folder):
-    """`bindings.arguments` of the folder source `folder`, and whether it
-    holds labeled class subfolders."""
-    arguments = bindings.arguments(folder.configurable, folder.scope)
-    labeled = (folder.configurable is not folders.image_folder
-               or arguments['labeled'][0])
-    return arguments, labeled
-
 
 def _check_folders_bound(folder):
     """Every folder the config reads is bound (the folder recipes leave
     LABELED_DIR, UNLABELED_DIR and TEST_DIR as None for the command line)."""
     roots = []
     if folder is not None:
-        arguments, labeled = _folder_arguments(folder)
+        arguments = folder.arguments()
         roots.append((arguments[folder.root], 'labeled class subfolders'
-                      if labeled else 'images'))
+                      if folder.labeled() else 'images'))
         if folder.configurable is experiment.image_folders:
             roots.append((arguments['unlabeled_root'], 'unlabeled images'))
     test = experiment.folder_source('test')
     if test is not None and test.configurable is folders.image_folder:
-        roots.append((bindings.arguments(test.configurable, test.scope)[
-            'root'], 'test class subfolders'))
+        roots.append((test.arguments()['root'], 'test class subfolders'))
     for (root, name), what in roots:
         if root is None:
             raise checks.ConfigError(
@@ -55,9 +46,8 @@ def check_labeled_folder(what):
     folder = experiment.folder_source()
     if folder is None:
         return None
-    arguments, labeled = _folder_arguments(folder)
-    root, root_name = arguments[folder.root]
-    if not labeled or not isinstance(root, str):
+    root, root_name = folder.arguments()[folder.root]
+    if not folder.labeled() or not isinstance(root, str):
         return None
     if not os.path.isdir(root):
         raise checks.ConfigError(
@@ -118,7 +108,7 @@ def _check_normalization(folder, required=True):
     multi-crop `(config, its bindings)` bound called, or None."""
     channels = None
     if folder is not None:
-        channels, channels_name = _folder_arguments(folder)[0]['channels']
+        channels, channels_name = folder.arguments()['channels']
         if channels not in (1, 3) or isinstance(channels, bool):
             raise checks.ConfigError(
                 f'{channels_name} = {channels!r}: images are decoded to 1 '
@@ -230,7 +220,7 @@ def check_folder_channels(channels, model):
     folder = experiment.folder_source()
     if folder is None:
         return
-    bound, name = _folder_arguments(folder)[0]['channels']
+    bound, name = folder.arguments()['channels']
     if bound != channels:
         raise checks.ConfigError(
             f'{model} takes {channels}-channel images, but {name} = {bound}: '

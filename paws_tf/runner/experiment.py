@@ -2,6 +2,7 @@
 
 import collections
 import os
+import typing
 
 import gin
 import numpy as np
@@ -18,10 +19,22 @@ DataBundle = collections.namedtuple(
     'DataBundle', ['labeled', 'unlabeled', 'test', 'normalization'])
 
 
-# A folder source bound to a part of `load_data`: its scoped selector and
-# labeled-root parameter, the configurable gin calls and its scope.
-Folder = collections.namedtuple(
-    'Folder', ['selector', 'root', 'configurable', 'scope'])
+class Folder(typing.NamedTuple):
+    """A folder source bound to a part of `load_data`: the configurable gin
+    calls, its scope, and its parameter naming the folder of labeled class
+    subfolders (`FOLDER_ROOTS`)."""
+    configurable: typing.Callable
+    scope: typing.Optional[str]
+    root: str
+
+    def arguments(self):
+        """`bindings.arguments` of the source: `{parameter: (value, name)}`."""
+        return bindings.arguments(self.configurable, self.scope)
+
+    def labeled(self):
+        """Whether the source holds labeled class subfolders."""
+        return (self.configurable is not folders.image_folder
+                or self.arguments()['labeled'][0])
 
 
 def folder_source(part='train'):
@@ -33,16 +46,14 @@ def folder_source(part='train'):
     configurable, scope = bindings.target(source)
     if configurable not in FOLDER_ROOTS:
         return None
-    return Folder(source.scoped_selector, FOLDER_ROOTS[configurable],
-                  configurable, scope)
+    return Folder(configurable, scope, FOLDER_ROOTS[configurable])
 
 
 def folder_channels():
     """The channels a folder training source decodes to, or None for other
     sources (known once read)."""
     folder = folder_source()
-    return None if folder is None else bindings.arguments(
-        folder.configurable, folder.scope)['channels'][0]
+    return None if folder is None else folder.arguments()['channels'][0]
 
 
 def _folder(part):
@@ -52,8 +63,7 @@ def _folder(part):
     folder = folder_source(part)
     if folder is None:
         return ''
-    root, name = bindings.arguments(folder.configurable,
-                                    folder.scope)[folder.root]
+    root, name = folder.arguments()[folder.root]
     return f' ({name} = {root!r})' if isinstance(root, str) else ''
 
 

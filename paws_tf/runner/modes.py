@@ -7,7 +7,6 @@ import typing
 
 from absl import logging
 import tensorflow as tf
-import tf_keras
 
 from paws_tf import bindings
 from paws_tf import checkpoints
@@ -28,12 +27,14 @@ from paws_tf.runner import vit_import
 
 def _float32_model(run, strategy, *, local, imported):
     """The run's model, new: plain variables (`local`) or in the strategy's
-    scope, float32 whatever the training precision (portable exports)."""
-    tf_keras.mixed_precision.set_global_policy('float32')
+    scope, float32 (`building.in_float32`)."""
     channels = (official_import.CHANNELS if imported else
                 experiment.recorded_preprocessing(run)[1])
-    return (building.build_local_model(input_channels=channels) if local
-            else building.build_model(strategy, input_channels=channels))
+    if local:
+        return building.in_float32(building.build_local_model,
+                                   input_channels=channels)
+    return building.in_float32(building.build_model, strategy,
+                               input_channels=channels)
 
 
 def load_trained_model(run, strategy, *, local=False, imported=False):
@@ -143,7 +144,7 @@ def _local_model(run, strategy, model, weights, *, imported):
     return local, checkpoints.global_step(model)
 
 
-def _bundle(run, *, exports, evaluates):
+def _bundle(run, *, evaluates):
     """The run's data, checked against its records, for PAWS-NN, else for
     the classifier export; `(bundle, missing)`, `missing` the
     `MissingLabeledFolder` of an export without labeled images."""
@@ -186,8 +187,7 @@ def export_and_evaluate(run, strategy, model=None, *, exports=True,
         # Read, and checked against the run's records, before anything is
         # written.
         if bundle is None:
-            bundle, missing = _bundle(run, exports=exports,
-                                      evaluates=evaluates)
+            bundle, missing = _bundle(run, evaluates=evaluates)
         if model is None and not exports and _export_is_current(run):
             # The model is read once, from the export; the temperature and
             # embedding are the config's.
@@ -202,11 +202,11 @@ def export_and_evaluate(run, strategy, model=None, *, exports=True,
                 run, strategy, model, weights, bundle, exports=exports,
                 evaluates=evaluates, imported=imported)
         if missing is not None:
-            logging.warning('Exported the embedder under %s/export, not the '
-                            'classifier: %s', run, missing)
+            logging.warning('Exported the embedder under %s, not the '
+                            'classifier: %s', run.export, missing)
         elif exports:
             logging.info('Exported the embedder and the classifier under '
-                         '%s/export.', run)
+                         '%s.', run.export)
     cluster.barrier(strategy)
     return results
 

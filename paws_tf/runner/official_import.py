@@ -7,7 +7,6 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from paws_tf import bindings
 from paws_tf import checkpoints
 from paws_tf import checks
 from paws_tf.data import augment
@@ -155,11 +154,11 @@ def _fine_tuned_classifier(state):
 def _network(path, state, strategy):
     """`(kind, network, backbone, tensors)`: the kind of `state`, the
     configured network holding its values, its backbone, their count."""
-    tf_keras.mixed_precision.set_global_policy('float32')
     hint = ''
     if 'fc.fc3.weight' in state:
         found = PRETRAINED
-        network = building.build_model(strategy, input_channels=CHANNELS)
+        network = building.in_float32(building.build_model, strategy,
+                                      input_channels=CHANNELS)
         backbone, named = network.backbone, dict(
             projection_head=network.projection_head,
             prediction_head=network.prediction_head)
@@ -175,7 +174,8 @@ def _network(path, state, strategy):
     elif 'fc.fc2.weight' in state or 'fc.weight' in state:
         found = FINE_TUNED
         with strategy.scope():
-            network, layers = _fine_tuned_classifier(state)
+            network, layers = building.in_float32(_fine_tuned_classifier,
+                                                  state)
         backbone, named = network.layers[1], dict(classifier_layers=layers)
     else:
         raise ImportFailed(
@@ -287,8 +287,8 @@ def check_preprocessing(run, channels, mean, std):
     where = os.path.join(run.embedder, export.PREPROCESSING_FILENAME)
     if channels != recorded['channels']:
         folder = experiment.folder_source()
-        name = 'channels' if folder is None else bindings.arguments(
-            folder.configurable, folder.scope)['channels'][1]
+        name = ('channels' if folder is None else
+                folder.arguments()['channels'][1])
         raise checks.ConfigError(
             f'{where} records {recorded["channels"]}-channel images, which '
             f'the model imported into {run} takes; the config decodes '

@@ -12,10 +12,10 @@ from paws_tf import run_dir
 
 
 def model_checkpoint(path):
-    """The checkpoint of the existing model `path`: the newest checkpoint
-    that restores of the run directory `path` (a paws_tf run or an
-    import), else `checkpoints.resolve_prefix(path)`."""
-    run = run_dir.RunDir(path)
+    """The checkpoint of the existing model `path` (a `RunDir` or a path):
+    the newest checkpoint that restores of the run directory `path` (a
+    paws_tf run or an import), else `checkpoints.resolve_prefix(path)`."""
+    run = path if isinstance(path, run_dir.RunDir) else run_dir.RunDir(path)
     if tf.io.gfile.isdir(run.checkpoints):
         prefix, _ = checkpoints.newest_restorable(run, backups=False,
                                                   chief=False)
@@ -79,8 +79,8 @@ def load_backbone_weights(backbone, path):
         path: a weights file written by `backbone.save_weights` (`.h5`,
             `.weights.h5`), a TF checkpoint prefix or directory written by
             `tf.train.Checkpoint(backbone=backbone)`, or a paws_tf run's
-            checkpoint or directory (its model's backbone; an imported
-            backbone's, `vit_import`).
+            checkpoint or directory, or its `RunDir` (its model's backbone;
+            an imported backbone's, `vit_import`).
 
     Raises:
         FileNotFoundError: `path` does not exist or holds no checkpoint.
@@ -88,20 +88,20 @@ def load_backbone_weights(backbone, path):
             is left unchanged), naming the variables as far as the loader
             can.
     """
-    path = os.fspath(path)
-    if path.endswith('.h5') and not tf.io.gfile.exists(path):
-        raise FileNotFoundError(f'weights file {path!r} does not exist')
+    name = os.fspath(path)
+    if name.endswith('.h5') and not tf.io.gfile.exists(name):
+        raise FileNotFoundError(f'weights file {name!r} does not exist')
     snapshot = backbone.get_weights()
     try:
-        if path.endswith('.h5'):
-            backbone.load_weights(path)
+        if name.endswith('.h5'):
+            backbone.load_weights(name)
         else:
             _restore_backbone(backbone, model_checkpoint(path))
     except (AssertionError, KeyError, ValueError,
             tf.errors.OpError) as error:
         checkpoints.assign_weights(backbone, snapshot)
         raise checkpoints.Mismatch(
-            f'could not load {path!r} into backbone {backbone.name!r} '
+            f'could not load {name!r} into backbone {backbone.name!r} '
             f'({len(snapshot)} variables); none were restored, the backbone '
             f'is unchanged. Architecture mismatch? Cause: '
             f'{type(error).__name__}: {error}',

@@ -43,10 +43,10 @@ def weights_fingerprint(model):
 @gin.configurable(denylist=['model_dir', 'strategy', 'overwrite',
                             'owner_check', 'claim'])
 def train(model_dir, strategy, *, overwrite=False, owner_check=None,
-          claim=None, num_epochs=gin.REQUIRED,
-          optimizer_cls=lars.LARS, schedule_cls=schedules.WarmupCosineDecay,
-          precision='float32', jit_compile=False, steps_per_execution=1,
-          seed=0, deterministic_ops=False, checkpoint_every_steps=1000,
+          claim=None, num_epochs=gin.REQUIRED, optimizer_cls=lars.LARS,
+          schedule_cls=schedules.WarmupCosineDecay, precision='float32',
+          jit_compile=False, steps_per_execution=1, seed=0,
+          deterministic_ops=False, checkpoint_every_steps=1000,
           keep_checkpoints=3, backup_every_steps=100, log_every_steps=50,
           view_images=True, evaluators=(evaluate.PawsNN,),
           eval_every_epochs=1, eval_max_queries=10_000,
@@ -80,21 +80,19 @@ def train(model_dir, strategy, *, overwrite=False, owner_check=None,
             (`determinism.enable`); slower.
         checkpoint_every_steps: also checkpoint every this many steps (0:
             epoch ends only), keeping `keep_checkpoints` of them.
-        backup_every_steps: back up every this many steps, the most work a
-            crash can lose.
-        log_every_steps, view_images: TensorBoard's scalar interval, and
-            the augmented views of the first step.
+        backup_every_steps: steps between backups, the most a crash loses.
+        log_every_steps, view_images: TensorBoard's scalar interval, the
+            augmented views of the first step.
         evaluators: the evaluator classes run on the test split at epoch
             ends (`evaluate.PawsNN`; gin: `[@PawsNN, ...]`), every
-            `eval_every_epochs` (0: never) on `eval_max_queries` test
+            `eval_every_epochs` (0: never), on `eval_max_queries` test
             images (None: all).
         pretrained_backbone: weights file or checkpoint (a run's too) to
             start the backbone from; the heads start fresh.
         pretrained_model: an existing model to start from, backbone and
             heads (the optimizer starts fresh): a run directory (a paws_tf
             run or an import of a published model; its newest checkpoint)
-            or a checkpoint. Read when the run starts, not when it
-            resumes.
+            or a checkpoint, read when the run starts, not when it resumes.
         on_data_change: resuming on other data than the run started on:
             `'stop'` naming what changed, or `'continue'` (recording it).
         verbose: progress bar verbosity (`progress.ProgressBar`).

@@ -2,6 +2,7 @@
 (PyTorch files) as paws_tf runs: the backbone's checkpoint and its
 embedder export."""
 
+import inspect
 import math
 import os
 import typing
@@ -17,6 +18,7 @@ from paws_tf.nets import backbones
 from paws_tf.nets import torch_names
 from paws_tf.nets import vit
 from paws_tf.nets import vit_positions
+from paws_tf.runner import building
 from paws_tf.runner import official_import
 from paws_tf.runner import pretrained
 
@@ -200,24 +202,24 @@ class BackboneEmbedder(tf_keras.Model):
         return {'features': features, 'embeddings': features}
 
 
-# The `vit.build_vit` arguments an import record holds.
+# The `vit.build_vit` arguments an import record holds; the last two are
+# bound only when not `build_vit`'s default (a record written before they
+# were imported holds neither).
 _VIT_ARGUMENTS = ('patch_size', 'image_size', 'position_interpolation',
                   'layer_scale', 'registers')
+_BOUND_WHEN_SET = ('layer_scale', 'registers')
 
 
 def training_bindings(record):
     """The gin bindings that build the imported backbone, for a run that
-    starts from it (`train.pretrained_backbone`)."""
-    bindings = [f"build_backbone.name = '{record['network']}'",
-                f"vit.patch_size = {record['patch_size']}",
-                f"vit.image_size = {record['image_size']}",
-                "vit.position_interpolation = "
-                f"'{record['position_interpolation']}'"]
-    if record.get('layer_scale'):
-        bindings.append('vit.layer_scale = True')
-    if record.get('registers'):
-        bindings.append(f"vit.registers = {record['registers']}")
-    return bindings
+    starts from it (`train.pretrained_backbone`), named after the
+    configurables' parameters."""
+    defaults = inspect.signature(vit.build_vit).parameters
+    return [f'{bindings.gin_name(backbones.build_backbone)}.name = '
+            f"{record['network']!r}"] + [
+        f'{bindings.gin_name(vit.build_vit)}.{key} = {record[key]!r}'
+        for key in _VIT_ARGUMENTS if key not in _BOUND_WHEN_SET
+        or record.get(key, defaults[key].default) != defaults[key].default]
 
 
 def unconfigured(record):
@@ -237,9 +239,9 @@ def unconfigured(record):
 def _build_backbone(name, **architecture):
     """The float32 ViT `name` of an import's `architecture` (`vit.build_vit`
     arguments), RGB in."""
-    tf_keras.mixed_precision.set_global_policy('float32')
-    return vit.build_vit(name, input_channels=official_import.CHANNELS,
-                         **architecture)
+    return building.in_float32(vit.build_vit, name,
+                               input_channels=official_import.CHANNELS,
+                               **architecture)
 
 
 def imported_embedder(run, strategy):
@@ -256,7 +258,7 @@ def imported_embedder(run, strategy):
         # holds neither: `build_vit`'s defaults build it.
         backbone = _build_backbone(record['network'], **{
             key: record[key] for key in _VIT_ARGUMENTS if key in record})
-        pretrained.load_backbone_weights(backbone, run.path)
+        pretrained.load_backbone_weights(backbone, run)
     return BackboneEmbedder(backbone)
 
 
@@ -304,7 +306,6 @@ def import_vit(run, path, checkpoint, *, overwrite=False):
                   kind=official_import.BACKBONE, origin=source,
                   network=found.name, architecture=found.title(),
                   patch_size=found.patch_size, image_size=found.image_size,
-                  eval_image_size=EVAL_IMAGE_SIZE,
                   position_interpolation=found.interpolation,
                   layer_scale=found.layer_scale, registers=found.registers,
                   epoch=epoch, tensors=count, left_out=left_out)
