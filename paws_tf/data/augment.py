@@ -94,12 +94,15 @@ def color_jitter(image, seed, strength):
         seed, strength: as `jitter_params` takes them.
     """
     order, factors = jitter_params(seed, strength)
-    for step in range(4):
-        # switch_case runs only the selected op; all 24 orders share 4 Cases.
-        image = tf.switch_case(order[step], [
-            lambda op=op, i=i, x=image: op(x, factors[i])
-            for i, op in enumerate(_JITTER_OPS)])
-    return image
+
+    def step(k, x):
+        # switch_case runs only the selected op; all 24 orders share one
+        # Case, which a loop traces once instead of once per step.
+        return k + 1, tf.ensure_shape(tf.switch_case(order[k], [
+            lambda op=op, i=i: op(x, factors[i])
+            for i, op in enumerate(_JITTER_OPS)]), x.shape)
+
+    return tf.while_loop(lambda k, x: k < 4, step, (0, image))[1]
 
 
 def solarize(image, threshold=128):
