@@ -1,5 +1,7 @@
 """Input pipelines: support sampler, unlabeled stream, distribution, eval."""
 
+import dataclasses
+
 import gin
 import numpy as np
 import pytest
@@ -140,6 +142,23 @@ def test_support_rows_carry_their_columns_and_views(unique, request):
                  for c, label in zip(e['support_one_hot'].argmax(1),
                                      e['support_labels'])}
         assert len(pairs) == len({c for c, _ in pairs}) == 4
+
+
+def test_each_view_setting_is_traced_once_per_process():
+    """The views of one size and scale run one traced function, which a
+    rebuild (a resumed run) reuses: tracing and optimising every view
+    again cost seconds of each training process's start-up. Bugs caught:
+    `multicrop_views` or `_support` calling `make_view` inline (a
+    function never traced), `view_function` not cached (a new one each
+    build)."""
+    # A colour strength of its own: no other test traced these functions.
+    multicrop = dataclasses.replace(_multicrop(), color_strength=0.25)
+    for start_step in (0, 3):
+        _build(multicrop=multicrop, support_view_size=10,
+               start_step=start_step).dataset_fn(None)
+    for size, scale in ((12, (0.5, 1.0)), (6, (0.2, 0.5)), (10, (0.5, 1.0))):
+        view = multicrop.view_function(size, scale)
+        assert view.experimental_get_tracing_count() == 1, (size, scale)
 
 
 @pytest.mark.slow

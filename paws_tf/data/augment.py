@@ -1,6 +1,7 @@
 """Stateless SimCLR and CIFAR-10 augmentations, and PAWS multi-crop views."""
 
 import dataclasses
+import functools
 
 import gin
 import tensorflow as tf
@@ -20,11 +21,10 @@ NORMALIZATIONS = {'imagenet': (IMAGENET_MEAN, IMAGENET_STD),
 _LUMA_TO_RGB = tuple((w,) * 3 for w in (0.2989, 0.587, 0.114))
 # The kinds of `color_distortion`.
 DISTORTIONS = ('simclr', 'cifar10')
-# The views are TensorFlow ops and Python control flow on Python values:
-# tf.data's maps trace them as written, without AutoGraph's rewrite of
-# every function they call, which took about a third of building the
-# CIFAR-10 pre-training input (10.6 -> 7.6 s; the same elements).
-_AS_WRITTEN = tf.autograph.experimental.do_not_convert
+# The input functions are TensorFlow ops and Python control flow on Python
+# values: tf.data's maps trace them as written, without AutoGraph's rewrite
+# of every function they call.
+AS_WRITTEN = tf.autograph.experimental.do_not_convert
 
 
 def adjust_brightness(image, factor):
@@ -94,12 +94,15 @@ def color_jitter(image, seed, strength):
         seed, strength: as `jitter_params` takes them.
     """
     order, factors = jitter_params(seed, strength)
-    for step in range(4):
-        # switch_case runs only the selected op; all 24 orders share 4 Cases.
-        image = tf.switch_case(order[step], [
-            lambda op=op, i=i, x=image: op(x, factors[i])
-            for i, op in enumerate(_JITTER_OPS)])
-    return image
+
+    def step(k, x):
+        # switch_case runs only the selected op; all 24 orders share one
+        # Case, which a loop traces once instead of once per step.
+        return k + 1, tf.ensure_shape(tf.switch_case(order[k], [
+            lambda op=op, i=i: op(x, factors[i])
+            for i, op in enumerate(_JITTER_OPS)]), x.shape)
+
+    return tf.while_loop(lambda k, x: k < 4, step, (0, image))[1]
 
 
 def solarize(image, threshold=128):
@@ -203,7 +206,7 @@ def check_distortion(kind):
             "PAWS CIFAR-10 views, 'simclr' for ImageNet's).")
 
 
-@_AS_WRITTEN
+@AS_WRITTEN
 def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
               blur_prob=0.0, distortion='simclr'):
     """One view, [size, size, C] float32: crop, flip, colour distortion,
@@ -228,7 +231,19 @@ def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
     return image_ops.normalize(view, mean, std)
 
 
-@_AS_WRITTEN
+@functools.lru_cache(maxsize=None)
+def view_function(*, size, scale, mean, std, color_strength, blur_prob,
+                  distortion):
+    """`make_view` with these settings as a `tf.function` of (image, seed),
+    one per process: each image signature is traced once, however many
+    views and pipelines call it (a function call in each `tf.data` map)."""
+    return tf.function(functools.partial(
+        make_view, size=size, scale=scale, mean=mean, std=std,
+        color_strength=color_strength, blur_prob=blur_prob,
+        distortion=distortion), autograph=False)
+
+
+@AS_WRITTEN
 def center_view(image, size, *, crop_fraction, mean, std):
     """Evaluation view, [size, size, C] float32: torchvision
     Resize(round(size / crop_fraction)) of the shorter side (bilinear,
@@ -290,6 +305,14 @@ class MultiCropConfig:
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         check_distortion(self.distortion)
 
+    def view_function(self, size, scale):
+        """`view_function` of this config's colour, blur and normalisation
+        settings, for views of side `size` cropped at `scale`."""
+        return view_function(
+            size=size, scale=scale, mean=self.mean, std=self.std,
+            color_strength=self.color_strength, blur_prob=self.blur_prob,
+            distortion=self.distortion)
+
 
 # PAWS (arXiv 2104.13963) Sec. 5 and App. A: 224 px at (0.14, 1), 6 x 96 px
 # at (0.05, 0.14); colour strength 1 (suncet configs/paws/imgnt_train.yaml).
@@ -318,7 +341,7 @@ def cifar10_multicrop(**overrides):
     return dataclasses.replace(CIFAR10_MULTICROP, **overrides)
 
 
-@_AS_WRITTEN
+@AS_WRITTEN
 def multicrop_views(image, seed, config):
     """Multi-crop views of one image, each with its own sub-seed.
 
@@ -331,13 +354,7 @@ def multicrop_views(image, seed, config):
         C] and `num_local` [local_size, local_size, C] float32 views.
     """
     seeds = image_ops.split_seed(seed, 2 + config.num_local)
-    common = dict(color_strength=config.color_strength,
-                  blur_prob=config.blur_prob, mean=config.mean, std=config.std,
-                  distortion=config.distortion)
-    global_views = tuple(
-        make_view(image, s, size=config.global_size, scale=config.global_scale,
-                  **common) for s in seeds[:2])
-    local_views = tuple(
-        make_view(image, s, size=config.local_size, scale=config.local_scale,
-                  **common) for s in seeds[2:])
-    return global_views, local_views
+    global_view = config.view_function(config.global_size, config.global_scale)
+    local_view = config.view_function(config.local_size, config.local_scale)
+    return (tuple(global_view(image, s) for s in seeds[:2]),
+            tuple(local_view(image, s) for s in seeds[2:]))

@@ -115,6 +115,7 @@ def _indexed_unlabeled(source, layout, seed, start_step, first_replica,
     start_epoch = start_step // steps_per_epoch
     first_skip = (start_step % steps_per_epoch) * local_replicas * batch
 
+    @augment.AS_WRITTEN
     def epoch_items(epoch):
         order = sampling.permutation(
             n, sampling.derive_seed(seed, sampling.UNLABELED_ORDER, epoch))
@@ -127,6 +128,7 @@ def _indexed_unlabeled(source, layout, seed, start_step, first_replica,
         return tf.data.Dataset.from_tensor_slices(
             (tf.fill(tf.shape(order), epoch), order))
 
+    @augment.AS_WRITTEN
     def views(epoch, position):
         key = sampling.derive_seed(seed, sampling.UNLABELED_VIEWS, epoch,
                                    position)
@@ -145,6 +147,7 @@ def _streamed_unlabeled(source, layout, seed, start_step, input_context):
         [seed, start_step]).generate_state(1)[0])
     pipeline = input_context.input_pipeline_id if input_context else 0
 
+    @augment.AS_WRITTEN
     def views(count, item):
         key = sampling.derive_seed(seed, sampling.STREAM_VIEWS, start_step,
                                    pipeline, count)
@@ -160,23 +163,21 @@ def _streamed_unlabeled(source, layout, seed, start_step, input_context):
 def _support(labeled, layout, seed, start_step, first_replica, local_replicas):
     """Support views and labels of this pipeline's replicas, per step."""
     sampler, mc = layout.sampler, layout.multicrop
+    view = mc.view_function(layout.support_view_size, mc.global_scale)
 
+    @augment.AS_WRITTEN
     def views(step, position, class_id, column):
         image = labeled.read(position)
-        return tuple(augment.make_view(
-            image, sampling.derive_seed(seed, sampling.SUPPORT_VIEWS, step,
-                                        position, v),
-            size=layout.support_view_size, scale=mc.global_scale,
-            color_strength=mc.color_strength, blur_prob=mc.blur_prob,
-            mean=mc.mean, std=mc.std, distortion=mc.distortion)
+        return tuple(view(image, sampling.derive_seed(
+            seed, sampling.SUPPORT_VIEWS, step, position, v))
             for v in range(layout.support_views)), class_id, column
 
     rows = sampler.classes_per_replica * sampler.images_per_class
     # Always in order, even for deterministic=False: a batch is one step's
     # rows of one replica.
     return (tf.data.Dataset.counter(start_step * local_replicas)
-            .flat_map(lambda i: sampler.items(i, first_replica,
-                                              local_replicas))
+            .flat_map(augment.AS_WRITTEN(
+                lambda i: sampler.items(i, first_replica, local_replicas)))
             .map(views, num_parallel_calls=tf.data.AUTOTUNE,
                  deterministic=True)
             .batch(rows, drop_remainder=True))
@@ -340,8 +341,8 @@ def _dataset(input_context=None, *, unlabeled, labeled, layout, seed,
     options.experimental_distribute.auto_shard_policy = (
         tf.data.experimental.AutoShardPolicy.OFF)
     return (tf.data.Dataset.zip((views, support))
-            .map(lambda views, support: _step_element(
-                views, support, layout, labeled.channels))
+            .map(augment.AS_WRITTEN(lambda views, support: _step_element(
+                views, support, layout, labeled.channels)))
             .prefetch(tf.data.AUTOTUNE).with_options(options))
 
 
@@ -358,6 +359,7 @@ def make_eval_dataset(source, *, batch_size, image_size, crop_fraction, mean,
         crop_fraction: centre crop as a fraction of the image side.
         mean, std: per-channel normalisation.
     """
+    @augment.AS_WRITTEN
     def view(image, label):
         return augment.center_view(image, image_size,
                                    crop_fraction=crop_fraction, mean=mean,
