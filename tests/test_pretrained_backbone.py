@@ -228,7 +228,8 @@ def test_a_model_of_another_architecture_is_refused_naming_both(
         f"train.pretrained_model = '{earlier}' does not fit the configured "
         f'model: {earlier} was built with small_resnet.widths = (8, 16); '
         'this config builds small_resnet.widths = (8, 32). Start from a '
-        'model of this architecture, or bind its architecture.')
+        'model of this architecture, or bind its architecture: replace '
+        'small_resnet.widths = (8, 32) -> small_resnet.widths = (8, 16).')
     code, output = run(tmp_path, earlier, data, part='model', bindings=[
         f"train.pretrained_backbone = '{earlier}'"])
     assert code == os.EX_CONFIG

@@ -306,6 +306,18 @@ def check_preprocessing(run, channels, mean, std):
             f'{normalization.NORMALIZATION_MACRO} = {preset}.')
 
 
+def backbone_only(run, record, needs):
+    """The message for `needs` (a mode or binding) that needs a PAWS model
+    where `run` holds the backbone import `record`: what the import is
+    used with."""
+    return (f'{run} holds the {record["architecture"]} backbone imported '
+            f'from {record["source"]}, not a PAWS model: {needs} needs one. '
+            'Its PAWS-NN is gin_configs/existing_model_folders.gin with '
+            f"MODEL = '{run}', --mode=fine_tune fine-tunes it, and a PAWS "
+            f"run starts from it with train.pretrained_backbone = '{run}' "
+            f'and {"; ".join(record["bindings"])}.')
+
+
 def check_mode(run, mode, *, trains=False, backbone=False):
     """Whether the run directory `run` (a `RunDir`) holds imported weights
     (`RunDir.imported`) that the mode named `mode` (a mode that `trains`,
@@ -327,14 +339,7 @@ def check_mode(run, mode, *, trains=False, backbone=False):
             f"with train.pretrained_{part} = '{run}' to start from "
             f'this {part}.')
     if record['kind'] == BACKBONE and not backbone:
-        raise ImportFailed(
-            f'{run} holds the {record["architecture"]} backbone imported '
-            f'from {record["source"]}, not a PAWS model: --mode={mode} '
-            'needs one. Its PAWS-NN is gin_configs/existing_model_folders.gin '
-            f"with MODEL = '{run}', --mode=fine_tune fine-tunes it, and "
-            'a PAWS run starts from it with '
-            f"train.pretrained_backbone = '{run}' and "
-            f'{"; ".join(record["bindings"])}.')
+        raise ImportFailed(backbone_only(run, record, f'--mode={mode}'))
     if record['kind'] == FINE_TUNED:
         raise ImportFailed(
             f'{run} holds the fine-tuned classifier imported from '
