@@ -251,18 +251,49 @@ _TINY_DINO_BINDINGS = [
     'vit.image_size = 32', "vit.position_interpolation = 'dino'"]
 
 
-def _tiny_dino_import(path):
-    """An import of `_TINY_DINO` into `path` as `vit_import.import_vit`
-    writes one: its backbone's checkpoint at step 0 and its record."""
+def _tiny_dino_import(path, depth=_TINY_DINO['depth']):
+    """An import of `_TINY_DINO` (of `depth` blocks) into `path` as
+    `vit_import.import_vit` writes one: its backbone's checkpoint at step
+    0 and its record."""
     run = run_dir.RunDir(str(path))
     official_import.write_first_checkpoint(run, backbone=vit.build_vit(
-        'vit_tiny', position_interpolation='dino', **_TINY_DINO))
+        'vit_tiny', position_interpolation='dino',
+        **dict(_TINY_DINO, depth=depth)))
     run.write_json(run.imported, dict(
         source='dino_tiny.pth', kind='backbone', architecture='ViT-Ti/16',
         network='vit_tiny', bindings=_TINY_DINO_BINDINGS,
-        position_interpolation='dino', layer_scale=False, registers=0,
-        **_TINY_DINO))
+        patch_size=_TINY_DINO['patch_size'],
+        image_size=_TINY_DINO['image_size'], position_interpolation='dino',
+        layer_scale=False, registers=0))
     return run
+
+
+@pytest.mark.slow
+def test_a_record_without_an_architecture_argument_is_refused(tmp_path):
+    """An import record without its patch size, image size or position
+    interpolation is refused naming it and the import command, where one without `layer_scale` and `registers` builds
+    `build_vit`'s defaults. Fails if every argument the record lacks takes
+    `build_vit`'s default (tried: a record without
+    'position_interpolation' built timm's interpolation for DINO's ViT,
+    one without 'patch_size' patch 16, silently)."""
+    # ViT-Ti's 12 blocks: an import is of a published architecture.
+    imported = _tiny_dino_import(tmp_path / 'dino_tiny', depth=12)
+    record = imported.read_json(imported.imported)
+    for key in ('layer_scale', 'registers'):
+        del record[key]
+    imported.write_json(imported.imported, record)
+    strategy = tf.distribute.get_strategy()
+    embedder = vit_import.imported_embedder(imported, strategy)
+    tokens = embedder.backbone.get_layer('tokens')
+    assert (tokens.interpolation, tokens.registers) == ('dino', 0)
+    for left_out in ('patch_size', 'image_size', 'position_interpolation'):
+        imported.write_json(imported.imported, {
+            key: value for key, value in record.items() if key != left_out})
+        with pytest.raises(official_import.ImportFailed, match=(
+                f'imported.json lacks {left_out}: import the file again '
+                r'\(run.py --mode=import_official --model_dir=.* '
+                r'--official_checkpoint=dino_tiny.pth --overwrite\)')):
+            vit_import.imported_embedder(imported, strategy)
 
 
 def _start(tmp_path, pretrained):
