@@ -25,6 +25,7 @@ torch = pytest.importorskip('torch')
 from paws_tf import checkpoints  # noqa: E402
 from paws_tf import checks  # noqa: E402
 from paws_tf import run_dir  # noqa: E402
+from paws_tf.data import augment  # noqa: E402
 from paws_tf.nets import vit  # noqa: E402
 from paws_tf.runner import modes  # noqa: E402
 from paws_tf.runner import official_import  # noqa: E402
@@ -294,6 +295,47 @@ def test_a_record_without_an_architecture_argument_is_refused(tmp_path):
                 r'\(run.py --mode=import_official --model_dir=.* '
                 r'--official_checkpoint=dino_tiny.pth --overwrite\)')):
             vit_import.imported_embedder(imported, strategy)
+
+
+@pytest.mark.parametrize('gin_file, bindings, refusal', [
+    ('image_folders_small.gin', ["NORMALIZATION = 'data'"],
+     "not NORMALIZATION = 'data': bind NORMALIZATION = 'imagenet'."),
+    ('debug.gin', ["load_data.normalization = 'data'"],
+     "not load_data.normalization = 'data': bind load_data.normalization "
+     "= 'imagenet'."),
+    ('image_folders_small.gin', ['CHANNELS = 1'],
+     'the config decodes 1: bind CHANNELS = 3.'),
+])
+def test_fine_tuning_an_import_checks_the_config_before_the_images(
+        tmp_path, monkeypatch, gin_file, bindings, refusal):
+    """--mode=fine_tune on a ViT import with a config that normalises
+    otherwise than its export records, or decodes a folder to another
+    channel count, is refused before the images are read, naming the
+    binding the config uses (its macro, or `load_data.normalization`).
+    Fails if the images are read first (tried: 'data' statistics were
+    computed, then refused), or the message names the macro where the
+    config binds `load_data.normalization` (tried: following it failed,
+    'NORMALIZATION is bound but nothing in the config reads it')."""
+    imported = run_dir.RunDir(str(tmp_path / 'dino_tiny'))
+    imported.write_json(imported.imported, dict(
+        source='dino_tiny.pth', kind='backbone', architecture='ViT-Ti/16',
+        bindings=_TINY_DINO_BINDINGS))
+    os.makedirs(imported.embedder)
+    imported.write_json(os.path.join(imported.embedder, 'preprocessing.json'),
+                        dict(channels=3, mean=list(augment.IMAGENET_MEAN),
+                             std=list(augment.IMAGENET_STD)))
+
+    def read_images(*args, **kwargs):
+        raise AssertionError('the images were read before the check')
+
+    monkeypatch.setattr(modes, 'load_labeled_data', read_images)
+    folders = (image_folders.path_bindings(tmp_path / 'images')
+               if gin_file.startswith('image_folders') else [])
+    with debug_gin.parsed(folders + bindings,
+                          gin_file=f'gin_configs/{gin_file}'):
+        with pytest.raises(checks.ConfigError) as refused:
+            modes.run(imported.path, _strategy(), 'fine_tune')
+    assert str(refused.value).endswith(refusal), str(refused.value)
 
 
 def _start(tmp_path, pretrained):
