@@ -272,8 +272,9 @@ def _tiny_dino_import(path, depth=_TINY_DINO['depth']):
 @pytest.mark.slow
 def test_a_record_without_an_architecture_argument_is_refused(tmp_path):
     """An import record without its patch size, image size or position
-    interpolation is refused naming it and the import command, where one without `layer_scale` and `registers` builds
-    `build_vit`'s defaults. Fails if every argument the record lacks takes
+    interpolation is refused naming it and the import command, where one
+    without `layer_scale` and `registers` builds `build_vit`'s defaults.
+    Fails if every argument the record lacks takes
     `build_vit`'s default (tried: a record without
     'position_interpolation' built timm's interpolation for DINO's ViT,
     one without 'patch_size' patch 16, silently)."""

@@ -26,13 +26,13 @@ from paws_tf.runner import vit_import
 # data, how often progress is logged, how long its cluster may take to form.
 RESUME_ONLY_BINDINGS = ('train.on_data_change', 'ProgressBar.',
                         'make_strategy.start_timeout')
-# The bindings that make the model's variables, and the backbone's: compared
-# in the message on a pretrained model that does not fit.
-_BACKBONE = ('build_backbone.', *sorted({
+# The bindings of a backbone's architecture (its family and the family's
+# arguments, not how its batch norms train or run): a pretrained backbone
+# or model is refused before it is read when the run it comes from bound
+# them otherwise.
+_ARCHITECTURE = ('build_backbone.name', *sorted({
     f'{bindings.gin_name(family.configurable)}.'
     for family in backbones.FAMILIES.values()}))
-_ARCHITECTURE = (*_BACKBONE, 'build_model.', 'ProjectionHead.',
-                 'PredictionHead.')
 # Of the variables that do not fit, how many a message names.
 _NAMES_SHOWN = 3
 # What a pretrained file gives a new run.
@@ -131,20 +131,19 @@ def _source(path):
 
 def _refuse_another_architecture(path, name, part):
     """Refuses, before any weights are read, a config that builds the
-    `part` otherwise than the run or import `path` belongs to: the import
-    record's bindings, or the source run's config lines that make the
-    `part` (a binding that changes no variable, such as
+    backbone otherwise than the run or import `path` belongs to: the
+    import record's bindings, or the `_ARCHITECTURE` lines of the source
+    run's config (a binding that changes no variable, such as
     `vit.position_interpolation`, fails no read). Refuses an imported
-    backbone as a model."""
+    backbone as the `part` 'model'."""
     source = _source(path)
     if source is None:
         return
     record = source.read_json(source.imported)
     if record is None:
-        prefixes = _BACKBONE if part == _BACKBONE_PART else _ARCHITECTURE
         with open(source.config) as f:
             theirs, ours = ({line for line in text.splitlines()
-                             if line.startswith(prefixes)}
+                             if line.startswith(_ARCHITECTURE)}
                             for text in (f.read(), gin.config_str()))
         recorded, configured = sorted(theirs - ours), sorted(ours - theirs)
     elif record['kind'] != official_import.BACKBONE:
@@ -167,7 +166,8 @@ def _refuse_another_architecture(path, name, part):
 def _edits(recorded, configured):
     """'replace <config line> -> <source line>; remove ...; add ...': the
     edits of this config that make its `configured` binding lines the
-    source's `recorded` ones (a line of a default value is added to)."""
+    source's `recorded` ones (a source line whose parameter this config
+    leaves at its default is added)."""
     selector = lambda line: line.split(' = ')[0]  # noqa: E731
     bound = {selector(line) for line in gin.config_str().splitlines()}
     theirs = {selector(line): line for line in recorded}
