@@ -12,6 +12,7 @@ checkpoint and stopped on its missing folder instead).
 
 import os
 
+import gin
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -228,7 +229,8 @@ def test_a_model_of_another_architecture_is_refused_naming_both(
         f"train.pretrained_model = '{earlier}' does not fit the configured "
         f'model: {earlier} was built with small_resnet.widths = (8, 16); '
         'this config builds small_resnet.widths = (8, 32). Start from a '
-        'model of this architecture, or bind its architecture.')
+        'model of this architecture, or bind its architecture: replace '
+        'small_resnet.widths = (8, 32) -> small_resnet.widths = (8, 16).')
     code, output = run(tmp_path, earlier, data, part='model', bindings=[
         f"train.pretrained_backbone = '{earlier}'"])
     assert code == os.EX_CONFIG
@@ -269,3 +271,37 @@ def test_a_path_that_does_not_exist_says_so(tmp_path, part):
                 'it to a run directory or a checkpoint')):
             start.check_pretrained(tmp_path / 'run', **{
                 part: (str(typo), f'train.pretrained_{part}')})
+
+
+def test_a_run_of_other_batch_norm_settings_is_read(tmp_path):
+    """A run whose config binds the same backbone with other batch-norm
+    settings (`build_backbone.bn_momentum`, `sync_bn_impl`,
+    `recompute_bn_relu`: how it trains and runs, not its architecture)
+    gives its backbone and its model to a new run; one of another family
+    argument (`small_resnet.stem_stride`, which changes no variable) is
+    refused before it is read. Fails if every `build_backbone` line is
+    compared (tried: the settings refused as another architecture), or
+    the family's lines are left to the read."""
+    source = tmp_path / 'earlier'
+    (source / 'checkpoints').mkdir(parents=True)
+    with debug_gin.parsed():
+        model = building.build_local_model(input_channels=3)
+        tf.train.CheckpointManager(tf.train.Checkpoint(model=model),
+                                   str(source / 'checkpoints'), 1).save()
+        config = [line for line in gin.config_str().splitlines()
+                  if not line.startswith('build_backbone.recompute')]
+    (source / 'config.gin').write_text('\n'.join(config + [
+        'build_backbone.bn_momentum = 0.99',
+        "build_backbone.sync_bn_impl = 'keras'"]) + '\n')
+    for part in ('backbone', 'model'):
+        with debug_gin.parsed():
+            read = start.check_pretrained(tmp_path / 'run', **{
+                part: (str(source), f'train.pretrained_{part}')})
+        assert read.part == part
+    with debug_gin.parsed(['small_resnet.stem_stride = 2']):
+        with pytest.raises(ValueError, match=(
+                'does not fit the configured backbone: .* was built with the '
+                'defaults; this config builds small_resnet.stem_stride = 2.'
+                ' .*: remove small_resnet.stem_stride = 2.')):
+            start.check_pretrained(tmp_path / 'run', (
+                str(source), 'train.pretrained_backbone'))

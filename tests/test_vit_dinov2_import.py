@@ -13,7 +13,9 @@ tests/test_vit_import.py gives the official side.
 """
 
 import json
+import os
 
+import gin
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -23,13 +25,17 @@ torch = pytest.importorskip('torch')
 from paws_tf import checkpoints  # noqa: E402
 from paws_tf import checks  # noqa: E402
 from paws_tf import run_dir  # noqa: E402
+from paws_tf.data import augment  # noqa: E402
 from paws_tf.nets import vit  # noqa: E402
 from paws_tf.runner import modes  # noqa: E402
+from paws_tf.runner import official_import  # noqa: E402
 from paws_tf.runner import pretrained  # noqa: E402
 from paws_tf.runner import start  # noqa: E402
 from paws_tf.runner import vit_import  # noqa: E402
 from tests.helpers import debug_gin  # noqa: E402
 from tests.helpers import dinov2_vit  # noqa: E402
+from tests.helpers import image_folders  # noqa: E402
+from tests.helpers import run_py  # noqa: E402
 from tests.helpers import timm_vit  # noqa: E402
 from tests import test_vit_import  # noqa: E402
 from tests.test_official_import import _config  # noqa: E402
@@ -196,21 +202,25 @@ _REG4_BINDINGS = ["build_backbone.name = 'vit_small'", 'vit.patch_size = 14',
                   'vit.layer_scale = True', 'vit.registers = 4']
 
 
-@pytest.mark.parametrize('left_out, bound', [
+@pytest.mark.parametrize('left_out, bound, edit', [
     ("vit.position_interpolation = 'timm'",
-     "vit.position_interpolation = 'dino'"),
-    ('vit.layer_scale = True', None),
-    ('vit.registers = 4', 'vit.registers = 2'),
+     "vit.position_interpolation = 'dino'",
+     "replace vit.position_interpolation = 'dino' -> "
+     "vit.position_interpolation = 'timm'"),
+    ('vit.layer_scale = True', None, 'add vit.layer_scale = True'),
+    ('vit.registers = 4', 'vit.registers = 2',
+     'replace vit.registers = 2 -> vit.registers = 4'),
 ])
 def test_a_config_without_the_imports_bindings_is_refused(
-        tmp_path, left_out, bound):
+        tmp_path, left_out, bound, edit):
     """`train.pretrained_backbone` naming a ViT import, in a config that
     binds one of the bindings its record lists otherwise (or not at all),
-    is refused before any checkpoint is read, naming the record's binding
-    and the config's; with all of them the check passes. Fails if the
-    start reads an import into another ViT than the one imported (tried:
-    without the check, 'dino' for a 'timm' interpolation, which changes no
-    variable, is read silently; the run then computes other features)."""
+    is refused before any checkpoint is read, naming the record's binding,
+    the config's and the edit that makes one the other; with all of them
+    the check passes. Fails if the start reads an import into another ViT
+    than the one imported (tried: without the check, 'dino' for a 'timm'
+    interpolation, which changes no variable, is read silently; the run
+    then computes other features)."""
     imported = tmp_path / 'dinov2_vits14_reg'
     imported.mkdir()
     (imported / 'imported.json').write_text(json.dumps(dict(
@@ -223,10 +233,211 @@ def test_a_config_without_the_imports_bindings_is_refused(
                 run_dir.RunDir(str(tmp_path / 'run')),
                 backbone=(str(imported), 'train.pretrained_backbone'))
     message = str(refused.value)
-    assert f'{left_out} build; this config binds {bound or "none of them"}' \
-        in message, message
-    assert not (tmp_path / 'run').exists()
+    assert (f'{imported} was built with {left_out}; this config builds '
+            f'{bound or "the defaults"}. Start from a backbone of this '
+            f'architecture, or bind its architecture: {edit}.') in message, \
+        message
     with debug_gin.parsed(_REG4_BINDINGS,
                           gin_file='gin_configs/image_folders_small.gin'):
         assert vit_import.unconfigured(json.loads(
             (imported / 'imported.json').read_text())) == ([], [])
+
+
+# A ViT of DINO's layout shrunk (one block of ViT-Ti on 32-px images), and
+# the bindings its import records.
+_TINY_DINO = dict(patch_size=16, image_size=32, depth=1)
+_TINY_DINO_BINDINGS = [
+    "build_backbone.name = 'vit_tiny'", 'vit.patch_size = 16',
+    'vit.image_size = 32', "vit.position_interpolation = 'dino'"]
+
+
+def _tiny_dino_import(path):
+    """An import of `_TINY_DINO` into `path` as `vit_import.import_vit`
+    writes one: its backbone's checkpoint at step 0 and its record."""
+    run = run_dir.RunDir(str(path))
+    official_import.write_first_checkpoint(run, backbone=vit.build_vit(
+        'vit_tiny', position_interpolation='dino', **_TINY_DINO))
+    run.write_json(run.imported, dict(
+        source='dino_tiny.pth', kind='backbone', architecture='ViT-Ti/16',
+        network='vit_tiny', bindings=_TINY_DINO_BINDINGS,
+        patch_size=_TINY_DINO['patch_size'],
+        image_size=_TINY_DINO['image_size'], position_interpolation='dino',
+        layer_scale=False, registers=0))
+    return run
+
+
+def test_a_record_without_an_architecture_argument_is_refused(tmp_path):
+    """An import record without its patch size, image size or position
+    interpolation is refused naming it and the import command (one
+    without `layer_scale` and `registers`, which `build_vit`'s defaults
+    build, is tests/test_vit_import.py's). Fails if every argument the
+    record lacks takes `build_vit`'s default (tried: without
+    'position_interpolation' timm's interpolation was built for DINO's
+    ViT, without 'patch_size' patch 16, and its checkpoint read)."""
+    imported = run_dir.RunDir(str(tmp_path / 'dino_tiny'))
+    record = dict(source='dino_tiny.pth', kind='backbone',
+                  network='vit_tiny', patch_size=16, image_size=32,
+                  position_interpolation='dino')
+    for left_out in ('patch_size', 'image_size', 'position_interpolation'):
+        imported.write_json(imported.imported, {
+            key: value for key, value in record.items() if key != left_out})
+        with pytest.raises(official_import.ImportFailed, match=(
+                f'imported.json lacks {left_out}: import the file again '
+                r'\(run.py --mode=import_official --model_dir=.* '
+                r'--official_checkpoint=dino_tiny.pth --overwrite\)')):
+            vit_import.imported_embedder(imported,
+                                         tf.distribute.get_strategy())
+
+
+@pytest.mark.parametrize('gin_file, bindings, refusal', [
+    ('image_folders_small.gin', ["NORMALIZATION = 'data'"],
+     "not NORMALIZATION = 'data': bind NORMALIZATION = 'imagenet'."),
+    ('debug.gin', ["load_data.normalization = 'data'"],
+     "not load_data.normalization = 'data': bind load_data.normalization "
+     "= 'imagenet'."),
+    ('image_folders_small.gin', ['CHANNELS = 1'],
+     'the config decodes 1: bind CHANNELS = 3.'),
+])
+def test_fine_tuning_an_import_checks_the_config_before_the_images(
+        tmp_path, monkeypatch, gin_file, bindings, refusal):
+    """--mode=fine_tune on a ViT import with a config that normalises
+    otherwise than its export records, or decodes a folder to another
+    channel count, is refused before the images are read, naming the
+    binding the config uses (its macro, or `load_data.normalization`).
+    Fails if the images are read first (tried: 'data' statistics were
+    computed, then refused), or the message names the macro where the
+    config binds `load_data.normalization` (tried: following it failed,
+    'NORMALIZATION is bound but nothing in the config reads it')."""
+    imported = run_dir.RunDir(str(tmp_path / 'dino_tiny'))
+    imported.write_json(imported.imported, dict(
+        source='dino_tiny.pth', kind='backbone', architecture='ViT-Ti/16',
+        bindings=_TINY_DINO_BINDINGS))
+    os.makedirs(imported.embedder)
+    imported.write_json(os.path.join(imported.embedder, 'preprocessing.json'),
+                        dict(channels=3, mean=list(augment.IMAGENET_MEAN),
+                             std=list(augment.IMAGENET_STD)))
+
+    def read_images(*args, **kwargs):
+        raise AssertionError('the images were read before the check')
+
+    monkeypatch.setattr(modes, 'load_labeled_data', read_images)
+    folders = (image_folders.path_bindings(tmp_path / 'images')
+               if gin_file.startswith('image_folders') else [])
+    with debug_gin.parsed(folders + bindings,
+                          gin_file=f'gin_configs/{gin_file}'):
+        with pytest.raises(checks.ConfigError) as refused:
+            modes.run(imported.path, _strategy(), 'fine_tune')
+    assert str(refused.value).endswith(refusal), str(refused.value)
+
+
+def _start(tmp_path, pretrained):
+    """`start.start` of a run into `tmp_path / 'run'` from `pretrained`
+    (`(binding, path)`), whose claim makes the run's directory (as run.py's
+    does); returns the `checks.ConfigError` it raises."""
+    run = run_dir.RunDir(str(tmp_path / 'run'))
+    binding, path = pretrained
+    with pytest.raises(checks.ConfigError) as refused:
+        start.start(run, _strategy(), None, num_epochs=1, history=print,
+                    seed=0, claim=lambda: os.makedirs(run.path),
+                    **{binding: (path, f'train.{binding}')})
+    assert not os.path.exists(run.path), 'a refused start wrote'
+    return str(refused.value)
+
+
+def test_an_import_is_refused_in_each_form_of_its_path(tmp_path):
+    """A config that builds the DINO import's ViT with timm's position
+    interpolation (its `vit.position_interpolation = 'dino'` left out) is
+    refused before the run writes anything, whether
+    `train.pretrained_backbone` names the import's directory, its
+    checkpoint directory or its checkpoint prefix; with the binding the
+    backbone is read. Fails if the record is looked for in the directory
+    named alone (tried: the checkpoint forms were read into the wrong
+    interpolation, which changes no variable, silently)."""
+    imported = _tiny_dino_import(tmp_path / 'dino_tiny')
+    configured = _TINY_DINO_BINDINGS[:-1] + ['vit.depth = 1']
+    for path in (imported.path, imported.checkpoints,
+                 f'{imported.checkpoints}/ckpt-0'):
+        with debug_gin.parsed(configured,
+                              gin_file='gin_configs/image_folders_small.gin'):
+            message = _start(tmp_path, ('pretrained_backbone', path))
+        assert message.endswith(
+            f"{imported} was built with vit.position_interpolation = 'dino'"
+            "; this config builds vit.position_interpolation = 'timm'. "
+            'Start from a backbone of this architecture, or bind its '
+            "architecture: add vit.position_interpolation = 'dino'."), \
+            message
+    with debug_gin.parsed(_TINY_DINO_BINDINGS + ['vit.depth = 1'],
+                          gin_file='gin_configs/image_folders_small.gin'):
+        read = start.check_pretrained(
+            run_dir.RunDir(str(tmp_path / 'run')),
+            backbone=(imported.checkpoints, 'train.pretrained_backbone'))
+    assert read.part == 'backbone'
+
+
+def test_extra_bindings_are_named_for_removal(tmp_path):
+    """A config that binds the import's bindings and LayerScale and
+    registers its ViT has not is refused naming the lines to remove.
+    Fails if the message asks to add the import's bindings (tried: 'add
+    the import's bindings', which the config already holds)."""
+    imported = _tiny_dino_import(tmp_path / 'dino_tiny')
+    with debug_gin.parsed(_TINY_DINO_BINDINGS + [
+            'vit.depth = 1', 'vit.layer_scale = True', 'vit.registers = 4'],
+            gin_file='gin_configs/image_folders_small.gin'):
+        message = _start(tmp_path, ('pretrained_backbone', imported.path))
+    assert message.endswith(
+        'bind its architecture: remove vit.layer_scale = True; remove '
+        'vit.registers = 4.'), message
+
+
+def test_a_backbone_import_as_a_model_names_the_backbone_binding(tmp_path):
+    """`train.pretrained_model` naming a ViT import is refused saying the
+    directory holds a backbone and `train.pretrained_backbone` starts a
+    run from it. Fails if the model is read (tried: '176 variables of the
+    configured model have no value...', the binding to use unnamed)."""
+    imported = _tiny_dino_import(tmp_path / 'dino_tiny')
+    with debug_gin.parsed(_TINY_DINO_BINDINGS + ['vit.depth = 1'],
+                          gin_file='gin_configs/image_folders_small.gin'):
+        message = _start(tmp_path, ('pretrained_model', imported.path))
+    assert (f'{imported} holds the ViT-Ti/16 backbone imported from '
+            'dino_tiny.pth, not a PAWS model: train.pretrained_model needs '
+            'one.') in message, message
+    assert (f"a PAWS run starts from it with train.pretrained_backbone = "
+            f"'{imported}' and {'; '.join(_TINY_DINO_BINDINGS)}."
+            ) in message, message
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_run_from_an_import_is_refused_without_its_interpolation(
+        tmp_path):
+    """A PAWS run that started from the DINO import (its config binds
+    `vit.position_interpolation = 'dino'`), named by
+    `train.pretrained_backbone` in a run.py config that leaves that
+    binding out, is refused with a config error before the new run's
+    directory is made. Fails if only an import's record is compared
+    (tried: the run's backbone, whose variables fit, was read into timm's
+    interpolation silently)."""
+    folders = image_folders.write_experiment(tmp_path / 'images',
+                                             unlabeled=2, test=2)
+    configured = folders + [binding for binding in image_folders.SMALL
+                            if 'small_resnet' not in binding] + [
+        *_TINY_DINO_BINDINGS[:-1], 'vit.depth = 1']
+    source = run_dir.RunDir(str(tmp_path / 'paws_from_dino'))
+    official_import.write_first_checkpoint(source, model=tf.train.Checkpoint(
+        backbone=vit.build_vit('vit_tiny', position_interpolation='dino',
+                               **_TINY_DINO)))
+    with debug_gin.parsed(configured,
+                          gin_file='gin_configs/image_folders_small.gin'):
+        source.write(source.config, gin.config_str() +
+                     f'{_TINY_DINO_BINDINGS[-1]}\n')
+    code, output = run_py.finish(run_py.start(
+        tmp_path / 'run', configured + [
+            f"train.pretrained_backbone = '{source}'"],
+        gin_file='gin_configs/image_folders_small.gin', base_bindings=()))
+    assert code == os.EX_CONFIG, output[-3000:]
+    assert output.strip().splitlines()[-1].endswith(
+        f"{source} was built with vit.position_interpolation = 'dino'; this "
+        'config builds the defaults. Start from a backbone of this '
+        'architecture, or bind its architecture: add '
+        "vit.position_interpolation = 'dino'."), output[-3000:]
+    assert not (tmp_path / 'run').exists()

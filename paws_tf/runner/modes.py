@@ -281,10 +281,9 @@ def _export_or_evaluate(run, strategy, options, *, evaluates):
 
 def _fine_tune(run, strategy, options):
     imported = official_import.check_mode(run, options.mode, backbone=True)
-    bundle = load_labeled_data(run, 'fine-tuning trains on them')
     if imported:
-        official_import.check_preprocessing(run, bundle.labeled.channels,
-                                            *bundle.normalization)
+        official_import.check_preprocessing(run)
+    bundle = load_labeled_data(run, 'fine-tuning trains on them')
     preprocessing = experiment.eval_preprocessing(bundle)
     model = vit_import.imported_embedder(run, strategy)
     if model is None:

@@ -7,6 +7,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import bindings
 from paws_tf import checkpoints
 from paws_tf import checks
 from paws_tf.data import augment
@@ -275,35 +276,51 @@ def import_official(run, path, *, strategy, overwrite=False,
     return record
 
 
-def check_preprocessing(run, channels, mean, std):
-    """Refuses fine-tuning the import in `run` on images of other
-    `channels`, or normalised with another `mean` and `std`, than its
-    export records (what its weights were trained on).
+def check_preprocessing(run):
+    """Refuses fine-tuning the import in `run` with a config whose folder
+    source decodes other channels, or whose `load_data.normalization` is
+    another than its export records (what its weights were trained on),
+    before any image is read. The channels of another source are those of
+    the normalisation, which `experiment.load_data` checks on its images.
 
     Raises:
         checks.ConfigError: naming the record and the binding.
     """
     recorded = export.read_preprocessing(run.embedder)
     where = os.path.join(run.embedder, export.PREPROCESSING_FILENAME)
-    if channels != recorded['channels']:
-        folder = experiment.folder_source()
-        name = ('channels' if folder is None else
-                folder.arguments()['channels'][1])
-        raise checks.ConfigError(
-            f'{where} records {recorded["channels"]}-channel images, which '
-            f'the model imported into {run} takes; the config decodes '
-            f'{channels}: bind {name} = {recorded["channels"]}.')
+    folder = experiment.folder_source()
+    if folder is not None:
+        channels, name = folder.arguments()['channels']
+        if channels != recorded['channels']:
+            raise checks.ConfigError(
+                f'{where} records {recorded["channels"]}-channel images, '
+                f'which the model imported into {run} takes; the config '
+                f'decodes {channels}: bind {name} = {recorded["channels"]}.')
+    spec, name = bindings.arguments(experiment.load_data)['normalization']
     values = recorded['mean'], recorded['std']
-    if not np.allclose((mean, std), values, rtol=1e-6):
-        preset = next((f"'{name}'" for name, preset in
-                       augment.NORMALIZATIONS.items()
-                       if np.allclose(preset, values, rtol=1e-6)), values)
-        raise checks.ConfigError(
-            f'{where} records the normalisation the model imported into '
-            f'{run} was trained with (mean {values[0]}, std {values[1]}), '
-            f'not mean {list(mean)}, std {list(std)} '
-            f'(load_data.normalization): bind '
-            f'{normalization.NORMALIZATION_MACRO} = {preset}.')
+    given = normalization.normalization(spec)
+    if (isinstance(given, tuple) and len(given[0]) == len(values[0])
+            and np.allclose(given, values, rtol=1e-6)):
+        return
+    preset = next((f"'{preset}'" for preset, (mean, std) in
+                   augment.NORMALIZATIONS.items()
+                   if np.allclose((mean, std), values, rtol=1e-6)), values)
+    raise checks.ConfigError(
+        f'{where} records the normalisation the model imported into {run} '
+        f'was trained with (mean {values[0]}, std {values[1]}), not {name} '
+        f'= {spec!r}: bind {name} = {preset}.')
+
+
+def backbone_only(run, record, needs):
+    """The message for `needs` (a mode or binding) that needs a PAWS model
+    where `run` holds the backbone import `record`: what the import is
+    used with."""
+    return (f'{run} holds the {record["architecture"]} backbone imported '
+            f'from {record["source"]}, not a PAWS model: {needs} needs one. '
+            'Its PAWS-NN is gin_configs/existing_model_folders.gin with '
+            f"MODEL = '{run}', --mode=fine_tune fine-tunes it, and a PAWS "
+            f"run starts from it with train.pretrained_backbone = '{run}' "
+            f'and {"; ".join(record["bindings"])}.')
 
 
 def check_mode(run, mode, *, trains=False, backbone=False):
@@ -327,14 +344,7 @@ def check_mode(run, mode, *, trains=False, backbone=False):
             f"with train.pretrained_{part} = '{run}' to start from "
             f'this {part}.')
     if record['kind'] == BACKBONE and not backbone:
-        raise ImportFailed(
-            f'{run} holds the {record["architecture"]} backbone imported '
-            f'from {record["source"]}, not a PAWS model: --mode={mode} '
-            'needs one. Its PAWS-NN is gin_configs/existing_model_folders.gin '
-            f"with MODEL = '{run}', --mode=fine_tune fine-tunes it, and "
-            'a PAWS run starts from it with '
-            f"train.pretrained_backbone = '{run}' and "
-            f'{"; ".join(record["bindings"])}.')
+        raise ImportFailed(backbone_only(run, record, f'--mode={mode}'))
     if record['kind'] == FINE_TUNED:
         raise ImportFailed(
             f'{run} holds the fine-tuned classifier imported from '

@@ -202,12 +202,12 @@ class BackboneEmbedder(tf_keras.Model):
         return {'features': features, 'embeddings': features}
 
 
-# The `vit.build_vit` arguments an import record holds; the last two are
-# bound only when not `build_vit`'s default (a record written before they
-# were imported holds neither).
+# The `vit.build_vit` arguments an import record holds; of them, those a
+# record may leave out (`build_vit`'s defaults then build it) and that are
+# bound only when not `build_vit`'s default.
 _VIT_ARGUMENTS = ('patch_size', 'image_size', 'position_interpolation',
                   'layer_scale', 'registers')
-_BOUND_WHEN_SET = ('layer_scale', 'registers')
+_OPTIONAL_ARGUMENTS = ('layer_scale', 'registers')
 
 
 def training_bindings(record):
@@ -218,7 +218,7 @@ def training_bindings(record):
     return [f'{bindings.gin_name(backbones.build_backbone)}.name = '
             f"{record['network']!r}"] + [
         f'{bindings.gin_name(vit.build_vit)}.{key} = {record[key]!r}'
-        for key in _VIT_ARGUMENTS if key not in _BOUND_WHEN_SET
+        for key in _VIT_ARGUMENTS if key not in _OPTIONAL_ARGUMENTS
         or record.get(key, defaults[key].default) != defaults[key].default]
 
 
@@ -249,13 +249,20 @@ def imported_embedder(run, strategy):
     `BackboneEmbedder`, built from its record in `strategy`'s scope and
     restored from its checkpoint, for what trains on it (--mode=fine_tune:
     the trunk is the backbone, which PAWS-NN of the import compares); None
-    when `run` holds no imported backbone."""
+    when `run` holds no imported backbone. A record without `layer_scale`
+    or `registers` builds `build_vit`'s defaults; one without another
+    argument raises `official_import.ImportFailed`."""
     record = run.read_json(run.imported)
     if record is None or record['kind'] != official_import.BACKBONE:
         return None
+    missing = [key for key in _VIT_ARGUMENTS
+               if key not in record and key not in _OPTIONAL_ARGUMENTS]
+    if missing:
+        raise official_import.ImportFailed(
+            f'{run.imported} lacks {", ".join(missing)}: import the file '
+            f'again (run.py --mode=import_official --model_dir={run} '
+            f'--official_checkpoint={record.get("source")} --overwrite).')
     with strategy.scope():
-        # A record written before LayerScale and registers were imported
-        # holds neither: `build_vit`'s defaults build it.
         backbone = _build_backbone(record['network'], **{
             key: record[key] for key in _VIT_ARGUMENTS if key in record})
         pretrained.load_backbone_weights(backbone, run)
