@@ -167,10 +167,12 @@ def _imagenet_image(k, i):
 def imagenet_data(tmp_path_factory):
     """ImageNet and both labeled subsets prepared once by the real TFDS
     builders from a tiny manual_dir: 2 classes of `IMAGENET_PER_CLASS`
-    training images, 2 validation images."""
+    training images, the classes of the 2 validation images (one each), so
+    that PAWS-NN's figures on them move with its labels."""
     return tfds_archives.prepare_imagenet(
         tmp_path_factory.mktemp('imagenet'), per_class=IMAGENET_PER_CLASS,
-        subsets=SUBSETS, images=_imagenet_image)
+        subsets=SUBSETS, images=_imagenet_image,
+        synsets=tfds_archives.VALIDATION_SYNSETS)
 
 
 def _imagenet_bindings(data_dir, cache_dir):
@@ -244,6 +246,13 @@ def _check_export_and_nn(gin_file, model_dir, bindings):
         assert _soft_nn_accuracy(support, support_labels, queries,
                                  query_labels, 10 * model.tau,
                                  num_classes)[1] != per_class
+    if gin_file.startswith('imagenet'):
+        # Else they would pass with the support labels shifted by a class
+        # (tried: `(support_labels + 1) % num_classes` in
+        # `evaluate.classify`, which queries of no trained class let pass).
+        assert _soft_nn_accuracy(support, (support_labels + 1) % num_classes,
+                                 queries, query_labels, model.tau,
+                                 num_classes)[1] != per_class
     # The checkpoint's model on the same images, preprocessed by the
     # config's evaluation pipeline.
     images, _ = next(iter(pipeline.make_eval_dataset(
@@ -263,10 +272,11 @@ def _validation_draw(per_class, seed=0):
     """The validation names by hand: per class, the `per_class` training
     images outside both subsets with the smallest SHA-256 of
     '<seed>:<file name>'."""
-    labeled = {f'{synset}_{i}.JPEG' for synset in tfds_archives.SYNSETS
+    labeled = {f'{synset}_{i}.JPEG'
+               for synset in tfds_archives.VALIDATION_SYNSETS
                for indices in SUBSETS.values() for i in indices}
     chosen = set()
-    for synset in tfds_archives.SYNSETS:
+    for synset in tfds_archives.VALIDATION_SYNSETS:
         rest = [f'{synset}_{i}.JPEG' for i in range(IMAGENET_PER_CLASS)
                 if f'{synset}_{i}.JPEG' not in labeled]
         chosen.update(sorted(rest, key=lambda name: hashlib.sha256(

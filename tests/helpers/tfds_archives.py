@@ -27,6 +27,11 @@ SUBSET_URLS = {
     for subset, percent in (('1pct', 1), ('10pct', 10))}
 # The first two ImageNet classes (TFDS labels 0 and 1).
 SYNSETS = ('n01440764', 'n01443537')
+# The classes of the validation archive's first two images: TFDS labels
+# the sorted file names of ILSVRC2012_img_val.tar by the lines of its
+# validation_labels.txt, in order.
+VALIDATION_SYNSETS = tuple(pathlib.Path(tfds.core.tfds_path(
+    'datasets/imagenet2012/validation_labels.txt')).read_text().split()[:2])
 
 
 def serve(monkeypatch, builder_name, files_by_url):
@@ -112,7 +117,10 @@ def imagenet_manual_dir(manual_dir, synsets=SYNSETS, per_class=2,
 
     Args:
         images: None for one colour per image, or a function
-            `(class index, image index) -> HWC uint8 array`.
+            `(class index, image index) -> HWC uint8 array`. With
+            `synsets` `VALIDATION_SYNSETS`, validation image k is made as
+            the training image `per_class` of class k would be, else it
+            has one colour of no class.
     """
     manual_dir.mkdir()
     class_tars = []
@@ -127,19 +135,21 @@ def imagenet_manual_dir(manual_dir, synsets=SYNSETS, per_class=2,
                 tar.addfile(info, io.BytesIO(data))
         class_tars.append((f'{synset}.tar', inner.getvalue()))
     write_tar(manual_dir / 'ILSVRC2012_img_train.tar', class_tars)
+    labeled = images is not None and tuple(synsets) == VALIDATION_SYNSETS
     write_tar(manual_dir / 'ILSVRC2012_img_val.tar',
-              [(f'ILSVRC2012_val_0000000{i}.JPEG', jpeg((0, 0, 200)))
-               for i in (1, 2)])
+              [(f'ILSVRC2012_val_0000000{k + 1}.JPEG',
+                jpeg(images(k, per_class) if labeled else (0, 0, 200)))
+               for k in range(2)])
 
 
 def prepare_imagenet(root, *, per_class, subsets, images=None,
-                     num_shards=None):
+                     num_shards=None, synsets=SYNSETS):
     """TFDS imagenet2012 and its labeled subsets prepared by the real
     builders from a tiny manual_dir under `root`, as docs/experiments.md
     prepares them; returns the TFDS data_dir.
 
     Args:
-        per_class: training JPEGs of each of the 2 classes (`SYNSETS`).
+        per_class: training JPEGs of each of the 2 classes (`synsets`).
         subsets: subset name ('1pct', '10pct') -> the indices, within each
             class, of the images its SimCLR subset file lists.
         images: as in `imagenet_manual_dir`.
@@ -148,7 +158,8 @@ def prepare_imagenet(root, *, per_class, subsets, images=None,
     """
     root = pathlib.Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    imagenet_manual_dir(root / 'manual', per_class=per_class, images=images)
+    imagenet_manual_dir(root / 'manual', synsets, per_class=per_class,
+                        images=images)
     (root / 'served').mkdir()
     data_dir = str(root / 'tfds')
     config = tfds.download.DownloadConfig(
@@ -157,7 +168,7 @@ def prepare_imagenet(root, *, per_class, subsets, images=None,
         download_config=config)
     for subset, indices in subsets.items():
         path = root / 'served' / f'{subset}.txt'
-        path.write_text(''.join(f'{synset}_{i}.JPEG\n' for synset in SYNSETS
+        path.write_text(''.join(f'{synset}_{i}.JPEG\n' for synset in synsets
                                 for i in indices))
         with pytest.MonkeyPatch.context() as monkeypatch:
             serve(monkeypatch, f'imagenet2012_subset/{subset}',
