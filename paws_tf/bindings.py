@@ -3,6 +3,7 @@
 import inspect
 
 import gin
+from gin import config_parser
 
 
 def _through_macros(value, name):
@@ -119,3 +120,47 @@ def check_bound(check, configurable, scope=None, **given):
         if values[key] is gin.REQUIRED:
             return
     check(names=names, **values)
+
+
+class _Unevaluated(config_parser.ParserDelegate):
+    """Parses a saved config without calling or importing anything: a
+    `%MACRO` or a `@reference` is kept as its `Name`."""
+
+    class Name(str):
+        """The name of a macro or a configurable reference."""
+
+    def configurable_reference(self, scoped_name, evaluate):
+        return self.Name('@' + scoped_name)
+
+    def macro(self, macro_name):
+        return self.Name('%' + macro_name)
+
+
+def saved_arguments(text, configurable):
+    """`{parameter: value}` of `configurable` in a saved gin config (the
+    text of `gin.config_str()`, such as a run's config.gin): the defaults
+    of its parameters, then the values the text binds to them without a
+    scope, a `%MACRO` read from the macro's own binding; a parameter bound
+    to a configurable reference is left out."""
+    statements = [statement for statement in config_parser.ConfigParser(
+        text, _Unevaluated()) if isinstance(
+            statement, config_parser.BindingStatement)
+        and not statement.scope]
+    macros = {statement.selector: statement.value
+              for statement in statements if not statement.arg_name}
+    name = gin_name(configurable)
+    values = {key: parameter.default for key, parameter in
+              inspect.signature(configurable).parameters.items()
+              if parameter.default is not parameter.empty}
+    for statement in statements:
+        if statement.arg_name and name in (
+                statement.selector, statement.selector.split('.')[-1]):
+            value = statement.value
+            while (isinstance(value, _Unevaluated.Name)
+                   and value.startswith('%') and value[1:] in macros):
+                value = macros[value[1:]]
+            if isinstance(value, _Unevaluated.Name):
+                values.pop(statement.arg_name, None)
+            else:
+                values[statement.arg_name] = value
+    return values

@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 from paws_tf.nets import backbones
+from paws_tf.runner import architecture
 from paws_tf.runner import building
 from paws_tf.runner import start
 from tests.helpers import debug_gin
@@ -300,8 +301,54 @@ def test_a_run_of_other_batch_norm_settings_is_read(tmp_path):
         assert read.part == part
     with debug_gin.parsed(['small_resnet.stem_stride = 2']):
         with pytest.raises(ValueError, match=(
-                'does not fit the configured backbone: .* was built with the '
-                'defaults; this config builds small_resnet.stem_stride = 2.'
-                ' .*: remove small_resnet.stem_stride = 2.')):
+                'does not fit the configured backbone: .* was built with '
+                'small_resnet.stem_stride = 1; this config builds '
+                r'small_resnet.stem_stride = 2. .*: replace '
+                'small_resnet.stem_stride = 2 -> small_resnet.stem_stride = '
+                '1.')):
             start.check_pretrained(tmp_path / 'run', (
                 str(source), 'train.pretrained_backbone'))
+
+
+def _refusal(tmp_path, source_bindings, bindings):
+    """What `architecture.refuse_another` says of a run of debug.gin with
+    `source_bindings` (its config.gin alone) as the pretrained backbone of
+    a config with `bindings`; None when it accepts it."""
+    source = tmp_path / 'earlier'
+    source.mkdir(exist_ok=True)
+    with debug_gin.parsed(source_bindings):
+        (source / 'config.gin').write_text(gin.config_str())
+    with debug_gin.parsed(bindings):
+        try:
+            architecture.refuse_another(str(source / 'checkpoints'),
+                                        'train.pretrained_backbone',
+                                        'backbone')
+        except ValueError as error:
+            return str(error)
+    return None
+
+
+def test_the_source_runs_architecture_is_compared_by_value(tmp_path):
+    """The run a backbone comes from and this config are compared on what
+    the named family computes, by value: another family's unused lines, a
+    default written out, a training setting (`wide_resnet.
+    final_bn_momentum`) and a macro of the same value are accepted; a
+    macro of another `vit.position_interpolation` is refused. Fails if the
+    config.gin lines are compared as text (tried: each accepted case was
+    refused, the macro's other value accepted)."""
+    vit = list(debug_gin.VIT)
+    wide = ["build_backbone.name = 'wide_resnet'", 'wide_resnet.depth = 10',
+            'wide_resnet.width = 1']
+    dino = ["INTERPOLATION = 'dino'",
+            'vit.position_interpolation = %INTERPOLATION']
+    for source_bindings, bindings in (
+            (vit, vit + ['small_resnet.widths = (8, 32)']),
+            (vit + ['vit.layer_scale = False'], vit),
+            (wide, wide + ['wide_resnet.final_bn_momentum = 0.5']),
+            (vit + dino, vit + ["vit.position_interpolation = 'dino'"])):
+        assert _refusal(tmp_path, source_bindings, bindings) is None
+    assert _refusal(tmp_path, vit + dino, vit + [
+        "INTERPOLATION = 'timm'",
+        'vit.position_interpolation = %INTERPOLATION']).endswith(
+            "replace vit.position_interpolation = 'timm' -> "
+            "vit.position_interpolation = 'dino'.")

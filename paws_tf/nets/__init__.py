@@ -78,6 +78,9 @@ class Family(typing.NamedTuple):
             None for a family that takes any side.
         small_images: what lets the family's config take images smaller
             than its downsampling, for the message that refuses them.
+        settings: the arguments that set how the backbone trains (an
+            initialisation, a batch norm's momentum), not what it computes
+            from its weights.
     """
 
     names: tuple
@@ -86,10 +89,16 @@ class Family(typing.NamedTuple):
     downsampling: typing.Callable
     patch_size: typing.Optional[typing.Callable] = None
     small_images: str = SMALL_IMAGES
+    settings: tuple = ()
 
     def arguments(self):
-        """The family's architecture arguments, in order."""
+        """The family's arguments, in order."""
         return [key for key, parameter in inspect.signature(
             self.configurable).parameters.items()
             if parameter.default is not parameter.empty
             and key != 'input_channels']
+
+    def architecture(self):
+        """The arguments that make what the backbone computes from its
+        weights: `arguments` but the `settings`."""
+        return [key for key in self.arguments() if key not in self.settings]

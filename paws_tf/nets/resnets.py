@@ -265,11 +265,13 @@ def _small_resnet_downsampling(name):
 RESNET50 = nets.Family(
     names=('resnet50',), configurable=resnet50,
     build=functools.partial(_build, resnet50),
+    settings=('zero_init_residual',),
     # The stem conv and max pool, stages 2-4: five strides of 2.
     downsampling=lambda name: 32)
 WIDE_RESNET = nets.Family(
     names=('wide_resnet',), configurable=wide_resnet,
     build=functools.partial(_build, wide_resnet),
+    settings=('final_bn_momentum',),
     # Its second and third groups.
     downsampling=lambda name: 4)
 SMALL_RESNET = nets.Family(

@@ -9,34 +9,23 @@ from absl import logging
 import gin
 import tf_keras
 
-from paws_tf import bindings
 from paws_tf import checkpoints
 from paws_tf import checks
 from paws_tf import cluster
-from paws_tf import run_dir
 from paws_tf.data import data_fingerprint
-from paws_tf.nets import backbones
+from paws_tf.runner import architecture
 from paws_tf.runner import building
 from paws_tf.runner import experiment
-from paws_tf.runner import official_import
 from paws_tf.runner import pretrained as pretrained_lib
-from paws_tf.runner import vit_import
 
 # Gin bindings that may change when a run resumes: what to do on changed
 # data, how often progress is logged, how long its cluster may take to form.
 RESUME_ONLY_BINDINGS = ('train.on_data_change', 'ProgressBar.',
                         'make_strategy.start_timeout')
-# The bindings of a backbone's architecture (its family and the family's
-# arguments, not how its batch norms train or run): a pretrained backbone
-# or model is refused before it is read when the run it comes from bound
-# them otherwise.
-_ARCHITECTURE = ('build_backbone.name', *sorted({
-    f'{bindings.gin_name(family.configurable)}.'
-    for family in backbones.FAMILIES.values()}))
 # Of the variables that do not fit, how many a message names.
 _NAMES_SHOWN = 3
 # What a pretrained file gives a new run.
-_BACKBONE_PART, _MODEL_PART = 'backbone', 'model'
+_BACKBONE_PART, _MODEL_PART = architecture.BACKBONE, architecture.MODEL
 
 
 class Pretrained(typing.NamedTuple):
@@ -93,7 +82,7 @@ def check_pretrained(run, backbone=(None, ''), model=(None, ''), *,
         checks.ConfigError: both are bound, or the path lies in `run`, does
             not exist or does not fit: the architecture bindings of its
             run or import that this config binds otherwise (before any
-            read, `_refuse_another_architecture`), else its channels or
+            read, `architecture.refuse_another`), else its channels or
             the first variables that do not fit.
     """
     (path, name), part = (backbone, _BACKBONE_PART) if backbone[0] else (
@@ -112,72 +101,9 @@ def check_pretrained(run, backbone=(None, ''), model=(None, ''), *,
             f'{name} = {path!r} does not exist: bind it to a run directory '
             'or a checkpoint' + (', or a weights file' if part ==
                                  _BACKBONE_PART else '') + '.')
-    _refuse_another_architecture(path, name, part)
+    architecture.refuse_another(path, name, part)
     return _read_pretrained(path, name, part,
                             (channels,) if channels else (3, 1))
-
-
-def _source(path):
-    """The `RunDir` of the run or import that `path` (its directory, its
-    checkpoint directory or a checkpoint prefix there) belongs to: the
-    first of `path`, its parent and grandparent that holds a gin config or
-    an import record; None when none does."""
-    candidates = map(run_dir.RunDir, (
-        path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))))
-    return next((candidate for candidate in candidates
-                 if os.path.isfile(candidate.config)
-                 or os.path.isfile(candidate.imported)), None)
-
-
-def _refuse_another_architecture(path, name, part):
-    """Refuses, before any weights are read, a config that builds the
-    backbone otherwise than the run or import `path` belongs to: the
-    import record's bindings, or the `_ARCHITECTURE` lines of the source
-    run's config (a binding that changes no variable, such as
-    `vit.position_interpolation`, fails no read). Refuses an imported
-    backbone as the `part` 'model'."""
-    source = _source(path)
-    if source is None:
-        return
-    record = source.read_json(source.imported)
-    if record is None:
-        with open(source.config) as f:
-            theirs, ours = ({line for line in text.splitlines()
-                             if line.startswith(_ARCHITECTURE)}
-                            for text in (f.read(), gin.config_str()))
-        recorded, configured = sorted(theirs - ours), sorted(ours - theirs)
-    elif record['kind'] != official_import.BACKBONE:
-        return
-    elif part == _MODEL_PART:
-        raise checks.ConfigError(official_import.backbone_only(
-            source, record, name))
-    else:
-        recorded, configured = vit_import.unconfigured(record)
-    if not (recorded or configured):
-        return
-    raise checks.ConfigError(
-        f'{name} = {path!r} does not fit the configured {part}: {source} '
-        f'was built with {"; ".join(recorded) or "the defaults"}; this '
-        f'config builds {"; ".join(configured) or "the defaults"}. Start '
-        f'from a {part} of this architecture, or bind its architecture: '
-        f'{_edits(recorded, configured)}.')
-
-
-def _edits(recorded, configured):
-    """'replace <config line> -> <source line>; remove ...; add ...': the
-    edits of this config that make its `configured` binding lines the
-    source's `recorded` ones (a source line whose parameter this config
-    leaves at its default is added)."""
-    selector = lambda line: line.split(' = ')[0]  # noqa: E731
-    bound = {selector(line) for line in gin.config_str().splitlines()}
-    theirs = {selector(line): line for line in recorded}
-    ours = {selector(line) for line in configured if selector(line) in bound}
-    return '; '.join(
-        [f'replace {line} -> {theirs[selector(line)]}' for line in configured
-         if selector(line) in theirs and selector(line) in bound] +
-        [f'remove {line}' for line in configured
-         if selector(line) not in theirs and selector(line) in bound] +
-        [f'add {line}' for line in recorded if selector(line) not in ours])
 
 
 def _read_pretrained(path, name, part, tried):
@@ -200,7 +126,7 @@ def _read_pretrained(path, name, part, tried):
             raise checks.ConfigError(f'{name} = {path!r}: {error}') from error
         except ValueError as error:
             refused.append(error)
-    why = _channel_difference(path, tried)
+    why = architecture.channel_difference(path, tried)
     if why is None:
         unmatched = getattr(refused[0], 'unmatched', None)
         why = (f'{len(unmatched)} variables of the configured {part} have no '
@@ -225,19 +151,6 @@ def _check_outside(run, path, name):
         f'{name} = {path!r} {"is" if inside == own else "lies inside"} '
         f'--model_dir={run}, the run it would start: start from a model in '
         'another directory, or train in another --model_dir.')
-
-
-def _channel_difference(path, channels):
-    """'<source> takes N-channel images, this config ...' when the run
-    `path` belongs to (`_source`) recorded a normalisation of other than
-    `channels` channels; else None."""
-    source = _source(path)
-    recorded = None if source is None else source.read_json(
-        source.normalization)
-    if recorded is None or len(recorded['mean']) in channels:
-        return None
-    return (f'{source} takes {len(recorded["mean"])}-channel images, this '
-            f'config {" or ".join(map(str, channels))}')
 
 
 class Started(typing.NamedTuple):

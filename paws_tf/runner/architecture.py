@@ -1,0 +1,123 @@
+"""What a pretrained run or import was built as, against what this config
+builds: refused before any weights are read where they differ."""
+
+import os
+
+import gin
+
+from paws_tf import bindings
+from paws_tf import checks
+from paws_tf import run_dir
+from paws_tf.nets import backbones
+from paws_tf.runner import official_import
+from paws_tf.runner import vit_import
+
+# What a pretrained file gives a new run.
+BACKBONE, MODEL = 'backbone', 'model'
+
+
+def owner(path):
+    """The `RunDir` of the run or import that `path` (its directory, its
+    checkpoint directory or a checkpoint prefix there) belongs to: the
+    first of `path`, its parent and grandparent that holds a gin config or
+    an import record; None when none does."""
+    candidates = map(run_dir.RunDir, (
+        path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))))
+    return next((candidate for candidate in candidates
+                 if os.path.isfile(candidate.config)
+                 or os.path.isfile(candidate.imported)), None)
+
+
+def refuse_another(path, name, part):
+    """Refuses, before any weights are read, a config that builds the
+    backbone otherwise than the run or import `path` belongs to: the
+    import record's bindings, or the architecture bindings of the source
+    run's config (`_differences`; a binding that changes no variable,
+    such as `vit.position_interpolation`, fails no read). Refuses an
+    imported backbone as the `part` 'model'."""
+    source = owner(path)
+    if source is None:
+        return
+    record = source.read_json(source.imported)
+    if record is None:
+        recorded, configured = _differences(source)
+    elif record['kind'] != official_import.BACKBONE:
+        return
+    elif part == MODEL:
+        raise checks.ConfigError(official_import.backbone_only(
+            source, record, name))
+    else:
+        recorded, configured = vit_import.unconfigured(record)
+    if not (recorded or configured):
+        return
+    raise checks.ConfigError(
+        f'{name} = {path!r} does not fit the configured {part}: {source} '
+        f'was built with {"; ".join(recorded) or "the defaults"}; this '
+        f'config builds {"; ".join(configured) or "the defaults"}. Start '
+        f'from a {part} of this architecture, or bind its architecture: '
+        f'{_edits(recorded, configured)}.')
+
+
+def _differences(source):
+    """`(recorded, configured)` binding lines where the run `source` was
+    built otherwise than this config builds, compared by value:
+    `build_backbone.name`, then the named family's architecture arguments
+    (`nets.Family.architecture`; a parameter left out is at its
+    default)."""
+    with open(source.config) as f:
+        text = f.read()
+
+    def values(configurable):
+        """(the source's, this config's) values of `configurable`."""
+        return bindings.saved_arguments(text, configurable), {
+            key: value for key, (value, _) in
+            bindings.arguments(configurable).items()}
+
+    configurable, keys = backbones.build_backbone, ['name']
+    theirs, ours = values(configurable)
+    if (theirs.get('name') == ours['name']
+            and ours['name'] in backbones.FAMILIES):
+        family = backbones.FAMILIES[ours['name']]
+        configurable, keys = family.configurable, family.architecture()
+        theirs, ours = values(configurable)
+    differ = [key for key in keys if key in theirs
+              and _comparable(theirs[key]) != _comparable(ours[key])]
+    prefix = bindings.gin_name(configurable)
+    return ([f'{prefix}.{key} = {theirs[key]!r}' for key in differ],
+            [f'{prefix}.{key} = {ours[key]!r}' for key in differ])
+
+
+def _comparable(value):
+    """`value` with its lists as tuples (gin keeps what a config wrote)."""
+    return (tuple(map(_comparable, value))
+            if isinstance(value, (list, tuple)) else value)
+
+
+def _edits(recorded, configured):
+    """'replace <config line> -> <source line>; remove ...; add ...': the
+    edits of this config that make its `configured` binding lines the
+    source's `recorded` ones (a source line whose parameter this config
+    leaves at its default is added)."""
+    selector = lambda line: line.split(' = ')[0]  # noqa: E731
+    bound = {selector(line) for line in gin.config_str().splitlines()}
+    theirs = {selector(line): line for line in recorded}
+    ours = {selector(line) for line in configured if selector(line) in bound}
+    return '; '.join(
+        [f'replace {line} -> {theirs[selector(line)]}' for line in configured
+         if selector(line) in theirs and selector(line) in bound] +
+        [f'remove {line}' for line in configured
+         if selector(line) not in theirs and selector(line) in bound] +
+        [f'add {line}' for line in recorded if selector(line) not in ours])
+
+
+def channel_difference(path, channels):
+    """'<source> takes N-channel images, this config ...' when the run
+    `path` belongs to (`owner`) recorded a normalisation of other than
+    `channels` channels; else None."""
+    source = owner(path)
+    recorded = None if source is None else source.read_json(
+        source.normalization)
+    if recorded is None or len(recorded['mean']) in channels:
+        return None
+    return (f'{source} takes {len(recorded["mean"])}-channel images, this '
+            f'config {" or ".join(map(str, channels))}')
