@@ -266,27 +266,48 @@ def _tiny_dino_import(path):
     return run
 
 
-def test_a_record_without_an_architecture_argument_is_refused(tmp_path):
-    """An import record without its patch size, image size or position
-    interpolation is refused naming it and the import command (one
-    without `layer_scale` and `registers`, which `build_vit`'s defaults
-    build, is tests/test_vit_import.py's). Fails if every argument the
-    record lacks takes `build_vit`'s default (tried: without
-    'position_interpolation' timm's interpolation was built for DINO's
-    ViT, without 'patch_size' patch 16, and its checkpoint read)."""
+def test_a_record_without_an_architecture_argument_is_refused(
+        tmp_path, monkeypatch):
+    """--mode=fine_tune on an import whose record lacks its patch size,
+    image size or position interpolation is refused, before any image is
+    read, naming it and the import command (one without `layer_scale` and
+    `registers`, which `build_vit`'s defaults build, is
+    tests/test_vit_import.py's). Fails if every argument the record lacks
+    takes `build_vit`'s default (tried: without 'position_interpolation'
+    timm's interpolation was built for DINO's ViT, without 'patch_size'
+    patch 16, and its checkpoint read), or if the labeled images are read
+    first (tried: the record read after them)."""
     imported = run_dir.RunDir(str(tmp_path / 'dino_tiny'))
+    _write_preprocessing(imported)
     record = dict(source='dino_tiny.pth', kind='backbone',
+                  architecture='ViT-Ti/16', bindings=_TINY_DINO_BINDINGS,
                   network='vit_tiny', patch_size=16, image_size=32,
                   position_interpolation='dino')
+    monkeypatch.setattr(modes, 'load_labeled_data', _read_images)
     for left_out in ('patch_size', 'image_size', 'position_interpolation'):
         imported.write_json(imported.imported, {
             key: value for key, value in record.items() if key != left_out})
-        with pytest.raises(official_import.ImportFailed, match=(
-                f'imported.json lacks {left_out}: import the file again '
-                r'\(run.py --mode=import_official --model_dir=.* '
-                r'--official_checkpoint=dino_tiny.pth --overwrite\)')):
-            vit_import.imported_embedder(imported,
-                                         tf.distribute.get_strategy())
+        with debug_gin.parsed(image_folders.path_bindings(
+                tmp_path / 'images') + ["NORMALIZATION = 'imagenet'"],
+                gin_file='gin_configs/image_folders_small.gin'):
+            with pytest.raises(official_import.ImportFailed, match=(
+                    f'imported.json lacks {left_out}: import the file again '
+                    r'\(run.py --mode=import_official --model_dir=.* '
+                    r'--official_checkpoint=dino_tiny.pth --overwrite\)')):
+                modes.run(imported.path, _strategy(), 'fine_tune')
+
+
+def _write_preprocessing(imported):
+    """The preprocessing an import's embedder export records (RGB,
+    ImageNet's statistics), alone."""
+    os.makedirs(imported.embedder)
+    imported.write_json(os.path.join(imported.embedder, 'preprocessing.json'),
+                        dict(channels=3, mean=list(augment.IMAGENET_MEAN),
+                             std=list(augment.IMAGENET_STD)))
+
+
+def _read_images(*args, **kwargs):
+    raise AssertionError('the images were read before the check')
 
 
 @pytest.mark.parametrize('gin_file, bindings, refusal', [
@@ -312,15 +333,8 @@ def test_fine_tuning_an_import_checks_the_config_before_the_images(
     imported.write_json(imported.imported, dict(
         source='dino_tiny.pth', kind='backbone', architecture='ViT-Ti/16',
         bindings=_TINY_DINO_BINDINGS))
-    os.makedirs(imported.embedder)
-    imported.write_json(os.path.join(imported.embedder, 'preprocessing.json'),
-                        dict(channels=3, mean=list(augment.IMAGENET_MEAN),
-                             std=list(augment.IMAGENET_STD)))
-
-    def read_images(*args, **kwargs):
-        raise AssertionError('the images were read before the check')
-
-    monkeypatch.setattr(modes, 'load_labeled_data', read_images)
+    _write_preprocessing(imported)
+    monkeypatch.setattr(modes, 'load_labeled_data', _read_images)
     folders = (image_folders.path_bindings(tmp_path / 'images')
                if gin_file.startswith('image_folders') else [])
     with debug_gin.parsed(folders + bindings,

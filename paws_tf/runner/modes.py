@@ -283,9 +283,10 @@ def _fine_tune(run, strategy, options):
     imported = official_import.check_mode(run, options.mode, backbone=True)
     if imported:
         official_import.check_preprocessing(run)
+    # An imported backbone's record is read whole before any image is.
+    model = vit_import.imported_embedder(run, strategy)
     bundle = load_labeled_data(run, 'fine-tuning trains on them')
     preprocessing = experiment.eval_preprocessing(bundle)
-    model = vit_import.imported_embedder(run, strategy)
     if model is None:
         model, _ = load_trained_model(run, strategy, imported=imported)
     return fine_tune.fine_tune(run, model, labeled=bundle.labeled,
