@@ -451,7 +451,8 @@ def test_a_run_from_an_import_is_refused_without_its_interpolation(
     assert code == os.EX_CONFIG, output[-3000:]
     assert output.strip().splitlines()[-1].endswith(
         f"{source} was built with vit.position_interpolation = 'dino'; this "
-        'config builds the defaults. Start from a backbone of this '
+        "config builds vit.position_interpolation = 'timm'. Start from a "
+        'backbone of this '
         'architecture, or bind its architecture: add '
         "vit.position_interpolation = 'dino'."), output[-3000:]
     assert not (tmp_path / 'run').exists()
