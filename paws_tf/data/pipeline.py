@@ -191,10 +191,7 @@ def _check_sizes(unlabeled, labeled, num_replicas, global_batch_size,
     checks.integer('classes_per_step', classes_per_step)
     checks.integer('images_per_class', images_per_class)
     checks.integer('start_step', start_step, minimum=0)
-    if global_batch_size % num_replicas:
-        raise ValueError(f'global_batch_size={global_batch_size} is not '
-                         f'divisible by the {num_replicas} replicas: make it '
-                         'a multiple of the replica count.')
+    checks.per_replica('global_batch_size', global_batch_size, num_replicas)
     if unlabeled.num_examples < global_batch_size:
         raise checks.DataError(
             f'The unlabeled set has {unlabeled.num_examples} images, fewer '
