@@ -46,7 +46,8 @@ def _elements(pretrain, count, pipelines=1, pipeline_id=0, replicas=2):
 
 
 def test_pipeline_errors():
-    with pytest.raises(ValueError, match='global_batch_size=9 is not '
+    with pytest.raises(ValueError, match='make_pretrain_dataset_fn[.]'
+                       'global_batch_size=9 is not '
                        'divisible by the 2 replicas'):
         _build(global_batch_size=9)
     with pytest.raises(ValueError, match='48 images, fewer than '

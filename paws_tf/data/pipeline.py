@@ -187,11 +187,13 @@ def _check_sizes(unlabeled, labeled, num_replicas, global_batch_size,
                  classes_per_step, images_per_class, support_views,
                  start_step):
     """Raises ValueError on sizes `make_pretrain_dataset_fn` cannot use."""
-    checks.integer('global_batch_size', global_batch_size)
-    checks.integer('classes_per_step', classes_per_step)
-    checks.integer('images_per_class', images_per_class)
-    checks.integer('start_step', start_step, minimum=0)
-    checks.per_replica('global_batch_size', global_batch_size, num_replicas)
+    name = 'make_pretrain_dataset_fn.'  # The binding a gin config writes.
+    checks.integer(name + 'global_batch_size', global_batch_size)
+    checks.integer(name + 'classes_per_step', classes_per_step)
+    checks.integer(name + 'images_per_class', images_per_class)
+    checks.integer(name + 'start_step', start_step, minimum=0)
+    checks.per_replica(name + 'global_batch_size', global_batch_size,
+                       num_replicas)
     if unlabeled.num_examples < global_batch_size:
         raise checks.DataError(
             f'The unlabeled set has {unlabeled.num_examples} images, fewer '
