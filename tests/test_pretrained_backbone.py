@@ -332,10 +332,13 @@ def test_the_source_runs_architecture_is_compared_by_value(tmp_path):
     """The run a backbone comes from and this config are compared on what
     the named family computes, by value: another family's unused lines, a
     default written out, a training setting (`wide_resnet.
-    final_bn_momentum`) and a macro of the same value are accepted; a
-    macro of another `vit.position_interpolation` is refused. Fails if the
-    config.gin lines are compared as text (tried: each accepted case was
-    refused, the macro's other value accepted)."""
+    final_bn_momentum`), a macro of the same value and a list of the
+    tuple's values are accepted; a macro of another
+    `vit.position_interpolation` is refused. Fails if the config.gin lines
+    are compared as text (tried: each accepted case was refused, the
+    macro's other value accepted), or a list and a tuple are compared as
+    they are (tried: `architecture._comparable` the identity, the list
+    refused)."""
     vit = list(debug_gin.VIT)
     wide = ["build_backbone.name = 'wide_resnet'", 'wide_resnet.depth = 10',
             'wide_resnet.width = 1']
@@ -345,7 +348,9 @@ def test_the_source_runs_architecture_is_compared_by_value(tmp_path):
             (vit, vit + ['small_resnet.widths = (8, 32)']),
             (vit + ['vit.layer_scale = False'], vit),
             (wide, wide + ['wide_resnet.final_bn_momentum = 0.5']),
-            (vit + dino, vit + ["vit.position_interpolation = 'dino'"])):
+            (vit + dino, vit + ["vit.position_interpolation = 'dino'"]),
+            (['small_resnet.widths = [32, 64, 128]'],
+             ['small_resnet.widths = (32, 64, 128)'])):
         assert _refusal(tmp_path, source_bindings, bindings) is None
     assert _refusal(tmp_path, vit + dino, vit + [
         "INTERPOLATION = 'timm'",
