@@ -357,3 +357,19 @@ def test_the_source_runs_architecture_is_compared_by_value(tmp_path):
         'vit.position_interpolation = %INTERPOLATION']).endswith(
             "replace vit.position_interpolation = 'timm' -> "
             "vit.position_interpolation = 'dino'.")
+
+
+def test_a_run_of_another_batch_norm_epsilon_is_refused(tmp_path):
+    """`build_backbone.bn_epsilon` changes every batch norm's output and no
+    variable: a source run of another epsilon is refused naming the edit,
+    which once followed is accepted. Fails if only the family's
+    arguments are compared (tried: `bn_epsilon` left out of
+    `architecture._differences`, the run accepted)."""
+    refusal = _refusal(tmp_path, ['build_backbone.bn_epsilon = 1e-3'], [])
+    assert refusal is not None and refusal.endswith(
+        'was built with build_backbone.bn_epsilon = 0.001; this config '
+        'builds build_backbone.bn_epsilon = 1e-05. Start from a backbone of '
+        'this architecture, or bind its architecture: add '
+        'build_backbone.bn_epsilon = 0.001.'), refusal
+    assert _refusal(tmp_path, ['build_backbone.bn_epsilon = 1e-3'],
+                    ['build_backbone.bn_epsilon = 0.001']) is None

@@ -61,30 +61,29 @@ def refuse_another(path, name, part):
 def _differences(source):
     """`(recorded, configured)` binding lines where the run `source` was
     built otherwise than this config builds, compared by value:
-    `build_backbone.name`, then the named family's architecture arguments
-    (`nets.Family.architecture`; a parameter left out is at its
+    `build_backbone.name` and `bn_epsilon` (it changes every batch norm's
+    output and makes no variable), then the named family's architecture
+    arguments (`nets.Family.architecture`; a parameter left out is at its
     default)."""
     with open(source.config) as f:
         text = f.read()
-
-    def values(configurable):
-        """(the source's, this config's) values of `configurable`."""
-        return bindings.saved_arguments(text, configurable), {
-            key: value for key, (value, _) in
-            bindings.arguments(configurable).items()}
-
-    configurable, keys = backbones.build_backbone, ['name']
-    theirs, ours = values(configurable)
-    if (theirs.get('name') == ours['name']
-            and ours['name'] in backbones.FAMILIES):
-        family = backbones.FAMILIES[ours['name']]
-        configurable, keys = family.configurable, family.architecture()
-        theirs, ours = values(configurable)
-    differ = [key for key in keys if key in theirs
-              and _comparable(theirs[key]) != _comparable(ours[key])]
-    prefix = bindings.gin_name(configurable)
-    return ([f'{prefix}.{key} = {theirs[key]!r}' for key in differ],
-            [f'{prefix}.{key} = {ours[key]!r}' for key in differ])
+    compared = [(backbones.build_backbone, ['name', 'bn_epsilon'])]
+    name = bindings.arguments(backbones.build_backbone)['name'][0]
+    if (bindings.saved_arguments(text, backbones.build_backbone).get('name')
+            == name and name in backbones.FAMILIES):
+        family = backbones.FAMILIES[name]
+        compared.append((family.configurable, family.architecture()))
+    recorded, configured = [], []
+    for configurable, keys in compared:
+        theirs = bindings.saved_arguments(text, configurable)
+        ours = bindings.arguments(configurable)
+        prefix = bindings.gin_name(configurable)
+        for key in keys:
+            if key in theirs and (_comparable(theirs[key])
+                                  != _comparable(ours[key][0])):
+                recorded.append(f'{prefix}.{key} = {theirs[key]!r}')
+                configured.append(f'{prefix}.{key} = {ours[key][0]!r}')
+    return recorded, configured
 
 
 def _comparable(value):
