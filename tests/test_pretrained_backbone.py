@@ -373,3 +373,22 @@ def test_a_run_of_another_batch_norm_epsilon_is_refused(tmp_path):
         'build_backbone.bn_epsilon = 0.001.'), refusal
     assert _refusal(tmp_path, ['build_backbone.bn_epsilon = 1e-3'],
                     ['build_backbone.bn_epsilon = 0.001']) is None
+
+
+def test_a_run_of_another_family_is_refused_naming_every_edit(tmp_path):
+    """A ViT config from a small_resnet run: one message names the
+    backbone's name and the source family's arguments against this
+    config's (unused) bindings of them, and the config with those edits
+    is accepted. Fails if only the name is compared when the names
+    differ (tried: the family's arguments compared only under the same
+    name, the edited config refused again for `small_resnet.widths`)."""
+    source = ['small_resnet.widths = (8, 32)']
+    refusal = _refusal(tmp_path, source, debug_gin.VIT)
+    edits = (
+        "replace build_backbone.name = 'vit_tiny' -> build_backbone.name = "
+        "'small_resnet'; replace small_resnet.widths = (8, 16) -> "
+        'small_resnet.widths = (8, 32).')
+    assert refusal is not None and refusal.endswith(edits), refusal
+    assert _refusal(tmp_path, source, list(debug_gin.VIT) + [
+        "build_backbone.name = 'small_resnet'",
+        'small_resnet.widths = (8, 32)']) is None

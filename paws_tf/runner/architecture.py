@@ -62,15 +62,15 @@ def _differences(source):
     """`(recorded, configured)` binding lines where the run `source` was
     built otherwise than this config builds, compared by value:
     `build_backbone.name` and `bn_epsilon` (it changes every batch norm's
-    output and makes no variable), then the named family's architecture
-    arguments (`nets.Family.architecture`; a parameter left out is at its
-    default)."""
+    output and makes no variable), then the architecture arguments of the
+    source's family (`nets.Family.architecture`; a parameter left out is
+    at its default) against this config's, used or not: where the names
+    differ, every edit that builds the source's backbone."""
     with open(source.config) as f:
         text = f.read()
     compared = [(backbones.build_backbone, ['name', 'bn_epsilon'])]
-    name = bindings.arguments(backbones.build_backbone)['name'][0]
-    if (bindings.saved_arguments(text, backbones.build_backbone).get('name')
-            == name and name in backbones.FAMILIES):
+    name = bindings.saved_arguments(text, backbones.build_backbone).get('name')
+    if name in backbones.FAMILIES:
         family = backbones.FAMILIES[name]
         compared.append((family.configurable, family.architecture()))
     recorded, configured = [], []
