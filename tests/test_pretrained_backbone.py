@@ -392,3 +392,25 @@ def test_a_run_of_another_family_is_refused_naming_every_edit(tmp_path):
     assert _refusal(tmp_path, source, list(debug_gin.VIT) + [
         "build_backbone.name = 'small_resnet'",
         'small_resnet.widths = (8, 32)']) is None
+
+
+def test_a_runs_operative_config_gives_the_defaults_it_used(tmp_path):
+    """A run whose config.gin leaves `small_resnet.stem_stride` out was
+    built at the default of its day, which its operative_config.gin
+    writes (2 here): against a config at today's default (1) it is
+    refused naming the operative value, and accepted by a config that
+    binds it. Fails if config.gin alone is read (tried: the run judged
+    at today's default, accepted)."""
+    source = tmp_path / 'earlier'
+    source.mkdir()
+    with debug_gin.parsed(['small_resnet.stem_stride = 2']):
+        building.build_local_model(input_channels=3)
+        (source / 'operative_config.gin').write_text(
+            gin.operative_config_str())
+    refusal = _refusal(tmp_path, [], [])
+    assert refusal is not None and refusal.endswith(
+        'was built with small_resnet.stem_stride = 2; this config builds '
+        'small_resnet.stem_stride = 1. Start from a backbone of this '
+        'architecture, or bind its architecture: add '
+        'small_resnet.stem_stride = 2.'), refusal
+    assert _refusal(tmp_path, [], ['small_resnet.stem_stride = 2']) is None

@@ -32,9 +32,9 @@ def refuse_another(path, name, part):
     """Refuses, before any weights are read, a config that builds the
     backbone otherwise than the run or import `path` belongs to: the
     import record's bindings, or the architecture bindings of the source
-    run's config (`_differences`; a binding that changes no variable,
-    such as `vit.position_interpolation`, fails no read). Refuses an
-    imported backbone as the `part` 'model'."""
+    run's saved config (`_differences`; a binding that changes no
+    variable, such as `vit.position_interpolation`, fails no read).
+    Refuses an imported backbone as the `part` 'model'."""
     source = owner(path)
     if source is None:
         return
@@ -63,10 +63,15 @@ def _differences(source):
     built otherwise than this config builds, compared by value:
     `build_backbone.name` and `bn_epsilon` (it changes every batch norm's
     output and makes no variable), then the architecture arguments of the
-    source's family (`nets.Family.architecture`; a parameter left out is
-    at its default) against this config's, used or not: where the names
-    differ, every edit that builds the source's backbone."""
-    with open(source.config) as f:
+    source's family (`nets.Family.architecture`) against this config's,
+    used or not: where the names differ, every edit that builds the
+    source's backbone. The source's values are read from its
+    operative_config.gin (every value its training used, defaults
+    included) when it has one, else from its config.gin (its bindings; a
+    parameter it leaves out is read at this code's default)."""
+    saved = (source.operative_config if os.path.isfile(
+        source.operative_config) else source.config)
+    with open(saved) as f:
         text = f.read()
     compared = [(backbones.build_backbone, ['name', 'bn_epsilon'])]
     name = bindings.saved_arguments(text, backbones.build_backbone).get('name')
