@@ -414,3 +414,30 @@ def test_a_runs_operative_config_gives_the_defaults_it_used(tmp_path):
         'architecture, or bind its architecture: add '
         'small_resnet.stem_stride = 2.'), refusal
     assert _refusal(tmp_path, [], ['small_resnet.stem_stride = 2']) is None
+
+
+def test_a_relative_path_is_judged_by_its_own_run(tmp_path, monkeypatch):
+    """From a working directory that holds a ViT run's config.gin:
+    '../backbone.h5', a file of debug.gin's backbone outside that run,
+    is read; 'backbone.h5', a file in that run, is refused naming the run
+    by its absolute path. Fails if `architecture.owner` walks the
+    relative path's parents by `dirname` (tried: '..' followed by '', the
+    working directory's run taken for the file's; the message naming an
+    empty run)."""
+    vit_run = tmp_path / 'vit_run'
+    vit_run.mkdir()
+    debug_gin.write_vit_config(vit_run / 'config.gin')
+    with debug_gin.parsed():
+        backbone = building.build_local_model(input_channels=3).backbone
+        for folder in (tmp_path, vit_run):
+            write_weights(folder, 'h5', backbone)
+        monkeypatch.chdir(vit_run)
+        read = start.check_pretrained(tmp_path / 'run', (
+            '../backbone.h5', 'train.pretrained_backbone'))
+        assert read.part == 'backbone'
+        with pytest.raises(ValueError, match=(
+                "^train.pretrained_backbone = 'backbone.h5' does not fit the "
+                f"configured backbone: {vit_run} was built with "
+                "build_backbone.name = 'vit_tiny'")):
+            start.check_pretrained(tmp_path / 'run', (
+                'backbone.h5', 'train.pretrained_backbone'))

@@ -20,7 +20,10 @@ def owner(path):
     """The `RunDir` of the run or import that `path` (its directory, its
     checkpoint directory or a checkpoint prefix there) belongs to: the
     first of `path`, its parent and grandparent that holds a gin config or
-    an import record; None when none does."""
+    an import record; None when none does. A relative `path` is made
+    absolute first (the `dirname` of '..' is '', the working directory,
+    not its parent)."""
+    path = os.path.abspath(path)
     candidates = map(run_dir.RunDir, (
         path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))))
     return next((candidate for candidate in candidates
