@@ -138,10 +138,12 @@ class _Unevaluated(config_parser.ParserDelegate):
 
 def saved_arguments(text, configurable):
     """`{parameter: value}` of `configurable` in a saved gin config (the
-    text of `gin.config_str()`, such as a run's config.gin): the defaults
-    of its parameters, then the values the text binds to them without a
-    scope, a `%MACRO` read from the macro's own binding; a parameter bound
-    to a configurable reference is left out."""
+    text of `gin.config_str()` or `gin.operative_config_str()`, a run's
+    config.gin or operative_config.gin): the defaults of its parameters in
+    this code, then the values the text binds to them without a scope, a
+    `%MACRO` read from the macro's own binding; a parameter bound to a
+    configurable reference is left out. Only an operative config gives
+    the defaults the run itself used."""
     statements = [statement for statement in config_parser.ConfigParser(
         text, _Unevaluated()) if isinstance(
             statement, config_parser.BindingStatement)

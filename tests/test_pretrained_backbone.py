@@ -332,10 +332,13 @@ def test_the_source_runs_architecture_is_compared_by_value(tmp_path):
     """The run a backbone comes from and this config are compared on what
     the named family computes, by value: another family's unused lines, a
     default written out, a training setting (`wide_resnet.
-    final_bn_momentum`) and a macro of the same value are accepted; a
-    macro of another `vit.position_interpolation` is refused. Fails if the
-    config.gin lines are compared as text (tried: each accepted case was
-    refused, the macro's other value accepted)."""
+    final_bn_momentum`), a macro of the same value and a list of the
+    tuple's values are accepted; a macro of another
+    `vit.position_interpolation` is refused. Fails if the config.gin lines
+    are compared as text (tried: each accepted case was refused, the
+    macro's other value accepted), or a list and a tuple are compared as
+    they are (tried: `architecture._comparable` the identity, the list
+    refused)."""
     vit = list(debug_gin.VIT)
     wide = ["build_backbone.name = 'wide_resnet'", 'wide_resnet.depth = 10',
             'wide_resnet.width = 1']
@@ -345,10 +348,96 @@ def test_the_source_runs_architecture_is_compared_by_value(tmp_path):
             (vit, vit + ['small_resnet.widths = (8, 32)']),
             (vit + ['vit.layer_scale = False'], vit),
             (wide, wide + ['wide_resnet.final_bn_momentum = 0.5']),
-            (vit + dino, vit + ["vit.position_interpolation = 'dino'"])):
+            (vit + dino, vit + ["vit.position_interpolation = 'dino'"]),
+            (['small_resnet.widths = [32, 64, 128]'],
+             ['small_resnet.widths = (32, 64, 128)'])):
         assert _refusal(tmp_path, source_bindings, bindings) is None
     assert _refusal(tmp_path, vit + dino, vit + [
         "INTERPOLATION = 'timm'",
         'vit.position_interpolation = %INTERPOLATION']).endswith(
             "replace vit.position_interpolation = 'timm' -> "
             "vit.position_interpolation = 'dino'.")
+
+
+def test_a_run_of_another_batch_norm_epsilon_is_refused(tmp_path):
+    """`build_backbone.bn_epsilon` changes every batch norm's output and no
+    variable: a source run of another epsilon is refused naming the edit,
+    which once followed is accepted. Fails if only the family's
+    arguments are compared (tried: `bn_epsilon` left out of
+    `architecture._differences`, the run accepted)."""
+    refusal = _refusal(tmp_path, ['build_backbone.bn_epsilon = 1e-3'], [])
+    assert refusal is not None and refusal.endswith(
+        'was built with build_backbone.bn_epsilon = 0.001; this config '
+        'builds build_backbone.bn_epsilon = 1e-05. Start from a backbone of '
+        'this architecture, or bind its architecture: add '
+        'build_backbone.bn_epsilon = 0.001.'), refusal
+    assert _refusal(tmp_path, ['build_backbone.bn_epsilon = 1e-3'],
+                    ['build_backbone.bn_epsilon = 0.001']) is None
+
+
+def test_a_run_of_another_family_is_refused_naming_every_edit(tmp_path):
+    """A ViT config from a small_resnet run: one message names the
+    backbone's name and the source family's arguments against this
+    config's (unused) bindings of them, and the config with those edits
+    is accepted. Fails if only the name is compared when the names
+    differ (tried: the family's arguments compared only under the same
+    name, the edited config refused again for `small_resnet.widths`)."""
+    source = ['small_resnet.widths = (8, 32)']
+    refusal = _refusal(tmp_path, source, debug_gin.VIT)
+    edits = (
+        "replace build_backbone.name = 'vit_tiny' -> build_backbone.name = "
+        "'small_resnet'; replace small_resnet.widths = (8, 16) -> "
+        'small_resnet.widths = (8, 32).')
+    assert refusal is not None and refusal.endswith(edits), refusal
+    assert _refusal(tmp_path, source, list(debug_gin.VIT) + [
+        "build_backbone.name = 'small_resnet'",
+        'small_resnet.widths = (8, 32)']) is None
+
+
+def test_a_runs_operative_config_gives_the_defaults_it_used(tmp_path):
+    """A run whose config.gin leaves `small_resnet.stem_stride` out was
+    built at the default of its day, which its operative_config.gin
+    writes (2 here): against a config at today's default (1) it is
+    refused naming the operative value, and accepted by a config that
+    binds it. Fails if config.gin alone is read (tried: the run judged
+    at today's default, accepted)."""
+    source = tmp_path / 'earlier'
+    source.mkdir()
+    with debug_gin.parsed(['small_resnet.stem_stride = 2']):
+        building.build_local_model(input_channels=3)
+        (source / 'operative_config.gin').write_text(
+            gin.operative_config_str())
+    refusal = _refusal(tmp_path, [], [])
+    assert refusal is not None and refusal.endswith(
+        'was built with small_resnet.stem_stride = 2; this config builds '
+        'small_resnet.stem_stride = 1. Start from a backbone of this '
+        'architecture, or bind its architecture: add '
+        'small_resnet.stem_stride = 2.'), refusal
+    assert _refusal(tmp_path, [], ['small_resnet.stem_stride = 2']) is None
+
+
+def test_a_relative_path_is_judged_by_its_own_run(tmp_path, monkeypatch):
+    """From a working directory that holds a ViT run's config.gin:
+    '../backbone.h5', a file of debug.gin's backbone outside that run,
+    is read; 'backbone.h5', a file in that run, is refused naming the run
+    by its absolute path. Fails if `architecture.owner` walks the
+    relative path's parents by `dirname` (tried: '..' followed by '', the
+    working directory's run taken for the file's; the message naming an
+    empty run)."""
+    vit_run = tmp_path / 'vit_run'
+    vit_run.mkdir()
+    debug_gin.write_vit_config(vit_run / 'config.gin')
+    with debug_gin.parsed():
+        backbone = building.build_local_model(input_channels=3).backbone
+        for folder in (tmp_path, vit_run):
+            write_weights(folder, 'h5', backbone)
+        monkeypatch.chdir(vit_run)
+        read = start.check_pretrained(tmp_path / 'run', (
+            '../backbone.h5', 'train.pretrained_backbone'))
+        assert read.part == 'backbone'
+        with pytest.raises(ValueError, match=(
+                "^train.pretrained_backbone = 'backbone.h5' does not fit the "
+                f"configured backbone: {vit_run} was built with "
+                "build_backbone.name = 'vit_tiny'")):
+            start.check_pretrained(tmp_path / 'run', (
+                'backbone.h5', 'train.pretrained_backbone'))

@@ -270,13 +270,15 @@ def test_a_record_without_an_architecture_argument_is_refused(
         tmp_path, monkeypatch):
     """--mode=fine_tune on an import whose record lacks its patch size,
     image size or position interpolation is refused, before any image is
-    read, naming it and the import command (one without `layer_scale` and
-    `registers`, which `build_vit`'s defaults build, is
-    tests/test_vit_import.py's). Fails if every argument the record lacks
-    takes `build_vit`'s default (tried: without 'position_interpolation'
-    timm's interpolation was built for DINO's ViT, without 'patch_size'
-    patch 16, and its checkpoint read), or if the labeled images are read
-    first (tried: the record read after them)."""
+    read, naming it and the import command into a new directory (one
+    without `layer_scale` and `registers`, which `build_vit`'s defaults
+    build, is tests/test_vit_import.py's). Fails if every argument the
+    record lacks takes `build_vit`'s default (tried: without
+    'position_interpolation' timm's interpolation was built for DINO's
+    ViT, without 'patch_size' patch 16, and its checkpoint read), if the
+    labeled images are read first (tried: the record read after them), or
+    if the command is the import's own with --overwrite (tried: it
+    deletes the import's fine-tuning, evaluation and exports)."""
     imported = run_dir.RunDir(str(tmp_path / 'dino_tiny'))
     _write_preprocessing(imported)
     record = dict(source='dino_tiny.pth', kind='backbone',
@@ -292,9 +294,33 @@ def test_a_record_without_an_architecture_argument_is_refused(
                 gin_file='gin_configs/image_folders_small.gin'):
             with pytest.raises(official_import.ImportFailed, match=(
                     f'imported.json lacks {left_out}: import the file again '
-                    r'\(run.py --mode=import_official --model_dir=.* '
-                    r'--official_checkpoint=dino_tiny.pth --overwrite\)')):
+                    r'into a new directory \(run.py --mode=import_official '
+                    '--model_dir=<new directory> '
+                    r'--official_checkpoint=dino_tiny.pth\); --overwrite into '
+                    f'{imported} would delete its fine_tune/, eval/, export/ '
+                    'and tensorboard/.$')):
                 modes.run(imported.path, _strategy(), 'fine_tune')
+
+
+def test_an_imports_weights_are_read_once_its_data_is_checked(
+        tmp_path, monkeypatch):
+    """--mode=fine_tune of an import whose labeled folder does not exist
+    is refused naming it before the imported ViT is built and restored.
+    Fails if `modes._fine_tune` builds the embedder before the data is
+    loaded (tried: `vit_import.imported_embedder` called first)."""
+    imported = run_dir.RunDir(str(tmp_path / 'dino_tiny'))
+    _write_preprocessing(imported)
+    imported.write_json(imported.imported, dict(
+        source='dino_tiny.pth', kind='backbone', architecture='ViT-Ti/16',
+        bindings=_TINY_DINO_BINDINGS, network='vit_tiny', patch_size=16,
+        image_size=32, position_interpolation='dino'))
+    monkeypatch.setattr(vit_import, 'imported_embedder', _restore)
+    with debug_gin.parsed(image_folders.path_bindings(
+            tmp_path / 'images') + ["NORMALIZATION = 'imagenet'"],
+            gin_file='gin_configs/image_folders_small.gin'):
+        with pytest.raises(modes.MissingLabeledFolder, match=(
+                'fine-tuning trains on them')):
+            modes.run(imported.path, _strategy(), 'fine_tune')
 
 
 def _write_preprocessing(imported):
@@ -308,6 +334,10 @@ def _write_preprocessing(imported):
 
 def _read_images(*args, **kwargs):
     raise AssertionError('the images were read before the check')
+
+
+def _restore(*args, **kwargs):
+    raise AssertionError('the import was restored before the data check')
 
 
 @pytest.mark.parametrize('gin_file, bindings, refusal', [

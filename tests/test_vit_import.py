@@ -367,7 +367,9 @@ def test_an_import_recorded_without_layer_scale_or_registers_loads(
     run.write_json(run.imported, dict(
         kind=official_import.BACKBONE, network='vit_tiny', patch_size=16,
         image_size=32, position_interpolation='dino'))
-    embedder = vit_import.imported_embedder(run, tf.distribute.get_strategy())
+    embedder = vit_import.imported_embedder(
+        run, tf.distribute.get_strategy(),
+        vit_import.imported_architecture(run))
     for loaded, written in zip(embedder.backbone.get_weights(),
                                stored.get_weights()):
         np.testing.assert_array_equal(loaded, written)

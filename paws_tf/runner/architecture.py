@@ -20,7 +20,10 @@ def owner(path):
     """The `RunDir` of the run or import that `path` (its directory, its
     checkpoint directory or a checkpoint prefix there) belongs to: the
     first of `path`, its parent and grandparent that holds a gin config or
-    an import record; None when none does."""
+    an import record; None when none does. A relative `path` is made
+    absolute first (the `dirname` of '..' is '', the working directory,
+    not its parent)."""
+    path = os.path.abspath(path)
     candidates = map(run_dir.RunDir, (
         path, os.path.dirname(path), os.path.dirname(os.path.dirname(path))))
     return next((candidate for candidate in candidates
@@ -32,9 +35,9 @@ def refuse_another(path, name, part):
     """Refuses, before any weights are read, a config that builds the
     backbone otherwise than the run or import `path` belongs to: the
     import record's bindings, or the architecture bindings of the source
-    run's config (`_differences`; a binding that changes no variable,
-    such as `vit.position_interpolation`, fails no read). Refuses an
-    imported backbone as the `part` 'model'."""
+    run's saved config (`_differences`; a binding that changes no
+    variable, such as `vit.position_interpolation`, fails no read).
+    Refuses an imported backbone as the `part` 'model'."""
     source = owner(path)
     if source is None:
         return
@@ -61,30 +64,34 @@ def refuse_another(path, name, part):
 def _differences(source):
     """`(recorded, configured)` binding lines where the run `source` was
     built otherwise than this config builds, compared by value:
-    `build_backbone.name`, then the named family's architecture arguments
-    (`nets.Family.architecture`; a parameter left out is at its
-    default)."""
-    with open(source.config) as f:
+    `build_backbone.name` and `bn_epsilon` (it changes every batch norm's
+    output and makes no variable), then the architecture arguments of the
+    source's family (`nets.Family.architecture`) against this config's,
+    used or not: where the names differ, every edit that builds the
+    source's backbone. The source's values are read from its
+    operative_config.gin (every value its training used, defaults
+    included) when it has one, else from its config.gin (its bindings; a
+    parameter it leaves out is read at this code's default)."""
+    saved = (source.operative_config if os.path.isfile(
+        source.operative_config) else source.config)
+    with open(saved) as f:
         text = f.read()
-
-    def values(configurable):
-        """(the source's, this config's) values of `configurable`."""
-        return bindings.saved_arguments(text, configurable), {
-            key: value for key, (value, _) in
-            bindings.arguments(configurable).items()}
-
-    configurable, keys = backbones.build_backbone, ['name']
-    theirs, ours = values(configurable)
-    if (theirs.get('name') == ours['name']
-            and ours['name'] in backbones.FAMILIES):
-        family = backbones.FAMILIES[ours['name']]
-        configurable, keys = family.configurable, family.architecture()
-        theirs, ours = values(configurable)
-    differ = [key for key in keys if key in theirs
-              and _comparable(theirs[key]) != _comparable(ours[key])]
-    prefix = bindings.gin_name(configurable)
-    return ([f'{prefix}.{key} = {theirs[key]!r}' for key in differ],
-            [f'{prefix}.{key} = {ours[key]!r}' for key in differ])
+    compared = [(backbones.build_backbone, ['name', 'bn_epsilon'])]
+    name = bindings.saved_arguments(text, backbones.build_backbone).get('name')
+    if name in backbones.FAMILIES:
+        family = backbones.FAMILIES[name]
+        compared.append((family.configurable, family.architecture()))
+    recorded, configured = [], []
+    for configurable, keys in compared:
+        theirs = bindings.saved_arguments(text, configurable)
+        ours = bindings.arguments(configurable)
+        prefix = bindings.gin_name(configurable)
+        for key in keys:
+            if key in theirs and (_comparable(theirs[key])
+                                  != _comparable(ours[key][0])):
+                recorded.append(f'{prefix}.{key} = {theirs[key]!r}')
+                configured.append(f'{prefix}.{key} = {ours[key][0]!r}')
+    return recorded, configured
 
 
 def _comparable(value):

@@ -283,11 +283,14 @@ def _fine_tune(run, strategy, options):
     imported = official_import.check_mode(run, options.mode, backbone=True)
     if imported:
         official_import.check_preprocessing(run)
-    # An imported backbone's record is read whole before any image is.
-    model = vit_import.imported_embedder(run, strategy)
+    # An imported backbone's record is read whole before any image is;
+    # its weights once the data is checked.
+    vit_architecture = vit_import.imported_architecture(run)
     bundle = load_labeled_data(run, 'fine-tuning trains on them')
     preprocessing = experiment.eval_preprocessing(bundle)
-    if model is None:
+    if vit_architecture is not None:
+        model = vit_import.imported_embedder(run, strategy, vit_architecture)
+    else:
         model, _ = load_trained_model(run, strategy, imported=imported)
     return fine_tune.fine_tune(run, model, labeled=bundle.labeled,
                                test=bundle.test, strategy=strategy,

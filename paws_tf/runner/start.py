@@ -24,8 +24,6 @@ RESUME_ONLY_BINDINGS = ('train.on_data_change', 'ProgressBar.',
                         'make_strategy.start_timeout')
 # Of the variables that do not fit, how many a message names.
 _NAMES_SHOWN = 3
-# What a pretrained file gives a new run.
-_BACKBONE_PART, _MODEL_PART = architecture.BACKBONE, architecture.MODEL
 
 
 class Pretrained(typing.NamedTuple):
@@ -52,7 +50,8 @@ class Pretrained(typing.NamedTuple):
                 f'{self.name} = {self.path!r} fits {self.channels}-channel '
                 f'images, but the images have {channels}: start from a '
                 f'{self.part} of {channels}-channel images.')
-        target = model.backbone if self.part == _BACKBONE_PART else model
+        target = (model.backbone if self.part == architecture.BACKBONE
+                  else model)
         checkpoints.assign_weights(target, self.weights)
         return f' from the {self.part} of {self.path}'
 
@@ -85,8 +84,8 @@ def check_pretrained(run, backbone=(None, ''), model=(None, ''), *,
             read, `architecture.refuse_another`), else its channels or
             the first variables that do not fit.
     """
-    (path, name), part = (backbone, _BACKBONE_PART) if backbone[0] else (
-        model, _MODEL_PART)
+    (path, name), part = ((backbone, architecture.BACKBONE) if backbone[0]
+                          else (model, architecture.MODEL))
     if backbone[0] and model[0]:
         raise checks.ConfigError(
             f'{backbone[1]} and {model[1]} are both bound: bind one '
@@ -100,7 +99,7 @@ def check_pretrained(run, backbone=(None, ''), model=(None, ''), *,
         raise checks.ConfigError(
             f'{name} = {path!r} does not exist: bind it to a run directory '
             'or a checkpoint' + (', or a weights file' if part ==
-                                 _BACKBONE_PART else '') + '.')
+                                 architecture.BACKBONE else '') + '.')
     architecture.refuse_another(path, name, part)
     return _read_pretrained(path, name, part,
                             (channels,) if channels else (3, 1))
@@ -114,7 +113,7 @@ def _read_pretrained(path, name, part, tried):
     for channels in tried:
         model = building.build_local_model(input_channels=channels)
         try:
-            if part == _BACKBONE_PART:
+            if part == architecture.BACKBONE:
                 pretrained_lib.load_backbone_weights(model.backbone, path)
                 read, weights = path, model.backbone.get_weights()
             else:

@@ -244,13 +244,11 @@ def _build_backbone(name, **architecture):
                                **architecture)
 
 
-def imported_embedder(run, strategy):
-    """The ViT backbone imported into `run` (a `RunDir`) as a
-    `BackboneEmbedder`, built from its record in `strategy`'s scope and
-    restored from its checkpoint, for what trains on it (--mode=fine_tune:
-    the trunk is the backbone, which PAWS-NN of the import compares); None
-    when `run` holds no imported backbone. A record without `layer_scale`
-    or `registers` builds `build_vit`'s defaults; one without another
+def imported_architecture(run):
+    """`(name, arguments)` of the ViT backbone imported into `run` (a
+    `RunDir`), read from its record (`vit.build_vit`'s); None when `run`
+    holds no imported backbone. A record without `layer_scale` or
+    `registers` builds `build_vit`'s defaults; one without another
     argument raises `official_import.ImportFailed`."""
     record = run.read_json(run.imported)
     if record is None or record['kind'] != official_import.BACKBONE:
@@ -260,11 +258,23 @@ def imported_embedder(run, strategy):
     if missing:
         raise official_import.ImportFailed(
             f'{run.imported} lacks {", ".join(missing)}: import the file '
-            f'again (run.py --mode=import_official --model_dir={run} '
-            f'--official_checkpoint={record.get("source")} --overwrite).')
+            'again into a new directory (run.py --mode=import_official '
+            '--model_dir=<new directory> '
+            f'--official_checkpoint={record.get("source")}); --overwrite '
+            f'into {run} would delete its fine_tune/, eval/, export/ and '
+            'tensorboard/.')
+    return record['network'], {key: record[key] for key in _VIT_ARGUMENTS
+                               if key in record}
+
+
+def imported_embedder(run, strategy, architecture):
+    """The ViT backbone of `architecture` (`imported_architecture(run)`)
+    as a `BackboneEmbedder`, built in `strategy`'s scope and restored from
+    `run`'s checkpoint, for what trains on it (--mode=fine_tune: the trunk
+    is the backbone, which PAWS-NN of the import compares)."""
+    name, arguments = architecture
     with strategy.scope():
-        backbone = _build_backbone(record['network'], **{
-            key: record[key] for key in _VIT_ARGUMENTS if key in record})
+        backbone = _build_backbone(name, **arguments)
         pretrained.load_backbone_weights(backbone, run)
     return BackboneEmbedder(backbone)
 
