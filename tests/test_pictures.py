@@ -103,7 +103,7 @@ def test_pictures_of_an_evaluation(tmp_path):
         num_examples=2, num_neighbours=3)
     weights = _softmax(_cosine(embeddings[6:], embeddings[:6]) / 0.1)
     test_probs = weights @ np.eye(3)[labels[:6]]
-    matrix, figure = drawer(
+    matrix, figure, encoded = drawer(
         str(tmp_path), 5, supports=embeddings[:6], support_labels=labels[:6],
         queries=embeddings[6:], query_labels=labels[6:],
         predictions=test_probs.argmax(axis=1), tau=0.1)

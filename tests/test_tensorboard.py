@@ -129,8 +129,9 @@ def test_tensorboard_serves_paws_nn_projector_and_pictures(trained):
     the server returns; the confusion matrix's diagonal is the top-1.
 
     Fails if the projector is written outside the eval run's directory,
-    the rows of the tensor and of the metadata differ in order, or the
-    confusion matrix's rows are not the true classes."""
+    the rows of the tensor and of the metadata differ in order, the
+    confusion matrix's rows are not the true classes, or `paws_nn.png` is
+    not the image TensorBoard shows (a second rendering of the figure)."""
     results = json.loads((pathlib.Path(trained) / 'eval' /
                           'paws_nn.json').read_text())
     matrix = np.array(results['confusion_matrix'])
@@ -155,6 +156,10 @@ def test_tensorboard_serves_paws_nn_projector_and_pictures(trained):
         sprite = tf.io.decode_png(get(
             f'/data/plugin/projector/sprite_image?run=eval&name={name}'))
         images = get.json('/data/plugin/images/tags')['eval']
+        shown, = get.json('/data/plugin/images/images?run=eval&tag='
+                          'paws_nn_pictures%2Fconfusion_and_neighbours')
+        served = tf.io.decode_png(get(
+            '/data/plugin/images/individualImage?' + shown['query']))
     assert metadata[0] == list(pictures.METADATA_COLUMNS)
     label, predicted, confidence, split = map(np.array, zip(*metadata[1:]))
     labeled, test = split == 'labeled', split == 'test'
@@ -174,3 +179,7 @@ def test_tensorboard_serves_paws_nn_projector_and_pictures(trained):
     side = embedding['sprite']['singleImageDim']
     assert sprite.shape == (grid * side[0], grid * side[1], 3)
     assert images['paws_nn_pictures/confusion_and_neighbours']['samples'] == 1
+    # The file is the picture TensorBoard shows, not a second rendering
+    # (constrained layout can place the second one otherwise).
+    np.testing.assert_array_equal(served, tf.io.decode_png(tf.io.read_file(
+        str(pathlib.Path(trained) / 'eval' / 'paws_nn.png'))))

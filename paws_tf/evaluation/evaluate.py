@@ -249,9 +249,9 @@ class PawsNN:
             self._writer.flush()
         if self._pictures is not None:
             path, drawer = self._pictures
-            matrix, figure = drawer(self._log_dir, step, tau=self._tau,
-                                    **results.pop('embedded'))
-            figure.savefig(path, dpi=100)
+            matrix, _, encoded = drawer(self._log_dir, step, tau=self._tau,
+                                        **results.pop('embedded'))
+            tf.io.write_file(path, encoded)
             results['confusion_matrix'] = matrix.tolist()
         return results
 

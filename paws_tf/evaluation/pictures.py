@@ -183,9 +183,10 @@ class Pictures:
                  query_labels, predictions, tau):
         """Writes the projector in `log_dir`, and the confusion matrix and
         neighbours images at `step` as TensorBoard images
-        `paws_nn_pictures/*` there; returns `(confusion matrix, figure)`:
-        the `[K, K]` counts over every query and a matplotlib figure of
-        both pictures.
+        `paws_nn_pictures/*` there; returns `(confusion matrix, figure,
+        png)`: the `[K, K]` counts over every query, a matplotlib figure of
+        both pictures and its PNG bytes, the image TensorBoard shows (one
+        rendering: a second one can lay the figure out otherwise).
 
         Args:
             supports, queries: `[M, D]`, `[N, D]` embeddings, in source
@@ -232,10 +233,11 @@ class Pictures:
         draw_neighbours(right, self._examples(
             weights, query_labels[queried], predictions, confidences,
             support_labels, test_images, labeled), self.class_names)
+        encoded = png(figure)
         with tf.summary.create_file_writer(log_dir).as_default(step=step):
             tf.summary.image('paws_nn_pictures/confusion_and_neighbours',
-                             tf.io.decode_png(png(figure))[None])
-        return matrix, figure
+                             tf.io.decode_png(encoded)[None])
+        return matrix, figure, encoded
 
     def _points(self, source):
         """`(positions, thumbnails)` of the projector's images of `source`:
