@@ -40,10 +40,14 @@ from tests.helpers import tfds_archives
 FINGERPRINT = re.compile(r'Final weights fingerprint \(SHA-256\): (\w+)')
 # What stays of a config's run: 2 epochs of a few steps of small images,
 # a small backbone of the config's kind; no TensorBoard images of the first
-# step's views, which build the input a second time in every process
-# (tests/test_cluster_runs.py checks them on a cluster).
+# step's views, which build the input a second time in every process; no
+# epoch-end PAWS-NN, which every worker takes part in, nor PAWS-NN's
+# pictures, which the chief and the one process render twice: the final
+# PAWS-NN stays (tests/test_cluster_runs.py checks all three on a
+# cluster).
 SHRINK = ('train.num_epochs = 2', 'train.verbose = 0',
-          'train.view_images = False')
+          'train.view_images = False', 'train.eval_every_epochs = 0',
+          'evaluate_nn.pictures = False')
 
 
 def run_beside_two_replicas(root, gin_file, bindings, steps, image_size,

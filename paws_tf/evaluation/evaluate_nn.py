@@ -90,11 +90,12 @@ def evaluate_nn(run, embedder=None, *, labeled, test, image_size,
     results = evaluate.PawsNN(
         labeled, test, preprocessing=preprocessing, tau=tau,
         log_dir=run.eval_logs, tag='paws_nn_test', batch_size=batch_size,
-        pictures=pictures and run.nn_figure)(embed_fn, step, supports)
+        pictures=run.nn_figure if pictures else None)(embed_fn, step,
+                                                      supports)
     results.update(source=embedder.source, source_path=embedder.path,
                    embedding=embedding, tau=tau, step=step,
                    split_file=split_file,
-                   figure_file=pictures and run.nn_figure or None)
+                   figure_file=run.nn_figure if pictures else None)
     return _recorded(run, results)
 
 
