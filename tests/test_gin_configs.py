@@ -53,6 +53,11 @@ FOLDERS = ["LABELED_DIR = '/data/labeled'",
            "UNLABELED_DIR = '/data/unlabeled'", "TEST_DIR = '/data/test'"]
 USER_BINDINGS = {'image_folders.gin': FOLDERS,
                  'image_folders_small.gin': FOLDERS,
+                 # With a DINO ViT-S/16 import's bindings.
+                 'image_folders_vit.gin': FOLDERS + [
+                     "build_backbone.name = 'vit_small'",
+                     'vit.patch_size = 16', 'vit.image_size = 224',
+                     "vit.position_interpolation = 'dino'"],
                  'existing_model_folders.gin': [
                      "MODEL = 'runs/imported'", *FOLDERS[::2]]}
 
@@ -130,6 +135,7 @@ PARAMETERS = {
     'demo_fashion_mnist_vit_validation.gin': DEMO_VIT,
     'image_folders.gin': resnet50(1),
     'image_folders_small.gin': SMALL_96,
+    'image_folders_vit.gin': lambda: vit_parameters('vit_small', 256, 256),
     'imagenet.gin': resnet50(1),
     'imagenet_rn50_10pct.gin': resnet50(1),
     'imagenet_rn50_10pct_8gpu.gin': resnet50(1),
