@@ -152,11 +152,16 @@ def random_resized_crop(image, seed, size, scale, ratio=(3 / 4, 4 / 3),
                    antialias=antialias)
 
 
+def uint8_values(image):
+    """The uint8 values PIL would hold for a float [0, 1] image, as
+    float32 integers."""
+    return tf.round(tf.clip_by_value(image, 0.0, 1.0) * 255.0)
+
+
 def on_uint8(op, image):
     """`op` applied to a float [0, 1] image rounded to uint8, the image PIL
     would hold."""
-    pixels = tf.cast(tf.round(tf.clip_by_value(image, 0.0, 1.0) * 255.0),
-                     tf.uint8)
+    pixels = tf.cast(uint8_values(image), tf.uint8)
     return tf.cast(op(pixels), tf.float32) * _UINT8_SCALE
 
 
@@ -222,11 +227,12 @@ def pil_gaussian_blur(image, sigma, passes=3):
     The image is blurred as [W, H * C], then as [H, W * C], along axis 0.
 
     Args:
-        image: [H, W, C] uint8 tensor; the result alike.
+        image: [H, W, C] uint8, or float32 holding uint8 values (which
+            saves the conversions); the result alike.
         sigma: scalar float32 standard deviation, in pixels.
         passes: boxes per direction (PIL: 3).
     """
-    image = tf.convert_to_tensor(image, tf.uint8)
+    image = tf.convert_to_tensor(image)
     r, taps = _box_taps(box_blur_radius(sigma, passes))
     high = tf.floor(taps * 2.0 ** -8)
     # Scaled by powers of two so that the shift is one floor at the end.
@@ -237,7 +243,7 @@ def pil_gaussian_blur(image, sigma, passes=3):
     rows = tf.transpose(tf.reshape(x, [width, height, channels]), [1, 0, 2])
     x = _box_passes(tf.reshape(rows, [height, -1]), r, high, low, passes)
     return tf.ensure_shape(
-        tf.cast(tf.reshape(x, [height, width, channels]), tf.uint8),
+        tf.cast(tf.reshape(x, [height, width, channels]), image.dtype),
         image.shape)
 
 
@@ -259,7 +265,8 @@ def gaussian_blur(image, seed, prob=0.5, sigma_range=(0.1, 2.0)):
     sigma = sigma_range[0] + (sigma_range[1] - sigma_range[0]) * u[1]
     return random_apply(
         u[0], prob,
-        lambda x: on_uint8(lambda v: pil_gaussian_blur(v, sigma), x), image)
+        lambda x: pil_gaussian_blur(uint8_values(x), sigma) * _UINT8_SCALE,
+        image)
 
 
 def random_flip(image, seed):
