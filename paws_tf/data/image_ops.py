@@ -29,7 +29,7 @@ def num_channels(image):
 def resize(image, size, antialias=False):
     """Bilinear resize of [H, W, C] to float32 in [0, 1]; uint8 is scaled
     after resizing. With `antialias`, `tf.image.resize(image, size,
-    antialias=True)`'s values, in a third of its CPU time (see
+    antialias=True)`'s values, in about half its CPU time (see
     `_resample_rows`)."""
     if antialias:
         resized = _antialiased_resize(image, size)
