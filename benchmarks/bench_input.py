@@ -21,15 +21,18 @@ and prints the ratio of views produced to views the train step consumes per
 second (each measured alone on the whole machine; in training both share the
 cores).
 
+It runs the input as a job training on GPUs runs it, with that job's
+intra-op threads (`cluster.set_intra_op_threads`: one, unless
+TF_NUM_INTRAOP_THREADS is set); `--cpu_job` keeps TensorFlow's default of a
+thread per core, as a job training on the CPU does.
+
 With `--digest STEPS` it prints, instead of a rate, the SHA-256 of every
 array of the first STEPS elements (deterministic mode): two runs print the
-same digest when a setting such as `TF_NUM_INTRAOP_THREADS=1` changes no
-element.
+same digest when a setting such as `--cpu_job` changes no element.
 
     python benchmarks/bench_input.py --settings imagenet --against_official
     python benchmarks/bench_input.py --seconds 30 --against_step cifar_small
-    TF_NUM_INTRAOP_THREADS=1 python benchmarks/bench_input.py \
-        --settings imagenet --digest 2
+    python benchmarks/bench_input.py --settings imagenet --digest 2 --cpu_job
 """
 
 import argparse
@@ -49,6 +52,7 @@ import PIL.Image  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from benchmarks import bench_step  # noqa: E402
+from paws_tf import cluster  # noqa: E402
 from paws_tf.data import augment  # noqa: E402
 from paws_tf.data import folders
 from paws_tf.data import pipeline  # noqa: E402
@@ -140,7 +144,14 @@ def measure(name, unlabeled, labeled, multicrop, sizes, args):
         'unlabeled_images_per_s': round(steps * batch / elapsed, 1),
         'steps_per_s': round(steps / elapsed, 3),
         'deterministic': not args.nondeterministic,
-        'cores': _cores(), 'load_avg_1min': os.getloadavg()[0]}
+        'cores': _cores(), 'intra_op_threads': _intra_op_threads(),
+        'load_avg_1min': os.getloadavg()[0]}
+
+
+def _intra_op_threads():
+    """TensorFlow's intra-op threads here (0: its default)."""
+    return (tf.config.threading.get_intra_op_parallelism_threads() or
+            os.environ.get('TF_NUM_INTRAOP_THREADS', 0))
 
 
 def digest(name, unlabeled, labeled, multicrop, sizes, args):
@@ -155,8 +166,7 @@ def digest(name, unlabeled, labeled, multicrop, sizes, args):
             sha.update(array.numpy().tobytes())
     return {'setting': name, 'steps': args.digest,
             'sha256': sha.hexdigest(),
-            'intra_op_threads': os.environ.get('TF_NUM_INTRAOP_THREADS',
-                                               'default')}
+            'intra_op_threads': _intra_op_threads()}
 
 
 def measure_official(root, multicrop, sizes, args):
@@ -190,7 +200,7 @@ def race_official(root, setting, args):
     medians = {k: round(float(np.median(v)), 1) for k, v in rates.items()}
     print(json.dumps({
         'benchmark': 'against_official', 'rounds': args.rounds,
-        'cores': _cores(),
+        'cores': _cores(), 'intra_op_threads': _intra_op_threads(),
         'paws_tf_views_per_s': medians['paws_tf'],
         'official_views_per_s': medians['official'],
         'ratio': round(medians['paws_tf'] / medians['official'], 2)}),
@@ -214,7 +224,12 @@ def main():
     parser.add_argument('--against_step', default='',
                         help='bench_step.py config to compare with, e.g. '
                              'cifar_small (empty: no comparison)')
+    parser.add_argument('--cpu_job', action='store_true',
+                        help="TensorFlow's default intra-op threads (a CPU "
+                             "training job's), not a GPU job's")
     args = parser.parse_args()
+    if not args.cpu_job:
+        cluster.set_intra_op_threads(['GPU:0'], [])
     results = {}
     for name in args.settings.split(','):
         with tempfile.TemporaryDirectory() as tmp:

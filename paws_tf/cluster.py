@@ -18,6 +18,11 @@ from paws_tf import checks
 from paws_tf import rendezvous
 
 STRATEGY_KINDS = ('auto', 'one_device', 'mirrored', 'multi_worker')
+# TensorFlow's intra-op threads in a job that trains on GPUs: its host CPU
+# makes the input, whose ops then each run whole in their tf.data worker
+# instead of splitting over the pool and blocking it (docs/performance.md,
+# "Why one intra-op thread").
+GPU_JOB_INTRA_OP_THREADS = 1
 
 
 def _tf_config():
@@ -62,11 +67,43 @@ def _cluster_resolver(slurm_port_base):
         '"Cluster launch".')
 
 
+def intra_op_threads(devices, gpus, environ=None):
+    """The intra-op threads of a job training on `devices` (None: every GPU
+    of `gpus`, the visible ones, else the CPU): `GPU_JOB_INTRA_OP_THREADS`
+    on GPUs; None, TensorFlow's default of a thread per core, on the CPU,
+    whose train step's ops use them, or when TF_NUM_INTRAOP_THREADS in
+    `environ` (default `os.environ`) chooses."""
+    environ = os.environ if environ is None else environ
+    if environ.get('TF_NUM_INTRAOP_THREADS'):
+        return None
+    on_gpus = (any('GPU' in str(d).upper() for d in devices) if devices
+               else bool(gpus))
+    return GPU_JOB_INTRA_OP_THREADS if on_gpus else None
+
+
+def set_intra_op_threads(devices, gpus):
+    """Sets `intra_op_threads(devices, gpus)`, if any, before TensorFlow's
+    runtime starts (afterwards it keeps its threads, said in a warning)."""
+    threads = intra_op_threads(devices, gpus)
+    if threads is None:
+        return
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+    except RuntimeError:
+        logging.warning('TensorFlow started before the strategy: it keeps '
+                        'its intra-op threads, not the %d of a GPU job.',
+                        threads)
+        return
+    logging.info('%d intra-op thread(s): the host CPU makes the input.',
+                 threads)
+
+
 @gin.configurable
 def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
                   start_timeout=600):
     """Builds the distribution strategy by name, before other TensorFlow
-    ops run (`MultiWorkerMirroredStrategy` must come first).
+    ops run (`MultiWorkerMirroredStrategy` must come first), and sets the
+    intra-op threads of a job on its devices (`set_intra_op_threads`).
 
     Args:
         kind: one of `STRATEGY_KINDS`. `auto` picks `multi_worker` when
@@ -84,8 +121,9 @@ def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
         ClusterFailed: a task of the cluster did not start in time.
     """
     checks.one_of('make_strategy.kind', kind, STRATEGY_KINDS)
+    gpus = tf.config.list_physical_devices('GPU')
+    set_intra_op_threads(devices, gpus)
     if kind == 'auto':
-        gpus = tf.config.list_physical_devices('GPU')
         kind = ('multi_worker' if cluster_in_environment() else
                 'mirrored' if len(gpus) > 1 else 'one_device')
     if kind == 'one_device':

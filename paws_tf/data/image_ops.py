@@ -27,9 +27,55 @@ def num_channels(image):
 
 
 def resize(image, size, antialias=False):
-    """Bilinear resize to float32 in [0, 1]; uint8 is scaled after resizing."""
-    resized = tf.image.resize(image, size, antialias=antialias)  # float32
+    """Bilinear resize of [H, W, C] to float32 in [0, 1]; uint8 is scaled
+    after resizing. With `antialias`, `tf.image.resize(image, size,
+    antialias=True)`'s values, in about half its CPU time (see
+    `_resample_rows`)."""
+    if antialias:
+        resized = _antialiased_resize(image, size)
+    else:
+        resized = tf.image.resize(image, size)  # float32
     return resized * _UINT8_SCALE if image.dtype == tf.uint8 else resized
+
+
+def _resample_rows(x, size, scale):
+    """[n, m] `x` resampled along axis 0 to [size, m] float32, as
+    `tf.image.resize(..., antialias=True)` resamples an image's rows.
+
+    Its kernel (ScaleAndTranslate) resamples the rows first, each output
+    row a weighted sum of whole input rows (a loop the compiler vectorises),
+    then the columns, each output pixel its own sum over the channels (a
+    scalar loop, most of a view's crop-and-resize time). Here a call with
+    one column of m channels, whose column pass copies each value (weight
+    1), resamples axis 0 only; on the transposed result, a second call
+    resamples the other axis by the same loop. Both passes keep the
+    kernel's weights (the same sizes and scales give the same spans) and
+    its order of summation, so the values are the same bits.
+    """
+    resampled = tf.raw_ops.ScaleAndTranslate(
+        images=x[None, :, None], size=tf.stack([size, 1]),
+        scale=tf.stack([scale, 1.0]), translation=tf.zeros([2]),
+        kernel_type='triangle', antialias=True)  # [1, size, 1, m]
+    return resampled[0, :, 0]
+
+
+def _antialiased_resize(image, size):
+    """`tf.image.resize(image, size, antialias=True)` of [H, W, C]: the
+    rows, then the columns as rows of the transposed image."""
+    image = tf.convert_to_tensor(image)
+    size = tf.convert_to_tensor(size, tf.int32)
+    static_size = tf.get_static_value(size)
+    shape = tf.shape(image)
+    channels = image.shape[-1] or shape[2]
+    # tf.image.resize's scale: output over input size, in float32.
+    scale = tf.cast(size, tf.float32) / tf.cast(shape[:2], tf.float32)
+    x = _resample_rows(tf.reshape(image, [shape[0], -1]), size[0], scale[0])
+    x = tf.transpose(tf.reshape(x, [size[0], shape[1], channels]), [1, 0, 2])
+    x = _resample_rows(tf.reshape(x, [shape[1], -1]), size[1], scale[1])
+    x = tf.transpose(tf.reshape(x, [size[1], size[0], channels]), [1, 0, 2])
+    if static_size is not None:
+        x = tf.ensure_shape(x, [*static_size, image.shape[-1]])
+    return x  # [size[0], size[1], C]
 
 
 def sample_crop_box(height, width, seed, scale, ratio=(3 / 4, 4 / 3)):
@@ -106,11 +152,16 @@ def random_resized_crop(image, seed, size, scale, ratio=(3 / 4, 4 / 3),
                    antialias=antialias)
 
 
+def uint8_values(image):
+    """The uint8 values PIL would hold for a float [0, 1] image, as
+    float32 integers."""
+    return tf.round(tf.clip_by_value(image, 0.0, 1.0) * 255.0)
+
+
 def on_uint8(op, image):
     """`op` applied to a float [0, 1] image rounded to uint8, the image PIL
     would hold."""
-    pixels = tf.cast(tf.round(tf.clip_by_value(image, 0.0, 1.0) * 255.0),
-                     tf.uint8)
+    pixels = tf.cast(uint8_values(image), tf.uint8)
     return tf.cast(op(pixels), tf.float32) * _UINT8_SCALE
 
 
@@ -176,11 +227,12 @@ def pil_gaussian_blur(image, sigma, passes=3):
     The image is blurred as [W, H * C], then as [H, W * C], along axis 0.
 
     Args:
-        image: [H, W, C] uint8 tensor; the result alike.
+        image: [H, W, C] uint8, or float32 holding uint8 values (which
+            saves the conversions); the result alike.
         sigma: scalar float32 standard deviation, in pixels.
         passes: boxes per direction (PIL: 3).
     """
-    image = tf.convert_to_tensor(image, tf.uint8)
+    image = tf.convert_to_tensor(image)
     r, taps = _box_taps(box_blur_radius(sigma, passes))
     high = tf.floor(taps * 2.0 ** -8)
     # Scaled by powers of two so that the shift is one floor at the end.
@@ -191,7 +243,7 @@ def pil_gaussian_blur(image, sigma, passes=3):
     rows = tf.transpose(tf.reshape(x, [width, height, channels]), [1, 0, 2])
     x = _box_passes(tf.reshape(rows, [height, -1]), r, high, low, passes)
     return tf.ensure_shape(
-        tf.cast(tf.reshape(x, [height, width, channels]), tf.uint8),
+        tf.cast(tf.reshape(x, [height, width, channels]), image.dtype),
         image.shape)
 
 
@@ -213,7 +265,8 @@ def gaussian_blur(image, seed, prob=0.5, sigma_range=(0.1, 2.0)):
     sigma = sigma_range[0] + (sigma_range[1] - sigma_range[0]) * u[1]
     return random_apply(
         u[0], prob,
-        lambda x: on_uint8(lambda v: pil_gaussian_blur(v, sigma), x), image)
+        lambda x: pil_gaussian_blur(uint8_values(x), sigma) * _UINT8_SCALE,
+        image)
 
 
 def random_flip(image, seed):
