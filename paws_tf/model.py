@@ -54,14 +54,11 @@ class LastValue(tf_keras.metrics.Metric):
 class PAWSModel(tf_keras.Model):
     """Encoder f (backbone + projection head) and optional prediction head g.
 
-    `train_step` consumes the per-replica batches of `data/pipeline.py`: a
-    dict with `global_views` `[2B, H, W, C]`, `local_views` `[mB, h, w, C]`
-    (absent when m = 0), `support_views` `[M, H', W', C]`, and the support
-    rows' own description: `support_one_hot` `[M, C]` (each row's class
-    among the step's C support classes) and `support_view_index` `[M]`
-    (which view of its image the row is; RoPAWS counts the images per class
-    with it). The support rows and their columns are gathered over replicas
-    together, so the model holds no layout: a restored model needs only its
+    `train_step` consumes the per-replica batches that
+    `pipeline.PretrainInput` describes; each support row carries its own
+    column (`support_one_hot`) and view (`support_view_index`, by which
+    RoPAWS counts the images per class), gathered over replicas with the
+    row, so the model holds no layout: a restored model needs only its
     weights. `call` maps images to inference embeddings.
 
     Args:

@@ -263,14 +263,14 @@ def make_pretrain_dataset_fn(
         classes_per_step, images_per_class, multicrop, support_views=1,
         unique_classes_per_replica=False, support_view_size=None, seed=0,
         start_step=0, deterministic=True, normalization=None):
-    """The PAWS pre-training input (`distribute_datasets_from_function`).
+    """The PAWS pre-training input: a `PretrainInput`, whose `dataset_fn`
+    (for `distribute_datasets_from_function`) yields its elements.
 
     Sizes are global (users of the official code were misled by per-GPU
     values); per-replica sizes are derived: each replica samples K =
     classes_per_step / R classes if `unique_classes_per_replica` (ImageNet:
     960 = 15 x 64 GPUs), else all replicas sample the same K =
-    classes_per_step classes, each with its own images. The elements of
-    its pipelines are `PretrainInput`'s.
+    classes_per_step classes, each with its own images.
 
     Args:
         unlabeled: `sources.ImageSource` (exact resume) or
@@ -291,10 +291,6 @@ def make_pretrain_dataset_fn(
         deterministic: tf.data determinism of the unlabeled stream; False
             only for throughput runs (it breaks exact resume).
         normalization: the run's `(mean, std)`, or None (`multicrop`'s).
-
-    Returns:
-        `PretrainInput`; its `dataset_fn` takes a
-        `tf.distribute.InputContext` (None: one pipeline).
 
     Raises:
         ValueError: sizes that do not divide or do not fit the data (see

@@ -4,6 +4,7 @@ import numpy as np
 import tensorflow as tf
 
 from paws_tf import checks
+from paws_tf.data import sources
 
 # Tags that keep the random streams derived from one user seed apart.
 UNLABELED_ORDER = 1
@@ -168,8 +169,7 @@ class SupportSampler:
             columns, class-major (rows k*n:(k+1)*n belong to slot k).
         """
         if self._tensors is None:
-            with tf.init_scope(), tf.device('CPU:0'):
-                self._tensors = tuple(tf.constant(a) for a in self._arrays)
+            self._tensors = tuple(map(sources.eager_constant, self._arrays))
         table, counts, class_ids = self._tensors
         k, n = self.classes_per_replica, self.images_per_class
         step = tf.cast(step, tf.int64)

@@ -15,7 +15,7 @@ FASHION_MNIST_CLASS_NAMES = (
     'Sneaker', 'Bag', 'Ankle boot')
 
 
-def _eager_constant(array):
+def eager_constant(array):
     """A CPU tensor built outside any trace: graphs capture it by handle,
     where a NumPy array captured by `Dataset.map` is embedded as a constant
     (150 MB for CIFAR-10)."""
@@ -56,7 +56,7 @@ class _Store:
 
     def read(self, row):
         if self._tensor is None:
-            self._tensor = _eager_constant(self.items)
+            self._tensor = eager_constant(self.items)
         item = tf.gather(self._tensor, row)
         if self.items.dtype == np.uint8:
             return item  # [H, W, C]
@@ -100,7 +100,7 @@ class ImageSource:
         """Image `position` (an int tensor) as uint8 [H, W, C]; traceable
         (call it inside `tf.data.Dataset.map`)."""
         if self._rows_tensor is None:
-            self._rows_tensor = _eager_constant(self._rows)
+            self._rows_tensor = eager_constant(self._rows)
         return self._store.read(tf.gather(self._rows_tensor, position))
 
     def subset(self, positions, labels=None, class_names=None):
