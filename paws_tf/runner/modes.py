@@ -64,17 +64,17 @@ class MissingLabeledFolder(checks.DataError):
     """A mode that reads the labeled images finds no labeled folder."""
 
 
-def load_labeled_data(run, what, *, trained=True):
-    """The run's data (`experiment.load_data`), for `what` that reads its
-    labeled images: a `trained` run's, checked against its records and
-    writing none, else recorded in `run`. Raises `MissingLabeledFolder`
-    naming the binding and `what` when the config's labeled folder does
-    not exist."""
+def load_labeled_data(run, what, *, trained=True, takes=None):
+    """The run's data (`experiment.load_data`, which checks the images'
+    channels against `takes`), for `what` that reads its labeled images: a
+    `trained` run's, checked against its records and writing none, else
+    recorded in `run`. Raises `MissingLabeledFolder` naming the binding
+    and `what` when the config's labeled folder does not exist."""
     try:
         config_checks.check_labeled_folder(what)
     except ValueError as error:
         raise MissingLabeledFolder(str(error)) from None
-    return experiment.load_data(run, trained=trained)
+    return experiment.load_data(run, trained=trained, takes=takes)
 
 
 def evaluate_existing(run, strategy, embedder):
@@ -281,11 +281,11 @@ def _export_or_evaluate(run, strategy, options, *, evaluates):
 
 def _fine_tune(run, strategy, options):
     imported = official_import.check_mode(run, options.mode, backbone=True)
-    if imported:
-        official_import.check_preprocessing(run)
+    takes = official_import.check_preprocessing(run) if imported else None
     # An imported backbone's record is read whole before any image is.
     model = vit_import.imported_embedder(run, strategy)
-    bundle = load_labeled_data(run, 'fine-tuning trains on them')
+    bundle = load_labeled_data(run, 'fine-tuning trains on them',
+                               takes=takes)
     preprocessing = experiment.eval_preprocessing(bundle)
     if model is None:
         model, _ = load_trained_model(run, strategy, imported=imported)

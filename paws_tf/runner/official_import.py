@@ -277,38 +277,43 @@ def import_official(run, path, *, strategy, overwrite=False,
 
 
 def check_preprocessing(run):
-    """Refuses fine-tuning the import in `run` with a config whose folder
-    source decodes other channels, or whose `load_data.normalization` is
-    another than its export records (what its weights were trained on),
-    before any image is read. The channels of another source are those of
-    the normalisation, which `experiment.load_data` checks on its images.
+    """Refuses fine-tuning the import in `run` with a config whose source
+    decodes other channels (`experiment.check_channels`), or whose
+    `load_data.normalization` is another than its export records (what its
+    weights were trained on), before any image is read; both wrong, one
+    message names both bindings.
+
+    Returns:
+        `(channels, model)`, `experiment.load_data`'s `takes`: the images
+        of a source without a `channels` argument are checked once read.
 
     Raises:
         checks.ConfigError: naming the record and the binding.
     """
     recorded = export.read_preprocessing(run.embedder)
     where = os.path.join(run.embedder, export.PREPROCESSING_FILENAME)
-    folder = experiment.folder_source()
-    if folder is not None:
-        channels, name = folder.arguments()['channels']
-        if channels != recorded['channels']:
-            raise checks.ConfigError(
-                f'{where} records {recorded["channels"]}-channel images, '
-                f'which the model imported into {run} takes; the config '
-                f'decodes {channels}: bind {name} = {recorded["channels"]}.')
     spec, name = bindings.arguments(experiment.load_data)['normalization']
     values = recorded['mean'], recorded['std']
     given = normalization.normalization(spec)
     if (isinstance(given, tuple) and len(given[0]) == len(values[0])
             and np.allclose(given, values, rtol=1e-6)):
-        return
-    preset = next((f"'{preset}'" for preset, (mean, std) in
-                   augment.NORMALIZATIONS.items()
-                   if np.allclose((mean, std), values, rtol=1e-6)), values)
-    raise checks.ConfigError(
-        f'{where} records the normalisation the model imported into {run} '
-        f'was trained with (mean {values[0]}, std {values[1]}), not {name} '
-        f'= {spec!r}: bind {name} = {preset}.')
+        fix = ''
+    else:
+        fix = f'{name} = ' + next((
+            f"'{preset}'" for preset, (mean, std) in
+            augment.NORMALIZATIONS.items()
+            if np.allclose((mean, std), values, rtol=1e-6)), str(values))
+    experiment.check_channels(
+        recorded['channels'], f'The model imported into {run} ({where})',
+        also=fix and f'{fix} (the normalisation it was trained with)')
+    if fix:
+        decode = (isinstance(given, tuple) and len(given[0]) != len(
+            values[0])) * f' and decode the images to {len(values[0])}'
+        raise checks.ConfigError(
+            f'{where} records the normalisation the model imported into '
+            f'{run} was trained with (mean {values[0]}, std {values[1]}), '
+            f'not {name} = {spec!r}: bind {fix}{decode}.')
+    return recorded['channels'], f'The model imported into {run}'
 
 
 def backbone_only(run, record, needs):
