@@ -352,3 +352,28 @@ def test_the_source_runs_architecture_is_compared_by_value(tmp_path):
         'vit.position_interpolation = %INTERPOLATION']).endswith(
             "replace vit.position_interpolation = 'timm' -> "
             "vit.position_interpolation = 'dino'.")
+
+
+@pytest.mark.parametrize('part', ['backbone', 'model'])
+def test_an_imported_fine_tuned_classifier_is_refused_saying_what_it_is(
+        tmp_path, part):
+    """A fine-tuned import (imported.json of kind 'fine_tuned', its
+    SavedModel under fine_tuned/) named by train.pretrained_model or
+    train.pretrained_backbone, as its directory or its fine_tuned/ export,
+    is refused before any read with what it is and what is needed: a
+    pre-trained checkpoint's import. Caught: without the refusal, the read
+    of this one ended in 'No TF checkpoint at ...: expected a checkpoint
+    prefix', which says nothing of the import."""
+    imported = tmp_path / 'fine_tuned_import'
+    (imported / 'export' / 'fine_tuned' / 'variables').mkdir(parents=True)
+    (imported / 'imported.json').write_text(
+        '{"kind": "fine_tuned", "source": "ft.pth.tar"}')
+    for path in (imported, imported / 'export' / 'fine_tuned'):
+        with debug_gin.parsed():
+            with pytest.raises(ValueError, match=(
+                    f"^{imported} holds the fine-tuned classifier imported "
+                    r'from ft.pth.tar \(its SavedModel is .*\): '
+                    f"train.pretrained_{part} = '{path}' needs a pre-trained "
+                    'checkpoint')):
+                start.check_pretrained(tmp_path / 'run', **{
+                    part: (str(path), f'train.pretrained_{part}')})

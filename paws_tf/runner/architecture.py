@@ -34,13 +34,17 @@ def refuse_another(path, name, part):
     import record's bindings, or the architecture bindings of the source
     run's config (`_differences`; a binding that changes no variable,
     such as `vit.position_interpolation`, fails no read). Refuses an
-    imported backbone as the `part` 'model'."""
+    imported backbone as the `part` 'model', and an imported fine-tuned
+    classifier (a SavedModel alone) as either."""
     source = owner(path)
     if source is None:
         return
     record = source.read_json(source.imported)
     if record is None:
         recorded, configured = _differences(source)
+    elif record['kind'] == official_import.FINE_TUNED:
+        raise checks.ConfigError(official_import.fine_tuned_only(
+            source, record, f'{name} = {path!r}'))
     elif record['kind'] != official_import.BACKBONE:
         return
     elif part == MODEL:
