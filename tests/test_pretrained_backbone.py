@@ -377,3 +377,26 @@ def test_an_imported_fine_tuned_classifier_is_refused_saying_what_it_is(
                     'checkpoint')):
                 start.check_pretrained(tmp_path / 'run', **{
                     part: (str(path), f'train.pretrained_{part}')})
+
+
+def test_the_source_runs_head_activation_is_compared_for_a_model(tmp_path):
+    """A run whose projection head used GELU (`ProjectionHead.activation`,
+    which makes no variable) given as train.pretrained_model to a config of
+    ReLU heads is refused before any read, naming both lines and the edit;
+    as train.pretrained_backbone (fresh heads) it is accepted. Caught: the
+    heads were not compared, and the model's weights were read into heads
+    that compute another function."""
+    source = tmp_path / 'earlier'
+    source.mkdir()
+    with debug_gin.parsed(["ProjectionHead.activation = 'gelu'"]):
+        (source / 'config.gin').write_text(gin.config_str())
+    with debug_gin.parsed():
+        with pytest.raises(ValueError, match=(
+                "does not fit the configured model: .* was built with "
+                "ProjectionHead.activation = 'gelu'; this config builds "
+                "ProjectionHead.activation = 'relu'. .*: add "
+                "ProjectionHead.activation = 'gelu'.")):
+            architecture.refuse_another(str(source), 'train.pretrained_model',
+                                        architecture.MODEL)
+        architecture.refuse_another(str(source), 'train.pretrained_backbone',
+                                    architecture.BACKBONE)

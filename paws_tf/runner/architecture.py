@@ -7,8 +7,10 @@ import gin
 
 from paws_tf import bindings
 from paws_tf import checks
+from paws_tf import model as model_lib
 from paws_tf import run_dir
 from paws_tf.nets import backbones
+from paws_tf.nets import heads
 from paws_tf.runner import official_import
 from paws_tf.runner import vit_import
 
@@ -41,7 +43,7 @@ def refuse_another(path, name, part):
         return
     record = source.read_json(source.imported)
     if record is None:
-        recorded, configured = _differences(source)
+        recorded, configured = _differences(source, part)
     elif record['kind'] == official_import.FINE_TUNED:
         raise checks.ConfigError(official_import.fine_tuned_only(
             source, record, f'{name} = {path!r}'))
@@ -62,33 +64,37 @@ def refuse_another(path, name, part):
         f'{_edits(recorded, configured)}.')
 
 
-def _differences(source):
+def _differences(source, part):
     """`(recorded, configured)` binding lines where the run `source` was
     built otherwise than this config builds, compared by value:
     `build_backbone.name`, then the named family's architecture arguments
-    (`nets.Family.architecture`; a parameter left out is at its
-    default)."""
+    (`nets.Family.architecture`; a parameter left out is at its default),
+    and for the `part` 'model' the sizes and activation of the heads it
+    builds (the activation makes no variable, so no read would refuse
+    it)."""
     with open(source.config) as f:
         text = f.read()
-
-    def values(configurable):
-        """(the source's, this config's) values of `configurable`."""
-        return bindings.saved_arguments(text, configurable), {
-            key: value for key, (value, _) in
-            bindings.arguments(configurable).items()}
-
-    configurable, keys = backbones.build_backbone, ['name']
-    theirs, ours = values(configurable)
-    if (theirs.get('name') == ours['name']
-            and ours['name'] in backbones.FAMILIES):
-        family = backbones.FAMILIES[ours['name']]
-        configurable, keys = family.configurable, family.architecture()
-        theirs, ours = values(configurable)
-    differ = [key for key in keys if key in theirs
-              and _comparable(theirs[key]) != _comparable(ours[key])]
-    prefix = bindings.gin_name(configurable)
-    return ([f'{prefix}.{key} = {theirs[key]!r}' for key in differ],
-            [f'{prefix}.{key} = {ours[key]!r}' for key in differ])
+    compared = [(backbones.build_backbone, ['name'])]
+    name = bindings.arguments(backbones.build_backbone)['name'][0]
+    if (bindings.saved_arguments(text, backbones.build_backbone).get('name')
+            == name and name in backbones.FAMILIES):
+        family = backbones.FAMILIES[name]
+        compared = [(family.configurable, family.architecture())]
+    if part == MODEL:
+        built = [heads.ProjectionHead] + [heads.PredictionHead] * bool(
+            bindings.arguments(model_lib.build_model)['prediction_head'][0])
+        compared += [(head, [*head.SIZES, 'activation']) for head in built]
+    recorded, configured = [], []
+    for configurable, keys in compared:
+        theirs = bindings.saved_arguments(text, configurable)
+        ours = bindings.arguments(configurable)
+        prefix = bindings.gin_name(configurable)
+        for key in keys:
+            if key in theirs and (_comparable(theirs[key])
+                                  != _comparable(ours[key][0])):
+                recorded.append(f'{prefix}.{key} = {theirs[key]!r}')
+                configured.append(f'{prefix}.{key} = {ours[key][0]!r}')
+    return recorded, configured
 
 
 def _comparable(value):
