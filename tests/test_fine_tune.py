@@ -570,3 +570,23 @@ def test_suncet_images_per_class_the_replicas_do_not_divide_is_named():
             images_per_class=3, views=1, flip=False, num_replicas=2,
             image_size=SIZE, crop_fraction=1.0, mean=(0.0,) * 3,
             std=(1.0,) * 3, seed=0)
+
+
+def test_fine_tuning_views_are_traced_once_per_setting():
+    """The fine-tuning views of one setting run one traced
+    `augment.view_function`, however many pipelines and fine-tunings take
+    them (each trace is seconds of start-up). Caught: `views_dataset_fn`
+    calling `augment.make_view` inline (the cached function never traced,
+    every pipeline tracing its own)."""
+    # In `view_function`'s order: its cache is keyed by the order too.
+    setting = dict(size=SIZE, scale=(0.5, 1.0), mean=(0.5,) * 3,
+                   std=(0.25,) * 3, color_strength=0.3, blur_prob=0.0)
+    for seed in (0, 1):
+        dataset_fn = tuning.views_dataset_fn(
+            clustered(2, 4, seed=0), 4, 2, seed, (7, 8),
+            **dict(setting, scale=list(setting['scale'])))
+        for replica in range(2):
+            next(iter(dataset_fn(tf.distribute.InputContext(
+                2, replica, 2))))
+    view = augment.view_function(**setting, distortion='simclr')
+    assert view.experimental_get_tracing_count() == 1
