@@ -84,24 +84,12 @@ def numpy_state(path, state, entry):
     return arrays
 
 
-def read_checkpoint(path, checkpoint=None):
-    """The encoder state dict and epoch of an official `.pth.tar` file
-    (what suncet `paws_train.py` and `fine_tune.py` save).
-
-    Args:
-        path: the file.
-        checkpoint: its contents when already read (`load_file`).
-
-    Returns:
-        `(state, epoch)`: `{name: NumPy array}` without the DDP `module.`
-        prefix, and the stored epoch (None when absent).
-
-    Raises:
-        ImportFailed: PyTorch is not installed, or the file is missing,
-            truncated or not such a checkpoint.
-    """
-    if checkpoint is None:
-        checkpoint = load_file(path)
+def read_checkpoint(path, checkpoint):
+    """`(state, epoch)` of the official `.pth.tar` file `path` (what suncet
+    `paws_train.py` and `fine_tune.py` save) whose contents (`load_file`)
+    are `checkpoint`: its encoder's `{name: NumPy array}` without the DDP
+    `module.` prefix, and its epoch (None when absent); ImportFailed when
+    it is not such a checkpoint."""
     encoder = checkpoint.get('encoder') if isinstance(checkpoint,
                                                       dict) else None
     if not isinstance(encoder, dict) or not encoder:
@@ -232,8 +220,7 @@ def write_first_checkpoint(run, **objects):
     ).save(checkpoint_number=0)
 
 
-def import_official(run, path, *, strategy, overwrite=False,
-                    checkpoint=None):
+def import_official(run, path, checkpoint, *, strategy, overwrite=False):
     """Writes an official checkpoint into `run` as a paws_tf run.
 
     Pre-trained: a checkpoint of the gin-configured `PAWSModel`, which the
@@ -244,9 +231,9 @@ def import_official(run, path, *, strategy, overwrite=False,
 
     Args:
         run, path: the `RunDir` to create, the official file.
+        checkpoint: the file's contents (`load_file`).
         strategy: the `tf.distribute.Strategy` to build in.
         overwrite: replace an earlier import or run in `run`.
-        checkpoint: the file's contents when already read (`load_file`).
 
     Returns:
         The import record (dict).
