@@ -427,30 +427,29 @@ def test_fine_tuning_an_import_on_grayscale_says_both_fixes_once(tmp_path):
     the user sent between two messages."""
     run = _recorded_import(tmp_path / 'imported')
     before = _files(tmp_path)
-    grayscale = ['train/synthetic_source.channels = 1',
-                 'load_data.normalization = ((0.5,), (0.25,))']
-    with _config('debug.gin', grayscale):
-        with pytest.raises(checks.ConfigError) as refused:
-            modes.run(run.path, _strategy(), 'fine_tune')
-    assert refused.value.EXIT_CODE == os.EX_CONFIG
-    assert ('bind train/synthetic_source.channels = 3 (the images are '
-            "decoded to that) and load_data.normalization = 'imagenet'"
-            in str(refused.value)), str(refused.value)
-    assert _files(tmp_path) == before
+    subset = ['load_data.train = @train/class_subset',
+              'train/class_subset.source = @train/synthetic_source',
+              'train/class_subset.classes = [0, 1, 2, 3]']
+    for bindings, error, message in (
+            (['load_data.normalization = ((0.5,), (0.25,))'],
+             checks.ConfigError,
+             'bind train/synthetic_source.channels = 3 (the images are '
+             "decoded to that) and load_data.normalization = 'imagenet'"),
+            (subset + ["load_data.normalization = 'imagenet'"],
+             checks.DataError,
+             'takes 3-channel images, but load_data.train gives 1-channel '
+             'ones: bind it to a source of 3-channel images, keeping '
+             "load_data.normalization = 'imagenet'")):
+        with _config('debug.gin', ['train/synthetic_source.channels = 1']
+                     + bindings):
+            with pytest.raises(error) as refused:
+                modes.run(run.path, _strategy(), 'fine_tune')
+        assert refused.value.EXIT_CODE == error.EXIT_CODE
+        assert message in str(refused.value), str(refused.value)
+        assert _files(tmp_path) == before
+    assert (checks.ConfigError.EXIT_CODE, checks.DataError.EXIT_CODE) == (
+        os.EX_CONFIG, os.EX_DATAERR)
     with _config('debug.gin', ['train/synthetic_source.channels = 3',
                                "load_data.normalization = 'imagenet'"]):
         assert official_import.check_preprocessing(run) == (
             3, f'The model imported into {run}')
-    subset = ['load_data.train = @train/class_subset',
-              'train/class_subset.source = @train/synthetic_source',
-              'train/class_subset.classes = [0, 1, 2, 3]',
-              'train/synthetic_source.channels = 1',
-              "load_data.normalization = 'imagenet'"]
-    with _config('debug.gin', subset):
-        with pytest.raises(checks.DataError) as refused:
-            modes.run(run.path, _strategy(), 'fine_tune')
-    assert refused.value.EXIT_CODE == os.EX_DATAERR
-    assert ('takes 3-channel images, but load_data.train gives 1-channel '
-            "ones: bind it to a source of 3-channel images, keeping "
-            "load_data.normalization = 'imagenet'" in str(refused.value))
-    assert _files(tmp_path) == before
