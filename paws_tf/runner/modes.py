@@ -38,22 +38,12 @@ def _float32_model(run, strategy, *, local, imported):
 
 
 def load_trained_model(run, strategy, *, local=False, imported=False):
-    """The run's model restored from its newest checkpoint that restores,
-    from the gin config and the run directory alone.
-
-    Args:
-        run, strategy: the run's `RunDir`, the running strategy.
-        local: plain variables outside the strategy, for what one process
-            does alone (export, PAWS-NN); else in its scope (fine-tuning).
-        imported: the run holds imported official weights (RGB).
-
-    Returns:
-        `(model, step)`: the `PAWSModel` and the checkpoint's global step.
-
-    Raises:
-        FileNotFoundError: the run has no checkpoint yet.
-        checkpoints.NoneRestorable: none of its checkpoints restores.
-    """
+    """`(model, step)`: the `PAWSModel` of the `RunDir` `run` restored from
+    its newest checkpoint that restores, and that checkpoint's step; in
+    plain variables (`local`: what one process does alone, export and
+    PAWS-NN) or in `strategy`'s scope (fine-tuning); RGB when `imported`.
+    Raises FileNotFoundError (no checkpoint yet) or
+    `checkpoints.NoneRestorable`."""
     model = _float32_model(run, strategy, local=local,
                            imported=imported)
     with contextlib.nullcontext() if local else strategy.scope():
@@ -78,18 +68,12 @@ def load_labeled_data(run, what, *, trained=True, takes=None):
 
 
 def evaluate_existing(run, strategy, embedder):
-    """PAWS-NN of the existing model whose embedder export is `embedder`
-    (`config_checks.existing_model`) on the config's labeled and test
-    data, with the preprocessing recorded in its export, into `run`,
-    where its PAWS-NN classifier of these classes is exported too
-    (`RunDir.classifier`). The chief's work; the other workers wait.
-    Returns the PAWS-NN results on the chief (`config_checks.check_config`
-    checked the folders' channels against the model's).
-
-    Raises:
-        checks.DataError: the labeled images have other channels than the
-            model takes.
-    """
+    """PAWS-NN, on the chief, of the existing model whose embedder export
+    is `embedder` (`config_checks.existing_model`) on the config's data,
+    with the preprocessing its export records, into `run` with its PAWS-NN
+    classifier of these classes (`RunDir.classifier`); returns the results
+    on the chief. Raises `checks.DataError` for labeled images of other
+    channels than the model takes."""
     results = None
     if cluster.is_chief(strategy):
         stored = export.read_preprocessing(embedder)
