@@ -100,9 +100,8 @@ def load_data(run, *, trained=False, takes=None, train=gin.REQUIRED, test=None,
         trained: `run` holds a trained run, whose records are read and
             never written: other classes, another labeled split
             (`records.check`) or normalisation than recorded are refused.
-        takes: `(channels, model)`: the channels the model (a description)
-            takes; labeled images of others are refused before anything
-            is recorded or normalised.
+        takes: `(channels, model)`: labeled images of other channels than
+            the model (described) takes are refused, first.
         train: zero-argument callable (gin: `@train/load_idx`) returning a
             labeled `ImageSource` that `splits.select_labeled` splits, or a
             `(labeled, unlabeled)` pair (`image_folders`).
@@ -134,13 +133,8 @@ def load_data(run, *, trained=False, takes=None, train=gin.REQUIRED, test=None,
     checks.one_of('load_data.normalization_from', normalization_from,
                   ('labeled', 'unlabeled'))
     loaded = train()
-    channels = (loaded[0] if isinstance(loaded, tuple) else loaded).channels
-    if takes is not None and channels != takes[0]:
-        raise checks.DataError(
-            f'{takes[1]} takes {takes[0]}-channel images, but load_data.train'
-            f'{_folder("train")} gives {channels}-channel ones: bind it to a '
-            f'source of {takes[0]}-channel images, keeping '
-            f'load_data.normalization = {normalization!r}.')
+    _check_taken(loaded[0] if isinstance(loaded, tuple) else loaded, takes,
+                 normalization)
     labeled, unlabeled_source = _split(loaded, None if trained else run)
     if trained:
         records.check(run, labeled)
@@ -155,6 +149,18 @@ def load_data(run, *, trained=False, takes=None, train=gin.REQUIRED, test=None,
         max_images=normalization_images, seed=seed,
         description=normalization_from, writes=not trained)
     return DataBundle(labeled, unlabeled, test_source, normalization)
+
+
+def _check_taken(labeled, takes, normalization):
+    """Raises `checks.DataError` when the `labeled` images are not of the
+    channels that `takes` (`load_data`'s, None: any) names, naming the
+    normalisation to keep."""
+    if takes is not None and labeled.channels != takes[0]:
+        raise checks.DataError(
+            f'{takes[1]} takes {takes[0]}-channel images, but load_data.train'
+            f'{_folder("train")} gives {labeled.channels}-channel ones: bind '
+            f'it to a source of {takes[0]}-channel images, keeping '
+            f'load_data.normalization = {normalization!r}.')
 
 
 def _split(loaded, run):
