@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from paws_tf import run_dir
 from paws_tf.nets import backbones
 from paws_tf.runner import architecture
 from paws_tf.runner import building
@@ -145,12 +146,13 @@ def test_the_check_of_a_source_of_unknown_channels(tmp_path, channels):
         bound = (str(path), 'train.pretrained_backbone')
         with debug_gin.parsed():
             if fits:
-                start.check_pretrained(tmp_path / 'run', bound)
+                start.check_pretrained(run_dir.RunDir(tmp_path / 'run'), bound)
             else:
                 with pytest.raises(ValueError, match=(
                         "train.pretrained_backbone = '.*' does not fit the "
                         'configured backbone')):
-                    start.check_pretrained(tmp_path / 'run', bound)
+                    start.check_pretrained(
+                        run_dir.RunDir(tmp_path / 'run'), bound)
 
 
 @pytest.fixture(scope='module')
@@ -270,7 +272,7 @@ def test_a_path_that_does_not_exist_says_so(tmp_path, part):
         with pytest.raises(ValueError, match=(
                 f"^train.pretrained_{part} = '{typo}' does not exist: bind "
                 'it to a run directory or a checkpoint')):
-            start.check_pretrained(tmp_path / 'run', **{
+            start.check_pretrained(run_dir.RunDir(tmp_path / 'run'), **{
                 part: (str(typo), f'train.pretrained_{part}')})
 
 
@@ -296,7 +298,7 @@ def test_a_run_of_other_batch_norm_settings_is_read(tmp_path):
         "build_backbone.sync_bn_impl = 'keras'"]) + '\n')
     for part in ('backbone', 'model'):
         with debug_gin.parsed():
-            read = start.check_pretrained(tmp_path / 'run', **{
+            read = start.check_pretrained(run_dir.RunDir(tmp_path / 'run'), **{
                 part: (str(source), f'train.pretrained_{part}')})
         assert read.part == part
     with debug_gin.parsed(['small_resnet.stem_stride = 2']):
@@ -306,7 +308,7 @@ def test_a_run_of_other_batch_norm_settings_is_read(tmp_path):
                 r'small_resnet.stem_stride = 2. .*: replace '
                 'small_resnet.stem_stride = 2 -> small_resnet.stem_stride = '
                 '1.')):
-            start.check_pretrained(tmp_path / 'run', (
+            start.check_pretrained(run_dir.RunDir(tmp_path / 'run'), (
                 str(source), 'train.pretrained_backbone'))
 
 
@@ -375,7 +377,7 @@ def test_an_imported_fine_tuned_classifier_is_refused_saying_what_it_is(
                     r'from ft.pth.tar \(its SavedModel is .*\): '
                     f"train.pretrained_{part} = '{path}' needs a pre-trained "
                     'checkpoint')):
-                start.check_pretrained(tmp_path / 'run', **{
+                start.check_pretrained(run_dir.RunDir(tmp_path / 'run'), **{
                     part: (str(path), f'train.pretrained_{part}')})
 
 
