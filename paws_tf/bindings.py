@@ -17,19 +17,6 @@ def _through_macros(value, name):
     return value, name
 
 
-def binding(selector, default=None):
-    """`(value, name)` of the gin parameter `selector`
-    (`'scope/configurable.parameter'`), `default` when unbound: `name` is
-    the last macro the value came through (what a user rebinds), else
-    `selector`."""
-    name = selector
-    try:
-        value = gin.query_parameter(selector)
-    except ValueError:
-        return default, name
-    return _through_macros(value, name)
-
-
 def gin_name(configurable):
     """The name gin knows `configurable` (a decorated function or class)
     by: what a binding of it starts with."""
@@ -64,11 +51,6 @@ def is_bound(configurable, parameter):
     """Whether the config binds `parameter` of `configurable` (unscoped)."""
     return parameter in gin.get_bindings(configurable,
                                          resolve_references=False)
-
-
-def bound(selector, default=None):
-    """The value of `binding(selector, default)`."""
-    return binding(selector, default)[0]
 
 
 def reference(configurable, parameter, scope=None):

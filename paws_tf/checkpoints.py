@@ -107,15 +107,17 @@ def damage(prefix):
     return None
 
 
-def backup_step(model_dir):
-    """The global step of the newest backup of `model_dir`, 0 if none."""
-    backups = all_checkpoints(run_dir_lib.RunDir(model_dir).chief_backup)
+def backup_step(run):
+    """The global step of the newest backup of the `RunDir` `run`, 0 if
+    none."""
+    backups = all_checkpoints(run.chief_backup)
     return backups[0][1] if backups else 0
 
 
-def has_progress(model_dir):
-    """Whether `model_dir` holds a backup or a checkpoint to resume from."""
-    return bool(_saved(run_dir_lib.RunDir(model_dir)))
+def has_progress(run):
+    """Whether the `RunDir` `run` holds a backup or a checkpoint to resume
+    from."""
+    return bool(_saved(run))
 
 
 def _saved(run):
@@ -127,14 +129,14 @@ def _saved(run):
     return sorted(found, key=lambda found: -found[1])
 
 
-def newest_restorable(model_dir, *, backups=True, chief=True):
-    """`(path, step)` of the newest backup or checkpoint of `model_dir` that
+def newest_restorable(run, *, backups=True, chief=True):
+    """`(path, step)` of the newest backup or checkpoint of `run` that
     can be restored, `(None, 0)` when nothing is saved. One that cannot is
     skipped with a warning; when no backup restores, the chief moves the
     backup directory into `damaged/`, so that it is not tried again.
 
     Args:
-        model_dir: the run directory.
+        run: the `RunDir`.
         backups: consider the backup too (resuming); else checkpoints only
             (evaluation and export read what outlives the run).
         chief: this process may move files (the chief of a cluster).
@@ -142,7 +144,6 @@ def newest_restorable(model_dir, *, backups=True, chief=True):
     Raises:
         NoneRestorable: things were saved and none restores.
     """
-    run = run_dir_lib.RunDir(model_dir)
     tried = []  # 'the backup <path>: <why it cannot be restored>', ...
     for path, step, kind in _saved(run):
         if kind == BACKUP and not backups:
@@ -234,11 +235,11 @@ def _model_only(model):
                                   children.items() if name != 'optimizer'})
 
 
-def load_newest(model_dir, model):
-    """Restores the model of the newest restorable checkpoint of
-    `model_dir` and returns its step."""
-    path, step = newest_restorable(model_dir, backups=False)
-    load(path or run_dir_lib.RunDir(model_dir).checkpoints, model)
+def load_newest(run, model):
+    """Restores the model of the newest restorable checkpoint of the
+    `RunDir` `run` and returns its step."""
+    path, step = newest_restorable(run, backups=False)
+    load(path or run.checkpoints, model)
     return step
 
 
@@ -294,17 +295,17 @@ class RunState:
     `cluster.save_dir`).
 
     Args:
-        model_dir: the run directory.
+        run: the `RunDir`.
         model: the compiled, built model; its optimizer is saved with it.
         strategy: the running `tf.distribute.Strategy`.
-        keep_checkpoints: checkpoints kept in `model_dir/checkpoints`.
+        keep_checkpoints: checkpoints kept in `run.checkpoints`.
         before_save: called before every save; raises when this run no
-            longer owns `model_dir` (`run_lock.RunLock.check`).
+            longer owns `run` (`run_lock.RunLock.check`).
     """
 
-    def __init__(self, model_dir, model, strategy, *, keep_checkpoints,
+    def __init__(self, run, model, strategy, *, keep_checkpoints,
                  before_save=None):
-        run = self._run = run_dir_lib.RunDir(model_dir)
+        self._run = run
         self.model = model
         self.checkpoint_dir = run.checkpoints
         self.backup_dir = run.backup

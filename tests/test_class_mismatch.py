@@ -14,6 +14,7 @@ import pytest
 
 from paws_tf import bindings
 from paws_tf import configurables  # noqa: F401  (registers configurables)
+from paws_tf import model
 from paws_tf.data import sources
 from paws_tf import run_dir
 from paws_tf.runner import experiment
@@ -78,7 +79,7 @@ def test_known_classes_are_labeled_and_tested(clean_gin, fake_fashion_mnist,
     want = [TRAIN_PER_CLASS] * 6 + [TRAIN_PER_CLASS if unlabeled_count ==
                                     10 * TRAIN_PER_CLASS else 0] * 4
     np.testing.assert_array_equal(held, want)
-    assert bindings.bound('PAWSModel.objective', 'paws') == (
+    assert bindings.arguments(model.PAWSModel)['objective'][0] == (
         'ropaws' if 'ropaws' in name else 'paws')
 
 

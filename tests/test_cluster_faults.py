@@ -9,6 +9,7 @@ import time
 import pytest
 
 from paws_tf import checkpoints
+from paws_tf import run_dir
 from paws_tf import cluster as cluster_lib
 from tests.helpers import cluster
 from tests.helpers import run_py
@@ -68,7 +69,7 @@ def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
     assert 'In call to configurable' not in output
     assert '/job:worker/replica:0/task:1' in output, output[-3000:]
     assert 'Free space' not in output
-    path, stopped_at = checkpoints.newest_restorable(str(tmp_path))
+    path, stopped_at = checkpoints.newest_restorable(run_dir.RunDir(tmp_path))
     assert 4 <= stopped_at < 16
     assert path.startswith(backup_dir + os.sep)  # The backup's.
     assert 'the run resumes from' in output

@@ -47,13 +47,13 @@ def test_the_whole_workflow_through_run_py(tmp_path):
     # 1. Train, preempted after its first backup, then resumed.
     proc = run_py(tmp_path, 'train', wait=False)
     deadline = time.time() + 600
-    while checkpoints.backup_step(tmp_path) < 4:
+    while checkpoints.backup_step(run_dir.RunDir(tmp_path)) < 4:
         assert proc.poll() is None and time.time() < deadline
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=600)
     assert proc.returncode == 143
-    resumed_from = checkpoints.backup_step(tmp_path)
+    resumed_from = checkpoints.backup_step(run_dir.RunDir(tmp_path))
     output = run_py(tmp_path, 'train')
     assert f'Training steps {resumed_from}..32' in output
     assert checkpoints.latest(

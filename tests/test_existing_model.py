@@ -28,6 +28,7 @@ torch = pytest.importorskip('torch')
 
 from paws_tf import checkpoints  # noqa: E402
 from paws_tf import lars  # noqa: E402
+from paws_tf import run_dir  # noqa: E402
 from paws_tf import schedules  # noqa: E402
 from paws_tf.runner import building  # noqa: E402
 from paws_tf.runner import start  # noqa: E402
@@ -208,7 +209,8 @@ def test_paws_starts_from_an_import(imported):
     with _config(WRN_CONFIG, SYNTHETIC_BINDINGS + (
             f"train.pretrained_model = '{source}'",)):
         pretrained = start.check_pretrained(
-            imported / 'new', model=(source, 'train.pretrained_model'))
+            run_dir.RunDir(imported / 'new'),
+            model=(source, 'train.pretrained_model'))
         model = building.build_compiled_model(
             tf.distribute.get_strategy(), input_channels=3,
             steps_per_epoch=1, num_epochs=600, optimizer_cls=lars.LARS,

@@ -14,6 +14,7 @@ import tf_keras
 from tests.helpers import failing_saves
 from tests.helpers import run_py
 from paws_tf import checkpoints
+from paws_tf import run_dir
 
 HELPER = pathlib.Path(failing_saves.__file__)
 
@@ -41,7 +42,7 @@ def test_a_failing_save_loses_nothing_and_the_rerun_resumes(
     backup_dir = tmp_path / 'backup'
     path, step = checkpoints.latest(str(checkpoint_dir))
     assert step == kept_checkpoint and checkpoints.damage(path) is None
-    assert checkpoints.backup_step(tmp_path) == kept_backup
+    assert checkpoints.backup_step(run_dir.RunDir(tmp_path)) == kept_backup
     assert checkpoints.damage(
         tf.train.latest_checkpoint(str(backup_dir / 'chief'))) is None
     assert (f'unchanged: the checkpoint {path} (step {step}) and the backup '
@@ -59,7 +60,7 @@ def test_a_checkpoint_write_without_permission_names_path_and_cause(
     model = tf_keras.Model(inputs, tf_keras.layers.Dense(2)(inputs))
     model.compile(optimizer=tf_keras.optimizers.SGD(0.1))
     model.optimizer.build(model.trainable_variables)
-    state = checkpoints.RunState(str(tmp_path), model,
+    state = checkpoints.RunState(run_dir.RunDir(tmp_path), model,
                                  tf.distribute.get_strategy(),
                                  keep_checkpoints=3)
     checkpoint_dir = tmp_path / 'checkpoints'

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import checks
 from paws_tf.data import augment
 from paws_tf.data import sources
 from paws_tf.evaluation import fine_tune
@@ -539,3 +540,53 @@ def test_best_epoch_keeps_the_epoch_of_best_validation_top1(tmp_path):
                 selection='best_epoch', **{'learning_rates': (0.1,),
                                            'epochs': (3,), **kwargs}, **PRE)
         assert not os.path.exists(tmp_path / 'refused')
+
+
+def test_linear_global_batch_the_replicas_do_not_divide_is_named(
+        two_replicas):
+    """fine_tune_linear.global_batch_size = 3 on 2 replicas is refused
+    before any image is read, as a ConfigError naming that binding and a
+    value that works. Caught: the checks.per_replica call dropped from
+    `_checked_classes` (no error: each replica would take 1 of 3)."""
+    with pytest.raises(checks.ConfigError, match=(
+            r'^fine_tune_linear\.global_batch_size=3 is not divisible by '
+            r'the 2 replicas: use a multiple of 2\.$')):
+        linear_fine_tune._checked_classes(
+            clustered(2, 4, seed=0), two_replicas, 3, (0.1,), (1,), 'sweep',
+            None)
+
+
+def test_suncet_images_per_class_the_replicas_do_not_divide_is_named():
+    """fine_tune_suncet.images_per_class = 3 on 2 replicas is refused when
+    the input is built, as a ConfigError naming that binding and a value
+    that works. Caught: the checks.per_replica call replaced by
+    `images_per_class // num_replicas` (no error: 2 of the 3 images a
+    class)."""
+    with pytest.raises(checks.ConfigError, match=(
+            r'^fine_tune_suncet\.images_per_class=3 is not divisible by '
+            r'the 2 replicas: use a multiple of 2\.$')):
+        suncet_fine_tune._suncet_dataset_fn(
+            _identity_source(5, 6), num_steps=1, classes_per_step=2,
+            images_per_class=3, views=1, flip=False, num_replicas=2,
+            image_size=SIZE, crop_fraction=1.0, mean=(0.0,) * 3,
+            std=(1.0,) * 3, seed=0)
+
+
+def test_fine_tuning_views_are_traced_once_per_setting():
+    """The fine-tuning views of one setting run one traced
+    `augment.view_function`, however many pipelines and fine-tunings take
+    them (each trace is seconds of start-up). Caught: `views_dataset_fn`
+    calling `augment.make_view` inline (the cached function never traced,
+    every pipeline tracing its own)."""
+    # In `view_function`'s order: its cache is keyed by the order too.
+    setting = dict(size=SIZE, scale=(0.5, 1.0), mean=(0.5,) * 3,
+                   std=(0.25,) * 3, color_strength=0.3, blur_prob=0.0)
+    for seed in (0, 1):
+        dataset_fn = tuning.views_dataset_fn(
+            clustered(2, 4, seed=0), 4, 2, seed, (7, 8),
+            **dict(setting, scale=list(setting['scale'])))
+        for replica in range(2):
+            next(iter(dataset_fn(tf.distribute.InputContext(
+                2, replica, 2))))
+    view = augment.view_function(**setting, distortion='simclr')
+    assert view.experimental_get_tracing_count() == 1

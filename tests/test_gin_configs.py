@@ -14,8 +14,10 @@ import torch
 
 from paws_tf import bindings
 from paws_tf import configurables
+from paws_tf.evaluation import evaluate_nn
 from paws_tf.evaluation import suncet_fine_tune
 from paws_tf import model as model_lib
+from paws_tf.runner import experiment
 from tests.helpers import official_torch
 from tests.helpers import timm_vit
 
@@ -165,10 +167,12 @@ def test_every_config_parses_and_builds_its_model(clean_gin, path):
         assert gin.query_parameter('PAWSModel.tau') == 0.1
         return
     if path.name == 'existing_model_folders.gin':  # The model's, no own.
-        assert bindings.bound('evaluate_nn.from_model') == 'runs/imported'
+        assert bindings.arguments(evaluate_nn.evaluate_nn)['from_model'][
+            0] == 'runs/imported'
         return
     if path.name == 'import_vit.gin':  # The file's ViT, no own.
-        assert bindings.bound('load_data.normalization') == 'imagenet'
+        assert bindings.arguments(experiment.load_data)['normalization'][
+            0] == 'imagenet'
         return
     model, params = trainable_parameters()
     assert params == PARAMETERS[path.name]()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from paws_tf import checkpoints
+from paws_tf import run_dir
 from tests.helpers import cluster
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -79,7 +80,7 @@ def test_killed_worker_cluster_resumes_from_backup_and_agrees(tmp_path):
     cluster.kill_worker_after_backup(procs, str(tmp_path), 8)
     procs[0].kill()  # ...and the scheduler stops the job to restart it.
     procs[0].wait()
-    stopped_at = checkpoints.backup_step(tmp_path)
+    stopped_at = checkpoints.backup_step(run_dir.RunDir(tmp_path))
     assert 8 <= stopped_at < 32
 
     restarted = cluster.start_cluster(run_py_args(tmp_path))

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 torch = pytest.importorskip('torch')
 
+from paws_tf import checks  # noqa: E402
 from paws_tf import cluster  # noqa: E402
 from paws_tf import configurables  # noqa: E402,F401  (registers them)
 from paws_tf import run_dir  # noqa: E402
@@ -393,3 +394,62 @@ def test_run_py_imports_then_fine_tunes(tmp_path):
     with _config(WRN_CONFIG, SYNTHETIC_BINDINGS + fine_tuning):
         results = modes.run(str(tmp_path / 'run'), _strategy(), 'fine_tune')
     assert len(results['paws_nn_by_epoch']) == 2  # Before and after.
+
+
+def _recorded_import(root):
+    """A run directory holding an import's records alone (imported.json,
+    the embedder's preprocessing.json: RGB, ImageNet's statistics), what
+    --mode=fine_tune reads before any weight or image."""
+    run = run_dir.RunDir(str(root))
+    run.write_json(run.imported, dict(kind=official_import.PRETRAINED,
+                                      source='paws.pth.tar'))
+    os.makedirs(run.embedder)
+    run.write_json(os.path.join(run.embedder, 'preprocessing.json'), dict(
+        channels=3, mean=list(augment.IMAGENET_MEAN),
+        std=list(augment.IMAGENET_STD), image_size=16, crop_fraction=1.0))
+    return run
+
+
+def _files(root):
+    return sorted(str(path) for path in pathlib.Path(root).rglob('*'))
+
+
+def test_fine_tuning_an_import_on_grayscale_says_both_fixes_once(tmp_path):
+    """Fine-tuning an import (RGB, ImageNet's normalisation) on a 1-channel
+    source that is not a folder gets one message naming the source's
+    channels binding and the normalisation together, exit 78, before
+    anything is read or written; with both bindings made, the check
+    passes. A source without a `channels` argument is refused once read,
+    naming the RGB need and the normalisation to keep (exit 65).
+
+    Caught: load_data asked for a 1-channel normalisation, then the import
+    check refused it ('records the normalisation ...: bind 'imagenet''),
+    the user sent between two messages."""
+    run = _recorded_import(tmp_path / 'imported')
+    before = _files(tmp_path)
+    subset = ['load_data.train = @train/class_subset',
+              'train/class_subset.source = @train/synthetic_source',
+              'train/class_subset.classes = [0, 1, 2, 3]']
+    for bindings, error, message in (
+            (['load_data.normalization = ((0.5,), (0.25,))'],
+             checks.ConfigError,
+             'bind train/synthetic_source.channels = 3 (the images are '
+             "decoded to that) and load_data.normalization = 'imagenet'"),
+            (subset + ["load_data.normalization = 'imagenet'"],
+             checks.DataError,
+             'takes 3-channel images, but load_data.train gives 1-channel '
+             'ones: bind it to a source of 3-channel images, keeping '
+             "load_data.normalization = 'imagenet'")):
+        with _config('debug.gin', ['train/synthetic_source.channels = 1']
+                     + bindings):
+            with pytest.raises(error) as refused:
+                modes.run(run.path, _strategy(), 'fine_tune')
+        assert refused.value.EXIT_CODE == error.EXIT_CODE
+        assert message in str(refused.value), str(refused.value)
+        assert _files(tmp_path) == before
+    assert (checks.ConfigError.EXIT_CODE, checks.DataError.EXIT_CODE) == (
+        os.EX_CONFIG, os.EX_DATAERR)
+    with _config('debug.gin', ['train/synthetic_source.channels = 3',
+                               "load_data.normalization = 'imagenet'"]):
+        assert official_import.check_preprocessing(run) == (
+            3, f'The model imported into {run}')

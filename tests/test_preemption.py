@@ -258,4 +258,4 @@ def test_non_finite_training_stops_before_saving_it(tmp_path):
                 assert np.all(np.isfinite(value)), (path, name)
     assert checkpoints.latest(
         str(tmp_path / 'checkpoints'))[1] == 8
-    assert checkpoints.backup_step(tmp_path) <= 12
+    assert checkpoints.backup_step(run_dir.RunDir(tmp_path)) <= 12

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from paws_tf import run_dir
 from paws_tf.nets import backbones
 from paws_tf.runner import architecture
 from paws_tf.runner import building
@@ -145,12 +146,13 @@ def test_the_check_of_a_source_of_unknown_channels(tmp_path, channels):
         bound = (str(path), 'train.pretrained_backbone')
         with debug_gin.parsed():
             if fits:
-                start.check_pretrained(tmp_path / 'run', bound)
+                start.check_pretrained(run_dir.RunDir(tmp_path / 'run'), bound)
             else:
                 with pytest.raises(ValueError, match=(
                         "train.pretrained_backbone = '.*' does not fit the "
                         'configured backbone')):
-                    start.check_pretrained(tmp_path / 'run', bound)
+                    start.check_pretrained(
+                        run_dir.RunDir(tmp_path / 'run'), bound)
 
 
 @pytest.fixture(scope='module')
@@ -270,7 +272,7 @@ def test_a_path_that_does_not_exist_says_so(tmp_path, part):
         with pytest.raises(ValueError, match=(
                 f"^train.pretrained_{part} = '{typo}' does not exist: bind "
                 'it to a run directory or a checkpoint')):
-            start.check_pretrained(tmp_path / 'run', **{
+            start.check_pretrained(run_dir.RunDir(tmp_path / 'run'), **{
                 part: (str(typo), f'train.pretrained_{part}')})
 
 
@@ -296,7 +298,7 @@ def test_a_run_of_other_batch_norm_settings_is_read(tmp_path):
         "build_backbone.sync_bn_impl = 'keras'"]) + '\n')
     for part in ('backbone', 'model'):
         with debug_gin.parsed():
-            read = start.check_pretrained(tmp_path / 'run', **{
+            read = start.check_pretrained(run_dir.RunDir(tmp_path / 'run'), **{
                 part: (str(source), f'train.pretrained_{part}')})
         assert read.part == part
     with debug_gin.parsed(['small_resnet.stem_stride = 2']):
@@ -306,7 +308,7 @@ def test_a_run_of_other_batch_norm_settings_is_read(tmp_path):
                 r'small_resnet.stem_stride = 2. .*: replace '
                 'small_resnet.stem_stride = 2 -> small_resnet.stem_stride = '
                 '1.')):
-            start.check_pretrained(tmp_path / 'run', (
+            start.check_pretrained(run_dir.RunDir(tmp_path / 'run'), (
                 str(source), 'train.pretrained_backbone'))
 
 
@@ -441,3 +443,51 @@ def test_a_relative_path_is_judged_by_its_own_run(tmp_path, monkeypatch):
                 "build_backbone.name = 'vit_tiny'")):
             start.check_pretrained(tmp_path / 'run', (
                 'backbone.h5', 'train.pretrained_backbone'))
+
+
+@pytest.mark.parametrize('part', ['backbone', 'model'])
+def test_an_imported_fine_tuned_classifier_is_refused_saying_what_it_is(
+        tmp_path, part):
+    """A fine-tuned import (imported.json of kind 'fine_tuned', its
+    SavedModel under fine_tuned/) named by train.pretrained_model or
+    train.pretrained_backbone, as its directory or its fine_tuned/ export,
+    is refused before any read with what it is and what is needed: a
+    pre-trained checkpoint's import. Caught: without the refusal, the read
+    of this one ended in 'No TF checkpoint at ...: expected a checkpoint
+    prefix', which says nothing of the import."""
+    imported = tmp_path / 'fine_tuned_import'
+    (imported / 'export' / 'fine_tuned' / 'variables').mkdir(parents=True)
+    (imported / 'imported.json').write_text(
+        '{"kind": "fine_tuned", "source": "ft.pth.tar"}')
+    for path in (imported, imported / 'export' / 'fine_tuned'):
+        with debug_gin.parsed():
+            with pytest.raises(ValueError, match=(
+                    f"^{imported} holds the fine-tuned classifier imported "
+                    r'from ft.pth.tar \(its SavedModel is .*\): '
+                    f"train.pretrained_{part} = '{path}' needs a pre-trained "
+                    'checkpoint')):
+                start.check_pretrained(run_dir.RunDir(tmp_path / 'run'), **{
+                    part: (str(path), f'train.pretrained_{part}')})
+
+
+def test_the_source_runs_head_activation_is_compared_for_a_model(tmp_path):
+    """A run whose projection head used GELU (`ProjectionHead.activation`,
+    which makes no variable) given as train.pretrained_model to a config of
+    ReLU heads is refused before any read, naming both lines and the edit;
+    as train.pretrained_backbone (fresh heads) it is accepted. Caught: the
+    heads were not compared, and the model's weights were read into heads
+    that compute another function."""
+    source = tmp_path / 'earlier'
+    source.mkdir()
+    with debug_gin.parsed(["ProjectionHead.activation = 'gelu'"]):
+        (source / 'config.gin').write_text(gin.config_str())
+    with debug_gin.parsed():
+        with pytest.raises(ValueError, match=(
+                "does not fit the configured model: .* was built with "
+                "ProjectionHead.activation = 'gelu'; this config builds "
+                "ProjectionHead.activation = 'relu'. .*: add "
+                "ProjectionHead.activation = 'gelu'.")):
+            architecture.refuse_another(str(source), 'train.pretrained_model',
+                                        architecture.MODEL)
+        architecture.refuse_another(str(source), 'train.pretrained_backbone',
+                                    architecture.BACKBONE)

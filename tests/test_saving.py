@@ -11,6 +11,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import checkpoints
+from paws_tf import run_dir
 from paws_tf.runner import pretrained
 from paws_tf.runner import callbacks
 from tests.helpers import tiny_model
@@ -33,7 +34,7 @@ def test_saver_saves_when_the_step_reaches_or_passes_an_interval(tmp_path):
     """With 3 steps per call (steps_per_execution = 3) the step never
     lands on most multiples: each is saved at the first step past it."""
     model = small_model()
-    state = checkpoints.RunState(str(tmp_path), model,
+    state = checkpoints.RunState(run_dir.RunDir(tmp_path), model,
                                  tf.distribute.get_strategy(),
                                  keep_checkpoints=10)
     saver = callbacks.Saver(state, backup_every=4, checkpoint_every=8)
@@ -43,7 +44,7 @@ def test_saver_saves_when_the_step_reaches_or_passes_an_interval(tmp_path):
     for step in range(3, 31, 3):
         model.optimizer.iterations.assign(step)
         saver.on_train_batch_end(0)
-        backups.append(checkpoints.backup_step(tmp_path))
+        backups.append(checkpoints.backup_step(run_dir.RunDir(tmp_path)))
     # Multiples of 4 first passed at 6 (4), 9 (8), 12, 18 (16), 21 (20),
     # 24, 30 (28); of 8 at 9, 18, 24.
     assert backups == [0, 6, 9, 12, 12, 18, 21, 24, 24, 30]
@@ -58,7 +59,7 @@ def test_saver_saves_when_the_step_reaches_or_passes_an_interval(tmp_path):
 
 def test_restore_returns_weights_and_optimizer_of_the_step(tmp_path):
     model = small_model()
-    state = checkpoints.RunState(str(tmp_path), model,
+    state = checkpoints.RunState(run_dir.RunDir(tmp_path), model,
                                  tf.distribute.get_strategy(),
                                  keep_checkpoints=3)
     model.optimizer.iterations.assign(5)
@@ -74,7 +75,7 @@ def test_restore_returns_weights_and_optimizer_of_the_step(tmp_path):
 
 def test_a_file_named_for_another_step_is_refused(tmp_path):
     model = small_model()
-    state = checkpoints.RunState(str(tmp_path), model,
+    state = checkpoints.RunState(run_dir.RunDir(tmp_path), model,
                                  tf.distribute.get_strategy(),
                                  keep_checkpoints=3)
     model.optimizer.iterations.assign(5)
@@ -92,7 +93,8 @@ def test_a_file_named_for_another_step_is_refused(tmp_path):
 def test_another_models_checkpoint_is_refused_naming_it(tmp_path, width):
     model = small_model()
     model.optimizer.iterations.assign(5)
-    checkpoints.RunState(str(tmp_path), model, tf.distribute.get_strategy(),
+    checkpoints.RunState(run_dir.RunDir(tmp_path), model,
+                         tf.distribute.get_strategy(),
                          keep_checkpoints=3).save(checkpoints.CHECKPOINT)
     inputs = tf_keras.Input([3])
     wider = tf_keras.Model(inputs, tf_keras.layers.Dense(width)(
@@ -134,7 +136,7 @@ def test_a_refused_checkpoint_leaves_no_restore_behind(tmp_path):
 
 def test_the_newest_that_restores_wins_whichever_its_directory(tmp_path):
     model = small_model()
-    state = checkpoints.RunState(str(tmp_path), model,
+    state = checkpoints.RunState(run_dir.RunDir(tmp_path), model,
                                  tf.distribute.get_strategy(),
                                  keep_checkpoints=3)
     for step, kind in ((8, checkpoints.CHECKPOINT), (12, checkpoints.BACKUP),
@@ -143,13 +145,14 @@ def test_the_newest_that_restores_wins_whichever_its_directory(tmp_path):
         state.save(kind)
     backup = str(tmp_path / 'backup' / 'chief' / 'ckpt-16')
     checkpoint = str(tmp_path / 'checkpoints' / 'ckpt-16')
-    assert checkpoints.newest_restorable(str(tmp_path)) == (backup, 16)
-    assert checkpoints.newest_restorable(str(tmp_path), backups=False) == (
+    run, elsewhere = run_dir.RunDir(tmp_path), run_dir.RunDir(
+        tmp_path / 'elsewhere')
+    assert checkpoints.newest_restorable(run) == (backup, 16)
+    assert checkpoints.newest_restorable(run, backups=False) == (
         checkpoint, 16)
-    assert checkpoints.has_progress(str(tmp_path))
-    assert not checkpoints.has_progress(str(tmp_path / 'elsewhere'))
-    assert checkpoints.newest_restorable(str(tmp_path / 'elsewhere')) == (
-        None, 0)
+    assert checkpoints.has_progress(run)
+    assert not checkpoints.has_progress(elsewhere)
+    assert checkpoints.newest_restorable(elsewhere) == (None, 0)
 
 
 def corrupt(prefix):
@@ -164,7 +167,7 @@ def corrupt(prefix):
 def test_damaged_ones_are_skipped_and_a_damaged_backup_moved_aside(
         tmp_path, caplog):
     model = small_model()
-    state = checkpoints.RunState(str(tmp_path), model,
+    state = checkpoints.RunState(run_dir.RunDir(tmp_path), model,
                                  tf.distribute.get_strategy(),
                                  keep_checkpoints=3)
     for step, kind in ((8, checkpoints.CHECKPOINT), (12, checkpoints.BACKUP),
@@ -175,12 +178,13 @@ def test_damaged_ones_are_skipped_and_a_damaged_backup_moved_aside(
     corrupt(backup)
     corrupt(tmp_path / 'checkpoints' / 'ckpt-16')
     # A worker of a cluster decides alike and moves nothing.
-    assert checkpoints.newest_restorable(str(tmp_path), chief=False) == (
-        str(tmp_path / 'checkpoints' / 'ckpt-8'), 8)
+    assert checkpoints.newest_restorable(
+        run_dir.RunDir(tmp_path), chief=False) == (
+            str(tmp_path / 'checkpoints' / 'ckpt-8'), 8)
     assert backup.with_suffix('.index').exists()
     caplog.clear()
     with caplog.at_level('WARNING'):
-        assert checkpoints.newest_restorable(str(tmp_path)) == (
+        assert checkpoints.newest_restorable(run_dir.RunDir(tmp_path)) == (
             str(tmp_path / 'checkpoints' / 'ckpt-8'), 8)
     moved, = (tmp_path / 'damaged').iterdir()
     assert (moved / 'chief' / 'ckpt-12.index').exists()
@@ -212,7 +216,8 @@ def test_the_model_part_needs_no_optimizer(tmp_path):
     model = small_model()
     model.optimizer.iterations.assign(5)
     model.layers[1].kernel.assign(np.ones([3, 2], np.float32))
-    checkpoints.RunState(str(tmp_path), model, tf.distribute.get_strategy(),
+    checkpoints.RunState(run_dir.RunDir(tmp_path), model,
+                         tf.distribute.get_strategy(),
                          keep_checkpoints=3).save(checkpoints.CHECKPOINT)
     inputs = tf_keras.Input([3])
     other = tf_keras.Model(inputs, tf_keras.layers.Dense(2)(inputs))
@@ -248,7 +253,7 @@ def test_the_newest_checkpoint_that_restores_is_loaded(tmp_path):
     """Fails if `load_newest` reads the newest checkpoint whatever its
     state (TF's latest_checkpoint: the corrupted ckpt-8)."""
     model = small_model()
-    state = checkpoints.RunState(str(tmp_path), model,
+    state = checkpoints.RunState(run_dir.RunDir(tmp_path), model,
                                  tf.distribute.get_strategy(),
                                  keep_checkpoints=3)
     for step in (4, 8):
@@ -257,10 +262,10 @@ def test_the_newest_checkpoint_that_restores_is_loaded(tmp_path):
         state.save(checkpoints.CHECKPOINT)
     corrupt(tmp_path / 'checkpoints' / 'ckpt-8')
     other = small_model()
-    assert checkpoints.load_newest(str(tmp_path), other) == 4
+    assert checkpoints.load_newest(run_dir.RunDir(tmp_path), other) == 4
     np.testing.assert_array_equal(other.layers[1].kernel.numpy(), 4)
     with pytest.raises(FileNotFoundError, match='No TF checkpoint at'):
-        checkpoints.load_newest(str(tmp_path / 'elsewhere'), other)
+        checkpoints.load_newest(run_dir.RunDir(tmp_path / 'elsewhere'), other)
 
 
 def test_missing_or_foreign_checkpoints_are_reported(tmp_path):

@@ -347,7 +347,9 @@ def _restore(*args, **kwargs):
      "not load_data.normalization = 'data': bind load_data.normalization "
      "= 'imagenet'."),
     ('image_folders_small.gin', ['CHANNELS = 1'],
-     'the config decodes 1: bind CHANNELS = 3.'),
+     'but CHANNELS = 1: bind CHANNELS = 3 (the images are decoded to that) '
+     "and NORMALIZATION = 'imagenet' (the normalisation it was trained "
+     'with).'),
 ])
 def test_fine_tuning_an_import_checks_the_config_before_the_images(
         tmp_path, monkeypatch, gin_file, bindings, refusal):

@@ -415,7 +415,7 @@ def test_fine_tuning_the_dino_import_starts_from_its_backbone(dino_run):
               if 'small_resnet' not in binding]
     for other, refusal in (
             ("NORMALIZATION = 'data'", r"bind NORMALIZATION = 'imagenet'"),
-            ('CHANNELS = 1', r'decodes 1: bind CHANNELS = 3')):
+            ('CHANNELS = 1', r'but CHANNELS = 1: bind CHANNELS = 3')):
         with debug_gin.parsed(folders + shrunk + [other],
                               gin_file='gin_configs/image_folders_small.gin'):
             with pytest.raises(checks.ConfigError, match=refusal):

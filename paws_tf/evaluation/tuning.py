@@ -78,10 +78,17 @@ def finish(dataset):
 
 
 def views_dataset_fn(source, global_batch_size, num_replicas, seed, tags,
-                     **view_args):
-    """`dataset_fn` of per-replica `(augment.make_view(**view_args),
-    labels)` batches of `source` reshuffled every epoch, the order and the
-    views seeded with the two `sampling.derive_seed` `tags`."""
+                     *, size, scale, mean, std, color_strength, blur_prob,
+                     distortion='simclr'):
+    """`dataset_fn` of per-replica `(view, label)` batches of `source`
+    reshuffled every epoch, the order and the views seeded with the two
+    `sampling.derive_seed` `tags`; the views are `augment.make_view`'s of
+    the keyword arguments, traced once a setting and process
+    (`augment.view_function`, whose cache takes them in this order)."""
+    make_view = augment.view_function(
+        size=size, scale=tuple(scale), mean=tuple(mean), std=tuple(std),
+        color_strength=color_strength, blur_prob=blur_prob,
+        distortion=distortion)
     n, batch = source.num_examples, global_batch_size // num_replicas
     order_tag, views_tag = tags
 
@@ -98,7 +105,7 @@ def views_dataset_fn(source, global_batch_size, num_replicas, seed, tags,
 
         def view(epoch, position):
             key = sampling.derive_seed(seed, views_tag, epoch, position)
-            return (augment.make_view(source.read(position), key, **view_args),
+            return (make_view(source.read(position), key),
                     tf.gather(label_table, position))
 
         # Every pipeline walks the same stream of reshuffled epochs and

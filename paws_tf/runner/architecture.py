@@ -7,8 +7,10 @@ import gin
 
 from paws_tf import bindings
 from paws_tf import checks
+from paws_tf import model as model_lib
 from paws_tf import run_dir
 from paws_tf.nets import backbones
+from paws_tf.nets import heads
 from paws_tf.runner import official_import
 from paws_tf.runner import vit_import
 
@@ -37,13 +39,17 @@ def refuse_another(path, name, part):
     import record's bindings, or the architecture bindings of the source
     run's saved config (`_differences`; a binding that changes no
     variable, such as `vit.position_interpolation`, fails no read).
-    Refuses an imported backbone as the `part` 'model'."""
+    Refuses an imported backbone as the `part` 'model', and an imported
+    fine-tuned classifier (a SavedModel alone) as either."""
     source = owner(path)
     if source is None:
         return
     record = source.read_json(source.imported)
     if record is None:
-        recorded, configured = _differences(source)
+        recorded, configured = _differences(source, part)
+    elif record['kind'] == official_import.FINE_TUNED:
+        raise checks.ConfigError(official_import.fine_tuned_only(
+            source, record, f'{name} = {path!r}'))
     elif record['kind'] != official_import.BACKBONE:
         return
     elif part == MODEL:
@@ -61,17 +67,19 @@ def refuse_another(path, name, part):
         f'{_edits(recorded, configured)}.')
 
 
-def _differences(source):
+def _differences(source, part):
     """`(recorded, configured)` binding lines where the run `source` was
     built otherwise than this config builds, compared by value:
     `build_backbone.name` and `bn_epsilon` (it changes every batch norm's
     output and makes no variable), then the architecture arguments of the
     source's family (`nets.Family.architecture`) against this config's,
     used or not: where the names differ, every edit that builds the
-    source's backbone. The source's values are read from its
-    operative_config.gin (every value its training used, defaults
-    included) when it has one, else from its config.gin (its bindings; a
-    parameter it leaves out is read at this code's default)."""
+    source's backbone; for the `part` 'model', the sizes and activation of
+    the heads this config builds (the activation makes no variable either).
+    The source's values are read from its operative_config.gin (every value
+    its training used, defaults included) when it has one, else from its
+    config.gin (its bindings; a parameter it leaves out is read at this
+    code's default)."""
     saved = (source.operative_config if os.path.isfile(
         source.operative_config) else source.config)
     with open(saved) as f:
@@ -81,6 +89,10 @@ def _differences(source):
     if name in backbones.FAMILIES:
         family = backbones.FAMILIES[name]
         compared.append((family.configurable, family.architecture()))
+    if part == MODEL:
+        built = [heads.ProjectionHead] + [heads.PredictionHead] * bool(
+            bindings.arguments(model_lib.build_model)['prediction_head'][0])
+        compared += [(head, [*head.SIZES, 'activation']) for head in built]
     recorded, configured = [], []
     for configurable, keys in compared:
         theirs = bindings.saved_arguments(text, configurable)

@@ -200,8 +200,9 @@ def check_config(pretraining=True):
     folder = experiment.folder_source()
     existing = existing_model()
     if existing is not None:
-        check_folder_channels(export.read_preprocessing(existing)['channels'],
-                              f'The model of {existing}')
+        experiment.check_channels(
+            export.read_preprocessing(existing)['channels'],
+            f'The model of {existing}')
         check_labeled_folder('PAWS-NN compares the test images with them')
     # An existing model brings its own normalisation.
     multicrop = _check_normalization(folder, required=existing is None)
@@ -212,16 +213,3 @@ def check_config(pretraining=True):
     _check_backbone(multicrop)
     return existing
 
-
-def check_folder_channels(channels, model):
-    """Refuses a folder source of the config that decodes to other than
-    the `channels` that `model` (a description) takes, before its images
-    are read."""
-    folder = experiment.folder_source()
-    if folder is None:
-        return
-    bound, name = folder.arguments()['channels']
-    if bound != channels:
-        raise checks.ConfigError(
-            f'{model} takes {channels}-channel images, but {name} = {bound}: '
-            f'bind {name} = {channels} (the images are decoded to that).')

@@ -56,6 +56,21 @@ def folder_channels():
     return None if folder is None else folder.arguments()['channels'][0]
 
 
+def check_channels(channels, model, also=''):
+    """Refuses a training source whose `channels` argument (a folder's, or
+    another source's that has one) decodes to other than the `channels`
+    that `model` (a description) takes, before its images are read; the
+    message ends with the `also` binding to make with it, if any."""
+    source = bindings.reference(load_data, 'train')
+    bound, name = (None, None) if source is None else bindings.arguments(
+        *bindings.target(source)).get('channels', (None, None))
+    if bound is not None and bound != channels:
+        raise checks.ConfigError(
+            f'{model} takes {channels}-channel images, but {name} = '
+            f'{bound}: bind {name} = {channels} (the images are decoded to '
+            f'that){" and " + also if also else ""}.')
+
+
 def _folder(part):
     """' (NAME = 'folder')': the binding that gives the folder of the
     source bound to `load_data`'s `part` ('train', 'test'), for a message;
@@ -73,8 +88,8 @@ def _classes(source):
     return str(names[:8])[:-1] + (', ...]' if len(names) > 8 else ']')
 
 
-@gin.configurable(denylist=['run', 'trained'])
-def load_data(run, *, trained=False, train=gin.REQUIRED, test=None,
+@gin.configurable(denylist=['run', 'trained', 'takes'])
+def load_data(run, *, trained=False, takes=None, train=gin.REQUIRED, test=None,
               unlabeled=None, max_unlabeled=None, seed=0, normalization=None,
               normalization_images=5000, normalization_from='labeled'):
     """Loads the sources of an experiment.
@@ -85,6 +100,8 @@ def load_data(run, *, trained=False, train=gin.REQUIRED, test=None,
         trained: `run` holds a trained run, whose records are read and
             never written: other classes, another labeled split
             (`records.check`) or normalisation than recorded are refused.
+        takes: `(channels, model)`: labeled images of other channels than
+            the model (described) takes are refused, first.
         train: zero-argument callable (gin: `@train/load_idx`) returning a
             labeled `ImageSource` that `splits.select_labeled` splits, or a
             `(labeled, unlabeled)` pair (`image_folders`).
@@ -108,14 +125,17 @@ def load_data(run, *, trained=False, train=gin.REQUIRED, test=None,
 
     Raises:
         checks.DataError: the test classes or channels differ from the
-            labeled ones, or (`trained`) the data or normalisation from the
+            labeled ones, or the labeled channels from `takes`, or (`trained`) the data or normalisation from the
             run's records.
         ValueError: on a bad `normalization`.
     """
     normalization_lib.normalization(normalization)
     checks.one_of('load_data.normalization_from', normalization_from,
                   ('labeled', 'unlabeled'))
-    labeled, unlabeled_source = _split(train(), None if trained else run)
+    loaded = train()
+    _check_taken(loaded[0] if isinstance(loaded, tuple) else loaded, takes,
+                 normalization)
+    labeled, unlabeled_source = _split(loaded, None if trained else run)
     if trained:
         records.check(run, labeled)
     unlabeled = _at_most(
@@ -129,6 +149,18 @@ def load_data(run, *, trained=False, train=gin.REQUIRED, test=None,
         max_images=normalization_images, seed=seed,
         description=normalization_from, writes=not trained)
     return DataBundle(labeled, unlabeled, test_source, normalization)
+
+
+def _check_taken(labeled, takes, normalization):
+    """Raises `checks.DataError` when the `labeled` images are not of the
+    channels that `takes` (`load_data`'s, None: any) names, naming the
+    normalisation to keep."""
+    if takes is not None and labeled.channels != takes[0]:
+        raise checks.DataError(
+            f'{takes[1]} takes {takes[0]}-channel images, but load_data.train'
+            f'{_folder("train")} gives {labeled.channels}-channel ones: bind '
+            f'it to a source of {takes[0]}-channel images, keeping '
+            f'load_data.normalization = {normalization!r}.')
 
 
 def _split(loaded, run):

@@ -38,22 +38,12 @@ def _float32_model(run, strategy, *, local, imported):
 
 
 def load_trained_model(run, strategy, *, local=False, imported=False):
-    """The run's model restored from its newest checkpoint that restores,
-    from the gin config and the run directory alone.
-
-    Args:
-        run, strategy: the run's `RunDir`, the running strategy.
-        local: plain variables outside the strategy, for what one process
-            does alone (export, PAWS-NN); else in its scope (fine-tuning).
-        imported: the run holds imported official weights (RGB).
-
-    Returns:
-        `(model, step)`: the `PAWSModel` and the checkpoint's global step.
-
-    Raises:
-        FileNotFoundError: the run has no checkpoint yet.
-        checkpoints.NoneRestorable: none of its checkpoints restores.
-    """
+    """`(model, step)`: the `PAWSModel` of the `RunDir` `run` restored from
+    its newest checkpoint that restores, and that checkpoint's step; in
+    plain variables (`local`: what one process does alone, export and
+    PAWS-NN) or in `strategy`'s scope (fine-tuning); RGB when `imported`.
+    Raises FileNotFoundError (no checkpoint yet) or
+    `checkpoints.NoneRestorable`."""
     model = _float32_model(run, strategy, local=local,
                            imported=imported)
     with contextlib.nullcontext() if local else strategy.scope():
@@ -64,32 +54,26 @@ class MissingLabeledFolder(checks.DataError):
     """A mode that reads the labeled images finds no labeled folder."""
 
 
-def load_labeled_data(run, what, *, trained=True):
-    """The run's data (`experiment.load_data`), for `what` that reads its
-    labeled images: a `trained` run's, checked against its records and
-    writing none, else recorded in `run`. Raises `MissingLabeledFolder`
-    naming the binding and `what` when the config's labeled folder does
-    not exist."""
+def load_labeled_data(run, what, *, trained=True, takes=None):
+    """The run's data (`experiment.load_data`, which checks the images'
+    channels against `takes`), for `what` that reads its labeled images: a
+    `trained` run's, checked against its records and writing none, else
+    recorded in `run`. Raises `MissingLabeledFolder` naming the binding
+    and `what` when the config's labeled folder does not exist."""
     try:
         config_checks.check_labeled_folder(what)
     except ValueError as error:
         raise MissingLabeledFolder(str(error)) from None
-    return experiment.load_data(run, trained=trained)
+    return experiment.load_data(run, trained=trained, takes=takes)
 
 
 def evaluate_existing(run, strategy, embedder):
-    """PAWS-NN of the existing model whose embedder export is `embedder`
-    (`config_checks.existing_model`) on the config's labeled and test
-    data, with the preprocessing recorded in its export, into `run`,
-    where its PAWS-NN classifier of these classes is exported too
-    (`RunDir.classifier`). The chief's work; the other workers wait.
-    Returns the PAWS-NN results on the chief (`config_checks.check_config`
-    checked the folders' channels against the model's).
-
-    Raises:
-        checks.DataError: the labeled images have other channels than the
-            model takes.
-    """
+    """PAWS-NN, on the chief, of the existing model whose embedder export
+    is `embedder` (`config_checks.existing_model`) on the config's data,
+    with the preprocessing its export records, into `run` with its PAWS-NN
+    classifier of these classes (`RunDir.classifier`); returns the results
+    on the chief. Raises `checks.DataError` for labeled images of other
+    channels than the model takes."""
     results = None
     if cluster.is_chief(strategy):
         stored = export.read_preprocessing(embedder)
@@ -281,12 +265,12 @@ def _export_or_evaluate(run, strategy, options, *, evaluates):
 
 def _fine_tune(run, strategy, options):
     imported = official_import.check_mode(run, options.mode, backbone=True)
-    if imported:
-        official_import.check_preprocessing(run)
+    takes = official_import.check_preprocessing(run) if imported else None
     # An imported backbone's record is read whole before any image is;
     # its weights once the data is checked.
     vit_architecture = vit_import.imported_architecture(run)
-    bundle = load_labeled_data(run, 'fine-tuning trains on them')
+    bundle = load_labeled_data(run, 'fine-tuning trains on them',
+                               takes=takes)
     preprocessing = experiment.eval_preprocessing(bundle)
     if vit_architecture is not None:
         model = vit_import.imported_embedder(run, strategy, vit_architecture)

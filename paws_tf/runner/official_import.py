@@ -84,24 +84,12 @@ def numpy_state(path, state, entry):
     return arrays
 
 
-def read_checkpoint(path, checkpoint=None):
-    """The encoder state dict and epoch of an official `.pth.tar` file
-    (what suncet `paws_train.py` and `fine_tune.py` save).
-
-    Args:
-        path: the file.
-        checkpoint: its contents when already read (`load_file`).
-
-    Returns:
-        `(state, epoch)`: `{name: NumPy array}` without the DDP `module.`
-        prefix, and the stored epoch (None when absent).
-
-    Raises:
-        ImportFailed: PyTorch is not installed, or the file is missing,
-            truncated or not such a checkpoint.
-    """
-    if checkpoint is None:
-        checkpoint = load_file(path)
+def read_checkpoint(path, checkpoint):
+    """`(state, epoch)` of the official `.pth.tar` file `path` (what suncet
+    `paws_train.py` and `fine_tune.py` save) whose contents (`load_file`)
+    are `checkpoint`: its encoder's `{name: NumPy array}` without the DDP
+    `module.` prefix, and its epoch (None when absent); ImportFailed when
+    it is not such a checkpoint."""
     encoder = checkpoint.get('encoder') if isinstance(checkpoint,
                                                       dict) else None
     if not isinstance(encoder, dict) or not encoder:
@@ -232,8 +220,7 @@ def write_first_checkpoint(run, **objects):
     ).save(checkpoint_number=0)
 
 
-def import_official(run, path, *, strategy, overwrite=False,
-                    checkpoint=None):
+def import_official(run, path, checkpoint, *, strategy, overwrite=False):
     """Writes an official checkpoint into `run` as a paws_tf run.
 
     Pre-trained: a checkpoint of the gin-configured `PAWSModel`, which the
@@ -244,9 +231,9 @@ def import_official(run, path, *, strategy, overwrite=False,
 
     Args:
         run, path: the `RunDir` to create, the official file.
+        checkpoint: the file's contents (`load_file`).
         strategy: the `tf.distribute.Strategy` to build in.
         overwrite: replace an earlier import or run in `run`.
-        checkpoint: the file's contents when already read (`load_file`).
 
     Returns:
         The import record (dict).
@@ -277,38 +264,43 @@ def import_official(run, path, *, strategy, overwrite=False,
 
 
 def check_preprocessing(run):
-    """Refuses fine-tuning the import in `run` with a config whose folder
-    source decodes other channels, or whose `load_data.normalization` is
-    another than its export records (what its weights were trained on),
-    before any image is read. The channels of another source are those of
-    the normalisation, which `experiment.load_data` checks on its images.
+    """Refuses fine-tuning the import in `run` with a config whose source
+    decodes other channels (`experiment.check_channels`), or whose
+    `load_data.normalization` is another than its export records (what its
+    weights were trained on), before any image is read; both wrong, one
+    message names both bindings.
+
+    Returns:
+        `(channels, model)`, `experiment.load_data`'s `takes`: the images
+        of a source without a `channels` argument are checked once read.
 
     Raises:
         checks.ConfigError: naming the record and the binding.
     """
     recorded = export.read_preprocessing(run.embedder)
     where = os.path.join(run.embedder, export.PREPROCESSING_FILENAME)
-    folder = experiment.folder_source()
-    if folder is not None:
-        channels, name = folder.arguments()['channels']
-        if channels != recorded['channels']:
-            raise checks.ConfigError(
-                f'{where} records {recorded["channels"]}-channel images, '
-                f'which the model imported into {run} takes; the config '
-                f'decodes {channels}: bind {name} = {recorded["channels"]}.')
     spec, name = bindings.arguments(experiment.load_data)['normalization']
     values = recorded['mean'], recorded['std']
     given = normalization.normalization(spec)
     if (isinstance(given, tuple) and len(given[0]) == len(values[0])
             and np.allclose(given, values, rtol=1e-6)):
-        return
-    preset = next((f"'{preset}'" for preset, (mean, std) in
-                   augment.NORMALIZATIONS.items()
-                   if np.allclose((mean, std), values, rtol=1e-6)), values)
-    raise checks.ConfigError(
-        f'{where} records the normalisation the model imported into {run} '
-        f'was trained with (mean {values[0]}, std {values[1]}), not {name} '
-        f'= {spec!r}: bind {name} = {preset}.')
+        fix = ''
+    else:
+        fix = f'{name} = ' + next((
+            f"'{preset}'" for preset, (mean, std) in
+            augment.NORMALIZATIONS.items()
+            if np.allclose((mean, std), values, rtol=1e-6)), str(values))
+    experiment.check_channels(
+        recorded['channels'], f'The model imported into {run} ({where})',
+        also=fix and f'{fix} (the normalisation it was trained with)')
+    if fix:
+        decode = (isinstance(given, tuple) and len(given[0]) != len(
+            values[0])) * f' and decode the images to {len(values[0])}'
+        raise checks.ConfigError(
+            f'{where} records the normalisation the model imported into '
+            f'{run} was trained with (mean {values[0]}, std {values[1]}), '
+            f'not {name} = {spec!r}: bind {fix}{decode}.')
+    return recorded['channels'], f'The model imported into {run}'
 
 
 def backbone_only(run, record, needs):
@@ -346,10 +338,17 @@ def check_mode(run, mode, *, trains=False, backbone=False):
     if record['kind'] == BACKBONE and not backbone:
         raise ImportFailed(backbone_only(run, record, f'--mode={mode}'))
     if record['kind'] == FINE_TUNED:
-        raise ImportFailed(
-            f'{run} holds the fine-tuned classifier imported from '
-            f'{record["source"]} (its SavedModel is {run.fine_tuned}): '
-            f'--mode={mode} needs a pre-trained checkpoint (backbone, fc '
-            'projection and pred prediction heads), e.g. '
-            'paws_imgnt_10percent_300ep.pth.tar.')
+        raise ImportFailed(fine_tuned_only(run, record, f'--mode={mode}'))
     return True
+
+
+def fine_tuned_only(run, record, needs):
+    """The message for `needs` (a mode or binding) that needs a PAWS model
+    or backbone where `run` holds the fine-tuned classifier import
+    `record`, a SavedModel alone."""
+    return (f'{run} holds the fine-tuned classifier imported from '
+            f'{record["source"]} (its SavedModel is {run.fine_tuned}): '
+            f'{needs} needs a pre-trained checkpoint (backbone, fc '
+            'projection and pred prediction heads), e.g. '
+            'paws_imgnt_10percent_300ep.pth.tar, imported into another '
+            '--model_dir.')

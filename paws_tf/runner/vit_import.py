@@ -346,5 +346,4 @@ def import_file(run, path, *, strategy, overwrite=False):
     if source_of(checkpoint) is not None:
         return import_vit(run, path, checkpoint, overwrite=overwrite)
     return official_import.import_official(
-        run, path, strategy=strategy, overwrite=overwrite,
-        checkpoint=checkpoint)
+        run, path, checkpoint, strategy=strategy, overwrite=overwrite)

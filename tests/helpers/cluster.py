@@ -10,6 +10,7 @@ import time
 import tensorflow as tf
 
 from paws_tf import checkpoints
+from paws_tf import run_dir
 from paws_tf import cluster
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -76,7 +77,7 @@ def kill_worker_after_backup(procs, model_dir, step, worker=1,
     """Kills `procs[worker]` once the backup of the run in `model_dir` holds
     `step` or a later one; the workers must all run until then."""
     deadline = time.time() + timeout
-    while checkpoints.backup_step(model_dir) < step:
+    while checkpoints.backup_step(run_dir.RunDir(model_dir)) < step:
         assert all(p.poll() is None for p in procs), 'ended too early'
         assert time.time() < deadline
         time.sleep(0.2)

@@ -9,6 +9,7 @@ import time
 import tensorflow as tf
 
 from paws_tf import checkpoints
+from paws_tf import run_dir
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # debug.gin: 16 steps per epoch; 2 epochs, backups every 4 steps,
@@ -66,7 +67,7 @@ def backup_step(model_dir):
     """The step of the run's backup; 0 while there is none or while it is
     being written."""
     try:
-        return checkpoints.backup_step(model_dir)
+        return checkpoints.backup_step(run_dir.RunDir(model_dir))
     except (tf.errors.OpError, ValueError):
         return 0
 

@@ -12,6 +12,7 @@ import tensorflow as tf
 import tf_keras
 
 from paws_tf import checkpoints
+from paws_tf import run_dir
 
 
 def main(directory):
@@ -20,7 +21,7 @@ def main(directory):
     model = tf_keras.Model(inputs, tf_keras.layers.Dense(2048)(hidden))
     model.compile(optimizer=tf_keras.optimizers.SGD(0.1, momentum=0.9))
     model.optimizer.build(model.trainable_variables)
-    state = checkpoints.RunState(directory, model,
+    state = checkpoints.RunState(run_dir.RunDir(directory), model,
                                  tf.distribute.get_strategy(),
                                  keep_checkpoints=3)
     step = 0
