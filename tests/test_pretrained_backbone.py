@@ -434,14 +434,14 @@ def test_a_relative_path_is_judged_by_its_own_run(tmp_path, monkeypatch):
         for folder in (tmp_path, vit_run):
             write_weights(folder, 'h5', backbone)
         monkeypatch.chdir(vit_run)
-        read = start.check_pretrained(tmp_path / 'run', (
+        read = start.check_pretrained(run_dir.RunDir(tmp_path / 'run'), (
             '../backbone.h5', 'train.pretrained_backbone'))
         assert read.part == 'backbone'
         with pytest.raises(ValueError, match=(
                 "^train.pretrained_backbone = 'backbone.h5' does not fit the "
                 f"configured backbone: {vit_run} was built with "
                 "build_backbone.name = 'vit_tiny'")):
-            start.check_pretrained(tmp_path / 'run', (
+            start.check_pretrained(run_dir.RunDir(tmp_path / 'run'), (
                 'backbone.h5', 'train.pretrained_backbone'))
 
 
