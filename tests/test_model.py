@@ -10,14 +10,17 @@ from paws_tf import adamw
 from paws_tf import lars
 from paws_tf import losses
 from paws_tf import model as model_lib
+from paws_tf import nets
 from paws_tf import schedules
 from tests.helpers import tiny_model
 from tests.test_losses import np_labels
 
 
 def _one_step_each(two_replicas, views, unique, optimizer_fn,
-                   backbone='small_resnet'):
-    """One train_step on 2 replicas and on one device, same global batch.
+                   backbone='small_resnet', sync_bn_impl=nets.KERAS):
+    """One train_step on 2 replicas and on one device, same global batch,
+    the model's batch norms synchronised by `sync_bn_impl` (the custom
+    one's two-replica step traces in about half the time of tf_keras').
 
     Returns (names, before, distributed_after, single_after) weight lists.
     The weights are seeded: the float32 error against the callers'
@@ -33,11 +36,13 @@ def _one_step_each(two_replicas, views, unique, optimizer_fn,
                                           multicrop, replica=r, num_replicas=2,
                                           unique=unique) for r in range(2)]
     with two_replicas.scope():
-        distributed = tiny_model.make(sync_bn=True, backbone=backbone)
+        distributed = tiny_model.make(sync_bn=True, backbone=backbone,
+                                      sync_bn_impl=sync_bn_impl)
         tiny_model.compile_and_build(distributed, optimizer=optimizer_fn())
     # Same BN math on one device (fused BN would apply Bessel's correction
     # to the moving variance, synchronised BN does not).
-    single = tiny_model.make(sync_bn=True, backbone=backbone)
+    single = tiny_model.make(sync_bn=True, backbone=backbone,
+                             sync_bn_impl=sync_bn_impl)
     tiny_model.compile_and_build(single, optimizer=optimizer_fn())
     single.set_weights(distributed.get_weights())
     before = [w.copy() for w in single.get_weights()]
@@ -53,24 +58,28 @@ def _one_step_each(two_replicas, views, unique, optimizer_fn,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('views,unique,backbone', [
-    (1, True, 'small_resnet'), (2, False, 'small_resnet'),
-    pytest.param(1, True, 'vit_tiny', marks=pytest.mark.long)])
-def test_mirrored_gradient_equals_single_device_gradient(two_replicas, views,
-                                                         unique, backbone):
-    """Sync BN + gathered supports + all-reduced me-max + loss / R: the
-    summed replica gradients equal the one-device gradient of the global
-    batch. Plain SGD (update = -lr * gradient) so a scale error shows. The
-    ViT (layer norms, no batch norm in the trunk) with 4-px patches of the
-    8-px and 4-px views, its position embeddings resampled for the latter
-    (12 s on 2 cores).
+@pytest.mark.parametrize('views,unique,backbone,sync_bn_impl', [
+    (1, True, 'small_resnet', nets.KERAS),
+    (2, False, 'small_resnet', nets.CUSTOM),
+    pytest.param(1, True, 'vit_tiny', nets.KERAS, marks=pytest.mark.long)])
+def test_mirrored_gradient_equals_single_device_gradient(
+        two_replicas, views, unique, backbone, sync_bn_impl):
+    """Sync BN (each implementation) + gathered supports + all-reduced
+    me-max + loss / R: the summed replica gradients equal the one-device
+    gradient of the global batch. Plain SGD (update = -lr * gradient) so a
+    scale error shows. The ViT (layer norms, no batch norm in the trunk)
+    with 4-px patches of the 8-px and 4-px views, its position embeddings
+    resampled for the latter (12 s on 2 cores).
 
-    Fails, for the ViT, if its attention's softmax runs across the batch
-    (axis 0 in `vit.scaled_dot_product_attention`), which a replica's half
-    of the batch computes otherwise."""
+    Fails if the replica's loss is not divided by the number of replicas
+    (`PAWSModel.train_step`: the summed update doubles), and, for the ViT,
+    if its attention's softmax runs across the batch (axis 0 in
+    `vit.scaled_dot_product_attention`), which a replica's half of the
+    batch computes otherwise."""
     names, before, got, want = _one_step_each(
         two_replicas, views, unique,
-        lambda: tf_keras.optimizers.SGD(learning_rate=1.0), backbone)
+        lambda: tf_keras.optimizers.SGD(learning_rate=1.0), backbone,
+        sync_bn_impl)
     steps = [(new_d - old, new_s - old)
              for old, new_d, new_s in zip(before, got, want)]
     largest = max(np.abs(step_s).max() for _, step_s in steps)
@@ -90,10 +99,15 @@ def test_mirrored_gradient_equals_single_device_gradient(two_replicas, views,
 @pytest.mark.parametrize('views,unique', [(2, False)])
 def test_mirrored_lars_update_equals_single_device_update(two_replicas, views,
                                                           unique):
+    """LARS on 2 replicas updates as on one device. Batch norm is not
+    what this checks: the custom synchronised one (the gradient test
+    above checks both). Fails if the replica's loss is not divided by
+    the number of replicas (the non-adapted biases and norms step twice
+    as far)."""
     names, _, got, want = _one_step_each(
         two_replicas, views, unique,
         lambda: lars.LARS(learning_rate=0.05, trust_coefficient=0.1,
-                          weight_decay=1e-3))
+                          weight_decay=1e-3), sync_bn_impl=nets.CUSTOM)
     # Most weights agree to 1e-6; the last bias before the L2 normalisation
     # has gradients of ~1e4 at initialisation (|z| is small) and its update
     # carries float32 reduction-order noise of up to ~1e-4 relative.
