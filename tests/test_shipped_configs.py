@@ -225,15 +225,11 @@ def _check_export_and_nn(gin_file, model_dir, bindings):
         preprocessing = experiment.eval_preprocessing(bundle)
 
     def embed(source):
-        # Consecutive images of one size in one call (folders' sizes vary).
-        runs, labels = [], []
+        embeddings, labels = [], []
         for image, label in source.ordered_dataset().as_numpy_iterator():
-            if not runs or runs[-1][0].shape != image.shape:
-                runs.append([])
-            runs[-1].append(image)
+            embeddings.append(embedder(image[None])['embeddings'][0].numpy())
             labels.append(label)
-        return np.concatenate([embedder(np.stack(run))['embeddings'].numpy()
-                               for run in runs]), np.array(labels)
+        return np.stack(embeddings), np.array(labels)
 
     support, support_labels = embed(bundle.labeled)
     queries, query_labels = embed(bundle.test)
