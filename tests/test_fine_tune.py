@@ -578,7 +578,6 @@ def test_fine_tuning_views_are_traced_once_per_setting():
     them (each trace is seconds of start-up). Caught: `views_dataset_fn`
     calling `augment.make_view` inline (the cached function never traced,
     every pipeline tracing its own)."""
-    # In `view_function`'s order: its cache is keyed by the order too.
     setting = dict(size=SIZE, scale=(0.5, 1.0), mean=(0.5,) * 3,
                    std=(0.25,) * 3, color_strength=0.3, blur_prob=0.0)
     for seed in (0, 1):
@@ -588,5 +587,7 @@ def test_fine_tuning_views_are_traced_once_per_setting():
         for replica in range(2):
             next(iter(dataset_fn(tf.distribute.InputContext(
                 2, replica, 2))))
-    view = augment.view_function(**setting, distortion='simclr')
+    # Keyed by value, not by the keywords' order nor list against tuple.
+    view = augment.view_function(distortion='simclr', **dict(
+        reversed(setting.items()), mean=list(setting['mean'])))
     assert view.experimental_get_tracing_count() == 1

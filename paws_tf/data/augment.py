@@ -231,12 +231,21 @@ def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
     return image_ops.normalize(view, mean, std)
 
 
-@functools.lru_cache(maxsize=None)
 def view_function(*, size, scale, mean, std, color_strength, blur_prob,
                   distortion):
     """`make_view` with these settings as a `tf.function` of (image, seed),
     one per process: each image signature is traced once, however many
-    views and pipelines call it (a function call in each `tf.data` map)."""
+    views and pipelines call it (a function call in each `tf.data` map).
+    The settings are keyed by value (a list as its tuple, as gin gives
+    either), whatever order the keywords come in."""
+    return _traced_view(size, tuple(scale), tuple(mean), tuple(std),
+                        color_strength, blur_prob, distortion)
+
+
+@functools.lru_cache(maxsize=None)
+def _traced_view(size, scale, mean, std, color_strength, blur_prob,
+                 distortion):
+    """`view_function`'s cache: one `tf.function` per setting."""
     return tf.function(functools.partial(
         make_view, size=size, scale=scale, mean=mean, std=std,
         color_strength=color_strength, blur_prob=blur_prob,

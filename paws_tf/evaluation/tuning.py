@@ -84,9 +84,9 @@ def views_dataset_fn(source, global_batch_size, num_replicas, seed, tags,
     reshuffled every epoch, the order and the views seeded with the two
     `sampling.derive_seed` `tags`; the views are `augment.make_view`'s of
     the keyword arguments, traced once a setting and process
-    (`augment.view_function`, whose cache takes them in this order)."""
+    (`augment.view_function`)."""
     make_view = augment.view_function(
-        size=size, scale=tuple(scale), mean=tuple(mean), std=tuple(std),
+        size=size, scale=scale, mean=mean, std=std,
         color_strength=color_strength, blur_prob=blur_prob,
         distortion=distortion)
     n, batch = source.num_examples, global_batch_size // num_replicas
