@@ -125,8 +125,8 @@ def load_data(run, *, trained=False, takes=None, train=gin.REQUIRED, test=None,
 
     Raises:
         checks.DataError: the test classes or channels differ from the
-            labeled ones, or the labeled channels from `takes`, or (`trained`) the data or normalisation from the
-            run's records.
+            labeled ones, or the labeled channels from `takes`, or
+            (`trained`) the data or normalisation from the run's records.
         ValueError: on a bad `normalization`.
     """
     normalization_lib.normalization(normalization)

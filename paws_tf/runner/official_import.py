@@ -294,8 +294,10 @@ def check_preprocessing(run):
         recorded['channels'], f'The model imported into {run} ({where})',
         also=fix and f'{fix} (the normalisation it was trained with)')
     if fix:
-        decode = (isinstance(given, tuple) and len(given[0]) != len(
-            values[0])) * f' and decode the images to {len(values[0])}'
+        other_channels = (isinstance(given, tuple)
+                          and len(given[0]) != len(values[0]))
+        decode = (f' and decode the images to {len(values[0])}'
+                  if other_channels else '')
         raise checks.ConfigError(
             f'{where} records the normalisation the model imported into '
             f'{run} was trained with (mean {values[0]}, std {values[1]}), '
