@@ -50,8 +50,8 @@ class AdamW(tf_keras.optimizers.Optimizer):
     every variable not excluded by name.
 
     With `final_weight_decay`, `wd_t` follows DINO's cosine schedule
-    (`schedules.CosineSchedule`) from `weight_decay` to `final_weight_decay`
-    over the learning-rate schedule's run (its `steps_per_epoch` and
+    (`schedules.WarmupCosineDecay` without warm-up) from `weight_decay` to
+    `final_weight_decay` over the learning-rate schedule's run (its `steps_per_epoch` and
     `num_epochs`, which the training code sets): DINO schedules both over
     the same epochs and steps. Both are evaluated at the number of updates
     already applied.
@@ -114,9 +114,13 @@ class AdamW(tf_keras.optimizers.Optimizer):
                     'over the run, which needs a learning-rate schedule '
                     'with steps_per_epoch and num_epochs '
                     f'(WarmupCosineDecay), got {learning_rate!r}.')
-            self.weight_decay_schedule = schedules.CosineSchedule(
+            # Every argument given: none may come from the learning rate's
+            # gin bindings.
+            self.weight_decay_schedule = schedules.WarmupCosineDecay(
                 learning_rate.steps_per_epoch, learning_rate.num_epochs,
-                weight_decay, final_weight_decay)
+                start_lr=weight_decay, ref_lr=weight_decay,
+                final_lr=final_weight_decay, warmup_epochs=0,
+                warmup_fraction=None)
 
     @staticmethod
     def check_arguments(*, weight_decay, final_weight_decay, beta_1, beta_2,

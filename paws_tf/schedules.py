@@ -1,4 +1,4 @@
-"""Schedules: the learning rate's warm-up + cosine, and DINO's cosine."""
+"""Warm-up + cosine decay: the learning rate's, and AdamW's weight decay's."""
 
 import math
 
@@ -24,6 +24,11 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
     * `warmup_steps <= step <= total_steps`: half a cosine, `ref_lr ->
       final_lr`;
     * `step > total_steps`: constant `final_lr`.
+
+    Without warm-up it is DINO's `utils.cosine_scheduler(base_value,
+    final_value, epochs, niter_per_ep)` (facebookresearch/dino), whose table
+    ends at step `total_steps - 1`: `adamw.AdamW` schedules its weight decay
+    with it, as DINO and the ViT recipe of PAWS do.
 
     A warm-up that fills the run is refused: the learning rate would end at
     `ref_lr`, never decayed. (Rounding to steps can still make
@@ -135,52 +140,3 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
             'steps_per_epoch', 'num_epochs', 'start_lr', 'ref_lr',
             'final_lr', 'warmup_epochs')}
 
-
-@tf_keras.saving.register_keras_serializable(package='paws_tf')
-class CosineSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
-    """Half a cosine from `base_value` to `final_value` over the run.
-
-    DINO's `utils.cosine_scheduler(base_value, final_value, epochs,
-    niter_per_ep)` (facebookresearch/dino, without warm-up), by which DINO
-    and the ViT recipe of PAWS schedule the weight decay: after `step`
-    updates,
-
-        value = final_value + 0.5 * (base_value - final_value)
-                * (1 + cos(pi * step / total_steps))
-
-    for `step < total_steps`, and `final_value` from `total_steps` on
-    (DINO's table ends at step `total_steps - 1`).
-
-    Args:
-        steps_per_epoch, num_epochs: as `WarmupCosineDecay`'s.
-        base_value: float, the value at step 0.
-        final_value: float, the value the cosine ends at.
-
-    Raises:
-        checks.ConfigError: a step count that is not positive.
-
-    Attributes:
-        total_steps: int, `num_epochs * steps_per_epoch`.
-    """
-
-    def __init__(self, steps_per_epoch, num_epochs, base_value, final_value):
-        super().__init__()
-        self.steps_per_epoch = checks.integer('steps_per_epoch',
-                                              steps_per_epoch)
-        self.num_epochs = checks.integer('num_epochs', num_epochs)
-        self.base_value = float(base_value)
-        self.final_value = float(final_value)
-        self.total_steps = self.num_epochs * self.steps_per_epoch
-
-    def __call__(self, step):
-        """Returns the value (float32 scalar) after `step` (a number or
-        scalar tensor) updates."""
-        progress = tf.minimum(tf.cast(step, tf.float32) / self.total_steps,
-                              1.0)
-        return self.final_value + (self.base_value - self.final_value) * (
-            0.5 * (1.0 + tf.cos(math.pi * progress)))
-
-    def get_config(self):
-        """Returns the constructor arguments, for `from_config`."""
-        return {key: getattr(self, key) for key in (
-            'steps_per_epoch', 'num_epochs', 'base_value', 'final_value')}
