@@ -20,10 +20,7 @@ class NormReLUThen(tf_keras.layers.Layer):
     of 12, the WideResNet blocks 2 of 4 (docs/performance.md).
 
     Values, gradients and moving statistics are those of the composition,
-    which runs instead when `recompute` is False, or the batch norm is
-    frozen or in inference mode, or synchronised where
-    `GlobalBatchNormalization.global_replica_context` refuses, or is
-    tf_keras' `synchronized=True` layer.
+    which runs instead where the custom gradient does not apply (`call`).
 
     Args:
         norm: a `tf_keras.layers.BatchNormalization` over the last axis, with
@@ -42,20 +39,18 @@ class NormReLUThen(tf_keras.layers.Layer):
 
     def __init__(self, norm, layer, recompute=True, padding=None, **kwargs):
         super().__init__(**kwargs)
-        if not (isinstance(norm, tf_keras.layers.BatchNormalization)
-                and norm.center and norm.scale
-                and norm.axis in (-1, [-1], [3])):
-            raise ValueError(f'NormReLUThen needs a channels-last batch norm '
-                             f'with center and scale, got {norm!r}.')
-        is_conv = (isinstance(layer, tf_keras.layers.Conv2D)
-                   and layer.activation is tf_keras.activations.linear)
-        if not (is_conv or isinstance(layer, tf_keras.layers.MaxPool2D)):
-            raise ValueError(f'NormReLUThen needs a Conv2D without '
-                             f'activation or a MaxPool2D, got {layer!r}.')
-        if not (padding is None or isinstance(
-                padding, tf_keras.layers.ZeroPadding2D)):
-            raise ValueError(f'NormReLUThen pads with a ZeroPadding2D or '
-                             f'not at all, got {padding!r}.')
+        layers = tf_keras.layers
+        if not (isinstance(norm, layers.BatchNormalization) and norm.center
+                and norm.scale and norm.axis in (-1, [-1], [3])
+                and (isinstance(layer, layers.MaxPool2D) or (
+                    isinstance(layer, layers.Conv2D)
+                    and layer.activation is tf_keras.activations.linear))
+                and isinstance(padding, (type(None), layers.ZeroPadding2D))):
+            raise ValueError(
+                'NormReLUThen needs a channels-last batch norm with center '
+                'and scale, a Conv2D without activation or a MaxPool2D, and '
+                'pads with a ZeroPadding2D or not at all; got '
+                f'{norm!r}, {layer!r}, {padding!r}.')
         self.norm = norm
         self.layer = layer
         self.recompute = recompute

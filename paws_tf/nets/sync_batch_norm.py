@@ -183,10 +183,9 @@ class GlobalBatchNormalization(tf_keras.layers.BatchNormalization):
 
     def global_replica_context(self, training, mask=None):
         """The replica context whose replicas this layer's own path (one
-        all-reduce each way) synchronises, or None where tf_keras' layer runs:
-        not training, frozen, a cross-replica context, a mask, a compute dtype
-        the fused kernels lack (float64), and the options the path does not
-        implement (no center or scale, renorm, virtual batches, adjustment)."""
+        all-reduce each way) synchronises, or None where tf_keras' layer runs
+        (float64: the fused kernels lack it; the options the path does not
+        implement)."""
         replica_context = tf.distribute.get_replica_context()
         if (training is not True or not self.trainable
                 or replica_context is None or mask is not None
