@@ -30,7 +30,7 @@ def is_excluded_from_decay(variable):
 
 @tf_keras.saving.register_keras_serializable(package='paws_tf')
 @gin.configurable
-class AdamW(tf_keras.optimizers.Optimizer):
+class AdamW(lars.DenseOptimizer):
     """Adam with decoupled weight decay, as `torch.optim.AdamW`.
 
     For a variable `theta` with gradient `g` (already summed over replicas by
@@ -56,10 +56,8 @@ class AdamW(tf_keras.optimizers.Optimizer):
     the same epochs and steps. Both are evaluated at the number of updates
     already applied.
 
-    As in `lars.LARS`, sparse gradients become dense (the whole variable
-    is decayed) and the base class's decoupled decay is disabled
-    (`self.weight_decay` stays None; the schedule is
-    `self.weight_decay_schedule`).
+    The weight decay's schedule is `self.weight_decay_schedule`
+    (`lars.DenseOptimizer`: the base class's decay is off).
 
     Args:
         learning_rate: float, or a
@@ -87,15 +85,19 @@ class AdamW(tf_keras.optimizers.Optimizer):
         TypeError: if `exclude_from_weight_decay` has the wrong type.
     """
 
+    ARGUMENTS = {'weight_decay': 'decoupled_weight_decay',
+                 'final_weight_decay': 'final_weight_decay',
+                 'beta_1': 'beta_1', 'beta_2': 'beta_2', 'epsilon': 'epsilon',
+                 'exclude_from_weight_decay': '_exclude_from_weight_decay_arg'}
+
     def __init__(self, learning_rate, weight_decay=0.04,
                  final_weight_decay=None, beta_1=0.9, beta_2=0.999,
                  epsilon=1e-8, exclude_from_weight_decay=None, name='AdamW',
                  **kwargs):
-        super().__init__(name=name, weight_decay=None, **kwargs)
+        super().__init__(learning_rate, name, **kwargs)
         self.check_arguments(weight_decay=weight_decay,
                              final_weight_decay=final_weight_decay,
                              beta_1=beta_1, beta_2=beta_2, epsilon=epsilon)
-        self._learning_rate = self._build_learning_rate(learning_rate)
         self.decoupled_weight_decay = weight_decay
         self.final_weight_decay = final_weight_decay
         self.beta_1 = beta_1
@@ -137,30 +139,16 @@ class AdamW(tf_keras.optimizers.Optimizer):
         checks.number(name('beta_2'), beta_2, low=0.0, high=1.0)
         checks.number(name('epsilon'), epsilon, low=0.0)
 
-    def build(self, var_list):
-        """Creates the moment variables of `var_list`."""
-        super().build(var_list)
-        if getattr(self, '_built', False):
-            return
-        self.momentums = [
-            self.add_variable_from_reference(var, 'm') for var in var_list]
+    def build_slots(self, var_list):
+        """Creates the second moments; which variables are decayed."""
         self.velocities = [
             self.add_variable_from_reference(var, 'v') for var in var_list]
-        # Exclusion is decided here, on the variable itself: in
-        # update_step, MirroredStrategy passes per-device components named
-        # like `dense/bias/replica_1:0`. Aligned with var_list.
-        self._decayed = self._no_dependency(
+        self._decayed = self._no_dependency(  # Aligned with var_list.
             [not self.exclude_from_weight_decay(var) for var in var_list])
-        self._built = True
 
-    def update_step(self, gradient, variable):
-        """Applies one AdamW update to `variable` (its per-device component
-        under a distribution strategy) from `gradient`, a dense tensor or
-        `tf.IndexedSlices` already aggregated across replicas."""
-        gradient = tf.convert_to_tensor(gradient)  # Dense, if sparse.
-        index = self._index_dict[self._var_key(variable)]
+    def update(self, gradient, variable, index, lr):
+        """One AdamW update of `variable`, its `index` in `var_list`."""
         dtype = variable.dtype
-        lr = tf.cast(self.learning_rate, dtype)
         if self._decayed[index]:
             weight_decay = tf.cast(
                 self.weight_decay_schedule(self.iterations), dtype)
@@ -193,19 +181,3 @@ class AdamW(tf_keras.optimizers.Optimizer):
         the first update's before any."""
         return tf.cast(self.weight_decay_schedule(
             tf.maximum(self.iterations - 1, 0)), tf.float32)
-
-    def get_config(self):
-        """Returns the constructor arguments, for `from_config`: a callable
-        `exclude_from_weight_decay` as is (not JSON-serialisable; use None
-        or a regex string for a config written out)."""
-        return {
-            **super().get_config(),
-            'learning_rate': self._serialize_hyperparameter(
-                self._learning_rate),
-            'weight_decay': self.decoupled_weight_decay,
-            'final_weight_decay': self.final_weight_decay,
-            'beta_1': self.beta_1,
-            'beta_2': self.beta_2,
-            'epsilon': self.epsilon,
-            'exclude_from_weight_decay': self._exclude_from_weight_decay_arg,
-        }

@@ -49,9 +49,55 @@ def as_predicate(value, default, parameter, takes='str'):
                     f'{takes} -> bool, got {value!r}.')
 
 
+class DenseOptimizer(tf_keras.optimizers.Optimizer):
+    """What `LARS` and `adamw.AdamW` share: a learning rate (or schedule)
+    and a weight decay of their own (the base class's decoupled decay is
+    off: `self.weight_decay` stays None), a momentum `m` per variable,
+    updates of the whole variable (a sparse `tf.IndexedSlices` gradient
+    becomes dense: the whole variable is decayed, so a sparse update would
+    not be cheaper), and `get_config` from `ARGUMENTS` (constructor
+    argument -> attribute; a callable exclusion as is, not
+    JSON-serialisable: use None or a regex string for a config written
+    out). Subclasses implement `build_slots` and `update`."""
+
+    ARGUMENTS = {}
+
+    def __init__(self, learning_rate, name, **kwargs):
+        super().__init__(name=name, weight_decay=None, **kwargs)
+        self._learning_rate = self._build_learning_rate(learning_rate)
+
+    def build(self, var_list):
+        """Creates the momentums and `build_slots(var_list)` once."""
+        super().build(var_list)
+        if getattr(self, '_built', False):
+            return
+        self.momentums = [
+            self.add_variable_from_reference(var, 'm') for var in var_list]
+        # Exclusions are decided there, on the variables themselves: in
+        # update_step, MirroredStrategy passes per-device components named
+        # like `dense/bias/replica_1:0`.
+        self.build_slots(var_list)
+        self._built = True
+
+    def update_step(self, gradient, variable):
+        """Updates `variable` (its per-device component under a
+        distribution strategy) from `gradient`, a dense tensor or
+        `tf.IndexedSlices` already aggregated across replicas."""
+        self.update(tf.convert_to_tensor(gradient), variable,
+                    self._index_dict[self._var_key(variable)],
+                    tf.cast(self.learning_rate, variable.dtype))
+
+    def get_config(self):
+        return {**super().get_config(),
+                'learning_rate': self._serialize_hyperparameter(
+                    self._learning_rate),
+                **{key: getattr(self, attribute)
+                   for key, attribute in self.ARGUMENTS.items()}}
+
+
 @tf_keras.saving.register_keras_serializable(package='paws_tf')
 @gin.configurable
-class LARS(tf_keras.optimizers.Optimizer):
+class LARS(DenseOptimizer):
     """Layer-wise adaptive rate scaling with classical momentum.
 
     For a variable `theta` with gradient `g` (already summed over replicas by
@@ -70,13 +116,8 @@ class LARS(tf_keras.optimizers.Optimizer):
     PyTorch SGD, TF1 `MomentumOptimizer`), which amounts to a momentum of
     `momentum * lr_t / lr_{t-1}` while the learning rate changes.
 
-    Sparse gradients (`tf.IndexedSlices`) are converted to dense tensors: the
-    trust ratio needs the norm of the whole gradient and the whole variable
-    is decayed, so a sparse update would not be cheaper.
-
-    Weight decay is the L2 term inside `d` above. The base class's decoupled
-    decay is disabled: `self.weight_decay` stays None and the LARS value is
-    `self.l2_weight_decay`.
+    Weight decay is the L2 term inside `d` above, `self.l2_weight_decay`
+    (`DenseOptimizer`: the base class's is off).
 
     Args:
         learning_rate: float, or a
@@ -101,13 +142,16 @@ class LARS(tf_keras.optimizers.Optimizer):
         TypeError: if `exclude_from_adaptation` has the wrong type.
     """
 
+    ARGUMENTS = {'momentum': 'momentum', 'weight_decay': 'l2_weight_decay',
+                 'trust_coefficient': 'trust_coefficient', 'eps': 'eps',
+                 'exclude_from_adaptation': '_exclude_from_adaptation_arg'}
+
     def __init__(self, learning_rate, momentum=0.9, weight_decay=1e-6,
                  trust_coefficient=0.001, eps=1e-8,
                  exclude_from_adaptation=None, name='LARS', **kwargs):
-        super().__init__(name=name, weight_decay=None, **kwargs)
+        super().__init__(learning_rate, name, **kwargs)
         self.check_arguments(momentum=momentum, weight_decay=weight_decay,
                              trust_coefficient=trust_coefficient, eps=eps)
-        self._learning_rate = self._build_learning_rate(learning_rate)
         self.momentum = momentum
         self.l2_weight_decay = weight_decay
         self.trust_coefficient = trust_coefficient
@@ -129,16 +173,8 @@ class LARS(tf_keras.optimizers.Optimizer):
         checks.number(name('trust_coefficient'), trust_coefficient,
                       positive=True)
 
-    def build(self, var_list):
-        """Creates the momentum and trust-ratio variables of `var_list`."""
-        super().build(var_list)
-        if getattr(self, '_built', False):
-            return
-        self.momentums = [
-            self.add_variable_from_reference(var, 'm') for var in var_list]
-        # Exclusion is decided here, on the variable's own name: in
-        # update_step, MirroredStrategy passes per-device components named
-        # like `dense/bias/replica_1:0`.
+    def build_slots(self, var_list):
+        """Creates the trust-ratio variables of the adapted variables."""
         slots = [None if self.exclude_from_adaptation(var.name) else
                  self.add_variable_from_reference(
                      var, 'trust_ratio', initial_value=tf.ones(
@@ -147,7 +183,6 @@ class LARS(tf_keras.optimizers.Optimizer):
         # Aligned with var_list (None = excluded); not tracked twice.
         self._trust_ratio_slots = self._no_dependency(slots)
         self.trust_ratios = [slot for slot in slots if slot is not None]
-        self._built = True
 
     def _trust_ratio(self, gradient, variable):
         """Returns the scalar LARS trust ratio of one adapted variable."""
@@ -162,15 +197,9 @@ class LARS(tf_keras.optimizers.Optimizer):
         return tf.where((param_norm > 0.0) & (grad_norm > 0.0), ratio,
                         tf.ones_like(ratio))
 
-    def update_step(self, gradient, variable):
-        """Applies one LARS update to `variable` (its per-device component
-        under a distribution strategy) from `gradient`, a dense tensor or
-        `tf.IndexedSlices` already aggregated across replicas."""
-        gradient = tf.convert_to_tensor(gradient)  # Dense, if sparse.
-        index = self._index_dict[self._var_key(variable)]
-        velocity = self.momentums[index]
+    def update(self, gradient, variable, index, lr):
+        """One LARS update of `variable`, its `index` in `var_list`."""
         trust_ratio_slot = self._trust_ratio_slots[index]
-        lr = tf.cast(self.learning_rate, variable.dtype)
         if trust_ratio_slot is None:
             direction = gradient
         else:
@@ -188,7 +217,7 @@ class LARS(tf_keras.optimizers.Optimizer):
         # theta in place, where a step of ResNet-50 would otherwise hold
         # several variable-sized temporaries per variable at once.
         tf.raw_ops.ResourceApplyKerasMomentum(
-            var=variable.handle, accum=velocity.handle, lr=lr,
+            var=variable.handle, accum=self.momentums[index].handle, lr=lr,
             grad=direction,
             momentum=tf.cast(self.momentum, variable.dtype),
             use_locking=False, use_nesterov=False)
@@ -206,18 +235,3 @@ class LARS(tf_keras.optimizers.Optimizer):
         return {'mean': tf.reduce_mean(ratios),
                 'min': tf.reduce_min(ratios),
                 'max': tf.reduce_max(ratios)}
-
-    def get_config(self):
-        """Returns the constructor arguments, for `from_config`: a callable
-        `exclude_from_adaptation` as is (not JSON-serialisable; use None or
-        a regex string for a config written out)."""
-        return {
-            **super().get_config(),
-            'learning_rate': self._serialize_hyperparameter(
-                self._learning_rate),
-            'momentum': self.momentum,
-            'weight_decay': self.l2_weight_decay,
-            'trust_coefficient': self.trust_coefficient,
-            'eps': self.eps,
-            'exclude_from_adaptation': self._exclude_from_adaptation_arg,
-        }
