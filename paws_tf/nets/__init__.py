@@ -31,18 +31,12 @@ def build_in_scope(layer, input_shape):
 
 
 def torch_default_init(fan_in):
-    """Initializers of PyTorch's default `nn.Conv2d` / `nn.Linear`.
-
-    `reset_parameters` draws the weights with `kaiming_uniform_(a=sqrt(5))`,
-    i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in)), and the bias from the same range.
-    Fresh instances: an unseeded initializer instance repeats its values.
-
-    Args:
-        fan_in: inputs of one output unit (kernel area x input channels).
-
-    Returns:
-        dict of `kernel_initializer` and `bias_initializer`.
-    """
+    """`kernel_initializer` and `bias_initializer` of PyTorch's default
+    `nn.Conv2d` / `nn.Linear` of `fan_in` inputs per output unit (kernel
+    area x input channels): `reset_parameters` draws the weights with
+    `kaiming_uniform_(a=sqrt(5))`, i.e. U(+-1/sqrt(fan_in)), and the bias
+    from the same range. Fresh instances: an unseeded initializer instance
+    repeats its values."""
     bound = 1 / math.sqrt(fan_in)
     return dict(
         kernel_initializer=tf_keras.initializers.VarianceScaling(
