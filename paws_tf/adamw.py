@@ -50,8 +50,8 @@ class AdamW(lars.DenseOptimizer):
     every variable not excluded by name.
 
     With `final_weight_decay`, `wd_t` follows DINO's cosine schedule
-    (`schedules.WarmupCosineDecay` without warm-up) from `weight_decay` to
-    `final_weight_decay` over the learning-rate schedule's run (its `steps_per_epoch` and
+    (`schedules.cosine_decay`) from `weight_decay` to `final_weight_decay`
+    over the learning-rate schedule's run (its `steps_per_epoch` and
     `num_epochs`, which the training code sets): DINO schedules both over
     the same epochs and steps. Both are evaluated at the number of updates
     already applied.
@@ -116,13 +116,9 @@ class AdamW(lars.DenseOptimizer):
                     'over the run, which needs a learning-rate schedule '
                     'with steps_per_epoch and num_epochs '
                     f'(WarmupCosineDecay), got {learning_rate!r}.')
-            # Every argument given: none may come from the learning rate's
-            # gin bindings.
-            self.weight_decay_schedule = schedules.WarmupCosineDecay(
+            self.weight_decay_schedule = schedules.cosine_decay(
                 learning_rate.steps_per_epoch, learning_rate.num_epochs,
-                start_lr=weight_decay, ref_lr=weight_decay,
-                final_lr=final_weight_decay, warmup_epochs=0,
-                warmup_fraction=None)
+                weight_decay, final_weight_decay)
 
     @staticmethod
     def check_arguments(*, weight_decay, final_weight_decay, beta_1, beta_2,

@@ -140,3 +140,12 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
             'steps_per_epoch', 'num_epochs', 'start_lr', 'ref_lr',
             'final_lr', 'warmup_epochs')}
 
+
+def cosine_decay(steps_per_epoch, num_epochs, start, end):
+    """`start` cosine-decayed to `end` over the run, without warm-up
+    (`WarmupCosineDecay`, DINO's `cosine_scheduler`). Every argument is
+    given: none may come from the gin bindings of the learning rate's
+    schedule (its final rate, a warm-up fraction)."""
+    return WarmupCosineDecay(steps_per_epoch, num_epochs, start, start,
+                             final_lr=end, warmup_epochs=0,
+                             warmup_fraction=None)

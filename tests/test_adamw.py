@@ -272,9 +272,7 @@ def test_checkpoint_restores_moments_and_iterations(tmp_path):
 def test_cosine_schedule_is_dinos():
     """Fails if the cosine ends at the last step rather than after it
     (DINO divides by the number of steps), or goes on past the run."""
-    schedule = adamw.AdamW(
-        schedules.WarmupCosineDecay(3, 4, 0.1, 0.1, warmup_epochs=0),
-        weight_decay=WD, final_weight_decay=FINAL_WD).weight_decay_schedule
+    schedule = schedules.cosine_decay(3, 4, WD, FINAL_WD)
     want = _dino_cosine_scheduler(WD, FINAL_WD, 4, 3)
     got = [float(schedule(step)) for step in range(12)]
     np.testing.assert_allclose(got, want, rtol=1e-6)
