@@ -54,8 +54,9 @@ class DenseOptimizer(tf_keras.optimizers.Optimizer):
     and a weight decay of their own (the base class's decoupled decay is
     off: `self.weight_decay` stays None), a momentum `m` per variable,
     updates of the whole variable (a sparse `tf.IndexedSlices` gradient
-    becomes dense: the whole variable is decayed, so a sparse update would
-    not be cheaper), and `get_config` from `ARGUMENTS` (constructor
+    becomes dense: LARS's trust ratio needs the whole gradient's norm and
+    both decay the whole variable, so a sparse update would not be
+    cheaper), and `get_config` from `ARGUMENTS` (constructor
     argument -> attribute; a callable exclusion as is, not
     JSON-serialisable: use None or a regex string for a config written
     out). Subclasses implement `build_slots` and `update`."""
