@@ -294,15 +294,27 @@ def check_preprocessing(run):
         recorded['channels'], f'The model imported into {run} ({where})',
         also=fix and f'{fix} (the normalisation it was trained with)')
     if fix:
-        other_channels = (isinstance(given, tuple)
-                          and len(given[0]) != len(values[0]))
-        decode = (f' and decode the images to {len(values[0])}'
-                  if other_channels else '')
         raise checks.ConfigError(
             f'{where} records the normalisation the model imported into '
             f'{run} was trained with (mean {values[0]}, std {values[1]}), '
-            f'not {name} = {spec!r}: bind {fix}{decode}.')
+            f'not {name} = {spec!r}: bind {fix}'
+            f'{_decode(given, recorded["channels"])}.')
     return recorded['channels'], f'The model imported into {run}'
+
+
+def _decode(given, channels):
+    """' and ...': what makes the training source decode the `channels`
+    the import takes, where the normalisation `given` is of other channels
+    and the source's `channels` argument does not say it decodes them (a
+    bound value that differs `experiment.check_channels` refused); ''
+    where it does."""
+    bound = experiment.train_channels()
+    if not isinstance(given, tuple) or len(given[0]) == channels or (
+            bound is not None and bound[0] == channels):
+        return ''
+    if bound is None:
+        return f' and use a source of {channels}-channel images'
+    return f' and {bound[1]} = {channels}'
 
 
 def backbone_only(run, record, needs):
