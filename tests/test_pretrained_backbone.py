@@ -22,6 +22,7 @@ from paws_tf import run_dir
 from paws_tf.nets import backbones
 from paws_tf.runner import architecture
 from paws_tf.runner import building
+from paws_tf.runner import official_import
 from paws_tf.runner import start
 from tests.helpers import debug_gin
 from tests.helpers import image_folders
@@ -451,16 +452,21 @@ def test_a_relative_path_is_judged_by_its_own_run(tmp_path, monkeypatch):
                 'backbone.h5', 'train.pretrained_backbone'))
 
 
-@pytest.mark.parametrize('part', ['backbone', 'model'])
+@pytest.mark.parametrize('part, needs', [
+    ('backbone', 'a backbone: a PAWS, DINO, MSN or DINOv2 checkpoint'),
+    ('model', 'a pre-trained checkpoint (backbone, fc projection')])
 def test_an_imported_fine_tuned_classifier_is_refused_saying_what_it_is(
-        tmp_path, part):
+        tmp_path, part, needs):
     """A fine-tuned import (imported.json of kind 'fine_tuned', its
     SavedModel under fine_tuned/) named by train.pretrained_model or
     train.pretrained_backbone, as its directory or its fine_tuned/ export,
     is refused before any read with what it is and what is needed: a
-    pre-trained checkpoint's import. Caught: without the refusal, the read
-    of this one ended in 'No TF checkpoint at ...: expected a checkpoint
-    prefix', which says nothing of the import."""
+    pre-trained checkpoint's import for a model, a backbone for a
+    backbone; so are evaluate_nn and fine_tune on it. Caught: without the
+    refusal, the read of this one ended in 'No TF checkpoint at ...:
+    expected a checkpoint prefix', which says nothing of the import; a
+    backbone (the binding, and fine_tune: tried, `check_mode` not passing
+    `backbone` on) was said to need the heads too."""
     imported = tmp_path / 'fine_tuned_import'
     (imported / 'export' / 'fine_tuned' / 'variables').mkdir(parents=True)
     (imported / 'imported.json').write_text(
@@ -470,10 +476,16 @@ def test_an_imported_fine_tuned_classifier_is_refused_saying_what_it_is(
             with pytest.raises(ValueError, match=(
                     f"^{imported} holds the fine-tuned classifier imported "
                     r'from ft.pth.tar \(its SavedModel is .*\): '
-                    f"train.pretrained_{part} = '{path}' needs a pre-trained "
-                    'checkpoint')):
+                    f"train.pretrained_{part} = '{path}' needs "
+                    + re.escape(needs))):
                 start.check_pretrained(run_dir.RunDir(tmp_path / 'run'), **{
                     part: (str(path), f'train.pretrained_{part}')})
+    # A mode on the import: fine_tune runs on a backbone, evaluate_nn not.
+    mode = 'fine_tune' if part == 'backbone' else 'evaluate_nn'
+    with pytest.raises(ValueError, match=f'--mode={mode} needs ' + re.escape(
+            needs)):
+        official_import.check_mode(run_dir.RunDir(str(imported)), mode,
+                                   backbone=part == 'backbone')
 
 
 @pytest.mark.parametrize('theirs, ours', [

@@ -49,7 +49,7 @@ def refuse_another(path, name, part):
         recorded, configured = _differences(source, part)
     elif record['kind'] == official_import.FINE_TUNED:
         raise checks.ConfigError(official_import.fine_tuned_only(
-            source, record, f'{name} = {path!r}'))
+            source, record, f'{name} = {path!r}', backbone=part == BACKBONE))
     elif record['kind'] != official_import.BACKBONE:
         return
     elif part == MODEL:

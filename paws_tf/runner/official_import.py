@@ -352,17 +352,22 @@ def check_mode(run, mode, *, trains=False, backbone=False):
     if record['kind'] == BACKBONE and not backbone:
         raise ImportFailed(backbone_only(run, record, f'--mode={mode}'))
     if record['kind'] == FINE_TUNED:
-        raise ImportFailed(fine_tuned_only(run, record, f'--mode={mode}'))
+        raise ImportFailed(fine_tuned_only(run, record, f'--mode={mode}',
+                                           backbone=backbone))
     return True
 
 
-def fine_tuned_only(run, record, needs):
-    """The message for `needs` (a mode or binding) that needs a PAWS model
-    or backbone where `run` holds the fine-tuned classifier import
-    `record`, a SavedModel alone."""
+def fine_tuned_only(run, record, needs, backbone=False):
+    """The message for `needs` (a mode or binding) that needs a PAWS model,
+    or with `backbone` a backbone alone, where `run` holds the fine-tuned
+    classifier import `record`, a SavedModel alone."""
+    wanted = ('a backbone: a PAWS, DINO, MSN or DINOv2 checkpoint imported '
+              'into another --model_dir, or a paws_tf run '
+              '(train.pretrained_backbone also reads a backbone weights '
+              'file)' if backbone else
+              'a pre-trained checkpoint (backbone, fc projection and pred '
+              'prediction heads), e.g. paws_imgnt_10percent_300ep.pth.tar, '
+              'imported into another --model_dir')
     return (f'{run} holds the fine-tuned classifier imported from '
             f'{record["source"]} (its SavedModel is {run.fine_tuned}): '
-            f'{needs} needs a pre-trained checkpoint (backbone, fc '
-            'projection and pred prediction heads), e.g. '
-            'paws_imgnt_10percent_300ep.pth.tar, imported into another '
-            '--model_dir.')
+            f'{needs} needs {wanted}.')
