@@ -15,6 +15,10 @@ same way, in this process. It also times the support sampling per support
 row. Run it on one core for per-core figures:
 
     taskset -c 0 python benchmarks/profile_view.py --official
+
+With `--resize` it times instead the antialiased resize of a 300 x 400
+uint8 image to 224 x 224 with one intra-op thread, `tf.image.resize`
+against `image_ops.resize` (the same values), in alternating rounds.
 """
 
 import argparse
@@ -28,6 +32,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import paws_tf  # noqa: E402,F401  (selects tf_keras before TF is used)
+import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from benchmarks import bench_input  # noqa: E402
@@ -168,6 +173,26 @@ def profile_official(paths, args):
     return result
 
 
+def profile_resize(args, rounds=3):
+    """CPU milliseconds per call of each antialiased resize, a list of
+    `rounds` rounds of `args.seconds` each, the two in alternation."""
+    image = tf.constant(np.random.default_rng(0).integers(
+        0, 256, (300, 400, 3), dtype=np.uint8))
+    resizes = {
+        'tf.image.resize': tf.function(
+            lambda x: tf.image.resize(x, (224, 224), antialias=True)),
+        'image_ops.resize': tf.function(
+            lambda x: image_ops.resize(x, (224, 224), antialias=True))}
+    result = {name: [] for name in resizes}
+    for resize in resizes.values():
+        resize(image)  # Traced before it is timed.
+    for _ in range(rounds):
+        for name, resize in resizes.items():
+            cpu = _seconds_per_call(lambda _: resize(image), args.seconds)[1]
+            result[name].append(round(1e3 * cpu, 3))
+    return result
+
+
 def _added(cumulative):
     """Per stage, the CPU time it adds to the one before."""
     stages = list(cumulative)
@@ -181,7 +206,15 @@ def main():
     parser.add_argument('--seconds', type=float, default=10.0)
     parser.add_argument('--official', action='store_true',
                         help='also time the official input path')
+    parser.add_argument('--resize', action='store_true',
+                        help='time the antialiased resizes instead')
     args = parser.parse_args()
+    if args.resize:
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        print(json.dumps({'cpu_ms_per_resize': profile_resize(args),
+                          'cores': len(os.sched_getaffinity(0)),
+                          'load_avg_1min': os.getloadavg()[0]}), flush=True)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         labeled = bench_input.imagenet_setting(pathlib.Path(tmp))[0]
         paths = sorted(str(p) for p in pathlib.Path(tmp).glob('*/*.jpg'))

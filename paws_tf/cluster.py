@@ -68,16 +68,17 @@ def _cluster_resolver(slurm_port_base):
 
 
 def intra_op_threads(devices, gpus, environ=None):
-    """The intra-op threads of a job training on `devices` (None: every GPU
-    of `gpus`, the visible ones, else the CPU): `GPU_JOB_INTRA_OP_THREADS`
-    on GPUs; None, TensorFlow's default of a thread per core, on the CPU,
-    whose train step's ops use them, or when TF_NUM_INTRAOP_THREADS in
-    `environ` (default `os.environ`) chooses."""
+    """The intra-op threads of a job training on `devices` (device names,
+    of which any of type GPU makes a GPU job; None: every GPU of `gpus`,
+    the visible ones, else the CPU): `GPU_JOB_INTRA_OP_THREADS` on GPUs;
+    None, TensorFlow's default of a thread per core, on the CPU, whose
+    train step's ops use them, or when TF_NUM_INTRAOP_THREADS in `environ`
+    (default `os.environ`) chooses."""
     environ = os.environ if environ is None else environ
     if environ.get('TF_NUM_INTRAOP_THREADS'):
         return None
-    on_gpus = (any('GPU' in str(d).upper() for d in devices) if devices
-               else bool(gpus))
+    on_gpus = (any(tf.DeviceSpec.from_string(device).device_type == 'GPU'
+                   for device in devices) if devices else bool(gpus))
     return GPU_JOB_INTRA_OP_THREADS if on_gpus else None
 
 
@@ -103,7 +104,8 @@ def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
                   start_timeout=600):
     """Builds the distribution strategy by name, before other TensorFlow
     ops run (`MultiWorkerMirroredStrategy` must come first), and sets the
-    intra-op threads of a job on its devices (`set_intra_op_threads`).
+    intra-op threads of a job on the devices the strategy trains on
+    (`set_intra_op_threads`).
 
     Args:
         kind: one of `STRATEGY_KINDS`. `auto` picks `multi_worker` when
@@ -111,7 +113,8 @@ def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
             several GPUs are visible, else `one_device` (TF's default
             strategy: one replica on the first GPU, or the CPU).
         devices: the devices of `mirrored` (e.g. logical CPUs `['CPU:0',
-            'CPU:1']`); default all GPUs (or the CPU).
+            'CPU:1']`); default all GPUs (or the CPU). The other kinds
+            train on the visible GPUs (or the CPU) whatever it names.
         slurm_port_base: under Slurm, the port of a node's first task.
         start_timeout: seconds `multi_worker` waits for every task of the
             cluster to start (`rendezvous.wait_for_tasks`); 0: for ever.
@@ -122,10 +125,10 @@ def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
     """
     checks.one_of('make_strategy.kind', kind, STRATEGY_KINDS)
     gpus = tf.config.list_physical_devices('GPU')
-    set_intra_op_threads(devices, gpus)
     if kind == 'auto':
         kind = ('multi_worker' if cluster_in_environment() else
                 'mirrored' if len(gpus) > 1 else 'one_device')
+    set_intra_op_threads(devices if kind == 'mirrored' else None, gpus)
     if kind == 'one_device':
         return tf.distribute.get_strategy()
     if kind == 'mirrored':

@@ -15,6 +15,7 @@ _GPUS = [tf.config.PhysicalDevice('/physical_device:GPU:0', 'GPU'),
     (None, _GPUS, {}, 1),                       # auto / one_device on GPUs
     (['GPU:0', 'GPU:1'], _GPUS, {}, 1),         # mirrored on named GPUs
     (['/job:worker/replica:0/task:0/device:GPU:0'], [], {}, 1),
+    (['/job:gpu_hosts/replica:0/task:0/device:CPU:0'], [], {}, None),
     (None, [], {}, None),                       # a CPU machine
     (['CPU:0', 'CPU:1'], _GPUS, {}, None),      # logical CPUs, GPUs unused
     (None, _GPUS, {'TF_NUM_INTRAOP_THREADS': '4'}, None),  # the user's
@@ -25,9 +26,49 @@ def test_gpu_jobs_take_one_intra_op_thread_cpu_jobs_keep_theirs(
     """Catches a CPU job made single-threaded (its train step's ops would
     run on one core), a GPU job left at a thread per core (the input's ops
     split over the pool and block its tf.data workers), the visible GPUs
-    taken over `devices` that name CPUs, and TF_NUM_INTRAOP_THREADS
-    overridden."""
+    taken over `devices` that name CPUs, TF_NUM_INTRAOP_THREADS
+    overridden, and a CPU of a job named gpu_hosts taken for a GPU (tried:
+    'GPU' looked for in the device's name, 1 thread)."""
     assert cluster.intra_op_threads(devices, gpus, environ) == expected
+
+
+@pytest.mark.parametrize('kind, devices, gpus, expected', [
+    ('one_device', None, _GPUS[:1], 1),
+    ('one_device', ['CPU:0'], _GPUS[:1], 1),  # It trains on the GPU.
+    ('one_device', ['GPU:0'], [], None),      # A CPU machine.
+    ('mirrored', None, _GPUS, 1),
+    ('mirrored', ['CPU:0', 'CPU:1'], _GPUS, None),
+    ('multi_worker', ['CPU:0'], _GPUS[:1], 1),  # Its workers' GPUs.
+])
+def test_make_strategy_sets_the_threads_of_its_devices_first(
+        monkeypatch, kind, devices, gpus, expected):
+    """`make_strategy` on a machine of faked `gpus` sets the intra-op
+    threads of the devices its strategy trains on before it builds the
+    strategy: `devices` for mirrored, the visible GPUs (or the CPU) for
+    one_device and multi_worker, which ignore `devices` (multi_worker then
+    stops for want of a cluster). Caught: the call of
+    `set_intra_op_threads` deleted (nothing set on GPUs), and `devices`
+    taken for one_device and multi_worker (their GPUs given the CPU's
+    threads, a CPU machine's one_device one thread)."""
+    events = []
+    for name in ('TF_NUM_INTRAOP_THREADS', 'TF_CONFIG', 'SLURM_JOB_ID',
+                 'SLURM_NTASKS'):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(tf.config, 'list_physical_devices',
+                        lambda device_type=None: gpus)
+    monkeypatch.setattr(tf.config.threading,
+                        'set_intra_op_parallelism_threads', events.append)
+    monkeypatch.setattr(tf.distribute, 'get_strategy',
+                        lambda: events.append('strategy'))
+    monkeypatch.setattr(tf.distribute, 'MirroredStrategy',
+                        lambda *args, **kwargs: events.append('strategy'))
+    if kind == 'multi_worker':
+        with pytest.raises(ValueError, match='needs a cluster description'):
+            cluster.make_strategy(kind, devices)
+    else:
+        cluster.make_strategy(kind, devices)
+        assert events.pop() == 'strategy'
+    assert events == ([] if expected is None else [expected])
 
 
 def test_a_started_runtime_keeps_its_threads_with_a_warning(caplog,

@@ -453,3 +453,32 @@ def test_fine_tuning_an_import_on_grayscale_says_both_fixes_once(tmp_path):
                                "load_data.normalization = 'imagenet'"]):
         assert official_import.check_preprocessing(run) == (
             3, f'The model imported into {run}')
+
+
+def test_a_one_channel_normalisation_asks_to_decode_only_what_is_not(
+        tmp_path):
+    """An RGB import fine-tuned with a 1-channel normalisation: the
+    refusal names the normalisation to bind and, only where the source
+    does not say it decodes 3 channels, how to get them: nothing more for
+    synthetic_source's 3 channels, its `channels` binding where it is
+    None, 'use a source of 3-channel images' for class_subset, which has
+    no `channels` argument. Caught: 'and decode the images to 3' for
+    every source, the 3-channel one included."""
+    run = _recorded_import(tmp_path / 'imported')
+    one_channel = ['load_data.normalization = ((0.5,), (0.25,))']
+    subset = ['load_data.train = @train/class_subset',
+              'train/class_subset.source = @train/synthetic_source',
+              'train/class_subset.classes = [0, 1, 2, 3]']
+    for bindings, end in (
+            ([], "bind load_data.normalization = 'imagenet'."),
+            (['train/synthetic_source.channels = None'],
+             "bind load_data.normalization = 'imagenet' and "
+             'train/synthetic_source.channels = 3.'),
+            (subset, "bind load_data.normalization = 'imagenet' and use a "
+                     'source of 3-channel images.')):
+        with _config('debug.gin', one_channel + bindings):
+            with pytest.raises(checks.ConfigError) as refused:
+                official_import.check_preprocessing(run)
+        assert str(refused.value).endswith(
+            'not load_data.normalization = ((0.5,), (0.25,)): ' + end), (
+                str(refused.value))

@@ -11,6 +11,7 @@ its image.
 
 import csv
 
+from matplotlib import figure as mpl_figure
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -103,7 +104,7 @@ def test_pictures_of_an_evaluation(tmp_path):
         num_examples=2, num_neighbours=3)
     weights = _softmax(_cosine(embeddings[6:], embeddings[:6]) / 0.1)
     test_probs = weights @ np.eye(3)[labels[:6]]
-    matrix, figure, encoded = drawer(
+    matrix, encoded = drawer(
         str(tmp_path), 5, supports=embeddings[:6], support_labels=labels[:6],
         queries=embeddings[6:], query_labels=labels[6:],
         predictions=test_probs.argmax(axis=1), tau=0.1)
@@ -134,8 +135,12 @@ def test_pictures_of_an_evaluation(tmp_path):
     first = wrong[0] if len(wrong) else 0
     np.testing.assert_allclose(examples[0]['neighbour_weights'],
                                np.sort(weights[first])[::-1][:3], rtol=1e-5)
-    # 1 + 3 panels per row, one row per example, and the matrix with its
-    # colour scale, fractions from 0 to 1.
+    # Drawn as the picture draws them: 1 + 3 panels per row, one row per
+    # example, and the matrix with its colour scale, fractions from 0 to 1.
+    figure = mpl_figure.Figure()
+    left, right = figure.subfigures(1, 2)
+    pictures.draw_confusion_matrix(left.subplots(), matrix, CLASSES)
+    pictures.draw_neighbours(right, examples, CLASSES)
     assert len(figure.get_axes()) == 2 * 4 + 1
     matrix_axes, = [axes for axes in figure.get_axes()
                     if axes.get_title().startswith('confusion matrix')]
@@ -146,8 +151,11 @@ def test_pictures_of_an_evaluation(tmp_path):
     events.Reload()
     image, = events.Tensors('paws_nn_pictures/confusion_and_neighbours')
     assert image.step == 5
-    # An image summary: width, height, then the PNG.
-    width, height, encoded = image.tensor_proto.string_val
+    # An image summary: width, height, then the PNG, of the pixels of the
+    # one returned.
+    width, height, summary = image.tensor_proto.string_val
+    np.testing.assert_array_equal(tf.io.decode_png(summary),
+                                  tf.io.decode_png(encoded))
     assert tf.io.decode_png(encoded).shape[:2] == (int(height), int(width))
 
 

@@ -11,6 +11,7 @@ checkpoint and stopped on its missing folder instead).
 """
 
 import os
+import re
 
 import gin
 import numpy as np
@@ -21,6 +22,7 @@ from paws_tf import run_dir
 from paws_tf.nets import backbones
 from paws_tf.runner import architecture
 from paws_tf.runner import building
+from paws_tf.runner import official_import
 from paws_tf.runner import start
 from tests.helpers import debug_gin
 from tests.helpers import image_folders
@@ -364,9 +366,14 @@ def test_the_source_runs_architecture_is_compared_by_value(tmp_path):
 def test_a_run_of_another_batch_norm_epsilon_is_refused(tmp_path):
     """`build_backbone.bn_epsilon` changes every batch norm's output and no
     variable: a source run of another epsilon is refused naming the edit,
-    which once followed is accepted. Fails if only the family's
-    arguments are compared (tried: `bn_epsilon` left out of
-    `architecture._differences`, the run accepted)."""
+    which once followed is accepted; a ViT, which has no batch norm, is
+    accepted at another epsilon. Fails if only the family's arguments are
+    compared (tried: `bn_epsilon` left out of `architecture._differences`,
+    the run accepted), or if the epsilon is compared for every family
+    (tried: the ViT refused with an edit that changes nothing)."""
+    vit = list(debug_gin.VIT)
+    assert _refusal(tmp_path, vit + ['build_backbone.bn_epsilon = 1e-3'],
+                    vit) is None
     refusal = _refusal(tmp_path, ['build_backbone.bn_epsilon = 1e-3'], [])
     assert refusal is not None and refusal.endswith(
         'was built with build_backbone.bn_epsilon = 0.001; this config '
@@ -445,16 +452,21 @@ def test_a_relative_path_is_judged_by_its_own_run(tmp_path, monkeypatch):
                 'backbone.h5', 'train.pretrained_backbone'))
 
 
-@pytest.mark.parametrize('part', ['backbone', 'model'])
+@pytest.mark.parametrize('part, needs', [
+    ('backbone', 'a backbone: a PAWS, DINO, MSN or DINOv2 checkpoint'),
+    ('model', 'a pre-trained checkpoint (backbone, fc projection')])
 def test_an_imported_fine_tuned_classifier_is_refused_saying_what_it_is(
-        tmp_path, part):
+        tmp_path, part, needs):
     """A fine-tuned import (imported.json of kind 'fine_tuned', its
     SavedModel under fine_tuned/) named by train.pretrained_model or
     train.pretrained_backbone, as its directory or its fine_tuned/ export,
     is refused before any read with what it is and what is needed: a
-    pre-trained checkpoint's import. Caught: without the refusal, the read
-    of this one ended in 'No TF checkpoint at ...: expected a checkpoint
-    prefix', which says nothing of the import."""
+    pre-trained checkpoint's import for a model, a backbone for a
+    backbone; so are evaluate_nn and fine_tune on it. Caught: without the
+    refusal, the read of this one ended in 'No TF checkpoint at ...:
+    expected a checkpoint prefix', which says nothing of the import; a
+    backbone (the binding, and fine_tune: tried, `check_mode` not passing
+    `backbone` on) was said to need the heads too."""
     imported = tmp_path / 'fine_tuned_import'
     (imported / 'export' / 'fine_tuned' / 'variables').mkdir(parents=True)
     (imported / 'imported.json').write_text(
@@ -464,29 +476,43 @@ def test_an_imported_fine_tuned_classifier_is_refused_saying_what_it_is(
             with pytest.raises(ValueError, match=(
                     f"^{imported} holds the fine-tuned classifier imported "
                     r'from ft.pth.tar \(its SavedModel is .*\): '
-                    f"train.pretrained_{part} = '{path}' needs a pre-trained "
-                    'checkpoint')):
+                    f"train.pretrained_{part} = '{path}' needs "
+                    + re.escape(needs))):
                 start.check_pretrained(run_dir.RunDir(tmp_path / 'run'), **{
                     part: (str(path), f'train.pretrained_{part}')})
+    # A mode on the import: fine_tune runs on a backbone, evaluate_nn not.
+    mode = 'fine_tune' if part == 'backbone' else 'evaluate_nn'
+    with pytest.raises(ValueError, match=f'--mode={mode} needs ' + re.escape(
+            needs)):
+        official_import.check_mode(run_dir.RunDir(str(imported)), mode,
+                                   backbone=part == 'backbone')
 
 
-def test_the_source_runs_head_activation_is_compared_for_a_model(tmp_path):
-    """A run whose projection head used GELU (`ProjectionHead.activation`,
-    which makes no variable) given as train.pretrained_model to a config of
-    ReLU heads is refused before any read, naming both lines and the edit;
-    as train.pretrained_backbone (fresh heads) it is accepted. Caught: the
-    heads were not compared, and the model's weights were read into heads
-    that compute another function."""
+@pytest.mark.parametrize('theirs, ours', [
+    ("ProjectionHead.activation = 'gelu'",
+     "ProjectionHead.activation = 'relu'"),
+    ('ProjectionHead.bn_epsilon = 0.001',
+     'ProjectionHead.bn_epsilon = 1e-05')])
+def test_the_source_runs_heads_are_compared_for_a_model(tmp_path, theirs,
+                                                        ours):
+    """A run whose projection head used GELU or another batch-norm epsilon
+    (`ProjectionHead.activation`, `.bn_epsilon`, which make no variable)
+    given as train.pretrained_model to a config of ReLU heads at the
+    default epsilon is refused before any read, naming both lines and the
+    edit; as train.pretrained_backbone (fresh heads) it is accepted.
+    Caught: the heads were not compared, and the model's weights were read
+    into heads that compute another function; the heads' epsilon was not
+    compared (tried: `bn_epsilon` left out of the heads' keys in
+    `architecture._differences`, the model accepted)."""
     source = tmp_path / 'earlier'
     source.mkdir()
-    with debug_gin.parsed(["ProjectionHead.activation = 'gelu'"]):
+    with debug_gin.parsed([theirs]):
         (source / 'config.gin').write_text(gin.config_str())
     with debug_gin.parsed():
-        with pytest.raises(ValueError, match=(
-                "does not fit the configured model: .* was built with "
-                "ProjectionHead.activation = 'gelu'; this config builds "
-                "ProjectionHead.activation = 'relu'. .*: add "
-                "ProjectionHead.activation = 'gelu'.")):
+        with pytest.raises(ValueError, match=re.escape(
+                f'was built with {theirs}; this config builds {ours}. Start '
+                'from a model of this architecture, or bind its '
+                f'architecture: add {theirs}.')):
             architecture.refuse_another(str(source), 'train.pretrained_model',
                                         architecture.MODEL)
         architecture.refuse_another(str(source), 'train.pretrained_backbone',

@@ -29,8 +29,8 @@ def num_channels(image):
 def resize(image, size, antialias=False):
     """Bilinear resize of [H, W, C] to float32 in [0, 1]; uint8 is scaled
     after resizing. With `antialias`, `tf.image.resize(image, size,
-    antialias=True)`'s values, in about half its CPU time (see
-    `_resample_rows`)."""
+    antialias=True)`'s values, in less CPU time (see `_resample_rows`;
+    `benchmarks/profile_view.py --resize` times both)."""
     if antialias:
         resized = _antialiased_resize(image, size)
     else:

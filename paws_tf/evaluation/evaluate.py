@@ -249,7 +249,7 @@ class PawsNN:
             self._writer.flush()
         if self._pictures is not None:
             path, drawer = self._pictures
-            matrix, _, encoded = drawer(self._log_dir, step, tau=self._tau,
+            matrix, encoded = drawer(self._log_dir, step, tau=self._tau,
                                         **results.pop('embedded'))
             tf.io.write_file(path, encoded)
             results['confusion_matrix'] = matrix.tolist()

@@ -183,10 +183,10 @@ class Pictures:
                  query_labels, predictions, tau):
         """Writes the projector in `log_dir`, and the confusion matrix and
         neighbours images at `step` as TensorBoard images
-        `paws_nn_pictures/*` there; returns `(confusion matrix, figure,
-        png)`: the `[K, K]` counts over every query, a matplotlib figure of
-        both pictures and its PNG bytes, the image TensorBoard shows (one
-        rendering: a second one can lay the figure out otherwise).
+        `paws_nn_pictures/*` there; returns `(confusion matrix, png)`: the
+        `[K, K]` counts over every query and the PNG bytes of both
+        pictures, the image TensorBoard shows (one rendering: a second one
+        can lay the figure out otherwise).
 
         Args:
             supports, queries: `[M, D]`, `[N, D]` embeddings, in source
@@ -237,7 +237,7 @@ class Pictures:
         with tf.summary.create_file_writer(log_dir).as_default(step=step):
             tf.summary.image('paws_nn_pictures/confusion_and_neighbours',
                              tf.io.decode_png(encoded)[None])
-        return matrix, figure, encoded
+        return matrix, encoded
 
     def _points(self, source):
         """`(positions, thumbnails)` of the projector's images of `source`:

@@ -75,6 +75,8 @@ class Family(typing.NamedTuple):
         settings: the arguments that set how the backbone trains (an
             initialisation, a batch norm's momentum), not what it computes
             from its weights.
+        batch_norm: whether its backbones have batch norms, whose
+            `build_backbone` arguments (`bn_epsilon`) apply to them.
     """
 
     names: tuple
@@ -84,6 +86,7 @@ class Family(typing.NamedTuple):
     patch_size: typing.Optional[typing.Callable] = None
     small_images: str = SMALL_IMAGES
     settings: tuple = ()
+    batch_norm: bool = True
 
     def arguments(self):
         """The family's arguments, in order."""

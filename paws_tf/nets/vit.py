@@ -377,4 +377,5 @@ def _patch_size():
 
 FAMILY = nets.Family(
     names=tuple(ARCHITECTURES), configurable=build_vit, build=_build,
-    downsampling=lambda name: _patch_size()[0], patch_size=_patch_size)
+    downsampling=lambda name: _patch_size()[0], patch_size=_patch_size,
+    batch_norm=False)

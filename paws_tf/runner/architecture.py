@@ -49,7 +49,7 @@ def refuse_another(path, name, part):
         recorded, configured = _differences(source, part)
     elif record['kind'] == official_import.FINE_TUNED:
         raise checks.ConfigError(official_import.fine_tuned_only(
-            source, record, f'{name} = {path!r}'))
+            source, record, f'{name} = {path!r}', backbone=part == BACKBONE))
     elif record['kind'] != official_import.BACKBONE:
         return
     elif part == MODEL:
@@ -70,12 +70,14 @@ def refuse_another(path, name, part):
 def _differences(source, part):
     """`(recorded, configured)` binding lines where the run `source` was
     built otherwise than this config builds, compared by value:
-    `build_backbone.name` and `bn_epsilon` (it changes every batch norm's
-    output and makes no variable), then the architecture arguments of the
+    `build_backbone.name`, then, for a source family with batch norms
+    (`nets.Family.batch_norm`), `bn_epsilon` (it changes every batch norm's
+    output and makes no variable), and the architecture arguments of the
     source's family (`nets.Family.architecture`) against this config's,
     used or not: where the names differ, every edit that builds the
-    source's backbone; for the `part` 'model', the sizes and activation of
-    the heads this config builds (the activation makes no variable either).
+    source's backbone; for the `part` 'model', the sizes, activation and
+    `bn_epsilon` of the heads this config builds (the last two make no
+    variable either).
     The source's values are read from its operative_config.gin (every value
     its training used, defaults included) when it has one, else from its
     config.gin (its bindings; a parameter it leaves out is read at this
@@ -84,15 +86,18 @@ def _differences(source, part):
         source.operative_config) else source.config)
     with open(saved) as f:
         text = f.read()
-    compared = [(backbones.build_backbone, ['name', 'bn_epsilon'])]
+    compared = [(backbones.build_backbone, ['name'])]
     name = bindings.saved_arguments(text, backbones.build_backbone).get('name')
     if name in backbones.FAMILIES:
         family = backbones.FAMILIES[name]
-        compared.append((family.configurable, family.architecture()))
+        compared += [
+            (backbones.build_backbone, ['bn_epsilon'] * family.batch_norm),
+            (family.configurable, family.architecture())]
     if part == MODEL:
         built = [heads.ProjectionHead] + [heads.PredictionHead] * bool(
             bindings.arguments(model_lib.build_model)['prediction_head'][0])
-        compared += [(head, [*head.SIZES, 'activation']) for head in built]
+        compared += [(head, [*head.SIZES, 'activation', 'bn_epsilon'])
+                     for head in built]
     recorded, configured = [], []
     for configurable, keys in compared:
         theirs = bindings.saved_arguments(text, configurable)

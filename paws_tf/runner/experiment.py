@@ -56,14 +56,21 @@ def folder_channels():
     return None if folder is None else folder.arguments()['channels'][0]
 
 
-def check_channels(channels, model, also=''):
-    """Refuses a training source whose `channels` argument (a folder's, or
-    another source's that has one) decodes to other than the `channels`
-    that `model` (a description) takes, before its images are read; the
-    message ends with the `also` binding to make with it, if any."""
+def train_channels():
+    """`(value, name)` of the `channels` argument of the source bound to
+    `load_data.train` (a folder's, or another source's that has one);
+    None for a source without one."""
     source = bindings.reference(load_data, 'train')
-    bound, name = (None, None) if source is None else bindings.arguments(
-        *bindings.target(source)).get('channels', (None, None))
+    return None if source is None else bindings.arguments(
+        *bindings.target(source)).get('channels')
+
+
+def check_channels(channels, model, also=''):
+    """Refuses a training source whose `channels` argument
+    (`train_channels`) decodes to other than the `channels` that `model`
+    (a description) takes, before its images are read; the message ends
+    with the `also` binding to make with it, if any."""
+    bound, name = train_channels() or (None, None)
     if bound is not None and bound != channels:
         raise checks.ConfigError(
             f'{model} takes {channels}-channel images, but {name} = '

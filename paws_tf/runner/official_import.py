@@ -294,15 +294,27 @@ def check_preprocessing(run):
         recorded['channels'], f'The model imported into {run} ({where})',
         also=fix and f'{fix} (the normalisation it was trained with)')
     if fix:
-        other_channels = (isinstance(given, tuple)
-                          and len(given[0]) != len(values[0]))
-        decode = (f' and decode the images to {len(values[0])}'
-                  if other_channels else '')
         raise checks.ConfigError(
             f'{where} records the normalisation the model imported into '
             f'{run} was trained with (mean {values[0]}, std {values[1]}), '
-            f'not {name} = {spec!r}: bind {fix}{decode}.')
+            f'not {name} = {spec!r}: bind {fix}'
+            f'{_decode(given, recorded["channels"])}.')
     return recorded['channels'], f'The model imported into {run}'
+
+
+def _decode(given, channels):
+    """' and ...': what makes the training source decode the `channels`
+    the import takes, where the normalisation `given` is of other channels
+    and the source's `channels` argument does not say it decodes them (a
+    bound value that differs `experiment.check_channels` refused); ''
+    where it does."""
+    bound = experiment.train_channels()
+    if not isinstance(given, tuple) or len(given[0]) == channels or (
+            bound is not None and bound[0] == channels):
+        return ''
+    if bound is None:
+        return f' and use a source of {channels}-channel images'
+    return f' and {bound[1]} = {channels}'
 
 
 def backbone_only(run, record, needs):
@@ -340,17 +352,22 @@ def check_mode(run, mode, *, trains=False, backbone=False):
     if record['kind'] == BACKBONE and not backbone:
         raise ImportFailed(backbone_only(run, record, f'--mode={mode}'))
     if record['kind'] == FINE_TUNED:
-        raise ImportFailed(fine_tuned_only(run, record, f'--mode={mode}'))
+        raise ImportFailed(fine_tuned_only(run, record, f'--mode={mode}',
+                                           backbone=backbone))
     return True
 
 
-def fine_tuned_only(run, record, needs):
-    """The message for `needs` (a mode or binding) that needs a PAWS model
-    or backbone where `run` holds the fine-tuned classifier import
-    `record`, a SavedModel alone."""
+def fine_tuned_only(run, record, needs, backbone=False):
+    """The message for `needs` (a mode or binding) that needs a PAWS model,
+    or with `backbone` a backbone alone, where `run` holds the fine-tuned
+    classifier import `record`, a SavedModel alone."""
+    wanted = ('a backbone: a PAWS, DINO, MSN or DINOv2 checkpoint imported '
+              'into another --model_dir, or a paws_tf run '
+              '(train.pretrained_backbone also reads a backbone weights '
+              'file)' if backbone else
+              'a pre-trained checkpoint (backbone, fc projection and pred '
+              'prediction heads), e.g. paws_imgnt_10percent_300ep.pth.tar, '
+              'imported into another --model_dir')
     return (f'{run} holds the fine-tuned classifier imported from '
             f'{record["source"]} (its SavedModel is {run.fine_tuned}): '
-            f'{needs} needs a pre-trained checkpoint (backbone, fc '
-            'projection and pred prediction heads), e.g. '
-            'paws_imgnt_10percent_300ep.pth.tar, imported into another '
-            '--model_dir.')
+            f'{needs} needs {wanted}.')
