@@ -6,7 +6,6 @@ import time
 
 from absl import logging
 import gin
-import numpy as np
 import tf_keras
 
 from paws_tf.data import normalization as normalization_lib
@@ -78,8 +77,9 @@ def train_supervised(run, *, labeled, test, preprocessing,
               epochs=epochs, steps_per_epoch=steps // epochs,
               callbacks=tuning.callbacks(run.supervised_logs))
     train_seconds = time.perf_counter() - start
-    top1, total = _top1(model, test, preprocessing)
-    results = dict(top1=top1, num_test=total,
+    top1 = model.evaluate(pipeline.make_eval_dataset(  # As PAWS-NN's.
+        test, batch_size=256, **preprocessing), verbose=0)[1]
+    results = dict(top1=top1, num_test=test.num_examples,
                    num_labeled=labeled.num_examples, steps=steps,
                    wall_seconds=time.perf_counter() - start,
                    images_per_second=steps * batch_size / train_seconds)
@@ -87,18 +87,7 @@ def train_supervised(run, *, labeled, test, preprocessing,
     run.write_json(run.supervised_results, results)
     logging.info('Supervised baseline: top-1 %.2f%% on %d test images, '
                  'trained on %d labeled images in %.0f s.',
-                 100 * results['top1'], total, labeled.num_examples,
+                 100 * top1, test.num_examples, labeled.num_examples,
                  train_seconds)
     return results
 
-
-def _top1(model, test, preprocessing):
-    """`(top-1, number of images)` of `model` on `test`, preprocessed as
-    PAWS-NN's queries (`preprocessing`)."""
-    correct = total = 0
-    for images, labels in pipeline.make_eval_dataset(test, batch_size=256,
-                                                     **preprocessing):
-        predicted = np.argmax(model(images, training=False), axis=1)
-        correct += int(np.sum(predicted == labels.numpy()))
-        total += len(labels)
-    return correct / total, total
