@@ -49,25 +49,16 @@ def embedder_from_model(model):
 
 
 def embedder_from_saved_model(export_dir):
-    """`embed_fn` of an `export.export_embedder` SavedModel (the caller
-    preprocesses); raises as `export.LoadedEmbedder`."""
+    """`embed_fn` of an `export.export_embedder` SavedModel."""
     return embedder_from_model(export.LoadedEmbedder(export_dir))
 
 
 def embed_dataset(embed_fn, dataset, *, description='images'):
-    """Embeds every image of an `(images, labels)` dataset once, in order.
-
-    Args:
-        embed_fn: as `embedder_from_model`'s.
-        dataset: `(images, int labels)` batches (`pipeline.make_eval_dataset`).
-        description: what the images are, for the logs.
-
-    Returns:
-        `(embeddings, labels)`: float32 `[N, D]` tensor, int32 `[N]` array.
-
-    Raises:
-        ValueError: if the dataset is empty.
-    """
+    """`(embeddings, labels)`, float32 `[N, D]` tensor and int32 `[N]`
+    array, of every image of `dataset`'s `(images, labels)` batches
+    (`pipeline.make_eval_dataset`) by `embed_fn` (`embedder_from_model`'s),
+    in order; `description` names the images in the logs. ValueError if
+    the dataset is empty."""
     embeddings, labels = [], []
     count, start = 0, time.monotonic()
     for images, batch_labels in dataset:
@@ -129,11 +120,9 @@ def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
         embed_fn, support_dataset, query_dataset: as for `embed_dataset`:
             the datasets of every labeled image and of the test images.
         num_classes, tau, query_chunk: as for `classify`.
-        supports: `embed_dataset`'s `(embeddings, labels)` of
-            `support_dataset` by `embed_fn` when the caller embedded it
-            already (None: embedded here).
-        keep: add the embeddings, labels and top-1 predictions to the
-            results, as `embedded`: `pictures.Pictures`' keyword arguments.
+        supports: `embed_dataset(embed_fn, support_dataset)` when the
+            caller has it (None: embedded here).
+        keep: add `embedded`, `pictures.Pictures`' keyword arguments.
 
     Returns:
         dict: `top1` and (K >= 5) `top5` accuracies, `num_support`,
@@ -230,9 +219,8 @@ class PawsNN:
                                             preprocessing=preprocessing))
 
     def __call__(self, embed_fn, step=0, supports=None):
-        """`paws_nn` of `embed_fn` (`supports`: as for `paws_nn`, the
-        labeled images embedded with this preprocessing); RuntimeError if
-        a count differs."""
+        """`paws_nn` of `embed_fn` (`supports` as for `paws_nn`);
+        RuntimeError if a count differs from the sources'."""
         results = paws_nn(
             embed_fn, self._support, self._queries,
             num_classes=self.num_classes, tau=self._tau,
@@ -257,22 +245,14 @@ class PawsNN:
 
 
 class EpochEndEvaluation(tf_keras.callbacks.Callback):
-    """Runs evaluators every `every_epochs` epochs of `fit` and logs each
-    one's top-1 (`{prefix}epoch {e}: {title} top-1 {x}%`).
+    """Runs `evaluators` every `every_epochs` epochs of `fit` (and at the
+    last of `num_epochs`, if given) and logs each one's top-1 after
+    `prefix`; `history` holds `dict(epoch=..., **results)` of each run.
 
-    Args:
-        evaluators: built evaluators, run in order.
-        embedder: `embedder(model)`, called with `fit`'s model at each
-            evaluation on every process: the `embed_fn` to evaluate, or
-            None where this process only takes part in reading the weights
-            (a cluster's workers but the chief).
-        num_epochs: when given, the last epoch is evaluated too, and the
-            log lines say `epoch {e}/{num_epochs}`.
-        to_logs: put each evaluator's top-1 in `fit`'s logs as
-            `{name}_top1`, for the progress bar and the epoch's log line.
-
-    Attributes:
-        history: `dict(epoch=..., **results)` of each evaluation, in order.
+    `embedder(model)`, called with `fit`'s model on every process, is the
+    `embed_fn` to evaluate, or None where this process only takes part in
+    reading the weights (a cluster's workers but the chief). `to_logs`
+    puts each top-1 in `fit`'s logs as `{name}_top1`, for the progress bar.
     """
 
     def __init__(self, evaluators, embedder, *, every_epochs=1,
