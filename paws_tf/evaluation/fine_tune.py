@@ -15,26 +15,19 @@ _PROTOCOLS = {'imagenet': linear_fine_tune.fine_tune_linear,
 def fine_tune(run, model, *, labeled, test, protocol='imagenet',
               strategy=None, image_size=224, crop_fraction=0.875,
               mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD, seed=0):
-    """Fine-tunes a pre-trained PAWS model into `run.fine_tune`,
-    TensorBoard logs in `run.fine_tune_logs`.
+    """Fine-tunes a pre-trained PAWS model (not modified) into
+    `run.fine_tune` by `protocol`, 'imagenet' (`fine_tune_linear`, App. A)
+    or 'cifar10' (`fine_tune_suncet`, App. C), each configured by its own
+    bindings; returns the results dict, also in `fine_tune/results.json`.
 
     Args:
-        run: the run's `RunDir`.
-        model: restored pre-trained `model.PAWSModel`, or an imported
-            backbone's `vit_import.BackboneEmbedder` (not modified).
+        run: the run's `RunDir`; TensorBoard logs in `run.fine_tune_logs`.
+        model: restored `model.PAWSModel`, or an imported backbone's
+            `vit_import.BackboneEmbedder`.
         labeled, test: labeled `sources.ImageSource`, labeled test source.
-        protocol: 'imagenet' (`fine_tune_linear`, App. A) or 'cifar10'
-            (`fine_tune_suncet`, App. C), configured by their bindings.
         strategy: default the current one.
-        image_size, crop_fraction, mean, std: preprocessing, as in
-            `pipeline.make_eval_dataset`.
+        image_size, crop_fraction, mean, std: `pipeline.make_eval_dataset`'s.
         seed: seed of every random choice.
-
-    Returns:
-        The results dict, also written to `fine_tune/results.json`.
-
-    Raises:
-        ValueError: unknown protocol, or the protocol's errors.
     """
     checks.one_of('fine_tune.protocol', protocol, tuple(_PROTOCOLS))
     _, results = _PROTOCOLS[protocol](

@@ -34,18 +34,15 @@ _TRAIN_TAGS = (101, 102)
 
 
 def build_classifier(model, num_classes):
-    """Backbone -> fc1 -> bn1 -> the head's activation (ReLU, or GELU in
-    the ViT recipe) -> linear layer initialised to zero, images -> float32
-    `[B, num_classes]` logits.
+    """Backbone -> fc1 -> bn1 -> the head's activation -> linear layer
+    initialised to zero, images -> float32 `[B, num_classes]` logits, of
+    copies of `model`'s layers made in the current strategy scope (all but
+    BN statistics trainable).
 
     PAWS App. A follows SimCLRv2: fine-tune from the first layer of the
     projection head. An imported backbone (`tuning.headless`), which has
-    no head, is fine-tuned from its features: backbone -> linear layer.
-    Copies of the layers are made in the current strategy scope (`model`
-    is not modified); all but BN statistics are trainable.
-
-    Raises:
-        ValueError: the projection head has no hidden layer.
+    no head, is fine-tuned from its features. ValueError if the projection
+    head has no hidden layer.
     """
     if tuning.headless(model):
         return _linear_classifier(
@@ -83,21 +80,11 @@ def _optimizer(learning_rate, total_steps, *, momentum):
 
 
 def split_holdout(labels, holdout, seed):
-    """Class-stratified, seeded held-out part of the labeled set.
-
-    Args:
-        labels: int [N] class ids.
-        holdout: int count, or float fraction of N; every class gives its
-            share, rounded by largest remainder.
-        seed: seed of the draw.
-
-    Returns:
-        `(train, held_out)`: disjoint sorted int64 positions covering N.
-
-    Raises:
-        ValueError: a count outside [1, N), or a class left without
-            training images.
-    """
+    """`(train, held_out)`, disjoint sorted int64 positions covering the
+    int [N] `labels`: a class-stratified draw (`seed`) of `holdout` images
+    (a count, or a float fraction of N), every class giving its share
+    rounded by largest remainder. ValueError for a count outside [1, N) or
+    a class left without training images."""
     labels = np.asarray(labels)
     count = (round(holdout * labels.size) if isinstance(holdout, float)
              else int(holdout))
@@ -189,9 +176,10 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
                      epochs=(30, 50), holdout=12000, global_batch_size=1024,
                      crop_scale=(0.08, 1.0), momentum=0.9,
                      eval_batch_size=256):
-    """PAWS App. A (the module's docstring): the held-out names (sweep),
-    weights and results JSON in `output_dir`, the TensorBoard logs of each
-    training (`sweep/*`, `final`) in `log_dir` (or None).
+    """PAWS App. A (the module's docstring): `(classifier, results)`, the
+    held-out names (sweep), weights and results JSON in `output_dir`, the
+    TensorBoard logs of each training (`sweep/*`, `final`) in `log_dir`.
+    Bad arguments raise ValueError before any training.
 
     Args:
         model, labeled, test, image_size, crop_fraction, mean, std,
@@ -207,14 +195,6 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
         global_batch_size, crop_scale, momentum: images per step over all
             replicas, area range of the training crops, Nesterov momentum.
         eval_batch_size: batch of the held-out and test passes.
-
-    Returns:
-        `(classifier, results)`: the final network and the results dict.
-
-    Raises:
-        ValueError: empty labeled set or sweep, bad held-out size, batch not
-            divisible by the replicas, 'best_epoch' without a validation
-            set or with several settings; raised before any training.
     """
     strategy = strategy or tf.distribute.get_strategy()
     num_classes = _checked_classes(labeled, strategy, global_batch_size,

@@ -201,8 +201,9 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
                      flip=True, learning_rate=0.1, final_learning_rate=0.01,
                      momentum=0.9, lars=True, trust_coefficient=0.001,
                      tau=0.1, eval_every_epochs=1, eval_batch_size=256):
-    """PAWS App. C (the module's docstring): the trunk weights and results
-    JSON in `output_dir`, the epochs' TensorBoard logs in `log_dir` (or None).
+    """PAWS App. C (the module's docstring): `(trunk, results)`, the trunk
+    weights and results JSON in `output_dir`, the epochs' TensorBoard logs
+    in `log_dir`. Bad sizes raise ValueError before any training.
 
     Args:
         model, labeled, test, image_size, crop_fraction, mean, std,
@@ -219,13 +220,6 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
         tau: SuNCEt and PAWS-NN temperature (0.1).
         eval_every_epochs, eval_batch_size: PAWS-NN every this many epochs
             (0: only before and after), and its batch.
-
-    Returns:
-        `(trunk, results)`: the fine-tuned trunk and the results dict.
-
-    Raises:
-        ValueError: empty labeled set, sizes that do not divide or fit, a
-            bad count; raised before any training.
     """
     strategy = strategy or tf.distribute.get_strategy()
     num_classes, steps_per_epoch = _checked_sizes(

@@ -51,16 +51,12 @@ def headless(model):
 
 
 def build_trunk(model):
-    """Functional copy of the encoder whose output PAWS-NN compares (App.
+    """Trainable functional copy of the encoder of `model` (a built
+    `PAWSModel` or `BackboneEmbedder`) whose output PAWS-NN compares (App.
     C), images -> `[B, D]`: the backbone and projection head, and the
     prediction head when `model.nn_embedding` is 'prediction' (suncet
     `snn_fine_tune.py` with `use_pred_head`); the backbone alone when
-    `headless`. Every layer is trainable.
-
-    Args:
-        model: pre-trained, built `model.PAWSModel` or `BackboneEmbedder`;
-            not modified.
-    """
+    `headless`."""
     if headless(model):
         return tf_keras.Model(*copy_layers([model.backbone]),
                               name='fine_tune_trunk')
