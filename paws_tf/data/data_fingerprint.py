@@ -68,23 +68,12 @@ def differences(recorded, current):
 
 def check(recorded, current, *, model_dir, path, resuming,
           on_change='stop', overwrite=False):
-    """Compares a resumed run's data with the data it started on.
-
-    Args:
-        recorded: the run's recorded fingerprint, or None.
-        current: the `fingerprint` of the data the run loaded.
-        model_dir, path: the run directory and its record, for messages.
-        resuming: whether the run has a backup or checkpoint to resume from
-            (otherwise a recorded fingerprint is just replaced).
-        on_change: `'stop'`, or `'continue'` on the changed data.
-        overwrite: run.py's --overwrite: the run starts again on this data.
-
-    Returns:
-        True when the data changed and `overwrite` says to start again.
-
-    Raises:
-        Changed: the data changed, `on_change` is `'stop'` and `overwrite`
-            is False; it names what changed.
+    """Compares the `fingerprint` `current` of the data a run loaded
+    with its `recorded` one (or None) when it is `resuming` from a backup
+    or checkpoint (else a record is just replaced); `model_dir` and `path`
+    (the record) are for messages. A change raises `Changed`, naming it,
+    unless `on_change` is 'continue' or `overwrite` (run.py's
+    --overwrite); returns whether the run must start again on this data.
     """
     changed = differences(recorded, current) if recorded and resuming else []
     if changed and not overwrite and on_change == 'stop':

@@ -89,9 +89,8 @@ def image_folder(root, *, labeled=True, channels=3, check_images=True,
         on_bad_image: `'skip'` or `'fail'`.
 
     Raises:
-        checks.DataError: if `root` holds no images, a class folder is
-            empty, or a file is broken and `on_bad_image` is `'fail'`.
-        checks.ConfigError: an unknown `on_bad_image`.
+        checks.DataError: no images, an empty class folder, or a broken
+            file under `on_bad_image='fail'`.
     """
     checks.one_of('image_folder.on_bad_image', on_bad_image,
                   BAD_IMAGE_POLICIES)

@@ -46,19 +46,11 @@ def _normalization_values(binding, mean, std, channels):
 
 
 def normalization(spec, channels=None):
-    """Checks a `load_data.normalization` value (the `NORMALIZATION` macro).
-
-    Args:
-        spec: None, `FROM_DATA`, a preset of `augment.NORMALIZATIONS` or a
-            `(mean, std)` pair.
-        channels: the images' channel count, if known.
-
-    Returns:
-        `spec` for None and `FROM_DATA`, else the `(mean, std)` tuples.
-
-    Raises:
-        ValueError: naming the binding and the valid values.
-    """
+    """The checked `load_data.normalization` value `spec` (None,
+    `FROM_DATA`, a preset of `augment.NORMALIZATIONS` or a `(mean, std)`
+    pair), for images of `channels` if known: `spec` for None and
+    `FROM_DATA`, else the `(mean, std)` tuples. ValueError naming the
+    binding and the valid values."""
     if spec is None or spec == FROM_DATA:
         return spec
     binding = f'{NORMALIZATION_MACRO} (load_data.normalization) = {spec!r}'
@@ -93,18 +85,11 @@ def required(normalization_):
 
 
 def channel_statistics(source, max_images=None, seed=0):
-    """Per-channel mean and std of a source's pixels (each counts once),
-    scaled to [0, 1]; the sums are exact integers, so every machine, in any
-    order, computes the same numbers.
-
-    Args:
-        source: `sources.ImageSource` (uint8 images).
-        max_images: a seeded random subset of this many images (None: all).
-        seed: seed of that subset.
-
-    Returns:
-        `(mean, std)`: two tuples of `source.channels` floats.
-    """
+    """`(mean, std)`, tuples of `source.channels` floats: the per-channel
+    statistics in [0, 1] of the pixels of the uint8 `sources.ImageSource`
+    (each counts once), or of a random subset (`seed`) of `max_images`
+    images. The sums are exact integers, so every machine, in any order,
+    computes the same numbers."""
     positions = np.arange(source.num_examples)
     if max_images is not None and max_images < source.num_examples:
         positions = np.sort(np.random.default_rng(seed).choice(
@@ -213,20 +198,10 @@ def resolve_normalization(spec, *, source=None, recorded=None, where=None,
 
 
 def normalized_multicrop(multicrop, normalization_, channels):
-    """`multicrop` with the run's normalisation filled in (float mean and
-    std tuples).
-
-    Args:
-        multicrop: `augment.MultiCropConfig`; its mean and std are the
-            normalisation if `normalization_` is None.
-        normalization_: the run's `(mean, std)`, or None.
-        channels: the images' channel count.
-
-    Raises:
-        checks.ConfigError: a mean or std on `multicrop` besides
-            `normalization_`, or no normalisation at all.
-        ValueError: a normalisation of another channel count.
-    """
+    """The `augment.MultiCropConfig` `multicrop` with the run's
+    `(mean, std)` `normalization_` for `channels` filled in (None: its
+    own mean and std); `checks.ConfigError` for both or neither, ValueError
+    for a normalisation of other channels."""
     where = f'{NORMALIZATION_MACRO} (load_data.normalization)'
     if normalization_ is None and (multicrop.mean is not None or
                                    multicrop.std is not None):

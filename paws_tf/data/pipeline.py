@@ -209,17 +209,10 @@ def _check_sizes(unlabeled, labeled, num_replicas, global_batch_size,
 
 
 def pipeline_replicas(input_context, num_replicas):
-    """(first global replica, local replicas) of an input pipeline.
-
-    Args:
-        input_context: the pipeline's `tf.distribute.InputContext`, or None
-            for the one pipeline of every replica.
-        num_replicas: the replicas the input is built for.
-
-    Raises:
-        ValueError: the strategy has another replica count, or its workers
-            hold different counts.
-    """
+    """(first global replica, local replicas) of the input pipeline of
+    `input_context` (None: the one pipeline of every replica) built for
+    `num_replicas`; ValueError if the strategy has another replica count,
+    or its workers hold different counts."""
     context = input_context or tf.distribute.InputContext(
         num_replicas_in_sync=num_replicas)
     if context.num_replicas_in_sync != num_replicas:
@@ -277,24 +270,22 @@ def make_pretrain_dataset_fn(
             `sources.StreamSource` (resume starts a fresh shuffled pass).
         labeled: `sources.ImageSource` with labels: the support set.
         num_replicas: R, `strategy.num_replicas_in_sync`.
-        global_batch_size: G, unlabeled images per step over all replicas.
-        classes_per_step: support classes per step over all replicas.
+        global_batch_size: unlabeled images per step over all replicas.
         images_per_class: n, images per class slot on each replica.
         multicrop: `augment.MultiCropConfig`; its colour, blur and
             normalisation settings also apply to the supports.
         support_views: V, 1 (ImageNet) or 2 (CIFAR-10) views per support.
-        unique_classes_per_replica: disjoint classes across replicas.
-        support_view_size: support view side; default the global size
-            (support views are cropped at the global views' scale).
-        seed: int seed of every random choice.
-        start_step: first global step to produce (resume).
+        support_view_size: default the global size (support views are
+            cropped at the global views' scale).
+        seed, start_step: seed of every random choice; first global step
+            to produce (resume).
         deterministic: tf.data determinism of the unlabeled stream; False
             only for throughput runs (it breaks exact resume).
         normalization: the run's `(mean, std)`, or None (`multicrop`'s).
 
     Raises:
-        ValueError: sizes that do not divide or do not fit the data (see
-            `sampling.SupportSampler`).
+        ValueError: sizes that do not divide or do not fit the data
+            (`sampling.SupportSampler`).
     """
     _check_sizes(unlabeled, labeled, num_replicas, global_batch_size,
                  classes_per_step, images_per_class, support_views,
@@ -344,16 +335,10 @@ def _dataset(input_context=None, *, unlabeled, labeled, layout, seed,
 @gin.configurable(denylist=['source'])
 def make_eval_dataset(source, *, batch_size, image_size, crop_fraction, mean,
                       std):
-    """Centre-cropped images and labels, every image once in source order:
-    a `tf.data.Dataset` of `(float32 [b, S, S, C], int32 [b])`.
-
-    Args:
-        source: `sources.ImageSource` or `sources.StreamSource` with labels.
-        batch_size: images per batch (the last batch may be smaller).
-        image_size: output side S.
-        crop_fraction: centre crop as a fraction of the image side.
-        mean, std: per-channel normalisation.
-    """
+    """`(float32 [b, S, S, C], int32 [b])` batches (the last one may be
+    smaller) of every image of the labeled `source` once, in source order,
+    as `augment.center_view` of `image_size` S, `crop_fraction`, `mean`
+    and `std` gives it."""
     @augment.AS_WRITTEN
     def view(image, label):
         return augment.center_view(image, image_size,

@@ -17,13 +17,9 @@ _MAX_LISTED = 5  # Classes named in an error; longer lists are cut.
 
 
 def derive_seed(seed, tag, *data):
-    """An int64 [2] seed for `tf.random.stateless_*` from (seed, tag, *data).
-
-    Args:
-        seed: int, the user's seed.
-        tag: int, one of the stream tags above.
-        *data: int scalars (tensors allowed): step, epoch, index, view...
-    """
+    """An int64 [2] seed for `tf.random.stateless_*` from the user's int
+    `seed`, a stream `tag` above and int scalars (tensors allowed): step,
+    epoch, index, view..."""
     key = tf.constant([seed, tag], tf.int64)
     for value in data:
         key = tf.random.experimental.stateless_fold_in(
@@ -119,15 +115,9 @@ class SupportSampler:
     def __init__(self, labels, *, classes_per_step, images_per_class,
                  num_replicas, unique_classes_per_replica, seed,
                  class_names=(), binding='make_pretrain_dataset_fn'):
-        """Checks the sizes against the labeled set.
-
-        Args:
-            labels: int [M] class id of each labeled image, by position.
-            classes_per_step: global number of support classes per step.
-            images_per_class, num_replicas, unique_classes_per_replica,
-                seed: as `make_pretrain_dataset_fn` takes them.
-            class_names: names indexed by class id, for error messages.
-            binding: the configurable the messages name the sizes of.
+        """Checks the sizes (`make_pretrain_dataset_fn`'s) against the int
+        [M] class id of each labeled image, `labels`; the messages name
+        the classes by `class_names` and the sizes as `binding`'s.
 
         Raises:
             checks.DataError: empty labeled set; more classes per step
@@ -157,17 +147,10 @@ class SupportSampler:
         self._tensors = None
 
     def __call__(self, step, replica_id):
-        """Support positions of one replica at one step.
-
-        Args:
-            step: int scalar (tensor allowed), global step.
-            replica_id: int scalar (tensor allowed), global replica id.
-
-        Returns:
-            `(positions, class_ids, columns)`: int64 [K*n] positions in the
-            labeled source, their int32 [K*n] class ids and int32 [K*n]
-            columns, class-major (rows k*n:(k+1)*n belong to slot k).
-        """
+        """`(positions, class_ids, columns)` of global replica
+        `replica_id` at global `step` (int scalars, tensors allowed): int64
+        [K*n] positions in the labeled source, their int32 [K*n] class ids
+        and columns, class-major (rows k*n:(k+1)*n belong to slot k)."""
         if self._tensors is None:
             self._tensors = tuple(map(sources.eager_constant, self._arrays))
         table, counts, class_ids = self._tensors
@@ -195,15 +178,11 @@ class SupportSampler:
                 tf.repeat(columns, n))
 
     def items(self, i, first_replica, local_replicas):
-        """Element `i` of the support stream of an input pipeline serving
-        `local_replicas` replicas from global replica `first_replica` in
-        turn: step `i // local_replicas` of replica `first_replica + i %
-        local_replicas`, for `Dataset.flat_map`.
-
-        Returns:
-            A `Dataset` of `(step, position, class_id, column)`, one per
-            support row of that replica and step, class-major.
-        """
+        """For `Dataset.flat_map`: element `i` of the support stream of a
+        pipeline serving `local_replicas` replicas from `first_replica` in
+        turn, a `Dataset` of `(step, position, class_id, column)` of step
+        `i // local_replicas` of replica `first_replica + i %
+        local_replicas`, class-major."""
         step = i // local_replicas
         positions, class_ids, columns = self(
             step, first_replica + i % local_replicas)

@@ -116,11 +116,7 @@ class ImageSource:
                          else class_names))
 
     def ordered_dataset(self):
-        """`(uint8 [H, W, C], int32 label)` pairs in source order.
-
-        Raises:
-            ValueError: if the source has no labels.
-        """
+        """`(uint8 [H, W, C], int32 label)` pairs in source order."""
         if self.labels is None:
             raise ValueError('This source has no labels to evaluate against.')
         labels = tf.data.Dataset.from_tensor_slices(self.labels)
@@ -170,13 +166,9 @@ class StreamSource:
 
 
 def from_arrays(images, labels=None, class_names=None):
-    """In-memory images as an `ImageSource`; names are the indices.
-
-    Args:
-        images: uint8 [N, H, W, C] or [N, H, W] (one channel).
-        labels: int [N] class ids, or None.
-        class_names: names indexed by class id; default `'0'`, `'1'`, ...
-    """
+    """uint8 [N, H, W, C] or [N, H, W] (one channel) `images` as an
+    `ImageSource` named by index, with int [N] `labels` (or None) and
+    `class_names` indexed by class id (default `'0'`, `'1'`, ...)."""
     images = np.asarray(images)
     if images.dtype != np.uint8 or images.ndim not in (3, 4):
         raise ValueError('images must be uint8 [N, H, W, C] or [N, H, W]; got '
@@ -193,25 +185,17 @@ def from_arrays(images, labels=None, class_names=None):
 
 
 def from_files(paths, names, *, labels=None, class_names=(), channels=3):
-    """Image files as an `ImageSource`, decoded to `channels` on read.
-
-    Args:
-        paths: N file paths (JPEG, PNG, BMP or GIF; the format is sniffed).
-        names: N item names for split files.
-        labels, class_names: as `ImageSource` has them.
-        channels: channels to decode to.
-    """
+    """N image files (JPEG, PNG, BMP or GIF, sniffed) as an `ImageSource`
+    of the N `names` (for split files), decoded to `channels` on read;
+    `labels`, `class_names` as `ImageSource` has them."""
     store = _Store(np.array(paths, object), channels)
     return ImageSource(store, np.arange(len(paths)), names, labels=labels,
                        class_names=class_names)
 
 
 def read_idx(path):
-    """Reads an IDX file (MNIST format, gzipped or not) into a uint8 array.
-
-    Raises:
-        checks.DataError: a bad magic number or a size that does not match.
-    """
+    """An IDX file (MNIST format, gzipped or not) as a uint8 array;
+    `checks.DataError` for a bad magic number or size."""
     opener = gzip.open if str(path).endswith('.gz') else open
     with opener(path, 'rb') as f:
         data = f.read()
@@ -233,18 +217,10 @@ def read_idx(path):
 
 @gin.configurable
 def load_idx(images_path, labels_path=None, class_names=None):
-    """MNIST-style IDX files, e.g. Fashion-MNIST's, loaded as an in-memory
-    `ImageSource` of one-channel images.
-
-    Args:
-        images_path: IDX file of uint8 [N, H, W] images (`.gz` allowed).
-        labels_path: IDX file of uint8 [N] labels, or None (unlabeled).
-        class_names: as `from_arrays` takes them.
-
-    Raises:
-        checks.DataError: on malformed files or different image and label
-            counts.
-    """
+    """The IDX files of uint8 [N, H, W] images and [N] labels (None:
+    unlabeled), e.g. Fashion-MNIST's, as an in-memory one-channel
+    `ImageSource` (`class_names` as `from_arrays` takes them);
+    `checks.DataError` for malformed files or other counts."""
     images = read_idx(images_path)
     labels = None if labels_path is None else read_idx(labels_path)
     if images.ndim != 3:
@@ -259,17 +235,9 @@ def load_idx(images_path, labels_path=None, class_names=None):
 
 
 def keep_classes(source, classes):
-    """The images of some classes of a labeled `ImageSource`, renumbered,
-    as an `ImageSource` in source order.
-
-    Args:
-        source: `ImageSource` with labels.
-        classes: class ids of `source` to keep; the i-th becomes class i.
-
-    Raises:
-        ValueError: unlabeled source, or classes empty, repeated or not
-            among the source's ids.
-    """
+    """The images of the `classes` (ids) of a labeled `ImageSource`, in
+    source order, the i-th class renumbered i; ValueError for an
+    unlabeled source, or classes empty, repeated or unknown."""
     if source.labels is None:
         raise ValueError('keep_classes needs a source with labels.')
     classes = [int(c) for c in classes]

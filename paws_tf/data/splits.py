@@ -71,13 +71,12 @@ def _sample_per_class(source, labels_per_class, fraction, seed):
 @gin.configurable(denylist=['source'])
 def select_labeled(source, *, labels_per_class=None, fraction=None, seed=0,
                    split_file=None, include_labeled_in_unlabeled=True):
-    """Splits a labeled source into the labeled subset and the unlabeled set,
-    a `Split(labeled, unlabeled)` both in source order.
+    """Splits a labeled `ImageSource` into the labeled subset and the
+    unlabeled set, a `Split(labeled, unlabeled)` both in source order.
 
     Give exactly one of `labels_per_class`, `fraction` or `split_file`.
 
     Args:
-        source: `ImageSource` with labels.
         labels_per_class: images drawn per class without replacement
             (CIFAR-10 with 4000 labels: 400).
         fraction: share of each class drawn (rounded per class).

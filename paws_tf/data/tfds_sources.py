@@ -44,11 +44,8 @@ def load_tfds(name, *, split='train', data_dir=None, download=True):
     labeled `ImageSource`, CIFAR's in its original order
     (`_canonical_order`); names are indices.
 
-    Args:
-        name: TFDS name, e.g. `'cifar10'` or `'fashion_mnist'`.
-        split: TFDS split.
-        data_dir: TFDS data directory (None: TFDS default).
-        download: let TFDS download and prepare the dataset if missing.
+    `name`, `split`, `data_dir` (None: TFDS' default) are TFDS'; TFDS
+    downloads and prepares a missing dataset when `download`.
     """
     dataset, info = tfds.load(name, split=split, data_dir=data_dir,
                               download=download, with_info=True)
@@ -94,7 +91,6 @@ def tfds_stream(name, *, split='train', data_dir=None, channels=3,
 
     Args:
         name, split, data_dir: as `load_tfds` takes them.
-        channels: channels to decode to.
         shuffle_buffer: encoded items in the seeded shuffle buffer.
         exclude_file_names: `file_name`s to leave out (the labeled subset,
             when it must not appear in the unlabeled stream).
@@ -206,10 +202,7 @@ def imagenet_validation(*, cache_dir=gin.REQUIRED, data_dir=None,
     over the training set the first time).
 
     Args:
-        cache_dir: directory of the cached files.
-        data_dir: TFDS data directory (None: TFDS default).
         per_class: images per class (official: 12).
-        seed: seed of the draw.
         names_file: a split file of training file names (the official
             `val.txt`), used instead of a draw.
     """
@@ -241,14 +234,9 @@ def imagenet_sources(*, labeled_subset='10pct', cache_dir=gin.REQUIRED,
 
     Args:
         labeled_subset: `'1pct'` or `'10pct'` (`imagenet2012_subset`).
-        cache_dir: directory for the materialised labeled subset.
-        data_dir: TFDS data directory (None: TFDS default).
         include_labeled_in_unlabeled: keep the labeled images in the
             unlabeled stream (paper footnote 1).
         shuffle_buffer: encoded images in the unlabeled shuffle buffer.
-
-    Raises:
-        ValueError: for an unknown `labeled_subset`.
     """
     checks.one_of('labeled_subset', labeled_subset, IMAGENET_SUBSETS)
     name = f'imagenet2012_subset/{labeled_subset}'
