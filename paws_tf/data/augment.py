@@ -63,18 +63,11 @@ _JITTER_OPS = (adjust_brightness, adjust_contrast, adjust_saturation,
 
 
 def jitter_params(seed, strength):
-    """Samples `ColorJitter(0.8s, 0.8s, 0.8s, 0.2s)` parameters (SimCLR).
-
-    Args:
-        seed: [2] int32/int64 stateless seed.
-        strength: colour distortion strength s, 0 <= s <= 2.5.
-
-    Returns:
-        (order, factors): a uniformly random [4] int32 permutation (op
-        order[k] applied k-th) and [4] float32 factors (brightness,
-        contrast, saturation in [max(0, 1 - 0.8s), 1 + 0.8s], hue in
-        [-0.2s, 0.2s]).
-    """
+    """`(order, factors)` of SimCLR's `ColorJitter(0.8s, 0.8s, 0.8s,
+    0.2s)` of `strength` s in [0, 2.5], drawn from the stateless `seed`: a
+    uniformly random [4] int32 permutation (op order[k] applied k-th) and
+    [4] float32 factors (brightness, contrast, saturation in
+    [max(0, 1 - 0.8s), 1 + 0.8s], hue in [-0.2s, 0.2s])."""
     if not 0 <= strength <= 2.5:
         raise ValueError(f'strength must be in [0, 2.5] (hue <= 0.5 turn as '
                          f'torchvision requires), got {strength}.')
@@ -87,12 +80,8 @@ def jitter_params(seed, strength):
 
 
 def color_jitter(image, seed, strength):
-    """Applies the four ColorJitter ops of `jitter_params`, in its order.
-
-    Args:
-        image: [H, W, C] float32 in [0, 1], C in (1, 3); the result alike.
-        seed, strength: as `jitter_params` takes them.
-    """
+    """The four ColorJitter ops of `jitter_params(seed, strength)`, in its
+    order, on `image`, [H, W, C] float32 in [0, 1] (C 1 or 3)."""
     order, factors = jitter_params(seed, strength)
 
     def step(k, x):
@@ -106,12 +95,8 @@ def color_jitter(image, seed, strength):
 
 
 def solarize(image, threshold=128):
-    """PIL `ImageOps.solarize`: values >= `threshold` become 255 - value.
-
-    Args:
-        image: [H, W, C] uint8; the result alike.
-        threshold: scalar.
-    """
+    """PIL `ImageOps.solarize` of [H, W, C] uint8: values >= the scalar
+    `threshold` become 255 - value."""
     image = tf.convert_to_tensor(image, tf.uint8)
     return tf.where(tf.cast(image, tf.float32) < threshold, image, 255 - image)
 
@@ -124,8 +109,7 @@ def equalize(image):
     (step // 2 + pixels below i) // step, capped at 255; a channel with one
     occupied value or `step` 0 is left unchanged.
 
-    Args:
-        image: [H, W, C] uint8, static C; the result alike.
+    `image`: [H, W, C] uint8, static C; the result alike.
     """
     image = tf.convert_to_tensor(image, tf.uint8)
     channels = image.shape[-1]
@@ -215,11 +199,10 @@ def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
     Args:
         image: [H, W, C] uint8 or float in [0, 1].
         seed: [2] int32/int64 stateless seed.
-        size: int or (height, width) of the view.
-        scale: (min, max) area fraction of the random resized crop.
+        size, scale: int or (height, width) of the view; (min, max) area
+            fraction of the random resized crop.
         mean, std: length-C channel means and standard deviations.
-        color_strength: colour distortion strength; 0 skips it.
-        blur_prob: Gaussian blur probability; 0 skips it.
+        color_strength, blur_prob: 0 skips the colour distortion, the blur.
         distortion: colour distortion kind, one of `DISTORTIONS`.
     """
     crop_seed, flip_seed, color_seed, blur_seed = image_ops.split_seed(seed, 4)
@@ -254,15 +237,11 @@ def _traced_view(size, scale, mean, std, color_strength, blur_prob,
 
 @AS_WRITTEN
 def center_view(image, size, *, crop_fraction, mean, std):
-    """Evaluation view, [size, size, C] float32: torchvision
+    """Evaluation view, [size, size, C] float32 of `image`: torchvision
     Resize(round(size / crop_fraction)) of the shorter side (bilinear,
-    antialiased like PIL), then CenterCrop(size), then normalised.
-
-    Args:
-        image, mean, std: as `make_view` takes them.
-        size: int, output height and width.
-        crop_fraction: in (0, 1], e.g. 0.875 for ImageNet, 1.0 for CIFAR-10.
-    """
+    antialiased like PIL), then CenterCrop(size), then normalised by
+    `mean`, `std`; `crop_fraction` in (0, 1], e.g. 0.875 for ImageNet, 1.0
+    for CIFAR-10."""
     if not 0 < crop_fraction <= 1:
         raise ValueError(f'crop_fraction must be in (0, 1], got '
                          f'{crop_fraction}.')
@@ -352,15 +331,9 @@ def cifar10_multicrop(**overrides):
 
 @AS_WRITTEN
 def multicrop_views(image, seed, config):
-    """Multi-crop views of one image, each with its own sub-seed.
-
-    Args:
-        image, seed: as `make_view` takes them.
-        config: a `MultiCropConfig`.
-
-    Returns:
-        (global_views, local_views): tuples of 2 [global_size, global_size,
-        C] and `num_local` [local_size, local_size, C] float32 views.
+    """`(global_views, local_views)` of `image` (as `make_view` takes
+    it) by the `MultiCropConfig` `config`: tuples of 2 global and
+    `num_local` local float32 views, each with its own sub-seed of `seed`.
     """
     seeds = image_ops.split_seed(seed, 2 + config.num_local)
     global_view = config.view_function(config.global_size, config.global_scale)

@@ -79,19 +79,11 @@ def _antialiased_resize(image, size):
 
 
 def sample_crop_box(height, width, seed, scale, ratio=(3 / 4, 4 / 3)):
-    """Samples a box as torchvision `RandomResizedCrop.get_params` does: its
-    10 candidates are drawn at once and the first valid one taken.
-
-    Args:
-        height, width: int or int32 scalar tensors, the image's H and W.
-        seed: [2] int32/int64 stateless seed.
-        scale: (min, max) fraction of the image area.
-        ratio: (min, max) aspect ratio w/h, sampled log-uniformly.
-
-    Returns:
-        (offset_y, offset_x, h, w), int32 scalars with
-        0 <= offset_y <= H - h and 0 <= offset_x <= W - w.
-    """
+    """`(offset_y, offset_x, h, w)`, int32 scalars, of a box of an image
+    of `height` x `width` sampled as torchvision
+    `RandomResizedCrop.get_params` does, of area `scale` (min, max) of the
+    image's and aspect `ratio` w/h drawn log-uniformly: its 10 candidates
+    are drawn at once (`seed`) and the first valid one taken."""
     attempts = 10  # Candidates before the centre-crop fallback.
     height, width = (tf.cast(v, tf.float64) for v in (height, width))
     u = tf.random.stateless_uniform([2 * attempts + 2], seed, dtype=tf.float64)
@@ -137,11 +129,9 @@ def random_resized_crop(image, seed, size, scale, ratio=(3 / 4, 4 / 3),
     float rounding of its align-corners boxes put ~6% of edge-touching
     samples outside the image (extrapolation value 0).
 
-    Args:
-        image: [H, W, C] uint8 (scaled by 1/255) or float in [0, 1].
-        seed, scale, ratio: as `sample_crop_box` takes them.
-        size: int or (height, width) of the output.
-        antialias: widen the filter when shrinking, as PIL does.
+    `image`: [H, W, C] uint8 (scaled by 1/255) or float in [0, 1]; `seed`,
+    `scale`, `ratio` as `sample_crop_box` takes them; `size`: int or
+    (height, width).
     """
     image = tf.convert_to_tensor(image)
     shape = tf.shape(image)
@@ -226,11 +216,8 @@ def pil_gaussian_blur(image, sigma, passes=3):
     high one before the shift: exact up to `MAX_BLUR_SIGMA` (box radius 63).
     The image is blurred as [W, H * C], then as [H, W * C], along axis 0.
 
-    Args:
-        image: [H, W, C] uint8, or float32 holding uint8 values (which
-            saves the conversions); the result alike.
-        sigma: scalar float32 standard deviation, in pixels.
-        passes: boxes per direction (PIL: 3).
+    `image`: [H, W, C] uint8, or float32 holding uint8 values (which saves
+    the conversions); the result alike. `sigma` in pixels.
     """
     image = tf.convert_to_tensor(image)
     r, taps = _box_taps(box_blur_radius(sigma, passes))
@@ -248,15 +235,10 @@ def pil_gaussian_blur(image, sigma, passes=3):
 
 
 def gaussian_blur(image, seed, prob=0.5, sigma_range=(0.1, 2.0)):
-    """The official PAWS random Gaussian blur (PIL's, on the uint8 image).
-
-    Args:
-        image: [H, W, C] float in [0, 1]; the result float32, multiples of
-            1/255 where blurred.
-        seed: [2] int32/int64 stateless seed.
-        prob: probability of blurring.
-        sigma_range: (min, max) of the uniform sigma, in pixels.
-    """
+    """The official PAWS random Gaussian blur (PIL's, on the uint8 image)
+    of [H, W, C] float `image` in [0, 1], with probability `prob` and a
+    sigma drawn uniformly in `sigma_range` pixels; the result float32,
+    multiples of 1/255 where blurred."""
     if not 0 <= sigma_range[0] <= sigma_range[1] <= MAX_BLUR_SIGMA:
         raise ValueError(f'sigma_range must be (min, max) with 0 <= min <= '
                          f'max <= {MAX_BLUR_SIGMA}, got {sigma_range}.')
