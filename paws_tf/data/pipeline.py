@@ -322,14 +322,20 @@ def _dataset(input_context=None, *, unlabeled, labeled, layout, seed,
                                    first_replica, local_replicas)
     support = _support(labeled, layout, seed, start_step, first_replica,
                        local_replicas)
+    return finish(tf.data.Dataset.zip((views, support)).map(
+        augment.AS_WRITTEN(lambda views, support: _step_element(
+            views, support, layout, labeled.channels))), deterministic)
+
+
+def finish(dataset, deterministic=None):
+    """`dataset` prefetched, and not sharded by tf.distribute: each
+    pipeline builds its replicas' share (`pipeline_replicas`)."""
     options = tf.data.Options()
-    options.deterministic = deterministic
+    if deterministic is not None:
+        options.deterministic = deterministic
     options.experimental_distribute.auto_shard_policy = (
         tf.data.experimental.AutoShardPolicy.OFF)
-    return (tf.data.Dataset.zip((views, support))
-            .map(augment.AS_WRITTEN(lambda views, support: _step_element(
-                views, support, layout, labeled.channels)))
-            .prefetch(tf.data.AUTOTUNE).with_options(options))
+    return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
 @gin.configurable(denylist=['source'])

@@ -69,7 +69,7 @@ def _suncet_dataset_fn(labeled, *, num_steps, classes_per_step,
                     tf.tile(class_ids, [views]))
 
         # Always in order: a batch is one step's rows of one replica.
-        return tuning.finish(
+        return pipeline.finish(
             tf.data.Dataset.range(num_steps * local).flat_map(
                 lambda i: sampler.items(i, first, local))
             .map(image_views, num_parallel_calls=tf.data.AUTOTUNE,

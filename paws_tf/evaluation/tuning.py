@@ -66,13 +66,6 @@ def build_trunk(model):
     return tf_keras.Model(*copy_layers(layers), name='fine_tune_trunk')
 
 
-def finish(dataset):
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.OFF)  # Sharded by hand.
-    return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
-
-
 def views_dataset_fn(source, global_batch_size, num_replicas, seed, tags,
                      *, size, scale, mean, std, color_strength, blur_prob,
                      distortion='simclr'):
@@ -106,7 +99,7 @@ def views_dataset_fn(source, global_batch_size, num_replicas, seed, tags,
 
         # Every pipeline walks the same stream of reshuffled epochs and
         # keeps its replicas' rows of each global batch.
-        return finish(
+        return pipeline.finish(
             tf.data.Dataset.counter().flat_map(epoch_items)
             .batch(global_batch_size).map(lambda e, p: (e[rows], p[rows]))
             .unbatch().map(view, num_parallel_calls=tf.data.AUTOTUNE)
