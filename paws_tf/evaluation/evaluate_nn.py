@@ -100,8 +100,7 @@ def evaluate_nn(run, embedder=None, *, labeled, test, image_size,
 
 
 def _given(embedder, from_model):
-    """`embedder`, else the `Embedder` of the existing model `from_model`
-    (`embedder_of`)."""
+    """`embedder`, else the `Embedder` of `from_model` (`embedder_of`)."""
     if embedder is not None:
         return embedder
     if from_model is None:
@@ -133,9 +132,9 @@ def export_classifier(run, model, labeled, preprocessing, *, channels, tau,
 
 
 def _recorded(run, results):
-    """`evaluate_nn`'s `results`, written to `run`'s `nn_results` (its
-    `results_file`), and the line that sums them up printed (the mode's
-    result, on stdout; not logged too, which would show it twice)."""
+    """`evaluate_nn`'s `results`, written to `run.nn_results` (their
+    `results_file`), summed up on stdout (the mode's result; not logged
+    too, which would show it twice)."""
     run.write_json(run.nn_results, results)
     results['results_file'] = run.nn_results
     top5 = (f', top-5 {100 * results["top5"]:.2f}%' if 'top5' in results
@@ -168,9 +167,9 @@ def embedder_of(path, name='evaluate_nn.from_model'):
 
 
 def _checked_embedding(embedder, embedding, expected):
-    """The embedding `embedder` compares; raises ValueError if it differs
-    from `embedding` (when not None), or if the preprocessing of its
-    export differs from the `expected` one."""
+    """The embedding `embedder` compares; ValueError if it is not
+    `embedding` (when not None), or its export's preprocessing is not
+    `expected`."""
     model_embedding = embedder.model.nn_embedding
     if embedder.exported is None:
         if embedding not in (None, model_embedding):

@@ -111,12 +111,10 @@ def _train_classifier(model, source, *, strategy, num_classes,
                       learning_rate, epochs, global_batch_size, image_size,
                       mean, std, crop_scale, momentum, seed, log_dir=None,
                       callbacks=()):
-    """Trains a fresh `build_classifier` network on `source` (App. A).
-
-    Softmax cross-entropy on random resized crops (torchvision's default
-    scale, as the official code and SimCLR) flipped at random. An epoch is
-    ceil(N / global_batch_size) steps of a stream reshuffled every pass.
-    """
+    """A fresh `build_classifier` network trained on `source` (App. A):
+    softmax cross-entropy on random resized crops (torchvision's default
+    scale, as the official code and SimCLR) flipped at random, an epoch
+    ceil(N / global_batch_size) steps of a stream reshuffled every pass."""
     steps_per_epoch = math.ceil(source.num_examples / global_batch_size)
     with strategy.scope():
         classifier = build_classifier(model, num_classes)
@@ -220,8 +218,8 @@ def fine_tune_linear(model, labeled, test, *, output_dir, image_size,
 
 
 def _tested(classifier, test_dataset, selection, entries):
-    """`fine_tune_linear`'s results: the chosen `classifier`'s test
-    scores and the `entries` of its `selection`."""
+    """The chosen `classifier`'s test scores and its `selection`'s
+    `entries`."""
     scores = _scores(classifier, test_dataset)
     chosen = entries.get('best') or {
         key: entries[key] for key in ('learning_rate', 'epochs', 'best_epoch')}

@@ -112,10 +112,9 @@ def draw_confusion_matrix(axes, matrix, class_names):
 
 
 def draw_neighbours(figure, examples, class_names):
-    """A row per test image: the image, then the labeled images that weigh
-    most in its prediction, with their classes and weights. `examples`:
-    dicts of `image`, `label`, `prediction`, `confidence`, `neighbours`
-    (images) and `neighbour_labels`, `neighbour_weights`."""
+    """A row per test image of `examples` (`Pictures._examples`' dicts):
+    the image, then the labeled images that weigh most in its prediction,
+    with their classes and weights."""
     columns = 1 + max(len(e['neighbours']) for e in examples)
     grid = figure.subplots(len(examples), columns, squeeze=False)
     for row, example in zip(grid, examples):
@@ -153,14 +152,11 @@ def png(figure):
 @gin.configurable(denylist=['labeled', 'test', 'preprocessing'])
 class Pictures:
     """The pictures of one PAWS-NN evaluation (`evaluate.PawsNN(...,
-    pictures=...)`).
+    pictures=...)`) of the `labeled` supports and `test` queries, the
+    thumbnails their centre views (`preprocessing`).
 
     Args:
-        labeled, test: the support and query sources.
-        preprocessing: the evaluation preprocessing (`image_size`,
-            `crop_fraction`, ...): thumbnails are the centre views.
-        max_points: labeled and test images each in the projector (the
-            first ones of each source).
+        max_points: labeled and test images each in the projector.
         num_examples, num_neighbours: test images in the neighbours
             picture (up to half misclassified), labeled images beside each.
         thumbnail_side: the thumbnails' side in pixels.
@@ -188,13 +184,9 @@ class Pictures:
         pictures, the image TensorBoard shows (one rendering: a second one
         can lay the figure out otherwise).
 
-        Args:
-            supports, queries: `[M, D]`, `[N, D]` embeddings, in source
-                order.
-            support_labels, query_labels: their `[M]`, `[N]` class ids.
-            predictions: `[N]` PAWS-NN's class of each query
-                (`evaluate.classify`'s top-1), for the confusion matrix.
-            tau: PAWS-NN's temperature.
+        The keywords are `evaluate.paws_nn`'s `embedded` (the embeddings
+        in source order, their class ids, `evaluate.classify`'s top-1 of
+        each query) and PAWS-NN's `tau`.
         """
         num_classes = len(self.class_names)
         matrix = confusion_matrix(query_labels, predictions, num_classes)

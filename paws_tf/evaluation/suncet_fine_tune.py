@@ -134,8 +134,8 @@ def _suncet_optimizer(*, learning_rate, final_learning_rate,
 
 def _checked_sizes(labeled, steps_per_epoch, **counts):
     """`(num_classes, steps_per_epoch)`, the steps by default the labeled
-    images over the batch's distinct images; raises ValueError for an
-    empty labeled set or naming a bad count of `counts`."""
+    images over the batch's distinct images; ValueError for an empty
+    labeled set or a bad count of `counts`."""
     num_classes = tuning.num_classes(labeled)
     for name, value in counts.items():
         checks.integer(f'fine_tune_suncet.{name}', value,

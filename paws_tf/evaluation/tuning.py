@@ -71,9 +71,8 @@ def views_dataset_fn(source, global_batch_size, num_replicas, seed, tags,
                      distortion='simclr'):
     """`dataset_fn` of per-replica `(view, label)` batches of `source`
     reshuffled every epoch, the order and the views seeded with the two
-    `sampling.derive_seed` `tags`; the views are `augment.make_view`'s of
-    the keyword arguments, traced once a setting and process
-    (`augment.view_function`)."""
+    `sampling.derive_seed` `tags`, the views `augment.view_function`'s of
+    the keyword arguments."""
     make_view = augment.view_function(
         size=size, scale=scale, mean=mean, std=std,
         color_strength=color_strength, blur_prob=blur_prob,
@@ -119,8 +118,8 @@ def cosine_schedule(steps_per_epoch, epochs, learning_rate, final_lr):
 
 
 def callbacks(log_dir):
-    """A progress bar, and TensorBoard's epoch values in `log_dir` (None:
-    none): Keras' per-step values are running means since the epoch
+    """A progress bar, and TensorBoard's epoch values in `log_dir` (if
+    any): Keras' per-step values are running means since the epoch
     began, not the step's."""
     return [progress.ProgressBar()] + ([tf_keras.callbacks.TensorBoard(
         log_dir, update_freq='epoch', write_graph=False, profile_batch=0)]
