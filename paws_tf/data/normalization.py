@@ -119,8 +119,7 @@ def channel_statistics(source, max_images=None, seed=0):
 
 def _check_record(recorded, where, spec, fixed, channels):
     """`recorded`'s values (read from `where`), checked against `spec`
-    (`fixed`: its values, None for `FROM_DATA`) and `channels`; raises
-    `checks.DataError` naming the record and the binding."""
+    (`fixed`: its values, None for `FROM_DATA`) and `channels`."""
     values = tuple(recorded['mean']), tuple(recorded['std'])
     if channels is not None and recorded.get('channels') != channels:
         raise checks.DataError(
@@ -146,24 +145,16 @@ def _check_record(recorded, where, spec, fixed, channels):
 
 def resolve_normalization(spec, *, source=None, recorded=None, where=None,
                           max_images=5000, seed=0, description='labeled'):
-    """The `(mean, std)` that `spec` stands for, and the record of it.
+    """`((mean, std), record)`: the float tuples `spec` stands for, and
+    the dict the run records (None when the values come from `recorded`,
+    or there is no `source`).
 
-    Args:
-        spec: `FROM_DATA`: the `channel_statistics` of at most `max_images`
-            images of `source`, computed once: a run with a record reads
-            it, so that resumed training, export and evaluation use the
-            same values. A preset or a `(mean, std)` pair: those values.
-        source: the `sources.ImageSource` of the statistics; None for a
-            trained run, whose values are its record's or `spec`'s.
-        recorded: the run's record (`RunDir.read_json`), or None.
-        where: where that record is, for the messages.
-        max_images, seed: as `channel_statistics` takes them.
-        description: what the images of `source` are (record, messages).
-
-    Returns:
-        `((mean, std), record)`: float tuples, one value per channel, and
-        the dict the run records, or None when the values come from
-        `recorded` or there is no `source`.
+    `FROM_DATA` is the `channel_statistics` (`max_images`, `seed`) of the
+    `sources.ImageSource` `source` (None for a trained run), computed
+    once: a run with a record (`recorded`, read from `where`) reads it, so
+    that resumed training, export and evaluation use the same values. A
+    preset or a `(mean, std)` pair stands for its values. `description`
+    names the images of `source` in the record and the messages.
 
     Raises:
         ValueError: a bad `spec`; `FROM_DATA` with neither a record nor a
