@@ -15,17 +15,10 @@ FASHION_MNIST_IDX_DIR = '/usr/share/datasets/fashion-mnist'
 @gin.configurable
 def fashion_mnist(*, split='train', idx_dir=FASHION_MNIST_IDX_DIR,
                   data_dir=None):
-    """Fashion-MNIST from its IDX files, or from TFDS (which downloads on
-    first use) when they are absent.
-
-    Args:
-        split: `'train'` (60,000 images) or `'test'` (10,000).
-        idx_dir: folder of the `*-idx?-ubyte.gz` files.
-        data_dir: TFDS data directory for the fallback.
-
-    Returns:
-        A labeled one-channel `ImageSource` with the class names.
-    """
+    """Fashion-MNIST's `split`, `'train'` (60,000 images) or `'test'`
+    (10,000), as a labeled one-channel `ImageSource`: from the
+    `*-idx?-ubyte.gz` files in `idx_dir`, else from TFDS (in `data_dir`,
+    which it downloads on first use)."""
     prefix = {'train': 'train', 'test': 't10k'}[split]
     images = os.path.join(idx_dir, f'{prefix}-images-idx3-ubyte.gz')
     if os.path.exists(images):

@@ -25,17 +25,10 @@ from paws_tf.runner import train
 
 
 def demo(run, strategy, options):
-    """PAWS pre-training, export and PAWS-NN, the configured fine-tuning
-    (the demo configs bind the CIFAR-10 protocol), then the baseline.
-
-    Args:
-        run, strategy: the run's `RunDir`, the running strategy.
-        options: `modes.Options`: `overwrite`, `owner_check` and
-            `claim`, passed to `train.train`.
-
-    Returns:
-        The results dict, also in `RunDir.results`.
-    """
+    """PAWS pre-training (`modes.Options` `options`), export and
+    PAWS-NN, the configured fine-tuning (the demo configs bind the
+    CIFAR-10 protocol), then the baseline, in the `RunDir` `run`; returns
+    the results dict, also in `RunDir.results`."""
     start = time.perf_counter()
     trained = modes.trained_model(run, strategy, options)
     paws_seconds = time.perf_counter() - start
@@ -147,11 +140,8 @@ def project_2d(embeddings):
 
 def _write_figure(run, results, embeddings, labels, class_names,
                   fine_tune_by_epoch):
-    """Training curves (`run`'s TensorBoard logs), PAWS-NN by pre-training
-    epoch and by fine-tuning epoch (each on its own axis) against the
-    baseline's top-1 (`results`), and the PCA of the `[N, D]` test
-    `embeddings`, above PAWS-NN's pictures (`run.nn_figure`), as
-    `run.results_figure`."""
+    """`run.results_figure`: `_plot_curves`, the PCA of the `[N, D]` test
+    `embeddings`, above PAWS-NN's pictures (`run.nn_figure`)."""
     # No pyplot, no display.
     figure = mpl_figure.Figure(figsize=(18, 14), layout='constrained')
     top, bottom = figure.subfigures(2, 1, height_ratios=[5.3, 8.7])
