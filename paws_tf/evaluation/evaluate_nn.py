@@ -41,13 +41,12 @@ def evaluate_nn(run, embedder=None, *, labeled, test, image_size,
                 crop_fraction, mean, std, tau=0.1, embedding=None,
                 batch_size=256, step=0, pictures=True, classifier=False,
                 from_model=None):
-    """PAWS-NN of `embedder` (`evaluate.PawsNN`), the support exactly the
-    labeled set checked against the run's split file (if any): TensorBoard's
+    """PAWS-NN of `embedder` (`evaluate.PawsNN`) on the chief alone, the
+    support exactly the labeled set the run records: TensorBoard's
     `paws_nn_test/*` in `tensorboard/eval`, `eval/paws_nn.json` and a
     printed summary; with `pictures`, `pictures.Pictures`' projector and
     image there and `eval/paws_nn.png`; with `classifier`, the PAWS-NN
     classifier of the same support embeddings (`export_classifier`).
-    Single-process (the chief alone).
 
     Args:
         run: the run's `RunDir`.
@@ -149,12 +148,9 @@ def _recorded(run, results):
 
 def embedder_of(path, name='evaluate_nn.from_model'):
     """The embedder export of the existing model `path`: `path` itself, or
-    the `RunDir.embedder` of the run directory `path`.
-
-    Raises:
-        checks.ConfigError: neither holds an export, naming the binding
-            `name` (the user's, such as a macro) and the fix.
-    """
+    the `RunDir.embedder` of the run directory `path`; `checks.ConfigError`
+    naming the binding `name` (the user's, such as a macro) and the fix if
+    neither holds one."""
     embedder = run_dir.RunDir(path).embedder
     for candidate in (path, embedder):
         if tf.io.gfile.exists(

@@ -139,9 +139,9 @@ def _train_classifier(model, source, *, strategy, num_classes,
 
 
 class _BestEpoch(tf_keras.callbacks.Callback):
-    """Scores the classifier on a validation set after every epoch and
-    leaves it with the weights of the first epoch of best top-1 (suncet
-    `fine_tune.py` saves a checkpoint whenever top-1 beats the best)."""
+    """Leaves the classifier with the weights of its first epoch of best
+    validation top-1 (suncet `fine_tune.py` saves a checkpoint whenever
+    top-1 beats the best)."""
 
     def __init__(self, dataset):
         super().__init__()
