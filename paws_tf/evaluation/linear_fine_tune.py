@@ -23,6 +23,7 @@ from paws_tf import checks
 from paws_tf import cluster
 from paws_tf.data import pipeline
 from paws_tf.evaluation import tuning
+from paws_tf import schedules
 
 HOLDOUT_FILENAME = 'holdout.txt'
 SELECTIONS = ('best_epoch', 'sweep')
@@ -75,7 +76,7 @@ def _optimizer(learning_rate, total_steps, *, momentum):
     with `WarmUpAndCosineDecay`), as does the official PAWS `fine_tune.py`.
     tf_keras' Nesterov update: `v = mu v - lr g; w += mu v - lr g`.
     """
-    schedule = tuning.cosine_schedule(total_steps, 1, learning_rate, 0.0)
+    schedule = schedules.cosine_decay(total_steps, 1, learning_rate, 0.0)
     return tf_keras.optimizers.SGD(schedule, momentum=momentum, nesterov=True)
 
 

@@ -23,6 +23,7 @@ from paws_tf.evaluation import tuning
 from paws_tf import lars as lars_lib
 from paws_tf import losses
 from paws_tf import model as model_lib
+from paws_tf import schedules
 
 # `sampling.derive_seed` tag of the views, apart from sampling's and the
 # ImageNet protocol's.
@@ -123,7 +124,7 @@ def _suncet_optimizer(*, learning_rate, final_learning_rate,
     """suncet `snn_fine_tune.py`: its classical-momentum SGD without weight
     decay, wrapped in LARS (biases and batch norm excluded), the rate
     cosine-decayed from `learning_rate` to `final_learning_rate`."""
-    schedule = tuning.cosine_schedule(steps_per_epoch, num_epochs,
+    schedule = schedules.cosine_decay(steps_per_epoch, num_epochs,
                                       learning_rate, final_learning_rate)
     if lars:
         return lars_lib.LARS(schedule, momentum=momentum, weight_decay=0.0,

@@ -15,7 +15,6 @@ from paws_tf import files
 from paws_tf.nets import sync_batch_norm
 from paws_tf import progress
 from paws_tf import run_dir
-from paws_tf import schedules
 
 # tf_keras weight prefix of the fine-tuned trunk: load it into
 # `build_trunk(model)`.
@@ -105,16 +104,6 @@ def views_dataset_fn(source, global_batch_size, num_replicas, seed, tags,
             .batch(batch, drop_remainder=True))
 
     return dataset_fn
-
-
-def cosine_schedule(steps_per_epoch, epochs, learning_rate, final_lr):
-    """`learning_rate` cosine-decayed to `final_lr`, without warm-up."""
-    # Every argument explicit: WarmupCosineDecay is gin-configurable, and
-    # the pre-training's bindings (its final rate, a warm-up fraction) must
-    # not reach it.
-    return schedules.WarmupCosineDecay(
-        steps_per_epoch, epochs, learning_rate, learning_rate,
-        final_lr=final_lr, warmup_epochs=0, warmup_fraction=None)
 
 
 def callbacks(log_dir):
