@@ -23,8 +23,12 @@ from paws_tf.runner import modes
 from tests.helpers import debug_gin
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# The run, and without what no check reads: the training's epoch-end
+# PAWS-NN, its first step's views and the final PAWS-NN's pictures.
 BINDINGS = ['train.num_epochs = 2', 'train.backup_every_steps = 4',
-            'train.checkpoint_every_steps = 8', 'train.verbose = 0']
+            'train.checkpoint_every_steps = 8', 'train.verbose = 0',
+            'train.eval_every_epochs = 0', 'train.view_images = False',
+            'evaluate_nn.pictures = False']
 
 
 def run_py(model_dir, mode, wait=True):
@@ -113,6 +117,9 @@ CIFAR10_BINDINGS = [
     "train.precision = 'float32'",  # float16 kernels are slow on a CPU.
     'train.backup_every_steps = 2', 'train.checkpoint_every_steps = 0',
     'train.verbose = 0',
+    # What no check reads: the epoch-end PAWS-NN, the views, the pictures.
+    'train.eval_every_epochs = 0', 'train.view_images = False',
+    'evaluate_nn.pictures = False',
     'fine_tune_suncet.num_epochs = 2', 'fine_tune_suncet.steps_per_epoch = 2',
     'fine_tune_suncet.images_per_class = 2',
 ]

@@ -39,7 +39,8 @@ SIZES = {'global_views': 32, 'local_views': 16, 'support_views': 32}
 SHRINK = ['IMAGE_SIZE = 32', 'LOCAL_SIZE = 16', 'SUPPORT_CLASSES = 3',
           'make_pretrain_dataset_fn.global_batch_size = 2',
           f'train.num_epochs = {EPOCHS}', 'train.log_every_steps = 1',
-          'train.eval_every_epochs = 0', 'train.verbose = 0']
+          'train.eval_every_epochs = 0', 'train.verbose = 0',
+          'evaluate_nn.pictures = False']
 
 
 def _documented():
@@ -92,13 +93,12 @@ def _backbone_weights(path, prefix):
             if name.startswith(prefix) and '.OPTIMIZER_SLOT' not in name}
 
 
-@pytest.fixture(scope='module')
-def recipe_run(tmp_path_factory):
+def recipe_run(tmp_path):
     """The command as written, its folders, import and model_dir the
     test's, shrunk (32- and 16-px views, two images a step, 18 steps), from
-    a DINO ViT-S/16 imported with run.py; the import's directory, the
-    run's, the import's record and the run's training events."""
-    tmp_path = tmp_path_factory.mktemp('recipe')
+    a DINO ViT-S/16 imported with run.py, its final PAWS-NN without
+    pictures (no check reads them); the import's directory, the run's, the
+    import's record and the run's training events."""
     official = test_vit_import._official('dino', seed=3)
     path = test_vit_import._save_dino(
         official, tmp_path / 'dino_deitsmall16_pretrain.pth')
@@ -131,9 +131,7 @@ def _logged(events, tag):
     return [events[tag][t] for t in range(1, TOTAL + 1)]
 
 
-@pytest.mark.slow
-@pytest.mark.long
-def test_the_rate_is_the_recipes_warm_up_and_cosine(recipe_run):
+def _check_rate(events):
     """The rate of each update of the run is the recipe's, computed here:
     0 at the first (the warm-up's), then the cosine from 7.7e-5 to 1e-6.
 
@@ -142,42 +140,34 @@ def test_the_rate_is_the_recipes_warm_up_and_cosine(recipe_run):
     assert float(f'{DERIVED_LR:.2g}') == REF_LR
     assert RATES[0] == 0.0 and RATES[1] == pytest.approx(REF_LR)
     np.testing.assert_allclose(
-        _logged(recipe_run[3], 'optimizer/learning_rate'), RATES,
+        _logged(events, 'optimizer/learning_rate'), RATES,
         rtol=1e-5, atol=1e-12)
 
 
-@pytest.mark.slow
-@pytest.mark.long
-def test_the_optimizer_is_adamw_with_dinos_weight_decay(recipe_run):
+def _check_adamw_weight_decay(events):
     """The run's weight decay (AdamW's; no LARS trust ratio is logged) is
     DINO's cosine from 0.04 to 0.4 over the run, computed here.
 
     Fails if the weight decay is constant (tried:
     `AdamW.final_weight_decay` left out of the recipe)."""
-    events = recipe_run[3]
     assert not any(tag.startswith('lars/') for tag in events)
     np.testing.assert_allclose(_logged(events, 'adamw/weight_decay'),
                                DECAYS, rtol=1e-5)
 
 
-@pytest.mark.slow
-@pytest.mark.long
-def test_the_run_views_follow_the_bound_sizes(recipe_run):
+def _check_view_sizes(events):
     """The views the run trained on (its TensorBoard pictures) are
     IMAGE_SIZE and LOCAL_SIZE as bound, multiples of the patch.
 
     Fails if the recipe binds a view size past its macro (tried:
     `MultiCropConfig.global_size = 48`, IMAGE_SIZE still read by the
     evaluation: the run trained on 48-px views)."""
-    events = recipe_run[3]
     for key, size in SIZES.items():
         width, height = (int(v) for v in events[f'views/{key}'][0][:2])
         assert (width, height) == (size, size) and size % PATCH == 0
 
 
-@pytest.mark.slow
-@pytest.mark.long
-def test_the_run_starts_from_the_imported_backbone(recipe_run):
+def _check_start_from_import(imported, run, record):
     """Every backbone variable at the end of the run is the import's
     moved by at most the sum over the updates of the rate times AdamW's
     largest step (its bias-corrected moments' bound) plus the weight
@@ -186,7 +176,6 @@ def test_the_run_starts_from_the_imported_backbone(recipe_run):
     Fails if the run does not start from the import's backbone (tried:
     `pretrained.load_backbone_weights` restoring nothing: the fresh
     backbone's LayerNorm gammas stay near 1, the import's are random)."""
-    imported, run, record, _ = recipe_run
     start = _backbone_weights(str(imported / 'checkpoints' / 'ckpt-0'),
                               'backbone/')
     end = _backbone_weights(tf.train.latest_checkpoint(
@@ -197,6 +186,22 @@ def test_the_run_starts_from_the_imported_backbone(recipe_run):
     for name, value in start.items():
         np.testing.assert_allclose(end[name], value, rtol=0, atol=moved,
                                    err_msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_the_recipe_run_trains_as_documented(tmp_path):
+    """The documented command's run (`recipe_run`), one run for all the
+    checks, each failing under its own bug: its rate (`_check_rate`), its
+    weight decay (`_check_adamw_weight_decay`), its views' sizes
+    (`_check_view_sizes`) and its start from the import
+    (`_check_start_from_import`). One test, so that parallel test
+    processes never train it twice."""
+    imported, run, record, events = recipe_run(tmp_path)
+    _check_rate(events)
+    _check_adamw_weight_decay(events)
+    _check_view_sizes(events)
+    _check_start_from_import(imported, run, record)
 
 
 @pytest.mark.parametrize('patch_bindings,patch,local', [

@@ -132,7 +132,8 @@ class _Servable(tf.Module):
             images, fn_output_signature=tf.TensorSpec(
                 [p['image_size'], p['image_size'], p['channels']],
                 tf.float32))
-        return self._outputs(views)
+        # The preprocessed signature's function: the model traced once.
+        return self.call_preprocessed(views)
 
     def _serve_preprocessed(self, images):
         p = self.preprocessing
