@@ -180,13 +180,19 @@ def _network(path, state, strategy):
             'network (gin_configs/imagenet_rn50_{1,10}pct.gin for '
             'ResNet-50, imagenet_rn50x2_10pct.gin for 2x, '
             'cifar10_wrn28_2_4000.gin for WideResNet-28-2).')
+    count = load_state(torch_names.layer_names(backbone, **named), state,
+                       path, hint)
+    return found, network, backbone, count
+
+
+def load_state(layer_names, state, path, hint=''):
+    """`torch_names.load_state_dict` of `state` (read from `path`);
+    ImportFailed naming what does not fit, then `hint`."""
     try:
-        count = torch_names.load_state_dict(
-            torch_names.layer_names(backbone, **named), state,
-            description=path)
+        return torch_names.load_state_dict(layer_names, state,
+                                           description=path)
     except torch_names.Mismatch as error:
         raise ImportFailed(f'{error}{hint}') from error
-    return found, network, backbone, count
 
 
 def occupied(run, overwrite):
@@ -203,12 +209,19 @@ def occupied(run, overwrite):
     return taken
 
 
-def make_room(run, taken):
-    """Deletes the earlier run in `run` when `occupied` found one, and
-    makes the directory."""
+def write_import(run, taken, record, export_model, **checkpointed):
+    """Writes an import, once everything is read and matched, into the
+    `RunDir` `run`: the earlier run `occupied` found (`taken`) deleted,
+    `checkpointed` (as `tf.train.Checkpoint` takes them) as the checkpoint
+    of step 0, `export_model()`'s SavedModel, then the `record`."""
     if taken:
         run.delete(run.overwritten)
     os.makedirs(run, exist_ok=True)
+    if checkpointed:
+        write_first_checkpoint(run, **checkpointed)
+    export_model()
+    run.write_json(run.imported, record, default=int)
+    return record
 
 
 def write_first_checkpoint(run, **objects):
@@ -220,44 +233,39 @@ def write_first_checkpoint(run, **objects):
     ).save(checkpoint_number=0)
 
 
-def import_official(run, path, checkpoint, *, strategy, overwrite=False):
+def import_official(run, path, checkpoint, taken, *, strategy):
     """Writes an official checkpoint into `run` as a paws_tf run.
 
     Pre-trained: a checkpoint of the gin-configured `PAWSModel`, which the
     other modes read as a run trained here, and its embedder SavedModel.
     Fine-tuned: the classifier SavedModel (`export.export_fine_tuned`).
-    Both write the import record (`RunDir.imported`), once everything is
-    read and matched.
+    Both write the import record (`RunDir.imported`).
 
     Args:
         run, path: the `RunDir` to create, the official file.
         checkpoint: the file's contents (`load_file`).
+        taken: what of `run` the import replaces (`occupied`).
         strategy: the `tf.distribute.Strategy` to build in.
-        overwrite: replace an earlier import or run in `run`.
 
     Returns:
         The import record (dict).
 
     Raises:
-        ImportFailed: the file cannot be imported into this config, or
-            `run` holds a run.
+        ImportFailed: the file cannot be imported into this config.
     """
-    taken = occupied(run, overwrite)
     state, epoch = read_checkpoint(path, checkpoint)
     found, network, backbone, count = _network(path, state, strategy)
-    make_room(run, taken)
     preprocessing, _ = experiment.recorded_preprocessing()
-    if found == PRETRAINED:
-        # The model alone.
-        write_first_checkpoint(run, model=network)
-        export.export_embedder(network, run.embedder, channels=CHANNELS,
-                               strategy=strategy, **preprocessing)
-    else:
-        export.export_fine_tuned(network, run.fine_tuned, channels=CHANNELS,
-                                 strategy=strategy, **preprocessing)
+    exporter, directory = ((export.export_embedder, run.embedder)
+                           if found == PRETRAINED else
+                           (export.export_fine_tuned, run.fine_tuned))
     record = dict(source=os.path.abspath(path), kind=found, epoch=epoch,
                   network=backbone.name, tensors=count)
-    run.write_json(run.imported, record, default=int)
+    write_import(
+        run, taken, record,
+        lambda: exporter(network, directory, channels=CHANNELS,
+                         strategy=strategy, **preprocessing),
+        **(dict(model=network) if found == PRETRAINED else {}))
     logging.info('Imported %s (%s, %s, epoch %s, %d tensors) into %s.', path,
                  found, backbone.name, epoch, count, run)
     return record

@@ -279,27 +279,27 @@ def imported_embedder(run, strategy, architecture):
     return BackboneEmbedder(backbone)
 
 
-def import_vit(run, path, checkpoint, *, overwrite=False):
+def import_vit(run, path, checkpoint, taken):
     """Writes the DINO, MSN or DINOv2 ViT read from `path` into `run`: the
     backbone's checkpoint (`tf.train.Checkpoint(backbone=...)`, step 0, in
     `RunDir.checkpoints`), its embedder export (224-px centre crop of
     0.875, ImageNet's normalisation, `features` compared) and the import
-    record, once every tensor is read and matched.
+    record.
 
     Args:
         run, path: the `RunDir` to create, the file.
         checkpoint: the file's contents (`official_import.load_file`), for
             which `source_of` is not None.
-        overwrite: replace an earlier import or run in `run`.
+        taken: what of `run` the import replaces
+            (`official_import.occupied`).
 
     Returns:
         The import record (dict).
 
     Raises:
-        ImportFailed: another architecture, tensors that do not fit, or
-            `run` holds a run; nothing is written.
+        ImportFailed: another architecture, or tensors that do not fit;
+            nothing is written.
     """
-    taken = official_import.occupied(run, overwrite)
     source = source_of(checkpoint)
     state, left_out, epoch = read_state(path, checkpoint, source)
     found = architecture(path, state, source)
@@ -307,18 +307,8 @@ def import_vit(run, path, checkpoint, *, overwrite=False):
         found.name, patch_size=found.patch_size, image_size=found.image_size,
         position_interpolation=found.interpolation,
         layer_scale=found.layer_scale, registers=found.registers)
-    try:
-        count = torch_names.load_state_dict(
-            torch_names.vit_layer_names(backbone), state, description=path)
-    except torch_names.Mismatch as error:
-        raise official_import.ImportFailed(str(error)) from error
-    official_import.make_room(run, taken)
-    official_import.write_first_checkpoint(run, backbone=backbone)
-    export.export_embedder(
-        BackboneEmbedder(backbone), run.embedder,
-        image_size=EVAL_IMAGE_SIZE, crop_fraction=CROP_FRACTION,
-        mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD,
-        channels=official_import.CHANNELS)
+    count = official_import.load_state(torch_names.vit_layer_names(backbone),
+                                       state, path)
     record = dict(source=os.path.abspath(path),
                   kind=official_import.BACKBONE, origin=source,
                   network=found.name, architecture=found.title(),
@@ -327,7 +317,12 @@ def import_vit(run, path, checkpoint, *, overwrite=False):
                   layer_scale=found.layer_scale, registers=found.registers,
                   epoch=epoch, tensors=count, left_out=left_out)
     record['bindings'] = training_bindings(record)
-    run.write_json(run.imported, record, default=int)
+    official_import.write_import(
+        run, taken, record, lambda: export.export_embedder(
+            BackboneEmbedder(backbone), run.embedder,
+            image_size=EVAL_IMAGE_SIZE, crop_fraction=CROP_FRACTION,
+            mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD,
+            channels=official_import.CHANNELS), backbone=backbone)
     logging.info('Imported the %s %s of %s (%d tensors) into %s; a run '
                  'starting from it binds %s.', _NAMES[source],
                  record['architecture'], path, count, run,
@@ -338,12 +333,13 @@ def import_vit(run, path, checkpoint, *, overwrite=False):
 def import_file(run, path, *, strategy, overwrite=False):
     """`--mode=import_official`: the file at `path` read once, then
     imported as a DINO, MSN or DINOv2 ViT (`import_vit`) or an official
-    PAWS ResNet (`official_import.import_official`)."""
-    official_import.occupied(run, overwrite)
+    PAWS ResNet (`official_import.import_official`). Raises ImportFailed
+    when `run` holds a run and not `overwrite`."""
+    taken = official_import.occupied(run, overwrite)
     checkpoint = official_import.load_file(path, expected=(
         f'{official_import.EXPECTED}, {_EXPECTED[vit_positions.DINO]}, '
         f'{_EXPECTED[vit_positions.MSN]} or {_EXPECTED[DINOV2]}'))
     if source_of(checkpoint) is not None:
-        return import_vit(run, path, checkpoint, overwrite=overwrite)
-    return official_import.import_official(
-        run, path, checkpoint, strategy=strategy, overwrite=overwrite)
+        return import_vit(run, path, checkpoint, taken)
+    return official_import.import_official(run, path, checkpoint, taken,
+                                           strategy=strategy)
