@@ -159,8 +159,9 @@ def _check_taken(labeled, takes, normalization):
         raise checks.DataError(
             f'{takes[1]} takes {takes[0]}-channel images, but load_data.train'
             f'{_folder("train")} gives {labeled.channels}-channel ones: bind '
-            f'it to a source of {takes[0]}-channel images, keeping '
-            f'load_data.normalization = {normalization!r}.')
+            f'it to a source of {takes[0]}-channel images' + (
+                '' if normalization is None else ', keeping '
+                f'load_data.normalization = {normalization!r}') + '.')
 
 
 def _split(loaded, run):

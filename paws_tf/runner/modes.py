@@ -30,11 +30,10 @@ def _float32_model(run, strategy, *, local, imported):
     scope, float32 (`building.in_float32`)."""
     channels = (official_import.CHANNELS if imported else
                 experiment.recorded_preprocessing(run)[1])
-    if local:
-        return building.in_float32(building.build_local_model,
-                                   input_channels=channels)
-    return building.in_float32(building.build_model, strategy,
-                               input_channels=channels)
+    return building.in_float32(
+        building.build_local_model if local else
+        functools.partial(building.build_model, strategy),
+        input_channels=channels)
 
 
 def load_trained_model(run, strategy, *, local=False, imported=False):
@@ -73,7 +72,7 @@ def evaluate_existing(run, strategy, embedder):
     with the preprocessing its export records, into `run` with its PAWS-NN
     classifier of these classes (`RunDir.classifier`); returns the results
     on the chief. Raises `checks.DataError` for labeled images of other
-    channels than the model takes."""
+    channels than the model takes (`experiment.load_data`'s `takes`)."""
     results = None
     if cluster.is_chief(strategy):
         stored = export.read_preprocessing(embedder)
@@ -81,13 +80,9 @@ def evaluate_existing(run, strategy, embedder):
         # holds; a trained run's records are only read.
         bundle = load_labeled_data(
             run, 'PAWS-NN compares the test images with them',
-            trained=checkpoints.has_progress(run))
+            trained=checkpoints.has_progress(run),
+            takes=(stored['channels'], f'The model of {embedder}'))
         _check_test(bundle)
-        if bundle.labeled.channels != stored['channels']:
-            raise checks.DataError(
-                f'The model of {embedder} takes {stored["channels"]}-channel '
-                f'images, but the labeled images have '
-                f'{bundle.labeled.channels}.')
         results = evaluate_nn.evaluate_nn(
             run, labeled=bundle.labeled, test=bundle.test, classifier=True,
             from_model=embedder,
@@ -115,31 +110,6 @@ def _paws_nn(run, bundle, embedder, *, tau, embedding, step, classifier):
         run, embedder, labeled=bundle.labeled, test=bundle.test, tau=tau,
         embedding=embedding, step=step, classifier=classifier,
         **experiment.eval_preprocessing(bundle))
-
-
-def _local_model(run, strategy, model, weights, *, imported):
-    """`(local, step)`: a plain-variable float32 copy of `model` (its
-    `weights`), else the run's newest checkpoint, restored."""
-    if model is None:
-        return load_trained_model(run, strategy, local=True,
-                                  imported=imported)
-    local = _float32_model(run, strategy, local=True, imported=imported)
-    checkpoints.assign_weights(local, weights)
-    return local, checkpoints.global_step(model)
-
-
-def _bundle(run, *, evaluates):
-    """The run's data, checked against its records, for PAWS-NN, else for
-    the classifier export; `(bundle, missing)`, `missing` the
-    `MissingLabeledFolder` of an export without labeled images."""
-    if evaluates:
-        return load_labeled_data(
-            run, 'PAWS-NN compares the test images with them'), None
-    try:
-        return load_labeled_data(
-            run, 'the classifier bundles their embeddings'), None
-    except MissingLabeledFolder as error:
-        return None, error
 
 
 def _export_is_current(run):
@@ -170,8 +140,14 @@ def export_and_evaluate(run, strategy, model=None, *, exports=True,
         missing = None
         # Read, and checked against the run's records, before anything is
         # written.
-        if bundle is None:
-            bundle, missing = _bundle(run, evaluates=evaluates)
+        try:
+            bundle = bundle or load_labeled_data(run, (
+                'PAWS-NN compares the test images with them' if evaluates
+                else 'the classifier bundles their embeddings'))
+        except MissingLabeledFolder as error:
+            if evaluates:
+                raise
+            missing = error  # An export without the classifier.
         if model is None and not exports and _export_is_current(run):
             # The model is read once, from the export; the temperature and
             # embedding are the config's.
@@ -197,11 +173,17 @@ def export_and_evaluate(run, strategy, model=None, *, exports=True,
 
 def _export_and_evaluate(run, strategy, model, weights, bundle, *, exports,
                          evaluates, imported):
-    """`export_and_evaluate` of `model` (else the newest checkpoint): the
-    embedder export, then PAWS-NN with the classifier of the same support
-    embeddings, or the classifier alone (`bundle` not None)."""
-    local, step = _local_model(run, strategy, model, weights,
-                               imported=imported)
+    """`export_and_evaluate` of a plain-variable float32 copy of `model`
+    (its `weights`), else of the newest checkpoint: the embedder export,
+    then PAWS-NN with the classifier of the same support embeddings, or
+    the classifier alone (`bundle` not None)."""
+    if model is None:
+        local, step = load_trained_model(run, strategy, local=True,
+                                         imported=imported)
+    else:
+        local = _float32_model(run, strategy, local=True, imported=imported)
+        checkpoints.assign_weights(local, weights)
+        step = checkpoints.global_step(model)
     if exports:
         preprocessing, channels = experiment.recorded_preprocessing(run)
         export.export_embedder(local, run.embedder, channels=channels,
