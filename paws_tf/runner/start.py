@@ -6,7 +6,6 @@ import os
 import typing
 
 from absl import logging
-import gin
 import tf_keras
 
 from paws_tf import checkpoints
@@ -17,6 +16,7 @@ from paws_tf.runner import architecture
 from paws_tf.runner import building
 from paws_tf.runner import experiment
 from paws_tf.runner import pretrained as pretrained_lib
+from paws_tf.runner import records
 
 # Gin bindings that may change when a run resumes: what to do on changed
 # data, how often progress is logged, how long its cluster may take to form.
@@ -255,22 +255,18 @@ def _replaces_config(run, *, overwrite):
     """Whether this gin config replaces the run in `run`: its config
     differs, and it saved nothing or `overwrite` says to; else raises
     `checks.ConfigError` naming the changed lines."""
-    if not os.path.exists(run.config):
-        return False
-    with open(run.config) as f:
-        old, new = (
-            [line for line in text.splitlines()
-             if not line.startswith(RESUME_ONLY_BINDINGS)]
-            for text in (f.read(), gin.config_str()))
-    if old == new:
+    added, removed = records.config_changes(
+        run, lambda line: not line.startswith(RESUME_ONLY_BINDINGS)) or (
+            [], [])
+    if not (added or removed):
         return False
     if not checkpoints.has_progress(run):
         logging.info('%s holds the config of a start that saved no backup '
                      'or checkpoint: starting with this config.', run)
         return True
     if not overwrite:
-        changed = [f'  - {line}' for line in old if line not in new][:5] + [
-            f'  + {line}' for line in new if line not in old][:5]
+        changed = ([f'  - {line}' for line in removed[:5]] +
+                   [f'  + {line}' for line in added[:5]])
         raise checks.ConfigError(
             f'{run} holds a run with a different gin config:\n' +
             '\n'.join(changed) + '\nUse another --model_dir, undo the change '
