@@ -26,8 +26,8 @@ from paws_tf.runner import vit_import
 
 
 def _float32_model(run, strategy, *, local, imported):
-    """The run's model, new: plain variables (`local`) or in the strategy's
-    scope, float32 (`building.in_float32`)."""
+    """The run's new float32 model: plain variables (`local`) or in the
+    strategy's scope."""
     channels = (official_import.CHANNELS if imported else
                 experiment.recorded_preprocessing(run)[1])
     return building.in_float32(
@@ -43,8 +43,7 @@ def load_trained_model(run, strategy, *, local=False, imported=False):
     PAWS-NN) or in `strategy`'s scope (fine-tuning); RGB when `imported`.
     Raises FileNotFoundError (no checkpoint yet) or
     `checkpoints.NoneRestorable`."""
-    model = _float32_model(run, strategy, local=local,
-                           imported=imported)
+    model = _float32_model(run, strategy, local=local, imported=imported)
     with contextlib.nullcontext() if local else strategy.scope():
         return model, checkpoints.load_newest(run, model)
 
@@ -112,16 +111,6 @@ def _paws_nn(run, bundle, embedder, *, tau, embedding, step, classifier):
         **experiment.eval_preprocessing(bundle))
 
 
-def _export_is_current(run):
-    """Whether the run's embedder export holds the weights of its newest
-    checkpoint (the step the export records): not after the run trained
-    on since, nor for an export that records no step."""
-    if not os.path.isdir(run.embedder):
-        return False
-    _, newest = checkpoints.latest(run.checkpoints)
-    return export.read_preprocessing(run.embedder).get('step') == newest
-
-
 def export_and_evaluate(run, strategy, model=None, *, exports=True,
                         evaluates=True, imported=False, bundle=None):
     """What one process does alone with a trained run: export it
@@ -148,9 +137,12 @@ def export_and_evaluate(run, strategy, model=None, *, exports=True,
             if evaluates:
                 raise
             missing = error  # An export without the classifier.
-        if model is None and not exports and _export_is_current(run):
-            # The model is read once, from the export; the temperature and
-            # embedding are the config's.
+        # An export that records the step of the newest checkpoint holds its
+        # weights: the model is read once, from it; the temperature and
+        # embedding are the config's.
+        if model is None and not exports and os.path.isdir(run.embedder) and (
+                export.read_preprocessing(run.embedder).get('step')
+                == checkpoints.latest(run.checkpoints)[1]):
             embedder = evaluate_nn.of_export(run.embedder)
             config = bindings.arguments(model_lib.PAWSModel)
             results = _paws_nn(
