@@ -55,15 +55,14 @@ def step_of(path):
 
 
 def latest(directory):
-    """(path, step) of the newest checkpoint `directory`'s state file
-    names, or (None, 0)."""
+    """(path, step) of the checkpoint `directory`'s state file names, or
+    (None, 0)."""
     path = tf.train.latest_checkpoint(directory)
     return (path, step_of(path)) if path else (None, 0)
 
 
 def at_step(run, step):
-    """The prefix of the checkpoint of global `step` of the `RunDir`
-    `run`."""
+    """The prefix of `run`'s checkpoint of global `step`."""
     return os.path.join(run.checkpoints, f'{CHECKPOINT_PREFIX}-{step}')
 
 
@@ -108,15 +107,13 @@ def damage(prefix):
 
 
 def backup_step(run):
-    """The global step of the newest backup of the `RunDir` `run`, 0 if
-    none."""
+    """The step of the newest backup of the `RunDir` `run`, 0 if none."""
     backups = all_checkpoints(run.chief_backup)
     return backups[0][1] if backups else 0
 
 
 def has_progress(run):
-    """Whether the `RunDir` `run` holds a backup or a checkpoint to resume
-    from."""
+    """Whether the `RunDir` `run` holds a backup or checkpoint."""
     return bool(_saved(run))
 
 
@@ -236,8 +233,7 @@ def _model_only(model):
 
 
 def load_newest(run, model):
-    """Restores the model of the newest restorable checkpoint of the
-    `RunDir` `run` and returns its step."""
+    """Restores `run`'s newest restorable checkpoint's model; its step."""
     path, step = newest_restorable(run, backups=False)
     load(path or run.checkpoints, model)
     return step
@@ -351,7 +347,7 @@ class RunState:
         self._saved_at[kind] = step
 
     def delete_backup(self):
-        """Deletes the backup: the run is finished, its checkpoints stay."""
+        """Deletes the backup of a finished run (its checkpoints stay)."""
         if cluster.is_chief(self._strategy):
             shutil.rmtree(self.backup_dir, ignore_errors=True)
 
@@ -386,7 +382,7 @@ class RunState:
 
 
 def assign_weights(model, weights):
-    """Gives `model` (a built model or layer) the arrays `weights` of
+    """Gives `model` (a built model or layer) the arrays `weights`, in
     `get_weights()`'s order: the one place weights are copied in memory."""
     model.set_weights(weights)
 

@@ -170,20 +170,14 @@ class OperativeConfig(tf_keras.callbacks.Callback):
 def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
                          every_epochs, max_queries):
     """The `evaluate.EpochEndEvaluation` callback of `train`'s
-    evaluators, on the held-out split.
+    `evaluators` (`evaluator_classes`), `eval_every_epochs` and
+    `eval_max_queries`, on the test split of the run's data `bundle`, with
+    the similarity temperature `tau`, its points in `log_dir`.
 
     Every worker of a cluster runs it: each reads the model's weights at
     the same epoch end (reading a sync-on-read variable, a batch-norm
-    moving statistic, is a collective of all workers), and the chief alone
-    evaluates them on a copy with plain variables and writes the
-    TensorBoard points (to `log_dir`).
-
-    Args:
-        evaluator_classes, every_epochs, max_queries: `train`'s
-            `evaluators` (called as `evaluate.PawsNN`), `eval_every_epochs`
-            and `eval_max_queries`.
-        bundle, log_dir, tau, chief: the run's data, the TensorBoard directory,
-            the similarity temperature, whether this process is the chief.
+    moving statistic, is a collective of all workers), and the `chief`
+    alone evaluates them on a copy with plain variables.
     """
     local_model, built = None, []
     if chief:

@@ -86,10 +86,9 @@ def numpy_state(path, state, entry):
 
 def read_checkpoint(path, checkpoint):
     """`(state, epoch)` of the official `.pth.tar` file `path` (what suncet
-    `paws_train.py` and `fine_tune.py` save) whose contents (`load_file`)
-    are `checkpoint`: its encoder's `{name: NumPy array}` without the DDP
-    `module.` prefix, and its epoch (None when absent); ImportFailed when
-    it is not such a checkpoint."""
+    `paws_train.py` and `fine_tune.py` save) of contents `checkpoint`: its
+    encoder's `numpy_state`, its epoch (None when absent); ImportFailed
+    when it is not such a checkpoint."""
     encoder = checkpoint.get('encoder') if isinstance(checkpoint,
                                                       dict) else None
     if not isinstance(encoder, dict) or not encoder:
@@ -234,25 +233,13 @@ def write_first_checkpoint(run, **objects):
 
 
 def import_official(run, path, checkpoint, taken, *, strategy):
-    """Writes an official checkpoint into `run` as a paws_tf run.
-
-    Pre-trained: a checkpoint of the gin-configured `PAWSModel`, which the
-    other modes read as a run trained here, and its embedder SavedModel.
-    Fine-tuned: the classifier SavedModel (`export.export_fine_tuned`).
-    Both write the import record (`RunDir.imported`).
-
-    Args:
-        run, path: the `RunDir` to create, the official file.
-        checkpoint: the file's contents (`load_file`).
-        taken: what of `run` the import replaces (`occupied`).
-        strategy: the `tf.distribute.Strategy` to build in.
-
-    Returns:
-        The import record (dict).
-
-    Raises:
-        ImportFailed: the file cannot be imported into this config.
-    """
+    """Writes the official checkpoint `path` (its contents `checkpoint`)
+    into the `RunDir` `run`, replacing `taken` (`write_import`), built in
+    `strategy`; returns the import record. Pre-trained: a checkpoint of the
+    gin-configured `PAWSModel`, which the other modes read as a run
+    trained here, and its embedder SavedModel. Fine-tuned: the classifier
+    SavedModel (`export.export_fine_tuned`). ImportFailed when the file
+    cannot be imported into this config."""
     state, epoch = read_checkpoint(path, checkpoint)
     found, network, backbone, count = _network(path, state, strategy)
     preprocessing, _ = experiment.recorded_preprocessing()
@@ -326,15 +313,11 @@ def backbone_only(run, record, needs):
 
 
 def check_mode(run, mode, *, trains=False, backbone=False):
-    """Whether the run directory `run` (a `RunDir`) holds imported weights
-    (`RunDir.imported`) that the mode named `mode` (a mode that `trains`,
-    or not; one that runs on a `backbone` alone, or not) runs on.
-
-    Raises:
-        ImportFailed: pre-training on an import, or any mode but
-            `import_official` on an imported fine-tuned classifier, or on
-            an imported backbone but for a mode that takes a `backbone`.
-    """
+    """Whether the `RunDir` `run` holds imported weights that the mode
+    named `mode` (one that `trains`, or not; that runs on a `backbone`
+    alone, or not) runs on. ImportFailed for pre-training on an import, or
+    for another mode on an imported fine-tuned classifier, or on an
+    imported backbone unless the mode takes a `backbone`."""
     record = run.read_json(run.imported)
     if record is None:
         return False

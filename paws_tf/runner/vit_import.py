@@ -280,26 +280,13 @@ def imported_embedder(run, strategy, architecture):
 
 
 def import_vit(run, path, checkpoint, taken):
-    """Writes the DINO, MSN or DINOv2 ViT read from `path` into `run`: the
-    backbone's checkpoint (`tf.train.Checkpoint(backbone=...)`, step 0, in
-    `RunDir.checkpoints`), its embedder export (224-px centre crop of
-    0.875, ImageNet's normalisation, `features` compared) and the import
-    record.
-
-    Args:
-        run, path: the `RunDir` to create, the file.
-        checkpoint: the file's contents (`official_import.load_file`), for
-            which `source_of` is not None.
-        taken: what of `run` the import replaces
-            (`official_import.occupied`).
-
-    Returns:
-        The import record (dict).
-
-    Raises:
-        ImportFailed: another architecture, or tensors that do not fit;
-            nothing is written.
-    """
+    """Writes the DINO, MSN or DINOv2 ViT of `path` (its contents
+    `checkpoint`) into the `RunDir` `run`, replacing `taken`
+    (`official_import.write_import`): the backbone's checkpoint, its
+    embedder export (224-px centre crop of 0.875, ImageNet's
+    normalisation, `features` compared) and the import record, which it
+    returns. ImportFailed for another architecture, or tensors that do not
+    fit; nothing is written."""
     source = source_of(checkpoint)
     state, left_out, epoch = read_state(path, checkpoint, source)
     found = architecture(path, state, source)
