@@ -127,20 +127,14 @@ def _saved(run):
 
 
 def newest_restorable(run, *, backups=True, chief=True):
-    """`(path, step)` of the newest backup or checkpoint of `run` that
-    can be restored, `(None, 0)` when nothing is saved. One that cannot is
-    skipped with a warning; when no backup restores, the chief moves the
-    backup directory into `damaged/`, so that it is not tried again.
-
-    Args:
-        run: the `RunDir`.
-        backups: consider the backup too (resuming); else checkpoints only
-            (evaluation and export read what outlives the run).
-        chief: this process may move files (the chief of a cluster).
-
-    Raises:
-        NoneRestorable: things were saved and none restores.
-    """
+    """`(path, step)` of the newest backup (with `backups`: resuming) or
+    checkpoint (what evaluation and export read: it outlives the run) of
+    the `RunDir` `run` that can be restored, `(None, 0)` when nothing is
+    saved. One that cannot is skipped with a warning; when no backup
+    restores, the `chief` (the process of a cluster that may move files)
+    moves the backup directory into `damaged/`, so that it is not tried
+    again. Raises NoneRestorable when things were saved and none
+    restores."""
     tried = []  # 'the backup <path>: <why it cannot be restored>', ...
     for path, step, kind in _saved(run):
         if kind == BACKUP and not backups:
@@ -180,18 +174,12 @@ def describe(path):
 
 
 def load(path, model, part=MODEL):
-    """Restores `part` of the checkpoint at `path` into `model`.
-
-    Args:
-        path: a checkpoint prefix, or a directory whose latest checkpoint is
-            read.
-        model: the model built from the run's gin config, every variable
-            created; for `WHOLE` compiled, its optimizer built.
-        part: `WHOLE` (the model and its optimizer, at the step the name
-            gives: resuming) or `MODEL`.
-
-    Returns:
-        The checkpoint prefix (or weights file) restored.
+    """Restores `part` of the checkpoint at `path` (a prefix, or a
+    directory whose latest checkpoint is read) into `model`, built from
+    the run's gin config, every variable created (for `WHOLE`, compiled,
+    its optimizer built); returns the prefix restored. `part`: `WHOLE`
+    (the model and its optimizer, at the step the name gives: resuming)
+    or `MODEL`.
 
     Raises:
         FileNotFoundError: no checkpoint at `path`.

@@ -154,9 +154,9 @@ def parse(gin_files, bindings):
             config, a binding that is not valid gin (named, with the
             closest known name: gin's message names neither), a parameter
             its configurable does not have (gin lets any name through to
-            a class with `**kwargs`), a macro the
-            config uses but nothing binds (gin's message prints the whole
-            config after it), or one bound that nothing uses.
+            a class with `**kwargs`), a macro the config uses but nothing
+            binds (gin's message prints the whole config after it), or one
+            bound that nothing uses.
     """
     gin.add_config_file_search_path(CONFIG_ROOT)
     gin.parse_config_files_and_bindings(

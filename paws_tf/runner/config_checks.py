@@ -182,21 +182,14 @@ def _check_backbone(multicrop):
 
 
 def check_config(pretraining=True):
-    """Checks the parsed gin config (a labeled folder's class folders are
-    listed, no image is read; other sources' channels are checked once
-    read); each check names the binding to change and a valid value.
-
-    Args:
-        pretraining: the run pre-trains: check `train`'s arguments and the
-            labeled folder (other modes check it when they read it).
-
-    Returns:
-        The embedder export of the existing model the config binds
-        (`existing_model`), or None: `--mode=evaluate_nn` evaluates it.
-
-    Raises:
-        checks.ConfigError: on the first problem found.
-    """
+    """Checks the parsed gin config, raising `checks.ConfigError` on the
+    first problem found, naming the binding to change and a valid value: a
+    labeled folder's class folders are listed, no image is read (other
+    sources' channels are checked once read); a run that is `pretraining`
+    has `train`'s arguments and the labeled folder checked too (other modes
+    check it when they read it). Returns the embedder export of the
+    existing model the config binds (`existing_model`), or None:
+    `--mode=evaluate_nn` evaluates it."""
     folder = experiment.folder_source()
     existing = existing_model()
     if existing is not None:

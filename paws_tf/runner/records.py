@@ -59,18 +59,12 @@ def _refuse(run, what, record, detail):
 
 
 def check(run, labeled):
-    """Refuses labeled images of other classes than the run's data
-    fingerprint records, or other than its labeled split file lists; a
-    record the run does not hold is not checked.
-
-    Args:
-        run: the trained run's `RunDir`.
-        labeled: the labeled `ImageSource` this config selects.
-
-    Raises:
-        Changed: naming the record, the config lines that differ from the
-            run's training config (else the data) and the fix.
-    """
+    """Refuses `labeled` (the `ImageSource` this config selects) when its
+    classes are not those the data fingerprint of the trained run `run`
+    records, or its images not those its labeled split file lists (a
+    record the run does not hold is not checked): `Changed`, naming the
+    record, the config lines that differ from the run's training config
+    (else the data) and the fix."""
     fingerprint = run.read_json(run.fingerprint)
     recorded = (fingerprint or {}).get('labeled') or {}
     classes = data_fingerprint.describe(labeled)['class_names']

@@ -58,24 +58,18 @@ class Pretrained(typing.NamedTuple):
 
 def check_pretrained(run, backbone=(None, ''), model=(None, ''), *,
                      overwrite=False, channels=None):
-    """Reads the pretrained backbone or model a new run in `run` starts
-    from, refusing one that is or lies inside `run`, or that does not fit
-    the configured model, before any data is read or anything written
-    (`start`'s step 1); call it once the strategy exists
-    (`MultiWorkerMirroredStrategy` must precede other TensorFlow ops). A
-    run that resumes (its own checkpoint wins; with `overwrite` it may
-    start again) reads none.
+    """The `Pretrained` weights a new run in the `RunDir` `run` starts
+    from (no part when none is bound, or resuming), read before any data
+    is read or anything written (`start`'s step 1); call it once the
+    strategy exists (`MultiWorkerMirroredStrategy` must precede other
+    TensorFlow ops). A run that resumes (its own checkpoint wins; with
+    `overwrite`, run.py's --overwrite, it may start again) reads none.
 
     Args:
-        run: the run's `RunDir`.
         backbone, model: `(path, binding)` of `train.pretrained_backbone`
             and `train.pretrained_model` (path None: not bound).
-        overwrite: run.py's --overwrite.
         channels: the images' channels, when the config gives them
             (`experiment.folder_channels`); None: 3, then 1 are tried.
-
-    Returns:
-        The `Pretrained` weights (no part when none is bound, or resuming).
 
     Raises:
         checks.ConfigError: both are bound, or the path lies in `run`, does
