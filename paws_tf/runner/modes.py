@@ -220,10 +220,6 @@ def trained_model(run, strategy, options):
                        claim=options.claim)
 
 
-def _train(run, strategy, options):
-    trained_model(run, strategy, options)
-
-
 def _train_and_evaluate(run, strategy, options):
     return export_and_evaluate(run, strategy,
                                trained_model(run, strategy, options))
@@ -270,8 +266,8 @@ def _import_official(run, strategy, options):
 
 class Mode(typing.NamedTuple):
     """A run.py mode: `run(run, strategy, options)` (`run` a `RunDir`)
-    returns its results (PAWS-NN's, fine-tuning's, the import record) or
-    None."""
+    returns its results (the trained model, PAWS-NN's, fine-tuning's, the
+    import record) or None."""
     run: typing.Callable[[run_dir.RunDir, tf.distribute.Strategy, Options],
                          typing.Any]
     # Trains: takes the run lock and records the config in model_dir.
@@ -283,7 +279,7 @@ class Mode(typing.NamedTuple):
 
 # The library's modes; run.py's --mode adds the demo's (`cli.MODES`).
 MODES = dict(
-    train=Mode(_train, trains=True),
+    train=Mode(trained_model, trains=True),
     evaluate_nn=Mode(functools.partial(_export_or_evaluate, evaluates=True)),
     fine_tune=Mode(_fine_tune),
     export=Mode(functools.partial(_export_or_evaluate, evaluates=False)),
