@@ -50,8 +50,9 @@ def _named_parameters(fn_or_cls):
     """The names `fn_or_cls` takes as parameters, following the
     `**kwargs` that a class passes on to its bases' constructors
     (`PAWSModel`'s to `tf_keras.Model`'s), or None where any name may be
-    taken (a function with `**kwargs`, as `cifar10_multicrop`). gin accepts any name for a
-    configurable with `**kwargs`, which then fails at run time."""
+    taken (a function with `**kwargs`, as `cifar10_multicrop`). gin
+    accepts any name for a configurable with `**kwargs`, which then fails
+    at run time."""
     functions = ([vars(c)['__init__'] for c in fn_or_cls.__mro__[:-1]
                   if '__init__' in vars(c)] if inspect.isclass(fn_or_cls)
                  else [fn_or_cls])
