@@ -275,17 +275,11 @@ def non_finite_error(what, step, checkpoint_dir):
 
 
 class RunState:
-    """Saves one run's model and optimizer (on every worker of a cluster:
-    `cluster.save_dir`).
-
-    Args:
-        run: the `RunDir`.
-        model: the compiled, built model; its optimizer is saved with it.
-        strategy: the running `tf.distribute.Strategy`.
-        keep_checkpoints: checkpoints kept in `run.checkpoints`.
-        before_save: called before every save; raises when this run no
-            longer owns `run` (`run_lock.RunLock.check`).
-    """
+    """Saves the compiled, built `model` and its optimizer into the
+    `RunDir` `run` (on every worker of a cluster, `cluster.save_dir`;
+    `strategy` the running one), keeping `keep_checkpoints` checkpoints.
+    `before_save` is called before every save; it raises when this run no
+    longer owns `run` (`run_lock.RunLock.check`)."""
 
     def __init__(self, run, model, strategy, *, keep_checkpoints,
                  before_save=None):

@@ -205,8 +205,7 @@ class Saver(tf_keras.callbacks.Callback):
     the backup first, when the global step reaches or passes a multiple.
     On SIGTERM (what Slurm and most schedulers send before killing a job),
     inside `handling_sigterm()`, the run backs up at the end of the step
-    and stops; `preempted_at` then holds the step.
-    """
+    and stops; `preempted_at` then holds the step."""
 
     def __init__(self, state, *, backup_every, checkpoint_every):
         super().__init__()

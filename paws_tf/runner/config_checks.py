@@ -138,13 +138,9 @@ def _check_normalization(folder, required=True):
 def existing_model():
     """The embedder export of the existing model `evaluate_nn.from_model`
     names (`evaluate_nn.embedder_of`), or None when the config does not
-    bind it.
-
-    Raises:
-        checks.ConfigError: it is bound to None (a MODEL macro left for the
-            command line), or to a path that does not exist or holds no
-            embedder export (naming the binding the user made).
-    """
+    bind it; `checks.ConfigError` naming the binding the user made when it
+    is bound to None (a MODEL macro left for the command line), or to a
+    path that does not exist or holds no embedder export."""
     if not bindings.is_bound(evaluate_nn.evaluate_nn, 'from_model'):
         return None
     path, name = bindings.arguments(evaluate_nn.evaluate_nn)['from_model']

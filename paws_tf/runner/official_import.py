@@ -44,13 +44,10 @@ class ImportFailed(ValueError):
 
 def load_file(path, expected=EXPECTED):
     """The object stored in the PyTorch file `path`, read without running
-    code from it (`weights_only`: tensors and plain containers).
-
-    Raises:
-        ImportFailed: PyTorch is not installed, or the file is missing,
-            truncated, not a PyTorch file or holds other objects (a
-            pickled class or function), naming what was `expected`.
-    """
+    code from it (`weights_only`: tensors and plain containers);
+    ImportFailed when PyTorch is not installed, or the file is missing,
+    truncated, not a PyTorch file or holds other objects (a pickled class
+    or function), naming what was `expected`."""
     try:
         import torch  # pylint: disable=import-outside-toplevel
     except ImportError as error:
@@ -262,16 +259,11 @@ def check_preprocessing(run):
     """Refuses fine-tuning the import in `run` with a config whose source
     decodes other channels (`experiment.check_channels`), or whose
     `load_data.normalization` is another than its export records (what its
-    weights were trained on), before any image is read; both wrong, one
-    message names both bindings.
-
-    Returns:
-        `(channels, model)`, `experiment.load_data`'s `takes`: the images
-        of a source without a `channels` argument are checked once read.
-
-    Raises:
-        checks.ConfigError: naming the record and the binding.
-    """
+    weights were trained on), before any image is read, naming the record
+    and the binding (`checks.ConfigError`); both wrong, one message names
+    both bindings. Returns `(channels, model)`, `experiment.load_data`'s
+    `takes`: the images of a source without a `channels` argument are
+    checked once read."""
     recorded = export.read_preprocessing(run.embedder)
     where = os.path.join(run.embedder, export.PREPROCESSING_FILENAME)
     spec, name = bindings.arguments(experiment.load_data)['normalization']

@@ -114,13 +114,9 @@ def _architecture_name(name, patch, registers=0):
 
 def architecture(path, state, source):
     """The `Architecture` of the ViT whose state dict is `state`, read
-    from its shapes and keys.
-
-    Raises:
-        ImportFailed: not one of the architectures `source` publishes
-            (`PUBLISHED`; DINOv2's with 0 or 4 registers), naming what it
-            holds.
-    """
+    from its shapes and keys; ImportFailed, naming what it holds, when it
+    is not one of the architectures `source` publishes (`PUBLISHED`;
+    DINOv2's with 0 or 4 registers)."""
     width = state['cls_token'].shape[-1]
     # DINOv2's ViT-g/14: its blocks' SwiGLU feed-forward is not built here.
     if source == DINOV2 and (width == _GIANT_WIDTH or _SWIGLU_KEY in state):
