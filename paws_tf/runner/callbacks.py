@@ -269,14 +269,10 @@ def fit_from(model, input_at, start_step, *, epochs, steps_per_epoch,
     `fit` starts at an epoch's first step (`initial_epoch`): a run resumed
     mid-epoch first finishes that epoch in a `fit` of its remaining steps.
     The callbacks see the epochs of an uninterrupted run (their `batch`
-    counts from the first step of each `fit`).
-
-    Args:
-        model, start_step: the compiled model, restored at the global step
-            to start at.
-        input_at: `step -> x` of `fit` (a `DatasetCreator`) that starts at
-            global `step`.
-        epochs, steps_per_epoch, callbacks, **fit_kwargs: of every `fit`.
+    counts from the first step of each `fit`). `model` is compiled and
+    restored at `start_step`; `input_at(step)` is the `x` of `fit` (a
+    `DatasetCreator`) that starts at global `step`; the other arguments
+    are every `fit`'s.
     """
     epoch, done = divmod(start_step, steps_per_epoch)
     if done:
