@@ -131,11 +131,7 @@ def shipped_configs():
 def resolve_gin_file(name):
     """The path of the file a --gin_file `name` names: a path that exists,
     else a shipped config, by file name ('debug.gin') or as the repository
-    spells it ('gin_configs/debug.gin').
-
-    Raises:
-        checks.ConfigError: `name` is neither.
-    """
+    spells it ('gin_configs/debug.gin'); `checks.ConfigError` when neither."""
     for path in (name, os.path.join(CONFIG_DIR, name),
                  os.path.join(CONFIG_ROOT, name)):
         if os.path.isfile(path):
