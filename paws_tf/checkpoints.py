@@ -55,15 +55,14 @@ def step_of(path):
 
 
 def latest(directory):
-    """(path, step) of the newest checkpoint `directory`'s state file
-    names, or (None, 0)."""
+    """(path, step) of the checkpoint `directory`'s state file names, or
+    (None, 0)."""
     path = tf.train.latest_checkpoint(directory)
     return (path, step_of(path)) if path else (None, 0)
 
 
 def at_step(run, step):
-    """The prefix of the checkpoint of global `step` of the `RunDir`
-    `run`."""
+    """The prefix of `run`'s checkpoint of global `step`."""
     return os.path.join(run.checkpoints, f'{CHECKPOINT_PREFIX}-{step}')
 
 
@@ -108,15 +107,13 @@ def damage(prefix):
 
 
 def backup_step(run):
-    """The global step of the newest backup of the `RunDir` `run`, 0 if
-    none."""
+    """The step of the newest backup of the `RunDir` `run`, 0 if none."""
     backups = all_checkpoints(run.chief_backup)
     return backups[0][1] if backups else 0
 
 
 def has_progress(run):
-    """Whether the `RunDir` `run` holds a backup or a checkpoint to resume
-    from."""
+    """Whether the `RunDir` `run` holds a backup or checkpoint."""
     return bool(_saved(run))
 
 
@@ -130,20 +127,14 @@ def _saved(run):
 
 
 def newest_restorable(run, *, backups=True, chief=True):
-    """`(path, step)` of the newest backup or checkpoint of `run` that
-    can be restored, `(None, 0)` when nothing is saved. One that cannot is
-    skipped with a warning; when no backup restores, the chief moves the
-    backup directory into `damaged/`, so that it is not tried again.
-
-    Args:
-        run: the `RunDir`.
-        backups: consider the backup too (resuming); else checkpoints only
-            (evaluation and export read what outlives the run).
-        chief: this process may move files (the chief of a cluster).
-
-    Raises:
-        NoneRestorable: things were saved and none restores.
-    """
+    """`(path, step)` of the newest backup (with `backups`: resuming) or
+    checkpoint (what evaluation and export read: it outlives the run) of
+    the `RunDir` `run` that can be restored, `(None, 0)` when nothing is
+    saved. One that cannot is skipped with a warning; when no backup
+    restores, the `chief` (the process of a cluster that may move files)
+    moves the backup directory into `damaged/`, so that it is not tried
+    again. Raises NoneRestorable when things were saved and none
+    restores."""
     tried = []  # 'the backup <path>: <why it cannot be restored>', ...
     for path, step, kind in _saved(run):
         if kind == BACKUP and not backups:
@@ -183,18 +174,12 @@ def describe(path):
 
 
 def load(path, model, part=MODEL):
-    """Restores `part` of the checkpoint at `path` into `model`.
-
-    Args:
-        path: a checkpoint prefix, or a directory whose latest checkpoint is
-            read.
-        model: the model built from the run's gin config, every variable
-            created; for `WHOLE` compiled, its optimizer built.
-        part: `WHOLE` (the model and its optimizer, at the step the name
-            gives: resuming) or `MODEL`.
-
-    Returns:
-        The checkpoint prefix (or weights file) restored.
+    """Restores `part` of the checkpoint at `path` (a prefix, or a
+    directory whose latest checkpoint is read) into `model`, built from
+    the run's gin config, every variable created (for `WHOLE`, compiled,
+    its optimizer built); returns the prefix restored. `part`: `WHOLE`
+    (the model and its optimizer, at the step the name gives: resuming)
+    or `MODEL`.
 
     Raises:
         FileNotFoundError: no checkpoint at `path`.
@@ -236,8 +221,7 @@ def _model_only(model):
 
 
 def load_newest(run, model):
-    """Restores the model of the newest restorable checkpoint of the
-    `RunDir` `run` and returns its step."""
+    """Restores `run`'s newest restorable checkpoint's model; its step."""
     path, step = newest_restorable(run, backups=False)
     load(path or run.checkpoints, model)
     return step
@@ -291,17 +275,11 @@ def non_finite_error(what, step, checkpoint_dir):
 
 
 class RunState:
-    """Saves one run's model and optimizer (on every worker of a cluster:
-    `cluster.save_dir`).
-
-    Args:
-        run: the `RunDir`.
-        model: the compiled, built model; its optimizer is saved with it.
-        strategy: the running `tf.distribute.Strategy`.
-        keep_checkpoints: checkpoints kept in `run.checkpoints`.
-        before_save: called before every save; raises when this run no
-            longer owns `run` (`run_lock.RunLock.check`).
-    """
+    """Saves the compiled, built `model` and its optimizer into the
+    `RunDir` `run` (on every worker of a cluster, `cluster.save_dir`;
+    `strategy` the running one), keeping `keep_checkpoints` checkpoints.
+    `before_save` is called before every save; it raises when this run no
+    longer owns `run` (`run_lock.RunLock.check`)."""
 
     def __init__(self, run, model, strategy, *, keep_checkpoints,
                  before_save=None):
@@ -351,7 +329,7 @@ class RunState:
         self._saved_at[kind] = step
 
     def delete_backup(self):
-        """Deletes the backup: the run is finished, its checkpoints stay."""
+        """Deletes the backup of a finished run (its checkpoints stay)."""
         if cluster.is_chief(self._strategy):
             shutil.rmtree(self.backup_dir, ignore_errors=True)
 
@@ -386,7 +364,7 @@ class RunState:
 
 
 def assign_weights(model, weights):
-    """Gives `model` (a built model or layer) the arrays `weights` of
+    """Gives `model` (a built model or layer) the arrays `weights`, in
     `get_weights()`'s order: the one place weights are copied in memory."""
     model.set_weights(weights)
 

@@ -50,8 +50,9 @@ def _named_parameters(fn_or_cls):
     """The names `fn_or_cls` takes as parameters, following the
     `**kwargs` that a class passes on to its bases' constructors
     (`PAWSModel`'s to `tf_keras.Model`'s), or None where any name may be
-    taken (a function with `**kwargs`, as `cifar10_multicrop`). gin accepts any name for a
-    configurable with `**kwargs`, which then fails at run time."""
+    taken (a function with `**kwargs`, as `cifar10_multicrop`). gin
+    accepts any name for a configurable with `**kwargs`, which then fails
+    at run time."""
     functions = ([vars(c)['__init__'] for c in fn_or_cls.__mro__[:-1]
                   if '__init__' in vars(c)] if inspect.isclass(fn_or_cls)
                  else [fn_or_cls])
@@ -130,11 +131,7 @@ def shipped_configs():
 def resolve_gin_file(name):
     """The path of the file a --gin_file `name` names: a path that exists,
     else a shipped config, by file name ('debug.gin') or as the repository
-    spells it ('gin_configs/debug.gin').
-
-    Raises:
-        checks.ConfigError: `name` is neither.
-    """
+    spells it ('gin_configs/debug.gin'); `checks.ConfigError` when neither."""
     for path in (name, os.path.join(CONFIG_DIR, name),
                  os.path.join(CONFIG_ROOT, name)):
         if os.path.isfile(path):
@@ -154,9 +151,9 @@ def parse(gin_files, bindings):
             config, a binding that is not valid gin (named, with the
             closest known name: gin's message names neither), a parameter
             its configurable does not have (gin lets any name through to
-            a class with `**kwargs`), a macro the
-            config uses but nothing binds (gin's message prints the whole
-            config after it), or one bound that nothing uses.
+            a class with `**kwargs`), a macro the config uses but nothing
+            binds (gin's message prints the whole config after it), or one
+            bound that nothing uses.
     """
     gin.add_config_file_search_path(CONFIG_ROOT)
     gin.parse_config_files_and_bindings(

@@ -34,15 +34,12 @@ def in_float32(build, *args, **kwargs):
 
 
 def build_local_model(*, input_channels):
-    """The PAWS model with plain variables, for what one process runs
-    alone under MultiWorkerMirroredStrategy (evaluation, export): the
-    distributed model reads its batch-norm moving statistics through an
-    all-reduce the other workers never join, and a SavedModel cannot hold
-    its distributed variables.
-
-    Raises:
-        RuntimeError: called inside a strategy's scope.
-    """
+    """The PAWS model with plain variables (RuntimeError inside a
+    strategy's scope), for what one process runs alone under
+    MultiWorkerMirroredStrategy (evaluation, export): the distributed model
+    reads its batch-norm moving statistics through an all-reduce the other
+    workers never join, and a SavedModel cannot hold its distributed
+    variables."""
     if tf.distribute.has_strategy():
         raise RuntimeError('build_local_model must be called outside any '
                            'tf.distribute strategy scope.')

@@ -170,20 +170,14 @@ class OperativeConfig(tf_keras.callbacks.Callback):
 def epoch_end_evaluation(evaluator_classes, bundle, *, log_dir, tau, chief,
                          every_epochs, max_queries):
     """The `evaluate.EpochEndEvaluation` callback of `train`'s
-    evaluators, on the held-out split.
+    `evaluators` (`evaluator_classes`), `eval_every_epochs` and
+    `eval_max_queries`, on the test split of the run's data `bundle`, with
+    the similarity temperature `tau`, its points in `log_dir`.
 
     Every worker of a cluster runs it: each reads the model's weights at
     the same epoch end (reading a sync-on-read variable, a batch-norm
-    moving statistic, is a collective of all workers), and the chief alone
-    evaluates them on a copy with plain variables and writes the
-    TensorBoard points (to `log_dir`).
-
-    Args:
-        evaluator_classes, every_epochs, max_queries: `train`'s
-            `evaluators` (called as `evaluate.PawsNN`), `eval_every_epochs`
-            and `eval_max_queries`.
-        bundle, log_dir, tau, chief: the run's data, the TensorBoard directory,
-            the similarity temperature, whether this process is the chief.
+    moving statistic, is a collective of all workers), and the `chief`
+    alone evaluates them on a copy with plain variables.
     """
     local_model, built = None, []
     if chief:
@@ -211,8 +205,7 @@ class Saver(tf_keras.callbacks.Callback):
     the backup first, when the global step reaches or passes a multiple.
     On SIGTERM (what Slurm and most schedulers send before killing a job),
     inside `handling_sigterm()`, the run backs up at the end of the step
-    and stops; `preempted_at` then holds the step.
-    """
+    and stops; `preempted_at` then holds the step."""
 
     def __init__(self, state, *, backup_every, checkpoint_every):
         super().__init__()
@@ -276,14 +269,10 @@ def fit_from(model, input_at, start_step, *, epochs, steps_per_epoch,
     `fit` starts at an epoch's first step (`initial_epoch`): a run resumed
     mid-epoch first finishes that epoch in a `fit` of its remaining steps.
     The callbacks see the epochs of an uninterrupted run (their `batch`
-    counts from the first step of each `fit`).
-
-    Args:
-        model, start_step: the compiled model, restored at the global step
-            to start at.
-        input_at: `step -> x` of `fit` (a `DatasetCreator`) that starts at
-            global `step`.
-        epochs, steps_per_epoch, callbacks, **fit_kwargs: of every `fit`.
+    counts from the first step of each `fit`). `model` is compiled and
+    restored at `start_step`; `input_at(step)` is the `x` of `fit` (a
+    `DatasetCreator`) that starts at global `step`; the other arguments
+    are every `fit`'s.
     """
     epoch, done = divmod(start_step, steps_per_epoch)
     if done:

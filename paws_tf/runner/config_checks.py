@@ -138,13 +138,9 @@ def _check_normalization(folder, required=True):
 def existing_model():
     """The embedder export of the existing model `evaluate_nn.from_model`
     names (`evaluate_nn.embedder_of`), or None when the config does not
-    bind it.
-
-    Raises:
-        checks.ConfigError: it is bound to None (a MODEL macro left for the
-            command line), or to a path that does not exist or holds no
-            embedder export (naming the binding the user made).
-    """
+    bind it; `checks.ConfigError` naming the binding the user made when it
+    is bound to None (a MODEL macro left for the command line), or to a
+    path that does not exist or holds no embedder export."""
     if not bindings.is_bound(evaluate_nn.evaluate_nn, 'from_model'):
         return None
     path, name = bindings.arguments(evaluate_nn.evaluate_nn)['from_model']
@@ -182,21 +178,14 @@ def _check_backbone(multicrop):
 
 
 def check_config(pretraining=True):
-    """Checks the parsed gin config (a labeled folder's class folders are
-    listed, no image is read; other sources' channels are checked once
-    read); each check names the binding to change and a valid value.
-
-    Args:
-        pretraining: the run pre-trains: check `train`'s arguments and the
-            labeled folder (other modes check it when they read it).
-
-    Returns:
-        The embedder export of the existing model the config binds
-        (`existing_model`), or None: `--mode=evaluate_nn` evaluates it.
-
-    Raises:
-        checks.ConfigError: on the first problem found.
-    """
+    """Checks the parsed gin config, raising `checks.ConfigError` on the
+    first problem found, naming the binding to change and a valid value: a
+    labeled folder's class folders are listed, no image is read (other
+    sources' channels are checked once read); a run that is `pretraining`
+    has `train`'s arguments and the labeled folder checked too (other modes
+    check it when they read it). Returns the embedder export of the
+    existing model the config binds (`existing_model`), or None:
+    `--mode=evaluate_nn` evaluates it."""
     folder = experiment.folder_source()
     existing = existing_model()
     if existing is not None:

@@ -28,7 +28,7 @@ class Folder(typing.NamedTuple):
     root: str
 
     def arguments(self):
-        """`bindings.arguments` of the source: `{parameter: (value, name)}`."""
+        """`bindings.arguments` of the source."""
         return bindings.arguments(self.configurable, self.scope)
 
     def labeled(self):
@@ -50,8 +50,7 @@ def folder_source(part='train'):
 
 
 def folder_channels():
-    """The channels a folder training source decodes to, or None for other
-    sources (known once read)."""
+    """The channels a folder training source decodes to, else None."""
     folder = folder_source()
     return None if folder is None else folder.arguments()['channels'][0]
 
@@ -166,13 +165,14 @@ def _check_taken(labeled, takes, normalization):
         raise checks.DataError(
             f'{takes[1]} takes {takes[0]}-channel images, but load_data.train'
             f'{_folder("train")} gives {labeled.channels}-channel ones: bind '
-            f'it to a source of {takes[0]}-channel images, keeping '
-            f'load_data.normalization = {normalization!r}.')
+            f'it to a source of {takes[0]}-channel images' + (
+                '' if normalization is None else ', keeping '
+                f'load_data.normalization = {normalization!r}') + '.')
 
 
 def _split(loaded, run):
-    """The `splits.Split` of what `load_data.train` gave, its labeled
-    images recorded in `run` (when not None)."""
+    """The `splits.Split` of what `load_data.train` gave, recorded in
+    `run` (when not None)."""
     if isinstance(loaded, tuple):
         split = splits.Split(*loaded, header=(
             f'{loaded[0].num_examples} labeled: all the images of the '
@@ -298,16 +298,10 @@ def eval_preprocessing(bundle=None, *, normalization=None,
 
 
 def recorded_preprocessing(run=None):
-    """`eval_preprocessing` of a trained run without reading its images: the
-    normalisation is the run's record or, for a preset or pair, the config's.
-
-    Args:
-        run: the run's `RunDir`; None for an import.
-
-    Returns:
-        `(preprocessing, channels)`: the `eval_preprocessing` dict and the
-        images' channel count.
-    """
+    """`(preprocessing, channels)`: `eval_preprocessing` of the trained
+    run `run` (a `RunDir`; None for an import) without reading its images,
+    and their channel count. The normalisation is the run's record or, for
+    a preset or pair, the config's."""
     spec = normalization_lib.required(
         bindings.arguments(load_data)['normalization'][0])
     normalization, _ = normalization_lib.resolve_normalization(

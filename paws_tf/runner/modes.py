@@ -26,15 +26,14 @@ from paws_tf.runner import vit_import
 
 
 def _float32_model(run, strategy, *, local, imported):
-    """The run's model, new: plain variables (`local`) or in the strategy's
-    scope, float32 (`building.in_float32`)."""
+    """The run's new float32 model: plain variables (`local`) or in the
+    strategy's scope."""
     channels = (official_import.CHANNELS if imported else
                 experiment.recorded_preprocessing(run)[1])
-    if local:
-        return building.in_float32(building.build_local_model,
-                                   input_channels=channels)
-    return building.in_float32(building.build_model, strategy,
-                               input_channels=channels)
+    return building.in_float32(
+        building.build_local_model if local else
+        functools.partial(building.build_model, strategy),
+        input_channels=channels)
 
 
 def load_trained_model(run, strategy, *, local=False, imported=False):
@@ -44,8 +43,7 @@ def load_trained_model(run, strategy, *, local=False, imported=False):
     PAWS-NN) or in `strategy`'s scope (fine-tuning); RGB when `imported`.
     Raises FileNotFoundError (no checkpoint yet) or
     `checkpoints.NoneRestorable`."""
-    model = _float32_model(run, strategy, local=local,
-                           imported=imported)
+    model = _float32_model(run, strategy, local=local, imported=imported)
     with contextlib.nullcontext() if local else strategy.scope():
         return model, checkpoints.load_newest(run, model)
 
@@ -73,7 +71,7 @@ def evaluate_existing(run, strategy, embedder):
     with the preprocessing its export records, into `run` with its PAWS-NN
     classifier of these classes (`RunDir.classifier`); returns the results
     on the chief. Raises `checks.DataError` for labeled images of other
-    channels than the model takes."""
+    channels than the model takes (`experiment.load_data`'s `takes`)."""
     results = None
     if cluster.is_chief(strategy):
         stored = export.read_preprocessing(embedder)
@@ -81,13 +79,9 @@ def evaluate_existing(run, strategy, embedder):
         # holds; a trained run's records are only read.
         bundle = load_labeled_data(
             run, 'PAWS-NN compares the test images with them',
-            trained=checkpoints.has_progress(run))
+            trained=checkpoints.has_progress(run),
+            takes=(stored['channels'], f'The model of {embedder}'))
         _check_test(bundle)
-        if bundle.labeled.channels != stored['channels']:
-            raise checks.DataError(
-                f'The model of {embedder} takes {stored["channels"]}-channel '
-                f'images, but the labeled images have '
-                f'{bundle.labeled.channels}.')
         results = evaluate_nn.evaluate_nn(
             run, labeled=bundle.labeled, test=bundle.test, classifier=True,
             from_model=embedder,
@@ -117,41 +111,6 @@ def _paws_nn(run, bundle, embedder, *, tau, embedding, step, classifier):
         **experiment.eval_preprocessing(bundle))
 
 
-def _local_model(run, strategy, model, weights, *, imported):
-    """`(local, step)`: a plain-variable float32 copy of `model` (its
-    `weights`), else the run's newest checkpoint, restored."""
-    if model is None:
-        return load_trained_model(run, strategy, local=True,
-                                  imported=imported)
-    local = _float32_model(run, strategy, local=True, imported=imported)
-    checkpoints.assign_weights(local, weights)
-    return local, checkpoints.global_step(model)
-
-
-def _bundle(run, *, evaluates):
-    """The run's data, checked against its records, for PAWS-NN, else for
-    the classifier export; `(bundle, missing)`, `missing` the
-    `MissingLabeledFolder` of an export without labeled images."""
-    if evaluates:
-        return load_labeled_data(
-            run, 'PAWS-NN compares the test images with them'), None
-    try:
-        return load_labeled_data(
-            run, 'the classifier bundles their embeddings'), None
-    except MissingLabeledFolder as error:
-        return None, error
-
-
-def _export_is_current(run):
-    """Whether the run's embedder export holds the weights of its newest
-    checkpoint (the step the export records): not after the run trained
-    on since, nor for an export that records no step."""
-    if not os.path.isdir(run.embedder):
-        return False
-    _, newest = checkpoints.latest(run.checkpoints)
-    return export.read_preprocessing(run.embedder).get('step') == newest
-
-
 def export_and_evaluate(run, strategy, model=None, *, exports=True,
                         evaluates=True, imported=False, bundle=None):
     """What one process does alone with a trained run: export it
@@ -170,11 +129,20 @@ def export_and_evaluate(run, strategy, model=None, *, exports=True,
         missing = None
         # Read, and checked against the run's records, before anything is
         # written.
-        if bundle is None:
-            bundle, missing = _bundle(run, evaluates=evaluates)
-        if model is None and not exports and _export_is_current(run):
-            # The model is read once, from the export; the temperature and
-            # embedding are the config's.
+        try:
+            bundle = bundle or load_labeled_data(run, (
+                'PAWS-NN compares the test images with them' if evaluates
+                else 'the classifier bundles their embeddings'))
+        except MissingLabeledFolder as error:
+            if evaluates:
+                raise
+            missing = error  # An export without the classifier.
+        # An export that records the step of the newest checkpoint holds its
+        # weights: the model is read once, from it; the temperature and
+        # embedding are the config's.
+        if model is None and not exports and os.path.isdir(run.embedder) and (
+                export.read_preprocessing(run.embedder).get('step')
+                == checkpoints.latest(run.checkpoints)[1]):
             embedder = evaluate_nn.of_export(run.embedder)
             config = bindings.arguments(model_lib.PAWSModel)
             results = _paws_nn(
@@ -197,11 +165,17 @@ def export_and_evaluate(run, strategy, model=None, *, exports=True,
 
 def _export_and_evaluate(run, strategy, model, weights, bundle, *, exports,
                          evaluates, imported):
-    """`export_and_evaluate` of `model` (else the newest checkpoint): the
-    embedder export, then PAWS-NN with the classifier of the same support
-    embeddings, or the classifier alone (`bundle` not None)."""
-    local, step = _local_model(run, strategy, model, weights,
-                               imported=imported)
+    """`export_and_evaluate` of a plain-variable float32 copy of `model`
+    (its `weights`), else of the newest checkpoint: the embedder export,
+    then PAWS-NN with the classifier of the same support embeddings, or
+    the classifier alone (`bundle` not None)."""
+    if model is None:
+        local, step = load_trained_model(run, strategy, local=True,
+                                         imported=imported)
+    else:
+        local = _float32_model(run, strategy, local=True, imported=imported)
+        checkpoints.assign_weights(local, weights)
+        step = checkpoints.global_step(model)
     if exports:
         preprocessing, channels = experiment.recorded_preprocessing(run)
         export.export_embedder(local, run.embedder, channels=channels,
@@ -244,10 +218,6 @@ def trained_model(run, strategy, options):
     return train.train(run, strategy, overwrite=options.overwrite,
                        owner_check=options.owner_check,
                        claim=options.claim)
-
-
-def _train(run, strategy, options):
-    trained_model(run, strategy, options)
 
 
 def _train_and_evaluate(run, strategy, options):
@@ -296,8 +266,8 @@ def _import_official(run, strategy, options):
 
 class Mode(typing.NamedTuple):
     """A run.py mode: `run(run, strategy, options)` (`run` a `RunDir`)
-    returns its results (PAWS-NN's, fine-tuning's, the import record) or
-    None."""
+    returns its results (the trained model, PAWS-NN's, fine-tuning's, the
+    import record) or None."""
     run: typing.Callable[[run_dir.RunDir, tf.distribute.Strategy, Options],
                          typing.Any]
     # Trains: takes the run lock and records the config in model_dir.
@@ -309,7 +279,7 @@ class Mode(typing.NamedTuple):
 
 # The library's modes; run.py's --mode adds the demo's (`cli.MODES`).
 MODES = dict(
-    train=Mode(_train, trains=True),
+    train=Mode(trained_model, trains=True),
     evaluate_nn=Mode(functools.partial(_export_or_evaluate, evaluates=True)),
     fine_tune=Mode(_fine_tune),
     export=Mode(functools.partial(_export_or_evaluate, evaluates=False)),

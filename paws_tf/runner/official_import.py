@@ -44,13 +44,10 @@ class ImportFailed(ValueError):
 
 def load_file(path, expected=EXPECTED):
     """The object stored in the PyTorch file `path`, read without running
-    code from it (`weights_only`: tensors and plain containers).
-
-    Raises:
-        ImportFailed: PyTorch is not installed, or the file is missing,
-            truncated, not a PyTorch file or holds other objects (a
-            pickled class or function), naming what was `expected`.
-    """
+    code from it (`weights_only`: tensors and plain containers);
+    ImportFailed when PyTorch is not installed, or the file is missing,
+    truncated, not a PyTorch file or holds other objects (a pickled class
+    or function), naming what was `expected`."""
     try:
         import torch  # pylint: disable=import-outside-toplevel
     except ImportError as error:
@@ -86,10 +83,9 @@ def numpy_state(path, state, entry):
 
 def read_checkpoint(path, checkpoint):
     """`(state, epoch)` of the official `.pth.tar` file `path` (what suncet
-    `paws_train.py` and `fine_tune.py` save) whose contents (`load_file`)
-    are `checkpoint`: its encoder's `{name: NumPy array}` without the DDP
-    `module.` prefix, and its epoch (None when absent); ImportFailed when
-    it is not such a checkpoint."""
+    `paws_train.py` and `fine_tune.py` save) of contents `checkpoint`: its
+    encoder's `numpy_state`, its epoch (None when absent); ImportFailed
+    when it is not such a checkpoint."""
     encoder = checkpoint.get('encoder') if isinstance(checkpoint,
                                                       dict) else None
     if not isinstance(encoder, dict) or not encoder:
@@ -180,13 +176,19 @@ def _network(path, state, strategy):
             'network (gin_configs/imagenet_rn50_{1,10}pct.gin for '
             'ResNet-50, imagenet_rn50x2_10pct.gin for 2x, '
             'cifar10_wrn28_2_4000.gin for WideResNet-28-2).')
+    count = load_state(torch_names.layer_names(backbone, **named), state,
+                       path, hint)
+    return found, network, backbone, count
+
+
+def load_state(layer_names, state, path, hint=''):
+    """`torch_names.load_state_dict` of `state` (read from `path`);
+    ImportFailed naming what does not fit, then `hint`."""
     try:
-        count = torch_names.load_state_dict(
-            torch_names.layer_names(backbone, **named), state,
-            description=path)
+        return torch_names.load_state_dict(layer_names, state,
+                                           description=path)
     except torch_names.Mismatch as error:
         raise ImportFailed(f'{error}{hint}') from error
-    return found, network, backbone, count
 
 
 def occupied(run, overwrite):
@@ -203,12 +205,19 @@ def occupied(run, overwrite):
     return taken
 
 
-def make_room(run, taken):
-    """Deletes the earlier run in `run` when `occupied` found one, and
-    makes the directory."""
+def write_import(run, taken, record, export_model, **checkpointed):
+    """Writes an import, once everything is read and matched, into the
+    `RunDir` `run`: the earlier run `occupied` found (`taken`) deleted,
+    `checkpointed` (as `tf.train.Checkpoint` takes them) as the checkpoint
+    of step 0, `export_model()`'s SavedModel, then the `record`."""
     if taken:
         run.delete(run.overwritten)
     os.makedirs(run, exist_ok=True)
+    if checkpointed:
+        write_first_checkpoint(run, **checkpointed)
+    export_model()
+    run.write_json(run.imported, record, default=int)
+    return record
 
 
 def write_first_checkpoint(run, **objects):
@@ -220,44 +229,27 @@ def write_first_checkpoint(run, **objects):
     ).save(checkpoint_number=0)
 
 
-def import_official(run, path, checkpoint, *, strategy, overwrite=False):
-    """Writes an official checkpoint into `run` as a paws_tf run.
-
-    Pre-trained: a checkpoint of the gin-configured `PAWSModel`, which the
-    other modes read as a run trained here, and its embedder SavedModel.
-    Fine-tuned: the classifier SavedModel (`export.export_fine_tuned`).
-    Both write the import record (`RunDir.imported`), once everything is
-    read and matched.
-
-    Args:
-        run, path: the `RunDir` to create, the official file.
-        checkpoint: the file's contents (`load_file`).
-        strategy: the `tf.distribute.Strategy` to build in.
-        overwrite: replace an earlier import or run in `run`.
-
-    Returns:
-        The import record (dict).
-
-    Raises:
-        ImportFailed: the file cannot be imported into this config, or
-            `run` holds a run.
-    """
-    taken = occupied(run, overwrite)
+def import_official(run, path, checkpoint, taken, *, strategy):
+    """Writes the official checkpoint `path` (its contents `checkpoint`)
+    into the `RunDir` `run`, replacing `taken` (`write_import`), built in
+    `strategy`; returns the import record. Pre-trained: a checkpoint of the
+    gin-configured `PAWSModel`, which the other modes read as a run
+    trained here, and its embedder SavedModel. Fine-tuned: the classifier
+    SavedModel (`export.export_fine_tuned`). ImportFailed when the file
+    cannot be imported into this config."""
     state, epoch = read_checkpoint(path, checkpoint)
     found, network, backbone, count = _network(path, state, strategy)
-    make_room(run, taken)
     preprocessing, _ = experiment.recorded_preprocessing()
-    if found == PRETRAINED:
-        # The model alone.
-        write_first_checkpoint(run, model=network)
-        export.export_embedder(network, run.embedder, channels=CHANNELS,
-                               strategy=strategy, **preprocessing)
-    else:
-        export.export_fine_tuned(network, run.fine_tuned, channels=CHANNELS,
-                                 strategy=strategy, **preprocessing)
+    exporter, directory = ((export.export_embedder, run.embedder)
+                           if found == PRETRAINED else
+                           (export.export_fine_tuned, run.fine_tuned))
     record = dict(source=os.path.abspath(path), kind=found, epoch=epoch,
                   network=backbone.name, tensors=count)
-    run.write_json(run.imported, record, default=int)
+    write_import(
+        run, taken, record,
+        lambda: exporter(network, directory, channels=CHANNELS,
+                         strategy=strategy, **preprocessing),
+        **(dict(model=network) if found == PRETRAINED else {}))
     logging.info('Imported %s (%s, %s, epoch %s, %d tensors) into %s.', path,
                  found, backbone.name, epoch, count, run)
     return record
@@ -267,16 +259,11 @@ def check_preprocessing(run):
     """Refuses fine-tuning the import in `run` with a config whose source
     decodes other channels (`experiment.check_channels`), or whose
     `load_data.normalization` is another than its export records (what its
-    weights were trained on), before any image is read; both wrong, one
-    message names both bindings.
-
-    Returns:
-        `(channels, model)`, `experiment.load_data`'s `takes`: the images
-        of a source without a `channels` argument are checked once read.
-
-    Raises:
-        checks.ConfigError: naming the record and the binding.
-    """
+    weights were trained on), before any image is read, naming the record
+    and the binding (`checks.ConfigError`); both wrong, one message names
+    both bindings. Returns `(channels, model)`, `experiment.load_data`'s
+    `takes`: the images of a source without a `channels` argument are
+    checked once read."""
     recorded = export.read_preprocessing(run.embedder)
     where = os.path.join(run.embedder, export.PREPROCESSING_FILENAME)
     spec, name = bindings.arguments(experiment.load_data)['normalization']
@@ -330,15 +317,11 @@ def backbone_only(run, record, needs):
 
 
 def check_mode(run, mode, *, trains=False, backbone=False):
-    """Whether the run directory `run` (a `RunDir`) holds imported weights
-    (`RunDir.imported`) that the mode named `mode` (a mode that `trains`,
-    or not; one that runs on a `backbone` alone, or not) runs on.
-
-    Raises:
-        ImportFailed: pre-training on an import, or any mode but
-            `import_official` on an imported fine-tuned classifier, or on
-            an imported backbone but for a mode that takes a `backbone`.
-    """
+    """Whether the `RunDir` `run` holds imported weights that the mode
+    named `mode` (one that `trains`, or not; that runs on a `backbone`
+    alone, or not) runs on. ImportFailed for pre-training on an import, or
+    for another mode on an imported fine-tuned classifier, or on an
+    imported backbone unless the mode takes a `backbone`."""
     record = run.read_json(run.imported)
     if record is None:
         return False

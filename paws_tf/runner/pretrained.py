@@ -72,10 +72,10 @@ def _refuse_unused_values(backbone, prefix, stored_under):
 
 
 def load_backbone_weights(backbone, path):
-    """Loads pretrained weights into a built backbone, all or nothing.
+    """Loads pretrained weights into `backbone` (built by
+    `build_backbone`), all or nothing.
 
     Args:
-        backbone: a built model from `build_backbone`.
         path: a weights file written by `backbone.save_weights` (`.h5`,
             `.weights.h5`), a TF checkpoint prefix or directory written by
             `tf.train.Checkpoint(backbone=backbone)`, or a paws_tf run's
@@ -84,9 +84,8 @@ def load_backbone_weights(backbone, path):
 
     Raises:
         FileNotFoundError: `path` does not exist or holds no checkpoint.
-        checkpoints.Mismatch: the stored weights do not fit (the backbone
-            is left unchanged), naming the variables as far as the loader
-            can.
+        checkpoints.Mismatch: the stored weights do not fit, naming the
+            variables as far as the loader can; the backbone is unchanged.
     """
     name = os.fspath(path)
     if name.endswith('.h5') and not tf.io.gfile.exists(name):

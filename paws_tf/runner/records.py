@@ -24,18 +24,19 @@ class Changed(checks.DataError):
     records say it was trained on."""
 
 
-def _changed_bindings(run):
-    """`(added, removed)`: the data lines of this gin config that the run's
-    training config (`RunDir.config`) lacks, and those it holds that this
-    config lacks; none when the run has no such record."""
+def config_changes(run, compared):
+    """`(added, removed)`: the lines of this gin config that `compared`
+    (a predicate) keeps and the run's training config (`RunDir.config`)
+    lacks, and those it holds that this config lacks; None when the run
+    has no such record."""
     try:
         with open(run.config) as f:
             recorded = [line for line in f.read().splitlines()
-                        if _DATA_LINES.match(line)]
+                        if compared(line)]
     except FileNotFoundError:
-        return [], []
+        return None
     current = [line for line in gin.config_str().splitlines()
-               if _DATA_LINES.match(line)]
+               if compared(line)]
     return ([line for line in current if line not in recorded],
             [line for line in recorded if line not in current])
 
@@ -43,7 +44,7 @@ def _changed_bindings(run):
 def _refuse(run, what, record, detail):
     """Raises `Changed`: `<the changed bindings> <what> than <record>
     (written by training): <detail>`, and the fix."""
-    added, removed = _changed_bindings(run)
+    added, removed = config_changes(run, _DATA_LINES.match) or ([], [])
     if added:
         cause = '; '.join(added[:_LINES_SHOWN])
         fix = 'remove the binding' + ('s' if len(added) > 1 else '')
@@ -58,18 +59,12 @@ def _refuse(run, what, record, detail):
 
 
 def check(run, labeled):
-    """Refuses labeled images of other classes than the run's data
-    fingerprint records, or other than its labeled split file lists; a
-    record the run does not hold is not checked.
-
-    Args:
-        run: the trained run's `RunDir`.
-        labeled: the labeled `ImageSource` this config selects.
-
-    Raises:
-        Changed: naming the record, the config lines that differ from the
-            run's training config (else the data) and the fix.
-    """
+    """Refuses `labeled` (the `ImageSource` this config selects) when its
+    classes are not those the data fingerprint of the trained run `run`
+    records, or its images not those its labeled split file lists (a
+    record the run does not hold is not checked): `Changed`, naming the
+    record, the config lines that differ from the run's training config
+    (else the data) and the fix."""
     fingerprint = run.read_json(run.fingerprint)
     recorded = (fingerprint or {}).get('labeled') or {}
     classes = data_fingerprint.describe(labeled)['class_names']

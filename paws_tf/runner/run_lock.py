@@ -116,14 +116,11 @@ def _held_error(run, holder):
 
 
 class RunLock:
-    """The training lock of one run directory, held from `acquire` (before
-    the run touches any state) to `release`; a context manager.
-
-    Args:
-        run: the `RunDir` (created if missing).
-        job: what the processes of one job share (`_job`), so that the
-            other workers recognise their chief's lock; None for one process.
-    """
+    """The training lock of the `RunDir` `run` (created if missing), held
+    from `acquire` (before the run touches any state) to `release`; a
+    context manager. `job`: what the processes of one job share (`_job`),
+    so that the other workers recognise their chief's lock; None for one
+    process."""
 
     def __init__(self, run, job=None):
         self._run = run

@@ -6,7 +6,6 @@ import os
 import typing
 
 from absl import logging
-import gin
 import tf_keras
 
 from paws_tf import checkpoints
@@ -17,6 +16,7 @@ from paws_tf.runner import architecture
 from paws_tf.runner import building
 from paws_tf.runner import experiment
 from paws_tf.runner import pretrained as pretrained_lib
+from paws_tf.runner import records
 
 # Gin bindings that may change when a run resumes: what to do on changed
 # data, how often progress is logged, how long its cluster may take to form.
@@ -58,24 +58,18 @@ class Pretrained(typing.NamedTuple):
 
 def check_pretrained(run, backbone=(None, ''), model=(None, ''), *,
                      overwrite=False, channels=None):
-    """Reads the pretrained backbone or model a new run in `run` starts
-    from, refusing one that is or lies inside `run`, or that does not fit
-    the configured model, before any data is read or anything written
-    (`start`'s step 1); call it once the strategy exists
-    (`MultiWorkerMirroredStrategy` must precede other TensorFlow ops). A
-    run that resumes (its own checkpoint wins; with `overwrite` it may
-    start again) reads none.
+    """The `Pretrained` weights a new run in the `RunDir` `run` starts
+    from (no part when none is bound, or resuming), read before any data
+    is read or anything written (`start`'s step 1); call it once the
+    strategy exists (`MultiWorkerMirroredStrategy` must precede other
+    TensorFlow ops). A run that resumes (its own checkpoint wins; with
+    `overwrite`, run.py's --overwrite, it may start again) reads none.
 
     Args:
-        run: the run's `RunDir`.
         backbone, model: `(path, binding)` of `train.pretrained_backbone`
             and `train.pretrained_model` (path None: not bound).
-        overwrite: run.py's --overwrite.
         channels: the images' channels, when the config gives them
             (`experiment.folder_channels`); None: 3, then 1 are tried.
-
-    Returns:
-        The `Pretrained` weights (no part when none is bound, or resuming).
 
     Raises:
         checks.ConfigError: both are bound, or the path lies in `run`, does
@@ -255,22 +249,18 @@ def _replaces_config(run, *, overwrite):
     """Whether this gin config replaces the run in `run`: its config
     differs, and it saved nothing or `overwrite` says to; else raises
     `checks.ConfigError` naming the changed lines."""
-    if not os.path.exists(run.config):
-        return False
-    with open(run.config) as f:
-        old, new = (
-            [line for line in text.splitlines()
-             if not line.startswith(RESUME_ONLY_BINDINGS)]
-            for text in (f.read(), gin.config_str()))
-    if old == new:
+    added, removed = records.config_changes(
+        run, lambda line: not line.startswith(RESUME_ONLY_BINDINGS)) or (
+            [], [])
+    if not (added or removed):
         return False
     if not checkpoints.has_progress(run):
         logging.info('%s holds the config of a start that saved no backup '
                      'or checkpoint: starting with this config.', run)
         return True
     if not overwrite:
-        changed = [f'  - {line}' for line in old if line not in new][:5] + [
-            f'  + {line}' for line in new if line not in old][:5]
+        changed = ([f'  - {line}' for line in removed[:5]] +
+                   [f'  + {line}' for line in added[:5]])
         raise checks.ConfigError(
             f'{run} holds a run with a different gin config:\n' +
             '\n'.join(changed) + '\nUse another --model_dir, undo the change '

@@ -27,7 +27,7 @@ DINOV2 = 'dinov2'
 # patch side): facebookresearch/dino README.md's pretrained models
 # (ViT-S/16, S/8, B/16, B/8), facebookresearch/msn README.md's (ViT-S/16,
 # B/16, L/16, B/4, L/7), facebookresearch/dinov2 hub/backbones.py's
-# (ViT-S/14, B/14, L/14; its ViT-g/14 is refused, `_refuse_giant`).
+# (ViT-S/14, B/14, L/14; its ViT-g/14 is refused, `architecture`).
 PUBLISHED = {
     vit_positions.DINO: (('vit_small', 16), ('vit_small', 8),
                          ('vit_base', 16), ('vit_base', 8)),
@@ -55,15 +55,16 @@ _LETTERS = {'vit_tiny': 'Ti', 'vit_small': 'S', 'vit_base': 'B',
 # dinov2 models/vision_transformer.py `vit_giant2`: width 1536, and the
 # SwiGLU feed-forward (`mlp.w12`, `mlp.w3`) hub/backbones.py gives it.
 _GIANT_WIDTH, _SWIGLU_KEY = 1536, 'blocks.0.mlp.w12.weight'
-_EXPECTED = {
-    vit_positions.DINO: ('a DINO backbone state dict (keys cls_token, '
-                         'pos_embed, patch_embed.proj.weight, blocks.0...; '
-                         'e.g. dino_deitsmall16_pretrain.pth)'),
-    vit_positions.MSN: ('an MSN checkpoint (a dict whose target_encoder '
-                        'holds module.cls_token, module.pos_embed, ...; '
-                        'e.g. vits16_800ep.pth.tar)'),
-    DINOV2: ('a DINOv2 backbone state dict (keys cls_token, pos_embed, '
-             'mask_token, blocks.0.ls1.gamma...; e.g. '
+# Each source's name, and its file as `import_file`'s refusal describes it.
+_SOURCES = {
+    vit_positions.DINO: ('DINO', 'a DINO backbone state dict (keys '
+                         'cls_token, pos_embed, patch_embed.proj.weight, '
+                         'blocks.0...; e.g. dino_deitsmall16_pretrain.pth)'),
+    vit_positions.MSN: ('MSN', 'an MSN checkpoint (a dict whose '
+                        'target_encoder holds module.cls_token, '
+                        'module.pos_embed, ...; e.g. vits16_800ep.pth.tar)'),
+    DINOV2: ('DINOv2', 'a DINOv2 backbone state dict (keys cls_token, '
+             'pos_embed, mask_token, blocks.0.ls1.gamma...; e.g. '
              'dinov2_vits14_pretrain.pth, dinov2_vits14_reg4_pretrain.pth)'),
 }
 # Keys only DINOv2's ViTs have (facebookresearch/dinov2
@@ -73,8 +74,6 @@ _DINOV2_KEYS = ('mask_token', 'register_tokens', 'blocks.0.ls1.gamma')
 # DINOv2's mask token replaces masked patches in its iBOT training
 # (`prepare_tokens_with_masks` with `masks`); its features do not read it.
 DINOV2_MASK_TOKEN = 'mask_token'
-_NAMES = {vit_positions.DINO: 'DINO', vit_positions.MSN: 'MSN',
-          DINOV2: 'DINOv2'}
 
 
 class Architecture(typing.NamedTuple):
@@ -113,30 +112,20 @@ def _architecture_name(name, patch, registers=0):
     return f'{title} with {registers} registers' if registers else title
 
 
-def _refuse_giant(path, state, width):
-    """ImportFailed for DINOv2's ViT-g/14, whose blocks' SwiGLU
-    feed-forward paws_tf's ViT does not build."""
-    if width == _GIANT_WIDTH or _SWIGLU_KEY in state:
+def architecture(path, state, source):
+    """The `Architecture` of the ViT whose state dict is `state`, read
+    from its shapes and keys; ImportFailed, naming what it holds, when it
+    is not one of the architectures `source` publishes (`PUBLISHED`;
+    DINOv2's with 0 or 4 registers)."""
+    width = state['cls_token'].shape[-1]
+    # DINOv2's ViT-g/14: its blocks' SwiGLU feed-forward is not built here.
+    if source == DINOV2 and (width == _GIANT_WIDTH or _SWIGLU_KEY in state):
         raise official_import.ImportFailed(
             f'{path} holds a DINOv2 ViT-g/14 (width {width}, SwiGLU '
             'feed-forward mlp.w12, mlp.w3), which is not imported: '
             "paws_tf's ViT blocks have the MLP fc1, GELU, fc2. DINOv2's "
             'ViT-S/14, ViT-B/14 and ViT-L/14 (with or without registers) '
             'are.')
-
-
-def architecture(path, state, source):
-    """The `Architecture` of the ViT whose state dict is `state`, read
-    from its shapes and keys.
-
-    Raises:
-        ImportFailed: not one of the architectures `source` publishes
-            (`PUBLISHED`; DINOv2's with 0 or 4 registers), naming what it
-            holds.
-    """
-    width = state['cls_token'].shape[-1]
-    if source == DINOV2:
-        _refuse_giant(path, state, width)
     patch = state['patch_embed.proj.weight'].shape[-1]
     depth = len({key.split('.')[1] for key in state
                  if key.startswith('blocks.')})
@@ -158,7 +147,7 @@ def architecture(path, state, source):
             expected += f', without or with {DINOV2_REGISTERS} registers'
         raise official_import.ImportFailed(
             f'{path} holds a {found}, not one of the ViTs '
-            f'{_NAMES[source]} publishes: {expected} (depth 12, 24 for '
+            f'{_SOURCES[source][0]} publishes: {expected} (depth 12, 24 for '
             'ViT-L, on a square grid).')
     interpolation = source
     if source == DINOV2:
@@ -279,27 +268,14 @@ def imported_embedder(run, strategy, architecture):
     return BackboneEmbedder(backbone)
 
 
-def import_vit(run, path, checkpoint, *, overwrite=False):
-    """Writes the DINO, MSN or DINOv2 ViT read from `path` into `run`: the
-    backbone's checkpoint (`tf.train.Checkpoint(backbone=...)`, step 0, in
-    `RunDir.checkpoints`), its embedder export (224-px centre crop of
-    0.875, ImageNet's normalisation, `features` compared) and the import
-    record, once every tensor is read and matched.
-
-    Args:
-        run, path: the `RunDir` to create, the file.
-        checkpoint: the file's contents (`official_import.load_file`), for
-            which `source_of` is not None.
-        overwrite: replace an earlier import or run in `run`.
-
-    Returns:
-        The import record (dict).
-
-    Raises:
-        ImportFailed: another architecture, tensors that do not fit, or
-            `run` holds a run; nothing is written.
-    """
-    taken = official_import.occupied(run, overwrite)
+def import_vit(run, path, checkpoint, taken):
+    """Writes the DINO, MSN or DINOv2 ViT of `path` (its contents
+    `checkpoint`) into the `RunDir` `run`, replacing `taken`
+    (`official_import.write_import`): the backbone's checkpoint, its
+    embedder export (224-px centre crop of 0.875, ImageNet's
+    normalisation, `features` compared) and the import record, which it
+    returns. ImportFailed for another architecture, or tensors that do not
+    fit; nothing is written."""
     source = source_of(checkpoint)
     state, left_out, epoch = read_state(path, checkpoint, source)
     found = architecture(path, state, source)
@@ -307,18 +283,8 @@ def import_vit(run, path, checkpoint, *, overwrite=False):
         found.name, patch_size=found.patch_size, image_size=found.image_size,
         position_interpolation=found.interpolation,
         layer_scale=found.layer_scale, registers=found.registers)
-    try:
-        count = torch_names.load_state_dict(
-            torch_names.vit_layer_names(backbone), state, description=path)
-    except torch_names.Mismatch as error:
-        raise official_import.ImportFailed(str(error)) from error
-    official_import.make_room(run, taken)
-    official_import.write_first_checkpoint(run, backbone=backbone)
-    export.export_embedder(
-        BackboneEmbedder(backbone), run.embedder,
-        image_size=EVAL_IMAGE_SIZE, crop_fraction=CROP_FRACTION,
-        mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD,
-        channels=official_import.CHANNELS)
+    count = official_import.load_state(torch_names.vit_layer_names(backbone),
+                                       state, path)
     record = dict(source=os.path.abspath(path),
                   kind=official_import.BACKBONE, origin=source,
                   network=found.name, architecture=found.title(),
@@ -327,9 +293,14 @@ def import_vit(run, path, checkpoint, *, overwrite=False):
                   layer_scale=found.layer_scale, registers=found.registers,
                   epoch=epoch, tensors=count, left_out=left_out)
     record['bindings'] = training_bindings(record)
-    run.write_json(run.imported, record, default=int)
+    official_import.write_import(
+        run, taken, record, lambda: export.export_embedder(
+            BackboneEmbedder(backbone), run.embedder,
+            image_size=EVAL_IMAGE_SIZE, crop_fraction=CROP_FRACTION,
+            mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD,
+            channels=official_import.CHANNELS), backbone=backbone)
     logging.info('Imported the %s %s of %s (%d tensors) into %s; a run '
-                 'starting from it binds %s.', _NAMES[source],
+                 'starting from it binds %s.', _SOURCES[source][0],
                  record['architecture'], path, count, run,
                  '; '.join(record['bindings']))
     return record
@@ -338,12 +309,14 @@ def import_vit(run, path, checkpoint, *, overwrite=False):
 def import_file(run, path, *, strategy, overwrite=False):
     """`--mode=import_official`: the file at `path` read once, then
     imported as a DINO, MSN or DINOv2 ViT (`import_vit`) or an official
-    PAWS ResNet (`official_import.import_official`)."""
-    official_import.occupied(run, overwrite)
+    PAWS ResNet (`official_import.import_official`). Raises ImportFailed
+    when `run` holds a run and not `overwrite`."""
+    taken = official_import.occupied(run, overwrite)
+    described = [official_import.EXPECTED] + [
+        expected for _, expected in _SOURCES.values()]
     checkpoint = official_import.load_file(path, expected=(
-        f'{official_import.EXPECTED}, {_EXPECTED[vit_positions.DINO]}, '
-        f'{_EXPECTED[vit_positions.MSN]} or {_EXPECTED[DINOV2]}'))
+        f'{", ".join(described[:-1])} or {described[-1]}'))
     if source_of(checkpoint) is not None:
-        return import_vit(run, path, checkpoint, overwrite=overwrite)
-    return official_import.import_official(
-        run, path, checkpoint, strategy=strategy, overwrite=overwrite)
+        return import_vit(run, path, checkpoint, taken)
+    return official_import.import_official(run, path, checkpoint, taken,
+                                           strategy=strategy)
