@@ -5,11 +5,12 @@ import pathlib
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+from absl import flags  # noqa: E402
 import gin  # noqa: E402
-import paws_tf  # noqa: F401,E402  (selects tf_keras before TF is used)
-# TensorFlow loaded as run.py loads it: its start-up logs (C++ notes, the
-# failed cuInit of a machine without a GPU) held back, shown if it fails.
-from paws_tf import cli  # noqa: F401,E402
+# paws_tf (which selects tf_keras before TF is used) and TensorFlow loaded
+# as run.py loads them: TF's start-up logs (C++ notes, the failed cuInit of
+# a machine without a GPU) held back, shown if it fails.
+from paws_tf import cli  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -82,3 +83,19 @@ def clean_gin():
     gin.add_config_file_search_path(str(REPO))
     yield
     gin.clear_config()
+
+
+@pytest.fixture
+def run_main(clean_gin):
+    """Runs run.py's `cli.main` in this process on run.py's arguments,
+    flags restored after; `printed=True` runs it as run.py does, a user's
+    error printed as one line and ended by `SystemExit(its exit code)`."""
+    del clean_gin
+
+    def run(*args, printed=False):
+        flags.FLAGS.unparse_flags()
+        flags.FLAGS(['run.py'] + list(args))
+        (cli._main_with_messages if printed else cli.main)(['run.py'])
+
+    yield run
+    flags.FLAGS.unparse_flags()

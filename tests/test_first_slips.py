@@ -3,32 +3,16 @@ before any data is read or any run state is written."""
 
 import json
 
-from absl import flags
 import gin
 import pytest
 
 from paws_tf import checks
-from paws_tf import cli
 from paws_tf import configurables
 from paws_tf.evaluation import export
 from paws_tf.nets import backbones
 from paws_tf.runner import config_checks
 from paws_tf.runner import modes
 from tests.helpers import image_folders
-
-
-@pytest.fixture
-def run_main(clean_gin):
-    """Calls `cli.main` with run.py's arguments, flags restored after."""
-    del clean_gin
-
-    def run(*args):
-        flags.FLAGS.unparse_flags()
-        flags.FLAGS(['run.py'] + list(args))
-        cli.main(['run.py'])
-
-    yield run
-    flags.FLAGS.unparse_flags()
 
 
 def test_no_gin_file(run_main, tmp_path):
@@ -195,10 +179,8 @@ def test_an_error_is_one_plain_line(run_main, tmp_path, capsys):
     """run.py prints a user's error as `Error: <message>` on stderr and
     exits with its code. Fails if it is logged as an absl record
     (`E1128 06:10:06.595101 140475126840192 cli.py:217] ...`)."""
-    del run_main  # The flags, restored after.
-    flags.FLAGS(['run.py', f'--model_dir={tmp_path / "run"}'])
     with pytest.raises(SystemExit) as stopped:
-        cli._main_with_messages(['run.py'])
+        run_main(f'--model_dir={tmp_path / "run"}', printed=True)
     assert stopped.value.code == checks.ConfigError.EXIT_CODE
     assert capsys.readouterr().err == (
         'Error: --gin_file is required: it names the experiment, e.g. '

@@ -30,14 +30,24 @@ def parse(name, bindings=()):
         [str(REPO / 'gin_configs' / name)], list(bindings))
 
 
+# Each config's model and count, by the parsed config: the tests of a
+# config's settings read the model its build test built.
+_BUILT = {}
+
+
 def trainable_parameters(channels=3):
     """Builds the configured model in a throwaway graph (no initialisation,
-    so even ResNet-50 4x is cheap) and counts its trainable parameters."""
-    with tf.Graph().as_default():
-        model = model_lib.build_model(input_channels=channels, sync_bn=False)
-        model._encode(tf.zeros([2, 32, 32, channels]), training=False)
-        return model, sum(int(np.prod(v.shape))
-                          for v in model.trainable_variables)
+    so even ResNet-50 4x is cheap) and counts its trainable parameters,
+    once per parsed config."""
+    key = (gin.config_str(), channels)
+    if key not in _BUILT:
+        with tf.Graph().as_default():
+            model = model_lib.build_model(input_channels=channels,
+                                          sync_bn=False)
+            model._encode(tf.zeros([2, 32, 32, channels]), training=False)
+            _BUILT[key] = model, sum(int(np.prod(v.shape))
+                                     for v in model.trainable_variables)
+    return _BUILT[key]
 
 
 def test_there_are_configs():

@@ -171,6 +171,7 @@ SECONDS = ['train.num_epochs = 1', 'SUPPORT_CLASSES = 3',
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize('channels', [1, 3])
 def test_small_recipe_normalises_with_the_images(tmp_path, channels):
     """The small recipe trains, exports and evaluates with the images' own

@@ -68,36 +68,35 @@ def test_evaluation_and_export_write_no_record(trained, tmp_path, mode):
         if name.startswith(('eval', 'export', 'tensorboard'))}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize('mode', ['evaluate_nn', 'export'])
-@pytest.mark.parametrize('binding, message', [
-    ('select_labeled.seed = 5',
-     'Error: select_labeled.seed = 5 selects another labeled set than '
-     '{run}/labeled_split.txt (written by training): it lists 16 images, '
-     '{differ} of them not among the 16 selected. Remove the binding, or '
-     'train a new run in another --model_dir.'),
-    ('synthetic_source.num_classes = 2',
-     "Error: synthetic_source.num_classes = 2 gives other classes than "
-     "{run}/data_fingerprint.json (written by training): 2 classes "
-     "['class_0', 'class_1']. Remove the binding, or train a new run in "
-     'another --model_dir.'),
-    ('load_data.normalization = ((0.4, 0.4, 0.4), (0.25, 0.25, 0.25))',
-     'Error: {run}/normalization.json (written by training) records the '
-     'normalisation this run was trained with, NORMALIZATION = [[0.5, 0.5, '
-     '0.5], [0.25, 0.25, 0.25]] (mean (0.5, 0.5, 0.5), std (0.25, 0.25, '
-     '0.25)), not ((0.4, 0.4, 0.4), (0.25, 0.25, 0.25)) '
-     '(load_data.normalization): bind it back, or train a new run in '
-     'another --model_dir.'),
-], ids=['split', 'classes', 'normalisation'])
-def test_a_changed_record_is_refused_before_anything_is_written(
-        trained, tmp_path, mode, binding, message):
-    """Refused in one line naming the binding and the record, exit code
-    65, the run's files unchanged. Fails if the mode writes the new split
-    and evaluates or exports on it (it did, logging that the labeled set
-    matched the split file it had just written), or if a changed
-    normalisation is a traceback."""
+# A binding that changes a record, and run.py's last line refusing it.
+REFUSALS = {
+    'split': (
+        'select_labeled.seed = 5',
+        'Error: select_labeled.seed = 5 selects another labeled set than '
+        '{run}/labeled_split.txt (written by training): it lists 16 images, '
+        '{differ} of them not among the 16 selected. Remove the binding, or '
+        'train a new run in another --model_dir.'),
+    'classes': (
+        'synthetic_source.num_classes = 2',
+        "Error: synthetic_source.num_classes = 2 gives other classes than "
+        "{run}/data_fingerprint.json (written by training): 2 classes "
+        "['class_0', 'class_1']. Remove the binding, or train a new run in "
+        'another --model_dir.'),
+    'normalisation': (
+        'load_data.normalization = ((0.4, 0.4, 0.4), (0.25, 0.25, 0.25))',
+        'Error: {run}/normalization.json (written by training) records the '
+        'normalisation this run was trained with, NORMALIZATION = [[0.5, '
+        '0.5, 0.5], [0.25, 0.25, 0.25]] (mean (0.5, 0.5, 0.5), std (0.25, '
+        '0.25, 0.25)), not ((0.4, 0.4, 0.4), (0.25, 0.25, 0.25)) '
+        '(load_data.normalization): bind it back, or train a new run in '
+        'another --model_dir.'),
+}
+
+
+def _refusal(trained, tmp_path, kind):
+    """A copy of the trained run, its files, and the binding of `kind`
+    with the line refusing it in that copy."""
     run = _copy(trained, tmp_path)
-    before = run_py.files(run)
     listed = [line for line in (run / 'labeled_split.txt').read_text()
               .splitlines() if not line.startswith('#')]
     # The images training drew that seed 5 does not draw.
@@ -106,9 +105,39 @@ def test_a_changed_record_is_refused_before_anything_is_written(
         seed=5).labeled.names
     differ = len(set(listed) - set(drawn))
     assert len(listed) == 16 and differ > 0
-    code, output = run_py.finish(
-        run_py.start(run, [binding], mode=mode, base_bindings=SHORT))
+    binding, message = REFUSALS[kind]
+    return run, run_py.files(run), binding, message.format(run=run,
+                                                           differ=differ)
+
+
+@pytest.mark.parametrize('mode', ['evaluate_nn', 'export'])
+@pytest.mark.parametrize('kind', REFUSALS)
+def test_a_changed_record_is_refused_before_anything_is_written(
+        trained, tmp_path, mode, kind, run_main, capsys):
+    """Refused in one line naming the binding and the record, exit code
+    65, the run's files unchanged (run.py's `cli.main`, in this process).
+    Fails if the mode writes the new split and evaluates or exports on it
+    (it did, logging that the labeled set matched the split file it had
+    just written), or if a changed normalisation is a traceback."""
+    run, before, binding, message = _refusal(trained, tmp_path, kind)
+    with pytest.raises(SystemExit) as stopped:
+        run_main(*run_py.command(run, [binding], mode=mode,
+                                 gin_file='debug.gin', base_bindings=SHORT),
+                 printed=True)
+    assert stopped.value.code == os.EX_DATAERR
+    assert capsys.readouterr().err.strip().splitlines()[-1] == message
+    assert run_py.files(run) == before
+
+
+@pytest.mark.slow
+def test_run_py_ends_a_refusal_with_its_line_and_exit_code(trained,
+                                                            tmp_path):
+    """The refusal as run.py's process ends: exit code 65, the line last
+    in its output, the run's files unchanged. Fails if run.py exits 0 or
+    with a traceback after the line."""
+    run, before, binding, message = _refusal(trained, tmp_path, 'split')
+    code, output = run_py.finish(run_py.start(
+        run, [binding], mode='evaluate_nn', base_bindings=SHORT))
     assert code == os.EX_DATAERR, output[-3000:]
-    assert output.strip().splitlines()[-1] == message.format(
-        run=run, differ=differ)
+    assert output.strip().splitlines()[-1] == message
     assert run_py.files(run) == before

@@ -160,6 +160,7 @@ def test_two_replicas_gather_the_targets_and_keep_their_rows(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_two_workers_gather_the_targets_and_keep_their_rows(tmp_path):
     """A real MultiWorkerMirroredStrategy cluster of two processes, one
     replica each (tests/helpers/ropaws_worker.py)."""
