@@ -20,8 +20,6 @@ only the chief evaluates PAWS-NN; where both runs read the same batches,
 the cluster's export is the one process's within the test's tolerance.
 """
 
-import re
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -37,7 +35,6 @@ from tests.helpers import image_folders
 from tests.helpers import run_py
 from tests.helpers import tfds_archives
 
-FINGERPRINT = re.compile(r'Final weights fingerprint \(SHA-256\): (\w+)')
 # What stays of a config's run: 2 epochs of a few steps of small images,
 # a small backbone of the config's kind; no TensorBoard images of the first
 # step's views, which build the input a second time in every process; no
@@ -79,7 +76,7 @@ def run_beside_two_replicas(root, gin_file, bindings, steps, image_size,
     assert code == 0, output[-4000:]
     # Both workers end with the same weights, and the chief alone records
     # them in the run history.
-    prints = [FINGERPRINT.findall(out) for _, out in results]
+    prints = [cluster.fingerprints([out]) for _, out in results]
     assert len(prints[0]) == len(prints[1]) == 1, prints
     assert prints[0] == prints[1]
     history = open(run_dir.RunDir(root / 'cluster').history).read()

@@ -559,9 +559,7 @@ def test_srun_launch_builds_the_cluster_from_slurm(tmp_path):
         assert code == 0, output[-3000:]
         assert f'worker {rank} of the cluster {cluster_spec}, 2 replicas' \
             in output
-    prints = [line.rsplit(' ', 1)[1] for _, output in outputs
-              for line in output.splitlines()
-              if 'Final weights fingerprint' in line]
+    prints = cluster.fingerprints([output for _, output in outputs])
     assert len(prints) == 2 and prints[0] == prints[1]
     assert checkpoints.latest(str(tmp_path / 'checkpoints'))[1] == 8
     assert not cluster.worker_leftovers(tmp_path)
