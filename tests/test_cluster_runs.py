@@ -9,7 +9,6 @@ Bugs tried beside those the tests' docstrings name: the fine-tuning's
 reported top-1 taken before fine-tuning (the ViT test).
 """
 
-import ast
 import glob
 import json
 import os
@@ -483,41 +482,6 @@ def test_import_official_on_the_cluster_is_what_one_process_imports(
     np.testing.assert_array_equal(
         cluster.exported_embeddings(runs[0], images),
         cluster.exported_embeddings(runs[1], images))
-
-
-# debug.gin normalised by statistics computed from its labeled images.
-DATA_NORMALIZATION = ("load_data.normalization = 'data'",)
-COMPUTED = re.compile(r'Normalisation computed from (\d+) labeled images'
-                      r'.*: mean (\(.*\)), std (\(.*\))')
-
-
-@pytest.mark.slow
-@pytest.mark.long
-def test_every_worker_normalises_with_the_statistics_of_the_data(tmp_path):
-    """NORMALIZATION = 'data' on a cluster: every worker computes the
-    labeled images' statistics (exact integer sums: the same numbers on
-    every machine), the chief records them; both equal NumPy's."""
-    results = cluster.launch_cluster(cluster_command(
-        tmp_path, 'train', base_bindings=SHRINK + DATA_NORMALIZATION +
-        ('train.num_epochs = 1',)), timeout=900)
-    cluster.check_ran(results)
-    computed = [COMPUTED.findall(output) for _, output in results]
-    assert len(computed[0]) == len(computed[1]) == 1, computed
-    assert computed[0] == computed[1]
-    count, mean, std = computed[0][0]
-    recorded = json.loads((tmp_path / 'normalization.json').read_text())
-    assert (recorded['images'], recorded['mean'], recorded['std']) == (
-        int(count), list(ast.literal_eval(mean)),
-        list(ast.literal_eval(std)))
-    with debug_gin.parsed(SHRINK):
-        labeled = experiment.load_data(None).labeled
-    pixels = np.concatenate([
-        image.reshape(-1, 3) / 255.0 for image, _ in
-        labeled.ordered_dataset().as_numpy_iterator()])
-    assert len(pixels) == int(count) * 16 * 16
-    np.testing.assert_allclose(recorded['mean'], pixels.mean(0), rtol=1e-12)
-    np.testing.assert_allclose(recorded['std'], pixels.std(0), rtol=1e-9)
-    assert not cluster.worker_leftovers(tmp_path)
 
 
 def free_port_pair():
