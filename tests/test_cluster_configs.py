@@ -138,8 +138,10 @@ def test_image_folders_small_on_a_cluster(tmp_path):
 
     Fails if a worker normalises with other statistics than the chief's
     (tried: the ImageNet preset on the workers that record nothing, in
-    `normalization.resolve_normalization`: the exports 0.97 apart), and
-    as the CIFAR-10 run does on what it shares."""
+    `normalization.resolve_normalization`: the exports 0.97 apart), if
+    the std is not the pixels' population std (tried: over count - 1 in
+    `normalization.channel_statistics`, 2.6e-5 off), and as the CIFAR-10
+    run does on what it shares."""
     paths = image_folders.write_experiment(tmp_path / 'data', unlabeled=16,
                                            test=2)
     # Of two runs, one agreed to 1e-4, the other did not (1.7e-4 among its

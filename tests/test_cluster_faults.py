@@ -52,7 +52,9 @@ def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
     The same command started again on both workers (the scheduler
     restarting the job) resumes from the shared backup; both workers end
     with the same weights, the last checkpoint is the run's last step, and
-    the killed worker's temporary files are gone."""
+    the killed worker's temporary files are gone. Fails if a worker keeps
+    its save directory (tried: `cluster.save_dir` not deleting it:
+    checkpoints/.worker_tmp_worker_1 left)."""
     tf_configs = cluster_lib.loopback_tf_configs(2)
     address = json.loads(tf_configs[0])['cluster']['worker'][1]
     procs = cluster.start_cluster(cluster_command(tmp_path),
