@@ -1,4 +1,9 @@
-"""A real two-process MultiWorkerMirroredStrategy cluster on 127.0.0.1."""
+"""A real two-process MultiWorkerMirroredStrategy cluster on 127.0.0.1.
+
+Bug tried that no test here catches: under --overwrite, no barrier after
+the chief's deletion (the second `cluster.barrier` in `start._accept`
+removed): the overwrite test passed (not traced further).
+"""
 
 import json
 import os
