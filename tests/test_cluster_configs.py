@@ -20,9 +20,12 @@ only the chief evaluates PAWS-NN; where both runs read the same batches,
 the cluster's export is the one process's within the test's tolerance.
 """
 
+import ast
+import json
 import re
 
 import numpy as np
+from PIL import Image
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
@@ -37,7 +40,6 @@ from tests.helpers import image_folders
 from tests.helpers import run_py
 from tests.helpers import tfds_archives
 
-FINGERPRINT = re.compile(r'Final weights fingerprint \(SHA-256\): (\w+)')
 # What stays of a config's run: 2 epochs of a few steps of small images,
 # a small backbone of the config's kind; no TensorBoard images of the first
 # step's views, which build the input a second time in every process; no
@@ -64,6 +66,9 @@ def run_beside_two_replicas(root, gin_file, bindings, steps, image_size,
         export_atol: how far the cluster's exported embeddings may be
             from the one process's; None when the two runs read other
             batches, so that their exports are not compared.
+
+    Returns:
+        The workers' `[(returncode, output)]`, by task index.
     """
     config = dict(gin_file=gin_file, base_bindings=SHRINK + tuple(bindings))
     one_process = run_py.start(
@@ -79,7 +84,7 @@ def run_beside_two_replicas(root, gin_file, bindings, steps, image_size,
     assert code == 0, output[-4000:]
     # Both workers end with the same weights, and the chief alone records
     # them in the run history.
-    prints = [FINGERPRINT.findall(out) for _, out in results]
+    prints = [cluster.fingerprints([out]) for _, out in results]
     assert len(prints[0]) == len(prints[1]) == 1, prints
     assert prints[0] == prints[1]
     history = open(run_dir.RunDir(root / 'cluster').history).read()
@@ -110,11 +115,16 @@ def run_beside_two_replicas(root, gin_file, bindings, steps, image_size,
         else 'embeddings'].numpy()
     np.testing.assert_allclose(embeddings[0], restored, rtol=1e-4,
                                atol=1e-5 * np.abs(restored).max())
-    if export_atol is None:
-        return
-    np.testing.assert_allclose(embeddings[0], embeddings[1],
-                               atol=export_atol)
-    assert np.abs(embeddings[1]).max() > 0.1  # Not a degenerate output.
+    if export_atol is not None:
+        np.testing.assert_allclose(embeddings[0], embeddings[1],
+                                   atol=export_atol)
+        assert np.abs(embeddings[1]).max() > 0.1  # Not a degenerate output.
+    return results
+
+
+# The line of each worker that computes NORMALIZATION = 'data'.
+COMPUTED = re.compile(r'Normalisation computed from (\d+) labeled images'
+                      r'.*: mean (\(.*\)), std (\(.*\))')
 
 
 @pytest.mark.slow
@@ -122,19 +132,38 @@ def run_beside_two_replicas(root, gin_file, bindings, steps, image_size,
 def test_image_folders_small_on_a_cluster(tmp_path):
     """image_folders_small.gin: 48 unlabeled images of 3 classes in
     folders, a global batch of 16: 3 steps per epoch; NORMALIZATION =
-    'data' (every worker computes it).
+    'data': every worker computes the labeled images' statistics (exact
+    integer sums: the same numbers on every machine), the chief records
+    them; both equal NumPy's of the images PIL reads.
 
     Fails if a worker normalises with other statistics than the chief's
     (tried: the ImageNet preset on the workers that record nothing, in
-    `normalization.resolve_normalization`: the exports 0.97 apart), and
-    as the CIFAR-10 run does on what it shares."""
+    `normalization.resolve_normalization`: the exports 0.97 apart), if
+    the std is not the pixels' population std (tried: over count - 1 in
+    `normalization.channel_statistics`, 2.6e-5 off), and as the CIFAR-10
+    run does on what it shares."""
     paths = image_folders.write_experiment(tmp_path / 'data', unlabeled=16,
                                            test=2)
     # Of two runs, one agreed to 1e-4, the other did not (1.7e-4 among its
     # first mismatches, values near 1).
-    run_beside_two_replicas(tmp_path, 'gin_configs/image_folders_small.gin',
-                            image_folders.SMALL + paths, steps=6,
-                            image_size=32, export_atol=1e-3)
+    results = run_beside_two_replicas(
+        tmp_path, 'gin_configs/image_folders_small.gin',
+        image_folders.SMALL + paths, steps=6, image_size=32, export_atol=1e-3)
+    computed = [COMPUTED.findall(output) for _, output in results]
+    assert len(computed[0]) == len(computed[1]) == 1, computed
+    assert computed[0] == computed[1]
+    count, mean, std = computed[0][0]
+    recorded = json.loads(
+        (tmp_path / 'cluster' / 'normalization.json').read_text())
+    assert (recorded['images'], recorded['mean'], recorded['std']) == (
+        int(count), list(ast.literal_eval(mean)),
+        list(ast.literal_eval(std)))
+    pixels = np.concatenate([
+        np.asarray(Image.open(path)).reshape(-1, 3) / 255.0
+        for path in sorted((tmp_path / 'data' / 'labeled').rglob('*.png'))])
+    assert len(pixels) == int(count) * 40 * 40  # 12 images of 40 x 40.
+    np.testing.assert_allclose(recorded['mean'], pixels.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(recorded['std'], pixels.std(0), rtol=1e-9)
 
 
 @pytest.mark.slow

@@ -47,7 +47,14 @@ def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
     cluster_lib.cluster_failure names no task, takes the address from
     another task of the cluster spec, or gives 'Graph execution error:'
     as the cause (the first line of a function's error, before its node's
-    stack), or if the line ends in gin's 'In call to configurable'."""
+    stack), or if the line ends in gin's 'In call to configurable'.
+
+    The same command started again on both workers (the scheduler
+    restarting the job) resumes from the shared backup; both workers end
+    with the same weights, the last checkpoint is the run's last step, and
+    the killed worker's temporary files are gone. Fails if a worker keeps
+    its save directory (tried: `cluster.save_dir` not deleting it:
+    checkpoints/.worker_tmp_worker_1 left)."""
     tf_configs = cluster_lib.loopback_tf_configs(2)
     address = json.loads(tf_configs[0])['cluster']['worker'][1]
     procs = cluster.start_cluster(cluster_command(tmp_path),
@@ -79,7 +86,10 @@ def test_a_worker_that_dies_stops_the_other_which_names_it_then_resumes(
     for code, output in results:
         assert code == 0, output[-3000:]
         assert f'Training steps {stopped_at}..16' in output
-
+    prints = cluster.fingerprints([output for _, output in results])
+    assert len(prints) == 2 and prints[0] == prints[1]
+    assert checkpoints.latest(str(tmp_path / 'checkpoints'))[1] == 16
+    assert not cluster.worker_leftovers(tmp_path)
 
 
 @pytest.mark.slow

@@ -1,4 +1,9 @@
-"""A real two-process MultiWorkerMirroredStrategy cluster on 127.0.0.1."""
+"""A real two-process MultiWorkerMirroredStrategy cluster on 127.0.0.1.
+
+Bug tried that no test here catches: under --overwrite, no barrier after
+the chief's deletion (the second `cluster.barrier` in `start._accept`
+removed): the overwrite test passed (not traced further).
+"""
 
 import json
 import os
@@ -8,8 +13,8 @@ import numpy as np
 import pytest
 
 from paws_tf import checkpoints
-from paws_tf import run_dir
 from tests.helpers import cluster
+from tests.helpers import run_py
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORKER = REPO / 'tests' / 'helpers' / 'mwms_worker.py'
@@ -54,46 +59,11 @@ def test_two_workers_fit_to_identical_weights_and_only_chief_saves(tmp_path):
 
 
 def run_py_args(model_dir):
-    return [REPO / 'run.py', '--gin_file=gin_configs/debug.gin',
-            f'--model_dir={model_dir}', '--mode=train',
-            '--strategy=multi_worker',
-            '--gin_bindings=train.num_epochs = 2',
-            '--gin_bindings=train.backup_every_steps = 4',
-            '--gin_bindings=train.checkpoint_every_steps = 8',
-            '--gin_bindings=train.eval_every_epochs = 0',
-            '--gin_bindings=train.view_images = False',
-            '--gin_bindings=train.verbose = 0']
-
-
-def fingerprints(outputs):
-    return [line.rsplit(' ', 1)[1] for out in outputs
-            for line in out.splitlines() if 'Final weights fingerprint' in line]
-
-
-@pytest.mark.slow
-@pytest.mark.long
-def test_killed_worker_cluster_resumes_from_backup_and_agrees(tmp_path):
-    """Kill one of two workers mid-run; the scheduler restarts the job;
-    it resumes from the shared backup and both workers finish agreeing."""
-    procs = cluster.start_cluster(run_py_args(tmp_path))
-    # One worker dies mid-run (an epoch has 16 steps)...
-    cluster.kill_worker_after_backup(procs, str(tmp_path), 8)
-    procs[0].kill()  # ...and the scheduler stops the job to restart it.
-    procs[0].wait()
-    stopped_at = checkpoints.backup_step(run_dir.RunDir(tmp_path))
-    assert 8 <= stopped_at < 32
-
-    restarted = cluster.start_cluster(run_py_args(tmp_path))
-    outputs = [p.communicate(timeout=600)[0] for p in restarted]
-    for proc, output in zip(restarted, outputs):
-        assert proc.returncode == 0, output[-3000:]
-        assert f'Training steps {stopped_at}..32' in output
-    prints = fingerprints(outputs)
-    assert len(prints) == 2 and prints[0] == prints[1]
-    assert checkpoints.latest(
-        str(tmp_path / 'checkpoints'))[1] == 32
-    # Only the chief's files: no worker temp directories are left.
-    assert not list(tmp_path.rglob('.worker_tmp_*'))
+    """run.py's command on every worker: `run_py.BINDINGS` on half of
+    debug.gin's data (2 epochs of 8 steps, backups every 4)."""
+    return ['run.py'] + run_py.command(
+        model_dir, ['train/synthetic_source.num_images = 256'],
+        ['--strategy=multi_worker'])
 
 
 @pytest.mark.slow
@@ -120,14 +90,13 @@ def test_overwrite_on_a_cluster_the_chief_deletes_the_workers_wait(
     outputs = [output for _, output in results]
     for code, output in results:
         assert code == 0, output[-3000:]
-        assert 'Training steps 0..32' in output
+        assert 'Training steps 0..16' in output
         assert 'cannot be restored' not in output
     assert '--overwrite: deleting the previous run' in outputs[0]
     assert 'deleting' not in outputs[1]
-    prints = fingerprints(outputs)
+    prints = cluster.fingerprints(outputs)
     assert len(prints) == 2 and prints[0] == prints[1]
-    assert checkpoints.latest(
-        str(tmp_path / 'checkpoints'))[1] == 32
+    assert checkpoints.latest(str(tmp_path / 'checkpoints'))[1] == 16
     history = (tmp_path / 'run_history.txt').read_text()
     assert 'the previous run' not in history
-    assert history.count('started a new run of 32 steps') == 1
+    assert history.count('started a new run of 16 steps') == 1

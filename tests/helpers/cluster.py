@@ -3,6 +3,7 @@
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -21,6 +22,9 @@ TWO_CPUS = REPO / 'tests' / 'helpers' / 'two_cpus.py'
 ONE_PROCESS_TWO_REPLICAS = "make_strategy.devices = ['CPU:0', 'CPU:1']"
 # What a worker but the chief writes while it runs, and deletes.
 WORKER_TEMP = ('.worker_tmp_*', 'workertemp_*')
+# The line in which every process of a training run prints its final
+# weights' fingerprint.
+FINGERPRINT = re.compile(r'Final weights fingerprint \(SHA-256\): (\w+)')
 
 
 def start_cluster(argv, workers=2, env=None, extra_args=None,
@@ -89,6 +93,13 @@ def check_ran(results):
     """Checks that every `(returncode, output)` of `results` ended well."""
     for index, (code, output) in enumerate(results):
         assert code == 0, f'worker {index}:\n{output[-4000:]}'
+
+
+def fingerprints(outputs):
+    """The final weights' fingerprints the processes of `outputs` (their
+    outputs) printed, in order."""
+    return [found for output in outputs
+            for found in FINGERPRINT.findall(output)]
 
 
 def written(model_dir):
