@@ -5,16 +5,17 @@ its classifier export."""
 import os
 import typing
 
+from absl import logging
 import gin
 import numpy as np
 import tensorflow as tf
 
 from paws_tf import checks
 from paws_tf.data import pipeline
+from paws_tf.data import splits
 from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import export
 from paws_tf import run_dir
-from paws_tf.runner import records
 
 
 class Embedder(typing.NamedTuple):
@@ -66,8 +67,8 @@ def evaluate_nn(run, embedder=None, *, labeled, test, image_size,
         `results_file`, `figure_file` and with `pictures` `confusion_matrix`.
 
     Raises:
-        records.Changed: a labeled set other than the run's records
-            (`records.check`).
+        checks.DataError: a labeled set other than the split file's
+            (`splits.mismatch`).
         ValueError: neither `embedder` nor `from_model`, other class names,
             or another preprocessing or embedding than the export's.
         RuntimeError: as for `PawsNN`'s call.
@@ -75,8 +76,7 @@ def evaluate_nn(run, embedder=None, *, labeled, test, image_size,
     embedder = _given(embedder, from_model)
     preprocessing = dict(image_size=image_size, crop_fraction=crop_fraction,
                          mean=mean, std=std)
-    records.check(run, labeled)
-    split_file = run.split if tf.io.gfile.exists(run.split) else None
+    split_file = _checked_split(run, labeled)
     embedding = _checked_embedding(
         embedder, embedding, dict(preprocessing, channels=labeled.channels))
     embed_fn = evaluate.embedder_from_model(embedder.model)
@@ -189,3 +189,20 @@ def _checked_embedding(embedder, embedding, expected):
             f'{"; ".join(differences)}. Export the run again '
             '(run.py --mode=export).')
     return stored.get('embedding')
+
+
+def _checked_split(run, labeled):
+    """The run's split file, whose images `labeled` must hold exactly, or
+    None when there is none; raises `checks.DataError` if it differs."""
+    if not tf.io.gfile.exists(run.split):
+        logging.warning('PAWS-NN: no split file to check the labeled set '
+                        'against (%s does not exist).', run.split)
+        return None
+    detail = splits.mismatch(run.split, labeled)
+    if detail is not None:
+        raise checks.DataError(
+            f'The labeled set is not the one {run.split} records: '
+            f'{detail}. PAWS-NN\'s support is exactly the run\'s labeled '
+            'images: give it those.')
+    logging.info('PAWS-NN: the labeled set matches %s', run.split)
+    return run.split
