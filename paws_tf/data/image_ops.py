@@ -260,8 +260,7 @@ def normalize(image, mean, std):
     """Returns float32 (image - mean) / std, with length-C `mean` and `std`."""
     if image.shape[-1] is not None and not (
             len(mean) == len(std) == image.shape[-1]):
-        raise ValueError(f'mean {mean} and std {std} need {image.shape[-1]} '
-                         f'values (one per channel) for images of shape '
+        raise ValueError(f'mean {mean} / std {std} do not match image shape '
                          f'{image.shape}.')
     shape = tf.shape(image)
     # Broadcasting [C] along the innermost axis is slow in Eigen; use

@@ -19,8 +19,9 @@ _REJECTED_DTYPES = (tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
 
 def _checked_images(images, expected, description):
     """`images` with static shape `[None, *expected]` (None: any size), or
-    a failure with `description`; through a `tf.cond`, whose fixed output
-    shape lets a static shape of another rank reach the check."""
+    a failure with `description`. Through a `tf.cond`, whose output shape
+    is fixed when traced: a loaded function called with a static shape of
+    another rank would otherwise fail shape inference before the check."""
     shape = tf.shape(images)
     padded = tf.concat([shape, tf.zeros([4], tf.int32)], 0)
     conditions = [tf.equal(tf.rank(images), 4)] + [
@@ -75,14 +76,19 @@ def _logits_head(logits):
 
 
 class _Servable(tf.Module):
-    """The model with its evaluation preprocessing and an optional head,
-    called with raw uint8 images or (`call_preprocessed`) preprocessed
-    float32 ones."""
+    """The model with its evaluation preprocessing and an optional head:
+    `__call__` takes raw uint8 images, `call_preprocessed` float32 images
+    preprocessed as `pipeline.make_eval_dataset` does."""
 
     def __init__(self, model, head, *, image_size, crop_fraction, mean, std,
                  channels):
         super().__init__(name='paws_servable')
-        # `augment.center_view` checks the preprocessing when `save` traces.
+        if len(mean) != channels or len(std) != channels:
+            raise ValueError(f'mean {mean} and std {std} need {channels} '
+                             f'values (one per channel).')
+        if not 0 < crop_fraction <= 1:
+            raise ValueError(f'crop_fraction must be in (0, 1], got '
+                             f'{crop_fraction}.')
         self._set_untracked(model=model, preprocessing=dict(
             image_size=int(image_size), crop_fraction=float(crop_fraction),
             mean=[float(m) for m in mean], std=[float(s) for s in std],
@@ -163,7 +169,8 @@ class _Servable(tf.Module):
 
 
 def read_preprocessing(export_dir):
-    """The preprocessing.json beside an export; FileNotFoundError if none."""
+    """The preprocessing parameters stored beside an export; raises
+    FileNotFoundError if `export_dir` holds no preprocessing.json."""
     path = os.path.join(export_dir, PREPROCESSING_FILENAME)
     if not tf.io.gfile.exists(path):
         raise FileNotFoundError(
@@ -173,9 +180,13 @@ def read_preprocessing(export_dir):
 
 
 class LoadedEmbedder(tf.Module):
-    """An `export_embedder` SavedModel as a model: float32 preprocessed
-    images -> `{'embeddings': [N, D]}`. Raises FileNotFoundError (not a
-    paws_tf export) or ValueError (no `embed_preprocessed` signature)."""
+    """An `export_embedder` SavedModel as a model (of PAWS-NN, of another
+    export): float32 preprocessed images -> `{'embeddings': [N, D]}`.
+
+    Raises:
+        FileNotFoundError: `export_dir` is not a paws_tf export.
+        ValueError: it has no `embed_preprocessed` signature.
+    """
 
     def __init__(self, export_dir):
         super().__init__(name='loaded_embedder')
@@ -199,28 +210,31 @@ class LoadedEmbedder(tf.Module):
 
 def export_embedder(model, export_dir, *, image_size, crop_fraction, mean,
                     std, channels, step=0, strategy=None):
-    """Writes the encoder as a SavedModel that takes raw images (loading
-    needs only TensorFlow).
+    """Writes the encoder as a SavedModel that takes raw images.
 
-    `serving_default` (also `loaded(images)`): uint8 `[N, H, W, C]`
-    images, preprocessed by `augment.center_view`, -> float32 `features`
-    (backbone), `projection`, `prediction` (with a prediction head) and
-    `embeddings`, the one PAWS-NN compares (`model.nn_embedding`).
+    `serving_default` (also `loaded(images)`): `images` uint8
+    `[N, H, W, C]` (any N, H, W), preprocessed by `augment.center_view`, ->
+    float32 `features` `[N, F]` (backbone), `projection` `[N, D]`,
+    `prediction` `[N, D']` (with a prediction head) and `embeddings`: the
+    one of the last two that PAWS-NN compares (`model.nn_embedding`).
     `embed_preprocessed` (also `loaded.call_preprocessed`) takes float32
     `[N, S, S, C]` images preprocessed as `pipeline.make_eval_dataset`
     does. The preprocessing is stored as variables (`loaded.image_size`,
-    ...) and in `preprocessing.json`, with the weights' `step`, which
-    PAWS-NN of the export reads there.
+    ...) and in `preprocessing.json`, with the weights' `step` (PAWS-NN of
+    the export reads it there, not from a checkpoint). Loading needs only
+    TensorFlow.
 
     Under MultiWorkerMirroredStrategy, export a plain-variable copy of the
-    model on the chief: a SavedModel cannot hold that strategy's
-    distributed variables.
+    model on the chief (`modes.export_and_evaluate` does): a SavedModel
+    cannot hold that strategy's distributed variables.
 
     Args:
         model: built `model.PAWSModel` (or any model returning a dict
             with `embeddings`).
-        image_size, crop_fraction, mean, std, channels: as
-            `augment.center_view` takes them; C.
+        export_dir: output directory.
+        image_size, crop_fraction, mean, std, channels: S, the centre
+            crop's fraction of the resized image, the C channel means and
+            standard deviations, C.
         step: the global step of the model's weights.
         strategy: the running strategy (default: the current one).
 
@@ -237,13 +251,14 @@ def export_embedder(model, export_dir, *, image_size, crop_fraction, mean,
 def export_classifier(model, export_dir, *, support_embeddings,
                       support_labels, class_names, tau, image_size,
                       crop_fraction, mean, std, channels, strategy=None):
-    """Writes a PAWS-NN classifier SavedModel holding its supports.
+    """Writes a self-contained PAWS-NN classifier SavedModel.
 
-    Its signatures take images as `export_embedder`'s
-    (`classify_preprocessed` the preprocessed ones) and return float32
-    `probabilities` `[N, K]` (as `evaluate.classify` ranks them), the
-    argmax's `class_ids` and `class_names`, and `top5_class_ids`,
-    `top5_probabilities`.
+    The supports are stored inside, so `serving_default` (raw images, as
+    for `export_embedder`) returns `probabilities` float32 `[N, K]` (as
+    `evaluate.classify` ranks them), `class_ids` int32 `[N]` (the argmax),
+    `class_names` string `[N]`, `top5_class_ids` int32 `[N, min(5, K)]` and
+    `top5_probabilities`. `classify_preprocessed` takes float32
+    `[N, S, S, C]` preprocessed images.
 
     Args:
         model, export_dir, image_size, crop_fraction, mean, std, channels,
@@ -280,10 +295,18 @@ def export_classifier(model, export_dir, *, support_embeddings,
 
 def export_fine_tuned(classifier, export_dir, *, image_size, crop_fraction,
                       mean, std, channels, strategy=None):
-    """Writes a fine-tuned `classifier` (images -> `[N, K]` logits) as a
-    SavedModel whose signatures take images as `export_classifier`'s and
-    return float32 `logits`, their softmax `probabilities`, `class_ids` and
-    `top5_class_ids`; the other arguments as for `export_embedder`."""
+    """Writes a fine-tuned classifier as a SavedModel that takes raw images.
+
+    `serving_default` (raw images, as for `export_embedder`) and
+    `classify_preprocessed` return `logits` float32 `[N, K]`,
+    `probabilities` (their softmax), `class_ids` int32 `[N]` and
+    `top5_class_ids` `[N, min(5, K)]`.
+
+    Args:
+        classifier: built `tf_keras.Model`, images -> `[N, K]` logits.
+        export_dir, image_size, crop_fraction, mean, std, channels,
+            strategy: as for `export_embedder`.
+    """
     module = _Servable(classifier, _logits_head, image_size=image_size,
                        crop_fraction=crop_fraction, mean=mean, std=std,
                        channels=channels)
