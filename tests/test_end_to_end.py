@@ -1,5 +1,6 @@
-"""train -> checkpoint -> resume -> export -> reload -> evaluate_nn ->
-fine_tune, through run.py subprocesses with gin files and bindings."""
+"""train -> checkpoint -> resume with export and evaluate_nn
+(`--mode=train_and_evaluate`) -> reload -> fine_tune, through run.py
+subprocesses with gin files and bindings."""
 
 import json
 import os
@@ -48,7 +49,15 @@ def run_py(model_dir, mode, wait=True):
 @pytest.mark.slow
 @pytest.mark.long
 def test_the_whole_workflow_through_run_py(tmp_path):
-    # 1. Train, preempted after its first backup, then resumed.
+    """A run preempted after its first backup resumes from it with
+    `--mode=train_and_evaluate`, whose export computes the checkpoint's
+    embeddings and whose PAWS-NN, of the 64 labeled images, is the bundled
+    classifier's top-1; fine-tuning then reads that run.
+
+    Fails if the resumed run does not start at its backup's step (tried:
+    `start.start` resuming at step 0, `newest_restorable` not read)."""
+    # 1. Train, preempted after its first backup, then resumed, exported
+    # and evaluated by one process.
     proc = run_py(tmp_path, 'train', wait=False)
     deadline = time.time() + 600
     while checkpoints.backup_step(run_dir.RunDir(tmp_path)) < 4:
@@ -58,13 +67,12 @@ def test_the_whole_workflow_through_run_py(tmp_path):
     proc.communicate(timeout=600)
     assert proc.returncode == 143
     resumed_from = checkpoints.backup_step(run_dir.RunDir(tmp_path))
-    output = run_py(tmp_path, 'train')
+    output = run_py(tmp_path, 'train_and_evaluate')
     assert f'Training steps {resumed_from}..32' in output
     assert checkpoints.latest(
         str(tmp_path / 'checkpoints'))[1] == 32
 
-    # 2. Export, and reload the SavedModel in this process.
-    run_py(tmp_path, 'export')
+    # 2. The export, reloaded in this process.
     embedder = tf.saved_model.load(str(tmp_path / 'export' / 'embedder'))
     classifier = tf.saved_model.load(str(tmp_path / 'export' / 'classifier'))
     with debug_gin.parsed(BINDINGS):
@@ -87,7 +95,6 @@ def test_the_whole_workflow_through_run_py(tmp_path):
 
     # 3. PAWS-NN from the export: exactly the 64 labeled images as support,
     # and the same top-1 as the bundled classifier on every test image.
-    run_py(tmp_path, 'evaluate_nn')
     results = json.loads((tmp_path / 'eval' / 'paws_nn.json').read_text())
     assert results['num_support'] == 64 == bundle.labeled.num_examples
     assert results['num_queries'] == 128
