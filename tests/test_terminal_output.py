@@ -23,6 +23,7 @@ import sys
 import time
 
 from absl import logging
+import gin
 import numpy as np
 import pytest
 import tf_keras
@@ -267,40 +268,68 @@ def _mistakes(root):
     }
 
 
+# The mistakes shown by run.py processes of their own, one for each way an
+# error reaches the cli: a data error, a config check's, gin's own. The
+# others run through run.py's `cli` in the test's process.
+IN_PROCESSES = ('empty unlabeled folder', 'epochs in words',
+                'misspelled parameter')
+
+
+def _check_message(name, mistake, code, output):
+    """`output` of the mistake `name` ends with its one message, after at
+    most two lines, with its exit code: no traceback, no --help, none of
+    TensorFlow's start-up logs."""
+    _, exit_code, message = mistake
+    lines = _lines(output)
+    assert code == exit_code, (name, output[-3000:])
+    assert message in lines[-1], (name, lines[-1])
+    assert len(lines) <= 3, (name, output)
+    assert 'Traceback' not in output
+    for text in HELP + STARTUP_LOGS:
+        assert text not in output, (name, output)
+
+
 @pytest.mark.slow
 @pytest.mark.long
-def test_each_mistake_is_one_message_with_its_exit_code(tmp_path):
+def test_each_mistake_is_one_message_with_its_exit_code(tmp_path, run_main,
+                                                        capsys):
     """Each of a new user's mistakes ends run.py with one error line that
     names the folder or binding and the fix: no traceback, no --help, the
-    exit code of a config or data error. Fails if the cli lets a
-    checks.ConfigError travel as a traceback or logs gin's str() of a
-    DataError (its 'In call to configurable' lines), if ConfigError's exit
-    code is not 78, if load_data's class check names no binding, if the
-    config checks let one labeled class through or do not check the
-    backbone's arguments, or if configurables lets a macro that nothing
-    reads pass or names no close parameter."""
+    exit code of a config or data error (in processes of their own for
+    `IN_PROCESSES`, through run.py's `cli` in this process for the
+    others). Fails if the cli lets a checks.ConfigError travel as a
+    traceback or logs gin's str() of a DataError (its 'In call to
+    configurable' lines), if ConfigError's exit code is not 78, if
+    load_data's class check names no binding, if the config checks let one
+    labeled class through or do not check the backbone's arguments, or if
+    configurables lets a macro that nothing reads pass or names no close
+    parameter."""
     paths, mistakes = _mistakes(tmp_path)
-    names = list(mistakes)
-    for batch in (names[i:i + 3] for i in range(0, len(names), 3)):
-        procs = {}
-        for name in batch:
-            bindings, _, _ = mistakes[name]
-            overridden = {b.split(' =')[0] for b in bindings}
-            common = [b for b in paths if b.split(' =')[0] not in overridden]
-            procs[name] = _start(
-                tmp_path / 'runs' / name.replace(' ', '_'),
-                image_folders.SMALL + common + bindings,
-                gin_file='gin_configs/image_folders_small.gin')
-        for name, proc in procs.items():
-            code, output = run_py.finish(proc)
-            _, exit_code, message = mistakes[name]
-            lines = _lines(output)
-            assert code == exit_code, (name, output[-3000:])
-            assert message in lines[-1], (name, lines[-1])
-            assert len(lines) <= 3, (name, output)
-            assert 'Traceback' not in output
-            for text in HELP + STARTUP_LOGS:
-                assert text not in output, (name, output)
+
+    def arguments(name):
+        bindings, _, _ = mistakes[name]
+        overridden = {b.split(' =')[0] for b in bindings}
+        common = [b for b in paths if b.split(' =')[0] not in overridden]
+        return (tmp_path / 'runs' / name.replace(' ', '_'),
+                image_folders.SMALL + common + bindings)
+
+    procs = {name: _start(*arguments(name),
+                          gin_file='gin_configs/image_folders_small.gin')
+             for name in IN_PROCESSES}
+    for name in mistakes:
+        if name not in IN_PROCESSES:
+            gin.clear_config()  # What the last one parsed, and its lock.
+            capsys.readouterr()
+            with pytest.raises(SystemExit) as exited:
+                run_main(*run_py.command(
+                    *arguments(name),
+                    gin_file='gin_configs/image_folders_small.gin',
+                    base_bindings=()), printed=True)
+            captured = capsys.readouterr()
+            _check_message(name, mistakes[name], exited.value.code,
+                           captured.out + captured.err)
+    for name, proc in procs.items():
+        _check_message(name, mistakes[name], *run_py.finish(proc))
     for name in ('misspelled_macro', 'misspelled_parameter',
                  'misspelled_backbone_argument', 'epochs_in_words'):
         assert not os.path.exists(tmp_path / 'runs' / name)

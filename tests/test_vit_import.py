@@ -303,12 +303,14 @@ def dino_run(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.long
 def test_paws_nn_of_the_dino_import_is_the_rule_on_official_features(
-        dino_run):
+        dino_run, run_main, capsys):
     """`existing_model_folders.gin` on the import: per-image probabilities
     and classes of its PAWS-NN classifier, and PAWS-NN's top-1, equal the
     soft nearest neighbour in NumPy over the official model's features.
-    The import's own directory is refused by --mode=evaluate_nn and by
-    training, naming the ways to use it (PAWS-NN, fine-tuning, PAWS).
+    The import's own directory is refused by --mode=evaluate_nn (run.py's
+    `cli` in this process: one line, exit 65, as test_official_import's
+    process shows for an import's refusal) and by training, naming the
+    ways to use it (PAWS-NN, fine-tuning, PAWS).
 
     Fails if the export records another crop than 224 of 256 (tried:
     crop_fraction 1.0), or compares another output than the features, or
@@ -316,10 +318,13 @@ def test_paws_nn_of_the_dino_import_is_the_rule_on_official_features(
     tmp_path, official, _ = dino_run
     imported = tmp_path / 'dino_vits16'
     assert_paws_nn_is_the_rule(tmp_path, imported, official)
-    code, output = run_py.finish(run_py.start(
-        imported, gin_file=f'gin_configs/{CONFIG}', mode='evaluate_nn',
-        base_bindings=()))
-    assert code == 65, output[-2000:]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        run_main(f'--gin_file=gin_configs/{CONFIG}',
+                 f'--model_dir={imported}', '--mode=evaluate_nn',
+                 printed=True)
+    output = capsys.readouterr().err
+    assert exited.value.code == 65, output[-2000:]
     assert (f"holds the ViT-S/16 backbone imported from "
             f"{tmp_path}/dino_deitsmall16_pretrain.pth, not a PAWS model"
             ) in output
