@@ -96,25 +96,32 @@ def grayscale_run(tmp_path_factory):
         gin_file='gin_configs/image_folders_small.gin',
         mode='train_and_evaluate', base_bindings=image_folders.SMALL + [
             'train.num_epochs = 1', 'train.eval_every_epochs = 0',
-            'train.view_images = False', 'train.verbose = 0']))
+            'train.view_images = False', 'train.verbose = 0',
+            'evaluate_nn.pictures = False']))
     assert code == 0, output[-3000:]
     return root
 
 
 @pytest.mark.slow
 @pytest.mark.long
-def test_the_documented_command_on_a_grayscale_model(grayscale_run):
+def test_the_documented_command_on_a_grayscale_model(grayscale_run,
+                                                    run_main, capsys):
     """The command as written, MODEL and the folders bound to the test's:
-    without CHANNELS = 1 it is refused before anything is written; with
-    it, as the docs say to add, it writes PAWS-NN's results and the
-    classifier. Fails if the channels are checked only once the mode runs
-    (config_evaluate_nn.gin and flags.txt written first)."""
+    without CHANNELS = 1 it is refused before anything is written (through
+    run.py's `cli` in this process: test_terminal_output runs a config
+    check's refusal as a process); with it, as the docs say to add, it
+    writes PAWS-NN's results and the classifier. Fails if the channels are
+    checked only once the mode runs (config_evaluate_nn.gin and flags.txt
+    written first)."""
     root = grayscale_run
     values = {'MODEL': root / 'model', 'LABELED_DIR': root / 'labeled',
               'TEST_DIR': root / 'test', '--model_dir': root / 'refused'}
     command = _as_run_here(_documented(), values)
-    code, output = run_py.finish(_start(command))
-    assert code == os.EX_CONFIG, output[-3000:]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        run_main(*command, printed=True)
+    output = capsys.readouterr().err
+    assert exited.value.code == os.EX_CONFIG, output[-3000:]
     assert output.strip().splitlines()[-1] == (
         f'Error: The model of {root}/model/export/embedder takes 1-channel '
         'images, but CHANNELS = 3: bind CHANNELS = 1 (the images are '
