@@ -19,6 +19,7 @@ Bugs tried, each caught by the test named:
 
 import json
 
+import gin
 import numpy as np
 from PIL import Image
 import pytest
@@ -42,13 +43,31 @@ from tests.test_official_import import WRN_CONFIG  # noqa: E402
 CONFIG = 'gin_configs/existing_model_folders.gin'
 
 
-def _evaluate(tmp_path, model, *bindings, name='mine'):
+def _arguments(tmp_path, model, bindings, name):
+    """run.py's arguments for PAWS-NN of `model` on the folders under
+    `tmp_path / 'images'` into `tmp_path / name`."""
     folders = tmp_path / 'images'
+    return dict(model_dir=tmp_path / name, bindings=(
+        f"MODEL = '{model}'", f"LABELED_DIR = '{folders / 'labeled'}'",
+        f"TEST_DIR = '{folders / 'test'}'") + bindings, gin_file=CONFIG,
+        mode='evaluate_nn')
+
+
+def _evaluate(tmp_path, model, *bindings, name='mine'):
     return run_py.finish(run_py.start(
-        tmp_path / name, (f"MODEL = '{model}'",
-                          f"LABELED_DIR = '{folders / 'labeled'}'",
-                          f"TEST_DIR = '{folders / 'test'}'") + bindings,
-        gin_file=CONFIG, mode='evaluate_nn'))
+        **_arguments(tmp_path, model, bindings, name)))
+
+
+def _refused(run_main, capsys, tmp_path, model, *bindings, name):
+    """`(exit code, output)` of `_evaluate`'s command run through run.py's
+    `cli` in this process, which must refuse it."""
+    gin.clear_config()  # What an earlier one parsed, and its lock.
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        run_main(*run_py.command(**_arguments(tmp_path, model, bindings,
+                                              name)), printed=True)
+    captured = capsys.readouterr()
+    return exited.value.code, captured.out + captured.err
 
 
 def _folder_images(root):
@@ -177,19 +196,24 @@ def test_paws_nn_of_an_import_on_folders_and_its_classifier(imported):
 @pytest.mark.slow
 @pytest.mark.long
 def test_a_model_of_other_channels_or_none_is_refused_before_reading(
-        imported):
-    """Fails if the channels of the folders are not checked against the
-    model's before the images are read, or an unbound MODEL falls through
-    to this run's (absent) checkpoint, or a MODEL that does not exist ends
-    in a traceback (tried: `embedder_of` raising FileNotFoundError) or is
-    reported as a model to export first."""
-    code, output = _evaluate(imported, imported / 'imported', 'CHANNELS = 1',
-                             name='gray')
+        imported, run_main, capsys):
+    """Through run.py's `cli` in this process (test_terminal_output runs
+    a config check's refusal as a process). Fails if the channels of the
+    folders are not checked against the model's before the images are
+    read, or an unbound MODEL falls through to this run's (absent)
+    checkpoint, or a MODEL that does not exist ends in a traceback (tried:
+    `embedder_of` raising FileNotFoundError; and the existence check left
+    out of `config_checks.existing_model`) or is reported as a model to
+    export first."""
+    code, output = _refused(run_main, capsys, imported,
+                            imported / 'imported', 'CHANNELS = 1',
+                            name='gray')
     assert code != 0
     assert (f'The model of {imported}/imported/export/embedder takes '
             '3-channel images, but CHANNELS = 1: bind CHANNELS = 3') in output
     assert 'Traceback' not in output
-    code, output = _evaluate(imported, imported / 'nothing', name='none')
+    code, output = _refused(run_main, capsys, imported,
+                            imported / 'nothing', name='none')
     assert code == 78 and (f"MODEL = '{imported}/nothing' does not exist"
                            in output), output[-2000:]
     assert 'Traceback' not in output
