@@ -455,14 +455,15 @@ def test_a_backbone_import_as_a_model_names_the_backbone_binding(tmp_path):
 @pytest.mark.slow
 @pytest.mark.long
 def test_a_run_from_an_import_is_refused_without_its_interpolation(
-        tmp_path):
+        tmp_path, run_main, capsys):
     """A PAWS run that started from the DINO import (its config binds
     `vit.position_interpolation = 'dino'`), named by
     `train.pretrained_backbone` in a run.py config that leaves that
     binding out, is refused with a config error before the new run's
-    directory is made. Fails if only an import's record is compared
-    (tried: the run's backbone, whose variables fit, was read into timm's
-    interpolation silently)."""
+    directory is made (through run.py's `cli` in this process:
+    test_pretrained_backbone runs such refusals as processes). Fails if
+    only an import's record is compared (tried: the run's backbone, whose
+    variables fit, was read into timm's interpolation silently)."""
     folders = image_folders.write_experiment(tmp_path / 'images',
                                              unlabeled=2, test=2)
     configured = folders + [binding for binding in image_folders.SMALL
@@ -476,11 +477,15 @@ def test_a_run_from_an_import_is_refused_without_its_interpolation(
                           gin_file='gin_configs/image_folders_small.gin'):
         source.write(source.config, gin.config_str() +
                      f'{_TINY_DINO_BINDINGS[-1]}\n')
-    code, output = run_py.finish(run_py.start(
-        tmp_path / 'run', configured + [
-            f"train.pretrained_backbone = '{source}'"],
-        gin_file='gin_configs/image_folders_small.gin', base_bindings=()))
-    assert code == os.EX_CONFIG, output[-3000:]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        run_main(*run_py.command(
+            tmp_path / 'run', configured + [
+                f"train.pretrained_backbone = '{source}'"],
+            gin_file='gin_configs/image_folders_small.gin',
+            base_bindings=()), printed=True)
+    output = capsys.readouterr().err
+    assert exited.value.code == os.EX_CONFIG, output[-3000:]
     assert output.strip().splitlines()[-1].endswith(
         f"{source} was built with vit.position_interpolation = 'dino'; this "
         "config builds vit.position_interpolation = 'timm'. Start from a "
