@@ -280,11 +280,15 @@ def test_fashion_mnist_folders_script(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.long
-def test_a_trained_run_exports_its_embedder_without_the_images(tmp_path):
+def test_a_trained_run_exports_its_embedder_without_the_images(
+        tmp_path, run_main, capsys):
     """Restoring and exporting the embedder need only model_dir: the
     folders moved away, --mode=export writes the embedder with the recorded
-    normalisation; the classifier and PAWS-NN, which read the labeled
-    images, name the binding."""
+    normalisation; the classifier and PAWS-NN (through run.py's `cli` in
+    this process), which read the labeled images, name the binding.
+    Fails if --mode=evaluate_nn reads the labeled folder unchecked (tried:
+    `export_and_evaluate` going on without the labeled folder when it
+    evaluates: an AttributeError)."""
     data = tmp_path / 'data'
     classes = ['dark', 'mid', 'light']
     labeled = write_class_images(data / 'labeled', classes, 4, 3, seed=0)
@@ -315,11 +319,15 @@ def test_a_trained_run_exports_its_embedder_without_the_images(tmp_path):
     embedder = tf.saved_model.load(str(run / 'export' / 'embedder'))
     _assert_normalises_raw_images(embedder, test, mean, std)
 
-    proc = run_py('gin_configs/image_folders_small.gin', run, bindings,
-                  mode='evaluate_nn')
-    assert proc.returncode != 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        run_main('--gin_file=gin_configs/image_folders_small.gin',
+                 f'--model_dir={run}', '--mode=evaluate_nn',
+                 *[f'--gin_bindings={b}' for b in bindings], printed=True)
+    assert exited.value.code != 0
     assert (f'{missing}: bind it to the folder of labeled class subfolders '
-            '(PAWS-NN compares the test images with them)') in proc.stderr
+            '(PAWS-NN compares the test images with them)'
+            ) in capsys.readouterr().err
     assert not (run / 'eval').exists()
 
 
