@@ -69,9 +69,9 @@ _IMAGENET = _CPU + _NO_WARMUP + [
     'make_pretrain_dataset_fn.global_batch_size = 4',
     'make_pretrain_dataset_fn.classes_per_step = 2',
     'make_pretrain_dataset_fn.images_per_class = 1',
-    'imagenet_multicrop.global_size = 64',
+    'imagenet_multicrop.global_size = 32',
     'imagenet_multicrop.local_size = 32',
-    'imagenet_multicrop.num_local = 2', 'eval_preprocessing.image_size = 64',
+    'imagenet_multicrop.num_local = 2', 'eval_preprocessing.image_size = 32',
     'ProjectionHead.hidden_dim = 16', 'ProjectionHead.output_dim = 16',
     'PredictionHead.hidden_dim = 8', 'train.num_epochs = 1',
     'imagenet_validation.per_class = 2', 'fine_tune_linear.epochs = (3,)',
@@ -139,9 +139,9 @@ SHRINK = {
         'resnet50.width_multiplier = 1'],
     'imagenet_rn50x4_10pct.gin': _IMAGENET_SMALL + [
         'resnet50.width_multiplier = 1'],
-    # ViT-S/16 at one block, with position embeddings for 64-px images.
+    # ViT-S/16 at one block, with position embeddings for 32-px images.
     'imagenet_vits16_10pct.gin': _IMAGENET + [
-        'vit.image_size = 64', 'vit.depth = 1'],
+        'vit.image_size = 32', 'vit.depth = 1'],
     'mismatch_fashion_mnist.gin': _FASHION,
     'mismatch_fashion_mnist_curated.gin': _FASHION,
     'mismatch_fashion_mnist_curated_ropaws.gin': _FASHION,
