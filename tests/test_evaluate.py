@@ -224,13 +224,18 @@ def test_evaluate_nn_from_a_training_checkpoint(run, tmp_path):
     assert stored['top1'] == pytest.approx(expected['top1'])
 
 
+# debug.gin's run at one epoch of 4 steps (128 unlabeled images, 64 of them
+# labeled).
+SHORT_RUN = ['train.num_epochs = 1', 'train/synthetic_source.num_images = 128']
+
+
 @pytest.mark.slow
 @pytest.mark.long
 def test_train_and_evaluate_embeds_the_labeled_set_once(tmp_path,
                                                          monkeypatch):
-    """`train_and_evaluate` of debug.gin (one epoch, no epoch-end PAWS-NN):
-    the trained model in hand is exported and evaluated, its 64 labeled
-    images embedded once for PAWS-NN and the classifier export; the
+    """`train_and_evaluate` of debug.gin (`SHORT_RUN`, no epoch-end
+    PAWS-NN): the trained model in hand is exported and evaluated, its 64
+    labeled images embedded once for PAWS-NN and the classifier export; the
     classifier's probabilities are the soft nearest-neighbour rule in
     NumPy over the exported embedder's outputs, and its top-1 on the test
     set is PAWS-NN's. Then `--mode=evaluate_nn` of the run reads its
@@ -258,9 +263,9 @@ def test_train_and_evaluate_embeds_the_labeled_set_once(tmp_path,
     monkeypatch.setattr(evaluate, 'embed_dataset', counted_embed)
     monkeypatch.setattr(modes, 'load_trained_model', counted_load)
     model_dir = str(tmp_path / 'run')
-    with debug_gin.parsed(['train.num_epochs = 1',
-                           'train.eval_every_epochs = 0',
-                           'train.view_images = False', 'train.verbose = 0']):
+    with debug_gin.parsed(SHORT_RUN + ['train.eval_every_epochs = 0',
+                                       'train.view_images = False',
+                                       'train.verbose = 0']):
         results = modes.run(model_dir, tf.distribute.get_strategy(),
                             'train_and_evaluate')
         bundle = experiment.load_data(run_dir.RunDir(model_dir))
@@ -283,7 +288,7 @@ def test_train_and_evaluate_embeds_the_labeled_set_once(tmp_path,
                   {k: v for k, v in preprocessing.items() if k != 'step'}):
         with open(recorded, 'w') as f:
             json.dump(stale, f)
-        with debug_gin.parsed(['train.num_epochs = 1']):
+        with debug_gin.parsed(SHORT_RUN):
             newest = modes.run(model_dir, tf.distribute.get_strategy(),
                                'evaluate_nn')
         assert (newest['step'], newest['source']) == (step, 'checkpoint')
