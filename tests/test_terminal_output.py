@@ -139,13 +139,14 @@ def test_a_run_prints_a_few_lines_before_its_progress(tmp_path):
 def test_the_demo_then_evaluate_nn_and_fine_tune_print_only_own_lines(
         tmp_path):
     """--mode=demo on debug.gin (2 epochs of 8 steps: training with its
-    epoch-end PAWS-NN, export, PAWS-NN, fine-tuning, the baseline, the
-    report), then --mode=evaluate_nn and --mode=fine_tune on its run side
-    by side: every line of each, start to end, is the project's
+    epoch-end PAWS-NN, export, PAWS-NN, fine-tuning, the baseline of 4
+    steps, the report), then --mode=evaluate_nn and --mode=fine_tune on its
+    run side by side: every line of each, start to end, is the project's
     (`unaccounted`), TensorFlow's C++ logs not filtered by level."""
     run = tmp_path / 'run'
     shrink = ['train.num_epochs = 2',
-              'train/synthetic_source.num_images = 256']
+              'train/synthetic_source.num_images = 256',
+              'train_supervised.steps = 4']
     code, output = run_py.finish(_start(run, shrink, ['--mode=demo']),
                                  timeout=900)
     assert code == 0, output[-3000:]
