@@ -161,20 +161,15 @@ def test_other_sources_architectures_and_damaged_files_are_refused(
     assert official_import.ImportFailed.EXIT_CODE == 65
 
 
-def import_with_run_py(tmp_path, path, name, *, here=False):
+def import_with_run_py(tmp_path, path, name):
     """The documented import of the file `path` into `tmp_path / name`
-    through run.py (`here`: by `modes.run` in this process), and folders
-    of three classes under `tmp_path / 'images'`; returns the folders'
-    bindings."""
-    if here:
-        with _config(CONFIG):
-            test_official_import._import(tmp_path / name, path)
-    else:
-        code, output = run_py.finish(run_py.start(
-            tmp_path / name, gin_file=f'gin_configs/{CONFIG}',
-            mode='import_official', base_bindings=(),
-            flags=[f'--official_checkpoint={path}']))
-        assert code == 0, output[-3000:]
+    through run.py, and folders of three classes under `tmp_path /
+    'images'`; returns the folders' bindings."""
+    code, output = run_py.finish(run_py.start(
+        tmp_path / name, gin_file=f'gin_configs/{CONFIG}',
+        mode='import_official', base_bindings=(),
+        flags=[f'--official_checkpoint={path}']))
+    assert code == 0, output[-3000:]
     return image_folders.write_experiment(tmp_path / 'images', unlabeled=2,
                                           test=2)
 

@@ -96,15 +96,13 @@ def _backbone_weights(path, prefix):
 def recipe_run(tmp_path):
     """The command as written, its folders, import and model_dir the
     test's, shrunk (32- and 16-px views, two images a step, 18 steps), from
-    a DINO ViT-S/16 imported in this process (test_vit_import imports
-    through run.py), its final PAWS-NN without pictures (no check reads
-    them); the import's directory, the run's, the import's record and the
-    run's training events."""
+    a DINO ViT-S/16 imported with run.py, its final PAWS-NN without
+    pictures (no check reads them); the import's directory, the run's, the
+    import's record and the run's training events."""
     official = test_vit_import._official('dino', seed=3)
     path = test_vit_import._save_dino(
         official, tmp_path / 'dino_deitsmall16_pretrain.pth')
-    test_vit_import.import_with_run_py(tmp_path, path, 'dino_vits16',
-                                       here=True)
+    test_vit_import.import_with_run_py(tmp_path, path, 'dino_vits16')
     imported, run = tmp_path / 'dino_vits16', tmp_path / 'continued'
     images = tmp_path / 'images'
     command = documented._as_run_here(_documented(), {
