@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import gin
 import tensorflow as tf
 
 from paws_tf import checkpoints
@@ -52,6 +53,24 @@ def start(model_dir, bindings=(), flags=(), *, mode='train', env=None,
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         # A variable given as None is left out.
         env={k: v for k, v in environment.items() if v is not None})
+
+
+def in_process(run_main, capsys, args):
+    """run.py's `args` (`command`'s) run by `cli.main` in this process, as
+    run.py runs it (`run_main` and `capsys` are the tests' fixtures): a
+    user's error is printed as one line and exits with its code.
+
+    Returns:
+        `(exit code, what it printed on stderr)`; the code is 0 when it
+        returned.
+    """
+    gin.clear_config()  # Unlocked: an earlier call leaves it locked.
+    capsys.readouterr()
+    try:
+        run_main(*args, printed=True)
+    except SystemExit as exited:
+        return exited.code, capsys.readouterr().err
+    return 0, capsys.readouterr().err
 
 
 def finish(proc, timeout=600):
