@@ -58,7 +58,7 @@ def test_files_added_to_an_image_folder_stop_the_resumed_run(tmp_path):
 @pytest.mark.slow
 @pytest.mark.long
 def test_an_edited_split_file_stops_the_resumed_run(tmp_path, run_main,
-                                                   capsys, monkeypatch):
+                                                   capsys):
     """The refused resume is `cli.main` in this process, its error printed
     as run.py prints it (the image folder test runs its refusal as a
     process); the runs before and after are run.py."""
@@ -72,7 +72,6 @@ def test_an_edited_split_file_stops_the_resumed_run(tmp_path, run_main,
     recorded = pathlib.Path(run_dir.RunDir(model_dir).split).read_text()
 
     split.write_text(''.join(f'{i}\n' for i in range(64, 128)))
-    monkeypatch.chdir(run_py.REPO)  # run.py's working directory.
     code, output = run_py.in_process(run_main, capsys,
                                      run_py.command(model_dir, bindings))
     assert code == os.EX_DATAERR, output[-3000:]

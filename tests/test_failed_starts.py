@@ -35,7 +35,7 @@ def _folders(root):
 @pytest.mark.slow
 @pytest.mark.long
 def test_corrected_command_runs_after_a_failed_start(tmp_path, run_main,
-                                                     capsys, monkeypatch):
+                                                     capsys):
     """Each failed start is `cli.main` in this process (what run.py runs,
     its error printed as run.py prints it); the corrected commands are
     run.py, three processes side by side."""
@@ -60,7 +60,6 @@ def test_corrected_command_runs_after_a_failed_start(tmp_path, run_main,
             'cannot be decoded as images: up/broken.jpg',
             [labeled['with_corrupt']], 'with_corrupt', 'on_bad_image'),
     }
-    monkeypatch.chdir(run_py.REPO)  # run.py's working directory.
     for name, start in starts.items():
         code, output = run_py.in_process(run_main, capsys, run_py.command(
             tmp_path / name, common + start[0], gin_file=GIN_FILE))

@@ -60,7 +60,7 @@ IN_A_PROCESS = 'a model of another width'
 @pytest.mark.long
 def test_a_refused_start_with_overwrite_deletes_nothing(tmp_path, trained,
                                                         run_main, capsys,
-                                                        caplog, monkeypatch):
+                                                        caplog):
     """Each start is refused with one line naming the binding, and the
     run's files are byte for byte what they were.
 
@@ -81,7 +81,6 @@ def test_a_refused_start_with_overwrite_deletes_nothing(tmp_path, trained,
         before[name] = run_py.files(runs[name])
     bindings, code, message = _refusals(runs[IN_A_PROCESS],
                                         source)[IN_A_PROCESS]
-    monkeypatch.chdir(run_py.REPO)  # run.py's working directory.
     proc = run_py.start(runs[IN_A_PROCESS], bindings, ['--overwrite'],
                         base_bindings=SHORT)
     for name, run in runs.items():

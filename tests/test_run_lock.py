@@ -110,14 +110,13 @@ def lock_holder(model_dir, proc, timeout=300):
 @pytest.mark.slow
 @pytest.mark.long
 def test_second_run_stops_before_touching_a_live_runs_directory(
-        tmp_path, run_main, capsys, caplog, monkeypatch):
+        tmp_path, run_main, capsys, caplog):
     """The first run is run.py; the second start and the export are
     `cli.main` in this process (its refusal printed as run.py prints it;
     tests/test_terminal_output.py and the cluster test above run the
     refusal as processes)."""
     # Long enough to outlive the second run; stopped by SIGTERM.
     bindings = ['train.num_epochs = 50']
-    monkeypatch.chdir(run_py.REPO)  # run.py's working directory.
     first = run_py.start(tmp_path, bindings)
     try:
         holder = lock_holder(tmp_path, first)

@@ -137,8 +137,7 @@ def run_short(model_dir, *extra):
 @pytest.mark.slow
 @pytest.mark.long
 def test_run_py_refuses_another_config_unless_overwrite(tmp_path, run_main,
-                                                        capsys, caplog,
-                                                        monkeypatch):
+                                                        capsys, caplog):
     """Fails if a resume refused for a binding of a removed parameter does
     not say to delete its line from the run's config.gin.
 
@@ -152,7 +151,6 @@ def test_run_py_refuses_another_config_unless_overwrite(tmp_path, run_main,
         tmp_path / 'config.gin').read_text().splitlines()
     assert '--mode=train' in (tmp_path / 'flags.txt').read_text()
 
-    monkeypatch.chdir(REPO)  # run.py's working directory.
     args = [f'--model_dir={tmp_path}', *SHORT_RUN]
     code, changed = run_py.in_process(
         run_main, capsys, args + ['--gin_bindings=PAWSModel.tau = 0.2'])

@@ -1,5 +1,6 @@
 """run.py on gin_configs/debug.gin in a subprocess, for fault tests."""
 
+import contextlib
 import os
 import pathlib
 import subprocess
@@ -57,8 +58,9 @@ def start(model_dir, bindings=(), flags=(), *, mode='train', env=None,
 
 def in_process(run_main, capsys, args):
     """run.py's `args` (`command`'s) run by `cli.main` in this process, as
-    run.py runs it (`run_main` and `capsys` are the tests' fixtures): a
-    user's error is printed as one line and exits with its code.
+    run.py runs it from the repository (`run_main` and `capsys` are the
+    tests' fixtures): a user's error is printed as one line and exits with
+    its code.
 
     Returns:
         `(exit code, what it printed on stderr)`; the code is 0 when it
@@ -67,7 +69,8 @@ def in_process(run_main, capsys, args):
     gin.clear_config()  # Unlocked: an earlier call leaves it locked.
     capsys.readouterr()
     try:
-        run_main(*args, printed=True)
+        with contextlib.chdir(REPO):  # run.py's working directory.
+            run_main(*args, printed=True)
     except SystemExit as exited:
         return exited.code, capsys.readouterr().err
     return 0, capsys.readouterr().err
