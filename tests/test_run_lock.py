@@ -113,7 +113,7 @@ def test_second_run_stops_before_touching_a_live_runs_directory(
         tmp_path, run_main, capsys, caplog):
     """The first run is run.py; the second start and the export are
     `cli.main` in this process (its refusal printed as run.py prints it;
-    tests/test_terminal_output.py and the cluster test above run the
+    `test_cluster_workers_refuse_a_directory_another_run_holds` runs the
     refusal as processes)."""
     # Long enough to outlive the second run; stopped by SIGTERM.
     bindings = ['train.num_epochs = 50']
