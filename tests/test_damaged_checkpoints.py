@@ -60,6 +60,7 @@ def copy_of(stopped_run, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize('damaged_checkpoints, resumed_at', [
     ((), 24),  # Mid-epoch: fit starts at step 8 of epoch 2.
     ((24,), 16),
@@ -94,6 +95,7 @@ def digests(model_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_when_nothing_restores_the_error_lists_what_was_tried(stopped_run,
                                                               tmp_path):
     model_dir = copy_of(stopped_run, tmp_path)

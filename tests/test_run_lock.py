@@ -152,6 +152,7 @@ def test_second_run_stops_before_touching_a_live_runs_directory(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_cluster_workers_refuse_a_directory_another_run_holds(tmp_path):
     """Under MultiWorkerMirroredStrategy the chief takes the lock and the
     other worker checks it: both stop when a live run of another job holds
