@@ -60,6 +60,7 @@ def copy_of(stopped_run, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize('damaged_checkpoints, resumed_at', [
     ((), 24),  # Mid-epoch: fit starts at step 8 of epoch 2.
     ((24,), 16),
@@ -94,6 +95,7 @@ def digests(model_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_when_nothing_restores_the_error_lists_what_was_tried(stopped_run,
                                                               tmp_path):
     model_dir = copy_of(stopped_run, tmp_path)
@@ -115,19 +117,20 @@ def test_when_nothing_restores_the_error_lists_what_was_tried(stopped_run,
 
 @pytest.mark.slow
 @pytest.mark.long
-def test_evaluation_reads_the_newest_checkpoint_that_restores(stopped_run,
-                                                              tmp_path):
-    """`--mode=evaluate_nn` of a run whose newest checkpoint is damaged
-    evaluates the one before it. Fails if the evaluation reads the
-    directory's latest checkpoint (the damaged ckpt-24) after the model
-    was restored from ckpt-16."""
+def test_evaluation_reads_the_newest_checkpoint_that_restores(
+        stopped_run, tmp_path, run_main, capsys, caplog):
+    """`--mode=evaluate_nn` (`cli.main` in this process) of a run whose
+    newest checkpoint is damaged evaluates the one before it. Fails if the
+    evaluation reads the directory's latest checkpoint (the damaged
+    ckpt-24) after the model was restored from ckpt-16."""
     model_dir = copy_of(stopped_run, tmp_path)
     checkpoint_dir = model_dir / 'checkpoints'
     corrupt(data_file(checkpoint_dir / 'ckpt-24'))
-    code, output = run_py.finish(run_py.start(model_dir, BINDINGS,
-                                              mode='evaluate_nn'))
+    code, output = run_py.in_process(run_main, capsys, run_py.command(
+        model_dir, BINDINGS, mode='evaluate_nn'))
     assert code == 0, output[-3000:]
-    assert f'{checkpoint_dir / "ckpt-24"}: ' in output
-    assert f'Reading {checkpoint_dir / "ckpt-16"} (step 16)' in output
+    assert f'{checkpoint_dir / "ckpt-24"}: ' in caplog.text
+    assert (f'Reading {checkpoint_dir / "ckpt-16"} (step 16)'
+            in caplog.text), caplog.text[-3000:]
     results = json.loads((model_dir / 'eval' / 'paws_nn.json').read_text())
     assert results['source_path'] == str(checkpoint_dir / 'ckpt-16')

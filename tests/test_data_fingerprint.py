@@ -57,7 +57,11 @@ def test_files_added_to_an_image_folder_stop_the_resumed_run(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.long
-def test_an_edited_split_file_stops_the_resumed_run(tmp_path):
+def test_an_edited_split_file_stops_the_resumed_run(tmp_path, run_main,
+                                                   capsys):
+    """The refused resume is `cli.main` in this process, its error printed
+    as run.py prints it (the image folder test runs its refusal as a
+    process); the runs before and after are run.py."""
     split = tmp_path / 'split.txt'
     split.write_text(''.join(f'{i}\n' for i in range(64)))  # 16 per class.
     bindings = ['train.num_epochs = 1', 'select_labeled.labels_per_class = '
@@ -68,7 +72,8 @@ def test_an_edited_split_file_stops_the_resumed_run(tmp_path):
     recorded = pathlib.Path(run_dir.RunDir(model_dir).split).read_text()
 
     split.write_text(''.join(f'{i}\n' for i in range(64, 128)))
-    code, output = run_py.finish(run_py.start(model_dir, bindings))
+    code, output = run_py.in_process(run_main, capsys,
+                                     run_py.command(model_dir, bindings))
     assert code == os.EX_DATAERR, output[-3000:]
     assert 'labeled: the image names' in output
     # All images stay unlabeled ones too (include_labeled_in_unlabeled).

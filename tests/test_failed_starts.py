@@ -34,7 +34,11 @@ def _folders(root):
 
 @pytest.mark.slow
 @pytest.mark.long
-def test_corrected_command_runs_after_a_failed_start(tmp_path):
+def test_corrected_command_runs_after_a_failed_start(tmp_path, run_main,
+                                                     capsys):
+    """Each failed start is `cli.main` in this process (what run.py runs,
+    its error printed as run.py prints it); the corrected commands are
+    run.py, three processes side by side."""
     labeled = _folders(tmp_path)
     common = image_folders.path_bindings(tmp_path)[1:] + SMALL
     # (failed start, its message, the corrected command, what its config
@@ -56,16 +60,14 @@ def test_corrected_command_runs_after_a_failed_start(tmp_path):
             'cannot be decoded as images: up/broken.jpg',
             [labeled['with_corrupt']], 'with_corrupt', 'on_bad_image'),
     }
-    # The failed starts, then the corrected commands, three at a time.
-    failed = {name: run_py.start(tmp_path / name, common + start[0],
-                                 gin_file=GIN_FILE)
-              for name, start in starts.items()}
-    for name, proc in failed.items():
-        code, output = run_py.finish(proc)
-        assert code != 0 and starts[name][1] in output, output[-3000:]
+    for name, start in starts.items():
+        code, output = run_py.in_process(run_main, capsys, run_py.command(
+            tmp_path / name, common + start[0], gin_file=GIN_FILE))
+        assert code != 0 and start[1] in output, output[-3000:]
         for record in ('config.gin', 'flags.txt', 'labeled_split.txt',
                        'checkpoints'):
             assert not (tmp_path / name / record).exists(), (name, record)
+    # The corrected commands, three at a time.
     corrected = {name: run_py.start(tmp_path / name, common + start[2],
                                     gin_file=GIN_FILE)
                  for name, start in starts.items()}

@@ -50,9 +50,17 @@ def _refusals(run, source):
     }
 
 
+# The start that runs as a process, run.py as the user starts it (its
+# exit code and its last line); the others are `cli.main` in this process,
+# on the same code path, while it runs.
+IN_A_PROCESS = 'a model of another width'
+
+
 @pytest.mark.slow
 @pytest.mark.long
-def test_a_refused_start_with_overwrite_deletes_nothing(tmp_path, trained):
+def test_a_refused_start_with_overwrite_deletes_nothing(tmp_path, trained,
+                                                        run_main, capsys,
+                                                        caplog):
     """Each start is refused with one line naming the binding, and the
     run's files are byte for byte what they were.
 
@@ -64,24 +72,32 @@ def test_a_refused_start_with_overwrite_deletes_nothing(tmp_path, trained):
     its own checkpoints, then failed to read them)."""
     source = tmp_path / 'source'
     shutil.copytree(trained, source)
-    names = list(_refusals(tmp_path, source))
-    for batch in (names[i:i + 4] for i in range(0, len(names), 4)):
-        # Each start on a copy of the run under the same path as the
-        # message names: one at a time there, the others beside it.
-        procs, before = {}, {}
-        for name in batch:
-            run = tmp_path / name.replace(' ', '_')
-            shutil.copytree(trained, run)
-            before[name] = run_py.files(run)
-            bindings, _, _ = _refusals(run, source)[name]
-            procs[name] = run_py.start(run, bindings, ['--overwrite'],
-                                       base_bindings=SHORT)
-        for name, proc in procs.items():
-            run = tmp_path / name.replace(' ', '_')
-            _, code, message = _refusals(run, source)[name]
-            got, output = run_py.finish(proc)
-            lines = [line for line in output.splitlines() if line.strip()]
-            assert got == code, (name, output[-3000:])
-            assert message in lines[-1], (name, output[-3000:])
-            assert 'Traceback' not in output and 'deleting' not in output
-            assert run_py.files(run) == before[name], name
+    runs, before = {}, {}
+    # Each start on a copy of the run under the same path as the message
+    # names.
+    for name in _refusals(tmp_path, source):
+        runs[name] = tmp_path / name.replace(' ', '_')
+        shutil.copytree(trained, runs[name])
+        before[name] = run_py.files(runs[name])
+    bindings, code, message = _refusals(runs[IN_A_PROCESS],
+                                        source)[IN_A_PROCESS]
+    proc = run_py.start(runs[IN_A_PROCESS], bindings, ['--overwrite'],
+                        base_bindings=SHORT)
+    for name, run in runs.items():
+        if name == IN_A_PROCESS:
+            continue
+        bindings, expected_code, expected = _refusals(run, source)[name]
+        caplog.clear()
+        got, output = run_py.in_process(run_main, capsys, run_py.command(
+            run, bindings, ['--overwrite'], base_bindings=SHORT))
+        assert got == expected_code, name
+        lines = output.strip().splitlines()
+        assert expected in lines[-1], (name, lines[-5:])
+        assert 'deleting' not in caplog.text, name
+        assert run_py.files(run) == before[name], name
+    got, output = run_py.finish(proc)
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert got == code, output[-3000:]
+    assert message in lines[-1], output[-3000:]
+    assert 'Traceback' not in output and 'deleting' not in output
+    assert run_py.files(runs[IN_A_PROCESS]) == before[IN_A_PROCESS]

@@ -220,9 +220,11 @@ def test_small_recipe_normalises_with_the_images(tmp_path, channels):
     (["NORMALIZATION = 'imagenett'"], "'imagenett' is unknown"),
     (['SUPPORT_CLASSES = 10'], 'bind SUPPORT_CLASSES = 3'),
 ])
-def test_errors_come_before_any_image_is_read(tmp_path, bindings, message):
-    """Fails if config_checks leaves out the check of the normalisation
-    (another message comes) or of the support classes."""
+def test_errors_come_before_any_image_is_read(run_main, capsys, tmp_path,
+                                              bindings, message):
+    """run.py's command in this process. Fails if config_checks leaves out
+    the check of the normalisation (another message comes) or of the
+    support classes."""
     # Every file is broken: reading one would fail differently.
     for folder in ('labeled/a', 'labeled/b', 'labeled/c', 'unlabeled',
                    'test/a'):
@@ -231,11 +233,16 @@ def test_errors_come_before_any_image_is_read(tmp_path, bindings, message):
     run = tmp_path / 'run'
     run.mkdir()
     (run / 'notes.txt').write_text('kept')
-    proc = run_py('gin_configs/image_folders_small.gin', run,
-                  image_folders.path_bindings(tmp_path) + bindings)
-    assert proc.returncode != 0
-    assert message in proc.stderr, proc.stderr[-2000:]
-    assert 'cannot be decoded' not in proc.stderr
+    with pytest.raises(SystemExit) as exit_info:
+        run_main('--gin_file=gin_configs/image_folders_small.gin',
+                 f'--model_dir={run}', '--mode=train_and_evaluate',
+                 *[f'--gin_bindings={b}' for b in
+                   image_folders.path_bindings(tmp_path) + bindings],
+                 printed=True)
+    assert exit_info.value.code != 0
+    stderr = capsys.readouterr().err
+    assert message in stderr, stderr[-2000:]
+    assert 'cannot be decoded' not in stderr
     assert sorted(p.name for p in run.iterdir()) == ['notes.txt']
     assert (run / 'notes.txt').read_text() == 'kept'
 

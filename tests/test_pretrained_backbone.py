@@ -65,12 +65,21 @@ def write_weights(folder, kind, backbone):
 
 
 def run(tmp_path, weights_path, data, *, part='backbone', name='run',
-        bindings=()):
-    return run_py.finish(run_py.start(
-        tmp_path / name,
-        data + [f"train.pretrained_{part} = '{weights_path}'", *bindings],
-        gin_file='gin_configs/image_folders_small.gin',
-        base_bindings=BINDINGS), timeout=300)
+        bindings=(), in_process=None):
+    """`(exit code, output)` of run.py from `weights_path`
+    (`train.pretrained_{part}`) in `tmp_path / name`; run by `cli.main` in
+    this process when `in_process` is `(run_main, capsys)` (the fixtures),
+    by a process of its own otherwise."""
+    model_dir = tmp_path / name
+    bindings = data + [f"train.pretrained_{part} = '{weights_path}'",
+                       *bindings]
+    config = dict(gin_file='gin_configs/image_folders_small.gin',
+                  base_bindings=BINDINGS)
+    if in_process:
+        return run_py.in_process(*in_process, run_py.command(
+            model_dir, bindings, **config))
+    return run_py.finish(run_py.start(model_dir, bindings, **config),
+                         timeout=300)
 
 
 @pytest.fixture(scope='module')
@@ -110,17 +119,18 @@ def test_run_starts_from_the_files_backbone(tmp_path, kind, data):
 @pytest.mark.slow
 @pytest.mark.long
 def test_a_file_of_another_architecture_is_refused_before_reading(
-        tmp_path, data):
+        tmp_path, data, run_main, capsys):
     """Fails if run.py reads the data before checking the file
     (`start.start` checking it after loading the data: the missing
-    unlabeled folder is found first)."""
+    unlabeled folder is found first). The .h5 file refused by run.py, the
+    checkpoint by `cli.main` in this process."""
     # Wider second stage; the unlabeled folder does not exist, so a run
     # that read its data first would stop on that instead.
     backbone = small_backbone(widths=(8, 32))
     data = data[:1] + [f"UNLABELED_DIR = '{tmp_path / 'missing'}'"] + data[2:]
-    for kind in ('h5', 'checkpoint'):
+    for kind, in_process in (('h5', None), ('checkpoint', (run_main, capsys))):
         path = write_weights(tmp_path, kind, backbone)
-        code, output = run(tmp_path, path, data)
+        code, output = run(tmp_path, path, data, in_process=in_process)
         assert code == os.EX_CONFIG, output[-3000:]
         assert 'Traceback' not in output
         line = output.strip().splitlines()[-1]
@@ -205,12 +215,14 @@ def test_a_run_starts_from_an_earlier_runs_whole_model(tmp_path, data,
             (tmp_path / 'run' / 'config.gin').read_text())
 
 
-def _refused_before_the_data(tmp_path, earlier, data, binding):
-    """The output of a run from `train.pretrained_model = earlier` with
-    `binding`, which must be refused as a config error, in one line, before
-    the run directory is made."""
+def _refused_before_the_data(tmp_path, earlier, data, binding, in_process):
+    """The output of a start from `train.pretrained_model = earlier` with
+    `binding`, by `cli.main` in this process (`in_process`: `(run_main,
+    capsys)`), which must be refused as a config error, in one line, before
+    the run directory is made (the file test above runs this refusal as a
+    process)."""
     code, output = run(tmp_path, earlier, data, part='model',
-                       bindings=[binding])
+                       bindings=[binding], in_process=in_process)
     assert code == os.EX_CONFIG, output[-3000:]
     assert 'Traceback' not in output
     assert not (tmp_path / 'run').exists()
@@ -220,14 +232,15 @@ def _refused_before_the_data(tmp_path, earlier, data, binding):
 @pytest.mark.slow
 @pytest.mark.long
 def test_a_model_of_another_architecture_is_refused_naming_both(
-        tmp_path, data, earlier):
+        tmp_path, data, earlier, run_main, capsys):
     """Fails if the model is not checked before the data is read (the
     missing unlabeled folder would be found first), or the message does
     not name the differing bindings of both sides first, or lists the
     variables that do not fit."""
     data = data[:1] + [f"UNLABELED_DIR = '{tmp_path / 'missing'}'"] + data[2:]
     output = _refused_before_the_data(tmp_path, earlier, data,
-                                      'small_resnet.widths = (8, 32)')
+                                      'small_resnet.widths = (8, 32)',
+                                      (run_main, capsys))
     # The differing bindings first: no variable of the loader's, no
     # advice for the run's own checkpoints ("move it away").
     assert output.strip().splitlines()[-1].endswith(
@@ -237,7 +250,8 @@ def test_a_model_of_another_architecture_is_refused_naming_both(
         'model of this architecture, or bind its architecture: replace '
         'small_resnet.widths = (8, 32) -> small_resnet.widths = (8, 16).')
     code, output = run(tmp_path, earlier, data, part='model', bindings=[
-        f"train.pretrained_backbone = '{earlier}'"])
+        f"train.pretrained_backbone = '{earlier}'"],
+        in_process=(run_main, capsys))
     assert code == os.EX_CONFIG
     assert ('train.pretrained_backbone and train.pretrained_model are both '
             'bound: bind one') in output
@@ -246,7 +260,8 @@ def test_a_model_of_another_architecture_is_refused_naming_both(
 @pytest.mark.slow
 @pytest.mark.long
 def test_a_model_of_other_channels_is_refused_naming_both(tmp_path, data,
-                                                          earlier):
+                                                          earlier, run_main,
+                                                          capsys):
     """docs/own_images.md: a `train.pretrained_model` of another channel
     count is refused before any image is read, naming both counts. The
     earlier run took RGB images; this config decodes them to grayscale
@@ -257,7 +272,8 @@ def test_a_model_of_other_channels_is_refused_naming_both(tmp_path, data,
     whatever the folders decode to: the run starts), or the message does
     not name the channel counts."""
     data = data[:1] + [f"UNLABELED_DIR = '{tmp_path / 'missing'}'"] + data[2:]
-    output = _refused_before_the_data(tmp_path, earlier, data, 'CHANNELS = 1')
+    output = _refused_before_the_data(tmp_path, earlier, data, 'CHANNELS = 1',
+                                      (run_main, capsys))
     assert (f"train.pretrained_model = '{earlier}' does not fit the "
             'configured model') in output
     assert (f'{earlier} takes 3-channel images, this config 1.'

@@ -109,7 +109,12 @@ def lock_holder(model_dir, proc, timeout=300):
 
 @pytest.mark.slow
 @pytest.mark.long
-def test_second_run_stops_before_touching_a_live_runs_directory(tmp_path):
+def test_second_run_stops_before_touching_a_live_runs_directory(
+        tmp_path, run_main, capsys, caplog):
+    """The first run is run.py; the second start and the export are
+    `cli.main` in this process (its refusal printed as run.py prints it;
+    `test_cluster_workers_refuse_a_directory_another_run_holds` runs the
+    refusal as processes)."""
     # Long enough to outlive the second run; stopped by SIGTERM.
     bindings = ['train.num_epochs = 50']
     first = run_py.start(tmp_path, bindings)
@@ -118,12 +123,13 @@ def test_second_run_stops_before_touching_a_live_runs_directory(tmp_path):
         written = {name: (tmp_path / name).read_bytes()
                    for name in ('flags.txt', 'config.gin',
                                 'data_fingerprint.json', 'labeled_split.txt')}
-        code, output = run_py.finish(
-            run_py.start(tmp_path, bindings, ['--overwrite']), timeout=300)
+        # absl's INFO records, which run.py prints, kept for `caplog`.
+        code, output = run_py.in_process(run_main, capsys, run_py.command(
+            tmp_path, bindings, ['--overwrite', '--verbosity=0']))
         assert code == os.EX_TEMPFAIL, output[-3000:]
         assert (f'host {holder["host"]}, pid {first.pid}, started'
                 in output), output[-3000:]
-        assert 'Training steps' not in output
+        assert 'Training steps' not in output + caplog.text
         for name, content in written.items():  # Not even rewritten.
             assert (tmp_path / name).read_bytes() == content, name
         assert first.poll() is None, 'the first run ended too early'
@@ -135,15 +141,18 @@ def test_second_run_stops_before_touching_a_live_runs_directory(tmp_path):
     assert not os.path.exists(run_dir.RunDir(tmp_path).lock)  # ...released.
     # Reading modes do not take the lock: while a run (this process here)
     # holds it, they read the newest complete checkpoint and say so.
+    caplog.clear()
     with run_lock.RunLock(run_dir.RunDir(tmp_path)):
-        code, output = run_py.finish(
-            run_py.start(tmp_path, bindings, mode='export'), timeout=300)
+        code, output = run_py.in_process(run_main, capsys, run_py.command(
+            tmp_path, bindings, mode='export'))
     assert code == 0, output[-3000:]
-    assert f'pid {os.getpid()}' in output and 'newest complete' in output
+    assert f'pid {os.getpid()}' in caplog.text, caplog.text[-3000:]
+    assert 'newest complete' in caplog.text
     assert (tmp_path / 'export' / 'embedder' / 'saved_model.pb').exists()
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_cluster_workers_refuse_a_directory_another_run_holds(tmp_path):
     """Under MultiWorkerMirroredStrategy the chief takes the lock and the
     other worker checks it: both stop when a live run of another job holds

@@ -337,6 +337,7 @@ def test_each_mistake_is_one_message_with_its_exit_code(tmp_path, run_main,
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_pytest_in_two_processes_ends_with_its_summary():
     """`make test`'s pytest with two xdist processes, on a short module:
     its output ends with pytest's summary, none of TensorFlow's start-up

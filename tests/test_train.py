@@ -19,6 +19,7 @@ from paws_tf import run_dir
 from paws_tf.runner import callbacks
 from paws_tf.runner import train
 from tests.helpers import debug_gin
+from tests.helpers import run_py
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # debug.gin: 512 images / batch 32 = 16 steps per epoch.
@@ -114,36 +115,48 @@ def test_backups_must_be_at_least_as_frequent_as_checkpoints(debug_config,
     assert not (tmp_path / 'checkpoints').exists()
 
 
-def run_py(model_dir, *extra):
-    """run.py on debug.gin shrunk to 4 steps of one epoch, with no PAWS-NN
-    at its end (what the caller checks is the run's records)."""
+# run.py's arguments but --model_dir: debug.gin shrunk to 4 steps of one
+# epoch, with no PAWS-NN at its end (what the caller checks is the run's
+# records).
+SHORT_RUN = ('--gin_file=gin_configs/debug.gin',
+             '--gin_bindings=train.num_epochs = 1',
+             '--gin_bindings=train/synthetic_source.num_images = 128',
+             '--gin_bindings=train.eval_every_epochs = 0',
+             '--gin_bindings=train.view_images = False',
+             '--gin_bindings=train.verbose = 0')
+
+
+def run_short(model_dir, *extra):
+    """run.py on `SHORT_RUN` in a process of its own."""
     return subprocess.run(
-        [sys.executable, str(REPO / 'run.py'),
-         '--gin_file=gin_configs/debug.gin', f'--model_dir={model_dir}',
-         '--gin_bindings=train.num_epochs = 1',
-         '--gin_bindings=train/synthetic_source.num_images = 128',
-         '--gin_bindings=train.eval_every_epochs = 0',
-         '--gin_bindings=train.view_images = False',
-         '--gin_bindings=train.verbose = 0'] + list(extra),
+        [sys.executable, str(REPO / 'run.py'), f'--model_dir={model_dir}',
+         *SHORT_RUN, *extra],
         cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow
 @pytest.mark.long
-def test_run_py_refuses_another_config_unless_overwrite(tmp_path):
+def test_run_py_refuses_another_config_unless_overwrite(tmp_path, run_main,
+                                                        capsys, caplog):
     """Fails if a resume refused for a binding of a removed parameter does
-    not say to delete its line from the run's config.gin."""
-    first = run_py(tmp_path)
+    not say to delete its line from the run's config.gin.
+
+    A run trained, then overwritten, by run.py; the starts between (two
+    refused, one that finds the run finished) by `cli.main` in this
+    process, which reads the run's records as run.py does."""
+    first = run_short(tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     assert (tmp_path / 'operative_config.gin').exists()
     assert 'train.num_epochs = 1' in (
         tmp_path / 'config.gin').read_text().splitlines()
     assert '--mode=train' in (tmp_path / 'flags.txt').read_text()
 
-    changed = run_py(tmp_path, '--gin_bindings=PAWSModel.tau = 0.2')
-    assert changed.returncode != 0
-    assert 'different gin config' in changed.stderr
-    assert '+ PAWSModel.tau = 0.2' in changed.stderr
+    args = [f'--model_dir={tmp_path}', *SHORT_RUN]
+    code, changed = run_py.in_process(
+        run_main, capsys, args + ['--gin_bindings=PAWSModel.tau = 0.2'])
+    assert code == os.EX_CONFIG, changed[-2000:]
+    assert 'different gin config' in changed
+    assert '+ PAWSModel.tau = 0.2' in changed
     assert (tmp_path / 'checkpoints').exists()  # Nothing was lost.
 
     # The run's record binds a parameter that no longer exists: resuming
@@ -151,18 +164,21 @@ def test_run_py_refuses_another_config_unless_overwrite(tmp_path):
     config = tmp_path / 'config.gin'
     recorded = config.read_text()
     config.write_text(recorded + "build_backbone.padding_impl = 'custom'\n")
-    stale = run_py(tmp_path)
-    assert stale.returncode != 0
-    assert "  - build_backbone.padding_impl = 'custom'" in stale.stderr
-    assert f'delete its line from {config})' in stale.stderr
+    code, stale = run_py.in_process(run_main, capsys, args)
+    assert code == os.EX_CONFIG, stale[-2000:]
+    assert "  - build_backbone.padding_impl = 'custom'" in stale
+    assert f'delete its line from {config})' in stale
     config.write_text(recorded)
 
-    same = run_py(tmp_path)  # Same config: the finished run is kept.
-    assert same.returncode == 0
-    assert 'holds a finished run' in same.stderr
+    # Same config: the finished run is kept (absl's INFO records, which
+    # run.py prints, kept for `caplog`).
+    code, same = run_py.in_process(run_main, capsys,
+                                   args + ['--verbosity=0'])
+    assert code == 0, same[-2000:]
+    assert 'holds a finished run' in caplog.text
 
-    overwritten = run_py(tmp_path, '--gin_bindings=PAWSModel.tau = 0.2',
-                         '--overwrite')
+    overwritten = run_short(tmp_path, '--gin_bindings=PAWSModel.tau = 0.2',
+                            '--overwrite')
     assert overwritten.returncode == 0, overwritten.stderr[-2000:]
     assert 'PAWSModel.tau = 0.2' in (
         tmp_path / 'config.gin').read_text().splitlines()

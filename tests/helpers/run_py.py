@@ -1,11 +1,13 @@
 """run.py on gin_configs/debug.gin in a subprocess, for fault tests."""
 
+import contextlib
 import os
 import pathlib
 import subprocess
 import sys
 import time
 
+import gin
 import tensorflow as tf
 
 from paws_tf import checkpoints
@@ -52,6 +54,26 @@ def start(model_dir, bindings=(), flags=(), *, mode='train', env=None,
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         # A variable given as None is left out.
         env={k: v for k, v in environment.items() if v is not None})
+
+
+def in_process(run_main, capsys, args):
+    """run.py's `args` (`command`'s) run by `cli.main` in this process, as
+    run.py runs it from the repository (`run_main` and `capsys` are the
+    tests' fixtures): a user's error is printed as one line and exits with
+    its code.
+
+    Returns:
+        `(exit code, what it printed on stderr)`; the code is 0 when it
+        returned.
+    """
+    gin.clear_config()  # Unlocked: an earlier call leaves it locked.
+    capsys.readouterr()
+    try:
+        with contextlib.chdir(REPO):  # run.py's working directory.
+            run_main(*args, printed=True)
+    except SystemExit as exited:
+        return exited.code, capsys.readouterr().err
+    return 0, capsys.readouterr().err
 
 
 def finish(proc, timeout=600):
