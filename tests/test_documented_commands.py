@@ -117,11 +117,8 @@ def test_the_documented_command_on_a_grayscale_model(grayscale_run,
     values = {'MODEL': root / 'model', 'LABELED_DIR': root / 'labeled',
               'TEST_DIR': root / 'test', '--model_dir': root / 'refused'}
     command = _as_run_here(_documented(), values)
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exited:
-        run_main(*command, printed=True)
-    output = capsys.readouterr().err
-    assert exited.value.code == os.EX_CONFIG, output[-3000:]
+    code, output = run_py.in_process(run_main, capsys, command)
+    assert code == os.EX_CONFIG, output[-3000:]
     assert output.strip().splitlines()[-1] == (
         f'Error: The model of {root}/model/export/embedder takes 1-channel '
         'images, but CHANNELS = 3: bind CHANNELS = 1 (the images are '

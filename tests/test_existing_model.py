@@ -19,7 +19,6 @@ Bugs tried, each caught by the test named:
 
 import json
 
-import gin
 import numpy as np
 from PIL import Image
 import pytest
@@ -60,14 +59,9 @@ def _evaluate(tmp_path, model, *bindings, name='mine'):
 
 def _refused(run_main, capsys, tmp_path, model, *bindings, name):
     """`(exit code, output)` of `_evaluate`'s command run through run.py's
-    `cli` in this process, which must refuse it."""
-    gin.clear_config()  # What an earlier one parsed, and its lock.
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exited:
-        run_main(*run_py.command(**_arguments(tmp_path, model, bindings,
-                                              name)), printed=True)
-    captured = capsys.readouterr()
-    return exited.value.code, captured.out + captured.err
+    `cli` in this process (`run_py.in_process`)."""
+    return run_py.in_process(run_main, capsys, run_py.command(
+        **_arguments(tmp_path, model, bindings, name)))
 
 
 def _folder_images(root):

@@ -17,6 +17,7 @@ from paws_tf.data import pipeline
 from paws_tf.runner import experiment
 from tests.helpers import idx
 from tests.helpers import image_folders
+from tests.helpers import run_py as run_py_here  # run_py: this module's own.
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -326,15 +327,13 @@ def test_a_trained_run_exports_its_embedder_without_the_images(
     embedder = tf.saved_model.load(str(run / 'export' / 'embedder'))
     _assert_normalises_raw_images(embedder, test, mean, std)
 
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exited:
-        run_main('--gin_file=gin_configs/image_folders_small.gin',
-                 f'--model_dir={run}', '--mode=evaluate_nn',
-                 *[f'--gin_bindings={b}' for b in bindings], printed=True)
-    assert exited.value.code != 0
+    code, output = run_py_here.in_process(run_main, capsys, [
+        '--gin_file=gin_configs/image_folders_small.gin',
+        f'--model_dir={run}', '--mode=evaluate_nn',
+        *[f'--gin_bindings={b}' for b in bindings]])
+    assert code != 0
     assert (f'{missing}: bind it to the folder of labeled class subfolders '
-            '(PAWS-NN compares the test images with them)'
-            ) in capsys.readouterr().err
+            '(PAWS-NN compares the test images with them)') in output
     assert not (run / 'eval').exists()
 
 

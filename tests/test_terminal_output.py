@@ -23,7 +23,6 @@ import sys
 import time
 
 from absl import logging
-import gin
 import numpy as np
 import pytest
 import tf_keras
@@ -319,16 +318,11 @@ def test_each_mistake_is_one_message_with_its_exit_code(tmp_path, run_main,
              for name in IN_PROCESSES}
     for name in mistakes:
         if name not in IN_PROCESSES:
-            gin.clear_config()  # What the last one parsed, and its lock.
-            capsys.readouterr()
-            with pytest.raises(SystemExit) as exited:
-                run_main(*run_py.command(
+            _check_message(name, mistakes[name], *run_py.in_process(
+                run_main, capsys, run_py.command(
                     *arguments(name),
                     gin_file='gin_configs/image_folders_small.gin',
-                    base_bindings=()), printed=True)
-            captured = capsys.readouterr()
-            _check_message(name, mistakes[name], exited.value.code,
-                           captured.out + captured.err)
+                    base_bindings=())))
     for name, proc in procs.items():
         _check_message(name, mistakes[name], *run_py.finish(proc))
     for name in ('misspelled_macro', 'misspelled_parameter',

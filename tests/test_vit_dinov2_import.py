@@ -477,15 +477,11 @@ def test_a_run_from_an_import_is_refused_without_its_interpolation(
                           gin_file='gin_configs/image_folders_small.gin'):
         source.write(source.config, gin.config_str() +
                      f'{_TINY_DINO_BINDINGS[-1]}\n')
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exited:
-        run_main(*run_py.command(
-            tmp_path / 'run', configured + [
-                f"train.pretrained_backbone = '{source}'"],
-            gin_file='gin_configs/image_folders_small.gin',
-            base_bindings=()), printed=True)
-    output = capsys.readouterr().err
-    assert exited.value.code == os.EX_CONFIG, output[-3000:]
+    code, output = run_py.in_process(run_main, capsys, run_py.command(
+        tmp_path / 'run', configured + [
+            f"train.pretrained_backbone = '{source}'"],
+        gin_file='gin_configs/image_folders_small.gin', base_bindings=()))
+    assert code == os.EX_CONFIG, output[-3000:]
     assert output.strip().splitlines()[-1].endswith(
         f"{source} was built with vit.position_interpolation = 'dino'; this "
         "config builds vit.position_interpolation = 'timm'. Start from a "
