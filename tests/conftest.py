@@ -4,13 +4,6 @@ import os
 import pathlib
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-# XLA's CPU compiler without LLVM's optimisation passes: the tests' XLA
-# steps compile in half the time (the programs are tiny, compilation is
-# most of their time) and compute the same values. Inherited by the runs
-# the tests start.
-if '--xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
-    os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
-                               ' --xla_backend_optimization_level=0').strip()
 
 from absl import flags  # noqa: E402
 import gin  # noqa: E402
