@@ -11,6 +11,8 @@ from paws_tf.data import folders
 from paws_tf.data import pipeline
 from paws_tf.data import splits
 from paws_tf.runner import experiment
+from tests.helpers import run_py
+
 
 def write_image(path, channels=3, mode=None, size=(20, 24)):
     rng = np.random.default_rng(abs(hash(str(path))) % 2**32)
@@ -155,12 +157,10 @@ def test_wrong_gin_values_fail_before_training(run_main, tmp_path, capsys,
     """run.py's command in this process (tests/test_records.py runs one
     refusal through run.py): the error line and a non-zero exit, nothing
     trained. Fails if a check is missing (tried: PAWSModel's tau > 0)."""
-    with pytest.raises(SystemExit) as exit_info:
-        run_main('--gin_file=gin_configs/debug.gin',
-                 f'--model_dir={tmp_path}', '--mode=train',
-                 '--gin_bindings=train.verbose = 0',
-                 f'--gin_bindings={binding}', printed=True)
-    assert exit_info.value.code != 0
-    stderr = capsys.readouterr().err
+    code, stderr = run_py.in_process(run_main, capsys, [
+        '--gin_file=gin_configs/debug.gin', f'--model_dir={tmp_path}',
+        '--mode=train', '--gin_bindings=train.verbose = 0',
+        f'--gin_bindings={binding}'])
+    assert code != 0
     assert message in stderr, stderr[-2000:]
     assert not (tmp_path / 'checkpoints').exists()
