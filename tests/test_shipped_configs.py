@@ -202,22 +202,51 @@ def _run(gin_file, model_dir, bindings, mode):
     return output
 
 
+# How close a query's two best classes may be for it to count either way,
+# as tau times the log of their scores' ratio (Eq. (1)), on the scale of a
+# cosine similarity. The run's PAWS-NN embeds with the model in hand in
+# batches, the check below with the export one image at a time, and the
+# two round differently: on a 2-core AMD EPYC one query of 40 of
+# demo_fashion_mnist_validation.gin flipped, its shrunk model's margins
+# starting 0, 0, 0, 4.5e-8, 4.8e-8 (the transfer's 20 queries: 1.9e-6,
+# 6.2e-6, 6.3e-6, 7.5e-6, 1.0e-5).
+TIE = 1e-5
+
+
 def _soft_nn_accuracy(support, support_labels, queries, query_labels, tau,
                       num_classes):
     """PAWS Eq. (1) by hand: softmax over cosine similarities / tau, summed
-    per class; `(top-1, per-class top-1)` of the argmax (None for a class
-    without queries)."""
+    per class; the least and the most `(top-1, per-class top-1)` of the
+    argmax (None for a class without queries), a query whose two best
+    classes tie (`TIE`) counted as a miss, then as a hit."""
     def normalise(x):
         return x / np.linalg.norm(x, axis=1, keepdims=True)
 
     logits = normalise(queries) @ normalise(support).T / tau
     weights = np.exp(logits - logits.max(axis=1, keepdims=True))
     weights /= weights.sum(axis=1, keepdims=True)
-    onehot = np.eye(num_classes)[support_labels]
-    hits = np.argmax(weights @ onehot, axis=1) == query_labels
-    return np.mean(hits), [
-        np.mean(hits[query_labels == c]) if np.any(query_labels == c)
-        else None for c in range(num_classes)]
+    scores = weights @ np.eye(num_classes)[support_labels]
+    best_two = np.log(np.sort(scores, axis=1)[:, -2:])
+    tied = tau * (best_two[:, 1] - best_two[:, 0]) < TIE
+    hits = np.argmax(scores, axis=1) == query_labels
+
+    def figures(hits):
+        return np.mean(hits), [
+            np.mean(hits[query_labels == c]) if np.any(query_labels == c)
+            else None for c in range(num_classes)]
+
+    return figures(hits & ~tied), figures(hits | tied)
+
+
+def _within(results, bounds):
+    """Whether the run's top-1 and per-class top-1 (`results`) lie within
+    `_soft_nn_accuracy`'s `bounds`."""
+    (low, low_per_class), (high, high_per_class) = bounds
+    return low <= results['top1'] <= high and all(
+        figure is None if least is None else least <= figure <= most
+        for figure, least, most in zip(results['per_class_accuracy'],
+                                       low_per_class, high_per_class,
+                                       strict=True))
 
 
 def _check_export_and_nn(gin_file, model_dir, bindings):
@@ -249,22 +278,21 @@ def _check_export_and_nn(gin_file, model_dir, bindings):
     assert results['num_queries'] == len(query_labels)
     num_classes = (len(bundle.labeled.class_names) or
                    int(support_labels.max()) + 1)
-    top1, per_class = _soft_nn_accuracy(support, support_labels, queries,
-                                        query_labels, model.tau, num_classes)
-    np.testing.assert_allclose(results['top1'], top1)
-    assert results['per_class_accuracy'] == per_class
+    bounds = _soft_nn_accuracy(support, support_labels, queries,
+                               query_labels, model.tau, num_classes)
+    assert _within(results, bounds), (results, bounds)
     if gin_file in TAU_SENSITIVE:
         # Else the figures above would pass at a wrong tau too.
-        assert _soft_nn_accuracy(support, support_labels, queries,
-                                 query_labels, 10 * model.tau,
-                                 num_classes)[1] != per_class
+        assert not _within(results, _soft_nn_accuracy(
+            support, support_labels, queries, query_labels, 10 * model.tau,
+            num_classes))
     if gin_file.startswith('imagenet'):
         # Else they would pass with the support labels shifted by a class
         # (tried: `(support_labels + 1) % num_classes` in
         # `evaluate.classify`, which queries of no trained class let pass).
-        assert _soft_nn_accuracy(support, (support_labels + 1) % num_classes,
-                                 queries, query_labels, model.tau,
-                                 num_classes)[1] != per_class
+        assert not _within(results, _soft_nn_accuracy(
+            support, (support_labels + 1) % num_classes, queries,
+            query_labels, model.tau, num_classes))
     # The checkpoint's model on the same images, preprocessed by the
     # config's evaluation pipeline.
     images, _ = next(iter(pipeline.make_eval_dataset(
@@ -622,13 +650,13 @@ def test_the_documented_transfer_runs(request, tmp_path):
     def embed(images):
         return embedder(tf.constant(images[..., None]))['embeddings'].numpy()
 
-    _, per_class = _soft_nn_accuracy(
+    bounds = _soft_nn_accuracy(
         embed(train_images[rows]), train_labels[rows] - 5,
         embed(test_images[queries]), test_labels[queries] - 5,
         figures['tau'], 5)
     assert (figures['num_support'], figures['num_queries']) == (
         len(rows), len(queries)) == (10, 20)
-    assert figures['per_class_accuracy'] == per_class
+    assert _within(figures, bounds), (figures, bounds)
     classifier = tf.saved_model.load(str(nn / 'export' / 'classifier'))
     assert [name.decode() for name in classifier.head.class_names.numpy()
             ] == list(TRANSFER_CLASSES)
