@@ -131,12 +131,10 @@ VIT_BINDINGS = ['train.num_epochs = 3', 'train.deterministic_ops = True',
 VIT_STEPS = 48
 
 
-@pytest.fixture(scope='module')
-def vit_runs(tmp_path_factory):
+def vit_runs(root):
     """The ViT run uninterrupted, and side by side the same run stopped by
-    SIGTERM in its second epoch and run again: `(root, stopped_at, outputs
-    of the uninterrupted run and of the resumed one)`."""
-    root = tmp_path_factory.mktemp('vit')
+    SIGTERM in its second epoch and run again, under `root`: `(stopped_at,
+    outputs of the uninterrupted run and of the resumed one)`."""
     config = debug_gin.write_vit_config(root / 'vit.gin')
     runs = {name: run_py.start(root / name, VIT_BINDINGS, gin_file=config)
             for name in ('uninterrupted', 'interrupted')}
@@ -150,22 +148,18 @@ def vit_runs(tmp_path_factory):
     assert code == 0, resumed[-3000:]
     code, uninterrupted = run_py.finish(runs['uninterrupted'])
     assert code == 0, uninterrupted[-3000:]
-    return root, stopped_at, {'uninterrupted': uninterrupted,
-                              'resumed': resumed}
+    return stopped_at, {'uninterrupted': uninterrupted, 'resumed': resumed}
 
 
-@pytest.mark.slow
-@pytest.mark.long
-def test_killed_vit_run_resumes_to_the_uninterrupted_weights(vit_runs):
-    """Stopped in its second epoch and run again, the ViT run (`vit_runs`)
-    ends with every variable of the uninterrupted run, bit for bit.
+def _check_resumed_vit_run(root, stopped_at, outputs):
+    """Stopped in its second epoch and run again, the ViT run ends with
+    every variable of the uninterrupted run, bit for bit.
 
     Fails if the resumed epoch reads its data from the epoch's first step
     (tried in `callbacks.fit_from`: 88 of 90 variables differ), or if the
     backup restores AdamW's step count without its moments (`restore`
-    refuses the backup). The fixture's three runs: 66 s on 2 shared cores.
+    refuses the backup).
     """
-    root, stopped_at, outputs = vit_runs
     assert 20 <= stopped_at < 32  # In the second epoch.
     assert (f'resumed at step {stopped_at} of {VIT_STEPS} (epoch 2 of 3'
             in outputs['resumed'])
@@ -173,19 +167,16 @@ def test_killed_vit_run_resumes_to_the_uninterrupted_weights(vit_runs):
                          final_state(root / 'uninterrupted', VIT_STEPS))
 
 
-@pytest.mark.slow
-@pytest.mark.long
-def test_an_adamw_run_logs_its_learning_rate_and_weight_decay(vit_runs):
-    """The ViT run with AdamW (`vit_runs`) logs to TensorBoard, every 4
-    steps, the learning rate and the weight decay of that step's update
-    (closed forms: 1e-4 -> 1e-3 over the first epoch, then a cosine to
-    1e-5; DINO's cosine 0.04 -> 0.4 over the 48 updates), and no LARS
-    trust ratios; nor does its epoch log line.
+def _check_adamw_logs(root, outputs):
+    """The uninterrupted run logs to TensorBoard, every 4 steps, the
+    learning rate and the weight decay of that step's update (closed
+    forms: 1e-4 -> 1e-3 over the first epoch, then a cosine to 1e-5;
+    DINO's cosine 0.04 -> 0.4 over the 48 updates), and no LARS trust
+    ratios; nor does its epoch log line.
 
     Fails if the tags or the log line are LARS's whatever the optimizer
     (`lars/learning_rate`, trust ratios of 0).
     """
-    root, _, outputs = vit_runs
     log_dir = root / 'uninterrupted' / 'tensorboard' / 'train'
     steps, learning_rates = run_demo.read_scalars(log_dir,
                                                   'optimizer/learning_rate')
@@ -210,6 +201,21 @@ def test_an_adamw_run_logs_its_learning_rate_and_weight_decay(vit_runs):
     assert len(epoch_lines) == 3
     assert all('weight_decay=' in line and 'trust_ratio' not in line
                for line in epoch_lines)
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_killed_adamw_vit_run_resumes_bit_identical_and_logs_adamw(
+        tmp_path):
+    """The ViT runs (`vit_runs`), one set for both checks, each failing
+    under its own bug: the resumed run's weights
+    (`_check_resumed_vit_run`) and AdamW's logged rate and weight decay
+    (`_check_adamw_logs`). One test, so that parallel test processes never
+    run them twice (as two tests of a module fixture, both processes of one
+    `make test-long` built it: 74 and 47 s)."""
+    stopped_at, outputs = vit_runs(tmp_path)
+    _check_resumed_vit_run(tmp_path, stopped_at, outputs)
+    _check_adamw_logs(tmp_path, outputs)
 
 
 class ExplodingSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
