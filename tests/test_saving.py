@@ -57,6 +57,27 @@ def test_saver_saves_when_the_step_reaches_or_passes_an_interval(tmp_path):
     assert saved_steps(state.checkpoint_dir) == [9, 18, 24, 30]
 
 
+def test_progress_log_logs_when_the_step_reaches_or_passes_an_interval(
+        tmp_path):
+    """With 3 steps per call (`train.steps_per_execution = 3`) the
+    TensorBoard points of every 4 steps land at the first step past each
+    multiple, as the saver's (above). Fails if ProgressLog logs only at
+    exact multiples (tried: `step % every_steps`, which logs 12 and 24)."""
+    model = small_model()
+    log = callbacks.ProgressLog(str(tmp_path), views_per_step=4,
+                                every_steps=4, num_epochs=1, is_chief=True)
+    log.set_model(model)
+    log.on_train_begin()
+    for step in range(3, 31, 3):
+        model.optimizer.iterations.assign(step)
+        log.on_train_batch_end(0)
+    steps = [event.step for path in tmp_path.iterdir()
+             for event in tf.compat.v1.train.summary_iterator(str(path))
+             for value in event.summary.value
+             if value.tag == 'throughput/views_per_second']
+    assert steps == [6, 9, 12, 18, 21, 24, 30]
+
+
 def test_restore_returns_weights_and_optimizer_of_the_step(tmp_path):
     model = small_model()
     state = checkpoints.RunState(run_dir.RunDir(tmp_path), model,

@@ -56,7 +56,8 @@ EPOCH_MEANS = ('loss', 'cross_entropy', 'me_max', 'target_confidence',
 
 class ProgressLog(tf_keras.callbacks.Callback):
     """The training scalars to TensorBoard and one log line per epoch:
-    every `every_steps` steps, that step's values (`TRAIN_TAGS`) and the
+    every `every_steps` steps (at the first step past each multiple),
+    that step's values (`TRAIN_TAGS`) and the
     throughput since the last point; at epoch ends, the epoch's means and
     throughput (of every view forwarded, unlabeled and support)."""
 
@@ -90,7 +91,11 @@ class ProgressLog(tf_keras.callbacks.Callback):
         # evaluation and saves.
         self._last_batch_end = self._mark()
         step = self._last_batch_end[1]
-        if not self._every_steps or step % self._every_steps:
+        # At the first step that reaches or passes a multiple: with
+        # `train.steps_per_execution` a call's last step may lie past it.
+        if not self._every_steps or (step // self._every_steps <=
+                                     self._interval_start[1] //
+                                     self._every_steps):
             return
         views_per_second, seconds_per_step, _ = self._rate(
             self._interval_start, self._last_batch_end)
