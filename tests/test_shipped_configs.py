@@ -26,6 +26,7 @@ loading `train.pretrained_model`; `PAWSModel.ropaws_prior_tau` renamed
 
 import gzip
 import hashlib
+import itertools
 import json
 import pathlib
 import re
@@ -204,9 +205,9 @@ def _run(gin_file, model_dir, bindings, mode):
 
 # How close a query's two best classes may be for it to count either way,
 # as tau times the log of their scores' ratio (Eq. (1)), on the scale of a
-# cosine similarity. The run's PAWS-NN embeds with the model in hand in
-# batches, the check below with the export one image at a time, and the
-# two round differently: on a 2-core AMD EPYC one query of 40 of
+# cosine similarity. The run's PAWS-NN embeds preprocessed batches with the
+# model in hand, the check below raw images with the export, and the two
+# round differently: on a 2-core AMD EPYC one query of 40 of
 # demo_fashion_mnist_validation.gin flipped, its shrunk model's margins
 # starting 0, 0, 0, 4.5e-8, 4.8e-8 (the transfer's 20 queries: 1.9e-6,
 # 6.2e-6, 6.3e-6, 7.5e-6, 1.0e-5).
@@ -266,11 +267,15 @@ def _check_export_and_nn(gin_file, model_dir, bindings):
         preprocessing = experiment.eval_preprocessing(bundle)
 
     def embed(source):
-        embeddings, labels = [], []
-        for image, label in source.ordered_dataset().as_numpy_iterator():
-            embeddings.append(embedder(image[None])['embeddings'][0].numpy())
-            labels.append(label)
-        return np.stack(embeddings), np.array(labels)
+        # Raw images in batches of one size (folders' sizes vary), in
+        # source order.
+        images, labels = zip(*source.ordered_dataset().as_numpy_iterator())
+        embeddings = []
+        for _, run in itertools.groupby(images, key=np.shape):
+            run = list(run)
+            embeddings += [embedder(np.stack(run[i:i + 256]))['embeddings']
+                           .numpy() for i in range(0, len(run), 256)]
+        return np.concatenate(embeddings), np.array(labels)
 
     support, support_labels = embed(bundle.labeled)
     queries, query_labels = embed(bundle.test)
