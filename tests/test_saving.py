@@ -78,6 +78,30 @@ def test_progress_log_logs_when_the_step_reaches_or_passes_an_interval(
     assert steps == [6, 9, 12, 18, 21, 24, 30]
 
 
+def test_diagnostics_are_logged_at_the_steps_that_computed_them(tmp_path):
+    """Points every 4 steps, diagnostics computed every 10 (steps 1, 11,
+    21, their values in the logs until the next): each reaches TensorBoard
+    once, at its own step and with its value. Fails if a point writes them
+    only when its step computed them (tried: `(step - 1) % every == 0`,
+    which no multiple of 4 meets: no point at all, as with the shipped
+    configs' points every 50 and diagnostics every 100)."""
+    model = small_model()
+    model.diagnostics_every = 10
+    log = callbacks.ProgressLog(str(tmp_path), views_per_step=4,
+                                every_steps=4, num_epochs=1, is_chief=True)
+    log.set_model(model)
+    log.on_train_begin()
+    for step in range(1, 31):
+        model.optimizer.iterations.assign(step)
+        log.on_train_batch_end(0, {'nt_xent': float((step - 1) // 10 * 10)})
+    points = [(event.step, float(tf.make_ndarray(value.tensor)))
+              for path in tmp_path.iterdir()
+              for event in tf.compat.v1.train.summary_iterator(str(path))
+              for value in event.summary.value
+              if value.tag == 'diagnostics/nt_xent']
+    assert points == [(1, 0.0), (11, 10.0), (21, 20.0)]
+
+
 def test_restore_returns_weights_and_optimizer_of_the_step(tmp_path):
     model = small_model()
     state = checkpoints.RunState(run_dir.RunDir(tmp_path), model,

@@ -57,8 +57,8 @@ EPOCH_MEANS = ('loss', 'cross_entropy', 'me_max', 'target_confidence',
 class ProgressLog(tf_keras.callbacks.Callback):
     """The training scalars to TensorBoard and one log line per epoch:
     every `every_steps` steps (at the first step past each multiple),
-    that step's values (`TRAIN_TAGS`) and the
-    throughput since the last point; at epoch ends, the epoch's means and
+    that step's values (`TRAIN_TAGS`), the diagnostics at the newest step
+    that computed them, and the throughput since the last point; at epoch ends, the epoch's means and
     throughput (of every view forwarded, unlabeled and support)."""
 
     def __init__(self, log_dir, *, views_per_step, every_steps, num_epochs,
@@ -101,14 +101,21 @@ class ProgressLog(tf_keras.callbacks.Callback):
             self._interval_start, self._last_batch_end)
         logs = logs or {}
         every = getattr(self.model, 'diagnostics_every', 0)
+        # The newest step that computed the diagnostics (1, every + 1,
+        # ...), whose values `logs` holds: written at that step once, by
+        # the first point after it (points and diagnostics rarely share a
+        # step: every 50 and every 100 never do).
+        computed = (step - 1) // every * every + 1 if every else 0
         with self._writer.as_default(step=step):
-            # This step's values, and the diagnostics if it computed them.
             for key, tag in TRAIN_TAGS.items():
                 name = (model_lib.STEP_PREFIX + key if key in EPOCH_MEANS
                         else key)
-                if name in logs and (key not in model_lib.DIAGNOSTICS or (
-                        every and (step - 1) % every == 0)):
+                if name not in logs:
+                    continue
+                if key not in model_lib.DIAGNOSTICS:
                     tf.summary.scalar(tag, float(logs[name]))
+                elif computed > self._interval_start[1]:
+                    tf.summary.scalar(tag, float(logs[name]), step=computed)
             tf.summary.scalar('throughput/views_per_second', views_per_second)
             tf.summary.scalar('throughput/seconds_per_step', seconds_per_step)
         # On disk before the saver (after this callback) backs the step up:
