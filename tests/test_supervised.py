@@ -3,8 +3,10 @@
 import json
 
 import gin
+from matplotlib import figure as mpl_figure
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from paws_tf.data import augment
 from paws_tf.demo import run_demo
@@ -76,3 +78,32 @@ def test_table():
     lines = text.splitlines()
     assert lines[0].split() == ['method', 'top-1']
     assert lines[2].startswith('PAWS-NN ') and lines[3].endswith('80.10%')
+
+
+@pytest.mark.parametrize('evaluated_epochs', [(2, 4), ()],
+                         ids=['every_2_epochs', 'none'])
+def test_the_curves_put_paws_nn_at_the_epochs_that_evaluated(
+        tmp_path, evaluated_epochs):
+    """4 epochs of 10 steps, PAWS-NN after epochs 2 and 4
+    (`train.eval_every_epochs = 2`), or after none (0): the PAWS-NN curve's
+    points lie at epochs 2 and 4, and a run that evaluated none still
+    draws its figure. Fails if the points are numbered 1, 2 (tried:
+    `np.arange(1, len(top1) + 1)`), or on the empty panel's infinite data
+    limits (tried: `set_xlim` of them: "Axis limits cannot be NaN or
+    Inf", after the whole demo had run)."""
+    run = run_dir.RunDir(tmp_path)
+    with tf.summary.create_file_writer(run.train_logs).as_default():
+        for epoch in range(1, 5):
+            for tag in ('epoch/loss', 'epoch/cross_entropy', 'epoch/me_max'):
+                tf.summary.scalar(tag, 1.0 / epoch, step=10 * epoch)
+    with tf.summary.create_file_writer(run.eval_logs).as_default():
+        for epoch in evaluated_epochs:
+            tf.summary.scalar('paws_nn/top1', 0.2 * epoch, step=10 * epoch)
+    figure = mpl_figure.Figure()
+    axes = figure.subplots(1, 3)
+    run_demo._plot_curves(axes, run, 50.0, [{'epoch': 0, 'top1': 0.6},
+                                            {'epoch': 1, 'top1': 0.7}])
+    [curve] = axes[1].get_lines()[:1]
+    np.testing.assert_array_equal(curve.get_xdata(), evaluated_epochs)
+    np.testing.assert_allclose(curve.get_ydata(),
+                               [20.0 * e for e in evaluated_epochs])

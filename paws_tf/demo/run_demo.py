@@ -175,7 +175,7 @@ def _plot_curves(axes, run, baseline, fine_tune_by_epoch):
                        ('epoch/cross_entropy', 'cross-entropy'),
                        ('epoch/me_max', 'me-max = -entropy of the mean '
                                         'prediction')):
-        _, values = read_scalars(run.train_logs, tag)
+        epoch_ends, values = read_scalars(run.train_logs, tag)
         axes[0].plot(np.arange(1, len(values) + 1), values, marker='o',
                      label=label)
     axes[0].axhline(0, color='grey', linewidth=0.5)
@@ -183,9 +183,10 @@ def _plot_curves(axes, run, baseline, fine_tune_by_epoch):
                 title='PAWS pre-training loss\n(me-max <= 0, so the loss '
                       'can be negative)')
     axes[0].legend(fontsize=8)
-    _, top1 = read_scalars(run.eval_logs, 'paws_nn/top1')
-    axes[1].plot(np.arange(1, len(top1) + 1), 100 * top1, marker='o',
-                 label='PAWS-NN')
+    # At the epochs that evaluated (every `train.eval_every_epochs`).
+    steps, top1 = read_scalars(run.eval_logs, 'paws_nn/top1')
+    axes[1].plot(1 + np.searchsorted(epoch_ends, steps), 100 * top1,
+                 marker='o', label='PAWS-NN')
     axes[1].set(xlabel='pre-training epoch',
                 title='PAWS-NN during pre-training')
     if fine_tune_by_epoch:
@@ -205,7 +206,8 @@ def _plot_curves(axes, run, baseline, fine_tune_by_epoch):
         panel.set_ylim(min(low), max(high))
     for panel in axes:  # Whole epochs, half an epoch beyond the ends.
         first, last = panel.dataLim.intervalx
-        panel.set_xlim(first - 0.5, last + 0.5)
+        if np.isfinite([first, last]).all():  # Else no curve, a line only.
+            panel.set_xlim(first - 0.5, last + 0.5)
         panel.xaxis.set_major_locator(
             ticker.MaxNLocator(integer=True, min_n_ticks=1))
 
