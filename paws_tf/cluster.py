@@ -99,7 +99,8 @@ def set_intra_op_threads(devices, gpus):
                  threads)
 
 
-@gin.configurable
+# The kind is run.py's --strategy flag.
+@gin.configurable(denylist=['kind'])
 def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
                   start_timeout=600):
     """Builds the distribution strategy by name, before other TensorFlow

@@ -22,9 +22,36 @@ from paws_tf.runner import experiment, train  # noqa: F401
 # pylint: enable=unused-import
 
 
+# The denylisted parameters that a run passes itself: what sets them.
+_SET_BY_THE_RUN = {
+    'PredictionHead.output_dim': 'ProjectionHead.output_dim (the heads '
+                                 'share their width)',
+    'ProjectionHead.sync_bn': 'build_model.sync_bn',
+    'ProjectionHead.sync_bn_impl': 'build_model.sync_bn_impl',
+    'PredictionHead.sync_bn': 'build_model.sync_bn',
+    'PredictionHead.sync_bn_impl': 'build_model.sync_bn_impl',
+    'build_backbone.sync_bn': 'build_model.sync_bn',
+    'build_backbone.sync_bn_impl': 'build_model.sync_bn_impl',
+    'fine_tune.image_size': 'eval_preprocessing.image_size',
+    'fine_tune.crop_fraction': 'eval_preprocessing.crop_fraction',
+    'fine_tune.mean': 'load_data.normalization',
+    'fine_tune.std': 'load_data.normalization',
+    'make_pretrain_dataset_fn.seed': 'train.seed',
+    'make_strategy.kind': "run.py's --strategy flag"}
+
+
 def _closest(message):
     """' Did you mean NAME?' for gin's message of an unknown parameter or
-    configurable, with the closest name gin knows; else ''."""
+    configurable, with the closest name gin knows; for a parameter a run
+    passes itself, what sets it; else ''."""
+    denylisted = re.match(r"Configurable '([\w.]+)' has denylisted kwarg "
+                          r"'(\w+)'", message)
+    if denylisted:
+        name = '.'.join(denylisted.groups())
+        source = _SET_BY_THE_RUN.get(name)
+        return f' The run sets {name} itself' + (
+            f': set {source} instead.' if source else
+            '; remove the binding.')
     parameter = re.match(r"Configurable '([\w.]+)' doesn't have a "
                          r"parameter named '(\w+)'", message)
     if parameter:

@@ -1,7 +1,9 @@
 """A new user's usual slips: each gets one message naming it and the fix,
 before any data is read or any run state is written."""
 
+import inspect
 import json
+import re
 
 import gin
 import pytest
@@ -148,6 +150,36 @@ def test_a_name_nothing_reads_is_named_with_the_closest(run_main, tmp_path,
                  f'--model_dir={tmp_path / "run"}',
                  f'--gin_bindings={binding}')
     assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.parametrize('binding,source', [
+    ('PredictionHead.output_dim = 8', 'ProjectionHead.output_dim'),
+    ('fine_tune.image_size = 64', 'eval_preprocessing.image_size'),
+    ('fine_tune.crop_fraction = 1.0', 'eval_preprocessing.crop_fraction'),
+    ('fine_tune.mean = (0.5,)', 'load_data.normalization'),
+    ('fine_tune.std = (0.5,)', 'load_data.normalization'),
+    ('make_pretrain_dataset_fn.seed = 3', 'train.seed'),
+    ('make_pretrain_dataset_fn.start_step = 3', None),
+    ("make_strategy.kind = 'mirrored'", "run.py's --strategy flag"),
+    ('ProjectionHead.sync_bn = True', 'build_model.sync_bn'),
+])
+def test_a_parameter_the_run_passes_itself_is_refused(clean_gin, binding,
+                                                      source):
+    """A binding of a parameter that the run passes itself, which would be
+    overridden unseen, is refused naming what sets it. Fails if one is
+    bindable (tried: `PredictionHead.output_dim = 8` without its denylist:
+    the prediction stayed the projection's 32 wide; the same for the
+    preprocessing of `--mode=fine_tune`, the input's seed and --strategy),
+    or if what sets it is not a parameter of the configs (a renamed one)."""
+    with pytest.raises(checks.ConfigError, match=re.escape(
+            f'The run sets {binding.split(" = ")[0]} itself' +
+            (f': set {source}' if source else '; remove the binding.'))):
+        configurables.parse(['debug.gin'], [binding])
+    configurable = re.fullmatch(r'(\w+)\.(\w+)', source or '')
+    if configurable:
+        name, parameter = configurable.groups()
+        assert parameter in inspect.signature(
+            gin.config.get_configurable(name)).parameters
 
 
 def test_a_base_class_parameter_is_taken(clean_gin):

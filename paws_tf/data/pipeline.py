@@ -249,8 +249,9 @@ def _step_element(views, support, layout, channels):
     return out
 
 
+# `train` passes the seed (`train.seed`) and the step a run starts at.
 @gin.configurable(denylist=['unlabeled', 'labeled', 'num_replicas',
-                            'normalization'])
+                            'normalization', 'seed', 'start_step'])
 def make_pretrain_dataset_fn(
         unlabeled, labeled, *, num_replicas, global_batch_size,
         classes_per_step, images_per_class, multicrop, support_views=1,

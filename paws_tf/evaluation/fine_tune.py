@@ -11,7 +11,10 @@ _PROTOCOLS = {'imagenet': linear_fine_tune.fine_tune_linear,
               'cifar10': suncet_fine_tune.fine_tune_suncet}
 
 
-@gin.configurable(denylist=['run', 'model', 'labeled', 'test', 'strategy'])
+# The preprocessing is the run's evaluation's (`experiment.eval_preprocessing`),
+# which the mode passes.
+@gin.configurable(denylist=['run', 'model', 'labeled', 'test', 'strategy',
+                            'image_size', 'crop_fraction', 'mean', 'std'])
 def fine_tune(run, model, *, labeled, test, protocol='imagenet',
               strategy=None, image_size=224, crop_fraction=0.875,
               mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD, seed=0):

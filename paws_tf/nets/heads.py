@@ -118,7 +118,8 @@ class ProjectionHead(_MLPHead):
         self.mlp_layers.append(Linear(output_dim, name=f'fc{num_layers}'))
 
 
-@gin.configurable(denylist=backbones.SET_BY_BUILD_MODEL)
+# Its output is the projection's width, which `model.build_model` passes.
+@gin.configurable(denylist=backbones.SET_BY_BUILD_MODEL + ['output_dim'])
 class PredictionHead(_MLPHead):
     """PAWS prediction head: BN -> Dense -> BN -> ReLU -> Dense (App. A).
 
