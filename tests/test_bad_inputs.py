@@ -151,12 +151,17 @@ def test_batch_sizes_that_do_not_divide_across_replicas():
      'global_batch_size must be a positive integer'),
     ('PAWSModel.tau = -0.1', 'tau must be positive'),
     ('load_data.train = %gin.REQUIRED', 'load_data'),
+    # Else read at the first epoch's end: take(-1) takes every image.
+    ('train.eval_max_queries = -1',
+     'train.eval_max_queries must be a positive integer, got -1'),
+    ('train.eval_max_queries = 0', 'eval_max_queries must be a positive'),
 ])
 def test_wrong_gin_values_fail_before_training(run_main, tmp_path, capsys,
                                                binding, message):
     """run.py's command in this process (tests/test_records.py runs one
     refusal through run.py): the error line and a non-zero exit, nothing
-    trained. Fails if a check is missing (tried: PAWSModel's tau > 0)."""
+    trained. Fails if a check is missing (tried: PAWSModel's tau > 0;
+    `train.eval_max_queries` unchecked: both of its runs trained)."""
     code, stderr = run_py.in_process(run_main, capsys, [
         '--gin_file=gin_configs/debug.gin', f'--model_dir={tmp_path}',
         '--mode=train', '--gin_bindings=train.verbose = 0',

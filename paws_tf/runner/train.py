@@ -118,7 +118,8 @@ def _train(model_dir, strategy, *, overwrite, owner_check, claim,
         steps_per_execution=steps_per_execution,
         checkpoint_every_steps=checkpoint_every_steps,
         log_every_steps=log_every_steps, eval_every_epochs=eval_every_epochs,
-        seed=seed, precision=precision, on_data_change=on_data_change)
+        eval_max_queries=eval_max_queries, seed=seed, precision=precision,
+        on_data_change=on_data_change)
     run = run_dir.RunDir(model_dir)
     if deterministic_ops:
         determinism.enable()
@@ -200,8 +201,8 @@ def _finish(model, saver, history, total_steps):
 
 def check_arguments(*, num_epochs, keep_checkpoints, backup_every_steps,
                     steps_per_execution, checkpoint_every_steps,
-                    log_every_steps, eval_every_epochs, seed, precision,
-                    on_data_change, names=None):
+                    log_every_steps, eval_every_epochs, eval_max_queries,
+                    seed, precision, on_data_change, names=None):
     """Returns `num_epochs` as an int; raises `checks.ConfigError` naming
     a bad argument of `train` (`names`: as `checks.namer`'s)."""
     name = checks.namer(names, 'train.')
@@ -214,6 +215,8 @@ def check_arguments(*, num_epochs, keep_checkpoints, backup_every_steps,
             ('log_every_steps', log_every_steps, 0),
             ('eval_every_epochs', eval_every_epochs, 0), ('seed', seed, 0)):
         checks.integer(name(key), value, minimum=minimum)
+    if eval_max_queries is not None:  # None: every test image.
+        checks.integer(name('eval_max_queries'), eval_max_queries)
     checks.one_of(name('precision'), precision, building.PRECISIONS)
     checks.one_of(name('on_data_change'), on_data_change,
                   data_fingerprint.ON_CHANGE)
