@@ -182,6 +182,25 @@ def test_a_parameter_the_run_passes_itself_is_refused(clean_gin, binding,
             gin.config.get_configurable(name)).parameters
 
 
+@pytest.mark.parametrize('binding,own', [
+    ('evaluate_nn.tau = 0.5', 'PAWSModel.tau'),
+    ("evaluate_nn.embedding = 'prediction'", 'PAWSModel.nn_embedding')])
+def test_an_existing_models_setting_bound_for_the_runs_own_is_refused(
+        run_main, tmp_path, binding, own):
+    """`evaluate_nn.tau` and `.embedding` apply to `evaluate_nn.from_model`;
+    a run's own model is evaluated with its `PAWSModel` settings. Fails if
+    the binding is let through (tried: no `_check_own_model_bindings`:
+    the command went on to read the run, here none, and a trained run is
+    evaluated at its own tau, the binding ignored)."""
+    with pytest.raises(checks.ConfigError, match=re.escape(
+            f'{binding} is bound, but it applies to an existing model '
+            f"(evaluate_nn.from_model): the run's own model evaluates "
+            f'PAWS-NN with {own}; bind that instead.')):
+        run_main('--gin_file=debug.gin', f'--model_dir={tmp_path / "run"}',
+                 '--mode=evaluate_nn', f'--gin_bindings={binding}')
+    assert not (tmp_path / 'run').exists()
+
+
 def test_a_base_class_parameter_is_taken(clean_gin):
     """LARS passes **kwargs to Keras' optimizer, whose `clipnorm` a config
     may bind. Fails if the unknown-parameter check reads only the class's

@@ -156,6 +156,21 @@ def existing_model():
     return evaluate_nn.embedder_of(path, name=name)
 
 
+def _check_own_model_bindings():
+    """Refuses `evaluate_nn.tau` and `.embedding` bound for a run's own
+    model, which PAWS-NN evaluates as it trained: they apply to an
+    existing model (`evaluate_nn.from_model`) only."""
+    bound = bindings.arguments(evaluate_nn.evaluate_nn)
+    for parameter, own in (('tau', 'tau'), ('embedding', 'nn_embedding')):
+        if bindings.is_bound(evaluate_nn.evaluate_nn, parameter):
+            value, name = bound[parameter]
+            raise checks.ConfigError(
+                f'{name} = {value!r} is bound, but it applies to an '
+                'existing model (evaluate_nn.from_model): the run\'s own '
+                f'model evaluates PAWS-NN with PAWSModel.{own}; bind that '
+                'instead.')
+
+
 def _check_backbone(multicrop):
     """Image sizes (evaluation's, the views' and the support's) the
     backbone takes (`backbones.check_image_sizes`)."""
@@ -188,7 +203,9 @@ def check_config(pretraining=True):
     `--mode=evaluate_nn` evaluates it."""
     folder = experiment.folder_source()
     existing = existing_model()
-    if existing is not None:
+    if existing is None:
+        _check_own_model_bindings()
+    else:
         experiment.check_channels(
             export.read_preprocessing(existing)['channels'],
             f'The model of {existing}')
