@@ -58,8 +58,9 @@ class ProgressLog(tf_keras.callbacks.Callback):
     """The training scalars to TensorBoard and one log line per epoch:
     every `every_steps` steps (at the first step past each multiple),
     that step's values (`TRAIN_TAGS`), the diagnostics at the newest step
-    that computed them, and the throughput since the last point; at epoch ends, the epoch's means and
-    throughput (of every view forwarded, unlabeled and support)."""
+    that computed them, and the throughput since the last point or the
+    epoch's start; at epoch ends, the epoch's means and throughput (of
+    every view forwarded, unlabeled and support)."""
 
     def __init__(self, log_dir, *, views_per_step, every_steps, num_epochs,
                  is_chief):
@@ -75,9 +76,13 @@ class ProgressLog(tf_keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._interval_start = self._mark()
+        self._logged_step = self._interval_start[1]  # Of the last point.
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = self._mark()
+        # The next point's throughput leaves out the epoch-end evaluation
+        # and saves.
+        self._interval_start = self._epoch_start
 
     def _rate(self, start, end):
         """(views per second, seconds per step, seconds) from `start` to
@@ -94,8 +99,7 @@ class ProgressLog(tf_keras.callbacks.Callback):
         # At the first step that reaches or passes a multiple: with
         # `train.steps_per_execution` a call's last step may lie past it.
         if not self._every_steps or (step // self._every_steps <=
-                                     self._interval_start[1] //
-                                     self._every_steps):
+                                     self._logged_step // self._every_steps):
             return
         views_per_second, seconds_per_step, _ = self._rate(
             self._interval_start, self._last_batch_end)
@@ -114,7 +118,7 @@ class ProgressLog(tf_keras.callbacks.Callback):
                     continue
                 if key not in model_lib.DIAGNOSTICS:
                     tf.summary.scalar(tag, float(logs[name]))
-                elif computed > self._interval_start[1]:
+                elif computed > self._logged_step:
                     tf.summary.scalar(tag, float(logs[name]), step=computed)
             tf.summary.scalar('throughput/views_per_second', views_per_second)
             tf.summary.scalar('throughput/seconds_per_step', seconds_per_step)
@@ -122,6 +126,7 @@ class ProgressLog(tf_keras.callbacks.Callback):
         # a run killed then and resumed from it has logged every step.
         self._writer.flush()
         self._interval_start = self._mark()
+        self._logged_step = step
 
     def on_epoch_end(self, epoch, logs=None):
         views_per_second, _, seconds = self._rate(self._epoch_start,
