@@ -80,6 +80,20 @@ def test_table():
     assert lines[2].startswith('PAWS-NN ') and lines[3].endswith('80.10%')
 
 
+def _logged_run(root, evaluated_epochs):
+    """A run directory whose TensorBoard logs hold 4 epochs of 10 steps
+    and PAWS-NN after `evaluated_epochs`."""
+    run = run_dir.RunDir(root)
+    with tf.summary.create_file_writer(run.train_logs).as_default():
+        for epoch in range(1, 5):
+            for tag in ('epoch/loss', 'epoch/cross_entropy', 'epoch/me_max'):
+                tf.summary.scalar(tag, 1.0 / epoch, step=10 * epoch)
+    with tf.summary.create_file_writer(run.eval_logs).as_default():
+        for epoch in evaluated_epochs:
+            tf.summary.scalar('paws_nn/top1', 0.2 * epoch, step=10 * epoch)
+    return run
+
+
 @pytest.mark.parametrize('evaluated_epochs', [(2, 4), ()],
                          ids=['every_2_epochs', 'none'])
 def test_the_curves_put_paws_nn_at_the_epochs_that_evaluated(
@@ -91,14 +105,7 @@ def test_the_curves_put_paws_nn_at_the_epochs_that_evaluated(
     `np.arange(1, len(top1) + 1)`), or on the empty panel's infinite data
     limits (tried: `set_xlim` of them: "Axis limits cannot be NaN or
     Inf", after the whole demo had run)."""
-    run = run_dir.RunDir(tmp_path)
-    with tf.summary.create_file_writer(run.train_logs).as_default():
-        for epoch in range(1, 5):
-            for tag in ('epoch/loss', 'epoch/cross_entropy', 'epoch/me_max'):
-                tf.summary.scalar(tag, 1.0 / epoch, step=10 * epoch)
-    with tf.summary.create_file_writer(run.eval_logs).as_default():
-        for epoch in evaluated_epochs:
-            tf.summary.scalar('paws_nn/top1', 0.2 * epoch, step=10 * epoch)
+    run = _logged_run(tmp_path, evaluated_epochs)
     figure = mpl_figure.Figure()
     axes = figure.subplots(1, 3)
     run_demo._plot_curves(axes, run, 50.0, [{'epoch': 0, 'top1': 0.6},
@@ -107,3 +114,26 @@ def test_the_curves_put_paws_nn_at_the_epochs_that_evaluated(
     np.testing.assert_array_equal(curve.get_xdata(), evaluated_epochs)
     np.testing.assert_allclose(curve.get_ydata(),
                                [20.0 * e for e in evaluated_epochs])
+
+
+@pytest.mark.parametrize('pictures', [True, False])
+def test_the_figure_holds_paws_nn_pictures_when_drawn(tmp_path, pictures):
+    """The demo's figure: the curves and the PCA above PAWS-NN's pictures
+    (here a 20 x 30 px PNG), or, with `evaluate_nn.pictures = False`, the
+    top row alone (5.3 inches at 110 dpi). Fails if it reads the pictures'
+    file whatever (tried: the demo ended in FileNotFoundError of
+    eval/paws_nn.png after its whole run)."""
+    run = _logged_run(tmp_path, (2, 4))
+    nn_figure = None
+    if pictures:
+        nn_figure = str(tmp_path / 'nn.png')
+        tf.io.write_file(nn_figure, tf.io.encode_png(
+            tf.zeros([20, 30, 3], tf.uint8)))
+    results = dict(paws_nn_top1=0.8, paws_finetune_top1=0.82,
+                   supervised_top1=0.7, num_labeled=8)
+    rng = np.random.default_rng(0)
+    run_demo._write_figure(run, results, rng.normal(size=(12, 4)),
+                           np.arange(12) % 2, ('a', 'b'),
+                           [{'epoch': 0, 'top1': 0.8}], nn_figure)
+    height = tf.io.decode_png(tf.io.read_file(run.results_figure)).shape[0]
+    assert height == (14 * 110 if pictures else round(5.3 * 110))

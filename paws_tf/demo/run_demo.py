@@ -54,7 +54,7 @@ def demo(run, strategy, options):
                        paws_train_seconds=paws_seconds,
                        finetune_seconds=tune_seconds, start=start)
     _report(run, results, bundle=bundle, tuned=tuned, baseline=baseline,
-            preprocessing=preprocessing)
+            preprocessing=preprocessing, nn_figure=paws['figure_file'])
     cluster.barrier(strategy)
     return results
 
@@ -80,8 +80,10 @@ def _results(run, bundle, paws, tuned, baseline, *, paws_train_seconds,
         wall_seconds=time.perf_counter() - start)
 
 
-def _report(run, results, *, bundle, tuned, baseline, preprocessing):
-    """Writes `results.json` and the figure, and prints the comparison."""
+def _report(run, results, *, bundle, tuned, baseline, preprocessing,
+            nn_figure):
+    """Writes `results.json` and the figure (with PAWS-NN's pictures,
+    `nn_figure`, unless None), and prints the comparison."""
     run.write_json(run.results, results)
     # The test images embedded as PAWS-NN embeds them, by the export.
     embeddings, labels = evaluate.embed_dataset(
@@ -89,7 +91,8 @@ def _report(run, results, *, bundle, tuned, baseline, preprocessing):
         pipeline.make_eval_dataset(bundle.test, batch_size=256,
                                    **preprocessing))
     _write_figure(run, results, embeddings.numpy(), labels,
-                  bundle.labeled.class_names, tuned.get('paws_nn_by_epoch'))
+                  bundle.labeled.class_names, tuned.get('paws_nn_by_epoch'),
+                  nn_figure)
     views = results['images_per_second']
     rows = [('PAWS-NN', 'paws_nn', 'paws_train', ' (pre-training)',
              'not logged' if views is None else f'{views:.0f} views/s'),
@@ -139,12 +142,15 @@ def project_2d(embeddings):
 
 
 def _write_figure(run, results, embeddings, labels, class_names,
-                  fine_tune_by_epoch):
+                  fine_tune_by_epoch, nn_figure):
     """`run.results_figure`: `_plot_curves`, the PCA of the `[N, D]` test
-    `embeddings`, above PAWS-NN's pictures (`run.nn_figure`)."""
+    `embeddings`, above PAWS-NN's pictures (the PNG file `nn_figure`;
+    None: `evaluate_nn.pictures = False`, none drawn)."""
     # No pyplot, no display.
-    figure = mpl_figure.Figure(figsize=(18, 14), layout='constrained')
-    top, bottom = figure.subfigures(2, 1, height_ratios=[5.3, 8.7])
+    figure = mpl_figure.Figure(figsize=(18, 14 if nn_figure else 5.3),
+                               layout='constrained')
+    top, bottom = (figure.subfigures(2, 1, height_ratios=[5.3, 8.7])
+                   if nn_figure else (figure, None))
     axes = top.subplots(1, 4, width_ratios=[1.2, 1, 1, 1.1])
     _plot_curves(axes[:3], run, 100 * results['supervised_top1'],
                  fine_tune_by_epoch)
@@ -161,9 +167,10 @@ def _write_figure(run, results, embeddings, labels, class_names,
         f'{100 * results["paws_finetune_top1"]:.1f}% vs supervised '
         f'{100 * results["supervised_top1"]:.1f}% top-1 '
         f'({results["num_labeled"]} labels)')
-    pictures = bottom.subplots()
-    pictures.imshow(matplotlib.image.imread(run.nn_figure))
-    pictures.set_axis_off()
+    if nn_figure:
+        pictures = bottom.subplots()
+        pictures.imshow(matplotlib.image.imread(nn_figure))
+        pictures.set_axis_off()
     figure.savefig(run.results_figure, dpi=110)
 
 
