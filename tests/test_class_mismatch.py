@@ -7,12 +7,14 @@ in tests/test_sources.py, not read from it).
 """
 
 import pathlib
+import re
 
 import gin
 import numpy as np
 import pytest
 
 from paws_tf import bindings
+from paws_tf import checks
 from paws_tf import configurables  # noqa: F401  (registers configurables)
 from paws_tf import model
 from paws_tf.data import sources
@@ -100,6 +102,22 @@ def test_validation_split_holds_out_training_images(
     assert bundle.unlabeled.num_examples == 10 * TRAIN_PER_CLASS - 100
     for part in (bundle.labeled, bundle.unlabeled):
         assert not set(part.names) & set(held_out.names)
+
+
+@pytest.mark.parametrize('part,size,message', [
+    ('val', 2, "held_out.part must be one of ('train', 'validation'), got "
+               "'val'"),
+    ('validation', 8, 'held_out.size = 8 leaves no training images of the '
+                      '8: bind a smaller size.'),
+    ('train', 0, 'held_out.size must be a positive integer, got 0')])
+def test_held_out_refuses_a_part_or_size_it_has_not(part, size, message):
+    """Fails if another part is taken for the training part (tried: no
+    check of `part`: 'val' held 6 of 8 images, the training ones, so a
+    validation run evaluated on its training images)."""
+    source = sources.from_arrays(np.zeros([8, 2, 2, 1], np.uint8),
+                                 np.arange(8) % 2, ['a', 'b'])
+    with pytest.raises(checks.ConfigError, match=re.escape(message)):
+        experiment.held_out(source=lambda: source, part=part, size=size)
 
 
 @pytest.mark.parametrize('classes', [(), (1, 1), (10,), (-1,)])

@@ -367,8 +367,19 @@ def held_out(*, source=gin.REQUIRED, part='train', size=5000, seed=0):
         part: `'train'` (everything else) or `'validation'` (`size` images
             chosen by `seed`).
         size, seed: the validation images' count and seed.
+
+    Raises:
+        checks.ConfigError: another `part`, or a `size` that leaves the
+            training part empty.
     """
+    # A typo ('val') would otherwise evaluate on the training part.
+    checks.one_of('held_out.part', part, ('train', 'validation'))
+    checks.integer('held_out.size', size)
     full = source()
+    if size >= full.num_examples:
+        raise checks.ConfigError(
+            f'held_out.size = {size} leaves no training images of the '
+            f'{full.num_examples}: bind a smaller size.')
     order = np.random.default_rng(seed).permutation(full.num_examples)
     chosen = order[:size] if part == 'validation' else order[size:]
     return full.subset(np.sort(chosen))
