@@ -85,3 +85,35 @@ def test_png_still_decodes(tmp_path):
     decoded = sources.decode_image(
         tf.io.read_file(str(tmp_path / 'a.png')), 3).numpy()
     np.testing.assert_array_equal(decoded, image)
+
+
+# The other formats an image folder takes, in every mode PIL writes them:
+# (extension, PIL format, mode).
+OTHER_FILES = [('png', 'PNG', mode) for mode in ('RGB', 'RGBA', 'LA', 'L')] + [
+    ('bmp', 'BMP', 'RGB'), ('bmp', 'BMP', 'L'), ('gif', 'GIF', 'RGB')]
+
+
+@pytest.mark.parametrize('channels', [3, 1])
+def test_other_formats_decode_to_pils_conversion(tmp_path, channels):
+    """PNG, BMP and GIF files of every mode, as PIL's `convert('RGB')` or
+    `convert('L')` gives them, in a dataset map and eagerly. Fails if BMP
+    and GIF files are decoded to one channel by TensorFlow (tried: their
+    decoders refuse it, and an image folder of `channels = 1` skipped them
+    as undecodable), or if a colour PNG's one channel is libpng's (tried:
+    1 grey level off PIL on half of the pixels)."""
+    paths = []
+    for index, (extension, fmt, mode) in enumerate(OTHER_FILES):
+        path = tmp_path / f'{index}_{mode}.{extension}'
+        PIL.Image.fromarray(_photograph(index, 24, 20)).convert(mode).save(
+            path, fmt)
+        paths.append(str(path))
+    source = sources.from_files(paths, paths, labels=np.zeros(len(paths)),
+                                channels=channels)
+    in_map = [image for image, _ in
+              source.ordered_dataset().as_numpy_iterator()]
+    for position, path in enumerate(paths):
+        expected = _pil(path, channels)
+        np.testing.assert_array_equal(source.read(position).numpy(),
+                                      expected, err_msg=path)
+        np.testing.assert_array_equal(in_map[position], expected,
+                                      err_msg=path)

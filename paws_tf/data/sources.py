@@ -29,20 +29,39 @@ def decode_image(encoded, channels):
     JPEGs are decoded with the accurate integer inverse DCT, the one PIL
     (libjpeg's default) uses, so that the pixels are PIL's, which the
     official code reads its images with; `tf.io.decode_image` takes a
-    faster IDCT, a few grey levels away from PIL on most pixels.
-    Grayscale and RGBA files are converted to `channels` (a colour JPEG
-    decoded to one channel gives libjpeg's luma, which PIL's
-    `convert('L')` of the RGB pixels rounds differently); a GIF gives its
-    first frame.
+    faster IDCT, a few grey levels away from PIL on most pixels. A colour
+    JPEG decoded to one channel gives libjpeg's luma, which PIL's
+    `convert('L')` of the RGB pixels rounds differently. Other files are
+    converted as PIL's `convert('L')` or `convert('RGB')` converts them
+    (`_pil_channels`; TensorFlow's BMP and GIF decoders give no single
+    channel); a GIF gives its first frame.
     """
     image = tf.cond(
         tf.io.is_jpeg(encoded),
         lambda: tf.io.decode_jpeg(encoded, channels=channels,
                                   dct_method='INTEGER_ACCURATE'),
-        lambda: tf.io.decode_image(encoded, channels=channels,
-                                   expand_animations=False))
+        lambda: _pil_channels(tf.io.decode_image(
+            encoded, expand_animations=False), channels))
     image.set_shape([None, None, channels])
     return image
+
+
+def _pil_channels(image, channels):
+    """uint8 `[H, W, c]` of 1 to 4 channels (grey, grey and alpha, RGB,
+    RGBA) in `channels` 1 or 3, alpha dropped, as PIL converts: grey
+    repeated, or RGB's luma `(19595 R + 38470 G + 7471 B + 2^15) >> 16`
+    (Pillow's `L24`)."""
+    grey = tf.shape(image)[-1] < 3
+    if channels == 3:
+        return tf.cond(grey, lambda: tf.tile(image[..., :1], [1, 1, 3]),
+                       lambda: image[..., :3])
+
+    def luma():
+        rgb = tf.cast(image[..., :3], tf.int32)
+        weighted = tf.tensordot(rgb, tf.constant([19595, 38470, 7471]), 1)
+        return tf.cast((weighted + 2 ** 15) // 2 ** 16, tf.uint8)[..., None]
+
+    return tf.cond(grey, lambda: image[..., :1], luma)
 
 
 class _Store:
