@@ -6,6 +6,7 @@ again on the new data, `train.on_data_change = 'continue'` resumes on it."""
 import hashlib
 import os
 import pathlib
+import shutil
 
 import pytest
 
@@ -13,6 +14,8 @@ from tests.helpers import image_folders
 from tests.helpers import run_py
 from paws_tf import checkpoints
 from paws_tf import run_dir
+from paws_tf.data import data_fingerprint
+from paws_tf.runner import experiment
 
 
 def digests(directory):
@@ -88,3 +91,18 @@ def test_an_edited_split_file_stops_the_resumed_run(tmp_path, run_main,
     assert 'Training steps 0..16' in output
     assert pathlib.Path(run_dir.RunDir(model_dir).split).read_text() != recorded
     assert checkpoints.latest(run_dir.RunDir(model_dir).checkpoints)[1] == 16
+
+
+def test_image_folders_moved_elsewhere_are_the_same_data(tmp_path):
+    """The labeled and unlabeled folders (the labeled images streamed as
+    unlabeled too) copied to another place have the fingerprint of the
+    originals, as a run resumed on a node's copy reads them. Fails if the
+    unlabeled images are named by their paths (tried: their names then
+    differed, and the resumed run stopped as on changed data)."""
+    image_folders.write_experiment(tmp_path / 'a', unlabeled=2, test=1)
+    shutil.copytree(tmp_path / 'a', tmp_path / 'b')
+    prints = [data_fingerprint.describe(experiment.image_folders(
+        str(tmp_path / root / 'labeled'), str(tmp_path / root / 'unlabeled'))
+        [1]) for root in ('a', 'b')]
+    assert prints[0] == prints[1]
+    assert prints[0]['num_examples'] == 2 * 3 + 4 * 3

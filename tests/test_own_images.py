@@ -344,7 +344,8 @@ def test_the_labeled_images_join_the_unlabeled_set(tmp_path):
     image_folders.write_experiment(tmp_path, unlabeled=5, test=1)
     labeled, unlabeled = experiment.image_folders(
         str(tmp_path / 'labeled'), str(tmp_path / 'unlabeled'))
-    on_disk = sorted(str(p) for p in tmp_path.rglob('*')
+    # Named by folder ('labeled/', 'unlabeled/'), as they lie here.
+    on_disk = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob('*')
                      if p.suffix in ('.png', '.jpg')
                      and 'test' not in p.relative_to(tmp_path).parts)
     assert labeled.num_examples == 12

@@ -253,9 +253,15 @@ def image_folders(labeled_root, unlabeled_root, *, channels=3,
     unlabeled = folders.image_folder(unlabeled_root, labeled=False,
                                      channels=channels)
     if include_labeled_in_unlabeled:
-        paths = ([os.path.join(unlabeled_root, n) for n in unlabeled.names] +
-                 [os.path.join(labeled_root, n) for n in labeled.names])
-        unlabeled = sources.from_files(paths, paths, channels=channels)
+        roots = {'unlabeled': (unlabeled_root, unlabeled.names),
+                 'labeled': (labeled_root, labeled.names)}
+        # Named apart from where the folders lie: a run resumed on a copy
+        # elsewhere (a node's local disk) reads the same data.
+        unlabeled = sources.from_files(
+            [os.path.join(root, n) for root, names in roots.values()
+             for n in names],
+            [f'{part}/{n}' for part, (_, names) in roots.items()
+             for n in names], channels=channels)
     return labeled, unlabeled
 
 
