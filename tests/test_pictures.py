@@ -10,6 +10,7 @@ its image.
 """
 
 import csv
+import re
 
 from matplotlib import figure as mpl_figure
 import numpy as np
@@ -17,6 +18,7 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
+from paws_tf import checks
 from paws_tf.data import sources
 from paws_tf.evaluation import pictures
 
@@ -76,9 +78,30 @@ def test_sprite_lays_thumbnails_row_by_row():
         assert np.all(tile == (round(255 * i / 10) if i < 5 else 0)), i
 
 
-def test_a_sprite_beyond_the_projectors_limit_is_refused():
-    with pytest.raises(ValueError, match='wider than 8192 px'):
-        pictures.sprite(np.zeros((257 ** 2, 32, 32, 3)))
+@pytest.mark.parametrize('binding,message', [
+    ('Pictures.num_examples = 0',
+     'Pictures.num_examples must be a positive integer, got 0'),
+    ('Pictures.num_neighbours = 0',
+     'Pictures.num_neighbours must be a positive integer, got 0'),
+    ('Pictures.max_points = None',
+     'Pictures.max_points must be a positive integer, got None'),
+    # 2000 thumbnails: a 45 x 45 grid of 184 px, 8280 px.
+    ('Pictures.thumbnail_side = 184',
+     'Pictures.max_points = 1000 labeled and as many test thumbnails of '
+     'Pictures.thumbnail_side = 184 px make a sprite 8280 px wide; '
+     "TensorBoard's projector reads up to 8192: fewer points or smaller "
+     'thumbnails.')])
+def test_pictures_out_of_range_are_refused_before_any_data(
+        run_main, tmp_path, binding, message):
+    """Fails if a setting of the pictures goes unchecked until they are
+    drawn, after training and the evaluation (tried: no
+    `Pictures.check_arguments`: `num_examples = 0` ended `--mode=
+    evaluate_nn` in NumPy's 'need at least one array to concatenate', no
+    paws_nn.json written)."""
+    with pytest.raises(checks.ConfigError, match=re.escape(message)):
+        run_main('--gin_file=debug.gin', f'--model_dir={tmp_path / "run"}',
+                 '--mode=train_and_evaluate', f'--gin_bindings={binding}')
+    assert not (tmp_path / 'run').exists()
 
 
 def _rows(path):

@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.plugins import projector
 
+from paws_tf import checks
 from paws_tf.data import pipeline
 
 # Files of the projector, beside the event files of its TensorBoard run.
@@ -60,13 +61,10 @@ def thumbnails(source, count, *, image_size, crop_fraction, side):
 
 def sprite(images):
     """A square grid of `[n, s, s, C]` images in [0, 1], row by row, as
-    uint8 RGB `[g * s, g * s, 3]` (the projector's sprite)."""
+    uint8 RGB `[g * s, g * s, 3]` (the projector's sprite, at most
+    `_MAX_SPRITE_SIDE` wide: `Pictures.check_arguments`)."""
     count, side = len(images), images.shape[1]
     grid = int(np.ceil(np.sqrt(count)))
-    if grid * side > _MAX_SPRITE_SIDE:
-        raise ValueError(f'{count} thumbnails of {side} px make a sprite '
-                         f'wider than {_MAX_SPRITE_SIDE} px: fewer points '
-                         'or smaller thumbnails.')
     canvas = np.zeros([grid * grid, side, side, 3], np.uint8)
     canvas[:count] = np.round(255 * np.clip(images, 0, 1))
     return canvas.reshape(grid, grid, side, side, 3).swapaxes(1, 2).reshape(
@@ -164,6 +162,10 @@ class Pictures:
 
     def __init__(self, labeled, test, *, preprocessing, max_points=1000,
                  num_examples=6, num_neighbours=5, thumbnail_side=32):
+        self.check_arguments(max_points=max_points,
+                             num_examples=num_examples,
+                             num_neighbours=num_neighbours,
+                             thumbnail_side=thumbnail_side)
         self._sources = labeled, test
         self._preprocessing = dict(
             image_size=preprocessing['image_size'],
@@ -174,6 +176,28 @@ class Pictures:
         self._side = thumbnail_side
         self.class_names = labeled.class_names or tuple(
             str(k) for k in range(int(np.max(labeled.labels)) + 1))
+
+    @staticmethod
+    def check_arguments(*, max_points, num_examples, num_neighbours,
+                        thumbnail_side, names=None):
+        """Raises `checks.ConfigError` naming an argument out of range
+        (`names`: what to call each, default `Pictures.<argument>`);
+        run.py runs it on the bound values before any data is read."""
+        name = checks.namer(names, 'Pictures.')
+        for key, value in (('max_points', max_points),
+                           ('num_examples', num_examples),
+                           ('num_neighbours', num_neighbours),
+                           ('thumbnail_side', thumbnail_side)):
+            checks.integer(name(key), value)
+        # Labeled and test points, each class's thumbnails at most.
+        grid = int(np.ceil(np.sqrt(2 * max_points)))
+        if grid * thumbnail_side > _MAX_SPRITE_SIDE:
+            raise checks.ConfigError(
+                f'{name("max_points")} = {max_points} labeled and as many '
+                f'test thumbnails of {name("thumbnail_side")} = '
+                f'{thumbnail_side} px make a sprite {grid * thumbnail_side} '
+                f'px wide; TensorBoard\'s projector reads up to '
+                f'{_MAX_SPRITE_SIDE}: fewer points or smaller thumbnails.')
 
     def __call__(self, log_dir, step, *, supports, support_labels, queries,
                  query_labels, predictions, tau):

@@ -13,6 +13,7 @@ from paws_tf.data import folders
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import pipeline
 from paws_tf.evaluation import evaluate_nn
+from paws_tf.evaluation import pictures
 from paws_tf.evaluation import export
 from paws_tf.nets import backbones
 from paws_tf.runner import experiment
@@ -87,6 +88,8 @@ def _check_arguments(pretraining):
     bound to them."""
     bindings.check_bound(model_lib.PAWSModel.check_arguments,
                          model_lib.PAWSModel)
+    bindings.check_bound(pictures.Pictures.check_arguments,
+                         pictures.Pictures)
     nets.check_impl(
         *bindings.arguments(model_lib.build_model)['sync_bn_impl'])
     if not pretraining:
