@@ -281,6 +281,21 @@ class PAWSModel(tf_keras.Model):
             for name, value in values.items():
                 group[name].update_state(value)
 
+    def fit(self, x=None, *args, **kwargs):
+        """`tf_keras.Model.fit`; raises ValueError for a `tf.data.Dataset`
+        under a strategy of several replicas, which Keras would split: each
+        element is one replica's, its rows ordered by view, so the halves
+        would pair each image with another."""
+        replicas = self.distribute_strategy.num_replicas_in_sync
+        if replicas > 1 and isinstance(x, tf.data.Dataset):
+            raise ValueError(
+                f'fit was given a tf.data.Dataset under a strategy of '
+                f'{replicas} replicas, which would split each replica\'s '
+                'element between them: give it tf_keras.utils.experimental.'
+                'DatasetCreator(pretrain.dataset_fn), pretrain made by '
+                f'make_pretrain_dataset_fn(..., num_replicas={replicas}).')
+        return super().fit(x, *args, **kwargs)
+
     def train_step(self, data):
         optimizer = self.optimizer
         with tf.GradientTape() as tape:

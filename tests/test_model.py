@@ -309,3 +309,26 @@ def test_the_step_logs_what_the_running_optimizer_has():
             0.4 + 0.5 * (0.04 - 0.4) * (1 + np.cos(np.pi * t / 6)),
             rtol=1e-6)
         assert not set(model_lib.TRUST_RATIOS) & set(logs)
+
+
+def test_fit_refuses_a_dataset_that_keras_would_split_across_replicas(
+        two_replicas):
+    """Under two replicas, `fit` of a `tf.data.Dataset` of PAWS elements
+    (each one replica's, global views ordered by view) is refused naming
+    DatasetCreator; the DatasetCreator of the same element trains. Fails
+    if the dataset is let through (tried: Keras split each element
+    between the replicas, one holding the first views and the other the
+    second, and training ran on wrong pairs without an error)."""
+    data = tiny_model.random_step(np.random.default_rng(0), batch=2,
+                                  classes=2, images=1, views=1, multicrop=0)
+    with two_replicas.scope():
+        model = tiny_model.make()
+        tiny_model.compile_and_build(model)
+    dataset = tf.data.Dataset.from_tensors(data).repeat()
+    with pytest.raises(ValueError, match=(
+            r'fit was given a tf\.data\.Dataset under a strategy of 2 '
+            r'replicas, .*DatasetCreator\(pretrain\.dataset_fn\)')):
+        model.fit(dataset, steps_per_epoch=1, verbose=0)
+    model.fit(tf_keras.utils.experimental.DatasetCreator(
+        lambda context: dataset), steps_per_epoch=1, verbose=0)
+    assert model.optimizer.iterations.numpy() == 1
