@@ -201,6 +201,24 @@ def test_an_existing_models_setting_bound_for_the_runs_own_is_refused(
     assert not (tmp_path / 'run').exists()
 
 
+def test_a_split_bound_beside_a_labeled_folder_is_refused(run_main,
+                                                          tmp_path):
+    """`select_labeled` draws labeled images out of one labeled source;
+    image_folders gives its labeled folder whole. Fails if the binding is
+    let through (tried: no `_check_split_bindings`: the run trained on
+    every labeled image, 4 a class, with `labels_per_class = 1` bound)."""
+    paths = image_folders.write_experiment(tmp_path / 'data', unlabeled=2,
+                                           test=1)
+    with pytest.raises(checks.ConfigError, match=re.escape(
+            'select_labeled.labels_per_class is bound, but load_data.train '
+            '= @image_folders gives its labeled images itself')):
+        run_main('--gin_file=image_folders_small.gin',
+                 f'--model_dir={tmp_path / "run"}',
+                 '--gin_bindings=select_labeled.labels_per_class = 1',
+                 *[f'--gin_bindings={b}' for b in image_folders.SMALL + paths])
+    assert not (tmp_path / 'run').exists()
+
+
 def test_a_base_class_parameter_is_taken(clean_gin):
     """LARS passes **kwargs to Keras' optimizer, whose `clipnorm` a config
     may bind. Fails if the unknown-parameter check reads only the class's

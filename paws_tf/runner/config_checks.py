@@ -2,6 +2,7 @@
 configurables, which read each one's values through its own function
 (`bindings.arguments`)."""
 
+import inspect
 import numbers
 import os
 
@@ -12,9 +13,11 @@ from paws_tf import nets
 from paws_tf.data import folders
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import pipeline
+from paws_tf.data import splits
+from paws_tf.data import tfds_sources
 from paws_tf.evaluation import evaluate_nn
-from paws_tf.evaluation import pictures
 from paws_tf.evaluation import export
+from paws_tf.evaluation import pictures
 from paws_tf.nets import backbones
 from paws_tf.runner import experiment
 from paws_tf.runner import train
@@ -159,6 +162,30 @@ def existing_model():
     return evaluate_nn.embedder_of(path, name=name)
 
 
+def _check_split_bindings():
+    """Refuses `select_labeled` bound beside a `load_data.train` source
+    that gives its labeled images itself (a labeled folder, an ImageNet
+    subset): it draws from a single labeled source only."""
+    source = bindings.reference(experiment.load_data, 'train')
+    if source is None:
+        return
+    configurable, _ = bindings.target(source)
+    if configurable not in (experiment.image_folders,
+                            tfds_sources.imagenet_sources):
+        return
+    bound = [parameter for parameter in
+             inspect.signature(splits.select_labeled).parameters
+             if bindings.is_bound(splits.select_labeled, parameter)]
+    if bound:
+        name = bindings.gin_name(configurable)
+        raise checks.ConfigError(
+            f'select_labeled.{bound[0]} is bound, but load_data.'
+            f'train = @{name} gives its labeled images itself, which '
+            'select_labeled would leave as they are: remove the binding, or '
+            'draw the labeled images out of one labeled folder with '
+            'load_data.train = @image_folder.')
+
+
 def _check_own_model_bindings():
     """Refuses `evaluate_nn.tau` and `.embedding` bound for a run's own
     model, which PAWS-NN evaluates as it trained: they apply to an
@@ -216,6 +243,7 @@ def check_config(pretraining=True):
     # An existing model brings its own normalisation.
     multicrop = _check_normalization(folder, required=existing is None)
     _check_arguments(pretraining)
+    _check_split_bindings()
     _check_folders_bound(folder)
     if pretraining:
         _check_support()
