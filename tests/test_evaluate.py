@@ -119,6 +119,21 @@ def test_labels_outside_the_classes_are_rejected():
                          num_classes=7)
 
 
+@pytest.mark.parametrize('shift,message', [
+    (5, r'Support labels must be in \[0, 3\), got \[5, 7\]'),
+    (-1, r'Support labels must be in \[0, 3\), got \[-1, 1\]'),
+    (0.5, 'Support labels must be integer class ids, got float64')])
+def test_classify_refuses_support_labels_outside_the_classes(shift,
+                                                             message):
+    """Fails if `classify` takes them (tried: its one-hot rows of zeros
+    for labels 5-7 classified every query alike, [0, 1, 2], and float
+    labels were truncated)."""
+    queries, _, supports, labels, _ = random_problem(4)
+    with pytest.raises(ValueError, match=message):
+        evaluate.classify(queries, supports, labels % 3 + shift,
+                          num_classes=3)
+
+
 @pytest.fixture(scope='module')
 def run(tmp_path_factory):
     """A tiny run: 400 training images of which 40 labeled, 60 test images,
