@@ -180,3 +180,21 @@ def test_pipeline_and_evaluation_use_the_runs_normalisation():
             classes_per_step=2, images_per_class=2,
             multicrop=augment.IMAGENET_MULTICROP,
             normalization=augment.NORMALIZATIONS['imagenet'])
+
+
+@pytest.mark.parametrize('mean,std', [((127.5,) * 3, (64.0,) * 3),
+                                      ((0.5,) * 3, (2.0,) * 3),
+                                      ((-0.1,) * 3, (0.2,) * 3)])
+def test_values_off_the_pixels_scale_are_refused(mean, std):
+    """Images are normalised as pixels in [0, 1], whose means lie there
+    and stds at or below 0.5. Fails if 0-255 values are taken (tried:
+    mean 127.5 and std 64 went through, and the views averaged -2)."""
+    with pytest.raises(ValueError, match=(
+            r"are not on the pixels' 0-1 scale, .*divide 0-255 values by "
+            r"255 \(ImageNet's: \(0\.485")):
+        normalization_lib.normalization((mean, std), 3)
+    crops = augment.MultiCropConfig(8, (0.5, 1.0), 4, (0.2, 0.5),
+                                    num_local=2, color_strength=0.5,
+                                    blur_prob=0.0, mean=mean, std=std)
+    with pytest.raises(ValueError, match="pixels' 0-1 scale"):
+        normalization_lib.normalized_multicrop(crops, None, 3)

@@ -271,7 +271,8 @@ class MultiCropConfig:
         color_strength: colour distortion strength (0 disables it).
         blur_prob: Gaussian blur probability; like `color_strength`, applied
             to global and local views alike, as in the official PAWS code.
-        mean, std: length-C normalisation constants; None where
+        mean, std: length-C normalisation constants, on the pixels' 0-1
+            scale (ImageNet's `IMAGENET_MEAN`, `IMAGENET_STD`); None where
             `make_pretrain_dataset_fn`'s `normalization` gives them.
         distortion: colour distortion kind, one of `DISTORTIONS`.
     """

@@ -33,6 +33,13 @@ def _normalization_values(binding, mean, std, channels):
         raise ValueError(
             f'{binding}: mean {mean} and std {std} must have one value per '
             'channel each, and positive stds.')
+    # Pixels in [0, 1] have means there and stds of at most 0.5.
+    if min(mean) < 0 or max(mean) > 1 or max(std) > 1:
+        raise ValueError(
+            f'{binding}: mean {mean} and std {std} are not on the pixels\' '
+            '0-1 scale, the one images are normalised on: divide 0-255 '
+            f'values by 255 (ImageNet\'s: {augment.IMAGENET_MEAN}, '
+            f'{augment.IMAGENET_STD}).')
     if channels is not None and len(mean) != channels:
         example = (augment.IMAGENET_MEAN, augment.IMAGENET_STD) if (
             channels == 3) else ((0.5,) * channels, (0.25,) * channels)

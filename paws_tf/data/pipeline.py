@@ -272,6 +272,9 @@ def make_pretrain_dataset_fn(
         labeled: `sources.ImageSource` with labels: the support set.
         num_replicas: R, `strategy.num_replicas_in_sync`.
         global_batch_size: unlabeled images per step over all replicas.
+        classes_per_step: the support classes of a step, over all
+            replicas with `unique_classes_per_replica` (True: each replica
+            samples classes of its own), else on each.
         images_per_class: n, images per class slot on each replica.
         multicrop: `augment.MultiCropConfig`; its colour, blur and
             normalisation settings also apply to the supports.
