@@ -195,6 +195,13 @@ class PAWSModel(tf_keras.Model):
             PAWS-NN compares (`nn_embedding`).
         """
         features = self.backbone(images, training=training)
+        shape = getattr(features, 'shape', None)
+        if shape is None or len(shape) != 2:
+            raise ValueError(
+                'The backbone must return [N, F] features, got '
+                f'{type(features).__name__ if shape is None else shape}: '
+                'end it with a pooling layer (tf_keras.layers.'
+                'GlobalAveragePooling2D()).')
         outputs = {'features': features,
                    'projection': self.projection_head(features,
                                                       training=training)}
@@ -215,6 +222,12 @@ class PAWSModel(tf_keras.Model):
     def _forward(self, data, training):
         """Encodes a step's views and evaluates the objective: `(loss, terms,
         z_global, z_support, labels)`, `labels` those of `z_support`."""
+        if not isinstance(data, dict) or 'support_views' not in data:
+            raise ValueError(
+                'PAWSModel trains on the elements of make_pretrain_dataset_fn'
+                '(...).dataset_fn (dicts of global views, supports and their '
+                f'labels), got {type(data).__name__}: fit '
+                'pretrain.dataset_fn(), not an evaluation dataset or arrays.')
         supports = data['support_views']  # [V K n, Hs, Ws, C]
         global_views = data['global_views']  # [2B, Hg, Wg, C]
         num_support = tf.shape(supports)[0]

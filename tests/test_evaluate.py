@@ -325,3 +325,17 @@ def test_train_and_evaluate_embeds_the_labeled_set_once(tmp_path,
                                rtol=1e-4, atol=1e-6)
     hits = outputs['class_ids'].numpy() == bundle.test.labels
     assert results['top1'] == pytest.approx(hits.mean(), abs=1e-9)
+
+
+def test_an_embedder_refuses_raw_images():
+    """`embedder_from_model` embeds preprocessed float images; uint8 pixels
+    are refused naming the preprocessing and the export. Fails if they are
+    embedded (tried: 0-255 values went through the network unnormalised,
+    without a warning)."""
+    embed = evaluate.embedder_from_model(lambda images, training: images)
+    with pytest.raises(ValueError, match=(
+            r'embed_fn takes preprocessed float images, got uint8: '
+            r'preprocess them \(make_eval_dataset\)')):
+        embed(np.zeros([2, 4], np.uint8))
+    np.testing.assert_array_equal(embed(np.ones([2, 4], np.float32)),
+                                  np.ones([2, 4]))

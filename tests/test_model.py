@@ -11,6 +11,7 @@ from paws_tf import lars
 from paws_tf import losses
 from paws_tf import model as model_lib
 from paws_tf import nets
+from paws_tf.nets import heads
 from paws_tf import schedules
 from tests.helpers import tiny_model
 from tests.test_losses import np_labels
@@ -332,3 +333,36 @@ def test_fit_refuses_a_dataset_that_keras_would_split_across_replicas(
     model.fit(tf_keras.utils.experimental.DatasetCreator(
         lambda context: dataset), steps_per_epoch=1, verbose=0)
     assert model.optimizer.iterations.numpy() == 1
+
+
+@pytest.mark.parametrize('backbone,got', [
+    (lambda: tf_keras.Sequential([tf_keras.layers.Conv2D(4, 3)]),
+     r'\(2, 6, 6, 4\)'),
+    (lambda: tf_keras.Sequential([tf_keras.layers.Lambda(
+        lambda x: {'features': tf.reduce_mean(x, [1, 2])})]), 'dict')])
+def test_a_backbone_without_pooled_features_is_named(backbone, got):
+    """A user's backbone that returns feature maps, or a dict, is refused
+    naming the [N, F] it must return. Fails without the check (tried: the
+    feature maps reached the projection head and the loss, whose error
+    was TensorFlow's 'Dimension 0 in both shapes must be equal'; a dict
+    ended in `KeyError: -1`)."""
+    model = model_lib.PAWSModel(backbone(), heads.ProjectionHead(
+        hidden_dim=4, output_dim=4))
+    with pytest.raises(ValueError, match=(
+            rf'The backbone must return \[N, F\] features, got {got}: end it '
+            r'with a pooling layer')):
+        model(np.zeros([2, 8, 8, 3], np.float32))
+
+
+def test_fit_of_other_data_than_the_pretraining_input_is_named():
+    """Fails if `fit` of an evaluation dataset's (images, labels) goes on
+    into the step (tried: 'tuple indices must be integers or slices, not
+    str' at `data['support_views']`)."""
+    model = tiny_model.make()
+    tiny_model.compile_and_build(model)
+    dataset = tf.data.Dataset.from_tensors(
+        (np.zeros([2, 8, 8, 3], np.float32), np.zeros([2], np.int32)))
+    with pytest.raises(ValueError, match=(
+            r'PAWSModel trains on the elements of make_pretrain_dataset_fn\('
+            r'\.\.\.\)\.dataset_fn .*got tuple')):
+        model.fit(dataset.repeat(), steps_per_epoch=1, verbose=0)

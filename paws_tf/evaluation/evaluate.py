@@ -39,6 +39,12 @@ def embedder_from_model(model):
 
     def embed_fn(images):
         images = tf.convert_to_tensor(images)
+        if not images.dtype.is_floating:
+            raise ValueError(
+                f'embed_fn takes preprocessed float images, got '
+                f'{images.dtype.name}: preprocess them '
+                '(make_eval_dataset), or embed raw images with the '
+                'embedder export.')
         # Traced once per image size for any batch: the last batch of a
         # dataset is smaller, and a trace for each size makes TensorFlow
         # warn of retracing once a few embedders have run.
