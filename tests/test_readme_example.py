@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 import paws_tf
 
@@ -35,6 +36,10 @@ def test_the_public_names_resolve():
 @pytest.mark.slow
 def test_example_trains_classifies_and_exports(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # The example exports into the cwd.
+    # Its initialisation draws from the process's generators, which the
+    # tests run before in this process move: over seeds 0-5 it classified
+    # 63 to 98% of the queries, and 41% once in a test process.
+    tf_keras.utils.set_random_seed(0)
     run = {}
     exec(compile(_example(), str(README), 'exec'), run)  # noqa: S102
 
