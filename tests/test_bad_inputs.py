@@ -7,8 +7,10 @@ import numpy as np
 from PIL import Image
 import pytest
 
+from paws_tf import checks
 from paws_tf.data import folders
 from paws_tf.data import pipeline
+from paws_tf.data import sources
 from paws_tf.data import splits
 from paws_tf.runner import experiment
 from tests.helpers import run_py
@@ -133,6 +135,22 @@ def test_label_files_naming_missing_or_duplicate_images(tmp_path):
     duplicated.write_text('cat/0.jpg\ncat/1.jpg\ncat/0.jpg\n')
     with pytest.raises(ValueError, match='more than once'):
         splits.select_labeled(source, split_file=str(duplicated))
+
+
+@pytest.mark.parametrize('draw,message', [
+    (dict(fraction=10), r'select_labeled\.fraction = 10: give the share of '
+                        r'each class in \(0, 1\], e\.g\. 0\.1 for 10%'),
+    (dict(fraction=0.0), r'select_labeled\.fraction = 0\.0: give the share'),
+    (dict(labels_per_class=0),
+     'select_labeled.labels_per_class must be a positive integer, got 0')])
+def test_a_labeled_share_out_of_range_is_named(draw, message):
+    """Fails if the draw takes it (tried: `fraction = 10`, meant as 10%,
+    stopped on "fewer than labels_per_class=40", a binding the user never
+    made; `fraction = 0` drew no labeled image)."""
+    source = sources.from_arrays(np.zeros([8, 2, 2, 1], np.uint8),
+                                 np.arange(8) % 2, ['a', 'b'])
+    with pytest.raises(checks.ConfigError, match=message):
+        splits.select_labeled(source, **draw)
 
 
 def test_batch_sizes_that_do_not_divide_across_replicas():

@@ -1,6 +1,7 @@
 """The labeled split of a source: drawn with a seed or read from a file."""
 
 import collections
+import numbers
 
 import gin
 import numpy as np
@@ -96,6 +97,13 @@ def select_labeled(source, *, labels_per_class=None, fraction=None, seed=0,
                          'split_file.')
     if source.labels is None:
         raise ValueError('select_labeled needs a source with labels.')
+    if labels_per_class is not None:
+        checks.integer('select_labeled.labels_per_class', labels_per_class)
+    if fraction is not None and not (
+            isinstance(fraction, numbers.Real) and 0 < fraction <= 1):
+        raise checks.ConfigError(
+            f'select_labeled.fraction = {fraction!r}: give the share of each '
+            'class in (0, 1], e.g. 0.1 for 10%.')
     if split_file is not None:
         positions = np.sort(_positions_of(
             source, read_split_file(split_file), split_file))
