@@ -102,6 +102,32 @@ def test_diagnostics_are_logged_at_the_steps_that_computed_them(tmp_path):
     assert points == [(1, 0.0), (11, 10.0), (21, 20.0)]
 
 
+def test_a_resumed_epochs_second_fit_keeps_the_diagnostics_due(tmp_path):
+    """A resumed epoch is one `fit`, the epochs after it another, with one
+    ProgressLog (`fit_from`): diagnostics computed every 3 steps (1, 4,
+    7, 10, ...) and points every 4, the first fit ending at step 10: step
+    10's diagnostics reach TensorBoard at the second fit's point of step
+    12. Fails if `on_train_begin` forgets the last point (tried: step 10's
+    value, computed after the point of step 8, was never written)."""
+    model = small_model()
+    model.diagnostics_every = 3
+    log = callbacks.ProgressLog(str(tmp_path), views_per_step=4,
+                                every_steps=4, num_epochs=2, is_chief=True)
+    log.set_model(model)
+    for steps in (range(1, 11), range(11, 13)):
+        log.on_train_begin()
+        for step in steps:
+            model.optimizer.iterations.assign(step)
+            log.on_train_batch_end(
+                0, {'nt_xent': float((step - 1) // 3 * 3 + 1)})
+    points = [(event.step, float(tf.make_ndarray(value.tensor)))
+              for path in tmp_path.iterdir()
+              for event in tf.compat.v1.train.summary_iterator(str(path))
+              for value in event.summary.value
+              if value.tag == 'diagnostics/nt_xent']
+    assert points == [(4, 4.0), (7, 7.0), (10, 10.0)]
+
+
 def test_throughput_points_leave_out_the_epoch_end(tmp_path, monkeypatch):
     """Steps of 1 s, a point every 3 steps, epochs of 4 steps whose ends
     (evaluation, saves) take 10 s: every point's throughput is 4 views a

@@ -69,6 +69,7 @@ class ProgressLog(tf_keras.callbacks.Callback):
                         else tf.summary.create_noop_writer())
         self._views_per_step = views_per_step
         self._every_steps = every_steps
+        self._logged_step = None  # Of the last point.
         self._num_epochs = num_epochs
 
     def _mark(self):
@@ -76,7 +77,8 @@ class ProgressLog(tf_keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._interval_start = self._mark()
-        self._logged_step = self._interval_start[1]  # Of the last point.
+        if self._logged_step is None:  # Else a resumed epoch's second fit.
+            self._logged_step = self._interval_start[1]
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = self._mark()
