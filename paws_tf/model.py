@@ -196,7 +196,7 @@ class PAWSModel(tf_keras.Model):
         """
         features = self.backbone(images, training=training)
         shape = getattr(features, 'shape', None)
-        if shape is None or len(shape) != 2:
+        if shape is None or tf.TensorShape(shape).rank != 2:
             raise ValueError(
                 'The backbone must return [N, F] features, got '
                 f'{type(features).__name__ if shape is None else shape}: '

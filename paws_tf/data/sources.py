@@ -31,10 +31,12 @@ def decode_image(encoded, channels):
     official code reads its images with; `tf.io.decode_image` takes a
     faster IDCT, a few grey levels away from PIL on most pixels. A colour
     JPEG decoded to one channel gives libjpeg's luma, which PIL's
-    `convert('L')` of the RGB pixels rounds differently. Other files are
-    converted as PIL's `convert('L')` or `convert('RGB')` converts them
-    (`_pil_channels`; TensorFlow's BMP and GIF decoders give no single
-    channel); a GIF gives its first frame.
+    `convert('L')` of the RGB pixels rounds differently. 8-bit PNGs, GIFs
+    and 24- or 32-bit BMPs are converted as PIL's `convert('L')` or
+    `convert('RGB')` converts them (`_pil_channels`; TensorFlow's BMP and
+    GIF decoders give no single channel); a GIF gives its first frame. A
+    16-bit PNG is scaled to 8 bits (PIL clips it), and a palette BMP is
+    what TensorFlow's decoder gives, not its colours.
     """
     image = tf.cond(
         tf.io.is_jpeg(encoded),
