@@ -50,6 +50,21 @@ def _pil(path, channels):
     return array.reshape(array.shape[:2] + (channels,))
 
 
+def _assert_pils_pixels(paths, channels):
+    """The files of `paths` read by a source of `channels`, eagerly and in
+    its dataset's map, are PIL's pixels (`_pil`)."""
+    source = sources.from_files(paths, paths, labels=np.zeros(len(paths)),
+                                channels=channels)
+    in_map = [image for image, _ in
+              source.ordered_dataset().as_numpy_iterator()]
+    for position, path in enumerate(paths):
+        expected = _pil(path, channels)
+        np.testing.assert_array_equal(source.read(position).numpy(),
+                                      expected, err_msg=path)
+        np.testing.assert_array_equal(in_map[position], expected,
+                                      err_msg=path)
+
+
 @pytest.mark.parametrize('channels', [3, 1])
 def test_jpegs_decode_to_pils_pixels(jpegs, channels):
     """RGB, what the official code reads (`convert('RGB')`), for every
@@ -57,16 +72,7 @@ def test_jpegs_decode_to_pils_pixels(jpegs, channels):
     is libjpeg's luma, not PIL's `convert('L')` of the RGB pixels)."""
     if channels == 1:
         jpegs = [path for path in jpegs if path.endswith('gray.jpg')]
-    source = sources.from_files(jpegs, jpegs, labels=np.zeros(len(jpegs)),
-                                channels=channels)
-    in_map = [image for image, _ in
-              source.ordered_dataset().as_numpy_iterator()]
-    for position, path in enumerate(jpegs):
-        expected = _pil(path, channels)
-        eager = source.read(position).numpy()
-        np.testing.assert_array_equal(eager, expected, err_msg=path)
-        np.testing.assert_array_equal(in_map[position], expected,
-                                      err_msg=path)
+    _assert_pils_pixels(jpegs, channels)
 
 
 def test_tensorflows_default_decoder_is_not_pils(jpegs):
@@ -107,13 +113,4 @@ def test_other_formats_decode_to_pils_conversion(tmp_path, channels):
         PIL.Image.fromarray(_photograph(index, 24, 20)).convert(mode).save(
             path, fmt)
         paths.append(str(path))
-    source = sources.from_files(paths, paths, labels=np.zeros(len(paths)),
-                                channels=channels)
-    in_map = [image for image, _ in
-              source.ordered_dataset().as_numpy_iterator()]
-    for position, path in enumerate(paths):
-        expected = _pil(path, channels)
-        np.testing.assert_array_equal(source.read(position).numpy(),
-                                      expected, err_msg=path)
-        np.testing.assert_array_equal(in_map[position], expected,
-                                      err_msg=path)
+    _assert_pils_pixels(paths, channels)

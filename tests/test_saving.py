@@ -57,6 +57,15 @@ def test_saver_saves_when_the_step_reaches_or_passes_an_interval(tmp_path):
     assert saved_steps(state.checkpoint_dir) == [9, 18, 24, 30]
 
 
+def _points(log_dir, tag):
+    """`(step, value)` of every point of `tag` in `log_dir`'s event files,
+    in the order written (a point written twice is there twice)."""
+    return [(event.step, float(tf.make_ndarray(value.tensor)))
+            for path in sorted(log_dir.iterdir())
+            for event in tf.compat.v1.train.summary_iterator(str(path))
+            for value in event.summary.value if value.tag == tag]
+
+
 def test_progress_log_logs_when_the_step_reaches_or_passes_an_interval(
         tmp_path):
     """With 3 steps per call (`train.steps_per_execution = 3`) the
@@ -71,11 +80,8 @@ def test_progress_log_logs_when_the_step_reaches_or_passes_an_interval(
     for step in range(3, 31, 3):
         model.optimizer.iterations.assign(step)
         log.on_train_batch_end(0)
-    steps = [event.step for path in tmp_path.iterdir()
-             for event in tf.compat.v1.train.summary_iterator(str(path))
-             for value in event.summary.value
-             if value.tag == 'throughput/views_per_second']
-    assert steps == [6, 9, 12, 18, 21, 24, 30]
+    points = _points(tmp_path, 'throughput/views_per_second')
+    assert [step for step, _ in points] == [6, 9, 12, 18, 21, 24, 30]
 
 
 def test_diagnostics_are_logged_at_the_steps_that_computed_them(tmp_path):
@@ -94,11 +100,7 @@ def test_diagnostics_are_logged_at_the_steps_that_computed_them(tmp_path):
     for step in range(1, 31):
         model.optimizer.iterations.assign(step)
         log.on_train_batch_end(0, {'nt_xent': float((step - 1) // 10 * 10)})
-    points = [(event.step, float(tf.make_ndarray(value.tensor)))
-              for path in tmp_path.iterdir()
-              for event in tf.compat.v1.train.summary_iterator(str(path))
-              for value in event.summary.value
-              if value.tag == 'diagnostics/nt_xent']
+    points = _points(tmp_path, 'diagnostics/nt_xent')
     assert points == [(1, 0.0), (11, 10.0), (21, 20.0)]
 
 
@@ -120,11 +122,7 @@ def test_a_resumed_epochs_second_fit_keeps_the_diagnostics_due(tmp_path):
             model.optimizer.iterations.assign(step)
             log.on_train_batch_end(
                 0, {'nt_xent': float((step - 1) // 3 * 3 + 1)})
-    points = [(event.step, float(tf.make_ndarray(value.tensor)))
-              for path in tmp_path.iterdir()
-              for event in tf.compat.v1.train.summary_iterator(str(path))
-              for value in event.summary.value
-              if value.tag == 'diagnostics/nt_xent']
+    points = _points(tmp_path, 'diagnostics/nt_xent')
     assert points == [(4, 4.0), (7, 7.0), (10, 10.0)]
 
 
@@ -149,11 +147,7 @@ def test_throughput_points_leave_out_the_epoch_end(tmp_path, monkeypatch):
             log.on_train_batch_end(0)
         log.on_epoch_end(epoch)
         clock[0] += 10.0
-    points = [(event.step, float(tf.make_ndarray(value.tensor)))
-              for path in tmp_path.iterdir()
-              for event in tf.compat.v1.train.summary_iterator(str(path))
-              for value in event.summary.value
-              if value.tag == 'throughput/views_per_second']
+    points = _points(tmp_path, 'throughput/views_per_second')
     assert points == [(3, 4.0), (6, 4.0)]
 
 
@@ -446,9 +440,5 @@ def test_a_resumed_fit_logs_each_step_once_at_its_global_step(tmp_path):
 
     fit_from(model, 0, [progress_log()], stop_at=7)
     fit_from(model, 7, [progress_log()])
-    steps = []
-    for path in tmp_path.iterdir():
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
-            steps += [event.step for value in event.summary.value
-                      if value.tag == 'throughput/views_per_second']
-    assert sorted(steps) == list(range(1, 16))
+    assert sorted(step for step, _ in _points(
+        tmp_path, 'throughput/views_per_second')) == list(range(1, 16))
