@@ -1,7 +1,9 @@
 """Cross-replica collectives of the loss and the train step, the identity
-with one replica or outside a replica context."""
+with one replica or outside a replica context; a step's values averaged
+over replicas (`LastValue`)."""
 
 import tensorflow as tf
+import tf_keras
 
 
 def _replica_context():
@@ -38,3 +40,29 @@ def all_reduce_mean(x):
     needs."""
     ctx = _replica_context()
     return x if ctx is None else ctx.all_reduce(tf.distribute.ReduceOp.MEAN, x)
+
+
+class LastValue(tf_keras.metrics.Metric):
+    """The most recent value, averaged over replicas (not over steps).
+
+    For values that describe the current step (learning rate, trust ratios,
+    occasional diagnostics): Keras would sum raw per-replica tensors returned
+    by `train_step` (its "auto" reduction), and a `Mean` tracker would
+    average them over the epoch. `initial`: its value before any update.
+    """
+
+    def __init__(self, name, initial=0.0, **kwargs):
+        super().__init__(name=name, **kwargs)
+        self._value = self.add_weight(
+            name='value', initializer=tf_keras.initializers.Constant(
+                initial), aggregation=tf.VariableAggregation.MEAN)
+
+    def update_state(self, value):
+        self._value.assign(tf.cast(value, self.dtype))
+
+    def result(self):
+        return tf.identity(self._value)
+
+    def reset_state(self):
+        """Keeps the value: Keras resets metrics at every epoch start, and a
+        value computed every N steps must not read 0 in between."""

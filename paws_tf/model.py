@@ -24,32 +24,6 @@ TRUST_RATIOS = ('trust_ratio_mean', 'trust_ratio_min', 'trust_ratio_max')
 DIAGNOSTICS = ('nt_xent', 'suncet')
 
 
-class LastValue(tf_keras.metrics.Metric):
-    """The most recent value, averaged over replicas (not over steps).
-
-    For values that describe the current step (learning rate, trust ratios,
-    occasional diagnostics): Keras would sum raw per-replica tensors returned
-    by `train_step` (its "auto" reduction), and a `Mean` tracker would
-    average them over the epoch. `initial`: its value before any update.
-    """
-
-    def __init__(self, name, initial=0.0, **kwargs):
-        super().__init__(name=name, **kwargs)
-        self._value = self.add_weight(
-            name='value', initializer=tf_keras.initializers.Constant(
-                initial), aggregation=tf.VariableAggregation.MEAN)
-
-    def update_state(self, value):
-        self._value.assign(tf.cast(value, self.dtype))
-
-    def result(self):
-        return tf.identity(self._value)
-
-    def reset_state(self):
-        """Keeps the value: Keras resets metrics at every epoch start, and a
-        value computed every N steps must not read 0 in between."""
-
-
 @gin.configurable(denylist=['backbone', 'projection_head', 'prediction_head'])
 class PAWSModel(tf_keras.Model):
     """Encoder f (backbone + projection head) and optional prediction head g.
@@ -169,10 +143,10 @@ class PAWSModel(tf_keras.Model):
                        for name in names}
         # The same values of the last step alone (TensorBoard's per-step
         # points; the means above run over the epoch).
-        self._steps = {name: LastValue(name=STEP_PREFIX + name)
+        self._steps = {name: dist.LastValue(name=STEP_PREFIX + name)
                        for name in names}
         # The diagnostics read NaN until this process computes them.
-        self._last = {name: LastValue(
+        self._last = {name: dist.LastValue(
             name, float('nan') if name in DIAGNOSTICS else 0.0) for name in (
                 'learning_rate', *TRUST_RATIOS, 'weight_decay', *DIAGNOSTICS)}
 

@@ -22,7 +22,6 @@ from paws_tf.evaluation import evaluate
 from paws_tf.evaluation import tuning
 from paws_tf import lars as lars_lib
 from paws_tf import losses
-from paws_tf import model as model_lib
 from paws_tf import schedules
 
 # `sampling.derive_seed` tag of the views, apart from sampling's and the
@@ -88,8 +87,8 @@ class _SuncetTrainer(tf_keras.Model):
     def __init__(self, trunk, num_classes, tau):
         super().__init__()
         self.trunk, self.num_classes, self.tau = trunk, num_classes, tau
-        self._loss = model_lib.LastValue('loss')
-        self._learning_rate = model_lib.LastValue('learning_rate')
+        self._loss = dist.LastValue('loss')
+        self._learning_rate = dist.LastValue('learning_rate')
         cluster.report_results_once(self)
 
     @property
