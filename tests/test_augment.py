@@ -18,6 +18,7 @@ from PIL import Image
 from PIL import ImageFilter
 from PIL import ImageOps
 
+from paws_tf import checks
 from paws_tf.data import augment
 from paws_tf.data import image_ops
 
@@ -702,3 +703,23 @@ def test_same_seed_same_output_everywhere(name, fn, always_differs):
     # int32 seeds are accepted and give the same stream as int64 ones.
     for a, b in zip(eager[0], tf.nest.flatten(fn(seeds[0].astype(np.int32)))):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize('change,message', [
+    (dict(global_scale=(1.0, 0.14)), r'MultiCropConfig\.global_scale = '
+     r'\(1\.0, 0\.14\): give \(low, high\) area fractions with 0 < low'),
+    (dict(local_scale=(0.0, 0.5)), r'MultiCropConfig\.local_scale = '
+                                   r'\(0\.0, 0\.5\)'),
+    (dict(global_scale=(0.5, 1.5)), r'MultiCropConfig\.global_scale'),
+    (dict(num_local=-1), r'MultiCropConfig\.num_local must be a '
+                         r'non-negative integer, got -1'),
+    (dict(local_size=0), r'MultiCropConfig\.local_size must be a positive'),
+    (dict(blur_prob=1.5), r'MultiCropConfig\.blur_prob = 1\.5: give a '
+                          r'probability in \[0, 1\]')])
+def test_a_multicrop_out_of_range_is_named(change, message):
+    """Fails if the config takes it (tried: no checks in `__post_init__`:
+    reversed scales, a scale of 0 or over 1 and `num_local = -1`, which
+    made no local view, went through; `local_size = 0` ended in
+    TensorFlow's "inner 3 dims of 'image.shape' must be > 0")."""
+    with pytest.raises(checks.ConfigError, match=message):
+        dataclasses.replace(augment.IMAGENET_MULTICROP, **change)

@@ -6,6 +6,7 @@ import functools
 import gin
 import tensorflow as tf
 
+from paws_tf import checks
 from paws_tf.data import image_ops
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -293,6 +294,25 @@ class MultiCropConfig:
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         check_distortion(self.distortion)
+        checks.integer('MultiCropConfig.num_local', self.num_local,
+                       minimum=0)
+        views = ['global'] + (['local'] if self.num_local else [])
+        for view in views:
+            checks.integer(f'MultiCropConfig.{view}_size',
+                           getattr(self, f'{view}_size'))
+            scale = getattr(self, f'{view}_scale')
+            # A crop's area fraction: uniform in [low, high] of the image.
+            if not (len(scale) == 2 and 0 < scale[0] <= scale[1] <= 1):
+                raise checks.ConfigError(
+                    f'MultiCropConfig.{view}_scale = {scale}: give (low, '
+                    'high) area fractions with 0 < low <= high <= 1.')
+        checks.number('MultiCropConfig.color_strength', self.color_strength,
+                      low=0.0)
+        if not 0 <= checks.number('MultiCropConfig.blur_prob',
+                                  self.blur_prob) <= 1:
+            raise checks.ConfigError(
+                f'MultiCropConfig.blur_prob = {self.blur_prob}: give a '
+                'probability in [0, 1].')
 
     def view_function(self, size, scale):
         """`view_function` of this config's colour, blur and normalisation
