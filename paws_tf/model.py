@@ -196,12 +196,7 @@ class PAWSModel(tf_keras.Model):
     def _forward(self, data, training):
         """Encodes a step's views and evaluates the objective: `(loss, terms,
         z_global, z_support, labels)`, `labels` those of `z_support`."""
-        if not isinstance(data, dict) or 'support_views' not in data:
-            raise ValueError(
-                'PAWSModel trains on the elements of make_pretrain_dataset_fn'
-                '(...).dataset_fn (dicts of global views, supports and their '
-                f'labels), got {type(data).__name__}: fit '
-                'pretrain.dataset_fn(), not an evaluation dataset or arrays.')
+        _check_step_input(data)
         supports = data['support_views']  # [V K n, Hs, Ws, C]
         global_views = data['global_views']  # [2B, Hg, Wg, C]
         num_support = tf.shape(supports)[0]
@@ -374,6 +369,16 @@ def build_model(*, input_channels, sync_bn, sync_bn_impl=nets.KERAS,
                                        **norms)
                   if prediction_head else None)
     return PAWSModel(backbone, projection, prediction)
+
+
+def _check_step_input(data):
+    """Raises ValueError unless `data` is a pre-training element."""
+    if not isinstance(data, dict) or 'support_views' not in data:
+        raise ValueError(
+            'PAWSModel trains on the elements of make_pretrain_dataset_fn'
+            '(...).dataset_fn (dicts of global views, supports and their '
+            f'labels), got {type(data).__name__}: fit '
+            'pretrain.dataset_fn(), not an evaluation dataset or arrays.')
 
 
 def _num_local(global_views, local_views):
