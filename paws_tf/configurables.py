@@ -22,16 +22,11 @@ from paws_tf.runner import experiment, train  # noqa: F401
 # pylint: enable=unused-import
 
 
-# The denylisted parameters that a run passes itself: what sets them.
+# The denylisted parameters that a run passes itself: what sets them
+# (besides `backbones.SET_BY_BUILD_MODEL`, `build_model`'s).
 _SET_BY_THE_RUN = {
     'PredictionHead.output_dim': 'ProjectionHead.output_dim (the heads '
                                  'share their width)',
-    'ProjectionHead.sync_bn': 'build_model.sync_bn',
-    'ProjectionHead.sync_bn_impl': 'build_model.sync_bn_impl',
-    'PredictionHead.sync_bn': 'build_model.sync_bn',
-    'PredictionHead.sync_bn_impl': 'build_model.sync_bn_impl',
-    'build_backbone.sync_bn': 'build_model.sync_bn',
-    'build_backbone.sync_bn_impl': 'build_model.sync_bn_impl',
     'fine_tune.image_size': 'eval_preprocessing.image_size',
     'fine_tune.crop_fraction': 'eval_preprocessing.crop_fraction',
     'fine_tune.mean': 'load_data.normalization',
@@ -47,8 +42,10 @@ def _closest(message):
     denylisted = re.match(r"Configurable '([\w.]+)' has denylisted kwarg "
                           r"'(\w+)'", message)
     if denylisted:
-        name = '.'.join(denylisted.groups())
-        source = _SET_BY_THE_RUN.get(name)
+        name, parameter = '.'.join(denylisted.groups()), denylisted[2]
+        source = (f'build_model.{parameter}'
+                  if parameter in backbones.SET_BY_BUILD_MODEL
+                  else _SET_BY_THE_RUN.get(name))
         return f' The run sets {name} itself' + (
             f': set {source} instead.' if source else
             '; remove the binding.')
