@@ -3,6 +3,7 @@
 import json
 import os
 
+import gin
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -167,10 +168,26 @@ def exported(run):
     return evaluate_nn.of_export(run_dir.RunDir(run['model_dir']).embedder)
 
 
-def test_evaluate_nn_with_the_saved_model(run, capsys):
-    results = evaluate_nn.evaluate_nn(
-        run_dir.RunDir(run['model_dir']), exported(run), labeled=run['labeled'],
-        test=run['test'], batch_size=16, **EVAL)
+def test_evaluate_nn_with_the_saved_model(run, capsys, monkeypatch):
+    """Also fails if `PawsNN.batch_size`, bound in gin, is not the batch of
+    every image evaluate_nn embeds (it passed its own 256 over it); the
+    pictures, which read images at their own batch, are drawn by
+    test_pictures."""
+    batches = []
+    make = pipeline.make_eval_dataset
+    monkeypatch.setattr(pipeline, 'make_eval_dataset', lambda *args, **kw: (
+        batches.append(kw['batch_size']) or make(*args, **kw)))
+    with gin.unlock_config():
+        gin.parse_config('PawsNN.batch_size = 16')
+    try:
+        results = evaluate_nn.evaluate_nn(
+            run_dir.RunDir(run['model_dir']), exported(run),
+            labeled=run['labeled'], test=run['test'], pictures=False,
+            **EVAL)
+    finally:
+        gin.clear_config()
+    # The support (PawsNN's, and the one embedded), the queries.
+    assert batches == [16] * 3
     path = os.path.join(run['model_dir'], 'eval', 'paws_nn.json')
     assert results['results_file'] == path
     with open(path) as f:

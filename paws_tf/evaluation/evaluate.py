@@ -234,6 +234,7 @@ class PawsNN:
         self._sizes = labeled.num_examples, num_queries
         self.num_classes = (len(labeled.class_names) or
                             int(np.max(labeled.labels)) + 1)
+        self.batch_size = batch_size
         self._tau, self._tag, self._query_chunk = tau, tag, query_chunk
         self._writer = log_dir and tf.summary.create_file_writer(log_dir)
         self._log_dir, self._pictures = log_dir, pictures and (

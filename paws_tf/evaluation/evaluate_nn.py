@@ -39,9 +39,8 @@ def of_export(export_dir):
 @gin.configurable(
     denylist=['run', 'embedder', 'labeled', 'test', 'classifier'])
 def evaluate_nn(run, embedder=None, *, labeled, test, image_size,
-                crop_fraction, mean, std, tau=0.1, embedding=None,
-                batch_size=256, step=0, pictures=True, classifier=False,
-                from_model=None):
+                crop_fraction, mean, std, tau=0.1, embedding=None, step=0,
+                pictures=True, classifier=False, from_model=None):
     """PAWS-NN of `embedder` (`evaluate.PawsNN`) on the chief alone, the
     support exactly the labeled set the run records: TensorBoard's
     `paws_nn_test/*` in `tensorboard/eval`, `eval/paws_nn.json` and a
@@ -56,7 +55,8 @@ def evaluate_nn(run, embedder=None, *, labeled, test, image_size,
         image_size, crop_fraction, mean, std: the preprocessing.
         embedding: 'projection' or 'prediction' (`PAWSModel.nn_embedding`)
             or None (the embedder's); another one is refused.
-        tau, batch_size, step: as for `PawsNN` and its call.
+        tau, step: as for `PawsNN` and its call (its batch size is
+            `PawsNN.batch_size`, at epoch ends too).
         pictures: draw the pictures (`pictures.Pictures`, its defaults).
         from_model: an existing model (an embedder export, or a run
             directory holding one), evaluated when `embedder` is None.
@@ -80,17 +80,18 @@ def evaluate_nn(run, embedder=None, *, labeled, test, image_size,
     embedding = _checked_embedding(
         embedder, embedding, dict(preprocessing, channels=labeled.channels))
     embed_fn = evaluate.embedder_from_model(embedder.model)
-    supports = embed_labeled(embed_fn, labeled, preprocessing, batch_size)
+    paws_nn = evaluate.PawsNN(
+        labeled, test, preprocessing=preprocessing, tau=tau,
+        log_dir=run.eval_logs, tag='paws_nn_test',
+        pictures=run.nn_figure if pictures else None)
+    supports = embed_labeled(embed_fn, labeled, preprocessing,
+                             paws_nn.batch_size)
     if classifier:
         export_classifier(run, embedder.model, labeled, preprocessing,
                           channels=labeled.channels, tau=tau,
                           supports=supports)
     os.makedirs(run.eval, exist_ok=True)
-    results = evaluate.PawsNN(
-        labeled, test, preprocessing=preprocessing, tau=tau,
-        log_dir=run.eval_logs, tag='paws_nn_test', batch_size=batch_size,
-        pictures=run.nn_figure if pictures else None)(embed_fn, step,
-                                                      supports)
+    results = paws_nn(embed_fn, step, supports)
     results.update(source=embedder.source, source_path=embedder.path,
                    embedding=embedding, tau=tau, step=step,
                    split_file=split_file,

@@ -200,7 +200,7 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
                      classes_per_step=10, images_per_class=64, views=2,
                      flip=True, learning_rate=0.1, final_learning_rate=0.01,
                      momentum=0.9, lars=True, trust_coefficient=0.001,
-                     tau=0.1, eval_every_epochs=1, eval_batch_size=256):
+                     tau=0.1, eval_every_epochs=1):
     """PAWS App. C (the module's docstring): `(trunk, results)`, the trunk
     weights and results JSON in `output_dir`, the epochs' TensorBoard logs
     in `log_dir`. Bad sizes raise ValueError before any training.
@@ -218,8 +218,8 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
         lars, trust_coefficient: wrap the SGD in LARS of eta 0.001 (True);
             False is the paper's plain momentum SGD.
         tau: SuNCEt and PAWS-NN temperature (0.1).
-        eval_every_epochs, eval_batch_size: PAWS-NN every this many epochs
-            (0: only before and after), and its batch.
+        eval_every_epochs: PAWS-NN every this many epochs (0: only before
+            and after); its batch is `PawsNN.batch_size`.
     """
     strategy = strategy or tf.distribute.get_strategy()
     num_classes, steps_per_epoch = _checked_sizes(
@@ -234,7 +234,7 @@ def fine_tune_suncet(model, labeled, test, *, output_dir, image_size,
         views=views, flip=flip, num_replicas=strategy.num_replicas_in_sync,
         seed=seed, **preprocessing)
     paws_nn = evaluate.PawsNN(labeled, test, preprocessing=preprocessing,
-                              tau=tau, batch_size=eval_batch_size)
+                              tau=tau)
     with strategy.scope():
         trainer = _SuncetTrainer(tuning.build_trunk(model), num_classes, tau)
         trainer.compile(optimizer=_suncet_optimizer(
