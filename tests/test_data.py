@@ -296,6 +296,17 @@ def test_eval_dataset_in_order_with_remainder():
         np.concatenate([labels for _, labels in batches]), [7, 2, 9])
 
 
+def test_eval_dataset_refuses_a_normalisation_off_the_0_1_scale():
+    """Fails if ImageNet's 0-255 statistics are taken as given: every view
+    then came out about 255 times too small, with no error."""
+    source = sources.from_arrays(np.zeros([2, 6, 6, 3], np.uint8), [0, 1])
+    with pytest.raises(ValueError, match="make_eval_dataset's mean and "
+                                         "std: .* not on the pixels' 0-1"):
+        pipeline.make_eval_dataset(
+            source, batch_size=2, image_size=4, crop_fraction=1.0,
+            mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375))
+
+
 def test_builders_take_sizes_from_gin():
     gin.clear_config()
     try:

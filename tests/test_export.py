@@ -270,10 +270,19 @@ def test_inconsistent_arguments_are_rejected(exported, tmp_path):
     on the process's variable scope, so every later model built in that
     process failed ("Caching devices is not yet supported ...")."""
     model, supports = exported['model'], exported['supports']
-    with pytest.raises(ValueError, match='need 3 values'):
+    with pytest.raises(ValueError, match=r'gives 1 channel\(s\) .* '
+                                         'decoded to 3'):
         export.export_embedder(model, str(tmp_path), image_size=SIZE,
                                crop_fraction=CROP, mean=[0.5], std=[0.5],
                                channels=3)
+    # ImageNet's statistics on the 0-255 scale: the export then served
+    # images normalised about 255 times too little, with no error.
+    with pytest.raises(ValueError, match="preprocessing: mean .* not on "
+                                         "the pixels' 0-1 scale"):
+        export.export_embedder(
+            model, str(tmp_path), image_size=SIZE, crop_fraction=CROP,
+            mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375],
+            channels=3)
     with pytest.raises(ValueError, match=r'must be in \[0, 6\)'):
         export.export_classifier(
             model, str(tmp_path), support_embeddings=supports,

@@ -20,8 +20,10 @@ _CHOICES = (
     f"pair such as ((0.5,), (0.25,)) ('{FROM_DATA}': from the images)")
 
 
-def _normalization_values(binding, mean, std, channels):
-    """`(mean, std)` as float tuples, checked (`binding` names them)."""
+def checked_values(binding, mean, std, channels):
+    """`(mean, std)` as float tuples, checked: numbers on the 0-1 scale,
+    positive stds, `channels` of each if not None; ValueError naming
+    `binding` otherwise."""
     try:
         mean = tuple(float(m) for m in mean)
         std = tuple(float(s) for s in std)
@@ -66,7 +68,7 @@ def normalization(spec, channels=None):
             raise ValueError(f'{binding} is unknown: use {_CHOICES}.')
         spec = augment.NORMALIZATIONS[spec]
     if isinstance(spec, (list, tuple)) and len(spec) == 2:
-        return _normalization_values(binding, *spec, channels)
+        return checked_values(binding, *spec, channels)
     raise ValueError(f'{binding} is not a normalisation: use {_CHOICES}.')
 
 
@@ -207,6 +209,6 @@ def normalized_multicrop(multicrop, normalization_, channels):
         normalization_ = multicrop.mean, multicrop.std
     else:
         refuse_own('MultiCropConfig', multicrop.mean, multicrop.std)
-    mean, std = _normalization_values(where, *required(normalization_),
+    mean, std = checked_values(where, *required(normalization_),
                                       channels)
     return dataclasses.replace(multicrop, mean=mean, std=std)

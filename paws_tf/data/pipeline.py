@@ -348,7 +348,11 @@ def make_eval_dataset(source, *, batch_size, image_size, crop_fraction, mean,
     """`(float32 [b, S, S, C], int32 [b])` batches (the last one may be
     smaller) of every image of the labeled `source` once, in source order,
     as `augment.center_view` of `image_size` S, `crop_fraction`, `mean`
-    and `std` gives it."""
+    and `std` (on the 0-1 scale, one per channel: ValueError else) gives
+    it."""
+    mean, std = normalization_lib.checked_values(
+        'make_eval_dataset\'s mean and std', mean, std, source.channels)
+
     @augment.AS_WRITTEN
     def view(image, label):
         return augment.center_view(image, image_size,

@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from paws_tf import cluster
 from paws_tf.data import augment
+from paws_tf.data import normalization
 from paws_tf import losses
 
 # Beside each export (`RunDir.embedder`, `RunDir.classifier`).
@@ -83,9 +84,8 @@ class _Servable(tf.Module):
     def __init__(self, model, head, *, image_size, crop_fraction, mean, std,
                  channels):
         super().__init__(name='paws_servable')
-        if len(mean) != channels or len(std) != channels:
-            raise ValueError(f'mean {mean} and std {std} need {channels} '
-                             f'values (one per channel).')
+        mean, std = normalization.checked_values(
+            'The export\'s preprocessing', mean, std, channels)
         if not 0 < crop_fraction <= 1:
             raise ValueError(f'crop_fraction must be in (0, 1], got '
                              f'{crop_fraction}.')
