@@ -9,6 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from paws_tf.data import augment
 from paws_tf.evaluation import export
@@ -293,6 +294,21 @@ def test_inconsistent_arguments_are_rejected(exported, tmp_path):
             model, str(tmp_path), support_embeddings=supports,
             support_labels=[0, 1], class_names=CLASS_NAMES, tau=0.1,
             **PREPROCESSING)
+    assert tf.compat.v1.get_variable_scope().caching_device is None
+
+
+def test_a_model_without_embeddings_is_refused_before_saving(tmp_path):
+    """Fails if a model that returns a plain tensor (a backbone) is
+    exported: its export returned a tensor where the signature promises
+    a dict, and evaluate_nn failed on it later."""
+    backbone = tf_keras.Sequential([tf_keras.layers.Flatten(),
+                                    tf_keras.layers.Dense(4)])
+    backbone.build((None, SIZE, SIZE, 3))
+    with pytest.raises(ValueError, match="must return a dict with "
+                                         "'embeddings'.* returns a tensor"):
+        export.export_embedder(backbone, str(tmp_path / 'export'),
+                               **PREPROCESSING)
+    assert not (tmp_path / 'export').exists()
     assert tf.compat.v1.get_variable_scope().caching_device is None
 
 

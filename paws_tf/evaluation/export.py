@@ -119,6 +119,14 @@ class _Servable(tf.Module):
 
     def _outputs(self, images):
         outputs = self.model(images, training=False)
+        if not isinstance(outputs, dict) or 'embeddings' not in outputs:
+            returned = (f'a dict of {sorted(outputs)}'
+                        if isinstance(outputs, dict) else 'a tensor')
+            raise ValueError(
+                "The exported model must return a dict with 'embeddings', "
+                f'as model.PAWSModel does; {type(self.model).__name__} '
+                f'returns {returned}: export the PAWSModel that holds the '
+                'backbone.')
         return outputs if self.head is None else self.head(outputs)
 
     def _serve_raw(self, images):
@@ -149,13 +157,16 @@ class _Servable(tf.Module):
 
     def save(self, export_dir, preprocessed_signature, strategy, extra_info):
         """Saves the module and preprocessing.json (the chief's copy)."""
+        # Traced first, so that `_outputs`' error is raised outside the
+        # raw signature's `tf.map_fn`.
+        preprocessed = self.call_preprocessed.get_concrete_function()
         raw = self.__call__.get_concrete_function(
             tf.TensorSpec(None, tf.uint8, name='images'))
         for dtype in _REJECTED_DTYPES:
             self.__call__.get_concrete_function(
                 tf.TensorSpec(None, dtype, name='images'))
-        signatures = {'serving_default': raw, preprocessed_signature:
-                      self.call_preprocessed.get_concrete_function()}
+        signatures = {'serving_default': raw,
+                      preprocessed_signature: preprocessed}
         info = dict(self.preprocessing, input='uint8 [N, H, W, C]',
                     signatures=sorted(signatures),
                     embedding=getattr(self.model, 'nn_embedding', None),
