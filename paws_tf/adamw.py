@@ -29,7 +29,7 @@ def is_excluded_from_decay(variable):
 
 
 @tf_keras.saving.register_keras_serializable(package='paws_tf')
-@gin.configurable
+@gin.configurable(denylist=['learning_rate'])
 class AdamW(lars.DenseOptimizer):
     """Adam with decoupled weight decay, as `torch.optim.AdamW`.
 

@@ -24,15 +24,24 @@ from paws_tf.runner import experiment, train  # noqa: F401
 
 # The denylisted parameters that a run passes itself: what sets them
 # (besides `backbones.SET_BY_BUILD_MODEL`, `build_model`'s).
+_PREPROCESSING = {'image_size': 'eval_preprocessing.image_size',
+                  'crop_fraction': 'eval_preprocessing.crop_fraction',
+                  'mean': 'load_data.normalization',
+                  'std': 'load_data.normalization'}
 _SET_BY_THE_RUN = {
     'PredictionHead.output_dim': 'ProjectionHead.output_dim (the heads '
                                  'share their width)',
-    'fine_tune.image_size': 'eval_preprocessing.image_size',
-    'fine_tune.crop_fraction': 'eval_preprocessing.crop_fraction',
-    'fine_tune.mean': 'load_data.normalization',
-    'fine_tune.std': 'load_data.normalization',
     'make_pretrain_dataset_fn.seed': 'train.seed',
-    'make_strategy.kind': "run.py's --strategy flag"}
+    'make_strategy.kind': "run.py's --strategy flag",
+    'build_backbone.input_channels': "the data's channels (CHANNELS in the "
+                                     'folder configs)',
+    'LARS.learning_rate': 'WarmupCosineDecay.* (fine-tuning: '
+                          'fine_tune_suncet.learning_rate)',
+    'AdamW.learning_rate': 'WarmupCosineDecay.*',
+    'make_eval_dataset.batch_size': 'PawsNN.batch_size',
+    **{f'{name}.{parameter}': source
+       for name in ('fine_tune', 'make_eval_dataset', 'evaluate_nn')
+       for parameter, source in _PREPROCESSING.items()}}
 
 
 def _closest(message):

@@ -97,7 +97,7 @@ class DenseOptimizer(tf_keras.optimizers.Optimizer):
 
 
 @tf_keras.saving.register_keras_serializable(package='paws_tf')
-@gin.configurable
+@gin.configurable(denylist=['learning_rate'])
 class LARS(DenseOptimizer):
     """Layer-wise adaptive rate scaling with classical momentum.
 

@@ -258,12 +258,11 @@ def test_gin_binds_builder_arguments():
     try:
         gin.parse_config("""
             build_backbone.name = 'small_resnet'
-            build_backbone.input_channels = 1
             small_resnet.widths = (8, 12)
             small_resnet.blocks_per_stage = (1, 2)
             small_resnet.stage_strides = (1, 2)
         """)
-        model = backbones.build_backbone()
+        model = backbones.build_backbone(input_channels=1)
     finally:
         gin.clear_config()
     assert model.output_dim == 12

@@ -162,6 +162,15 @@ def test_a_name_nothing_reads_is_named_with_the_closest(run_main, tmp_path,
     ('make_pretrain_dataset_fn.start_step = 3', None),
     ("make_strategy.kind = 'mirrored'", "run.py's --strategy flag"),
     ('ProjectionHead.sync_bn = True', 'build_model.sync_bn'),
+    ('build_backbone.input_channels = 1', "the data's channels"),
+    ('LARS.learning_rate = 0.1', 'WarmupCosineDecay.*'),
+    ('AdamW.learning_rate = 0.1', 'WarmupCosineDecay.*'),
+    ('make_eval_dataset.batch_size = 8', 'PawsNN.batch_size'),
+    ('make_eval_dataset.image_size = 8', 'eval_preprocessing.image_size'),
+    ('make_eval_dataset.std = (0.5,)', 'load_data.normalization'),
+    ('evaluate_nn.crop_fraction = 1.0', 'eval_preprocessing.crop_fraction'),
+    ('evaluate_nn.mean = (0.5,)', 'load_data.normalization'),
+    ('evaluate_nn.step = 3', None),
 ])
 def test_a_parameter_the_run_passes_itself_is_refused(clean_gin, binding,
                                                       source):
@@ -169,7 +178,9 @@ def test_a_parameter_the_run_passes_itself_is_refused(clean_gin, binding,
     overridden unseen, is refused naming what sets it. Fails if one is
     bindable (tried: `PredictionHead.output_dim = 8` without its denylist:
     the prediction stayed the projection's 32 wide; the same for the
-    preprocessing of `--mode=fine_tune`, the input's seed and --strategy),
+    preprocessing of `--mode=fine_tune`, the input's seed, --strategy,
+    the images' channels, the optimizers' rate (the schedule's), the
+    evaluation's batch, preprocessing and step),
     or if what sets it is not a parameter of the configs (a renamed one)."""
     with pytest.raises(checks.ConfigError, match=re.escape(
             f'The run sets {binding.split(" = ")[0]} itself' +

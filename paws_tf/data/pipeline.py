@@ -342,7 +342,10 @@ def finish(dataset, deterministic=None):
     return dataset.prefetch(tf.data.AUTOTUNE).with_options(options)
 
 
-@gin.configurable(denylist=['source'])
+# Configurable only so that a binding of its arguments, which every caller
+# passes, is refused naming what sets them (`configurables`).
+@gin.configurable(denylist=['source', 'batch_size', 'image_size',
+                             'crop_fraction', 'mean', 'std'])
 def make_eval_dataset(source, *, batch_size, image_size, crop_fraction, mean,
                       std):
     """`(float32 [b, S, S, C], int32 [b])` batches (the last one may be

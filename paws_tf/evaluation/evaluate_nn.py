@@ -37,7 +37,8 @@ def of_export(export_dir):
 
 
 @gin.configurable(
-    denylist=['run', 'embedder', 'labeled', 'test', 'classifier'])
+    denylist=['run', 'embedder', 'labeled', 'test', 'classifier', 'image_size',
+              'crop_fraction', 'mean', 'std', 'step'])
 def evaluate_nn(run, embedder=None, *, labeled, test, image_size,
                 crop_fraction, mean, std, tau=0.1, embedding=None, step=0,
                 pictures=True, classifier=False, from_model=None):

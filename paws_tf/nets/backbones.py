@@ -121,7 +121,7 @@ def check_image_sizes(sizes):
                 f'{backbone!r} cuts images into patches of that side.')
 
 
-@gin.configurable(denylist=SET_BY_BUILD_MODEL)
+@gin.configurable(denylist=SET_BY_BUILD_MODEL + ['input_channels'])
 def build_backbone(name, *, input_channels=3, sync_bn=False, bn_momentum=0.9,
                    bn_epsilon=1e-5, sync_bn_impl=nets.KERAS,
                    recompute_bn_relu=False, **kwargs):
