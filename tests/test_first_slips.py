@@ -238,6 +238,25 @@ def test_a_base_class_parameter_is_taken(clean_gin):
     assert gin.query_parameter('LARS.clipnorm') == 1.0
 
 
+def test_a_field_of_a_multicrop_preset_bound_on_the_class_is_refused(
+        clean_gin):
+    """debug.gin's views are `@cifar10_multicrop()`'s, which passes every
+    field to MultiCropConfig over its bindings. Fails if
+    `MultiCropConfig.num_local = 3` is let through there (tried: without
+    `_refuse_preset_overrides`, the run trained on 2 local views), or
+    refused where the views are `@MultiCropConfig()`'s own."""
+    configurables.parse(['debug.gin'], ['MultiCropConfig.num_local = 3'])
+    with pytest.raises(checks.ConfigError, match=re.escape(
+            "MultiCropConfig.num_local is bound, but the views are "
+            "cifar10_multicrop()'s preset, which sets every field itself: "
+            'bind cifar10_multicrop.num_local instead.')):
+        config_checks.check_config(pretraining=False)
+    gin.clear_config()
+    configurables.parse(['demo_fashion_mnist.gin'],
+                        ['MultiCropConfig.num_local = 3'])
+    config_checks.check_config(pretraining=False)
+
+
 def test_a_labeled_folder_of_one_class_is_refused(run_main, tmp_path):
     """PAWS classifies each view among the support's classes: one class
     would train on a constant target. Fails if config_checks lets a

@@ -2,6 +2,7 @@
 configurables, which read each one's values through its own function
 (`bindings.arguments`)."""
 
+import dataclasses
 import inspect
 import numbers
 import os
@@ -10,6 +11,7 @@ from paws_tf import bindings
 from paws_tf import checks
 from paws_tf import model as model_lib
 from paws_tf import nets
+from paws_tf.data import augment
 from paws_tf.data import folders
 from paws_tf.data import normalization as normalization_lib
 from paws_tf.data import pipeline
@@ -122,6 +124,7 @@ def _check_normalization(folder, required=True):
     multicrop = bindings.reference(pipeline.make_pretrain_dataset_fn,
                                    'multicrop')
     if multicrop is not None and multicrop.evaluate:
+        _refuse_preset_overrides(multicrop)
         multicrop = (multicrop.scoped_configurable_fn(),
                      bindings.arguments(*bindings.target(multicrop)),
                      multicrop.scoped_selector)
@@ -139,6 +142,22 @@ def _check_normalization(folder, required=True):
         normalization_lib.normalization(
             normalization_lib.required(normalization), channels)
     return multicrop
+
+
+def _refuse_preset_overrides(reference):
+    """Refuses `MultiCropConfig.*` bound beside the views of a preset
+    (`@cifar10_multicrop()`, `reference`), which passes every field to
+    `MultiCropConfig` itself, over the binding."""
+    configurable, _ = bindings.target(reference)
+    if configurable is augment.MultiCropConfig:
+        return
+    for field in dataclasses.fields(augment.MultiCropConfig):
+        if bindings.is_bound(augment.MultiCropConfig, field.name):
+            raise checks.ConfigError(
+                f'MultiCropConfig.{field.name} is bound, but the views are '
+                f'{bindings.gin_name(configurable)}()\'s preset, which sets '
+                f'every field itself: bind '
+                f'{bindings.gin_name(configurable)}.{field.name} instead.')
 
 
 def existing_model():
