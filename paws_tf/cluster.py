@@ -114,14 +114,15 @@ def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
             several GPUs are visible, else `one_device` (TF's default
             strategy: one replica on the first GPU, or the CPU).
         devices: the devices of `mirrored` (e.g. logical CPUs `['CPU:0',
-            'CPU:1']`); default all GPUs (or the CPU). The other kinds
-            train on the visible GPUs (or the CPU) whatever it names.
+            'CPU:1']`); default all GPUs (or the CPU). Refused for the
+            other kinds, which train on the visible GPUs (or the CPU).
         slurm_port_base: under Slurm, the port of a node's first task.
         start_timeout: seconds `multi_worker` waits for every task of the
             cluster to start (`rendezvous.wait_for_tasks`); 0: for ever.
 
     Raises:
         ValueError: unknown kind, or `multi_worker` without a cluster.
+        checks.ConfigError: `devices` for another kind than `mirrored`.
         ClusterFailed: a task of the cluster did not start in time.
     """
     checks.one_of('make_strategy.kind', kind, STRATEGY_KINDS)
@@ -129,6 +130,12 @@ def make_strategy(kind='auto', devices=None, slurm_port_base=8888,
     if kind == 'auto':
         kind = ('multi_worker' if cluster_in_environment() else
                 'mirrored' if len(gpus) > 1 else 'one_device')
+    if devices is not None and kind != 'mirrored':
+        raise checks.ConfigError(
+            f'make_strategy.devices = {devices!r} is bound, but the strategy '
+            f'is {kind}, which trains on the visible GPUs (or the CPU) '
+            'whatever it names: run with --strategy=mirrored, or remove the '
+            'binding.')
     set_intra_op_threads(devices if kind == 'mirrored' else None, gpus)
     if kind == 'one_device':
         return tf.distribute.get_strategy()

