@@ -257,6 +257,26 @@ def test_a_field_of_a_multicrop_preset_bound_on_the_class_is_refused(
     config_checks.check_config(pretraining=False)
 
 
+def test_labeled_images_left_out_of_a_given_unlabeled_source_is_refused(
+        clean_gin):
+    """mismatch_fashion_mnist.gin's unlabeled images are
+    `load_data.unlabeled`'s, used as they are. Fails if
+    `select_labeled.include_labeled_in_unlabeled = False` is let through
+    there (tried: without `_check_unlabeled_bindings`, the run trained on
+    the same 60,000 images, the labeled ones among them), or refused where
+    the unlabeled images are the labeled source's others (the curated
+    config)."""
+    binding = 'select_labeled.include_labeled_in_unlabeled = False'
+    configurables.parse(['mismatch_fashion_mnist.gin'], [binding])
+    with pytest.raises(checks.ConfigError, match=re.escape(
+            f'{binding} is bound, but load_data.unlabeled gives the '
+            'unlabeled images, which are used as they are')):
+        config_checks.check_config(pretraining=False)
+    gin.clear_config()
+    configurables.parse(['mismatch_fashion_mnist_curated.gin'], [binding])
+    config_checks.check_config(pretraining=False)
+
+
 def test_a_labeled_folder_of_one_class_is_refused(run_main, tmp_path):
     """PAWS classifies each view among the support's classes: one class
     would train on a constant target. Fails if config_checks lets a

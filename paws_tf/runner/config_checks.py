@@ -205,6 +205,24 @@ def _check_split_bindings():
             'load_data.train = @image_folder.')
 
 
+def _check_unlabeled_bindings():
+    """Refuses `include_labeled_in_unlabeled = False` beside a
+    `load_data.unlabeled` source, whose images are used as they are."""
+    if bindings.reference(experiment.load_data, 'unlabeled') is None:
+        return
+    for configurable in (splits.select_labeled, experiment.image_folders,
+                         tfds_sources.imagenet_sources):
+        value, name = bindings.arguments(
+            configurable)['include_labeled_in_unlabeled']
+        if value is False:
+            raise checks.ConfigError(
+                f'{name} = False is bound, but load_data.unlabeled gives the '
+                'unlabeled images, which are used as they are (the labeled '
+                'ones among them if it holds them): remove the binding, or '
+                'bind load_data.unlabeled = None to train on the labeled '
+                "source's other images.")
+
+
 def _check_own_model_bindings():
     """Refuses `evaluate_nn.tau` and `.embedding` bound for a run's own
     model, which PAWS-NN evaluates as it trained: they apply to an
@@ -263,6 +281,7 @@ def check_config(pretraining=True):
     multicrop = _check_normalization(folder, required=existing is None)
     _check_arguments(pretraining)
     _check_split_bindings()
+    _check_unlabeled_bindings()
     _check_folders_bound(folder)
     if pretraining:
         _check_support()
