@@ -203,7 +203,7 @@ def main(argv):
     try:
         configurables.parse(_GIN_FILES.value, _GIN_BINDINGS.value)
         existing_model = config_checks.check_config(
-            pretraining=mode.trains)
+            pretraining=mode.trains, mode=_MODE.value)
     except checks.UserError:
         raise
     except ValueError as error:

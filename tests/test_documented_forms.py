@@ -118,6 +118,7 @@ def test_a_documented_command_passes_run_pys_first_checks(
                         for name in PLACEHOLDER_CONFIGS) or
                     any(MODEL_BINDING.match(binding)
                         for binding in flags.FLAGS.gin_bindings)):
-                config_checks.check_config(pretraining=mode.trains)
+                config_checks.check_config(pretraining=mode.trains,
+                                           mode=flags.FLAGS.mode)
         except (flags.Error, ValueError) as error:
             pytest.fail(f'{shown}\n{type(error).__name__}: {error}')

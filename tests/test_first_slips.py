@@ -348,6 +348,25 @@ def test_an_existing_model_is_checked_before_anything_is_written(
     assert not (tmp_path / 'run').exists()
 
 
+@pytest.mark.parametrize('mode', ['train_and_evaluate', 'export', 'demo'])
+def test_an_existing_model_for_another_mode_than_evaluate_nn_is_refused(
+        run_main, tmp_path, mode):
+    """Only --mode=evaluate_nn evaluates `evaluate_nn.from_model`. Fails if
+    another mode lets it through before anything is written (tried:
+    without the check, each mode went on, to an error of its own for want
+    of a training config here; with one, `modes._paws_nn` evaluates the
+    run's own model, the existing one unread)."""
+    folders = _existing_model(tmp_path, channels=1)
+    with pytest.raises(checks.ConfigError, match=re.escape(
+            f'evaluate_nn.from_model is bound, but --mode={mode} does not '
+            'read it: only --mode=evaluate_nn evaluates an existing model')):
+        run_main('--gin_file=existing_model_folders.gin',
+                 f'--model_dir={tmp_path / "run"}', f'--mode={mode}',
+                 f"--gin_bindings=MODEL = '{tmp_path / 'model'}'",
+                 *[f'--gin_bindings={b}' for b in folders + ['CHANNELS = 1']])
+    assert not (tmp_path / 'run').exists()
+
+
 def test_an_existing_model_is_resolved_once(run_main, tmp_path,
                                             monkeypatch):
     """`MODEL = <a run directory>`: the config check finds its embedder

@@ -259,7 +259,7 @@ def _check_backbone(multicrop):
     backbones.check_image_sizes(sizes)
 
 
-def check_config(pretraining=True):
+def check_config(pretraining=True, mode=None):
     """Checks the parsed gin config, raising `checks.ConfigError` on the
     first problem found, naming the binding to change and a valid value: a
     labeled folder's class folders are listed, no image is read (other
@@ -267,8 +267,16 @@ def check_config(pretraining=True):
     has `train`'s arguments and the labeled folder checked too (other modes
     check it when they read it). Returns the embedder export of the
     existing model the config binds (`existing_model`), or None:
-    `--mode=evaluate_nn` evaluates it."""
+    `--mode=evaluate_nn` evaluates it, and another run.py `mode` (None:
+    any) refuses it."""
     folder = experiment.folder_source()
+    if mode not in (None, 'evaluate_nn') and bindings.is_bound(
+            evaluate_nn.evaluate_nn, 'from_model'):
+        raise checks.ConfigError(
+            f'evaluate_nn.from_model is bound, but --mode={mode} does not '
+            'read it: only --mode=evaluate_nn evaluates an existing model '
+            "(the other modes, the run's own). Run --mode=evaluate_nn, or "
+            'remove the binding.')
     existing = existing_model()
     if existing is None:
         _check_own_model_bindings()
