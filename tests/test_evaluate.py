@@ -206,6 +206,25 @@ def test_evaluate_nn_with_the_saved_model(run, capsys, monkeypatch):
     assert events
 
 
+def test_the_classifier_export_embeds_at_the_bound_batch(run, tmp_path,
+                                                        monkeypatch):
+    """--mode=export's classifier embeds its supports itself. Fails if it
+    does not at `PawsNN.batch_size` bound in gin (it took 256)."""
+    batches = []
+    make = pipeline.make_eval_dataset
+    monkeypatch.setattr(pipeline, 'make_eval_dataset', lambda *args, **kw: (
+        batches.append(kw['batch_size']) or make(*args, **kw)))
+    with gin.unlock_config():
+        gin.parse_config('PawsNN.batch_size = 16')
+    try:
+        evaluate_nn.export_classifier(
+            run_dir.RunDir(tmp_path), run['model'], run['labeled'], EVAL,
+            channels=3, tau=0.1)
+    finally:
+        gin.clear_config()
+    assert batches == [16]
+
+
 def test_evaluate_nn_refuses_a_support_other_than_the_split(run):
     with pytest.raises(ValueError, match='it lists 40 images, 0 of them not among the 400 selected'):
         evaluate_nn.evaluate_nn(run_dir.RunDir(run['model_dir']),

@@ -10,6 +10,7 @@ import gin
 import numpy as np
 import tensorflow as tf
 
+from paws_tf import bindings
 from paws_tf import checks
 from paws_tf.data import pipeline
 from paws_tf.data import splits
@@ -110,7 +111,7 @@ def _given(embedder, from_model):
     return of_export(embedder_of(from_model))
 
 
-def embed_labeled(embed_fn, labeled, preprocessing, batch_size=256):
+def embed_labeled(embed_fn, labeled, preprocessing, batch_size):
     """`evaluate.embed_dataset` of the `labeled` images preprocessed for
     evaluation: PAWS-NN's supports, and the classifier export's."""
     return evaluate.embed_dataset(
@@ -122,10 +123,12 @@ def embed_labeled(embed_fn, labeled, preprocessing, batch_size=256):
 def export_classifier(run, model, labeled, preprocessing, *, channels, tau,
                       supports=None):
     """The PAWS-NN classifier of `model` in `run.classifier`, its supports
-    the `embed_labeled` `supports` of `labeled` (None: embedded here)."""
+    the `embed_labeled` `supports` of `labeled` (None: embedded here, in
+    batches of `PawsNN.batch_size`)."""
     if supports is None:
-        supports = embed_labeled(evaluate.embedder_from_model(model),
-                                 labeled, preprocessing)
+        supports = embed_labeled(
+            evaluate.embedder_from_model(model), labeled, preprocessing,
+            bindings.arguments(evaluate.PawsNN)['batch_size'][0])
     export.export_classifier(
         model, run.classifier, support_embeddings=supports[0],
         support_labels=supports[1], class_names=labeled.class_names,
