@@ -79,10 +79,12 @@ def _logits_head(logits):
 class _Servable(tf.Module):
     """The model with its evaluation preprocessing and an optional head:
     `__call__` takes raw uint8 images, `call_preprocessed` float32 images
-    preprocessed as `pipeline.make_eval_dataset` does."""
+    preprocessed as `pipeline.make_eval_dataset` does. A model that
+    `embeds` returns a dict with `embeddings` (else ValueError when
+    saved); the others, what `head` takes."""
 
     def __init__(self, model, head, *, image_size, crop_fraction, mean, std,
-                 channels):
+                 channels, embeds=True):
         super().__init__(name='paws_servable')
         mean, std = normalization.checked_values(
             'The export\'s preprocessing', mean, std, channels)
@@ -96,7 +98,7 @@ class _Servable(tf.Module):
         # Only the variables are saved: tracking the Keras model would make
         # the save trace and store every layer's Keras call functions too.
         self.model_variables = list(model.variables)
-        self.head = head
+        self.head, self._embeds = head, embeds
         # Saved with the model, readable as `loaded.image_size` etc.
         for key, value in self.preprocessing.items():
             setattr(self, key, tf.Variable(value, trainable=False, name=key))
@@ -119,7 +121,8 @@ class _Servable(tf.Module):
 
     def _outputs(self, images):
         outputs = self.model(images, training=False)
-        if not isinstance(outputs, dict) or 'embeddings' not in outputs:
+        if self._embeds and not (isinstance(outputs, dict) and
+                                 'embeddings' in outputs):
             returned = (f'a dict of {sorted(outputs)}'
                         if isinstance(outputs, dict) else 'a tensor')
             raise ValueError(
@@ -320,6 +323,6 @@ def export_fine_tuned(classifier, export_dir, *, image_size, crop_fraction,
     """
     module = _Servable(classifier, _logits_head, image_size=image_size,
                        crop_fraction=crop_fraction, mean=mean, std=std,
-                       channels=channels)
+                       channels=channels, embeds=False)
     module.save(export_dir, 'classify_preprocessed', strategy,
                 dict(num_classes=int(classifier.output_shape[-1])))
