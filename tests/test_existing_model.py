@@ -234,7 +234,8 @@ def test_paws_starts_from_an_import(imported):
             steps_per_epoch=1, num_epochs=600, optimizer_cls=lars.LARS,
             schedule_cls=schedules.WarmupCosineDecay, precision='float32',
             jit_compile=False, steps_per_execution=1)
-        origin = pretrained.load_into(model, 3)
+        pretrained.check_channels(3)
+        origin = pretrained.load_into(model)
     prefix = tf.train.latest_checkpoint(f'{source}/checkpoints')
     assert origin == f' from the model of {prefix}'
     assert checkpoints.global_step(model) == 0

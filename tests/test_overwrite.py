@@ -41,6 +41,14 @@ def _refusals(run, source):
             f'configured model: {source} was built with '
             'small_resnet.widths = (8, 16); this config builds '
             'small_resnet.widths = (8, 8).'),
+        'a model of other channels': (
+            [f"train.pretrained_model = '{source}'",
+             'train/synthetic_source.channels = 1',
+             'test/synthetic_source.channels = 1',
+             'load_data.normalization = ((0.5,), (0.25,))'], os.EX_CONFIG,
+            f"train.pretrained_model = '{source}' fits 3-channel images, "
+            'but the images have 1: start from a model of 1-channel '
+            'images.'),
         'labels the data lacks': (
             ['select_labeled.labels_per_class = 100'], os.EX_DATAERR,
             'has 16 images, fewer than labels_per_class=100'),
@@ -67,7 +75,10 @@ def test_a_refused_start_with_overwrite_deletes_nothing(tmp_path, trained,
     Fails if --overwrite deletes the run before the pretrained model is
     checked (start.check_pretrained skipped a run with progress:
     the model of another width was found only after the deletion), before
-    the data is loaded and the input built (the two data refusals), or if
+    the data is loaded and the input built (the two data refusals), before
+    the pretrained model's channels are compared with the data's (they
+    were, once the run was deleted; the message then named the resolved
+    checkpoint, not the binding), or if
     a pretrained model inside model_dir is not refused (the run deleted
     its own checkpoints, then failed to read them)."""
     source = tmp_path / 'source'

@@ -29,27 +29,29 @@ _NAMES_SHOWN = 3
 class Pretrained(typing.NamedTuple):
     """What a new run starts from, read once (`check_pretrained`): the
     `weights` of the backbone or of the whole model (`part`; None: from
-    scratch) stored at `path`, read for `channels`-channel images."""
+    scratch) stored at `path`, read for `channels`-channel images;
+    `binding` gives it, `name = bound` in messages."""
     part: typing.Optional[str] = None
     path: typing.Optional[str] = None
-    name: str = ''  # The binding that gives it, for messages.
+    binding: str = ''
     channels: int = 0
     weights: typing.Optional[list] = None
 
-    def load_into(self, model, channels):
-        """Gives a new run's `model` (of `channels`-channel images) these
-        weights; returns what the run history says of them.
+    def check_channels(self, channels):
+        """Raises `checks.ConfigError` if the weights were read for other
+        than `channels`-channel images (`start`'s step 3, before the run
+        it replaces is deleted)."""
+        if self.part is not None and channels != self.channels:
+            raise checks.ConfigError(
+                f'{self.binding} fits {self.channels}-channel images, but '
+                f'the images have {channels}: start from a {self.part} of '
+                f'{channels}-channel images.')
 
-        Raises:
-            checks.ConfigError: they were read for other channels.
-        """
+    def load_into(self, model):
+        """Gives a new run's `model` these weights (`check_channels`
+        passed); returns what the run history says of them."""
         if self.part is None:
             return ''
-        if channels != self.channels:
-            raise checks.ConfigError(
-                f'{self.name} = {self.path!r} fits {self.channels}-channel '
-                f'images, but the images have {channels}: start from a '
-                f'{self.part} of {channels}-channel images.')
         target = (model.backbone if self.part == architecture.BACKBONE
                   else model)
         checkpoints.assign_weights(target, self.weights)
@@ -114,7 +116,8 @@ def _read_pretrained(path, name, part, tried):
                 read = checkpoints.load(
                     pretrained_lib.model_checkpoint(path), model)
                 weights = model.get_weights()
-            return Pretrained(part, read, name, channels, weights)
+            return Pretrained(part, read, f'{name} = {path!r}', channels,
+                              weights)
         except FileNotFoundError as error:
             raise checks.ConfigError(f'{name} = {path!r}: {error}') from error
         except ValueError as error:
@@ -191,6 +194,7 @@ def start(run, strategy, build, *, num_epochs, history, seed,
         # 3. The data, its records staged; other data than the run started
         # on: refused, replaced (`overwrite`) or resumed (`on_data_change`).
         bundle = experiment.load_data(run.staging if chief else None)
+        pretrained.check_channels(bundle.labeled.channels)
         fingerprint = data_fingerprint.fingerprint(bundle)
         restart = replace or data_fingerprint.check(
             run.read_json(run.fingerprint), fingerprint, model_dir=run.path,
@@ -213,16 +217,15 @@ def start(run, strategy, build, *, num_epochs, history, seed,
     # pretrained weights, or from scratch.
     finished = _restore_or_begin(
         model, resume_from, step, pretrain.steps_per_epoch,
-        num_epochs=num_epochs, history=history, pretrained=pretrained,
-        channels=bundle.labeled.channels)
+        num_epochs=num_epochs, history=history, pretrained=pretrained)
     return Started(bundle, pretrain, model, step, finished=finished)
 
 
 def _restore_or_begin(model, resume_from, step, steps_per_epoch, *,
-                      num_epochs, history, pretrained, channels):
+                      num_epochs, history, pretrained):
     """Step 6 of `start`: `model` restored from `resume_from` (at `step`),
-    else given the `pretrained` weights (if any) for `channels`-channel
-    images; whether the run is finished."""
+    else given the `pretrained` weights (if any); whether the run is
+    finished."""
     total_steps = num_epochs * steps_per_epoch
     if resume_from:
         checkpoints.load(resume_from, model, checkpoints.WHOLE)
@@ -237,7 +240,7 @@ def _restore_or_begin(model, resume_from, step, steps_per_epoch, *,
             f'{num_epochs}, step {batch} of it) from '
             f'{checkpoints.describe(resume_from)}'))
     else:
-        origin = pretrained.load_into(model, channels)
+        origin = pretrained.load_into(model)
         history(f'started a new run of {total_steps} steps{origin}')
     logging.info('Training steps %d..%d: %d epoch%s of %d steps.', step,
                  total_steps, num_epochs, '' if num_epochs == 1 else 's',
