@@ -42,8 +42,11 @@ class RunDir:
     history = _path('run_history.txt')
     lock = _path('run.lock')
 
+    # The run.py modes that read a run and record only their config.
+    READING_MODES = ('evaluate_nn', 'export', 'fine_tune')
+
     def mode_config(self, mode):
-        """The gin config of a run of `mode` that does not train."""
+        """The gin config of a run of `mode` (of `READING_MODES`)."""
         return os.path.join(self.path, f'config_{mode}.gin')
 
     # The run's data records.
@@ -102,7 +105,15 @@ class RunDir:
                 self.supervised, self.history, self.operative_config,
                 self.input_summary, self.results, self.results_figure,
                 self.config, self.flags, self.split, self.normalization,
-                self.fingerprint, self.imported)
+                self.fingerprint, self.imported,
+                *map(self.mode_config, self.READING_MODES))
+
+    def holds_results(self):
+        """Whether the run holds what is derived from its model: exports,
+        evaluations, fine-tuning or the demo's results."""
+        return any(os.path.exists(path) for path in (
+            self.export, self.eval, self.fine_tune, self.supervised,
+            self.results))
 
     def delete(self, paths):
         """Deletes the files and directories `paths` (of this run)."""

@@ -112,3 +112,36 @@ def test_a_refused_start_with_overwrite_deletes_nothing(tmp_path, trained,
     assert message in lines[-1], output[-3000:]
     assert 'Traceback' not in output and 'deleting' not in output
     assert run_py.files(runs[IN_A_PROCESS]) == before[IN_A_PROCESS]
+
+
+@pytest.mark.slow
+@pytest.mark.long
+def test_a_run_whose_checkpoints_are_gone_is_still_a_run(tmp_path, trained,
+                                                         run_main, capsys):
+    """A finished run whose checkpoints and backup a user deleted after
+    exporting it: another config is refused without --overwrite; with it,
+    every output and record goes, the other modes' configs included, and
+    the user's own files stay. Fails if the run counts as a failed start
+    (its outputs were deleted without --overwrite, at INFO level) or if
+    --overwrite leaves config_evaluate_nn.gin, which described the deleted
+    run."""
+    run = tmp_path / 'run'
+    shutil.copytree(trained, run)
+    for name in ('checkpoints', 'backup'):
+        shutil.rmtree(run / name, ignore_errors=True)
+    (run / 'eval').mkdir()
+    (run / 'eval' / 'paws_nn.json').write_text('{}')
+    (run / 'config_evaluate_nn.gin').write_text('# evaluate_nn\n')
+    (run / 'notes.txt').write_text('mine')
+    before = run_py.files(run)
+    changed = run_py.command(run, ['train.seed = 1'], base_bindings=SHORT)
+    code, output = run_py.in_process(run_main, capsys, changed)
+    assert code == os.EX_CONFIG
+    assert 'holds a run with a different gin config' in output
+    assert run_py.files(run) == before
+    code, output = run_py.in_process(run_main, capsys,
+                                     changed + ['--overwrite'])
+    assert code == 0, output[-3000:]
+    assert not (run / 'eval').exists()
+    assert not (run / 'config_evaluate_nn.gin').exists()
+    assert (run / 'notes.txt').read_text() == 'mine'

@@ -257,9 +257,9 @@ def _replaces_config(run, *, overwrite):
             [], [])
     if not (added or removed):
         return False
-    if not checkpoints.has_progress(run):
-        logging.info('%s holds the config of a start that saved no backup '
-                     'or checkpoint: starting with this config.', run)
+    if not (checkpoints.has_progress(run) or run.holds_results()):
+        logging.info('%s holds the config of a start that saved no backup, '
+                     'checkpoint or result: starting with this config.', run)
         return True
     if not overwrite:
         changed = ([f'  - {line}' for line in removed[:5]] +
@@ -283,7 +283,7 @@ def _accept(run, strategy, pretrain, *, chief, restart, fingerprint,
         cluster.barrier(strategy)
     if chief:
         if restart:
-            if checkpoints.has_progress(run):
+            if checkpoints.has_progress(run) or run.holds_results():
                 logging.warning('--overwrite: deleting the previous run in '
                                 '%s.', run)
             run.delete(run.overwritten)
