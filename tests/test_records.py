@@ -141,3 +141,18 @@ def test_run_py_ends_a_refusal_with_its_line_and_exit_code(trained,
     assert code == os.EX_DATAERR, output[-3000:]
     assert output.strip().splitlines()[-1] == message
     assert run_py.files(run) == before
+
+
+@pytest.mark.parametrize('binding', ['ProgressBar.log_every_seconds = 5',
+                                     'make_strategy.start_timeout = 60'])
+def test_a_resume_only_binding_new_to_the_config_is_not_a_change(
+        trained, tmp_path, run_main, capsys, binding):
+    """A binding that may change on resume, of a configurable the run's
+    config did not bind, resumes the finished run (nothing to train).
+    Fails if gin's section header of that configurable ('# Parameters for
+    ProgressBar:') counts as a changed line (it did: the start was refused
+    as another config)."""
+    run = _copy(trained, tmp_path)
+    code, output = run_py.in_process(run_main, capsys, run_py.command(
+        run, [binding], base_bindings=SHORT))
+    assert code == 0, output[-2000:]

@@ -25,18 +25,21 @@ class Changed(checks.DataError):
 
 
 def config_changes(run, compared):
-    """`(added, removed)`: the lines of this gin config that `compared`
-    (a predicate) keeps and the run's training config (`RunDir.config`)
-    lacks, and those it holds that this config lacks; None when the run
-    has no such record."""
+    """`(added, removed)`: the binding lines of this gin config that
+    `compared` (a predicate) keeps and the run's training config
+    (`RunDir.config`) lacks, and those it holds that this config lacks
+    (gin's comments, such as a configurable's section header, are not
+    compared); None when the run has no such record."""
+    def kept(text):
+        return [line for line in text.splitlines() if line.strip() and
+                not line.startswith('#') and compared(line)]
+
     try:
         with open(run.config) as f:
-            recorded = [line for line in f.read().splitlines()
-                        if compared(line)]
+            recorded = kept(f.read())
     except FileNotFoundError:
         return None
-    current = [line for line in gin.config_str().splitlines()
-               if compared(line)]
+    current = kept(gin.config_str())
     return ([line for line in current if line not in recorded],
             [line for line in recorded if line not in current])
 
