@@ -92,6 +92,7 @@ def test_killed_run_resumes_to_the_uninterrupted_weights(tmp_path, sig,
         # Backed up at the end of the step running when the signal came.
         assert code == 143, output[-3000:]
         assert f'after step {stopped_at} of {TOTAL_STEPS}' in output
+        assert 'Final weights fingerprint' not in output  # Not final.
         assert not os.path.exists(lock)  # Released.
     else:
         assert code == -signal.SIGKILL

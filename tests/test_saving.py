@@ -4,6 +4,7 @@ whole or in part, and where fit starts."""
 import gc
 import logging
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -55,6 +56,34 @@ def test_saver_saves_when_the_step_reaches_or_passes_an_interval(tmp_path):
     state.delete_backup()  # Finished: the backup goes, checkpoints stay.
     assert not os.path.exists(state.backup_dir)
     assert saved_steps(state.checkpoint_dir) == [9, 18, 24, 30]
+
+
+def test_a_preempted_epoch_saves_no_checkpoint_and_logs_no_epoch(tmp_path):
+    """SIGTERM mid-epoch: the step is backed up and `fit` stops, which
+    ends the epoch early. Fails if the epoch end then checkpoints the
+    mid-epoch step (it pushed an epoch end's checkpoint out of the kept
+    ones) or logs the part-epoch as an epoch."""
+    model = small_model()
+    state = checkpoints.RunState(run_dir.RunDir(tmp_path), model,
+                                 tf.distribute.get_strategy(),
+                                 keep_checkpoints=3)
+    saver = callbacks.Saver(state, backup_every=0, checkpoint_every=0)
+    log = callbacks.ProgressLog(str(tmp_path / 'logs'), views_per_step=4,
+                                every_steps=1, num_epochs=3, is_chief=True)
+    for callback in (saver, log):
+        callback.set_model(model)
+        callback.on_train_begin()
+        callback.on_epoch_begin(0)
+    with saver.handling_sigterm():
+        signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # Its handler.
+        model.optimizer.iterations.assign(3)
+        saver.on_train_batch_end(0)
+    assert saver.preempted_at == 3 and model.stop_training
+    assert checkpoints.backup_step(run_dir.RunDir(tmp_path)) == 3
+    saver.on_epoch_end(0)
+    assert saved_steps(state.checkpoint_dir) == []
+    log.on_epoch_end(0, {'loss': 1.0})
+    assert not _points(tmp_path / 'logs', 'epoch/loss')
 
 
 def _points(log_dir, tag):

@@ -131,6 +131,8 @@ class ProgressLog(tf_keras.callbacks.Callback):
         self._logged_step = step
 
     def on_epoch_end(self, epoch, logs=None):
+        if self.model.stop_training:
+            return  # Preempted mid-epoch: the resumed run ends it.
         views_per_second, _, seconds = self._rate(self._epoch_start,
                                                   self._last_batch_end)
         logs = logs or {}
@@ -267,7 +269,9 @@ class Saver(tf_keras.callbacks.Callback):
             self.model.stop_training = True
 
     def on_epoch_end(self, epoch, logs=None):
-        self.state.save(checkpoints.CHECKPOINT)
+        # A preempted epoch ended mid-way: its step is in the backup.
+        if self.preempted_at is None:
+            self.state.save(checkpoints.CHECKPOINT)
 
 
 class _FinishEpoch(tf_keras.callbacks.Callback):

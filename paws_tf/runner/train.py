@@ -185,8 +185,6 @@ def _finish(model, saver, history, total_steps):
     """Records the end of the run and deletes its backup; raises
     `Preempted` when SIGTERM stopped it."""
     state = saver.state
-    fingerprint = weights_fingerprint(model)
-    logging.info('Final weights fingerprint (SHA-256): %s', fingerprint)
     if saver.preempted_at is not None:
         history(f'stopped by SIGTERM at step {saver.preempted_at}, backed '
                 f'up in {state.backup_dir}')
@@ -194,6 +192,8 @@ def _finish(model, saver, history, total_steps):
             f'Stopped by SIGTERM after step {saver.preempted_at} of '
             f'{total_steps}, backed up in {state.backup_dir}: run the same '
             'command again to resume.')
+    fingerprint = weights_fingerprint(model)
+    logging.info('Final weights fingerprint (SHA-256): %s', fingerprint)
     state.delete_backup()
     history(f'finished at step {checkpoints.global_step(model)}; weights '
             f'SHA-256 {fingerprint}')
