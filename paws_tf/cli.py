@@ -264,8 +264,9 @@ def _claim(run, strategy, mode, config, *, lock, held):
     """Takes the run directory's `lock`, `held` until `main` ends, and
     makes the directory; a training run stages its config and flags."""
     held.enter_context(lock)
-    # The importer creates model_dir only once the checkpoint fits.
-    if not mode.imports:
+    # The importer creates model_dir only once the checkpoint fits; the
+    # modes that read a run, as they write.
+    if mode.trains:
         os.makedirs(run.path, exist_ok=True)
     # A training run's config and flags are the run's records (train
     # compares a resumed run's config with them): staged, they replace the

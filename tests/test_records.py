@@ -4,6 +4,7 @@ labeled split, class set or normalisation in one line naming the record
 and the binding, before writing anything."""
 
 import os
+import re
 import shutil
 
 import pytest
@@ -156,3 +157,37 @@ def test_a_resume_only_binding_new_to_the_config_is_not_a_change(
     code, output = run_py.in_process(run_main, capsys, run_py.command(
         run, [binding], base_bindings=SHORT))
     assert code == 0, output[-2000:]
+
+
+@pytest.mark.parametrize('mode', ['evaluate_nn', 'export', 'fine_tune'])
+def test_a_model_dir_without_a_trained_run_is_named_in_one_line(
+        tmp_path, run_main, capsys, mode):
+    """A typo in --model_dir. Fails if the mode ends in a traceback of
+    FileNotFoundError ('No TF checkpoint at ...'), or creates the
+    directory."""
+    run = tmp_path / 'typo'
+    code, output = run_py.in_process(run_main, capsys, run_py.command(
+        run, base_bindings=SHORT, mode=mode))
+    assert code == os.EX_CONFIG, output[-2000:]
+    assert output.strip().splitlines()[-1] == (
+        f'Error: --model_dir={run} holds no checkpoint: give the model_dir '
+        'of a trained run, or train this one first (--mode=train resumes a '
+        'run stopped before its first checkpoint).')
+    assert not run.exists()
+
+
+def test_a_run_of_another_architecture_is_named_in_one_line(
+        trained, tmp_path, run_main, capsys):
+    """Fails if evaluating a run with other architecture bindings than it
+    was trained with ends in a traceback of `checkpoints.Mismatch`."""
+    run = _copy(trained, tmp_path)
+    code, output = run_py.in_process(run_main, capsys, run_py.command(
+        run, ['small_resnet.widths = (8, 32)'], base_bindings=SHORT,
+        mode='export'))
+    assert code == os.EX_CONFIG, output[-2000:]
+    assert re.search(
+        f'^Error: {re.escape(str(run))} holds a model of another '
+        r'architecture than this config builds \(\d+ variables missing or '
+        r'of other shapes: .*\): bind the architecture its '
+        f'{re.escape(str(run / "config.gin"))} binds.$',
+        output.strip().splitlines()[-1])

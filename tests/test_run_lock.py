@@ -133,6 +133,8 @@ def test_second_run_stops_before_touching_a_live_runs_directory(
         for name, content in written.items():  # Not even rewritten.
             assert (tmp_path / name).read_bytes() == content, name
         assert first.poll() is None, 'the first run ended too early'
+        # Past its first checkpoint (step 8), which the export reads.
+        run_py.wait_for_backup(tmp_path, first, 12)
         first.send_signal(signal.SIGTERM)
         code, output = run_py.finish(first)
         assert code == 143, output[-3000:]  # Backed up and stopped...

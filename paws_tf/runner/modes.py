@@ -41,11 +41,25 @@ def load_trained_model(run, strategy, *, local=False, imported=False):
     its newest checkpoint that restores, and that checkpoint's step; in
     plain variables (`local`: what one process does alone, export and
     PAWS-NN) or in `strategy`'s scope (fine-tuning); RGB when `imported`.
-    Raises FileNotFoundError (no checkpoint yet) or
-    `checkpoints.NoneRestorable`."""
+    Raises `checks.ConfigError` (no checkpoint yet, or one of another
+    architecture than the config builds) or `checkpoints.NoneRestorable`."""
     model = _float32_model(run, strategy, local=local, imported=imported)
     with contextlib.nullcontext() if local else strategy.scope():
-        return model, checkpoints.load_newest(run, model)
+        try:
+            return model, checkpoints.load_newest(run, model)
+        except FileNotFoundError:
+            raise checks.ConfigError(
+                f'--model_dir={run} holds no checkpoint: give the model_dir '
+                'of a trained run, or train this one first (--mode=train '
+                'resumes a run stopped before its first checkpoint).'
+            ) from None
+        except checkpoints.Mismatch as error:
+            raise checks.ConfigError(
+                f'{run} holds a model of another architecture than this '
+                f'config builds ({len(error.unmatched)} variables missing '
+                'or of other shapes: '
+                f'{checks.listing(error.unmatched, 3)}): bind the '
+                f'architecture its {run.config} binds.') from None
 
 
 class MissingLabeledFolder(checks.DataError):
