@@ -19,6 +19,7 @@ import functools
 import logging as pylogging
 import os
 import re
+import signal
 import sys
 import tempfile
 
@@ -240,10 +241,19 @@ def main(argv):
 
 def _main_with_messages(argv):
     """`main`, an error with an `EXIT_CODE` (a config or data mistake, a
-    lost cluster, ...) printed as one plain line, `Error: <message>`,
-    unless --verbose; every other error, a bug, keeps its traceback."""
+    lost cluster, ...) or Ctrl-C printed as one plain line, `Error:
+    <message>`, unless --verbose; every other error, a bug, keeps its
+    traceback."""
     try:
         main(argv)
+    except KeyboardInterrupt:
+        if _VERBOSE.value:
+            raise
+        sys.stderr.flush()
+        print('Error: interrupted (Ctrl-C). The same command resumes a '
+              'training run from its newest backup or checkpoint.',
+              file=sys.stderr, flush=True)
+        sys.exit(128 + signal.SIGINT)
     except Exception as error:  # pylint: disable=broad-except
         code = getattr(error, 'EXIT_CODE', None)
         if code is None or _VERBOSE.value:

@@ -9,6 +9,7 @@ import gin
 import pytest
 
 from paws_tf import checks
+from paws_tf import cli
 from paws_tf import configurables
 from paws_tf.evaluation import export
 from paws_tf.nets import backbones
@@ -292,6 +293,24 @@ def test_a_labeled_folder_of_one_class_is_refused(run_main, tmp_path):
                  *[f'--gin_bindings={b}'
                    for b in image_folders.path_bindings(tmp_path)])
     assert not (tmp_path / 'run').exists()
+
+
+def test_ctrl_c_is_one_plain_line(run_main, tmp_path, capsys,
+                                  monkeypatch):
+    """Ctrl-C (KeyboardInterrupt) during a mode exits with 130 and one
+    line saying how to resume. Fails if it ends in a traceback (it did,
+    with nothing on how to go on)."""
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.MODES, 'export', modes.Mode(interrupted))
+    with pytest.raises(SystemExit) as stopped:
+        run_main('--gin_file=debug.gin', f'--model_dir={tmp_path / "run"}',
+                 '--mode=export', printed=True)
+    assert stopped.value.code == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        'Error: interrupted (Ctrl-C). The same command resumes a training '
+        'run from its newest backup or checkpoint.')
 
 
 def test_an_error_is_one_plain_line(run_main, tmp_path, capsys):
