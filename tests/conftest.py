@@ -77,6 +77,17 @@ def two_replicas_collective():
 
 
 @pytest.fixture
+def eval_batches(monkeypatch):
+    """The `batch_size` of each call of `pipeline.make_eval_dataset` from
+    now on, in order (the calls go through)."""
+    from paws_tf.data import pipeline  # pylint: disable=import-outside-toplevel
+    batches, make = [], pipeline.make_eval_dataset
+    monkeypatch.setattr(pipeline, 'make_eval_dataset', lambda *args, **kw: (
+        batches.append(kw['batch_size']) or make(*args, **kw)))
+    return batches
+
+
+@pytest.fixture
 def clean_gin():
     """An empty gin config that finds the repository's gin files."""
     gin.clear_config()

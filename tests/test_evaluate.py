@@ -168,15 +168,11 @@ def exported(run):
     return evaluate_nn.of_export(run_dir.RunDir(run['model_dir']).embedder)
 
 
-def test_evaluate_nn_with_the_saved_model(run, capsys, monkeypatch):
+def test_evaluate_nn_with_the_saved_model(run, capsys, eval_batches):
     """Also fails if `PawsNN.batch_size`, bound in gin, is not the batch of
     every image evaluate_nn embeds (it passed its own 256 over it); the
     pictures, which read images at their own batch, are drawn by
     test_pictures."""
-    batches = []
-    make = pipeline.make_eval_dataset
-    monkeypatch.setattr(pipeline, 'make_eval_dataset', lambda *args, **kw: (
-        batches.append(kw['batch_size']) or make(*args, **kw)))
     with gin.unlock_config():
         gin.parse_config('PawsNN.batch_size = 16')
     try:
@@ -187,7 +183,7 @@ def test_evaluate_nn_with_the_saved_model(run, capsys, monkeypatch):
     finally:
         gin.clear_config()
     # The support (PawsNN's, and the one embedded), the queries.
-    assert batches == [16] * 3
+    assert eval_batches == [16] * 3
     path = os.path.join(run['model_dir'], 'eval', 'paws_nn.json')
     assert results['results_file'] == path
     with open(path) as f:
@@ -207,13 +203,9 @@ def test_evaluate_nn_with_the_saved_model(run, capsys, monkeypatch):
 
 
 def test_the_classifier_export_embeds_at_the_bound_batch(run, tmp_path,
-                                                        monkeypatch):
+                                                        eval_batches):
     """--mode=export's classifier embeds its supports itself. Fails if it
     does not at `PawsNN.batch_size` bound in gin (it took 256)."""
-    batches = []
-    make = pipeline.make_eval_dataset
-    monkeypatch.setattr(pipeline, 'make_eval_dataset', lambda *args, **kw: (
-        batches.append(kw['batch_size']) or make(*args, **kw)))
     with gin.unlock_config():
         gin.parse_config('PawsNN.batch_size = 16')
     try:
@@ -222,7 +214,7 @@ def test_the_classifier_export_embeds_at_the_bound_batch(run, tmp_path,
             channels=3, tau=0.1)
     finally:
         gin.clear_config()
-    assert batches == [16]
+    assert eval_batches == [16]
 
 
 def test_evaluate_nn_refuses_a_support_other_than_the_split(run):

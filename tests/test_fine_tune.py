@@ -12,7 +12,6 @@ import tf_keras
 
 from paws_tf import checks
 from paws_tf.data import augment
-from paws_tf.data import pipeline
 from paws_tf.data import sources
 from paws_tf.evaluation import fine_tune
 from paws_tf.evaluation import linear_fine_tune
@@ -390,13 +389,9 @@ def _leaf_layers(model):
             and not layer.submodules]
 
 
-def test_suncet_protocol_through_the_entry_point(tmp_path, monkeypatch):
+def test_suncet_protocol_through_the_entry_point(tmp_path, eval_batches):
     """Also fails if its PAWS-NN embeds at another batch than
     `PawsNN.batch_size` bound in gin (it passed its own 256 over it)."""
-    batches = []
-    make = pipeline.make_eval_dataset
-    monkeypatch.setattr(pipeline, 'make_eval_dataset', lambda *args, **kw: (
-        batches.append(kw['batch_size']) or make(*args, **kw)))
     model = build_model()
     before = weights_by_name(model)
     labeled = clustered(3, 8, seed=3)
@@ -415,7 +410,7 @@ def test_suncet_protocol_through_the_entry_point(tmp_path, monkeypatch):
                                       protocol='cifar10', **PRE)
     finally:
         gin.clear_config()
-    assert batches == [16, 16]  # PawsNN's support and queries.
+    assert eval_batches == [16, 16]  # PawsNN's support and queries.
     steps = epochs * per_epoch
     assert results['steps'] == steps == len(results['loss'])
     np.testing.assert_allclose(
