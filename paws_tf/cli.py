@@ -272,12 +272,19 @@ _GIN_CALL = re.compile(r"\n\s*In call to configurable '[^']*' \(<[^>]*>\)")
 
 def _claim(run, strategy, mode, config, *, lock, held):
     """Takes the run directory's `lock`, `held` until `main` ends, and
-    makes the directory; a training run stages its config and flags."""
-    held.enter_context(lock)
-    # The importer creates model_dir only once the checkpoint fits; the
-    # modes that read a run, as they write.
-    if mode.trains:
-        os.makedirs(run.path, exist_ok=True)
+    makes the directory; a training run stages its config and flags.
+    `checks.ConfigError` if the directory cannot be written."""
+    try:
+        held.enter_context(lock)
+        # The importer creates model_dir only once the checkpoint fits;
+        # the modes that read a run, as they write.
+        if mode.trains:
+            os.makedirs(run.path, exist_ok=True)
+    except OSError as error:
+        raise checks.ConfigError(
+            f'--model_dir={run} cannot be written ({error.strerror}: '
+            f'{error.filename}): give a directory this user can write, '
+            'e.g. --model_dir=runs/mine.') from None
     # A training run's config and flags are the run's records (train
     # compares a resumed run's config with them): staged, they replace the
     # run's once the start has passed its checks.

@@ -39,6 +39,16 @@ def test_model_dir_that_is_a_file(run_main, tmp_path, mode):
     assert (tmp_path / 'run').read_text() == 'a file'
 
 
+def test_a_model_dir_that_cannot_be_written_is_named(run_main):
+    """sysfs refuses new directories, even to root. Fails if the start
+    ends in a traceback of PermissionError (it did, from the run lock)."""
+    with pytest.raises(checks.ConfigError, match=re.escape(
+            '--model_dir=/sys/paws_tf_run cannot be written (Operation not '
+            'permitted: /sys/paws_tf_run): give a directory this user can '
+            'write')):
+        run_main('--gin_file=debug.gin', '--model_dir=/sys/paws_tf_run')
+
+
 def test_an_unbound_macro_is_named(run_main, tmp_path):
     with pytest.raises(checks.ConfigError, match=(
             r'^EPOCHS is not bound: the config uses %EPOCHS\. Bind it, e\.g\. '
