@@ -191,3 +191,27 @@ def test_a_run_of_another_architecture_is_named_in_one_line(
         r'of other shapes: .*\): bind the architecture its '
         f'{re.escape(str(run / "config.gin"))} binds.$',
         output.strip().splitlines()[-1])
+
+
+def test_an_existing_model_is_not_evaluated_into_a_training_run(
+        trained, tmp_path, run_main, capsys):
+    """evaluate_nn.from_model writes eval/ and export/classifier into
+    --model_dir. Fails if a training run there lets them replace its own
+    (it did: exit 0, its paws_nn.json then another model's), or if
+    anything of the run changes."""
+    source = _copy(trained, tmp_path / 'source')
+    code, output = run_py.in_process(run_main, capsys, run_py.command(
+        source, base_bindings=SHORT, mode='export'))
+    assert code == 0, output[-2000:]
+    run = _copy(trained, tmp_path)
+    before = run_py.files(run)
+    code, output = run_py.in_process(run_main, capsys, run_py.command(
+        run, [f"evaluate_nn.from_model = '{source}'"], base_bindings=SHORT,
+        mode='evaluate_nn'))
+    assert code == os.EX_CONFIG, output[-2000:]
+    assert output.strip().splitlines()[-1] == (
+        f'Error: --model_dir={run} holds a training run, whose eval/ and '
+        'export/classifier the evaluation of evaluate_nn.from_model would '
+        'replace: give another --model_dir (the same config draws the same '
+        'labeled images there).')
+    assert run_py.files(run) == before

@@ -85,15 +85,21 @@ def evaluate_existing(run, strategy, embedder):
     with the preprocessing its export records, into `run` with its PAWS-NN
     classifier of these classes (`RunDir.classifier`); returns the results
     on the chief. Raises `checks.DataError` for labeled images of other
-    channels than the model takes (`experiment.load_data`'s `takes`)."""
+    channels than the model takes (`experiment.load_data`'s `takes`),
+    `checks.ConfigError` for a `run` that holds a training run."""
+    if checkpoints.has_progress(run):
+        raise checks.ConfigError(
+            f'--model_dir={run} holds a training run, whose eval/ and '
+            'export/classifier the evaluation of evaluate_nn.from_model '
+            'would replace: give another --model_dir (the same config '
+            'draws the same labeled images there).')
     results = None
     if cluster.is_chief(strategy):
         stored = export.read_preprocessing(embedder)
-        # A directory of its own records the labeled images its classifier
-        # holds; a trained run's records are only read.
+        # The directory records the labeled images its classifier holds.
         bundle = load_labeled_data(
             run, 'PAWS-NN compares the test images with them',
-            trained=checkpoints.has_progress(run),
+            trained=False,
             takes=(stored['channels'], f'The model of {embedder}'))
         _check_test(bundle)
         results = evaluate_nn.evaluate_nn(
