@@ -8,6 +8,7 @@ import re
 
 import gin
 
+from paws_tf import bindings
 from paws_tf import checks
 # The modules that define gin configurables, imported to register them.
 # pylint: disable=unused-import
@@ -39,8 +40,9 @@ _SET_BY_THE_RUN = {
                           'fine_tune_suncet.learning_rate)',
     'AdamW.learning_rate': 'WarmupCosineDecay.*',
     'make_eval_dataset.batch_size': 'PawsNN.batch_size',
-    **{f'{name}.{parameter}': source
-       for name in ('fine_tune', 'make_eval_dataset', 'evaluate_nn')
+    **{f'{bindings.gin_name(configurable)}.{parameter}': source
+       for configurable in (fine_tune.fine_tune, pipeline.make_eval_dataset,
+                            evaluate_nn.evaluate_nn)
        for parameter, source in _PREPROCESSING.items()}}
 
 

@@ -209,6 +209,5 @@ def normalized_multicrop(multicrop, normalization_, channels):
         normalization_ = multicrop.mean, multicrop.std
     else:
         refuse_own('MultiCropConfig', multicrop.mean, multicrop.std)
-    mean, std = checked_values(where, *required(normalization_),
-                                      channels)
+    mean, std = checked_values(where, *required(normalization_), channels)
     return dataclasses.replace(multicrop, mean=mean, std=std)

@@ -257,7 +257,7 @@ def _replaces_config(run, *, overwrite):
             [], [])
     if not (added or removed):
         return False
-    if not (checkpoints.has_progress(run) or run.holds_results()):
+    if not _holds_a_run(run):
         logging.info('%s holds the config of a start that saved no backup, '
                      'checkpoint or result: starting with this config.', run)
         return True
@@ -273,6 +273,12 @@ def _replaces_config(run, *, overwrite):
     return True
 
 
+def _holds_a_run(run):
+    """Whether `run` holds more than a failed start's records: a backup or
+    checkpoint, or what was derived from its model."""
+    return checkpoints.has_progress(run) or run.holds_results()
+
+
 def _accept(run, strategy, pretrain, *, chief, restart, fingerprint,
             overwrite):
     """Step 5 of `start`: the chief deletes the run it replaces
@@ -283,7 +289,7 @@ def _accept(run, strategy, pretrain, *, chief, restart, fingerprint,
         cluster.barrier(strategy)
     if chief:
         if restart:
-            if checkpoints.has_progress(run) or run.holds_results():
+            if _holds_a_run(run):
                 logging.warning('--overwrite: deleting the previous run in '
                                 '%s.', run)
             run.delete(run.overwritten)
