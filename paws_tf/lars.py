@@ -107,7 +107,7 @@ class LARS(DenseOptimizer):
         adapted:  d = g + weight_decay * theta
                   lambda = trust_coefficient * |theta|
                            / (|g| + weight_decay * |theta| + eps)
-                  (lambda = 1 unless |theta| > 0 and |g| > 0)
+                  (unless |theta| > 0 and |g| > 0: d = g, lambda = 1)
         excluded: d = g, lambda = 1 (no weight decay either)
         v <- momentum * v - lr_t * lambda * d
         theta <- theta + v
@@ -185,18 +185,22 @@ class LARS(DenseOptimizer):
         self._trust_ratio_slots = self._no_dependency(slots)
         self.trust_ratios = [slot for slot in slots if slot is not None]
 
-    def _trust_ratio(self, gradient, variable):
-        """Returns the scalar LARS trust ratio of one adapted variable."""
+    def _adaptation(self, gradient, variable):
+        """Returns the scalar trust ratio and weight decay of one adapted
+        variable."""
         # Local learning rate of You et al. (arXiv 1708.03888), Algorithm 1.
-        # It falls back to 1 when a norm is zero: a zero-initialised variable
-        # would otherwise get ratio 0 and never move.
+        # When a norm is zero the variable is neither adapted nor decayed
+        # (ratio 1, decay 0), as the official code's src/lars.py skips it: a
+        # zero-initialised variable would otherwise get ratio 0 and never
+        # move, and one without gradient would shrink.
         param_norm = _norm(variable)
         grad_norm = _norm(gradient)
         weight_decay = tf.cast(self.l2_weight_decay, variable.dtype)
         ratio = self.trust_coefficient * param_norm / (
             grad_norm + weight_decay * param_norm + self.eps)
-        return tf.where((param_norm > 0.0) & (grad_norm > 0.0), ratio,
-                        tf.ones_like(ratio))
+        adapted = (param_norm > 0.0) & (grad_norm > 0.0)
+        return (tf.where(adapted, ratio, tf.ones_like(ratio)),
+                tf.where(adapted, weight_decay, tf.zeros_like(weight_decay)))
 
     def update(self, gradient, variable, index, lr):
         """One LARS update of `variable`, its `index` in `var_list`."""
@@ -204,9 +208,8 @@ class LARS(DenseOptimizer):
         if trust_ratio_slot is None:
             direction = gradient
         else:
-            trust_ratio = self._trust_ratio(gradient, variable)
+            trust_ratio, weight_decay = self._adaptation(gradient, variable)
             trust_ratio_slot.assign(trust_ratio)
-            weight_decay = tf.cast(self.l2_weight_decay, variable.dtype)
             # Only once the gradient exists: a decay term that depends on the
             # variable alone would be computed at the start of the step and
             # held through the backward pass.
