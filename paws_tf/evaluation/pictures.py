@@ -6,7 +6,6 @@ import io
 import os
 
 import gin
-from matplotlib import figure as mpl_figure
 import numpy as np
 import tensorflow as tf
 from tensorboard.plugins import projector
@@ -241,6 +240,10 @@ class Pictures:
                     [own_confidences, confidences])],
                 ['labeled'] * len(shown) + ['test'] * len(queried)),
             np.concatenate([labeled_images, test_images]))
+        # Loaded when pictures are drawn: matplotlib's import takes half a
+        # second of every process of run.py, most of which draw none.
+        # pylint: disable-next=import-outside-toplevel
+        from matplotlib import figure as mpl_figure
         figure = mpl_figure.Figure(
             figsize=(14, max(6, 1.5 * self._num_examples)),
             layout='constrained')
