@@ -8,7 +8,6 @@ import re
 import gin
 import numpy as np
 import tensorflow as tf
-import tensorflow_datasets as tfds
 
 from paws_tf import checks
 from paws_tf import files
@@ -18,6 +17,14 @@ from paws_tf.data import splits
 IMAGENET_SUBSETS = ('1pct', '10pct')
 _MANIFEST = 'manifest.tsv'
 _LOAD_CHUNK = 4096  # images per batch when loading a dataset into memory
+
+
+def _tfds():
+    """tensorflow_datasets, imported when a TFDS source is read: its import
+    takes 0.4 s of CPU in every process of run.py, most of which read
+    none."""
+    import tensorflow_datasets  # pylint: disable=import-outside-toplevel
+    return tensorflow_datasets
 
 
 def _canonical_order(ids, split):
@@ -47,6 +54,7 @@ def load_tfds(name, *, split='train', data_dir=None, download=True):
     `name`, `split`, `data_dir` (None: TFDS' default) are TFDS'; TFDS
     downloads and prepares a missing dataset when `download`.
     """
+    tfds = _tfds()
     dataset, info = tfds.load(name, split=split, data_dir=data_dir,
                               download=download, with_info=True)
     # Chunks rather than batch_size=-1, which aborts under tfds.testing.
@@ -62,6 +70,7 @@ def load_tfds(name, *, split='train', data_dir=None, download=True):
 
 def _open_tfds(name, split, data_dir, shuffle_seed, input_context):
     """One pass over a TFDS split, images left encoded, as dicts."""
+    tfds = _tfds()
     read_config = tfds.ReadConfig(
         shuffle_seed=shuffle_seed, input_context=input_context,
         shuffle_reshuffle_each_iteration=True)
@@ -95,6 +104,7 @@ def tfds_stream(name, *, split='train', data_dir=None, channels=3,
         exclude_file_names: `file_name`s to leave out (the labeled subset,
             when it must not appear in the unlabeled stream).
     """
+    tfds = _tfds()
     info = tfds.builder(name, data_dir=data_dir).info
     num_examples = int(_open_tfds(name, split, data_dir, None,
                                   None).cardinality())
@@ -141,6 +151,7 @@ def _cached(folder, examples_fn, data_dir):
         files.write_text(manifest, ''.join(rows))
     with open(manifest) as f:
         rows = [line.rstrip('\n').split('\t') for line in f]
+    tfds = _tfds()
     info = tfds.builder('imagenet2012', data_dir=data_dir).info
     return sources.from_files(
         [os.path.join(folder, row[0]) for row in rows],
@@ -150,6 +161,7 @@ def _cached(folder, examples_fn, data_dir):
 
 def _examples(name, data_dir):
     """`(encoded, label, file_name)` of a TFDS ImageNet split, in order."""
+    tfds = _tfds()
     for example in tfds.as_numpy(_open_tfds(name, 'train', data_dir, None,
                                             None)):
         yield (example['image'], int(example['label']),
