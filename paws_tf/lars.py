@@ -210,12 +210,10 @@ class LARS(DenseOptimizer):
         else:
             trust_ratio, weight_decay = self._adaptation(gradient, variable)
             trust_ratio_slot.assign(trust_ratio)
-            # Only once the gradient exists: a decay term that depends on the
-            # variable alone would be computed at the start of the step and
-            # held through the backward pass.
-            with tf.control_dependencies([gradient]):
-                decay = weight_decay * variable
-            direction = gradient + decay
+            # The decay's coefficient depends on the gradient's norm, so the
+            # term is computed once the gradient exists, not at the start of
+            # the step and held through the backward pass.
+            direction = gradient + weight_decay * variable
             lr = lr * trust_ratio
         # Eq. (mom) of the class docstring, fused: the op updates v and
         # theta in place, where a step of ResNet-50 would otherwise hold
