@@ -1,17 +1,17 @@
 """The data a run trains on (sizes, digests), checked when it resumes."""
 
 import hashlib
-import os
 
 from absl import logging
+
+from paws_tf import checks
 
 ON_CHANGE = ('stop', 'continue')
 _ROLES = ('labeled', 'unlabeled', 'test')
 
 
-class Changed(ValueError):
+class Changed(checks.DataError):
     """The data differs from what the run started on."""
-    EXIT_CODE = os.EX_DATAERR  # run.py's exit code.
 
 
 def _digest(items):

@@ -37,9 +37,8 @@ EXPECTED = ('an official PAWS checkpoint: a dict whose "encoder" entry is '
             '(pre-trained) or the "fc" classifier (fine-tuned)')
 
 
-class ImportFailed(ValueError):
+class ImportFailed(checks.DataError):
     """The official checkpoint cannot be imported; nothing was written."""
-    EXIT_CODE = os.EX_DATAERR  # run.py's exit code.
 
 
 def load_file(path, expected=EXPECTED):
