@@ -104,7 +104,8 @@ def classify(query_embeddings, support_embeddings, support_labels, *,
         ValueError: support labels that are not integers in
             `[0, num_classes)`.
     """
-    support_labels = _checked_labels('Support', support_labels, num_classes)
+    support_labels = export.checked_labels('Support', support_labels,
+                                           num_classes)
     label_matrix = tf.one_hot(support_labels, num_classes)  # [M, K]
     num_queries = int(query_embeddings.shape[0])
     k = min(5, num_classes)
@@ -120,19 +121,6 @@ def classify(query_embeddings, support_embeddings, support_labels, *,
             '(%.0f queries/s)', _LOG_SECONDS, done, num_queries,
             done / (time.monotonic() - start))
     return np.concatenate(top_ids).astype(np.int32)
-
-
-def _checked_labels(what, labels, num_classes):
-    """`labels` as a NumPy array; ValueError unless integer class ids in
-    `[0, num_classes)` (`tf.one_hot` gives a row of zeros to any other)."""
-    labels = np.asarray(labels)
-    if not np.issubdtype(labels.dtype, np.integer):
-        raise ValueError(f'{what} labels must be integer class ids, got '
-                         f'{labels.dtype}.')
-    if labels.min() < 0 or labels.max() >= num_classes:
-        raise ValueError(f'{what} labels must be in [0, {num_classes}), '
-                         f'got [{labels.min()}, {labels.max()}].')
-    return labels
 
 
 def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
@@ -163,7 +151,7 @@ def paws_nn(embed_fn, support_dataset, query_dataset, *, num_classes,
     queries, query_labels = embed_dataset(embed_fn, query_dataset,
                                           description='queries')
     for what, labels in ('Support', support_labels), ('Query', query_labels):
-        _checked_labels(what, labels, num_classes)
+        export.checked_labels(what, labels, num_classes)
     missing = num_classes - len(np.unique(support_labels))
     if missing:
         logging.warning('PAWS-NN: %d of %d classes have no support image: '

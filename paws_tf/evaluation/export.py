@@ -3,6 +3,7 @@
 import json
 import os
 
+import numpy as np
 import tensorflow as tf
 
 from paws_tf import cluster
@@ -262,6 +263,19 @@ def export_embedder(model, export_dir, *, image_size, crop_fraction, mean,
                 dict(step=int(step)))
 
 
+def checked_labels(what, labels, num_classes):
+    """`labels` as a NumPy array; ValueError unless integer class ids in
+    `[0, num_classes)` (`tf.one_hot` gives a row of zeros to any other)."""
+    labels = np.asarray(labels)
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise ValueError(f'{what} labels must be integer class ids, got '
+                         f'{labels.dtype}.')
+    if labels.min() < 0 or labels.max() >= num_classes:
+        raise ValueError(f'{what} labels must be in [0, {num_classes}), '
+                         f'got [{labels.min()}, {labels.max()}].')
+    return labels
+
+
 def export_classifier(model, export_dir, *, support_embeddings,
                       support_labels, class_names, tau, image_size,
                       crop_fraction, mean, std, channels, strategy=None):
@@ -293,11 +307,7 @@ def export_classifier(model, export_dir, *, support_embeddings,
     if support_labels.shape != [num_support]:
         raise ValueError(f'support_labels has shape {support_labels.shape} '
                          f'for {num_support} support embeddings.')
-    labels = support_labels.numpy()
-    if labels.min() < 0 or labels.max() >= len(class_names):
-        raise ValueError(f'support_labels must be in [0, {len(class_names)}) '
-                         f'(one per class name), got [{labels.min()}, '
-                         f'{labels.max()}].')
+    checked_labels('Support', support_labels.numpy(), len(class_names))
     head = _SNNHead(support_embeddings, support_labels, class_names, tau)
     module = _Servable(model, head, image_size=image_size,
                        crop_fraction=crop_fraction, mean=mean, std=std,
