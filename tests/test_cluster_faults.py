@@ -122,31 +122,50 @@ def test_a_chief_that_dies_is_named_by_the_other_worker(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.long
-def test_a_worker_that_never_starts_stops_the_other_then_all_start(
+def test_a_task_that_never_starts_stops_the_other_then_srun_runs_both(
         tmp_path):
-    """Worker 0 alone waits make_strategy.start_timeout, names worker 1
-    (whose port nothing listens on) and exits; nothing of the run is
-    written, so the same command then runs on both workers (started
-    together, they meet well within the timeout)."""
-    timeout = 10
-    command = cluster_command(tmp_path, SMALL + (
-        'train.num_epochs = 1', f'make_strategy.start_timeout = {timeout}'))
-    tf_configs = cluster_lib.loopback_tf_configs(2)
-    worker_1 = json.loads(tf_configs[1])['cluster']['worker'][1]
+    """README's srun recipe, each task started by Slurm's environment (one
+    node, 127.0.0.1, two tasks; TF_CONFIG unset): task 0 alone waits
+    make_strategy.start_timeout, names task 1 (whose port nothing listens
+    on) and exits, writing nothing of the run; the same command then runs
+    on both tasks (started together, they meet well within the timeout),
+    whose cluster SlurmClusterResolver built, to one set of weights.
+
+    Fails if the cluster is not the one Slurm's environment and
+    `make_strategy.slurm_port_base` describe (tried: the port base not
+    passed to SlurmClusterResolver, whose default 8888 the message then
+    names), if the wait ignores the timeout or names no task, or if the
+    lone task writes anything."""
+    timeout, port = 10, cluster.free_port_pair()
+    bindings = SMALL + ('train.num_epochs = 1',
+                        f'make_strategy.start_timeout = {timeout}',
+                        f'make_strategy.slurm_port_base = {port}')
+
+    def task(rank):
+        return run_py.start(tmp_path, bindings,
+                            flags=['--strategy=multi_worker'],
+                            env=cluster.slurm_env(rank))
+
     started = time.time()
-    [(code, output)] = cluster.finish_all(cluster.start_cluster(
-        command, tf_configs=tf_configs, only=[0]), timeout=300)
+    code, output = run_py.finish(task(0), timeout=300)
     # Python and TensorFlow start in well under a minute, even loaded.
     assert timeout <= time.time() - started < timeout + 90
     assert code == cluster_lib.ClusterFailed.EXIT_CODE, output[-3000:]
     assert (f'worker 0: the cluster did not form within {timeout} s '
             f'(make_strategy.start_timeout): nothing answers at worker 1 '
-            f'({worker_1}): never started') in output, output[-3000:]
+            f'(127.0.0.1:{port + 1}): never started') in output, output[-3000:]
     assert 'Start the missing worker with the same command' in output
     assert not list(tmp_path.iterdir())
 
-    results = cluster.finish_all(
-        cluster.start_cluster(command, tf_configs=tf_configs), timeout=600)
-    for code, output in results:
+    outputs = [run_py.finish(process, timeout=600)
+               for process in [task(0), task(1)]]
+    spec = (f"{{'worker': ['127.0.0.1:{port}', '127.0.0.1:{port + 1}']}} "
+            '(from SlurmClusterResolver)')
+    for rank, (code, output) in enumerate(outputs):
         assert code == 0, output[-3000:]
         assert 'Training steps 0..8' in output
+        assert f'worker {rank} of the cluster {spec}, 2 replicas' in output
+    prints = cluster.fingerprints([output for _, output in outputs])
+    assert len(prints) == 2 and prints[0] == prints[1]
+    assert checkpoints.latest(str(tmp_path / 'checkpoints'))[1] == 8
+    assert not cluster.worker_leftovers(tmp_path)

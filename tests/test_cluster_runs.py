@@ -15,14 +15,12 @@ import os
 import pathlib
 import re
 import shutil
-import socket
 
 import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 import tensorflow as tf
 
-from paws_tf import checkpoints
 from paws_tf.data import pipeline
 from paws_tf.demo import run_demo
 from paws_tf.evaluation import tuning
@@ -481,48 +479,3 @@ def test_import_official_on_the_cluster_is_what_one_process_imports(
     np.testing.assert_array_equal(
         cluster.exported_embeddings(runs[0], images),
         cluster.exported_embeddings(runs[1], images))
-
-
-def free_port_pair():
-    """A port p such that p and p + 1 are free on 127.0.0.1
-    (SlurmClusterResolver gives a node's tasks consecutive ports)."""
-    for _ in range(100):
-        with socket.socket() as first, socket.socket() as second:
-            first.bind(('127.0.0.1', 0))
-            port = first.getsockname()[1]
-            try:
-                second.bind(('127.0.0.1', port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError('No two consecutive free ports.')
-
-
-@pytest.mark.slow
-@pytest.mark.long
-def test_srun_launch_builds_the_cluster_from_slurm(tmp_path):
-    """README's srun recipe: every task runs the same command; Slurm's
-    environment (here: one node, 127.0.0.1, two tasks) describes the job
-    and SlurmClusterResolver, not TF_CONFIG, builds the cluster. TF 2.21's
-    resolver expands SLURM_STEP_NODELIST itself (it calls no scontrol)."""
-    port = free_port_pair()
-    slurm = dict(SLURM_JOB_ID='4242', SLURM_NTASKS='2',
-                 SLURM_STEP_NUM_TASKS='2', SLURM_STEP_NODELIST='127.0.0.1',
-                 SLURM_STEP_TASKS_PER_NODE='2', TF_CONFIG='')
-    tasks = [run_py.start(
-        tmp_path, bindings=('train.num_epochs = 1',
-                            'train/synthetic_source.num_images = 256',
-                            f'make_strategy.slurm_port_base = {port}'),
-        flags=['--strategy=multi_worker'],
-        env=dict(slurm, SLURM_PROCID=str(rank))) for rank in (0, 1)]
-    outputs = [run_py.finish(task) for task in tasks]
-    cluster_spec = (f"{{'worker': ['127.0.0.1:{port}', "
-                    f"'127.0.0.1:{port + 1}']}} (from SlurmClusterResolver)")
-    for rank, (code, output) in enumerate(outputs):
-        assert code == 0, output[-3000:]
-        assert f'worker {rank} of the cluster {cluster_spec}, 2 replicas' \
-            in output
-    prints = cluster.fingerprints([output for _, output in outputs])
-    assert len(prints) == 2 and prints[0] == prints[1]
-    assert checkpoints.latest(str(tmp_path / 'checkpoints'))[1] == 8
-    assert not cluster.worker_leftovers(tmp_path)

@@ -1,9 +1,10 @@
 """Processes of a two-worker MultiWorkerMirroredStrategy cluster on
-127.0.0.1, each with its TF_CONFIG."""
+127.0.0.1, each with its TF_CONFIG (or Slurm's environment, `slurm_env`)."""
 
 import os
 import pathlib
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -125,3 +126,30 @@ def exported_embeddings(model_dir, images):
     embedder."""
     embedder = tf.saved_model.load(str(model_dir / 'export' / 'embedder'))
     return embedder.call_preprocessed(images)['embeddings'].numpy()
+
+
+def free_port_pair():
+    """A port p such that p and p + 1 are free on 127.0.0.1
+    (SlurmClusterResolver gives a node's tasks consecutive ports)."""
+    for _ in range(100):
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(('127.0.0.1', 0))
+            port = first.getsockname()[1]
+            try:
+                second.bind(('127.0.0.1', port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError('No two consecutive free ports.')
+
+
+def slurm_env(rank, tasks=2):
+    """The environment srun gives task `rank` of a job step of `tasks`
+    tasks on one node, 127.0.0.1, with TF_CONFIG unset: TF 2.21's
+    SlurmClusterResolver expands SLURM_STEP_NODELIST itself (it calls no
+    scontrol)."""
+    return dict(SLURM_JOB_ID='4242', SLURM_NTASKS=str(tasks),
+                SLURM_STEP_NUM_TASKS=str(tasks),
+                SLURM_STEP_NODELIST='127.0.0.1',
+                SLURM_STEP_TASKS_PER_NODE=str(tasks), TF_CONFIG='',
+                SLURM_PROCID=str(rank))
