@@ -13,7 +13,9 @@ configs (the demo's fine-tuning included), and its results are checked
 against NumPy and against the logged figures, not only its exit code. A
 config that binds, once shrunk, what another binds except pre-training's
 objective and schedule and its data's selection (`FINE_TUNED_ALIKE`)
-leaves its fine-tuning to that config's run.
+leaves its fine-tuning to that config's run; a config whose documented
+commands a test runs with the same checks (`DOCUMENTED_RUN`) is left to
+that test.
 
 Bugs tried: support labels shifted by one class in `evaluate.classify`;
 tau x10 there; the ImageNet fine-tuning rate's `final_lr` left to gin;
@@ -542,10 +544,17 @@ def test_a_config_fine_tuned_as_another_differs_before_fine_tuning(
                              for line in differing), sorted(differing)
 
 
+# Configs whose documented commands run them with every check below, by the
+# test named: their run here would repeat it.
+DOCUMENTED_RUN = {
+    'transfer_fashion_mnist.gin': 'test_the_documented_transfer_runs'}
+
+
 @pytest.mark.slow
 @pytest.mark.long
 @pytest.mark.parametrize('gin_file', [
-    name for name in CONFIGS if name not in SHRUNK_ALIKE])
+    name for name in CONFIGS
+    if name not in SHRUNK_ALIKE and name not in DOCUMENTED_RUN])
 def test_shipped_config_runs_every_mode(gin_file, request, tmp_path):
     """train_and_evaluate then fine_tune (or demo, for the demo configs;
     train_and_evaluate alone for `FINE_TUNED_ALIKE`) through run.py, on
@@ -626,7 +635,8 @@ def test_the_documented_transfer_runs(request, tmp_path):
     every test image of those classes, its per-class figures those of
     NumPy's soft nearest neighbour over the source model's exported
     embeddings of these images; the continued
-    run's labeled images are of classes 5-9 too.
+    run's labeled images are of classes 5-9 too, and it is checked as
+    `test_shipped_config_runs_every_mode` checks a demo config's run.
 
     Fails if the transfer's support or test holds the source's classes
     (tried: `CLASSES = (4, 5, 6, 7, 8)` in transfer_fashion_mnist.gin: the
@@ -666,8 +676,13 @@ def test_the_documented_transfer_runs(request, tmp_path):
     assert [name.decode() for name in classifier.head.class_names.numpy()
             ] == list(TRANSFER_CLASSES)
     continued = tmp_path / 'continued'
-    _run('transfer_fashion_mnist.gin', str(continued), shrink + [
-        f"train.pretrained_model = '{source}'"], 'demo')
+    shrink.append(f"train.pretrained_model = '{source}'")
+    output = _run('transfer_fashion_mnist.gin', str(continued), shrink,
+                  'demo')
+    # transfer_fashion_mnist.gin's run (`DOCUMENTED_RUN`).
+    _check_export_and_nn('transfer_fashion_mnist.gin', str(continued),
+                         shrink)
+    _check_cifar10_fine_tune(continued, output)
     history = (continued / 'run_history.txt').read_text()
     assert f'from the model of {source}' in history, history
     with open(continued / 'results.json') as f:
