@@ -29,6 +29,7 @@ from paws_tf.runner import experiment
 from paws_tf.runner import modes
 from tests.helpers import cluster
 from tests.helpers import debug_gin
+from tests.helpers import once
 from tests.helpers import run_py
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -127,7 +128,10 @@ def train_beside_two_replicas(root, **config):
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
     """debug.gin trained by `train_beside_two_replicas`."""
-    return train_beside_two_replicas(tmp_path_factory.mktemp('cluster_runs'))
+    root, (results, output) = once.made(
+        tmp_path_factory, 'cluster_runs',
+        lambda root: train_beside_two_replicas(root)[1:])
+    return root, results, output
 
 
 @pytest.mark.slow

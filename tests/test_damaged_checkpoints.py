@@ -12,6 +12,7 @@ import shutil
 import pytest
 
 from tests.helpers import failing_saves
+from tests.helpers import once
 from tests.helpers import run_py
 from paws_tf import checkpoints
 
@@ -23,11 +24,13 @@ BINDINGS = ['train.num_epochs = 3']  # 48 steps.
 def stopped_run(tmp_path_factory):
     """A run stopped at step 32 of 48 (its fourth checkpoint could not be
     written): ckpt-8, ckpt-16, ckpt-24 and a backup of step 32."""
-    model_dir = tmp_path_factory.mktemp('stopped')
-    code, output = run_py.finish(run_py.start(
-        model_dir, BINDINGS, script=HELPER,
-        script_args=['checkpoints', 3, 'ENOSPC']))
-    assert code == os.EX_IOERR, output[-3000:]
+    def stop(model_dir):
+        code, output = run_py.finish(run_py.start(
+            model_dir, BINDINGS, script=HELPER,
+            script_args=['checkpoints', 3, 'ENOSPC']))
+        assert code == os.EX_IOERR, output[-3000:]
+
+    model_dir, _ = once.made(tmp_path_factory, 'stopped', stop)
     return model_dir
 
 

@@ -17,6 +17,7 @@ from paws_tf.demo import run_demo
 from paws_tf import run_dir
 from paws_tf.runner import train
 from tests.helpers import debug_gin
+from tests.helpers import once
 from tests.helpers import run_py
 
 # Besides run_py.BINDINGS (backups every 4 steps, checkpoints every 8): 12
@@ -54,7 +55,9 @@ def uninterrupted_state(model_dir):
 
 @pytest.fixture(scope='module')
 def uninterrupted(tmp_path_factory):
-    return uninterrupted_state(tmp_path_factory.mktemp('uninterrupted'))
+    model_dir, _ = once.made(tmp_path_factory, 'preemption_uninterrupted',
+                             uninterrupted_state)
+    return final_state(model_dir)
 
 
 def assert_bit_identical(state, reference):

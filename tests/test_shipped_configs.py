@@ -47,6 +47,7 @@ from paws_tf.runner import modes
 from tests.helpers import debug_gin
 from tests.helpers import idx
 from tests.helpers import image_folders
+from tests.helpers import once
 from tests.helpers import run_py
 from tests.helpers import tfds_archives
 from tests.test_sources import FASHION_MNIST_NAMES
@@ -432,10 +433,13 @@ def transfer_source(request, tmp_path_factory):
     (`_copy_of_source`)."""
     gin_file = 'transfer_fashion_mnist_source.gin'
     assert SHRINK[gin_file] == SHRINK['transfer_fashion_mnist.gin']
-    model_dir = tmp_path_factory.mktemp('transfer_source') / 'run'
-    _run(gin_file, str(model_dir), SHRINK[gin_file] + _fashion_bindings(
-        request), 'train_and_evaluate')
-    return model_dir
+    bindings = SHRINK[gin_file] + _fashion_bindings(request)
+
+    def train(root):
+        _run(gin_file, str(root / 'run'), bindings, 'train_and_evaluate')
+
+    root, _ = once.made(tmp_path_factory, 'transfer_source', train)
+    return root / 'run'
 
 
 def _copy_of_source(request, model_dir):

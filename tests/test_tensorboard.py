@@ -13,6 +13,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from paws_tf.demo import run_demo
 from paws_tf.evaluation import pictures
+from tests.helpers import once
 from tests.helpers import run_py
 from tests.helpers import tensorboard_server
 
@@ -47,10 +48,12 @@ def tags(log_dir):
 
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp('run')
-    proc = run_py.start(model_dir, mode='demo', base_bindings=BINDINGS)
-    returncode, output = run_py.finish(proc, timeout=900)
-    assert returncode == 0, output[-3000:]
+    def demo(model_dir):
+        proc = run_py.start(model_dir, mode='demo', base_bindings=BINDINGS)
+        returncode, output = run_py.finish(proc, timeout=900)
+        assert returncode == 0, output[-3000:]
+
+    model_dir, _ = once.made(tmp_path_factory, 'tensorboard_run', demo)
     return model_dir
 
 

@@ -1,11 +1,9 @@
 """run.py on gin_configs/debug.gin in a subprocess, for fault tests."""
 
 import contextlib
-import fcntl
 import hashlib
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 import time
@@ -15,6 +13,7 @@ import tensorflow as tf
 
 from paws_tf import checkpoints
 from paws_tf import run_dir
+from tests.helpers import once
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # debug.gin: 16 steps per epoch; 2 epochs, backups every 4 steps,
@@ -123,21 +122,13 @@ def files(root):
 
 def trained(tmp_path_factory, bindings):
     """A finished training run of debug.gin with `bindings`, trained once
-    per test session: pytest-xdist can split a module between its test
-    processes, and each would train it again (test_records' took 14 s on
-    each). The processes share the session's temporary root; a test that
-    changes the run works on a copy."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get('PYTEST_XDIST_WORKER'):
-        root = root.parent  # popen-gw<N>'s parent: the session's.
-    name = 'trained-' + hashlib.sha256(
-        '\n'.join(bindings).encode()).hexdigest()[:12]
-    model_dir = root / name / 'run'
-    with open(root / f'{name}.lock', 'w') as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # Released when the file closes.
-        if not (root / name / 'trained').exists():
-            shutil.rmtree(root / name, ignore_errors=True)
-            code, output = finish(start(model_dir, base_bindings=bindings))
-            assert code == 0, output[-3000:]
-            (root / name / 'trained').touch()
-    return model_dir
+    per pytest run (`once.made`; test_records' took 14 s in each test
+    process); a test that changes the run works on a copy."""
+    def train(directory):
+        code, output = finish(start(directory / 'run',
+                                    base_bindings=bindings))
+        assert code == 0, output[-3000:]
+
+    directory, _ = once.made(tmp_path_factory, 'trained-' + hashlib.sha256(
+        '\n'.join(bindings).encode()).hexdigest()[:12], train)
+    return directory / 'run'
