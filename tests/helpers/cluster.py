@@ -29,14 +29,13 @@ FINGERPRINT = re.compile(r'Final weights fingerprint \(SHA-256\): (\w+)')
 
 
 def start_cluster(argv, workers=2, env=None, extra_args=None,
-                  tf_configs=None, only=None):
+                  tf_configs=None):
     """Starts `python argv` as every worker of a cluster on 127.0.0.1,
     worker i with `extra_args[i]` after `argv` when given.
 
     Args:
         tf_configs: the workers' TF_CONFIG values (default
             `cluster.loopback_tf_configs(workers)`).
-        only: the task indices to start (default all).
 
     Returns:
         The started workers' `subprocess.Popen`s, by task index, output
@@ -45,8 +44,6 @@ def start_cluster(argv, workers=2, env=None, extra_args=None,
     procs = []
     for index, tf_config in enumerate(
             tf_configs or cluster.loopback_tf_configs(workers)):
-        if only is not None and index not in only:
-            continue
         args = list(argv) + list((extra_args or {}).get(index, ()))
         procs.append(subprocess.Popen(
             [sys.executable] + [str(a) for a in args], cwd=REPO,
