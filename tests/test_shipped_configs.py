@@ -177,10 +177,13 @@ def imagenet_data(tmp_path_factory):
     builders from a tiny manual_dir: 2 classes of `IMAGENET_PER_CLASS`
     training images, the classes of the 2 validation images (one each), so
     that PAWS-NN's figures on them move with its labels."""
-    return tfds_archives.prepare_imagenet(
-        tmp_path_factory.mktemp('imagenet'), per_class=IMAGENET_PER_CLASS,
-        subsets=SUBSETS, images=_imagenet_image,
-        synsets=tfds_archives.VALIDATION_SYNSETS)
+    _, data_dir = once.made(
+        tmp_path_factory, 'shipped_imagenet',
+        lambda root: str(tfds_archives.prepare_imagenet(
+            root, per_class=IMAGENET_PER_CLASS, subsets=SUBSETS,
+            images=_imagenet_image,
+            synsets=tfds_archives.VALIDATION_SYNSETS)))
+    return data_dir
 
 
 def _imagenet_bindings(data_dir, cache_dir):
@@ -407,16 +410,18 @@ def fashion_mnist_dir(tmp_path_factory):
 def cifar10_data_dir(tmp_path_factory):
     """CIFAR-10 prepared once by the real TFDS builder from a tiny archive
     in the real layout (100 training, 3 test images)."""
-    root = tmp_path_factory.mktemp('cifar10')
-    archive = root / 'cifar-10-binary.tar.gz'
-    tfds_archives.cifar10_archive(archive, np.random.default_rng(0),
-                                  per_batch=20)
-    data_dir = str(root / 'tfds')
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        tfds_archives.serve(monkeypatch, 'cifar10',
-                            {tfds_archives.CIFAR10_URL: archive})
-        tfds.builder('cifar10', data_dir=data_dir).download_and_prepare()
-    return data_dir
+    def prepare(root):
+        archive = root / 'cifar-10-binary.tar.gz'
+        tfds_archives.cifar10_archive(archive, np.random.default_rng(0),
+                                      per_batch=20)
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            tfds_archives.serve(monkeypatch, 'cifar10',
+                                {tfds_archives.CIFAR10_URL: archive})
+            tfds.builder('cifar10', data_dir=str(root / 'tfds')
+                         ).download_and_prepare()
+
+    root, _ = once.made(tmp_path_factory, 'shipped_cifar10', prepare)
+    return str(root / 'tfds')
 
 
 def _fashion_bindings(request):
