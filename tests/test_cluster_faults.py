@@ -1,9 +1,10 @@
 """Faults of a two-worker cluster of run.py: each stops every worker within
 a bounded time, with an error naming the worker, the step and what to do.
 
-Bug tried that no test here catches: under --overwrite, no barrier after
-the chief's deletion (the second `cluster.barrier` in `start._accept`
-removed): the overwrite test passed (not traced further).
+Bugs tried that no test here catches: under --overwrite, no barrier
+before or after the chief's deletion (either `cluster.barrier` in
+`start._accept` removed): the never-started task's test passes (not traced
+further).
 """
 
 import json
@@ -128,7 +129,7 @@ def test_a_chief_that_dies_is_named_by_the_other_worker(tmp_path):
 def _previous_run(model_dir):
     """Files of an earlier run in `model_dir` (another config, a backup
     that cannot be restored, its history), and 30,000 files that keep a
-    chief deleting them for seconds; returns the relative paths."""
+    chief deleting them for seconds; returns `run_py.files` of them."""
     (model_dir / 'config.gin').write_text('train.num_epochs = 99\n')
     backup = model_dir / 'backup' / 'chief'
     backup.mkdir(parents=True)
@@ -139,7 +140,7 @@ def _previous_run(model_dir):
     slow.mkdir()
     for i in range(30_000):
         (slow / f'events.{i}').touch()
-    return cluster.written(model_dir)
+    return run_py.files(model_dir)
 
 
 @pytest.mark.slow
@@ -184,10 +185,9 @@ def test_a_task_that_never_starts_deletes_nothing_then_srun_overwrites(
             f'(make_strategy.start_timeout): nothing answers at worker 1 '
             f'(127.0.0.1:{port + 1}): never started') in output, output[-3000:]
     assert 'Start the missing worker with the same command' in output
-    assert cluster.written(tmp_path) == previous
+    assert run_py.files(tmp_path) == previous
 
-    outputs = [run_py.finish(process, timeout=600)
-               for process in [task(0), task(1)]]
+    outputs = cluster.finish_all([task(0), task(1)], timeout=600)
     spec = (f"{{'worker': ['127.0.0.1:{port}', '127.0.0.1:{port + 1}']}} "
             '(from SlurmClusterResolver)')
     for rank, (code, output) in enumerate(outputs):
