@@ -164,7 +164,8 @@ def test_a_task_that_never_starts_deletes_nothing_then_srun_overwrites(
     `make_strategy.slurm_port_base` describe (tried: the port base not
     passed to SlurmClusterResolver, whose default 8888 the message then
     names), if the wait ignores the timeout or names no task, or if the
-    lone task deletes or writes anything."""
+    lone task deletes or writes anything (tried: the --overwrite deletion
+    in `cli.main` before the cluster forms: the earlier run was gone)."""
     timeout, port = 10, cluster.free_port_pair()
     bindings = SMALL + ('train.num_epochs = 1',
                         f'make_strategy.start_timeout = {timeout}',

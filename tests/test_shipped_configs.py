@@ -553,11 +553,10 @@ def test_a_config_fine_tuned_as_another_differs_before_fine_tuning(
                              for line in differing), sorted(differing)
 
 
-# Configs that the test named runs through a documented command (the
-# transfer's continued `--mode=demo`) and checks as the test below does:
-# their run here would repeat that one.
-DOCUMENTED_RUN = {
-    'transfer_fashion_mnist.gin': 'test_the_documented_transfer_runs'}
+# Configs that `test_the_documented_transfer_runs` runs through a documented
+# command (the transfer's continued `--mode=demo`) and checks as the test
+# below does: their run here would repeat that one.
+DOCUMENTED_RUN = ('transfer_fashion_mnist.gin',)
 
 
 @pytest.mark.slow
