@@ -13,17 +13,12 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from paws_tf.demo import run_demo
 from paws_tf.evaluation import pictures
-from tests.helpers import once
 from tests.helpers import run_py
 from tests.helpers import tensorboard_server
 
-STEPS_PER_EPOCH = 16  # debug.gin
-EPOCHS = 2
-DIAGNOSTICS_EVERY = 8
-BINDINGS = (f'train.num_epochs = {EPOCHS}', 'train.log_every_steps = 1',
-            f'PAWSModel.diagnostics_every = {DIAGNOSTICS_EVERY}',
-            'train.eval_every_epochs = 1', 'train.backup_every_steps = 16',
-            'train.verbose = 0', 'train_supervised.steps = 20')
+STEPS_PER_EPOCH = run_py.DEMO_STEPS_PER_EPOCH
+EPOCHS = run_py.DEMO_EPOCHS
+DIAGNOSTICS_EVERY = run_py.DEMO_DIAGNOSTICS_EVERY
 TRAIN_TAGS = {
     'loss/total', 'loss/cross_entropy', 'loss/me_max',
     'paws/target_confidence', 'optimizer/learning_rate',
@@ -48,13 +43,7 @@ def tags(log_dir):
 
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
-    def demo(model_dir):
-        proc = run_py.start(model_dir, mode='demo', base_bindings=BINDINGS)
-        returncode, output = run_py.finish(proc, timeout=900)
-        assert returncode == 0, output[-3000:]
-
-    model_dir, _ = once.made(tmp_path_factory, 'tensorboard_run', demo)
-    return model_dir
+    return run_py.demo(tmp_path_factory)[0]
 
 
 @pytest.mark.slow

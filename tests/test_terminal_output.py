@@ -136,21 +136,17 @@ def test_a_run_prints_a_few_lines_before_its_progress(tmp_path):
 @pytest.mark.slow
 @pytest.mark.long
 def test_the_demo_then_evaluate_nn_and_fine_tune_print_only_own_lines(
-        tmp_path):
-    """--mode=demo on debug.gin (2 epochs of 8 steps: training with its
-    epoch-end PAWS-NN, export, PAWS-NN, fine-tuning, the baseline of 4
-    steps, the report), then --mode=evaluate_nn and --mode=fine_tune on its
-    run side by side: every line of each, start to end, is the project's
-    (`unaccounted`), TensorFlow's C++ logs not filtered by level."""
-    run = tmp_path / 'run'
-    shrink = ['train.num_epochs = 2',
-              'train/synthetic_source.num_images = 256',
-              'train_supervised.steps = 4']
-    code, output = run_py.finish(_start(run, shrink, ['--mode=demo']),
-                                 timeout=900)
-    assert code == 0, output[-3000:]
+        tmp_path_factory, tmp_path):
+    """--mode=demo on debug.gin (`run_py.demo`, shared: 2 epochs of 16
+    steps, training with its epoch-end PAWS-NN, export, PAWS-NN,
+    fine-tuning, the baseline, the report), then --mode=evaluate_nn and
+    --mode=fine_tune on a copy of its run side by side: every line of each,
+    start to end, is the project's (`unaccounted`), TensorFlow's C++ logs
+    not filtered by level."""
+    demo, output = run_py.demo(tmp_path_factory)
+    run = shutil.copytree(demo, tmp_path / 'run', symlinks=True)
     outputs = {'demo': output}
-    procs = {mode: _start(run, shrink, [f'--mode={mode}'])
+    procs = {mode: _start(run, run_py.DEMO_BINDINGS, [f'--mode={mode}'])
              for mode in ('evaluate_nn', 'fine_tune')}
     for mode, proc in procs.items():
         code, outputs[mode] = run_py.finish(proc, timeout=900)
@@ -159,7 +155,7 @@ def test_the_demo_then_evaluate_nn_and_fine_tune_print_only_own_lines(
         assert not unaccounted(output), (mode, unaccounted(output))
     # Each mode's own lines are there, once.
     for mode, text, count in (
-            ('demo', 'epoch 2/2  step 8/8  loss ', 1),
+            ('demo', 'epoch 2/2  step 16/16  loss ', 1),
             ('demo', 'Final weights fingerprint', 1),
             ('demo', 'PAWS-NN (saved_model ', 1),
             ('demo', 'Supervised baseline: top-1', 1),

@@ -132,3 +132,30 @@ def trained(tmp_path_factory, bindings):
     directory, _ = once.made(tmp_path_factory, 'trained-' + hashlib.sha256(
         '\n'.join(bindings).encode()).hexdigest()[:12], train)
     return directory / 'run'
+
+
+# The debug.gin demo that tests share: 2 epochs of 16 steps, each step's
+# TensorBoard points, the diagnostics every 8 steps, PAWS-NN at each epoch
+# end, backups at the epoch ends, a baseline of 20 steps (10 epochs of 2).
+DEMO_STEPS_PER_EPOCH, DEMO_EPOCHS, DEMO_DIAGNOSTICS_EVERY = 16, 2, 8
+DEMO_BINDINGS = (
+    f'train.num_epochs = {DEMO_EPOCHS}', 'train.log_every_steps = 1',
+    f'PAWSModel.diagnostics_every = {DEMO_DIAGNOSTICS_EVERY}',
+    'train.eval_every_epochs = 1', 'train.backup_every_steps = 16',
+    'train_supervised.steps = 20')
+
+
+def demo(tmp_path_factory):
+    """`(model_dir, output)`: run.py --mode=demo of debug.gin with
+    `DEMO_BINDINGS`, TensorFlow's C++ logs not filtered by level, run once
+    per pytest run (`once.made`); a test that changes the run works on a
+    copy."""
+    def run(directory):
+        code, output = finish(start(
+            directory / 'run', mode='demo', base_bindings=DEMO_BINDINGS,
+            env={'TF_CPP_MIN_LOG_LEVEL': None}), timeout=900)
+        assert code == 0, output[-3000:]
+        return output
+
+    directory, output = once.made(tmp_path_factory, 'demo', run)
+    return directory / 'run', output
