@@ -15,14 +15,6 @@ KERAS = 'keras'
 IMPLEMENTATIONS = (CUSTOM, KERAS)
 
 
-def check_impl(impl, name='impl'):
-    """Raises ValueError naming `name` (the argument or gin binding that
-    gave it) unless `impl` is one of `IMPLEMENTATIONS`."""
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(f'{name} must be one of {IMPLEMENTATIONS}, got '
-                         f'{impl!r}.')
-
-
 def build_in_scope(layer, input_shape):
     """Builds sublayer `layer` with variables named `<outer>/<layer>/...`,
     as its own call would name them, before the outer layer calls it."""

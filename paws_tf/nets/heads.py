@@ -37,7 +37,7 @@ class _MLPHead(tf_keras.layers.Layer):
     def __init__(self, sizes, *, activation, sync_bn, sync_bn_impl,
                  bn_momentum, bn_epsilon, **kwargs):
         super().__init__(**kwargs)
-        nets.check_impl(sync_bn_impl, 'sync_bn_impl')
+        checks.one_of('sync_bn_impl', sync_bn_impl, nets.IMPLEMENTATIONS)
         self.activation = checks.one_of('activation', activation,
                                         ACTIVATIONS)
         for arg, value in zip(self.SIZES, sizes):

@@ -248,7 +248,7 @@ def _build(configurable, name, *, input_channels, batch_norm,
     del name  # One name a builder.
     checks.integer('input_channels', input_channels)
     checks.number('bn_momentum', batch_norm['momentum'], low=0.0, high=1.0)
-    nets.check_impl(batch_norm['impl'], 'sync_bn_impl')
+    checks.one_of('sync_bn_impl', batch_norm['impl'], nets.IMPLEMENTATIONS)
     make = _Layers(**batch_norm)
     inputs = tf_keras.Input(shape=(None, None, input_channels), name='images')
     return configurable(inputs, make, **arguments)

@@ -3,6 +3,7 @@
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import checks
 from paws_tf import nets
 
 
@@ -30,7 +31,7 @@ def batch_norm(name, *, sync_bn, momentum, epsilon, zero_init=False,
     Raises:
         ValueError: `impl` is not one of `nets.IMPLEMENTATIONS`.
     """
-    nets.check_impl(impl)
+    checks.one_of('impl', impl, nets.IMPLEMENTATIONS)
     kwargs = dict(momentum=momentum, epsilon=epsilon,
                   gamma_initializer='zeros' if zero_init else 'ones',
                   name=name)

@@ -95,8 +95,8 @@ def _check_arguments(pretraining):
                          model_lib.PAWSModel)
     bindings.check_bound(pictures.Pictures.check_arguments,
                          pictures.Pictures)
-    nets.check_impl(
-        *bindings.arguments(model_lib.build_model)['sync_bn_impl'])
+    impl, name = bindings.arguments(model_lib.build_model)['sync_bn_impl']
+    checks.one_of(name, impl, nets.IMPLEMENTATIONS)
     if not pretraining:
         return
     bindings.check_bound(train.check_arguments, train.train)
