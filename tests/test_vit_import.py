@@ -13,6 +13,7 @@ eval_knn.py lines 33-34; facebookresearch/msn linear_eval.py lines
 
 import json
 import os
+import shutil
 
 import numpy as np
 import PIL.Image
@@ -33,6 +34,7 @@ from paws_tf.runner import vit_import  # noqa: E402
 from tests.helpers import debug_gin  # noqa: E402
 from tests.helpers import dino_msn_vit  # noqa: E402
 from tests.helpers import image_folders  # noqa: E402
+from tests.helpers import once  # noqa: E402
 from tests.helpers import run_py  # noqa: E402
 from tests.helpers import timm_vit  # noqa: E402
 from tests import test_existing_model  # noqa: E402
@@ -289,21 +291,42 @@ def test_msn_through_the_documented_commands(tmp_path):
                   _official_features(official, views))
 
 
+DINO_SEED = 2
+
+
+def dino_import(tmp_path_factory):
+    """`(directory, folders' bindings)`: the official DINO ViT-S/16 (random
+    weights, `DINO_SEED`) as DINO publishes it, imported with run.py into
+    `directory / 'dino_vits16'`, and folders of three classes under
+    `directory / 'images'`; made once per pytest run (`once.made`, also
+    for test_vit_recipe): tests read it, and write elsewhere."""
+    def make(directory):
+        path = _save_dino(_official('dino', seed=DINO_SEED),
+                          directory / 'dino_deitsmall16_pretrain.pth')
+        return import_with_run_py(directory, path, 'dino_vits16')
+
+    return once.made(tmp_path_factory, 'dino_import', make)
+
+
 @pytest.fixture(scope='module')
 def dino_run(tmp_path_factory):
-    """The official DINO ViT-S/16 (random weights) as DINO publishes it,
-    imported with run.py, and folders of three classes."""
-    tmp_path = tmp_path_factory.mktemp('dino')
-    official = _official('dino', seed=2)
-    path = _save_dino(official, tmp_path / 'dino_deitsmall16_pretrain.pth')
-    folders = import_with_run_py(tmp_path, path, 'dino_vits16')
-    return tmp_path, official, folders
+    """`dino_import`'s directory and folders, with the official model it
+    imported."""
+    directory, folders = dino_import(tmp_path_factory)
+    return directory, _official('dino', seed=DINO_SEED), folders
+
+
+def _work_dir(tmp_path, shared):
+    """`tmp_path` with a link to the shared import's folders, `images`,
+    where the helpers read them."""
+    (tmp_path / 'images').symlink_to(shared / 'images')
+    return tmp_path
 
 
 @pytest.mark.slow
 @pytest.mark.long
 def test_paws_nn_of_the_dino_import_is_the_rule_on_official_features(
-        dino_run, run_main, capsys):
+        dino_run, run_main, capsys, tmp_path):
     """`existing_model_folders.gin` on the import: per-image probabilities
     and classes of its PAWS-NN classifier, and PAWS-NN's top-1, equal the
     soft nearest neighbour in NumPy over the official model's features.
@@ -315,15 +338,16 @@ def test_paws_nn_of_the_dino_import_is_the_rule_on_official_features(
     Fails if the export records another crop than 224 of 256 (tried:
     crop_fraction 1.0), or compares another output than the features, or
     training over the import names train.pretrained_model (tried)."""
-    tmp_path, official, _ = dino_run
-    imported = tmp_path / 'dino_vits16'
-    assert_paws_nn_is_the_rule(tmp_path, imported, official)
+    shared, official, _ = dino_run
+    imported = shared / 'dino_vits16'
+    assert_paws_nn_is_the_rule(_work_dir(tmp_path, shared), imported,
+                               official)
     code, output = run_py.in_process(run_main, capsys, [
         f'--gin_file=gin_configs/{CONFIG}', f'--model_dir={imported}',
         '--mode=evaluate_nn'])
     assert code == 65, output[-2000:]
     assert (f"holds the ViT-S/16 backbone imported from "
-            f"{tmp_path}/dino_deitsmall16_pretrain.pth, not a PAWS model"
+            f"{shared}/dino_deitsmall16_pretrain.pth, not a PAWS model"
             ) in output
     assert f"train.pretrained_backbone = '{imported}'" in output
     assert '--mode=fine_tune fine-tunes it' in output
@@ -336,7 +360,7 @@ def test_paws_nn_of_the_dino_import_is_the_rule_on_official_features(
 
 @pytest.mark.slow
 @pytest.mark.long
-def test_paws_continues_from_the_dino_backbone(dino_run):
+def test_paws_continues_from_the_dino_backbone(dino_run, tmp_path):
     """`train.pretrained_backbone` naming the import's directory, with the
     bindings its record gives, starts a PAWS run (shrunk: 32 and 16 px
     views, one epoch at a learning rate of 0, so its trained weights are
@@ -346,8 +370,8 @@ def test_paws_continues_from_the_dino_backbone(dino_run):
     Fails if `pretrained.load_backbone_weights` does not resolve a run
     directory to its checkpoint (tried: `checkpoints.resolve_prefix`; the
     run is refused, exit 78)."""
-    tmp_path, official, folders = dino_run
-    continue_paws(tmp_path, tmp_path / 'dino_vits16', folders)
+    shared, official, folders = dino_run
+    continue_paws(tmp_path, shared / 'dino_vits16', folders)
     # The trained run's backbone, restored alone, computes the official
     # model's features (at 32 px: DINO's interpolation).
     backbone = restored_backbone(tmp_path, vit.build_vit(
@@ -396,7 +420,8 @@ def _noise_test_folder(root, labeled, per_class=4):
 
 @pytest.mark.slow
 @pytest.mark.long
-def test_fine_tuning_the_dino_import_starts_from_its_backbone(dino_run):
+def test_fine_tuning_the_dino_import_starts_from_its_backbone(dino_run,
+                                                            tmp_path):
     """--mode=fine_tune on the import's directory with the protocol of
     image_folders.gin (SuNCEt's, shrunk: 32-px views, 2 epochs, a learning
     rate of 0, so the trunk it writes is the one it started from): the
@@ -412,9 +437,11 @@ def test_fine_tuning_the_dino_import_starts_from_its_backbone(dino_run):
     of one channel, where it must refuse naming the record and the binding
     (tried: without the check, the config's 'data' statistics were used
     silently, and grayscale images failed in a Keras traceback)."""
-    tmp_path, official, folders = dino_run
-    imported = tmp_path / 'dino_vits16'
-    noise = _noise_test_folder(tmp_path / 'noise', tmp_path / 'images/labeled')
+    shared, official, folders = dino_run
+    # A copy: fine-tuning writes into the import's directory.
+    imported = shutil.copytree(shared / 'dino_vits16',
+                               tmp_path / 'dino_vits16')
+    noise = _noise_test_folder(tmp_path / 'noise', shared / 'images/labeled')
     shrunk = [binding for binding in image_folders.SMALL
               if 'small_resnet' not in binding]
     for other, refusal in (

@@ -93,18 +93,16 @@ def _backbone_weights(path, prefix):
             if name.startswith(prefix) and '.OPTIMIZER_SLOT' not in name}
 
 
-def recipe_run(tmp_path):
+def recipe_run(tmp_path_factory, tmp_path):
     """The command as written, its folders, import and model_dir the
     test's, shrunk (32- and 16-px views, two images a step, 18 steps), from
-    a DINO ViT-S/16 imported with run.py, its final PAWS-NN without
-    pictures (no check reads them); the import's directory, the run's, the
-    import's record and the run's training events."""
-    official = test_vit_import._official('dino', seed=3)
-    path = test_vit_import._save_dino(
-        official, tmp_path / 'dino_deitsmall16_pretrain.pth')
-    test_vit_import.import_with_run_py(tmp_path, path, 'dino_vits16')
-    imported, run = tmp_path / 'dino_vits16', tmp_path / 'continued'
-    images = tmp_path / 'images'
+    a DINO ViT-S/16 imported with run.py (`test_vit_import.dino_import`,
+    shared), its final PAWS-NN without pictures (no check reads them); the
+    import's directory, the run's, the import's record and the run's
+    training events."""
+    shared, _ = test_vit_import.dino_import(tmp_path_factory)
+    imported, run = shared / 'dino_vits16', tmp_path / 'continued'
+    images = shared / 'images'
     command = documented._as_run_here(_documented(), {
         'LABELED_DIR': images / 'labeled',
         'UNLABELED_DIR': images / 'unlabeled', 'TEST_DIR': images / 'test',
@@ -190,14 +188,14 @@ def _check_start_from_import(imported, run, record):
 
 @pytest.mark.slow
 @pytest.mark.long
-def test_the_recipe_run_trains_as_documented(tmp_path):
+def test_the_recipe_run_trains_as_documented(tmp_path_factory, tmp_path):
     """The documented command's run (`recipe_run`), one run for all the
     checks, each failing under its own bug: its rate (`_check_rate`), its
     weight decay (`_check_adamw_weight_decay`), its views' sizes
     (`_check_view_sizes`) and its start from the import
     (`_check_start_from_import`). One test, so that parallel test
     processes never train it twice."""
-    imported, run, record, events = recipe_run(tmp_path)
+    imported, run, record, events = recipe_run(tmp_path_factory, tmp_path)
     _check_rate(events)
     _check_adamw_weight_decay(events)
     _check_view_sizes(events)
