@@ -360,9 +360,8 @@ def build_model(*, input_channels, sync_bn, sync_bn_impl=nets.KERAS,
     Raises:
         ValueError: `sync_bn_impl` is not 'keras' or 'custom'.
     """
-    checks.one_of('build_model.sync_bn_impl', sync_bn_impl,
-                  nets.IMPLEMENTATIONS)
-    norms = dict(sync_bn=sync_bn, sync_bn_impl=sync_bn_impl)
+    norms = dict(sync_bn=sync_bn, sync_bn_impl=checks.one_of(
+        'build_model.sync_bn_impl', sync_bn_impl, nets.IMPLEMENTATIONS))
     backbone = backbones.build_backbone(input_channels=input_channels,
                                         **norms)
     projection = heads.ProjectionHead(**norms)
