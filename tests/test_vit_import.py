@@ -176,28 +176,30 @@ def import_with_run_py(tmp_path, path, name):
                                           test=2)
 
 
-def assert_paws_nn_is_the_rule(tmp_path, imported, official):
-    """`existing_model_folders.gin` on the import `imported` (run.py into
-    `tmp_path / 'nn'`): per-image probabilities and classes of its PAWS-NN
+def assert_paws_nn_is_the_rule(tmp_path, imported, official, images=None):
+    """`existing_model_folders.gin` on the import `imported` and the
+    folders under `images` (default `tmp_path / 'images'`), run.py into
+    `tmp_path / 'nn'`: per-image probabilities and classes of its PAWS-NN
     classifier, and PAWS-NN's top-1, equal the soft nearest neighbour in
     NumPy over the features of `official` (the source's PyTorch model) on
     the sources' evaluation views. Without the pictures, which no check
     here reads."""
+    images = images or tmp_path / 'images'
     code, output = run_py.finish(run_py.start(
         tmp_path / 'nn', (f"MODEL = '{imported}'",
-                          f"LABELED_DIR = '{tmp_path / 'images/labeled'}'",
-                          f"TEST_DIR = '{tmp_path / 'images/test'}'",
+                          f"LABELED_DIR = '{images / 'labeled'}'",
+                          f"TEST_DIR = '{images / 'test'}'",
                           'evaluate_nn.pictures = False'),
         gin_file='gin_configs/existing_model_folders.gin',
         mode='evaluate_nn', base_bindings=()))
     assert code == 0, output[-3000:]
     results = json.loads((tmp_path / 'nn/eval/paws_nn.json').read_text())
     probabilities, _, labels, _ = test_existing_model.numpy_paws_nn(
-        lambda images: _official_features(
-            official, [_official_view(image) for image in images]),
-        tmp_path / 'images', results['tau'])
+        lambda batch: _official_features(
+            official, [_official_view(image) for image in batch]),
+        images, results['tau'])
     classifier = tf.saved_model.load(str(tmp_path / 'nn/export/classifier'))
-    raw, _, _ = test_existing_model._folder_images(tmp_path / 'images/test')
+    raw, _, _ = test_existing_model._folder_images(images / 'test')
     out = classifier(tf.constant(np.stack(raw)))
     np.testing.assert_allclose(out['probabilities'], probabilities,
                                atol=1e-4)
@@ -316,13 +318,6 @@ def dino_run(tmp_path_factory):
     return directory, _official('dino', seed=DINO_SEED), folders
 
 
-def _work_dir(tmp_path, shared):
-    """`tmp_path` with a link to the shared import's folders, `images`,
-    where the helpers read them."""
-    (tmp_path / 'images').symlink_to(shared / 'images')
-    return tmp_path
-
-
 @pytest.mark.slow
 @pytest.mark.long
 def test_paws_nn_of_the_dino_import_is_the_rule_on_official_features(
@@ -340,8 +335,8 @@ def test_paws_nn_of_the_dino_import_is_the_rule_on_official_features(
     training over the import names train.pretrained_model (tried)."""
     shared, official, _ = dino_run
     imported = shared / 'dino_vits16'
-    assert_paws_nn_is_the_rule(_work_dir(tmp_path, shared), imported,
-                               official)
+    assert_paws_nn_is_the_rule(tmp_path, imported, official,
+                               images=shared / 'images')
     code, output = run_py.in_process(run_main, capsys, [
         f'--gin_file=gin_configs/{CONFIG}', f'--model_dir={imported}',
         '--mode=evaluate_nn'])

@@ -94,12 +94,12 @@ def _backbone_weights(path, prefix):
 
 
 def recipe_run(tmp_path_factory, tmp_path):
-    """The command as written, its folders, import and model_dir the
-    test's, shrunk (32- and 16-px views, two images a step, 18 steps), from
-    a DINO ViT-S/16 imported with run.py (`test_vit_import.dino_import`,
-    shared), its final PAWS-NN without pictures (no check reads them); the
-    import's directory, the run's, the import's record and the run's
-    training events."""
+    """The command as written, its folders and import those of the DINO
+    ViT-S/16 imported with run.py that tests share
+    (`test_vit_import.dino_import`), its model_dir the test's, shrunk (32-
+    and 16-px views, two images a step, 18 steps), its final PAWS-NN
+    without pictures (no check reads them); the import's directory, the
+    run's, the import's record and the run's training events."""
     shared, _ = test_vit_import.dino_import(tmp_path_factory)
     imported, run = shared / 'dino_vits16', tmp_path / 'continued'
     images = shared / 'images'
