@@ -134,14 +134,16 @@ def trained(tmp_path_factory, bindings):
     return directory / 'run'
 
 
-# The debug.gin demo that tests share: 2 epochs of 16 steps, each step's
-# TensorBoard points, the diagnostics every 8 steps, PAWS-NN at each epoch
-# end, backups at the epoch ends, a baseline of 20 steps (10 epochs of 2).
+# The debug.gin demo that tests share: 2 epochs of 16 steps (debug.gin's
+# 512 images in batches of 32), each step's TensorBoard points, the
+# diagnostics every 8 steps, PAWS-NN and a backup at each epoch end, a
+# baseline of 20 steps (10 epochs of 2).
 DEMO_STEPS_PER_EPOCH, DEMO_EPOCHS, DEMO_DIAGNOSTICS_EVERY = 16, 2, 8
 DEMO_BINDINGS = (
     f'train.num_epochs = {DEMO_EPOCHS}', 'train.log_every_steps = 1',
     f'PAWSModel.diagnostics_every = {DEMO_DIAGNOSTICS_EVERY}',
-    'train.eval_every_epochs = 1', 'train.backup_every_steps = 16',
+    'train.eval_every_epochs = 1',
+    f'train.backup_every_steps = {DEMO_STEPS_PER_EPOCH}',
     'train_supervised.steps = 20')
 
 
