@@ -349,4 +349,4 @@ def barrier(strategy):
 def _traced(collective):
     """The NumPy value of `collective()` run as a tf.function: called
     eagerly, `strategy.run` logs a warning of its overhead every time."""
-    return tf.function(collective)().numpy()
+    return tf.function(collective, autograph=False)().numpy()

@@ -5,6 +5,8 @@ over replicas (`LastValue`)."""
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import as_written  # noqa: F401  (AutoGraph leaves paws_tf)
+
 
 def _replica_context():
     """The replica context when there are several replicas, else None."""

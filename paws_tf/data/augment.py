@@ -6,6 +6,7 @@ import functools
 import gin
 import tensorflow as tf
 
+from paws_tf import as_written  # noqa: F401  (AutoGraph leaves paws_tf)
 from paws_tf import checks
 from paws_tf.data import image_ops
 
@@ -22,10 +23,6 @@ NORMALIZATIONS = {'imagenet': (IMAGENET_MEAN, IMAGENET_STD),
 _LUMA_TO_RGB = tuple((w,) * 3 for w in (0.2989, 0.587, 0.114))
 # The kinds of `color_distortion`.
 DISTORTIONS = ('simclr', 'cifar10')
-# The input functions are TensorFlow ops and Python control flow on Python
-# values: tf.data's maps trace them as written, without AutoGraph's rewrite
-# of every function they call.
-AS_WRITTEN = tf.autograph.experimental.do_not_convert
 
 
 def adjust_brightness(image, factor):
@@ -191,7 +188,6 @@ def check_distortion(kind):
             "PAWS CIFAR-10 views, 'simclr' for ImageNet's).")
 
 
-@AS_WRITTEN
 def make_view(image, seed, *, size, scale, mean, std, color_strength=1.0,
               blur_prob=0.0, distortion='simclr'):
     """One view, [size, size, C] float32: crop, flip, colour distortion,
@@ -236,7 +232,6 @@ def _traced_view(size, scale, mean, std, color_strength, blur_prob,
         distortion=distortion), autograph=False)
 
 
-@AS_WRITTEN
 def center_view(image, size, *, crop_fraction, mean, std):
     """Evaluation view, [size, size, C] float32 of `image`: torchvision
     Resize(round(size / crop_fraction)) of the shorter side (bilinear,
@@ -350,7 +345,6 @@ def cifar10_multicrop(**overrides):
     return dataclasses.replace(CIFAR10_MULTICROP, **overrides)
 
 
-@AS_WRITTEN
 def multicrop_views(image, seed, config):
     """`(global_views, local_views)` of `image` (as `make_view` takes
     it) by the `MultiCropConfig` `config`: tuples of 2 global and

@@ -115,7 +115,6 @@ def _indexed_unlabeled(source, layout, seed, start_step, first_replica,
     start_epoch = start_step // steps_per_epoch
     first_skip = (start_step % steps_per_epoch) * local_replicas * batch
 
-    @augment.AS_WRITTEN
     def epoch_items(epoch):
         order = sampling.permutation(
             n, sampling.derive_seed(seed, sampling.UNLABELED_ORDER, epoch))
@@ -128,7 +127,6 @@ def _indexed_unlabeled(source, layout, seed, start_step, first_replica,
         return tf.data.Dataset.from_tensor_slices(
             (tf.fill(tf.shape(order), epoch), order))
 
-    @augment.AS_WRITTEN
     def views(epoch, position):
         key = sampling.derive_seed(seed, sampling.UNLABELED_VIEWS, epoch,
                                    position)
@@ -147,7 +145,6 @@ def _streamed_unlabeled(source, layout, seed, start_step, input_context):
         [seed, start_step]).generate_state(1)[0])
     pipeline = input_context.input_pipeline_id if input_context else 0
 
-    @augment.AS_WRITTEN
     def views(count, item):
         key = sampling.derive_seed(seed, sampling.STREAM_VIEWS, start_step,
                                    pipeline, count)
@@ -165,7 +162,6 @@ def _support(labeled, layout, seed, start_step, first_replica, local_replicas):
     sampler, mc = layout.sampler, layout.multicrop
     view = mc.view_function(layout.support_view_size, mc.global_scale)
 
-    @augment.AS_WRITTEN
     def views(step, position, class_id, column):
         image = labeled.read(position)
         return tuple(view(image, sampling.derive_seed(
@@ -176,8 +172,8 @@ def _support(labeled, layout, seed, start_step, first_replica, local_replicas):
     # Always in order, even for deterministic=False: a batch is one step's
     # rows of one replica.
     return (tf.data.Dataset.counter(start_step * local_replicas)
-            .flat_map(augment.AS_WRITTEN(
-                lambda i: sampler.items(i, first_replica, local_replicas)))
+            .flat_map(
+                lambda i: sampler.items(i, first_replica, local_replicas))
             .map(views, num_parallel_calls=tf.data.AUTOTUNE,
                  deterministic=True)
             .batch(rows, drop_remainder=True))
@@ -327,8 +323,8 @@ def _dataset(input_context=None, *, unlabeled, labeled, layout, seed,
     support = _support(labeled, layout, seed, start_step, first_replica,
                        local_replicas)
     return finish(tf.data.Dataset.zip((views, support)).map(
-        augment.AS_WRITTEN(lambda views, support: _step_element(
-            views, support, layout, labeled.channels))), deterministic)
+        lambda views, support: _step_element(
+            views, support, layout, labeled.channels)), deterministic)
 
 
 def finish(dataset, deterministic=None):
@@ -356,7 +352,6 @@ def make_eval_dataset(source, *, batch_size, image_size, crop_fraction, mean,
     mean, std = normalization_lib.checked_values(
         'make_eval_dataset\'s mean and std', mean, std, source.channels)
 
-    @augment.AS_WRITTEN
     def view(image, label):
         return augment.center_view(image, image_size,
                                    crop_fraction=crop_fraction, mean=mean,

@@ -31,7 +31,7 @@ def embedder_from_model(model):
     """`embed_fn`: float32 `[b, S, S, C]` preprocessed images -> `[b, D]`
     embeddings of `model` (a `PAWSModel`, or a network that returns the
     embeddings: a fine-tuning trunk) in inference mode."""
-    @tf.function
+    @tf.function(autograph=False)
     def embed(images):
         outputs = model(images, training=False)
         return (outputs['embeddings'] if isinstance(outputs, dict)

@@ -109,9 +109,9 @@ class _Servable(tf.Module):
         self._preprocessed_description = (
             f'images must be float32 [N, {image_size}, {image_size}, '
             f'C={channels}], preprocessed like pipeline.make_eval_dataset')
-        self.__call__ = tf.function(self._serve_raw)
+        self.__call__ = tf.function(self._serve_raw, autograph=False)
         self.call_preprocessed = tf.function(
-            self._serve_preprocessed,
+            self._serve_preprocessed, autograph=False,
             input_signature=[tf.TensorSpec(None, tf.float32, name='images')])
 
     @tf.__internal__.tracking.no_automatic_dependency_tracking

@@ -8,6 +8,8 @@ import typing
 import tensorflow as tf
 import tf_keras
 
+from paws_tf import as_written  # noqa: F401  (AutoGraph leaves paws_tf)
+
 # The implementations of synchronised batch norm: the CPU-tuned layer or
 # tf_keras' (the same values and variables).
 CUSTOM = 'custom'

@@ -126,7 +126,7 @@ def global_norm_grads(dz, x, gamma, mean, variance, count, epsilon,
     return _minus_affine(dx, x, k, c), dgamma, dbeta
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def scale_shift(x, scale, shift, relu=False):
     """x * scale + shift per channel (and its ReLU if `relu`), in float32,
     returned in x's dtype, in one XLA-compiled pass (`global_normalise`'s
@@ -135,7 +135,7 @@ def scale_shift(x, scale, shift, relu=False):
     return tf.cast(tf.nn.relu(y) if relu else y, x.dtype)
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def _minus_affine(dx, x, k, c):
     """dx - (x * k + c) per channel, in float32, returned in x's dtype.
 
