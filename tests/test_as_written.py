@@ -1,5 +1,6 @@
 """AutoGraph leaves paws_tf's functions as written (paws_tf/as_written.py)
-and still rewrites a user's own, also where paws_tf calls them.
+and still rewrites a user's own, a user's backbone also where PAWSModel
+calls it.
 
 What AutoGraph rewrites is read from its converter: every function whose
 rewrite it builds (`api._convert_actual`) is recorded while a train step,
