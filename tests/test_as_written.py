@@ -47,13 +47,6 @@ def rewritten(monkeypatch):
     return names
 
 
-def _train_step(model, batch):
-    """One step through `make_train_function`, as `fit` runs it; its
-    loss."""
-    iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
-    return float(model.make_train_function()(iterator)['loss'])
-
-
 @pytest.mark.slow
 def test_paws_tf_functions_are_traced_as_written(rewritten, tmp_path):
     """A train step, a pre-training and an evaluation pipeline, an export
@@ -61,8 +54,8 @@ def test_paws_tf_functions_are_traced_as_written(rewritten, tmp_path):
     recording works) and no function of paws_tf."""
     model = tiny_model.make(sync_bn=True)
     tiny_model.compile_and_build(model)
-    assert np.isfinite(_train_step(model, tiny_model.random_step(
-        np.random.default_rng(0), 4, 3, 2, 1, 2)))
+    assert np.isfinite(tiny_model.run_steps(model, tiny_model.random_step(
+        np.random.default_rng(0), 4, 3, 2, 1, 2))['loss'])
     rng = np.random.default_rng(1)
     source = sources.from_arrays(
         rng.integers(0, 256, [24, 12, 12, 3], np.uint8), np.arange(24) % 3)
@@ -112,8 +105,8 @@ def test_a_users_backbone_keeps_autograph_inside_paws_tf(rewritten):
         _SignedBackbone(), heads.ProjectionHead(hidden_dim=8, output_dim=6),
         diagnostics_every=0)
     model.compile(optimizer=lars.LARS(learning_rate=0.1))
-    assert np.isfinite(_train_step(model, tiny_model.random_step(
-        np.random.default_rng(0), 4, 3, 2, 1, 2)))
+    assert np.isfinite(tiny_model.run_steps(model, tiny_model.random_step(
+        np.random.default_rng(0), 4, 3, 2, 1, 2))['loss'])
     assert f'{__name__}._SignedBackbone.call' in rewritten
     traced = tf.function(lambda x: model(x)['features'])
     for sign in (1.0, -1.0):

@@ -77,22 +77,13 @@ def _trainables(model):
     return [v.numpy() for v in model.trainable_variables]
 
 
-def _run_steps(model, batch, steps=1):
-    """Steps through `make_train_function`, as `fit` runs them."""
-    iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
-    train_function = model.make_train_function()
-    for _ in range(steps):
-        logs = train_function(iterator)
-    return {name: value.numpy() for name, value in logs.items()}
-
-
 def _float32_reference(batch):
     """Initial weights and the float32 kernel update of one LARS step."""
     tf_keras.utils.set_random_seed(0)
     model = _model(lars.LARS(learning_rate=0.1))
     weights = model.get_weights()
     before = _kernels(model)
-    logs = _run_steps(model, batch)
+    logs = tiny_model.run_steps(model, batch)
     return weights, _kernels(model) - before, logs
 
 
@@ -154,7 +145,7 @@ def test_float16_loss_scaling_skips_overflows_then_updates_like_float32(
         skipped = 0
         for _ in range(30):
             scale = float(model.optimizer.loss_scale)
-            logs = _run_steps(model, batch)
+            logs = tiny_model.run_steps(model, batch)
             if any(np.any(a != b) for a, b in
                    zip(before, _trainables(model))):
                 break
@@ -177,7 +168,7 @@ def test_bfloat16_update_is_finite_and_close_to_float32():
     with precision('mixed_bfloat16'):
         model = _model(lars.LARS(learning_rate=0.1), weights)
         before = _kernels(model)
-        logs = _run_steps(model, batch)
+        logs = tiny_model.run_steps(model, batch)
         update = _kernels(model) - before
     assert logs['loss'].dtype == np.float32
     np.testing.assert_allclose(logs['cross_entropy'],
@@ -196,7 +187,7 @@ def test_xla_train_step_equals_the_graph_train_step():
     for jit_compile in (False, True):
         tf_keras.utils.set_random_seed(0)
         model = _model(lars.LARS(learning_rate=0.1), jit_compile=jit_compile)
-        logs = _run_steps(model, batch, steps=2)
+        logs = tiny_model.run_steps(model, batch, steps=2)
         results.append((logs, model.get_weights()))
     (graph_logs, graph_weights), (xla_logs, xla_weights) = results
     for name in ('loss', 'cross_entropy', 'me_max', 'target_confidence'):
@@ -217,7 +208,7 @@ def test_xla_mixed_precision_train_step_is_finite(policy):
             optimizer = tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
         model = _model(optimizer, jit_compile=True)
         before = _kernels(model)
-        logs = _run_steps(model, _batch(), steps=4)
+        logs = tiny_model.run_steps(model, _batch(), steps=4)
         after = _kernels(model)
     assert np.isfinite(logs['loss']) and np.all(np.isfinite(after))
     assert np.any(after != before)

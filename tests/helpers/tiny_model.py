@@ -78,6 +78,16 @@ def compile_and_build(model, size=8, optimizer=None, **lars_kwargs):
     model.optimizer.build(model.trainable_variables)
 
 
+def run_steps(model, batch, steps=1):
+    """Steps of a compiled model on `batch` through `make_train_function`,
+    as `fit` runs them; the last step's logs as NumPy values."""
+    iterator = iter(tf.data.Dataset.from_tensors(batch).repeat())
+    train_function = model.make_train_function()
+    for _ in range(steps):
+        logs = train_function(iterator)
+    return {name: value.numpy() for name, value in logs.items()}
+
+
 def support_rows(classes, images, views, first_column, num_columns):
     """`support_one_hot` and `support_view_index` of `views` blocks of
     `classes` x `images` rows, slot k in column `first_column + k` of
