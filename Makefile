@@ -12,7 +12,8 @@ PYTEST_ARGS ?=
 # (tracing, process start-up), so two processes fill 2 cores better than
 # one. 0 runs them in this process. A process
 # that runs out of tests takes half of the other's remaining ones
-# (worksteal); tests/conftest.py puts the long `slow` ones first.
+# (worksteal); tests/conftest.py puts the long `slow` ones first and gives
+# each process its share of the cores for TensorFlow's thread pools.
 PYTEST_WORKERS ?= 2
 XDIST := -n $(PYTEST_WORKERS) --dist worksteal
 

@@ -5,6 +5,23 @@ import pathlib
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+
+def _share_the_cores():
+    """Under pytest-xdist, each test process (and every run.py it starts,
+    which inherits the environment) takes its share of the cores for
+    TensorFlow's thread pools, unless TF_NUM_INTRAOP_THREADS or
+    TF_NUM_INTEROP_THREADS already choose. Each pool has a thread per
+    core by default, so two processes on two cores run four threads that
+    spin for each other."""
+    workers = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', 0))
+    if workers:
+        share = str(max(1, len(os.sched_getaffinity(0)) // workers))
+        os.environ.setdefault('TF_NUM_INTRAOP_THREADS', share)
+        os.environ.setdefault('TF_NUM_INTEROP_THREADS', share)
+
+
+_share_the_cores()
+
 from absl import flags  # noqa: E402
 import gin  # noqa: E402
 # paws_tf (which selects tf_keras before TF is used) and TensorFlow loaded
