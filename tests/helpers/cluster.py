@@ -45,11 +45,13 @@ def start_cluster(argv, workers=2, env=None, extra_args=None,
     for index, tf_config in enumerate(
             tf_configs or cluster.loopback_tf_configs(workers)):
         args = list(argv) + list((extra_args or {}).get(index, ()))
+        environment = dict(os.environ, PYTHONPATH=str(REPO),
+                           TF_CPP_MIN_LOG_LEVEL='2', TF_CONFIG=tf_config,
+                           **(env or {}))
         procs.append(subprocess.Popen(
             [sys.executable] + [str(a) for a in args], cwd=REPO,
-            env=dict(os.environ, PYTHONPATH=str(REPO),
-                     TF_CPP_MIN_LOG_LEVEL='2', TF_CONFIG=tf_config,
-                     **(env or {})),
+            # A variable given as None is left out.
+            env={k: v for k, v in environment.items() if v is not None},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return procs
 
