@@ -94,9 +94,9 @@ def set_intra_op_threads(devices, gpus):
         logging.warning('TensorFlow started before the strategy: it keeps '
                         'its intra-op threads, not the %d of a GPU job.',
                         threads)
-        return
-    logging.info('%d intra-op thread(s): the host CPU makes the input.',
-                 threads)
+    else:
+        logging.info('%d intra-op thread(s): the host CPU makes the input.',
+                     threads)
 
 
 # The kind is run.py's --strategy flag.
