@@ -154,18 +154,15 @@ def _not_started(me, tasks, answers, heard, timeout):
     other = [task for task in answers if answers[task] not in (None, _OK)]
     deaf = [task for task in answers
             if answers[task] == _OK and task not in heard]
-    causes = []
-    if silent:
-        causes.append(f'nothing answers at {named(silent)}: never '
-                      'started, or stopped while starting')
-    if other:
-        causes.append(f'a process that is no task of this cluster listens '
-                      f'at {named(other)}: another program, or a task '
-                      'given another cluster description')
-    if deaf:
-        causes.append(f'{named(deaf)} answers but did not reach '
-                      f'{me} at {tasks[me]}: a wrong address in its cluster '
-                      'description, or a firewall between them')
+    causes = [cause for found, cause in (
+        (silent, f'nothing answers at {named(silent)}: never started, or '
+                 'stopped while starting'),
+        (other, 'a process that is no task of this cluster listens at '
+                f'{named(other)}: another program, or a task given another '
+                'cluster description'),
+        (deaf, f'{named(deaf)} answers but did not reach {me} at '
+               f'{tasks[me]}: a wrong address in its cluster description, '
+               'or a firewall between them')) if found]
     return NotStarted(
         f'{me}: the cluster did not form within {timeout:g} s '
         f'(make_strategy.start_timeout): {"; ".join(causes)}. Start the '
