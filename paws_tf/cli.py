@@ -258,7 +258,6 @@ def _main_with_messages(argv):
         code = getattr(error, 'EXIT_CODE', None)
         if code is None or _VERBOSE.value:
             raise
-        # gin appends the configurable the error passed through.
         message = _GIN_CALL.sub('', getattr(error, 'message', str(error)))
         sys.stderr.flush()
         print(message if isinstance(error, train.Preempted) else
