@@ -17,7 +17,7 @@ from paws_tf import progress, schedules  # noqa: F401
 from paws_tf.data import augment, folders, pipeline  # noqa: F401
 from paws_tf.data import sources, splits, tfds_sources  # noqa: F401
 from paws_tf.demo import fashion_mnist, supervised  # noqa: F401
-from paws_tf.evaluation import evaluate_nn, export, fine_tune  # noqa: F401
+from paws_tf.evaluation import evaluate_nn, fine_tune  # noqa: F401
 from paws_tf.nets import backbones, heads  # noqa: F401
 from paws_tf.runner import experiment, train  # noqa: F401
 # pylint: enable=unused-import
