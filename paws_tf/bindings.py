@@ -95,9 +95,7 @@ def check_bound(check, configurable, scope=None, **given):
     """
     bound_arguments = arguments(configurable, scope)
     values, names = {}, {}
-    for key in inspect.signature(check).parameters:
-        if key == 'names':
-            continue
+    for key in inspect.signature(check).parameters.keys() - {'names'}:
         values[key], names[key] = given.get(key) or bound_arguments[key]
         if values[key] is gin.REQUIRED:
             return
