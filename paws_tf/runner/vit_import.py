@@ -279,19 +279,17 @@ def import_vit(run, path, checkpoint, taken):
     source = source_of(checkpoint)
     state, left_out, epoch = read_state(path, checkpoint, source)
     found = architecture(path, state, source)
-    backbone = _build_backbone(
-        found.name, patch_size=found.patch_size, image_size=found.image_size,
+    arguments = dict(
+        patch_size=found.patch_size, image_size=found.image_size,
         position_interpolation=found.interpolation,
         layer_scale=found.layer_scale, registers=found.registers)
+    backbone = _build_backbone(found.name, **arguments)
     count = official_import.load_state(torch_names.vit_layer_names(backbone),
                                        state, path)
     record = dict(source=os.path.abspath(path),
                   kind=official_import.BACKBONE, origin=source,
                   network=found.name, architecture=found.title(),
-                  patch_size=found.patch_size, image_size=found.image_size,
-                  position_interpolation=found.interpolation,
-                  layer_scale=found.layer_scale, registers=found.registers,
-                  epoch=epoch, tensors=count, left_out=left_out)
+                  **arguments, epoch=epoch, tensors=count, left_out=left_out)
     record['bindings'] = training_bindings(record)
     official_import.write_import(
         run, taken, record, lambda: export.export_embedder(
