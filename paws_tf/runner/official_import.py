@@ -216,7 +216,6 @@ def write_import(run, taken, record, export_model, **checkpointed):
         write_first_checkpoint(run, **checkpointed)
     export_model()
     run.write_json(run.imported, record, default=int)
-    return record
 
 
 def write_first_checkpoint(run, **objects):
