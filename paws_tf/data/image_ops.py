@@ -31,10 +31,8 @@ def resize(image, size, antialias=False):
     after resizing. With `antialias`, `tf.image.resize(image, size,
     antialias=True)`'s values, in less CPU time (see `_resample_rows`;
     `benchmarks/profile_view.py --resize` times both)."""
-    if antialias:
-        resized = _antialiased_resize(image, size)
-    else:
-        resized = tf.image.resize(image, size)  # float32
+    resized = (_antialiased_resize(image, size) if antialias
+               else tf.image.resize(image, size))  # float32
     return resized * _UINT8_SCALE if image.dtype == tf.uint8 else resized
 
 
