@@ -291,8 +291,7 @@ class MultiCropConfig:
         check_distortion(self.distortion)
         checks.integer('MultiCropConfig.num_local', self.num_local,
                        minimum=0)
-        views = ['global'] + (['local'] if self.num_local else [])
-        for view in views:
+        for view in ['global'] + (['local'] if self.num_local else []):
             checks.integer(f'MultiCropConfig.{view}_size',
                            getattr(self, f'{view}_size'))
             scale = getattr(self, f'{view}_scale')
