@@ -295,7 +295,6 @@ class MultiCropConfig:
             checks.integer(f'MultiCropConfig.{view}_size',
                            getattr(self, f'{view}_size'))
             scale = getattr(self, f'{view}_scale')
-            # A crop's area fraction: uniform in [low, high] of the image.
             if not (len(scale) == 2 and 0 < scale[0] <= scale[1] <= 1):
                 raise checks.ConfigError(
                     f'MultiCropConfig.{view}_scale = {scale}: give (low, '

@@ -64,7 +64,6 @@ def _sample_per_class(source, labels_per_class, fraction, seed):
             raise checks.DataError(
                 f'Class {class_name!r} (id {class_id}) has {len(members)} '
                 f'images, fewer than labels_per_class={count}: lower it.')
-        # Without replacement: an earlier TF port drew duplicates here.
         chosen.append(rng.choice(members, size=count, replace=False))
     return np.sort(np.concatenate(chosen)) if chosen else np.zeros([0], int)
 
