@@ -316,9 +316,8 @@ def label_matrix(columns, num_classes, smoothing=0.0):
     checks.integer('num_classes', num_classes)
     checks.number('smoothing', smoothing, low=0.0, high=1.0)
     off = smoothing / num_classes
-    return tf.where(tf.one_hot(columns, num_classes, on_value=True,
-                               off_value=False, dtype=tf.bool),
-                    1.0 - smoothing + off, off)
+    return tf.one_hot(columns, num_classes, on_value=1.0 - smoothing + off,
+                      off_value=off)
 
 
 def nt_xent_loss(view_1, view_2, tau):
