@@ -16,10 +16,8 @@ TARGET_FLOOR = 1e-4
 # Floor of probabilities inside logarithms: float32's smallest normal number.
 _TINY = float(np.finfo(np.float32).tiny)
 
-PawsTerms = collections.namedtuple(
-    'PawsTerms',
-    ['cross_entropy', 'me_max', 'targets', 'log_probs', 'in_domain'],
-    defaults=[None])
+PawsTerms = collections.namedtuple('PawsTerms', [
+    'cross_entropy', 'me_max', 'targets', 'log_probs', 'in_domain'])
 
 
 def _normalize(x):
