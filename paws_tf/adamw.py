@@ -123,9 +123,7 @@ class AdamW(lars.DenseOptimizer):
     @staticmethod
     def check_arguments(*, weight_decay, final_weight_decay, beta_1, beta_2,
                         epsilon, names=None):
-        """Raises `checks.ConfigError` naming a hyperparameter out of range
-        (`names`: what to call each, default `AdamW.<argument>`); run.py
-        runs it on the bound values before any data is read."""
+        """As `lars.LARS.check_arguments` (default `AdamW.<argument>`)."""
         name = checks.namer(names, 'AdamW.')
         checks.number(name('weight_decay'), weight_decay, low=0.0)
         if final_weight_decay is not None:

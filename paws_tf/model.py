@@ -109,11 +109,9 @@ class PAWSModel(tf_keras.Model):
                         label_smoothing, diagnostics_every, nn_embedding,
                         objective, ropaws_prior_tau, ropaws_prior_pow,
                         ropaws_label_ratio, names=None):
-        """Raises `checks.ConfigError` naming an argument out of range
-        (`names`: what to call each, default `PAWSModel.<argument>`);
-        run.py runs it on the bound values before any data is read. The
-        RoPAWS settings are checked only with `objective = 'ropaws'` (PAWS
-        does not read them)."""
+        """As `lars.LARS.check_arguments` (default names
+        `PAWSModel.<argument>`); the RoPAWS settings are checked only with
+        `objective = 'ropaws'` (PAWS does not read them)."""
         name = checks.namer(names, 'PAWSModel.')
         checks.number(name('tau'), tau, positive=True)
         checks.number(name('sharpen_temperature'), sharpen_temperature,

@@ -82,10 +82,8 @@ class WarmupCosineDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
     @staticmethod
     def check_arguments(*, num_epochs, start_lr, ref_lr, final_lr,
                         warmup_epochs, warmup_fraction, names=None):
-        """Raises `checks.ConfigError` naming an argument out of range
-        (`names`: what to call each, default `WarmupCosineDecay.<name>`);
-        run.py runs it on the bound values before any data is read.
-        Returns the warm-up in epochs."""
+        """As `lars.LARS.check_arguments` (default names
+        `WarmupCosineDecay.<name>`); returns the warm-up in epochs."""
         name = checks.namer(names, 'WarmupCosineDecay.')
         checks.integer(name('num_epochs'), num_epochs)
         for key, value in (('start_lr', start_lr), ('ref_lr', ref_lr),
