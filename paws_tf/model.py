@@ -307,18 +307,15 @@ class PAWSModel(tf_keras.Model):
         rate: LARS's trust ratios (`trust_ratio_stats`), AdamW's weight
         decay (`applied_weight_decay`). Returns the names of those it has
         not, which the step leaves out of its logs."""
-        not_reported = set()
+        values = {}
         if hasattr(optimizer, 'trust_ratio_stats'):
             for name, value in optimizer.trust_ratio_stats().items():
-                self._last['trust_ratio_' + name].update_state(value)
-        else:
-            not_reported.update(TRUST_RATIOS)
+                values['trust_ratio_' + name] = value
         if hasattr(optimizer, 'applied_weight_decay'):
-            self._last['weight_decay'].update_state(
-                optimizer.applied_weight_decay())
-        else:
-            not_reported.add('weight_decay')
-        return not_reported
+            values['weight_decay'] = optimizer.applied_weight_decay()
+        for name, value in values.items():
+            self._last[name].update_state(value)
+        return {*TRUST_RATIOS, 'weight_decay'} - values.keys()
 
     def _update_diagnostics(self, z_global, z_support, labels):
         """PAWS Fig. 4b: NT-Xent of the two global views, SuNCEt of the
