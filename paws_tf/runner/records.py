@@ -5,7 +5,6 @@ import re
 
 import gin
 
-from paws_tf import checks
 from paws_tf.data import data_fingerprint
 from paws_tf.data import splits
 
@@ -17,11 +16,6 @@ _DATA_LINES = re.compile(
     r'(train|test|unlabeled)/)')
 # Of the changed config lines, how many a message names.
 _LINES_SHOWN = 3
-
-
-class Changed(checks.DataError):
-    """A mode that reads a trained run loads other data than the run's
-    records say it was trained on."""
 
 
 def config_changes(run, compared):
@@ -45,8 +39,8 @@ def config_changes(run, compared):
 
 
 def _refuse(run, what, record, detail):
-    """Raises `Changed`: `<the changed bindings> <what> than <record>
-    (written by training): <detail>`, and the fix."""
+    """Raises `data_fingerprint.Changed`: `<the changed bindings> <what>
+    than <record> (written by training): <detail>`, and the fix."""
     added, removed = config_changes(run, _DATA_LINES.match) or ([], [])
     if added:
         cause = '; '.join(added[:_LINES_SHOWN])
@@ -56,18 +50,19 @@ def _refuse(run, what, record, detail):
         fix = 'bind it back'
     else:
         cause, fix = 'This data', 'restore the data the run was trained on'
-    raise Changed(f'{cause} {what} than {record} (written by training): '
-                  f'{detail}. {fix[0].upper()}{fix[1:]}, or train a new run '
-                  'in another --model_dir.')
+    raise data_fingerprint.Changed(
+        f'{cause} {what} than {record} (written by training): {detail}. '
+        f'{fix[0].upper()}{fix[1:]}, or train a new run in another '
+        '--model_dir.')
 
 
 def check(run, labeled):
     """Refuses `labeled` (the `ImageSource` this config selects) when its
     classes are not those the data fingerprint of the trained run `run`
     records, or its images not those its labeled split file lists (a
-    record the run does not hold is not checked): `Changed`, naming the
-    record, the config lines that differ from the run's training config
-    (else the data) and the fix."""
+    record the run does not hold is not checked):
+    `data_fingerprint.Changed`, naming the record, the config lines that
+    differ from the run's training config (else the data) and the fix."""
     fingerprint = run.read_json(run.fingerprint)
     recorded = (fingerprint or {}).get('labeled') or {}
     classes = data_fingerprint.describe(labeled)['class_names']
