@@ -113,7 +113,8 @@ def _check_arguments(pretraining):
 def _check_normalization(folder, required=True):
     """The folders' channels, and the normalisation bound only to
     `load_data.normalization` (bound, if `required`); returns the
-    multi-crop `(config, its bindings)` bound called, or None."""
+    multi-crop `(config, its bindings, its selector)` bound called, or
+    None."""
     channels = None
     if folder is not None:
         channels, channels_name = folder.arguments()['channels']
