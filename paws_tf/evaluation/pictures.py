@@ -182,9 +182,7 @@ class Pictures:
     @staticmethod
     def check_arguments(*, max_points, num_examples, num_neighbours,
                         thumbnail_side, names=None):
-        """Raises `checks.ConfigError` naming an argument out of range
-        (`names`: what to call each, default `Pictures.<argument>`);
-        run.py runs it on the bound values before any data is read."""
+        """As `lars.LARS.check_arguments` (default `Pictures.<argument>`)."""
         name = checks.namer(names, 'Pictures.')
         for key, value in (('max_points', max_points),
                            ('num_examples', num_examples),
