@@ -38,13 +38,6 @@ def torch_default_init(fan_in):
         bias_initializer=tf_keras.initializers.RandomUniform(-bound, bound))
 
 
-# What a family advises for images smaller than its downsampling, unless
-# it declares its own.
-SMALL_IMAGES = ("a backbone for small images (build_backbone.name = "
-                "'small_resnet', as the recipe "
-                "gin_configs/image_folders_small.gin)")
-
-
 class Family(typing.NamedTuple):
     """A backbone family, as its module declares it to
     `backbones.FAMILIES`.
@@ -78,7 +71,9 @@ class Family(typing.NamedTuple):
     build: typing.Callable
     downsampling: typing.Callable
     patch_size: typing.Optional[typing.Callable] = None
-    small_images: str = SMALL_IMAGES
+    small_images: str = ("a backbone for small images (build_backbone.name"
+                         " = 'small_resnet', as the recipe "
+                         "gin_configs/image_folders_small.gin)")
     settings: tuple = ()
     batch_norm: bool = True
 
