@@ -52,18 +52,17 @@ class _Layers:
                 kernel_initializer=tf_keras.initializers.VarianceScaling(
                     scale=2.0, mode='fan_out',
                     distribution='untruncated_normal'))
-        kwargs = dict(use_bias=torch_default, name=name, **init)
+        padding = None
         if stride > 1 and kernel_size > 1:
             # Keras 'same' pads strided convs asymmetrically on even sizes;
             # explicit padding keeps torchvision's output grid and sizes.
-            return (tf_keras.layers.ZeroPadding2D(kernel_size // 2,
-                                                  name=f'{name}_pad'),
-                    tf_keras.layers.Conv2D(filters, kernel_size,
-                                           strides=stride, padding='valid',
-                                           **kwargs))
-        padding = 'same' if stride == 1 else 'valid'  # 1x1: no padding.
-        return None, tf_keras.layers.Conv2D(
-            filters, kernel_size, strides=stride, padding=padding, **kwargs)
+            padding = tf_keras.layers.ZeroPadding2D(kernel_size // 2,
+                                                    name=f'{name}_pad')
+        # 'valid' where strided: padded above, or 1x1 (no padding).
+        return padding, tf_keras.layers.Conv2D(
+            filters, kernel_size, strides=stride,
+            padding='same' if stride == 1 else 'valid',
+            use_bias=torch_default, name=name, **init)
 
     def conv(self, x, *args, **kwargs):
         """`conv_layers(x, ...)` applied to `x`."""
