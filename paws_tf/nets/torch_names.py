@@ -195,8 +195,7 @@ def load_state_dict(pairs, state_dict, *, description):
     for key in sorted(set(wanted) & set(state_dict)):
         variable, to_keras = wanted[key]
         array = np.asarray(state_dict[key])
-        converted = to_keras(array)
-        if tuple(converted.shape) != tuple(variable.shape):
+        if tuple(to_keras(array).shape) != tuple(variable.shape):
             shapes.append(f'{key} {list(array.shape)} (the model: '
                           f'{_torch_shape(variable)})')
     problems = [f'{len(keys)} key(s) {what}: '
